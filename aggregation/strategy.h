@@ -1,0 +1,58 @@
+// Strategy: how the server merges client updates into the next global model.
+//
+// One round is Begin(round, global) -> Fold(delta, weight) for each accepted
+// update -> Finish(new_global). Folding is streaming: the strategy holds O(model)
+// accumulator state however many clients fold, and each delta is read once.
+// Deltas are `local - global` in the global model's flat layout. State that
+// must outlive a round (FedAdam's moments) is part of the strategy and goes
+// into checkpoints through SaveState/LoadState. The same Strategy runs in the
+// server and in the in-process simulator, so both produce the same model when
+// they fold the same updates in the same order.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "base/status.h"
+
+namespace estuary::aggregation {
+
+class Strategy {
+ public:
+  virtual ~Strategy() = default;
+  virtual std::string_view name() const = 0;
+
+  // Starts a round over a global model of global.size() parameters.
+  virtual Status Begin(uint64_t round, std::span<const float> global) = 0;
+  // Adds one client's delta with its weight (its number of examples).
+  // Fails, touching nothing, if the size is wrong or the weight is not > 0.
+  virtual Status Fold(std::span<const float> delta, double weight) = 0;
+  // Number of updates folded since Begin.
+  virtual uint64_t folded() const = 0;
+  // Writes the new global model into `global` (the same span given to Begin,
+  // or another of the same size). Fails if nothing was folded.
+  virtual Status Finish(std::span<float> global) = 0;
+
+  // Cross-round state as named flat tensors (empty for stateless strategies).
+  virtual std::map<std::string, std::vector<float>> SaveState() const { return {}; }
+  virtual Status LoadState(const std::map<std::string, std::vector<float>>& state) { return Status::Ok(); }
+};
+
+struct StrategyOptions {
+  std::string name = "fedavg";  // "fedavg" | "fedadam"
+  // FedAdam (Reddi et al. 2021, Algorithm 2): server learning rate, betas, tau.
+  double server_lr = 0.01;
+  double beta1 = 0.9;
+  double beta2 = 0.99;
+  double tau = 1e-3;
+};
+
+Result<std::unique_ptr<Strategy>> MakeStrategy(const StrategyOptions& options);
+
+}  // namespace estuary::aggregation

@@ -1,0 +1,134 @@
+// Status and Result<T>: how Estuary reports failure without exceptions.
+//
+// A Status is either ok or carries a code and a one-line message that names
+// what was wrong and where ("models/idx: data/train-images.idx: bad magic 0x0803").
+// Result<T> holds a value or a non-ok Status. Functions that can fail on input
+// return one of these; exceptions are reserved for programming errors.
+#pragma once
+
+#include <fmt/format.h>
+
+#include <cassert>
+#include <optional>
+#include <string>
+#include <utility>
+
+namespace estuary {
+
+enum class Code {
+  kOk = 0,
+  kInvalidArgument,  // malformed input: a file, a frame, a flag
+  kNotFound,
+  kIo,               // the operating system refused
+  kProtocol,         // a peer broke the wire contract
+  kFailedPrecondition,
+  kAborted,          // the operation was cancelled or the peer went away
+  kInternal,
+};
+
+const char* CodeName(Code code);
+
+class [[nodiscard]] Status {
+ public:
+  Status() = default;
+  Status(Code code, std::string message) : code_(code), message_(std::move(message)) {}
+
+  static Status Ok() { return {}; }
+  bool ok() const { return code_ == Code::kOk; }
+  Code code() const { return code_; }
+  const std::string& message() const { return message_; }
+  // "invalid argument: <message>", or "ok".
+  std::string ToString() const;
+
+ private:
+  Code code_ = Code::kOk;
+  std::string message_;
+};
+
+template <typename... Args>
+Status InvalidArgument(fmt::format_string<Args...> f, Args&&... args) {
+  return {Code::kInvalidArgument, fmt::format(f, std::forward<Args>(args)...)};
+}
+template <typename... Args>
+Status NotFound(fmt::format_string<Args...> f, Args&&... args) {
+  return {Code::kNotFound, fmt::format(f, std::forward<Args>(args)...)};
+}
+template <typename... Args>
+Status IoError(fmt::format_string<Args...> f, Args&&... args) {
+  return {Code::kIo, fmt::format(f, std::forward<Args>(args)...)};
+}
+template <typename... Args>
+Status ProtocolError(fmt::format_string<Args...> f, Args&&... args) {
+  return {Code::kProtocol, fmt::format(f, std::forward<Args>(args)...)};
+}
+template <typename... Args>
+Status FailedPrecondition(fmt::format_string<Args...> f, Args&&... args) {
+  return {Code::kFailedPrecondition, fmt::format(f, std::forward<Args>(args)...)};
+}
+template <typename... Args>
+Status Aborted(fmt::format_string<Args...> f, Args&&... args) {
+  return {Code::kAborted, fmt::format(f, std::forward<Args>(args)...)};
+}
+template <typename... Args>
+Status Internal(fmt::format_string<Args...> f, Args&&... args) {
+  return {Code::kInternal, fmt::format(f, std::forward<Args>(args)...)};
+}
+
+template <typename T>
+class [[nodiscard]] Result {
+ public:
+  Result(T value) : value_(std::move(value)) {}  // NOLINT: implicit by design
+  Result(Status status) : status_(std::move(status)) { assert(!status_.ok()); }  // NOLINT
+
+  bool ok() const { return status_.ok(); }
+  const Status& status() const { return status_; }
+  T& value() & { assert(ok()); return *value_; }
+  const T& value() const& { assert(ok()); return *value_; }
+  T&& value() && { assert(ok()); return std::move(*value_); }
+  T* operator->() { return &value(); }
+  const T* operator->() const { return &value(); }
+  T& operator*() & { return value(); }
+  const T& operator*() const& { return value(); }
+
+ private:
+  Status status_;
+  std::optional<T> value_;
+};
+
+inline const char* CodeName(Code code) {
+  switch (code) {
+    case Code::kOk: return "ok";
+    case Code::kInvalidArgument: return "invalid argument";
+    case Code::kNotFound: return "not found";
+    case Code::kIo: return "i/o error";
+    case Code::kProtocol: return "protocol error";
+    case Code::kFailedPrecondition: return "failed precondition";
+    case Code::kAborted: return "aborted";
+    case Code::kInternal: return "internal error";
+  }
+  return "unknown";
+}
+
+inline std::string Status::ToString() const {
+  if (ok()) return "ok";
+  return fmt::format("{}: {}", CodeName(code_), message_);
+}
+
+}  // namespace estuary
+
+// Propagates a non-ok Status (or the Status of a failed Result) to the caller.
+#define ESTUARY_RETURN_IF_ERROR(expr)              \
+  do {                                             \
+    ::estuary::Status estuary_status_ = (expr);    \
+    if (!estuary_status_.ok()) return estuary_status_; \
+  } while (0)
+
+#define ESTUARY_CONCAT_INNER(a, b) a##b
+#define ESTUARY_CONCAT(a, b) ESTUARY_CONCAT_INNER(a, b)
+// ESTUARY_ASSIGN_OR_RETURN(auto x, MakeX()); binds the value or returns the error.
+#define ESTUARY_ASSIGN_OR_RETURN(lhs, expr) \
+  ESTUARY_ASSIGN_OR_RETURN_IMPL(ESTUARY_CONCAT(estuary_result_, __LINE__), lhs, expr)
+#define ESTUARY_ASSIGN_OR_RETURN_IMPL(tmp, lhs, expr) \
+  auto tmp = (expr);                                  \
+  if (!tmp.ok()) return tmp.status();                 \
+  lhs = std::move(tmp).value()

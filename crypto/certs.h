@@ -1,0 +1,42 @@
+// Certificate provisioning for a federation: one CA, one certificate per site.
+//
+// Keys are ECDSA P-256, certificates X.509 v3 signed with SHA-256, written as
+// PEM with OpenSSL 3 APIs (no shell-out). Key files are created mode 0600.
+// A site's identity is the subject common name of its certificate.
+#pragma once
+
+#include <chrono>
+#include <filesystem>
+#include <string>
+
+#include "base/status.h"
+
+namespace estuary::crypto {
+
+struct CertOptions {
+  // Validity window relative to now. Tests make expired certificates with a
+  // window entirely in the past.
+  std::chrono::seconds not_before = std::chrono::seconds(-300);
+  std::chrono::seconds not_after = std::chrono::hours(24 * 825);
+};
+
+// Creates dir/ca.pem and dir/ca.key (CN = common_name). Refuses to overwrite
+// an existing CA.
+Status InitCa(const std::filesystem::path& dir, const std::string& common_name = "estuary-ca",
+              const CertOptions& options = {.not_before = std::chrono::seconds(-300),
+                                            .not_after = std::chrono::hours(24 * 3650)});
+
+// Issues dir/<name>.pem and dir/<name>.key signed by dir/ca.pem + dir/ca.key.
+// CN = name; subjectAltName = DNS:<name>, DNS:localhost, IP:127.0.0.1, IP:::1;
+// extendedKeyUsage serverAuth + clientAuth, so the same call issues the
+// server's certificate and the clients'. `name` must be [A-Za-z0-9._-]{1,64}.
+Status IssueCertificate(const std::filesystem::path& dir, const std::string& name,
+                        const CertOptions& options = {});
+
+// As IssueCertificate, but signed by the CA at ca_cert/ca_key and written to
+// out_cert/out_key (used for a foreign CA in tests and for custom layouts).
+Status IssueCertificateWith(const std::filesystem::path& ca_cert, const std::filesystem::path& ca_key,
+                            const std::string& name, const std::filesystem::path& out_cert,
+                            const std::filesystem::path& out_key, const CertOptions& options = {});
+
+}  // namespace estuary::crypto

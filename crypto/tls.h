@@ -1,0 +1,41 @@
+// TLS contexts for the server and the clients: TLS 1.3 only, mutual
+// authentication against the federation CA.
+//
+// Files are checked up front so a bad path or a corrupt PEM gives one line
+// naming the file ("crypto: site-a.key: cannot read private key: ...").
+#pragma once
+
+#include <boost/asio/ssl.hpp>
+#include <filesystem>
+#include <memory>
+#include <string>
+
+#include "base/status.h"
+
+namespace estuary::crypto {
+
+struct TlsFiles {
+  std::filesystem::path cert;  // our certificate chain (PEM)
+  std::filesystem::path key;   // our private key (PEM)
+  std::filesystem::path ca;    // the federation CA (PEM)
+};
+
+// Server: requires and verifies a client certificate (verify_peer |
+// verify_fail_if_no_peer_cert), TLS 1.3 minimum.
+Result<std::shared_ptr<boost::asio::ssl::context>> MakeServerContext(const TlsFiles& files);
+// Client: verifies the server's chain against the CA; the caller also sets the
+// expected host name on each stream (VerifyServerName).
+Result<std::shared_ptr<boost::asio::ssl::context>> MakeClientContext(const TlsFiles& files);
+
+// Makes `ssl` check the server certificate's subjectAltName against `host`
+// (an IP literal or a DNS name) and sets SNI for DNS names.
+Status VerifyServerName(SSL* ssl, const std::string& host);
+
+// The subject CN of the peer's verified certificate, or an error if none.
+Result<std::string> PeerCommonName(SSL* ssl);
+
+// A one-line reason for the last handshake failure on `ssl` (verify result
+// plus OpenSSL's error queue), for the server's log of refused peers.
+std::string HandshakeFailureReason(SSL* ssl, const boost::system::error_code& ec);
+
+}  // namespace estuary::crypto

@@ -1,0 +1,59 @@
+// Model: a network whose parameters live in one flat fp32 buffer.
+//
+// parameters() and gradients() are views of the flat buffers (same layout,
+// described by manifest()), never copies. A training step is
+//   loss = model.ForwardBackward(x, y, n);   // fills gradients(), mean loss over n
+//   optimizer.Step(model.parameters(), model.gradients());
+// Parameter layout follows PyTorch (Linear weight is [out, in], Conv2d weight
+// is [out_channels, in_channels, kh, kw]) so tensors map one to one onto a
+// torch state_dict with the same names.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string_view>
+
+#include "base/status.h"
+#include "models/tensor.h"
+
+namespace estuary::models {
+
+struct EvalResult {
+  double loss = 0;       // mean softmax cross-entropy
+  double accuracy = 0;   // fraction of argmax == label
+  uint64_t examples = 0;
+};
+
+class Model {
+ public:
+  virtual ~Model() = default;
+
+  virtual std::string_view name() const = 0;   // "mlp", "cnn"
+  virtual const Manifest& manifest() const = 0;
+  virtual std::span<float> parameters() = 0;
+  virtual std::span<const float> parameters() const = 0;
+  virtual std::span<float> gradients() = 0;
+  // Input features per example (784 for MNIST) and number of classes.
+  virtual int input_size() const = 0;
+  virtual int num_classes() const = 0;
+
+  // PyTorch's default init (uniform ±1/sqrt(fan_in) for weights and biases),
+  // drawn from a generator seeded with `seed`: same seed, same bits.
+  virtual void Initialize(uint64_t seed) = 0;
+
+  // Forward, softmax cross-entropy (mean over the batch) and backward.
+  // Overwrites gradients(); returns the mean loss. x is [n, input_size], y is [n].
+  virtual float ForwardBackward(const float* x, const int32_t* y, int n) = 0;
+
+  // Forward only: writes logits [n, num_classes].
+  virtual void Forward(const float* x, int n, float* logits) = 0;
+};
+
+// "mlp" (784-200-200-10, McMahan et al.'s 2NN) or "cnn" (McMahan's CNN).
+Result<std::unique_ptr<Model>> MakeModel(std::string_view name);
+
+// Mean loss and accuracy of `model` over n examples, in batches.
+EvalResult Evaluate(Model& model, const float* x, const int32_t* y, uint64_t n, int batch = 500);
+
+}  // namespace estuary::models

@@ -1,0 +1,130 @@
+// Store: the server's durable record, in SQLite (WAL mode).
+//
+// Tables: clients (registry), rounds (one row per round, its state and
+// aggregate metrics), participations (one row per client per round),
+// transitions (every state change of every round), checkpoints (index of the
+// model files), events (refused handshakes, rejected frames) and meta.
+// A round's final record, its checkpoint row and its last transition are
+// written in one transaction, so a restart sees a round committed or not at
+// all. Every method is safe to call from one thread at a time.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+
+struct sqlite3;
+
+namespace estuary::server {
+
+// open -> collecting -> aggregating -> committed | failed
+enum class RoundState { kOpen, kCollecting, kAggregating, kCommitted, kFailed };
+const char* RoundStateName(RoundState state);  // "open", "collecting", ...
+
+struct RoundRecord {
+  uint64_t round = 0;
+  RoundState state = RoundState::kOpen;
+  int64_t started_ms = 0;   // unix milliseconds
+  int64_t ended_ms = 0;     // 0 while the round runs
+  uint64_t model_version = 0;        // version after this round commits
+  std::string global_checksum;       // sha256 hex of the model after this round
+  std::string strategy;
+  uint32_t clients_selected = 0;
+  uint32_t updates_received = 0;
+  double train_loss = 0;             // example-weighted mean of participants' losses
+  std::optional<double> test_accuracy;  // when the server evaluates
+  std::optional<double> test_loss;
+  uint64_t bytes_up = 0;             // client -> server, update payloads
+  uint64_t bytes_down = 0;           // server -> client, model payloads
+  std::string detail;                // why a round failed
+};
+
+// status: "selected", "committed", "dropped", "late", "rejected".
+struct Participation {
+  uint64_t round = 0;
+  std::string client;
+  std::string status = "selected";
+  uint64_t examples = 0;
+  double train_loss = 0;
+  uint64_t bytes_up = 0;
+  uint64_t bytes_down = 0;
+  double seconds = 0;                // from RoundStart sent to update committed
+  std::string detail;
+};
+
+struct ClientRecord {
+  std::string name;
+  int64_t first_seen_ms = 0;
+  int64_t last_seen_ms = 0;
+  std::string last_address;          // "127.0.0.1:53412"
+  uint64_t rounds_joined = 0;        // participations with status committed
+  uint64_t rounds_dropped = 0;       // dropped or late
+};
+
+struct Transition {
+  uint64_t round = 0;
+  RoundState from = RoundState::kOpen;
+  RoundState to = RoundState::kOpen;
+  int64_t at_ms = 0;
+  std::string detail;
+};
+
+struct Event {
+  int64_t at_ms = 0;
+  std::string kind;   // "handshake_refused", "frame_rejected", ...
+  std::string peer;   // address, and name when known
+  std::string detail;
+};
+
+class Store {
+ public:
+  // Opens or creates the database at `path` (WAL, foreign keys on).
+  static Result<std::unique_ptr<Store>> Open(const std::filesystem::path& path);
+  // Opens an existing database read-only, for the operator CLI. Fails with a
+  // clear line if the file is missing or not an Estuary store.
+  static Result<std::unique_ptr<Store>> OpenReadOnly(const std::filesystem::path& path);
+  ~Store();
+
+  Status SetMeta(const std::string& key, const std::string& value);
+  Result<std::optional<std::string>> GetMeta(const std::string& key);
+
+  Status ClientSeen(const std::string& name, const std::string& address, int64_t now_ms);
+
+  // Inserts the round in state open (replacing an unfinished earlier attempt
+  // at the same round number, whose rows are deleted).
+  Status BeginRound(const RoundRecord& record);
+  // Records a transition and sets rounds.state = to.
+  Status Transition(uint64_t round, RoundState from, RoundState to, int64_t now_ms,
+                    const std::string& detail = {});
+  Status UpsertParticipation(const Participation& p);
+  // In one transaction: the round's final fields, state committed, the
+  // aggregating -> committed transition, and the checkpoint index row.
+  Status CommitRound(const RoundRecord& record, const std::filesystem::path& checkpoint,
+                     int64_t now_ms);
+  // The round's state becomes failed with `reason`; its participations stay.
+  Status FailRound(uint64_t round, const std::string& reason, int64_t now_ms);
+  Status RecordEvent(const Event& event);
+
+  Result<std::vector<RoundRecord>> Rounds();
+  Result<std::optional<RoundRecord>> GetRound(uint64_t round);
+  Result<std::optional<RoundRecord>> LastCommittedRound();
+  // Path of the checkpoint written when `round` committed.
+  Result<std::optional<std::string>> CheckpointFor(uint64_t round);
+  Result<std::vector<Participation>> Participations(uint64_t round);
+  Result<std::vector<ClientRecord>> Clients();
+  Result<std::vector<Transition>> Transitions(uint64_t round);
+  Result<std::vector<Event>> Events(int limit = 100);
+
+ private:
+  explicit Store(sqlite3* db) : db_(db) {}
+  sqlite3* db_;
+};
+
+int64_t NowMs();
+
+}  // namespace estuary::server
