@@ -1,0 +1,73 @@
+// What a simulation run reports: per-round metrics as JSON, a console table
+// and an SVG plot comparing runs.
+//
+// The JSON file is the run's record, so WriteReport replaces it atomically
+// and ReadReport checks every field before handing it back:
+//   { "scenario": {...}, "mode": "inproc", "round_log": "run/rounds.sqlite" | null,
+//     "rounds": [ { "round": 1, "clients_selected": 10, "updates_received": 10,
+//                   "test_accuracy": 0.91, "test_loss": 0.31, "train_loss": 0.42,
+//                   "seconds": 1.2, "bytes_up": 123, "bytes_down": 456,
+//                   "global_checksum": "..." }, ... ],
+//     "total_seconds": 12.5, "final_accuracy": 0.97 }
+// JSON has no NaN or infinity; a non-finite metric (a diverged loss) is written
+// as null and read back as NaN, so such a run still leaves a readable report.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "base/status.h"
+
+namespace estuary::simulations {
+
+struct RoundReport {
+  uint64_t round = 0;
+  uint32_t clients_selected = 0;
+  uint32_t updates_received = 0;  // may be fewer than selected: dropouts, stragglers
+  double test_accuracy = 0;       // in [0, 1]
+  double test_loss = 0;
+  double train_loss = 0;          // mean over the updates received
+  double seconds = 0;             // wall time of the round
+  uint64_t bytes_up = 0;          // clients -> server
+  uint64_t bytes_down = 0;        // server -> clients
+  std::string global_checksum;    // of the global model after the round
+
+  bool operator==(const RoundReport&) const = default;
+};
+
+struct Report {
+  nlohmann::json scenario;     // the scenario as it was run, echoed verbatim
+  std::string mode;            // how clients were run, e.g. "inproc" or "loopback"
+  std::string round_log;       // path of the SQLite round log; empty when none
+  std::vector<RoundReport> rounds;
+  double total_seconds = 0;
+  double final_accuracy = 0;
+};
+
+nlohmann::json ToJson(const Report& report);
+// Checks types, ranges and keys (missing or unknown ones are errors); `where`
+// names the source in error messages.
+Result<Report> ReportFromJson(const nlohmann::json& json, std::string_view where = "report");
+
+// Writes ToJson(report) to `path` via a temporary file, fsync and rename, so a
+// reader sees the old report or the new one, never half of one.
+Status WriteReport(const std::filesystem::path& path, const Report& report);
+Result<Report> ReadReport(const std::filesystem::path& path);
+
+// A self-contained SVG line chart of test accuracy against round, one
+// polyline per run, with axes, ticks and a legend. labels[i] names runs[i];
+// runs without a label are called "run <i+1>". Non-finite accuracies are skipped.
+std::string RenderSvgPlot(const std::vector<Report>& runs, const std::vector<std::string>& labels);
+
+// A fixed-width console table. The header (column names and a rule, each line
+// ending in '\n') is separate so a runner can print it once and then print
+// RenderRoundTable({round}) as each round finishes; rows line up with it.
+std::string RenderRoundTableHeader();
+// One line per round, each ending in '\n'; no header.
+std::string RenderRoundTable(const std::vector<RoundReport>& rounds);
+
+}  // namespace estuary::simulations
