@@ -51,8 +51,16 @@ struct StrategyOptions {
   double beta1 = 0.9;
   double beta2 = 0.99;
   double tau = 1e-3;
+  // FedAdam: divide m and v by (1 - beta^t) as Adam does (Kingma & Ba). Off by
+  // default to follow Reddi et al. exactly; torch.optim.Adam corresponds to on.
+  bool bias_correction = false;
 };
 
+// Checks the numeric options: server_lr and tau finite and > 0, betas in
+// [0, 1), and a known name. MakeStrategy calls it.
+Status ValidateStrategyOptions(const StrategyOptions& options);
+
+// "fedavg" or "fedadam"; any other name is InvalidArgument naming it.
 Result<std::unique_ptr<Strategy>> MakeStrategy(const StrategyOptions& options);
 
 }  // namespace estuary::aggregation

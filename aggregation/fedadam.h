@@ -1,0 +1,42 @@
+// FedAdam (Reddi et al., "Adaptive Federated Optimization", ICLR 2021, Alg. 2)
+// with Δ the example-weighted mean client delta:
+//   m = β1 m + (1-β1) Δ
+//   v = β2 v + (1-β2) Δ²
+//   x = x + η m / (√v + τ)
+// With bias_correction, m and v are replaced by m/(1-β1^t) and v/(1-β2^t),
+// t = rounds finished including this one, which is exactly torch.optim.Adam
+// applied to the pseudo-gradient -Δ with lr=η and eps=τ.
+//
+// m and v start at zero and persist across rounds; SaveState/LoadState carry
+// them as "m", "v" and "step" (t, stored as a float: exact up to 2^24 rounds)
+// so a restarted server continues bit-for-bit. Moments are kept in float, the
+// arithmetic of each step in double.
+#pragma once
+
+#include "aggregation/weighted_mean.h"
+
+namespace estuary::aggregation {
+
+class FedAdam final : public MeanDeltaStrategy {
+ public:
+  // `options` must have passed ValidateStrategyOptions.
+  explicit FedAdam(const StrategyOptions& options);
+  std::string_view name() const override { return "fedadam"; }
+
+  std::map<std::string, std::vector<float>> SaveState() const override;
+  // An empty map resets to the initial state (zero moments, step 0).
+  Status LoadState(const std::map<std::string, std::vector<float>>& state) override;
+
+  uint64_t step() const { return step_; }
+
+ private:
+  Status OnBegin(size_t size) override;
+  Status Apply(std::span<float> out) override;
+
+  StrategyOptions options_;
+  std::vector<float> m_;
+  std::vector<float> v_;
+  uint64_t step_ = 0;
+};
+
+}  // namespace estuary::aggregation

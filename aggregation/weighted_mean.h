@@ -1,0 +1,67 @@
+// WeightedMean: the streaming Σ w_i Δ_i / Σ w_i that FedAvg and FedAdam share.
+//
+// Holds one double per parameter however many deltas are added; each delta is
+// validated (size, weight, finiteness) before any of it is accumulated, so a
+// rejected delta leaves the sums bit-for-bit as they were.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "aggregation/strategy.h"
+#include "base/status.h"
+
+namespace estuary::aggregation {
+
+class WeightedMean {
+ public:
+  // Forgets everything and expects deltas of `size` values.
+  void Reset(size_t size);
+  // Adds weight * delta. Fails, changing nothing, unless delta.size() == size(),
+  // weight is finite and > 0, and every value of delta is finite.
+  Status Add(std::span<const float> delta, double weight);
+
+  size_t size() const { return sums_.size(); }
+  uint64_t count() const { return count_; }
+  double total_weight() const { return total_weight_; }
+  // The weighted mean of value i; meaningful only when count() > 0.
+  double Mean(size_t i) const { return sums_[i] / total_weight_; }
+
+ private:
+  std::vector<double> sums_;  // Σ w_i Δ_i, in double so many folds lose nothing visible in float
+  double total_weight_ = 0;
+  uint64_t count_ = 0;
+};
+
+// The round bookkeeping shared by strategies whose update is a function of the
+// global model and the weighted mean delta: Begin copies the global model and
+// resets the mean, Fold adds to it, Finish checks a round is open with at
+// least one fold and hands over to Apply.
+class MeanDeltaStrategy : public Strategy {
+ public:
+  Status Begin(uint64_t round, std::span<const float> global) override;
+  Status Fold(std::span<const float> delta, double weight) override;
+  uint64_t folded() const override { return mean_.count(); }
+  Status Finish(std::span<float> global) override;
+
+ protected:
+  // Hook for Begin, after the base checks, e.g. to size cross-round state.
+  virtual Status OnBegin(size_t size) { return Status::Ok(); }
+  // Writes the new model into `out` (size checked). Must not write anything
+  // if it fails.
+  virtual Status Apply(std::span<float> out) = 0;
+  bool round_open() const { return round_open_; }
+
+  std::vector<float> start_;  // the global model given to Begin
+  WeightedMean mean_;
+  uint64_t round_ = 0;
+
+ private:
+  bool round_open_ = false;
+};
+
+// Index of the first non-finite value, or values.size() if all are finite.
+size_t FirstNonFinite(std::span<const float> values);
+
+}  // namespace estuary::aggregation

@@ -1,0 +1,52 @@
+// Internal to estuary_crypto: RAII owners for OpenSSL objects and PEM loading
+// that reports problems as one line naming the file. Not part of the public
+// contract; certs.cc and tls.cc share it so their messages read the same.
+#pragma once
+
+#include <openssl/evp.h>
+#include <openssl/ssl.h>
+#include <openssl/x509.h>
+
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "base/status.h"
+
+namespace estuary::crypto::internal {
+
+template <auto FreeFn>
+struct FreeWith {
+  template <typename T>
+  void operator()(T* p) const { FreeFn(p); }
+};
+using X509Ptr = std::unique_ptr<X509, FreeWith<X509_free>>;
+using PkeyPtr = std::unique_ptr<EVP_PKEY, FreeWith<EVP_PKEY_free>>;
+using BioPtr = std::unique_ptr<BIO, FreeWith<BIO_free_all>>;
+
+// Drains OpenSSL's thread-local error queue into "reason; reason", or
+// `fallback` when it is empty. Draining matters: a stale entry would otherwise
+// be blamed for the next, unrelated failure.
+std::string TakeOpenSslErrors(std::string_view fallback = "no OpenSSL error recorded");
+
+// Reads a whole file, distinguishing "missing" (NotFound) from "unreadable"
+// (IoError). Messages are "crypto: <path>: <problem>".
+Result<std::string> ReadSmallFile(const std::filesystem::path& path);
+
+// All certificates in a PEM file, in order (leaf first for a chain). Fails if
+// the file is missing, is not PEM, or holds no certificate.
+Result<std::vector<X509Ptr>> ReadCertificates(const std::filesystem::path& path);
+// The first certificate of a PEM file.
+Result<X509Ptr> ReadCertificate(const std::filesystem::path& path);
+// An unencrypted PEM private key. Never prompts for a passphrase.
+Result<PkeyPtr> ReadPrivateKey(const std::filesystem::path& path);
+// Fails, naming key_path, unless `key` is the private half of `cert`.
+Status CheckKeyMatches(X509* cert, EVP_PKEY* key, const std::filesystem::path& cert_path,
+                       const std::filesystem::path& key_path);
+
+// Subject CN of `cert` as UTF-8, or an error if it has none.
+Result<std::string> CommonName(X509* cert);
+
+}  // namespace estuary::crypto::internal

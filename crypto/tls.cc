@@ -1,0 +1,152 @@
+#include "crypto/tls.h"
+
+#include <openssl/err.h>
+#include <openssl/x509v3.h>
+
+#include <algorithm>
+
+#include "crypto/openssl_util.h"
+
+namespace estuary::crypto {
+namespace {
+
+namespace ssl = boost::asio::ssl;
+using internal::TakeOpenSslErrors;
+using internal::X509Ptr;
+
+// Session-ID context is required by OpenSSL whenever the server verifies
+// client certificates; without it a resumed session is refused.
+constexpr unsigned char kSessionIdContext[] = "estuary";
+
+// Loads our chain + key and the CA into `ctx`. Each file is parsed by us first
+// so that every failure names the file; the parsed objects are then handed to
+// OpenSSL directly rather than re-reading the files.
+Status LoadFiles(SSL_CTX* ctx, const TlsFiles& files) {
+  ESTUARY_ASSIGN_OR_RETURN(auto chain, internal::ReadCertificates(files.cert));
+  ESTUARY_ASSIGN_OR_RETURN(auto key, internal::ReadPrivateKey(files.key));
+  ESTUARY_ASSIGN_OR_RETURN(auto ca_certs, internal::ReadCertificates(files.ca));
+  ESTUARY_RETURN_IF_ERROR(internal::CheckKeyMatches(chain.front().get(), key.get(), files.cert, files.key));
+
+  ERR_clear_error();
+  if (SSL_CTX_use_certificate(ctx, chain.front().get()) != 1) {
+    return InvalidArgument("crypto: {}: certificate refused: {}", files.cert.string(), TakeOpenSslErrors());
+  }
+  for (size_t i = 1; i < chain.size(); ++i) {
+    if (SSL_CTX_add1_chain_cert(ctx, chain[i].get()) != 1) {
+      return InvalidArgument("crypto: {}: chain certificate {} refused: {}", files.cert.string(), i,
+                             TakeOpenSslErrors());
+    }
+  }
+  if (SSL_CTX_use_PrivateKey(ctx, key.get()) != 1 || SSL_CTX_check_private_key(ctx) != 1) {
+    return InvalidArgument("crypto: {}: private key refused: {}", files.key.string(), TakeOpenSslErrors());
+  }
+  X509_STORE* store = SSL_CTX_get_cert_store(ctx);
+  for (const X509Ptr& ca : ca_certs) {
+    if (X509_STORE_add_cert(store, ca.get()) != 1) {
+      return InvalidArgument("crypto: {}: CA certificate refused: {}", files.ca.string(), TakeOpenSslErrors());
+    }
+  }
+  return Status::Ok();
+}
+
+Result<std::shared_ptr<ssl::context>> MakeContext(const TlsFiles& files, bool server) {
+  std::shared_ptr<ssl::context> context;
+  try {
+    context = std::make_shared<ssl::context>(ssl::context::tls);
+  } catch (const boost::system::system_error& e) {
+    return Internal("crypto: cannot create TLS context: {}", e.what());
+  }
+  SSL_CTX* ctx = context->native_handle();
+  // TLS 1.3 only: one protocol to reason about, no renegotiation, and the
+  // handshake (certificates included) is encrypted.
+  if (SSL_CTX_set_min_proto_version(ctx, TLS1_3_VERSION) != 1) {
+    return Internal("crypto: cannot require TLS 1.3: {}", TakeOpenSslErrors());
+  }
+  SSL_CTX_set_options(ctx, SSL_OP_NO_COMPRESSION | SSL_OP_NO_RENEGOTIATION);
+  ESTUARY_RETURN_IF_ERROR(LoadFiles(ctx, files));
+
+  boost::system::error_code ec;
+  if (server) {
+    context->set_verify_mode(ssl::verify_peer | ssl::verify_fail_if_no_peer_cert, ec);
+    if (!ec && SSL_CTX_set_session_id_context(ctx, kSessionIdContext, sizeof(kSessionIdContext) - 1) != 1) {
+      return Internal("crypto: cannot set session id context: {}", TakeOpenSslErrors());
+    }
+  } else {
+    context->set_verify_mode(ssl::verify_peer, ec);
+  }
+  if (ec) return Internal("crypto: cannot set verify mode: {}", ec.message());
+  return context;
+}
+
+bool IsIpLiteral(const std::string& host) {
+  ASN1_OCTET_STRING* ip = a2i_IPADDRESS(host.c_str());
+  if (ip == nullptr) return false;
+  ASN1_OCTET_STRING_free(ip);
+  return true;
+}
+
+}  // namespace
+
+Result<std::shared_ptr<ssl::context>> MakeServerContext(const TlsFiles& files) { return MakeContext(files, true); }
+
+Result<std::shared_ptr<ssl::context>> MakeClientContext(const TlsFiles& files) { return MakeContext(files, false); }
+
+Status VerifyServerName(SSL* ssl, const std::string& host_in) {
+  if (ssl == nullptr) return InvalidArgument("crypto: VerifyServerName: no SSL stream");
+  // Accept the URL form of IPv6 literals ("[::1]") as well as the bare one.
+  std::string host = host_in;
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  if (host.empty()) return InvalidArgument("crypto: expected server name is empty");
+
+  ERR_clear_error();
+  X509_VERIFY_PARAM* param = SSL_get0_param(ssl);
+  if (IsIpLiteral(host)) {
+    // OpenSSL 3.0's SSL_set1_host treats its argument as a DNS name, so an IP
+    // must go through the IP check explicitly. No SNI: RFC 6066 forbids
+    // literal addresses there.
+    if (X509_VERIFY_PARAM_set1_ip_asc(param, host.c_str()) != 1) {
+      return InvalidArgument("crypto: cannot expect server address '{}': {}", host, TakeOpenSslErrors());
+    }
+    return Status::Ok();
+  }
+  X509_VERIFY_PARAM_set_hostflags(param, X509_CHECK_FLAG_NO_PARTIAL_WILDCARDS);
+  if (SSL_set1_host(ssl, host.c_str()) != 1) {
+    return InvalidArgument("crypto: cannot expect server name '{}': {}", host, TakeOpenSslErrors());
+  }
+  if (SSL_set_tlsext_host_name(ssl, host.c_str()) != 1) {
+    return InvalidArgument("crypto: cannot set SNI '{}': {}", host, TakeOpenSslErrors());
+  }
+  return Status::Ok();
+}
+
+Result<std::string> PeerCommonName(SSL* ssl) {
+  if (ssl == nullptr) return InvalidArgument("crypto: PeerCommonName: no SSL stream");
+  X509Ptr peer(SSL_get1_peer_certificate(ssl));
+  if (!peer) return FailedPrecondition("crypto: peer presented no certificate");
+  const long verify = SSL_get_verify_result(ssl);
+  if (verify != X509_V_OK) {
+    return FailedPrecondition("crypto: peer certificate not verified: {}", X509_verify_cert_error_string(verify));
+  }
+  return internal::CommonName(peer.get());
+}
+
+std::string HandshakeFailureReason(SSL* ssl, const boost::system::error_code& ec) {
+  std::string reason = ec ? ec.message() : "no error reported";
+  if (ec && ec.category() == boost::asio::error::get_ssl_category()) {
+    // Asio keeps the packed OpenSSL code; the library name says which layer.
+    if (const char* lib = ERR_lib_error_string(static_cast<unsigned long>(ec.value()))) {
+      reason = fmt::format("{} ({})", reason, lib);
+    }
+  }
+  if (ssl != nullptr) {
+    const long verify = SSL_get_verify_result(ssl);
+    if (verify != X509_V_OK) reason += fmt::format("; verify: {}", X509_verify_cert_error_string(verify));
+  }
+  const std::string queued = TakeOpenSslErrors("");
+  if (!queued.empty()) reason += "; " + queued;
+  // Keep it to one log line whatever OpenSSL put in its strings.
+  std::replace(reason.begin(), reason.end(), '\n', ' ');
+  return reason;
+}
+
+}  // namespace estuary::crypto

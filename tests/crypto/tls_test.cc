@@ -1,0 +1,321 @@
+// Real TLS handshakes over 127.0.0.1 between a server and a client context.
+// Everything runs on one io_context; the test ends when both sides have
+// finished, and a timer bounds the run so a bug fails instead of hanging.
+#include "crypto/tls.h"
+
+#include <gtest/gtest.h>
+
+#include <boost/asio/connect.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/read.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/write.hpp>
+#include <chrono>
+#include <optional>
+
+#include "crypto/certs.h"
+#include "test_dir.h"
+
+namespace estuary::crypto {
+namespace {
+
+namespace asio = boost::asio;
+namespace ssl = boost::asio::ssl;
+using asio::ip::tcp;
+using testing::TempDir;
+using testing::WriteText;
+
+constexpr auto kOverallTimeout = std::chrono::seconds(20);
+constexpr char kGreeting = 'k';
+
+struct SideOutcome {
+  bool handshake_ok = false;
+  std::string failure;            // HandshakeFailureReason when !handshake_ok
+  std::optional<std::string> peer_cn;
+  bool greeting_ok = false;       // data flowed after the handshake
+  std::string greeting_failure;
+};
+
+struct Outcome {
+  SideOutcome server;
+  SideOutcome client;
+  bool timed_out = false;
+};
+
+// Runs one connection: the server accepts, handshakes, and on success sends
+// one byte; the client handshakes and, on success, reads that byte (in TLS 1.3
+// a client's handshake can complete before the server has judged the client
+// certificate, so the read is where a refused client learns of it).
+Outcome RunConnection(ssl::context& server_ctx, ssl::context& client_ctx, const std::string& expected_server_name) {
+  asio::io_context io;
+  tcp::acceptor acceptor(io, tcp::endpoint(asio::ip::address_v4::loopback(), 0));
+  ssl::stream<tcp::socket> server(io, server_ctx);
+  ssl::stream<tcp::socket> client(io, client_ctx);
+  asio::steady_timer timeout(io, kOverallTimeout);
+  Outcome out;
+  int sides_running = 2;
+  auto side_done = [&] {
+    if (--sides_running == 0) timeout.cancel();
+  };
+  timeout.async_wait([&](const boost::system::error_code& ec) {
+    if (ec) return;  // cancelled: both sides finished in time
+    out.timed_out = true;
+    boost::system::error_code ignored;
+    acceptor.close(ignored);
+    server.lowest_layer().close(ignored);
+    client.lowest_layer().close(ignored);
+  });
+
+  char server_byte = kGreeting;
+  acceptor.async_accept(server.lowest_layer(), [&](const boost::system::error_code& ec) {
+    if (ec) {
+      out.server.failure = ec.message();
+      side_done();
+      return;
+    }
+    server.async_handshake(ssl::stream_base::server, [&](const boost::system::error_code& ec) {
+      if (ec) {
+        out.server.failure = HandshakeFailureReason(server.native_handle(), ec);
+        boost::system::error_code ignored;
+        server.lowest_layer().close(ignored);
+        side_done();
+        return;
+      }
+      out.server.handshake_ok = true;
+      if (auto cn = PeerCommonName(server.native_handle()); cn.ok()) out.server.peer_cn = *cn;
+      asio::async_write(server, asio::buffer(&server_byte, 1),
+                        [&](const boost::system::error_code& ec, size_t) {
+                          out.server.greeting_ok = !ec;
+                          if (ec) out.server.greeting_failure = ec.message();
+                          side_done();
+                        });
+    });
+  });
+
+  if (!expected_server_name.empty()) {
+    Status status = VerifyServerName(client.native_handle(), expected_server_name);
+    EXPECT_TRUE(status.ok()) << status.ToString();
+  }
+  char client_byte = 0;
+  client.lowest_layer().async_connect(acceptor.local_endpoint(), [&](const boost::system::error_code& ec) {
+    if (ec) {
+      out.client.failure = ec.message();
+      side_done();
+      return;
+    }
+    client.async_handshake(ssl::stream_base::client, [&](const boost::system::error_code& ec) {
+      if (ec) {
+        out.client.failure = HandshakeFailureReason(client.native_handle(), ec);
+        boost::system::error_code ignored;
+        client.lowest_layer().close(ignored);
+        side_done();
+        return;
+      }
+      out.client.handshake_ok = true;
+      if (auto cn = PeerCommonName(client.native_handle()); cn.ok()) out.client.peer_cn = *cn;
+      asio::async_read(client, asio::buffer(&client_byte, 1), [&](const boost::system::error_code& ec, size_t) {
+        out.client.greeting_ok = !ec && client_byte == kGreeting;
+        if (ec) out.client.greeting_failure = HandshakeFailureReason(client.native_handle(), ec);
+        side_done();
+      });
+    });
+  });
+
+  io.run();
+  return out;
+}
+
+std::string Describe(const Outcome& out) {
+  return fmt::format("timed_out={} server[ok={} failure='{}' greeting='{}'] client[ok={} failure='{}' greeting='{}']",
+                     out.timed_out, out.server.handshake_ok, out.server.failure, out.server.greeting_failure,
+                     out.client.handshake_ok, out.client.failure, out.client.greeting_failure);
+}
+
+class TlsTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new TempDir;
+    foreign_ = new TempDir;
+    const auto& d = dir_->path();
+    ASSERT_TRUE(InitCa(d).ok());
+    ASSERT_TRUE(IssueCertificate(d, "server").ok());
+    ASSERT_TRUE(IssueCertificate(d, "site-a").ok());
+    ASSERT_TRUE(IssueCertificate(d, "site-old", {.not_before = -std::chrono::hours(48),
+                                                 .not_after = -std::chrono::hours(24)})
+                    .ok());
+    ASSERT_TRUE(InitCa(foreign_->path(), "foreign-ca").ok());
+    ASSERT_TRUE(IssueCertificateWith(foreign_->path() / "ca.pem", foreign_->path() / "ca.key", "site-a",
+                                     d / "intruder.pem", d / "intruder.key")
+                    .ok());
+  }
+  static void TearDownTestSuite() {
+    delete dir_;
+    delete foreign_;
+  }
+
+  static TlsFiles FilesFor(const std::string& name) {
+    const auto& d = dir_->path();
+    return {d / (name + ".pem"), d / (name + ".key"), d / "ca.pem"};
+  }
+  static std::shared_ptr<ssl::context> Server() {
+    auto ctx = MakeServerContext(FilesFor("server"));
+    EXPECT_TRUE(ctx.ok()) << ctx.status().ToString();
+    return ctx.ok() ? *ctx : nullptr;
+  }
+  static std::shared_ptr<ssl::context> Client(const std::string& name) {
+    auto ctx = MakeClientContext(FilesFor(name));
+    EXPECT_TRUE(ctx.ok()) << ctx.status().ToString();
+    return ctx.ok() ? *ctx : nullptr;
+  }
+
+  static TempDir* dir_;
+  static TempDir* foreign_;
+};
+TempDir* TlsTest::dir_ = nullptr;
+TempDir* TlsTest::foreign_ = nullptr;
+
+TEST_F(TlsTest, ValidClientIsAccepted) {
+  auto server = Server();
+  auto client = Client("site-a");
+  ASSERT_TRUE(server && client);
+  Outcome out = RunConnection(*server, *client, "");
+  ASSERT_FALSE(out.timed_out) << Describe(out);
+  EXPECT_TRUE(out.server.handshake_ok) << Describe(out);
+  EXPECT_TRUE(out.client.handshake_ok) << Describe(out);
+  EXPECT_EQ(out.server.peer_cn, "site-a");
+  EXPECT_EQ(out.client.peer_cn, "server");
+  EXPECT_TRUE(out.server.greeting_ok && out.client.greeting_ok) << Describe(out);
+}
+
+TEST_F(TlsTest, ClientWithoutCertificateIsRefused) {
+  auto server = Server();
+  ASSERT_TRUE(server);
+  ssl::context anonymous(ssl::context::tls);
+  anonymous.load_verify_file((dir_->path() / "ca.pem").string());
+  anonymous.set_verify_mode(ssl::verify_peer);
+  Outcome out = RunConnection(*server, anonymous, "");
+  ASSERT_FALSE(out.timed_out) << Describe(out);
+  EXPECT_FALSE(out.server.handshake_ok) << Describe(out);
+  EXPECT_NE(out.server.failure.find("certificate"), std::string::npos) << Describe(out);
+  EXPECT_FALSE(out.client.greeting_ok) << Describe(out);
+}
+
+TEST_F(TlsTest, ClientFromForeignCaIsRefused) {
+  auto server = Server();
+  auto client = Client("intruder");
+  ASSERT_TRUE(server && client);
+  Outcome out = RunConnection(*server, *client, "");
+  ASSERT_FALSE(out.timed_out) << Describe(out);
+  EXPECT_FALSE(out.server.handshake_ok) << Describe(out);
+  EXPECT_NE(out.server.failure.find("verify"), std::string::npos) << Describe(out);
+  EXPECT_FALSE(out.client.greeting_ok) << Describe(out);
+}
+
+TEST_F(TlsTest, ExpiredClientIsRefused) {
+  auto server = Server();
+  auto client = Client("site-old");
+  ASSERT_TRUE(server && client);
+  Outcome out = RunConnection(*server, *client, "");
+  ASSERT_FALSE(out.timed_out) << Describe(out);
+  EXPECT_FALSE(out.server.handshake_ok) << Describe(out);
+  EXPECT_NE(out.server.failure.find("expired"), std::string::npos) << Describe(out);
+  EXPECT_FALSE(out.client.greeting_ok) << Describe(out);
+}
+
+TEST_F(TlsTest, Tls12ClientIsRefused) {
+  auto server = Server();
+  ASSERT_TRUE(server);
+  // A well-configured client except that it stops at TLS 1.2.
+  ssl::context legacy(ssl::context::tls);
+  ASSERT_EQ(SSL_CTX_set_max_proto_version(legacy.native_handle(), TLS1_2_VERSION), 1);
+  legacy.use_certificate_chain_file((dir_->path() / "site-a.pem").string());
+  legacy.use_private_key_file((dir_->path() / "site-a.key").string(), ssl::context::pem);
+  legacy.load_verify_file((dir_->path() / "ca.pem").string());
+  legacy.set_verify_mode(ssl::verify_peer);
+  Outcome out = RunConnection(*server, legacy, "");
+  ASSERT_FALSE(out.timed_out) << Describe(out);
+  EXPECT_FALSE(out.server.handshake_ok) << Describe(out);
+  EXPECT_FALSE(out.client.handshake_ok) << Describe(out);
+  EXPECT_NE(out.server.failure.find("protocol"), std::string::npos) << Describe(out);
+}
+
+TEST_F(TlsTest, ServerNameVerification) {
+  auto server = Server();
+  auto client = Client("site-a");
+  ASSERT_TRUE(server && client);
+  for (const std::string good : {"127.0.0.1", "localhost", "server", "::1", "[::1]"}) {
+    Outcome out = RunConnection(*server, *client, good);
+    ASSERT_FALSE(out.timed_out) << good << ": " << Describe(out);
+    EXPECT_TRUE(out.client.handshake_ok && out.server.handshake_ok) << good << ": " << Describe(out);
+  }
+  struct Wrong {
+    std::string name;
+    std::string verify_error;
+  };
+  for (const Wrong& wrong : {Wrong{"wrong.example", "hostname mismatch"}, Wrong{"site-a", "hostname mismatch"},
+                             Wrong{"10.1.2.3", "IP address mismatch"}}) {
+    Outcome out = RunConnection(*server, *client, wrong.name);
+    ASSERT_FALSE(out.timed_out) << wrong.name << ": " << Describe(out);
+    EXPECT_FALSE(out.client.handshake_ok) << wrong.name << ": " << Describe(out);
+    EXPECT_NE(out.client.failure.find(wrong.verify_error), std::string::npos) << wrong.name << ": " << Describe(out);
+    EXPECT_FALSE(out.server.handshake_ok) << wrong.name << ": " << Describe(out);
+  }
+}
+
+TEST_F(TlsTest, VerifyServerNameRejectsEmpty) {
+  auto client = Client("site-a");
+  ASSERT_TRUE(client);
+  std::unique_ptr<SSL, decltype(&SSL_free)> ssl(SSL_new(client->native_handle()), &SSL_free);
+  EXPECT_EQ(VerifyServerName(ssl.get(), "").code(), Code::kInvalidArgument);
+}
+
+TEST_F(TlsTest, PeerCommonNameNeedsAPeer) {
+  auto client = Client("site-a");
+  ASSERT_TRUE(client);
+  std::unique_ptr<SSL, decltype(&SSL_free)> ssl(SSL_new(client->native_handle()), &SSL_free);
+  EXPECT_FALSE(PeerCommonName(ssl.get()).ok());
+}
+
+// Every bad-file case yields one line that names the offending file.
+TEST_F(TlsTest, FileErrorsNameTheFile) {
+  TempDir scratch;
+  const auto& d = dir_->path();
+  const auto& s = scratch.path();
+  WriteText(s / "not-pem.pem", "hello, I am not a certificate\n");
+  WriteText(s / "bad-body.pem", "-----BEGIN CERTIFICATE-----\n!!!!\n-----END CERTIFICATE-----\n");
+  WriteText(s / "bad-key.key", "-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n");
+  WriteText(s / "empty.pem", "");
+  std::filesystem::copy_file(d / "site-a.key", s / "key-only.pem");
+
+  struct Case {
+    TlsFiles files;
+    std::filesystem::path blamed;
+    std::string problem;
+  };
+  const std::vector<Case> cases = {
+      {{s / "missing.pem", d / "server.key", d / "ca.pem"}, s / "missing.pem", "no such file"},
+      {{d / "server.pem", s / "missing.key", d / "ca.pem"}, s / "missing.key", "no such file"},
+      {{d / "server.pem", d / "server.key", s / "missing-ca.pem"}, s / "missing-ca.pem", "no such file"},
+      {{s / "not-pem.pem", d / "server.key", d / "ca.pem"}, s / "not-pem.pem", "not a PEM file"},
+      {{s / "empty.pem", d / "server.key", d / "ca.pem"}, s / "empty.pem", "empty"},
+      {{s / "bad-body.pem", d / "server.key", d / "ca.pem"}, s / "bad-body.pem", "cannot read certificate"},
+      {{s / "key-only.pem", d / "server.key", d / "ca.pem"}, s / "key-only.pem", "cannot read certificate"},
+      {{d / "server.pem", s / "bad-key.key", d / "ca.pem"}, s / "bad-key.key", "cannot read private key"},
+      {{d / "server.pem", d / "site-a.key", d / "ca.pem"}, d / "site-a.key", "does not match"},
+      {{d / "server.pem", d / "server.key", s}, s, "directory"},
+  };
+  for (const Case& c : cases) {
+    for (bool server_side : {true, false}) {
+      auto ctx = server_side ? MakeServerContext(c.files) : MakeClientContext(c.files);
+      ASSERT_FALSE(ctx.ok()) << c.blamed;
+      const std::string& message = ctx.status().message();
+      EXPECT_EQ(message.rfind("crypto: " + c.blamed.string() + ": ", 0), 0u) << message;
+      EXPECT_NE(message.find(c.problem), std::string::npos) << message;
+      EXPECT_EQ(message.find('\n'), std::string::npos) << message;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace estuary::crypto
