@@ -5,30 +5,6 @@
 #include <random>
 
 namespace estuary::aggregation {
-namespace {
-
-uint64_t SplitMix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
-uint64_t Fnv1a64(std::string_view s) {
-  uint64_t hash = 0xcbf29ce484222325ull;
-  for (unsigned char c : s) {
-    hash ^= c;
-    hash *= 0x100000001b3ull;
-  }
-  return hash;
-}
-
-}  // namespace
-
-uint64_t MixSeed(uint64_t a, uint64_t b) { return SplitMix64(a ^ SplitMix64(b)); }
-
-uint64_t MixSeed(uint64_t a, std::string_view s) { return MixSeed(a, Fnv1a64(s)); }
-
 std::vector<std::string> SampleClients(std::vector<std::string> connected, size_t k, uint64_t seed, uint64_t round) {
   // Sorting first makes the result independent of connection order.
   std::sort(connected.begin(), connected.end());

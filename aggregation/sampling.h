@@ -11,6 +11,8 @@
 #include <string_view>
 #include <vector>
 
+#include "base/seed.h"
+
 namespace estuary::aggregation {
 
 // Picks min(k, #distinct names) distinct names from `connected` uniformly at
@@ -23,24 +25,9 @@ std::vector<std::string> SampleClients(std::vector<std::string> connected, size_
 // configuration before it gets here.
 size_t ClientsPerRound(double fraction_or_count, size_t connected);
 
-// Well-mixed 64-bit seeds derived from a base seed: splitmix64(a ^ splitmix64(b)).
-// The string form hashes s with 64-bit FNV-1a first. For any component that
-// needs its own reproducible random stream (per round, per client).
-uint64_t MixSeed(uint64_t a, uint64_t b);
-uint64_t MixSeed(uint64_t a, std::string_view s);
-
-// An unbiased draw in [0, bound) from a 64-bit generator, defined here rather
-// than left to std::uniform_int_distribution, whose algorithm differs between
-// standard libraries. bound must be > 0.
-template <typename Uint64Generator>
-uint64_t UniformBelow(Uint64Generator& generator, uint64_t bound) {
-  // Reject the top partial block of 2^64 mod bound values so every residue is
-  // equally likely; at most half the draws are rejected, usually almost none.
-  const uint64_t threshold = (0 - bound) % bound;  // == 2^64 mod bound
-  for (;;) {
-    const uint64_t r = generator();
-    if (r >= threshold) return r % bound;
-  }
-}
+// Seed mixing and the portable bounded draw live in base/seed.h; they are
+// re-exported here because sampling is where most readers look for them.
+using ::estuary::MixSeed;
+using ::estuary::UniformBelow;
 
 }  // namespace estuary::aggregation

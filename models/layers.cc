@@ -1,0 +1,168 @@
+#include "models/layers.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+namespace estuary::models {
+
+void Linear::Forward(const float* x, int n, float* y) const {
+  for (int i = 0; i < n; ++i) std::memcpy(y + int64_t(i) * out, b, sizeof(float) * out);
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, out, in, 1.0f, x, in, w, in, 1.0f, y, out);
+}
+
+void Linear::Backward(const float* x, const float* dy, int n, float* dx) const {
+  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, out, in, n, 1.0f, dy, out, x, in, 0.0f, dw, in);
+  for (int o = 0; o < out; ++o) db[o] = 0;
+  for (int i = 0; i < n; ++i) {
+    const float* row = dy + int64_t(i) * out;
+    for (int o = 0; o < out; ++o) db[o] += row[o];
+  }
+  if (dx) cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, in, out, 1.0f, dy, out, w, in, 0.0f, dx, in);
+}
+
+void ReluForward(float* x, int64_t count) {
+  for (int64_t i = 0; i < count; ++i) x[i] = x[i] > 0.0f ? x[i] : 0.0f;
+}
+
+void ReluBackward(const float* y, float* dy, int64_t count) {
+  for (int64_t i = 0; i < count; ++i) dy[i] = y[i] > 0.0f ? dy[i] : 0.0f;
+}
+
+// Unfolds one image [c, h, w] into cols [c*k*k, h*w] (zero padding).
+static void Im2Col(const float* x, int c, int h, int w, int k, int pad, float* cols) {
+  for (int ch = 0; ch < c; ++ch) {
+    for (int ky = 0; ky < k; ++ky) {
+      for (int kx = 0; kx < k; ++kx) {
+        float* out = cols + ((int64_t(ch) * k + ky) * k + kx) * h * w;
+        for (int y = 0; y < h; ++y) {
+          const int sy = y + ky - pad;
+          float* row = out + int64_t(y) * w;
+          if (sy < 0 || sy >= h) {
+            std::memset(row, 0, sizeof(float) * w);
+            continue;
+          }
+          const float* src = x + (int64_t(ch) * h + sy) * w;
+          const int x0 = std::max(0, pad - kx), x1 = std::min(w, w + pad - kx);
+          for (int xx = 0; xx < x0; ++xx) row[xx] = 0;
+          std::memcpy(row + x0, src + x0 + kx - pad, sizeof(float) * (x1 - x0));
+          for (int xx = x1; xx < w; ++xx) row[xx] = 0;
+        }
+      }
+    }
+  }
+}
+
+// The adjoint of Im2Col: adds cols back into dx [c, h, w] (dx zeroed first).
+static void Col2Im(const float* cols, int c, int h, int w, int k, int pad, float* dx) {
+  std::memset(dx, 0, sizeof(float) * c * h * w);
+  for (int ch = 0; ch < c; ++ch) {
+    for (int ky = 0; ky < k; ++ky) {
+      for (int kx = 0; kx < k; ++kx) {
+        const float* in = cols + ((int64_t(ch) * k + ky) * k + kx) * h * w;
+        for (int y = 0; y < h; ++y) {
+          const int sy = y + ky - pad;
+          if (sy < 0 || sy >= h) continue;
+          float* dst = dx + (int64_t(ch) * h + sy) * w;
+          const float* row = in + int64_t(y) * w;
+          const int x0 = std::max(0, pad - kx), x1 = std::min(w, w + pad - kx);
+          for (int xx = x0; xx < x1; ++xx) dst[xx + kx - pad] += row[xx];
+        }
+      }
+    }
+  }
+}
+
+void Conv2d::Forward(const float* x, int n, float* cols, float* y) const {
+  const int hw = height * width;
+  const int kdim = in_channels * kernel * kernel;
+  for (int i = 0; i < n; ++i) {
+    float* col = cols + i * col_size();
+    Im2Col(x + int64_t(i) * in_channels * hw, in_channels, height, width, kernel, pad, col);
+    float* out = y + int64_t(i) * out_channels * hw;
+    for (int o = 0; o < out_channels; ++o) std::fill(out + int64_t(o) * hw, out + int64_t(o + 1) * hw, b[o]);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, out_channels, hw, kdim, 1.0f, w, kdim, col, hw, 1.0f, out,
+                hw);
+  }
+}
+
+void Conv2d::Backward(const float* cols, const float* dy, int n, float* dcol, float* dx) const {
+  const int hw = height * width;
+  const int kdim = in_channels * kernel * kernel;
+  std::memset(db, 0, sizeof(float) * out_channels);
+  for (int i = 0; i < n; ++i) {
+    const float* g = dy + int64_t(i) * out_channels * hw;
+    const float* col = cols + i * col_size();
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, out_channels, kdim, hw, 1.0f, g, hw, col, hw,
+                i == 0 ? 0.0f : 1.0f, dw, kdim);
+    for (int o = 0; o < out_channels; ++o) {
+      const float* row = g + int64_t(o) * hw;
+      float sum = 0;
+      for (int p = 0; p < hw; ++p) sum += row[p];
+      db[o] += sum;
+    }
+    if (dx) {
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, kdim, hw, out_channels, 1.0f, w, kdim, g, hw, 0.0f, dcol,
+                  hw);
+      Col2Im(dcol, in_channels, height, width, kernel, pad, dx + int64_t(i) * in_channels * hw);
+    }
+  }
+}
+
+void MaxPool2::Forward(const float* x, int n, float* y, int32_t* argmax) const {
+  const int oh = height / 2, ow = width / 2;
+  for (int64_t plane = 0; plane < int64_t(n) * channels; ++plane) {
+    const float* in = x + plane * height * width;
+    const int32_t base = int32_t(plane * height * width);
+    float* out = y + plane * oh * ow;
+    int32_t* arg = argmax + plane * oh * ow;
+    for (int r = 0; r < oh; ++r) {
+      for (int c = 0; c < ow; ++c) {
+        int best = (2 * r) * width + 2 * c;
+        // Ties go to the first element in row-major order, as in PyTorch.
+        for (int candidate : {best + 1, best + width, best + width + 1}) {
+          if (in[candidate] > in[best]) best = candidate;
+        }
+        out[r * ow + c] = in[best];
+        arg[r * ow + c] = base + best;
+      }
+    }
+  }
+}
+
+void MaxPool2::Backward(const float* dy, const int32_t* argmax, int n, float* dx) const {
+  const int64_t outputs = int64_t(n) * channels * (height / 2) * (width / 2);
+  std::memset(dx, 0, sizeof(float) * n * channels * height * width);
+  for (int64_t i = 0; i < outputs; ++i) dx[argmax[i]] += dy[i];
+}
+
+float SoftmaxCrossEntropy(const float* logits, const int32_t* labels, int n, int classes, float* dlogits,
+                          int64_t* correct) {
+  double loss = 0;
+  for (int i = 0; i < n; ++i) {
+    const float* z = logits + int64_t(i) * classes;
+    int arg = 0;
+    for (int c = 1; c < classes; ++c) {
+      if (z[c] > z[arg]) arg = c;
+    }
+    if (correct && arg == labels[i]) ++*correct;
+    const float max = z[arg];
+    double sum = 0;
+    for (int c = 0; c < classes; ++c) sum += std::exp(double(z[c] - max));
+    const double log_sum = std::log(sum);
+    loss += log_sum - double(z[labels[i]] - max);
+    if (dlogits) {
+      float* d = dlogits + int64_t(i) * classes;
+      for (int c = 0; c < classes; ++c) {
+        const double p = std::exp(double(z[c] - max) - log_sum);
+        d[c] = float((p - (c == labels[i] ? 1.0 : 0.0)) / n);
+      }
+    }
+  }
+  return float(loss / n);
+}
+
+}  // namespace estuary::models

@@ -1,0 +1,55 @@
+// CPU layers with explicit forward and backward, side by side.
+//
+// Every layer works on a batch of n examples in row-major buffers that the
+// model owns (its activation arena); parameters and their gradients are
+// pointers into the model's flat buffers. Backward *accumulates* nothing:
+// it overwrites the parameter gradients, since a model runs one backward per
+// step. Matrix products go to OpenBLAS; layouts follow PyTorch.
+#pragma once
+
+#include <cstdint>
+
+namespace estuary::models {
+
+// y[n, out] = x[n, in] · W[out, in]^T + b
+struct Linear {
+  int in = 0, out = 0;
+  float *w = nullptr, *b = nullptr, *dw = nullptr, *db = nullptr;
+
+  void Forward(const float* x, int n, float* y) const;
+  // dW = dy^T · x, db = Σ_n dy, and dx = dy · W when dx is not null.
+  void Backward(const float* x, const float* dy, int n, float* dx) const;
+};
+
+// In place: x = max(x, 0).
+void ReluForward(float* x, int64_t count);
+// dx = dy where the forward output was positive; in place on dy.
+void ReluBackward(const float* y, float* dy, int64_t count);
+
+// Conv2d, stride 1, zero padding `pad`, square kernel k, on [n, c, h, w].
+struct Conv2d {
+  int in_channels = 0, out_channels = 0, kernel = 5, pad = 2, height = 0, width = 0;
+  float *w = nullptr, *b = nullptr, *dw = nullptr, *db = nullptr;
+
+  int64_t col_size() const { return int64_t(in_channels) * kernel * kernel * height * width; }
+  // cols receives the unfolded input for each image (n * col_size()), kept for backward.
+  void Forward(const float* x, int n, float* cols, float* y) const;
+  // dcol is scratch of col_size(); dx may be null for the first layer.
+  void Backward(const float* cols, const float* dy, int n, float* dcol, float* dx) const;
+};
+
+// 2x2 max-pool, stride 2, on [n, c, h, w] (h and w even).
+struct MaxPool2 {
+  int channels = 0, height = 0, width = 0;  // input size
+  // argmax[i] is the input index that produced output i.
+  void Forward(const float* x, int n, float* y, int32_t* argmax) const;
+  void Backward(const float* dy, const int32_t* argmax, int n, float* dx) const;
+};
+
+// Mean softmax cross-entropy over n rows of `classes` logits. Writes
+// dlogits = (softmax - onehot) / n when dlogits is not null. When correct is
+// not null, adds the number of rows whose argmax equals the label.
+float SoftmaxCrossEntropy(const float* logits, const int32_t* labels, int n, int classes, float* dlogits,
+                          int64_t* correct = nullptr);
+
+}  // namespace estuary::models

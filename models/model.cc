@@ -1,0 +1,238 @@
+#include "models/model.h"
+
+#include <cmath>
+#include <cstring>
+#include <random>
+
+#include "models/layers.h"
+
+namespace estuary::models {
+
+namespace {
+
+// The flat buffers and manifest shared by the models below. Tensors are
+// added in order; Finalize() allocates and hands out the views.
+class FlatModel : public Model {
+ public:
+  const Manifest& manifest() const override { return manifest_; }
+  std::span<float> parameters() override { return params_; }
+  std::span<const float> parameters() const override { return params_; }
+  std::span<float> gradients() override { return grads_; }
+
+  void Initialize(uint64_t seed) override {
+    std::mt19937_64 rng(seed);
+    for (size_t t = 0; t < manifest_.tensors.size(); ++t) {
+      const auto& spec = manifest_.tensors[t];
+      const float bound = 1.0f / std::sqrt(float(fan_in_[t]));
+      float* p = params_.data() + spec.offset;
+      for (uint64_t i = 0; i < spec.numel(); ++i) {
+        // 24 random bits -> a float in [0, 1), exactly, on every platform.
+        const float u = float(rng() >> 40) * 0x1.0p-24f;
+        p[i] = bound * (2.0f * u - 1.0f);
+      }
+    }
+  }
+
+ protected:
+  // Registers a tensor; fan_in sets its init bound 1/sqrt(fan_in).
+  uint64_t Add(const std::string& name, std::vector<int64_t> shape, int64_t fan_in) {
+    TensorSpec spec{name, std::move(shape), DType::kF32, manifest_.total_elements};
+    manifest_.total_elements += spec.numel();
+    manifest_.tensors.push_back(std::move(spec));
+    fan_in_.push_back(fan_in);
+    return manifest_.tensors.back().offset;
+  }
+  void Allocate() {
+    params_.assign(manifest_.total_elements, 0.0f);
+    grads_.assign(manifest_.total_elements, 0.0f);
+  }
+  // Points a layer's w, b, dw, db at tensors registered at offsets wo, bo.
+  template <typename Layer>
+  void Bind(Layer& layer, uint64_t wo, uint64_t bo) {
+    layer.w = params_.data() + wo;
+    layer.b = params_.data() + bo;
+    layer.dw = grads_.data() + wo;
+    layer.db = grads_.data() + bo;
+  }
+  // Grows the activation arena to hold `floats`; never shrinks.
+  float* Arena(size_t floats) {
+    if (arena_.size() < floats) arena_.resize(floats);
+    return arena_.data();
+  }
+
+  Manifest manifest_;
+  std::vector<int64_t> fan_in_;
+  std::vector<float> params_, grads_, arena_;
+};
+
+// McMahan et al.'s "2NN": 784-200-200-10 with ReLU.
+class Mlp final : public FlatModel {
+ public:
+  Mlp() {
+    const uint64_t w1 = Add("fc1.weight", {200, 784}, 784), b1 = Add("fc1.bias", {200}, 784);
+    const uint64_t w2 = Add("fc2.weight", {200, 200}, 200), b2 = Add("fc2.bias", {200}, 200);
+    const uint64_t w3 = Add("fc3.weight", {10, 200}, 200), b3 = Add("fc3.bias", {10}, 200);
+    Allocate();
+    fc1_ = {784, 200};
+    fc2_ = {200, 200};
+    fc3_ = {200, 10};
+    Bind(fc1_, w1, b1);
+    Bind(fc2_, w2, b2);
+    Bind(fc3_, w3, b3);
+  }
+  std::string_view name() const override { return "mlp"; }
+  int input_size() const override { return 784; }
+  int num_classes() const override { return 10; }
+
+  void Forward(const float* x, int n, float* logits) override {
+    float* h1 = Arena(size_t(n) * 400);
+    float* h2 = h1 + size_t(n) * 200;
+    fc1_.Forward(x, n, h1);
+    ReluForward(h1, int64_t(n) * 200);
+    fc2_.Forward(h1, n, h2);
+    ReluForward(h2, int64_t(n) * 200);
+    fc3_.Forward(h2, n, logits);
+  }
+
+  float ForwardBackward(const float* x, const int32_t* y, int n) override {
+    // Arena: h1, h2 [n,200] | logits, dlogits [n,10] | dh2, dh1 [n,200]
+    float* h1 = Arena(size_t(n) * 820);
+    float* h2 = h1 + size_t(n) * 200;
+    float* logits = h2 + size_t(n) * 200;
+    float* dlogits = logits + size_t(n) * 10;
+    float* dh2 = dlogits + size_t(n) * 10;
+    float* dh1 = dh2 + size_t(n) * 200;
+    fc1_.Forward(x, n, h1);
+    ReluForward(h1, int64_t(n) * 200);
+    fc2_.Forward(h1, n, h2);
+    ReluForward(h2, int64_t(n) * 200);
+    fc3_.Forward(h2, n, logits);
+    const float loss = SoftmaxCrossEntropy(logits, y, n, 10, dlogits);
+    fc3_.Backward(h2, dlogits, n, dh2);
+    ReluBackward(h2, dh2, int64_t(n) * 200);
+    fc2_.Backward(h1, dh2, n, dh1);
+    ReluBackward(h1, dh1, int64_t(n) * 200);
+    fc1_.Backward(x, dh1, n, nullptr);
+    return loss;
+  }
+
+ private:
+  Linear fc1_, fc2_, fc3_;
+};
+
+// McMahan et al.'s CNN: conv5x5(32) -> pool -> conv5x5(64) -> pool -> fc512 -> fc10.
+class Cnn final : public FlatModel {
+ public:
+  Cnn() {
+    const uint64_t cw1 = Add("conv1.weight", {32, 1, 5, 5}, 25), cb1 = Add("conv1.bias", {32}, 25);
+    const uint64_t cw2 = Add("conv2.weight", {64, 32, 5, 5}, 800), cb2 = Add("conv2.bias", {64}, 800);
+    const uint64_t w1 = Add("fc1.weight", {512, 3136}, 3136), b1 = Add("fc1.bias", {512}, 3136);
+    const uint64_t w2 = Add("fc2.weight", {10, 512}, 512), b2 = Add("fc2.bias", {10}, 512);
+    Allocate();
+    conv1_ = {1, 32, 5, 2, 28, 28};
+    conv2_ = {32, 64, 5, 2, 14, 14};
+    pool1_ = {32, 28, 28};
+    pool2_ = {64, 14, 14};
+    fc1_ = {3136, 512};
+    fc2_ = {512, 10};
+    Bind(conv1_, cw1, cb1);
+    Bind(conv2_, cw2, cb2);
+    Bind(fc1_, w1, b1);
+    Bind(fc2_, w2, b2);
+  }
+  std::string_view name() const override { return "cnn"; }
+  int input_size() const override { return 784; }
+  int num_classes() const override { return 10; }
+
+  void Forward(const float* x, int n, float* logits) override {
+    Activations a = Layout(n);
+    RunForward(a, x, n);
+    std::memcpy(logits, a.logits, sizeof(float) * n * 10);
+  }
+
+  float ForwardBackward(const float* x, const int32_t* y, int n) override {
+    Activations a = Layout(n);
+    RunForward(a, x, n);
+    const float loss = SoftmaxCrossEntropy(a.logits, y, n, 10, a.dlogits);
+    fc2_.Backward(a.f1, a.dlogits, n, a.df1);
+    ReluBackward(a.f1, a.df1, int64_t(n) * 512);
+    fc1_.Backward(a.p2, a.df1, n, a.dp2);
+    pool2_.Backward(a.dp2, a.arg2, n, a.dc2);
+    ReluBackward(a.c2, a.dc2, int64_t(n) * 64 * 196);
+    conv2_.Backward(a.cols2, a.dc2, n, a.dcol, a.dp1);
+    pool1_.Backward(a.dp1, a.arg1, n, a.dc1);
+    ReluBackward(a.c1, a.dc1, int64_t(n) * 32 * 784);
+    conv1_.Backward(a.cols1, a.dc1, n, a.dcol, nullptr);
+    return loss;
+  }
+
+ private:
+  struct Activations {
+    float *cols1, *c1, *p1, *cols2, *c2, *p2, *f1, *logits;
+    float *dlogits, *df1, *dp2, *dc2, *dp1, *dc1, *dcol;
+    int32_t *arg1, *arg2;
+  };
+
+  Activations Layout(int n) {
+    const size_t sizes[] = {
+        size_t(n) * conv1_.col_size(), size_t(n) * 32 * 784, size_t(n) * 32 * 196, size_t(n) * conv2_.col_size(),
+        size_t(n) * 64 * 196,           size_t(n) * 3136,     size_t(n) * 512,      size_t(n) * 10,
+        size_t(n) * 10,                 size_t(n) * 512,      size_t(n) * 3136,     size_t(n) * 64 * 196,
+        size_t(n) * 32 * 196,           size_t(n) * 32 * 784, size_t(conv2_.col_size()),
+        size_t(n) * 32 * 196,           size_t(n) * 64 * 49};  // the two argmax arrays (int32, same width)
+    size_t total = 0;
+    for (size_t s : sizes) total += s;
+    float* p = Arena(total);
+    float* slots[17];
+    for (int i = 0; i < 17; ++i) {
+      slots[i] = p;
+      p += sizes[i];
+    }
+    return {slots[0],  slots[1],  slots[2],  slots[3],  slots[4],  slots[5],
+            slots[6],  slots[7],  slots[8],  slots[9],  slots[10], slots[11],
+            slots[12], slots[13], slots[14], reinterpret_cast<int32_t*>(slots[15]),
+            reinterpret_cast<int32_t*>(slots[16])};
+  }
+
+  void RunForward(Activations& a, const float* x, int n) {
+    conv1_.Forward(x, n, a.cols1, a.c1);
+    ReluForward(a.c1, int64_t(n) * 32 * 784);
+    pool1_.Forward(a.c1, n, a.p1, a.arg1);
+    conv2_.Forward(a.p1, n, a.cols2, a.c2);
+    ReluForward(a.c2, int64_t(n) * 64 * 196);
+    pool2_.Forward(a.c2, n, a.p2, a.arg2);  // [n, 64, 7, 7] is already PyTorch's flatten order
+    fc1_.Forward(a.p2, n, a.f1);
+    ReluForward(a.f1, int64_t(n) * 512);
+    fc2_.Forward(a.f1, n, a.logits);
+  }
+
+  Conv2d conv1_, conv2_;
+  MaxPool2 pool1_, pool2_;
+  Linear fc1_, fc2_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Model>> MakeModel(std::string_view name) {
+  if (name == "mlp") return std::unique_ptr<Model>(new Mlp());
+  if (name == "cnn") return std::unique_ptr<Model>(new Cnn());
+  return InvalidArgument("unknown model '{}' (expected mlp or cnn)", name);
+}
+
+EvalResult Evaluate(Model& model, const float* x, const int32_t* y, uint64_t n, int batch) {
+  EvalResult result;
+  std::vector<float> logits(size_t(batch) * model.num_classes());
+  double loss = 0;
+  int64_t correct = 0;
+  for (uint64_t begin = 0; begin < n; begin += batch) {
+    const int b = int(std::min<uint64_t>(batch, n - begin));
+    model.Forward(x + begin * model.input_size(), b, logits.data());
+    loss += double(SoftmaxCrossEntropy(logits.data(), y + begin, b, model.num_classes(), nullptr, &correct)) * b;
+  }
+  result.examples = n;
+  result.loss = n ? loss / double(n) : 0;
+  result.accuracy = n ? double(correct) / double(n) : 0;
+  return result;
+}
+
+}  // namespace estuary::models
