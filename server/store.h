@@ -117,7 +117,7 @@ class Store {
   Result<std::optional<std::string>> CheckpointFor(uint64_t round);
   Result<std::vector<Participation>> Participations(uint64_t round);
   Result<std::vector<ClientRecord>> Clients();
-  Result<std::vector<Transition>> Transitions(uint64_t round);
+  Result<std::vector<::estuary::server::Transition>> Transitions(uint64_t round);
   Result<std::vector<Event>> Events(int limit = 100);
 
  private:

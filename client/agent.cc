@@ -1,0 +1,319 @@
+#include "client/agent.h"
+
+#include <spdlog/spdlog.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+
+#include "crypto/sha256.h"
+#include "crypto/tls.h"
+#include "proto/frame.h"
+#include "proto/wire.h"
+
+namespace estuary::client {
+
+namespace asio = boost::asio;
+using asio::ip::tcp;
+using boost::system::error_code;
+
+static TaskConfig FromProto(const v1::TaskConfig& t) {
+  TaskConfig task;
+  task.model = t.model();
+  task.epochs = t.epochs();
+  task.batch_size = t.batch_size();
+  task.learning_rate = t.learning_rate();
+  task.momentum = t.momentum();
+  task.weight_decay = t.weight_decay();
+  task.update_kind = t.update_kind() == v1::UPDATE_LORA ? UpdateKind::kLora : UpdateKind::kFull;
+  task.seed = t.seed();
+  return task;
+}
+
+Agent::Agent(asio::io_context& io, AgentOptions options, Trainer& trainer, Executor training)
+    : io_(io),
+      options_(std::move(options)),
+      trainer_(trainer),
+      training_(std::move(training)),
+      resolver_(io),
+      reconnect_timer_(io),
+      heartbeat_timer_(io),
+      chunk_bytes_(options_.chunk_bytes) {}
+
+void Agent::Start() { Connect(); }
+
+void Agent::Stop() {
+  stopped_ = true;
+  reconnect_timer_.cancel();
+  heartbeat_timer_.cancel();
+  if (stream_) {
+    error_code ignored;
+    stream_->lowest_layer().close(ignored);
+  }
+}
+
+void Agent::Connect() {
+  if (stopped_) return;
+  const uint64_t connection = ++connection_;
+  stream_ = std::make_shared<SslStream>(io_, *options_.tls);
+  outbox_.clear();
+  writing_ = false;
+  upload_.reset();
+  Status named = crypto::VerifyServerName(stream_->native_handle(), options_.host);
+  if (!named.ok()) return Finish(named);
+  resolver_.async_resolve(options_.host, std::to_string(options_.port),
+                          [self = shared_from_this(), connection, stream = stream_](const error_code& ec, tcp::resolver::results_type results) {
+    if (connection != self->connection_ || self->stopped_) return;
+    if (ec) return self->Disconnected(fmt::format("resolve {}: {}", self->options_.host, ec.message()));
+    asio::async_connect(stream->lowest_layer(), results,
+                        [self, connection, stream](const error_code& ec, const tcp::endpoint&) {
+      if (connection != self->connection_ || self->stopped_) return;
+      if (ec) return self->Disconnected(fmt::format("connect: {}", ec.message()));
+      error_code ignored;
+      self->stream_->lowest_layer().set_option(tcp::no_delay(true), ignored);
+      stream->async_handshake(asio::ssl::stream_base::client, [self, connection, stream](const error_code& ec) {
+        if (connection != self->connection_ || self->stopped_) return;
+        if (ec) {
+          return self->Disconnected(
+              fmt::format("TLS handshake: {}", crypto::HandshakeFailureReason(self->stream_->native_handle(), ec)));
+        }
+        self->OnConnected();
+      });
+    });
+  });
+}
+
+void Agent::OnConnected() {
+  v1::Envelope envelope;
+  auto* hello = envelope.mutable_hello();
+  hello->set_protocol_version(proto::kProtocolVersion);
+  hello->set_client_version("estuary 0.1.0");
+  hello->set_num_examples(trainer_.data().size());
+  hello->set_model_version_held(model_version_);
+  hello->set_model_checksum_held(model_checksum_);
+  Send(envelope);
+  ReadHeader();
+}
+
+void Agent::ReadHeader() {
+  const uint64_t connection = connection_;
+  asio::async_read(*stream_, asio::buffer(header_), [self = shared_from_this(), connection, stream = stream_](const error_code& ec, size_t) {
+    if (connection != self->connection_ || self->stopped_) return;
+    if (ec) return self->Disconnected(ec == asio::error::eof ? "server closed the connection" : ec.message());
+    auto size = proto::ParseFrameHeader(self->header_, self->options_.max_frame_bytes);
+    if (!size.ok()) return self->Disconnected(size.status().message());
+    self->body_.resize(*size);
+    asio::async_read(*stream, asio::buffer(self->body_), [self, connection, stream](const error_code& ec, size_t) {
+      if (connection != self->connection_ || self->stopped_) return;
+      if (ec) return self->Disconnected(ec.message());
+      auto envelope = proto::ParseEnvelope(self->body_.data(), self->body_.size());
+      if (!envelope.ok()) return self->Disconnected(envelope.status().message());
+      self->Dispatch(std::move(envelope).value());
+      if (connection == self->connection_ && !self->stopped_) self->ReadHeader();
+    });
+  });
+}
+
+void Agent::Dispatch(v1::Envelope envelope) {
+  switch (envelope.body_case()) {
+    case v1::Envelope::kWelcome: {
+      const auto& welcome = envelope.welcome();
+      name_ = welcome.client_name();
+      failures_ = 0;
+      if (welcome.chunk_bytes() >= 4) chunk_bytes_ = std::min(options_.chunk_bytes, welcome.chunk_bytes() & ~3u);
+      if (welcome.heartbeat_ms() > 0) heartbeat_ms_ = welcome.heartbeat_ms();
+      Heartbeat();
+      return;
+    }
+    case v1::Envelope::kRoundStart: return OnRoundStart(envelope.round_start());
+    case v1::Envelope::kModelChunk: return OnModelChunk(envelope.model_chunk());
+    case v1::Envelope::kUpdateAck:
+      if (!envelope.update_ack().accepted()) {
+        spdlog::warn("{}: update for round {} refused: {}", name_, envelope.update_ack().round(),
+                     envelope.update_ack().detail());
+      }
+      return;
+    case v1::Envelope::kRoundClosed:
+      if (on_round_closed) on_round_closed(envelope.round_closed());
+      if (envelope.round_closed().federation_complete()) Finish(Status::Ok());
+      return;
+    case v1::Envelope::kHeartbeat: return;
+    case v1::Envelope::kError:
+      spdlog::warn("{}: server error {}: {}", name_.empty() ? options_.label : name_,
+                   v1::Error::Code_Name(envelope.error().code()), envelope.error().message());
+      return;  // the server closes the connection; we reconnect
+    default:
+      return Disconnected(fmt::format("unexpected {} from the server", proto::BodyName(envelope)));
+  }
+}
+
+void Agent::OnRoundStart(const v1::RoundStart& start) {
+  auto manifest = proto::FromProto(start.manifest(), uint64_t{1} << 34);
+  if (!manifest.ok()) return Disconnected(fmt::format("round {}: {}", start.round(), manifest.status().message()));
+  round_ = start;
+  round_connection_ = connection_;
+  manifest_ = std::move(manifest).value();
+  if (start.model_follows()) {
+    incoming_.assign(manifest_.total_elements, 0.0f);
+    incoming_offset_ = 0;
+    return;
+  }
+  if (model_version_ != start.model_version() || model_checksum_ != start.model_checksum()) {
+    return Disconnected(fmt::format("round {}: server sent no model but we hold version {}", start.round(), model_version_));
+  }
+  Train();
+}
+
+void Agent::OnModelChunk(const v1::ModelChunk& chunk) {
+  if (!round_ || chunk.round() != round_->round() || incoming_.empty()) return;  // a stale stream; ignore
+  const uint64_t total = incoming_.size() * sizeof(float);
+  if (chunk.offset() != incoming_offset_ || chunk.data().size() > total - incoming_offset_) {
+    return Disconnected(fmt::format("model chunk at {} (+{}) does not continue at {}", chunk.offset(),
+                                    chunk.data().size(), incoming_offset_));
+  }
+  std::memcpy(reinterpret_cast<char*>(incoming_.data()) + incoming_offset_, chunk.data().data(), chunk.data().size());
+  incoming_offset_ += chunk.data().size();
+  if (incoming_offset_ < total) return;
+  const std::string checksum = crypto::Sha256Hex(incoming_.data(), total);
+  if (checksum != round_->model_checksum()) {
+    return Disconnected(fmt::format("round {}: model checksum {} != announced {}", round_->round(), checksum,
+                                    round_->model_checksum()));
+  }
+  model_ = std::move(incoming_);
+  incoming_.clear();
+  model_version_ = round_->model_version();
+  model_checksum_ = checksum;
+  Train();
+}
+
+void Agent::Train() {
+  if (busy_training_) {  // a newer round arrived while the last one trains
+    train_again_ = true;
+    return;
+  }
+  busy_training_ = true;
+  const uint64_t round = round_->round();
+  auto model = std::make_shared<const std::vector<float>>(model_);
+  auto task = FromProto(round_->task());
+  auto manifest = manifest_;
+  asio::post(training_, [self = shared_from_this(), model, task, manifest, round] {
+    auto update = self->trainer_.Train(*model, manifest, task, round, self->name_);
+    if (self->options_.release_model_after_training) self->trainer_.ReleaseModel();
+    asio::post(self->io_, [self, round, update = std::move(update)]() mutable { self->OnTrained(round, std::move(update)); });
+  });
+}
+
+void Agent::OnTrained(uint64_t round, Result<Update> update) {
+  busy_training_ = false;
+  if (train_again_) {
+    train_again_ = false;
+    return Train();
+  }
+  // A result for a round announced on an earlier connection is stale: the
+  // server has either restarted that round (and will say so) or moved on.
+  if (stopped_ || !round_ || round_->round() != round || round_connection_ != connection_) return;
+  if (!update.ok()) {
+    spdlog::error("{}: round {}: {}", name_, round, update.status().ToString());
+    return;
+  }
+  ++rounds_trained_;
+  auto payload = std::make_shared<const Update>(std::move(update).value());
+  v1::Envelope envelope;
+  auto* begin = envelope.mutable_update_begin();
+  begin->set_round(round);
+  begin->set_kind(v1::UPDATE_FULL);
+  begin->set_num_examples(payload->num_examples);
+  begin->set_train_loss(payload->train_loss);
+  *begin->mutable_manifest() = proto::ToProto(payload->manifest);
+  begin->set_checksum(crypto::Sha256Hex(payload->payload.data(), payload->payload.size() * sizeof(float)));
+  begin->set_train_seconds(payload->seconds);
+  Send(envelope);
+  upload_ = payload;
+  upload_round_ = round;
+  upload_offset_ = 0;
+  upload_committed_ = false;
+  WriteNext();
+}
+
+void Agent::Send(const v1::Envelope& envelope) {
+  outbox_.push_back(std::make_shared<const std::string>(proto::EncodeFrame(envelope)));
+  WriteNext();
+}
+
+void Agent::WriteNext() {
+  if (writing_ || !stream_) return;
+  if (outbox_.empty() && upload_) {
+    v1::Envelope envelope;
+    const uint64_t total = upload_->payload.size() * sizeof(float);
+    if (upload_offset_ < total) {
+      const uint64_t size = std::min<uint64_t>(chunk_bytes_, total - upload_offset_);
+      auto* chunk = envelope.mutable_update_chunk();
+      chunk->set_round(upload_round_);
+      chunk->set_offset(upload_offset_);
+      chunk->set_dtype(v1::DTYPE_F32);
+      chunk->set_data(reinterpret_cast<const char*>(upload_->payload.data()) + upload_offset_, size);
+      upload_offset_ += size;
+    } else {
+      envelope.mutable_update_commit()->set_round(upload_round_);
+      upload_.reset();
+    }
+    outbox_.push_back(std::make_shared<const std::string>(proto::EncodeFrame(envelope)));
+  }
+  if (outbox_.empty()) return;
+  writing_ = true;
+  auto frame = outbox_.front();
+  const uint64_t connection = connection_;
+  asio::async_write(*stream_, asio::buffer(*frame), [self = shared_from_this(), frame, connection, stream = stream_](const error_code& ec, size_t) {
+    if (connection != self->connection_ || self->stopped_) return;
+    self->writing_ = false;
+    self->outbox_.pop_front();
+    if (ec) return self->Disconnected(ec.message());
+    self->WriteNext();
+  });
+}
+
+void Agent::Heartbeat() {
+  heartbeat_timer_.expires_after(std::chrono::milliseconds(heartbeat_ms_));
+  const uint64_t connection = connection_;
+  heartbeat_timer_.async_wait([self = shared_from_this(), connection](const error_code& ec) {
+    if (ec || connection != self->connection_ || self->stopped_) return;
+    v1::Envelope envelope;
+    envelope.mutable_heartbeat()->set_sent_unix_ms(
+        std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count());
+    self->Send(envelope);
+    self->Heartbeat();
+  });
+}
+
+void Agent::Disconnected(const std::string& reason) {
+  if (stopped_) return;
+  ++connection_;  // every handler of the old connection is now stale
+  heartbeat_timer_.cancel();
+  if (stream_) {
+    error_code ignored;
+    stream_->lowest_layer().close(ignored);
+  }
+  spdlog::info("{}: disconnected: {}", name_.empty() ? options_.label : name_, reason);
+  ScheduleReconnect();
+}
+
+void Agent::ScheduleReconnect() {
+  // Exponential backoff with jitter, so a restarted server is not stormed.
+  const double base = std::min(options_.max_backoff_s, options_.initial_backoff_s * std::pow(2.0, failures_));
+  ++failures_;
+  std::mt19937_64 rng(std::random_device{}());
+  const double delay = base * (0.5 + 0.5 * double(rng() >> 11) * 0x1.0p-53);
+  reconnect_timer_.expires_after(std::chrono::milliseconds(int64_t(delay * 1000)));
+  reconnect_timer_.async_wait([self = shared_from_this()](const error_code& ec) {
+    if (!ec) self->Connect();
+  });
+}
+
+void Agent::Finish(const Status& status) {
+  if (finished_) return;
+  finished_ = true;
+  Stop();
+  if (on_finished) on_finished(status);
+}
+
+}  // namespace estuary::client

@@ -1,0 +1,118 @@
+// Agent: the client's end of the connection to the aggregation server.
+//
+// It connects over mutual TLS (checking the server's certificate against the
+// federation CA and the host name), says Hello, and then follows the server:
+// on RoundStart it receives the global model (unless it already holds that
+// version), trains on the training executor (never on the I/O thread, so
+// heartbeats keep flowing), streams the update back as chunks encoded one at
+// a time, and commits it. When the connection drops it reconnects with
+// exponential backoff, until the server announces the federation complete.
+// Everything except training runs on the io_context given to it; many agents
+// may share one io_context (the loopback simulator does).
+#pragma once
+
+#include "base/asio.h"
+#include <deque>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+#include "client/trainer.h"
+#include "estuary.pb.h"
+#include "models/tensor.h"
+
+namespace estuary::client {
+
+struct AgentOptions {
+  std::string host = "127.0.0.1";
+  uint16_t port = 7443;
+  std::shared_ptr<boost::asio::ssl::context> tls;
+  double initial_backoff_s = 0.25;
+  double max_backoff_s = 30;
+  uint32_t chunk_bytes = 1u << 20;   // upper bound; the server's Welcome may lower it
+  uint64_t max_frame_bytes = 64u << 20;
+  std::string label;                 // for logs before the server names us
+  bool release_model_after_training = false;  // simulators with many agents save memory
+};
+
+class Agent : public std::enable_shared_from_this<Agent> {
+ public:
+  using Executor = boost::asio::any_io_executor;
+  Agent(boost::asio::io_context& io, AgentOptions options, Trainer& trainer, Executor training);
+
+  void Start();
+  // Closes the connection and stops reconnecting.
+  void Stop();
+
+  // Called on the I/O thread for every RoundClosed the server broadcasts.
+  std::function<void(const v1::RoundClosed&)> on_round_closed;
+  // Called once: ok when the federation completed, an error when the agent
+  // gave up (the server refused us for good).
+  std::function<void(const Status&)> on_finished;
+
+  const std::string& name() const { return name_; }
+  uint64_t rounds_trained() const { return rounds_trained_; }
+
+ private:
+  using SslStream = boost::asio::ssl::stream<boost::asio::ip::tcp::socket>;
+
+  void Connect();
+  void OnConnected();
+  void ReadHeader();
+  void Dispatch(v1::Envelope envelope);
+  void OnRoundStart(const v1::RoundStart& start);
+  void OnModelChunk(const v1::ModelChunk& chunk);
+  void Train();
+  void OnTrained(uint64_t round, Result<Update> update);
+  void Send(const v1::Envelope& envelope);
+  void WriteNext();
+  void Disconnected(const std::string& reason);
+  void ScheduleReconnect();
+  void Heartbeat();
+  void Finish(const Status& status);
+
+  boost::asio::io_context& io_;
+  AgentOptions options_;
+  Trainer& trainer_;
+  Executor training_;
+  std::shared_ptr<SslStream> stream_;  // handlers hold it, so a replaced stream outlives its last handler
+  boost::asio::ip::tcp::resolver resolver_;
+  boost::asio::steady_timer reconnect_timer_;
+  boost::asio::steady_timer heartbeat_timer_;
+  uint64_t connection_ = 0;  // bumps on every (re)connect; stale handlers check it
+  int failures_ = 0;
+  bool stopped_ = false;
+  bool finished_ = false;
+  std::string name_;
+  uint32_t chunk_bytes_;
+  uint64_t heartbeat_ms_ = 5000;
+
+  std::array<uint8_t, 4> header_{};
+  std::vector<uint8_t> body_;
+  std::deque<std::shared_ptr<const std::string>> outbox_;
+  bool writing_ = false;
+
+  // The global model we hold and the round we work on.
+  std::vector<float> model_;
+  uint64_t model_version_ = 0;
+  std::string model_checksum_;
+  std::optional<v1::RoundStart> round_;
+  uint64_t round_connection_ = 0;  // the connection round_ arrived on; an update goes back on the same one
+  models::Manifest manifest_;
+  std::vector<float> incoming_;
+  uint64_t incoming_offset_ = 0;
+  bool busy_training_ = false;
+  bool train_again_ = false;
+  uint64_t rounds_trained_ = 0;
+
+  // The update being uploaded: chunks are encoded lazily from here.
+  std::shared_ptr<const Update> upload_;
+  uint64_t upload_round_ = 0;
+  uint64_t upload_offset_ = 0;
+  bool upload_committed_ = false;
+};
+
+}  // namespace estuary::client

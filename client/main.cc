@@ -1,0 +1,98 @@
+// estuary-client: one federation site. Connects to the aggregation server
+// over mutual TLS, trains when selected, uploads its update, and reconnects
+// with backoff when the server goes away, until the federation completes.
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+
+#include "base/asio.h"
+#include <cstdio>
+
+#include "base/config_file.h"
+#include "client/agent.h"
+#include "crypto/tls.h"
+#include "models/dataset.h"
+
+namespace {
+
+int Fail(const estuary::Status& status) {
+  std::fprintf(stderr, "estuary-client: %s\n", status.message().c_str());
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace estuary;
+  CLI::App app{"estuary-client: a federated learning site"};
+  std::string server = "127.0.0.1:7443", config;
+  crypto::TlsFiles tls;
+  std::string data;
+  double max_backoff = 30;
+  std::string log_level = "info";
+  app.add_option("--config", config, "TOML file with the same keys as these flags");
+  app.add_option("--server", server, "aggregation server HOST:PORT");
+  app.add_option("--cert", tls.cert, "this site's certificate (PEM)");
+  app.add_option("--key", tls.key, "this site's private key (PEM)");
+  app.add_option("--ca", tls.ca, "the federation CA certificate (PEM)");
+  app.add_option("--data", data, "directory with this site's IDX training files");
+  app.add_option("--max-backoff", max_backoff, "longest wait between reconnection attempts, seconds");
+  app.add_option("--log-level", log_level, "trace|debug|info|warn|error");
+  CLI11_PARSE(app, argc, argv);
+  if (!config.empty()) {
+    if (Status s = ApplyConfigFile(app, config); !s.ok()) return Fail(s);
+  }
+  spdlog::set_default_logger(spdlog::stderr_color_mt("estuary-client"));
+  spdlog::set_level(spdlog::level::from_str(log_level));
+  if (tls.cert.empty() || tls.key.empty() || tls.ca.empty() || data.empty()) {
+    return Fail(InvalidArgument("--cert, --key, --ca and --data are required"));
+  }
+  const auto colon = server.rfind(':');
+  if (colon == std::string::npos) return Fail(InvalidArgument("--server '{}': expected HOST:PORT", server));
+  std::string host = server.substr(0, colon);
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  int port = 0;
+  try {
+    port = std::stoi(server.substr(colon + 1));
+  } catch (...) {
+  }
+  if (port <= 0 || port > 65535) return Fail(InvalidArgument("--server '{}': bad port", server));
+
+  auto dataset = models::LoadIdx(data, models::Split::kTrain);
+  if (!dataset.ok()) return Fail(dataset.status());
+  auto context = crypto::MakeClientContext(tls);
+  if (!context.ok()) return Fail(context.status());
+
+  boost::asio::io_context io;
+  boost::asio::thread_pool training(1);
+  client::Trainer trainer(std::move(dataset).value());
+  client::AgentOptions options;
+  options.host = host;
+  options.port = static_cast<uint16_t>(port);
+  options.tls = *context;
+  options.max_backoff_s = max_backoff;
+  options.label = tls.cert.stem().string();
+  auto agent = std::make_shared<client::Agent>(io, options, trainer, training.get_executor());
+  Status outcome;
+  agent->on_round_closed = [&](const v1::RoundClosed& closed) {
+    spdlog::info("round {} {}: {} updates{}", closed.round(), closed.committed() ? "committed" : "failed",
+                 closed.updates_received(),
+                 closed.has_test_metrics() ? fmt::format(", test accuracy {:.4f}", closed.test_accuracy()) : "");
+  };
+  boost::asio::signal_set signals(io, SIGINT, SIGTERM);
+  agent->on_finished = [&](const Status& status) {
+    outcome = status;
+    signals.cancel();
+  };
+  signals.async_wait([&](const boost::system::error_code& ec, int) {
+    if (!ec) {
+      outcome = Aborted("interrupted");
+      agent->Stop();
+    }
+  });
+  agent->Start();
+  io.run();
+  training.join();
+  if (!outcome.ok()) return Fail(outcome);
+  spdlog::info("federation complete; trained {} rounds", agent->rounds_trained());
+  return 0;
+}

@@ -1,0 +1,89 @@
+#include "client/trainer.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <random>
+
+#include "base/seed.h"
+#include "models/optimizer.h"
+
+namespace estuary::client {
+
+Status ValidateTask(const TaskConfig& task) {
+  if (task.epochs == 0 || task.epochs > 1000) return InvalidArgument("task: epochs {} not in [1, 1000]", task.epochs);
+  if (task.batch_size == 0 || task.batch_size > 65536) {
+    return InvalidArgument("task: batch size {} not in [1, 65536]", task.batch_size);
+  }
+  if (!(task.learning_rate > 0) || !std::isfinite(task.learning_rate)) {
+    return InvalidArgument("task: learning rate {} must be a positive number", task.learning_rate);
+  }
+  if (!(task.momentum >= 0 && task.momentum < 1)) return InvalidArgument("task: momentum {} not in [0, 1)", task.momentum);
+  if (!(task.weight_decay >= 0) || !std::isfinite(task.weight_decay)) {
+    return InvalidArgument("task: weight decay {} must be >= 0", task.weight_decay);
+  }
+  return Status::Ok();
+}
+
+Result<Update> Trainer::Train(std::span<const float> global, const models::Manifest& manifest,
+                              const TaskConfig& task, uint64_t round, std::string_view client_name) {
+  ESTUARY_RETURN_IF_ERROR(ValidateTask(task));
+  if (task.update_kind != UpdateKind::kFull) {
+    return InvalidArgument("task: update kind lora needs a model with adapters; '{}' has none", task.model);
+  }
+  if (data_.size() == 0) return FailedPrecondition("trainer: no local examples");
+  if (!model_ || model_->name() != task.model) {
+    ESTUARY_ASSIGN_OR_RETURN(model_, models::MakeModel(task.model));
+  }
+  if (!(model_->manifest() == manifest) || global.size() != manifest.total_elements) {
+    return InvalidArgument("trainer: the global model's manifest does not match model '{}'", task.model);
+  }
+  if (data_.feature_size != model_->input_size()) {
+    return InvalidArgument("trainer: examples have {} features, model '{}' wants {}", data_.feature_size,
+                           task.model, model_->input_size());
+  }
+  const auto start = std::chrono::steady_clock::now();
+  std::span<float> params = model_->parameters();
+  std::memcpy(params.data(), global.data(), global.size_bytes());
+
+  models::Sgd sgd(task.learning_rate, task.momentum, task.weight_decay);
+  std::mt19937_64 rng(MixSeed(MixSeed(task.seed, round), client_name));
+  std::vector<uint32_t> order(data_.size());
+  std::iota(order.begin(), order.end(), 0u);
+  const int features = data_.feature_size;
+  batch_x_.resize(size_t{task.batch_size} * features);
+  batch_y_.resize(task.batch_size);
+
+  double epoch_loss = 0;
+  for (uint32_t epoch = 0; epoch < task.epochs; ++epoch) {
+    Shuffle(order, rng);
+    epoch_loss = 0;
+    // The last batch may be short, as with PyTorch's DataLoader(drop_last=False).
+    for (size_t begin = 0; begin < order.size(); begin += task.batch_size) {
+      const int n = static_cast<int>(std::min<size_t>(task.batch_size, order.size() - begin));
+      for (int i = 0; i < n; ++i) {
+        std::memcpy(batch_x_.data() + size_t(i) * features, data_.row(order[begin + i]), features * sizeof(float));
+        batch_y_[i] = data_.labels[order[begin + i]];
+      }
+      const float loss = model_->ForwardBackward(batch_x_.data(), batch_y_.data(), n);
+      sgd.Step(params, model_->gradients());
+      epoch_loss += double(loss) * n;
+    }
+  }
+
+  Update update;
+  update.kind = UpdateKind::kFull;
+  update.num_examples = data_.size();
+  update.train_loss = epoch_loss / double(data_.size());
+  update.manifest = manifest;
+  update.payload.resize(global.size());
+  for (size_t i = 0; i < global.size(); ++i) update.payload[i] = params[i] - global[i];
+  update.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (!std::isfinite(update.train_loss)) {
+    return FailedPrecondition("trainer: local training diverged (loss {}) in round {}", update.train_loss, round);
+  }
+  return update;
+}
+
+}  // namespace estuary::client

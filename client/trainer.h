@@ -1,0 +1,68 @@
+// Trainer: one site's local training, the same code inside estuary-client and
+// the in-process simulator.
+//
+// Given the global weights (a flat buffer and its manifest) and the round's
+// task, it trains a model on the site's own examples and returns the update:
+// delta = local - global over the same flat layout. Shuffling is seeded by
+// (task seed, round, client name), so a rerun produces the same bits.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+#include "models/dataset.h"
+#include "models/model.h"
+
+namespace estuary::client {
+
+enum class UpdateKind { kFull = 0, kLora = 1 };
+
+struct TaskConfig {
+  std::string model = "mlp";
+  uint32_t epochs = 5;
+  uint32_t batch_size = 10;
+  float learning_rate = 0.05f;
+  float momentum = 0.0f;
+  float weight_decay = 0.0f;
+  UpdateKind update_kind = UpdateKind::kFull;
+  uint64_t seed = 0;
+};
+
+struct Update {
+  UpdateKind kind = UpdateKind::kFull;
+  uint64_t num_examples = 0;
+  double train_loss = 0;     // mean loss over the last local epoch
+  double seconds = 0;        // wall time of local training
+  models::Manifest manifest;
+  std::vector<float> payload;
+};
+
+class Trainer {
+ public:
+  explicit Trainer(models::Dataset data) : data_(std::move(data)) {}
+
+  const models::Dataset& data() const { return data_; }
+  // Frees the model between rounds; a simulator with many trainers calls it
+  // so memory stays O(threads x model), not O(clients x model).
+  void ReleaseModel() { model_.reset(); }
+
+  // Fails if the task names an unknown model, the global buffer does not
+  // match that model's manifest, the task asks for an update kind this
+  // trainer cannot produce, or the hyper-parameters are out of range.
+  Result<Update> Train(std::span<const float> global, const models::Manifest& manifest,
+                       const TaskConfig& task, uint64_t round, std::string_view client_name);
+
+ private:
+  models::Dataset data_;
+  std::unique_ptr<models::Model> model_;  // kept across rounds: its arena is reused
+  std::vector<float> batch_x_;
+  std::vector<int32_t> batch_y_;
+};
+
+Status ValidateTask(const TaskConfig& task);
+
+}  // namespace estuary::client

@@ -1,0 +1,49 @@
+// ServerConfig: everything `estuary-server serve` is told, from flags or a
+// TOML file with the same keys (see README).
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+
+#include "aggregation/strategy.h"
+#include "crypto/tls.h"
+#include "estuary.pb.h"
+
+namespace estuary::server {
+
+struct ServerConfig {
+  std::string listen = "127.0.0.1:7443";  // HOST:PORT; port 0 picks a free one
+  crypto::TlsFiles tls;
+  std::filesystem::path db = "estuary.db";
+  std::filesystem::path checkpoint_dir;     // default: "<db>.checkpoints"
+  std::filesystem::path eval_data;          // IDX dir; empty = no server-side evaluation
+
+  uint64_t rounds = 20;
+  double clients_per_round = 10;   // >= 1: a count; in (0, 1): a fraction of those connected
+  uint32_t min_clients = 10;       // connected clients needed before a round starts
+  uint32_t min_updates = 1;        // updates needed to aggregate at the deadline
+  double round_deadline_s = 600;
+  uint64_t seed = 2017;
+  aggregation::StrategyOptions strategy;
+  v1::TaskConfig task;             // what every selected client trains
+
+  uint64_t max_frame_bytes = 4u << 20;
+  uint32_t chunk_bytes = 1u << 20;
+  uint32_t staging_slots = 4;                  // uploads staged at once
+  uint64_t staging_memory_bytes = 256u << 20;  // per upload; beyond it, a temp file
+  std::filesystem::path spill_dir;             // default: checkpoint_dir
+  double handshake_timeout_s = 10;
+  double idle_timeout_s = 60;                  // no frame for this long: the peer is gone
+  uint64_t heartbeat_ms = 5000;
+  bool exit_when_done = false;                 // stop serving after the last round
+
+  // Fills defaults that depend on other fields and checks ranges; errors
+  // name the key ("config: clients_per_round = 0: must be > 0").
+  Status Finalize();
+};
+
+// Splits "HOST:PORT" or "[::1]:PORT".
+Status ParseHostPort(const std::string& text, std::string* host, uint16_t* port);
+
+}  // namespace estuary::server

@@ -1,0 +1,580 @@
+#include "server/coordinator.h"
+
+#include <spdlog/spdlog.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "aggregation/sampling.h"
+#include "crypto/sha256.h"
+#include "models/checkpoint.h"
+#include "proto/frame.h"
+#include "proto/wire.h"
+#include "server/session.h"
+
+namespace estuary::server {
+
+namespace asio = boost::asio;
+using Clock = std::chrono::steady_clock;
+
+static std::string ChecksumOf(const std::vector<float>& values) {
+  return crypto::Sha256Hex(values.data(), values.size() * sizeof(float));
+}
+
+static double SecondsSince(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+Coordinator::Coordinator(asio::io_context& io, const ServerConfig& config, Store& store)
+    : io_(io), config_(config), store_(store), deadline_(io), retry_(io) {}
+
+Coordinator::~Coordinator() { worker_.join(); }
+
+void Coordinator::LogIfError(const Status& status, const char* what) {
+  if (!status.ok()) spdlog::error("{}: {}", what, status.ToString());
+}
+
+Status Coordinator::Recover() {
+  ESTUARY_ASSIGN_OR_RETURN(auto model, models::MakeModel(config_.task.model()));
+  manifest_ = model->manifest();
+  ESTUARY_ASSIGN_OR_RETURN(strategy_, aggregation::MakeStrategy(config_.strategy));
+  if (!config_.eval_data.empty()) {
+    ESTUARY_ASSIGN_OR_RETURN(auto test, models::LoadIdx(config_.eval_data, models::Split::kTest));
+    eval_data_ = std::move(test);
+    ESTUARY_ASSIGN_OR_RETURN(eval_model_, models::MakeModel(config_.task.model()));
+  }
+  std::error_code ec;
+  std::filesystem::create_directories(config_.checkpoint_dir, ec);
+  if (ec) return IoError("server: {}: cannot create checkpoint directory: {}", config_.checkpoint_dir.string(), ec.message());
+
+  ESTUARY_ASSIGN_OR_RETURN(auto stored_model, store_.GetMeta("model"));
+  if (stored_model && *stored_model != config_.task.model()) {
+    return FailedPrecondition("server: {} holds a federation of model '{}', not '{}'", config_.db.string(),
+                              *stored_model, config_.task.model());
+  }
+  ESTUARY_RETURN_IF_ERROR(store_.SetMeta("model", config_.task.model()));
+  ESTUARY_RETURN_IF_ERROR(store_.SetMeta("strategy", config_.strategy.name));
+
+  ESTUARY_ASSIGN_OR_RETURN(auto last, store_.LastCommittedRound());
+  if (!last) {
+    model->Initialize(config_.seed);
+    auto params = model->parameters();
+    auto global = std::make_shared<std::vector<float>>(params.begin(), params.end());
+    global_checksum_ = ChecksumOf(*global);
+    global_ = std::move(global);
+    model_version_ = 0;
+    round_ = 1;
+    spdlog::info("new federation: model {} ({} parameters), checksum {}", config_.task.model(),
+                 manifest_.total_elements, global_checksum_.substr(0, 12));
+    return Status::Ok();
+  }
+  ESTUARY_ASSIGN_OR_RETURN(auto path, store_.CheckpointFor(last->round));
+  if (!path) return FailedPrecondition("server: round {} is committed but has no checkpoint row", last->round);
+  ESTUARY_ASSIGN_OR_RETURN(auto checkpoint, models::LoadCheckpoint(*path));
+  if (!(checkpoint.manifest == manifest_)) {
+    return FailedPrecondition("server: {}: checkpoint does not match model '{}'", *path, config_.task.model());
+  }
+  global_checksum_ = ChecksumOf(checkpoint.data);
+  if (global_checksum_ != last->global_checksum) {
+    return FailedPrecondition("server: {}: checksum {} but the round log says {}", *path, global_checksum_,
+                              last->global_checksum);
+  }
+  global_ = std::make_shared<std::vector<float>>(std::move(checkpoint.data));
+  const std::filesystem::path state_path = *path + ".strategy";
+  if (std::filesystem::exists(state_path)) {
+    ESTUARY_ASSIGN_OR_RETURN(auto state_file, models::LoadCheckpoint(state_path));
+    std::map<std::string, std::vector<float>> state;
+    for (const auto& spec : state_file.manifest.tensors) {
+      auto begin = state_file.data.begin() + spec.offset;
+      state[spec.name].assign(begin, begin + spec.numel());
+    }
+    ESTUARY_RETURN_IF_ERROR(strategy_->LoadState(state));
+  }
+  model_version_ = last->model_version;
+  round_ = last->round + 1;
+  spdlog::info("resumed after round {}: model version {}, checksum {}", last->round, model_version_,
+               global_checksum_.substr(0, 12));
+  return Status::Ok();
+}
+
+void Coordinator::OnHandshakeRefused(const std::string& address, const std::string& reason) {
+  spdlog::warn("handshake refused from {}: {}", address, reason);
+  LogIfError(store_.RecordEvent({NowMs(), "handshake_refused", address, reason}), "store");
+}
+
+void Coordinator::OnBadFrame(Session& session, const std::string& reason) {
+  spdlog::warn("bad frame from {} ({}): {}", session.name(), session.address(), reason);
+  LogIfError(store_.RecordEvent({NowMs(), "frame_rejected", session.name() + "@" + session.address(), reason}),
+             "store");
+}
+
+void Coordinator::OnHello(const std::shared_ptr<Session>& session, const v1::Hello& hello) {
+  if (hello.protocol_version() != proto::kProtocolVersion) {
+    return session->SendErrorAndClose(
+        v1::Error::BAD_MESSAGE,
+        fmt::format("protocol version {} not supported (server speaks {})", hello.protocol_version(),
+                    proto::kProtocolVersion));
+  }
+  const std::string& name = session->name();
+  auto it = connected_.find(name);
+  if (it != connected_.end() && it->second != session) {
+    auto old = it->second;
+    connected_.erase(it);
+    old->SendErrorAndClose(v1::Error::REPLACED, fmt::format("a new connection from {} replaced this one",
+                                                            session->address()));
+  }
+  connected_[name] = session;
+  held_[name] = {hello.model_version_held(), hello.model_checksum_held()};
+  LogIfError(store_.ClientSeen(name, session->address(), NowMs()), "store");
+  spdlog::info("client {} connected from {} ({} connected)", name, session->address(), connected_.size());
+
+  v1::Envelope envelope;
+  auto* welcome = envelope.mutable_welcome();
+  welcome->set_protocol_version(proto::kProtocolVersion);
+  welcome->set_client_name(name);
+  welcome->set_max_frame_bytes(config_.max_frame_bytes);
+  welcome->set_chunk_bytes(config_.chunk_bytes);
+  welcome->set_heartbeat_ms(config_.heartbeat_ms);
+  session->Send(envelope);
+  if (complete()) {
+    v1::Envelope done;
+    done.mutable_round_closed()->set_round(config_.rounds);
+    done.mutable_round_closed()->set_committed(true);
+    done.mutable_round_closed()->set_model_version(model_version_);
+    done.mutable_round_closed()->set_model_checksum(global_checksum_);
+    done.mutable_round_closed()->set_federation_complete(true);
+    session->Send(done);
+    return;
+  }
+  MaybeStartRound();
+}
+
+void Coordinator::OnMessage(const std::shared_ptr<Session>& session, v1::Envelope envelope) {
+  switch (envelope.body_case()) {
+    case v1::Envelope::kUpdateBegin: return OnUpdateBegin(session, envelope.update_begin());
+    case v1::Envelope::kUpdateChunk: return OnUpdateChunk(session, envelope.update_chunk());
+    case v1::Envelope::kUpdateCommit: return OnUpdateCommit(session, envelope.update_commit());
+    default:
+      return Reject(session, v1::Error::BAD_MESSAGE,
+                    fmt::format("a client may not send {}", proto::BodyName(envelope)));
+  }
+}
+
+void Coordinator::MaybeStartRound() {
+  if (round_running_ || complete() || connected_.size() < config_.min_clients) return;
+  StartRound();
+}
+
+void Coordinator::StartRound() {
+  std::vector<std::string> names;
+  for (const auto& [name, session] : connected_) names.push_back(name);
+  const size_t k = aggregation::ClientsPerRound(config_.clients_per_round, names.size());
+  const std::vector<std::string> selected = aggregation::SampleClients(names, k, config_.seed, round_);
+
+  record_ = RoundRecord{};
+  record_.round = round_;
+  record_.state = RoundState::kOpen;
+  record_.started_ms = NowMs();
+  record_.strategy = std::string(strategy_->name());
+  record_.clients_selected = static_cast<uint32_t>(selected.size());
+  Status begun = store_.BeginRound(record_);
+  if (!begun.ok()) {
+    spdlog::critical("cannot record round {}: {}", round_, begun.ToString());
+    return;
+  }
+  state_ = RoundState::kOpen;
+  round_running_ = true;
+  deadline_passed_ = false;
+  round_started_ = Clock::now();
+  participants_.clear();
+  slot_queue_.clear();
+  loss_sum_ = examples_sum_ = 0;
+  asio::post(worker_, [this, round = round_, global = global_] {
+    Status status = strategy_->Begin(round, *global);
+    if (!status.ok()) spdlog::critical("strategy begin: {}", status.ToString());
+  });
+
+  const int64_t deadline_ms = NowMs() + int64_t(config_.round_deadline_s * 1000);
+  v1::Envelope envelope;
+  auto* start = envelope.mutable_round_start();
+  start->set_round(round_);
+  start->set_model_version(model_version_);
+  start->set_model_checksum(global_checksum_);
+  *start->mutable_manifest() = proto::ToProto(manifest_);
+  *start->mutable_task() = config_.task;
+  start->mutable_task()->set_seed(config_.seed);
+  start->set_deadline_unix_ms(deadline_ms);
+  const uint64_t model_bytes = manifest_.byte_size();
+  for (const auto& name : selected) {
+    auto session = connected_.at(name);
+    const bool holds_model = held_[name].first == model_version_ && held_[name].second == global_checksum_;
+    start->set_model_follows(!holds_model);
+    session->Send(envelope);
+    if (!holds_model) session->SendModel(round_, global_);
+    held_[name] = {model_version_, global_checksum_};
+    Participant& p = participants_[name];
+    p.session = session;
+    p.started = Clock::now();
+    p.record.round = round_;
+    p.record.client = name;
+    p.record.status = "selected";
+    p.record.bytes_down = holds_model ? 0 : model_bytes;
+    record_.bytes_down += p.record.bytes_down;
+    LogIfError(store_.UpsertParticipation(p.record), "store");
+  }
+  spdlog::info("round {} open: {} of {} connected clients selected", round_, selected.size(), names.size());
+  Transition(RoundState::kCollecting);
+  deadline_.expires_after(std::chrono::milliseconds(int64_t(config_.round_deadline_s * 1000)));
+  deadline_.async_wait([this, round = round_](const boost::system::error_code& ec) {
+    if (!ec && round_running_ && round_ == round && state_ == RoundState::kCollecting) OnDeadline();
+  });
+}
+
+void Coordinator::Transition(RoundState to, const std::string& detail) {
+  LogIfError(store_.Transition(round_, state_, to, NowMs(), detail), "store");
+  state_ = to;
+}
+
+void Coordinator::OnUpdateBegin(const std::shared_ptr<Session>& session, const v1::UpdateBegin& begin) {
+  const std::string& name = session->name();
+  if (!round_running_ || state_ != RoundState::kCollecting || begin.round() != round_) {
+    return Reject(session, v1::Error::ROUND_NOT_OPEN,
+                  round_running_ && state_ == RoundState::kCollecting
+                      ? fmt::format("update for round {} but round {} is open", begin.round(), round_)
+                      : fmt::format("update for round {} but no round is collecting updates", begin.round()));
+  }
+  auto it = participants_.find(name);
+  if (it == participants_.end()) {
+    return Reject(session, v1::Error::NOT_SELECTED, fmt::format("{} was not selected for round {}", name, round_));
+  }
+  Participant& p = it->second;
+  if (p.staged || p.waiting_for_slot || p.record.status != "selected") {
+    return Reject(session, v1::Error::DUPLICATE_UPDATE,
+                  fmt::format("second update from {} in round {}", name, round_));
+  }
+  if (begin.kind() != v1::UPDATE_FULL) {
+    return Reject(session, v1::Error::BAD_MESSAGE, "update kind lora is not configured for this federation");
+  }
+  if (begin.num_examples() == 0 || begin.num_examples() > (uint64_t{1} << 40)) {
+    return Reject(session, v1::Error::BAD_MESSAGE, fmt::format("num_examples {} out of range", begin.num_examples()));
+  }
+  if (!std::isfinite(begin.train_loss())) {
+    return Reject(session, v1::Error::BAD_MESSAGE, fmt::format("train_loss {} is not finite", begin.train_loss()));
+  }
+  auto manifest = proto::FromProto(begin.manifest(), manifest_.total_elements);
+  if (!manifest.ok()) return Reject(session, v1::Error::BAD_MESSAGE, manifest.status().message());
+  if (!(*manifest == manifest_)) {
+    return Reject(session, v1::Error::BAD_MESSAGE, "update manifest does not match the global model's");
+  }
+  if (begin.checksum().size() != 64) {
+    return Reject(session, v1::Error::BAD_MESSAGE, "update checksum is not a sha256 hex digest");
+  }
+  p.begin = begin;
+  if (staging_in_use_ >= config_.staging_slots) {
+    p.waiting_for_slot = true;
+    slot_queue_.push_back(name);
+    session->Pause();  // backpressure: its chunks wait in the socket until a slot frees
+    return;
+  }
+  auto staged = StagedUpdate::Create(manifest_, begin.checksum(), config_.staging_memory_bytes, config_.spill_dir);
+  if (!staged.ok()) return Reject(session, v1::Error::SERVER_BUSY, staged.status().message());
+  p.staged = std::move(staged).value();
+  ++staging_in_use_;
+}
+
+void Coordinator::GrantSlots() {
+  while (staging_in_use_ < config_.staging_slots && !slot_queue_.empty()) {
+    const std::string name = slot_queue_.front();
+    slot_queue_.pop_front();
+    auto it = participants_.find(name);
+    if (it == participants_.end() || !it->second.waiting_for_slot) continue;
+    Participant& p = it->second;
+    p.waiting_for_slot = false;
+    auto session = p.session.lock();
+    if (!session || session->closed()) continue;
+    auto staged = StagedUpdate::Create(manifest_, p.begin.checksum(), config_.staging_memory_bytes, config_.spill_dir);
+    if (!staged.ok()) {
+      Reject(session, v1::Error::SERVER_BUSY, staged.status().message());
+      continue;
+    }
+    p.staged = std::move(staged).value();
+    ++staging_in_use_;
+    session->Resume();
+  }
+}
+
+void Coordinator::ReleaseSlot(Participant& p) {
+  if (p.staged) {
+    p.staged.reset();
+    --staging_in_use_;
+  }
+  if (p.waiting_for_slot) {
+    p.waiting_for_slot = false;
+    std::erase(slot_queue_, p.record.client);
+  }
+}
+
+void Coordinator::OnUpdateChunk(const std::shared_ptr<Session>& session, const v1::UpdateChunk& chunk) {
+  auto it = participants_.find(session->name());
+  if (!round_running_ || chunk.round() != round_ || it == participants_.end() || it->second.record.status != "selected") {
+    return Reject(session, v1::Error::ROUND_NOT_OPEN,
+                  fmt::format("update chunk for round {}, which is not open for this client", chunk.round()));
+  }
+  Participant& p = it->second;
+  if (!p.staged) return Reject(session, v1::Error::BAD_MESSAGE, "update chunk before update_begin");
+  Status appended = p.staged->Append(chunk.offset(), chunk.dtype(), chunk.data());
+  if (!appended.ok()) return Reject(session, v1::Error::BAD_CHUNK, appended.message());
+}
+
+void Coordinator::OnUpdateCommit(const std::shared_ptr<Session>& session, const v1::UpdateCommit& commit) {
+  auto it = participants_.find(session->name());
+  if (!round_running_ || commit.round() != round_ || it == participants_.end() || !it->second.staged ||
+      it->second.record.status != "selected") {
+    return Reject(session, v1::Error::ROUND_NOT_OPEN,
+                  fmt::format("update commit for round {}, which has no open upload from this client", commit.round()));
+  }
+  Participant& p = it->second;
+  Status committed = p.staged->Commit();
+  if (!committed.ok()) return Reject(session, v1::Error::CHECKSUM_MISMATCH, committed.message());
+
+  p.record.status = "folding";
+  p.record.examples = p.begin.num_examples();
+  p.record.train_loss = p.begin.train_loss();
+  p.record.bytes_up = p.staged->received_bytes();
+  p.record.seconds = SecondsSince(p.started);
+  ++folds_in_flight_;
+  std::shared_ptr<StagedUpdate> staged = std::move(p.staged);
+  const double weight = double(p.begin.num_examples());
+  asio::post(worker_, [this, staged, weight, name = session->name()] {
+    Status folded = strategy_->Fold(staged->values(), weight);
+    asio::post(io_, [this, name, folded] { OnFolded(name, folded); });
+  });
+}
+
+void Coordinator::OnFolded(const std::string& name, Status status) {
+  --folds_in_flight_;
+  --staging_in_use_;
+  Participant& p = participants_.at(name);
+  auto session = p.session.lock();
+  if (status.ok()) {
+    p.record.status = "committed";
+    ++record_.updates_received;
+    record_.bytes_up += p.record.bytes_up;
+    loss_sum_ += p.record.train_loss * double(p.record.examples);
+    examples_sum_ += double(p.record.examples);
+  } else {
+    p.record.status = "rejected";
+    p.record.detail = status.message();
+  }
+  LogIfError(store_.UpsertParticipation(p.record), "store");
+  if (session && !session->closed()) {
+    v1::Envelope envelope;
+    envelope.mutable_update_ack()->set_round(round_);
+    envelope.mutable_update_ack()->set_accepted(status.ok());
+    envelope.mutable_update_ack()->set_detail(status.ok() ? "" : status.message());
+    session->Send(envelope);
+  }
+  GrantSlots();
+  MaybeFinishRound();
+}
+
+void Coordinator::Reject(const std::shared_ptr<Session>& session, v1::Error::Code code, const std::string& message) {
+  spdlog::warn("rejected {} ({}): {}", session->name(), session->address(), message);
+  LogIfError(store_.RecordEvent({NowMs(), "update_rejected", session->name() + "@" + session->address(),
+                                 fmt::format("{}: {}", v1::Error::Code_Name(code), message)}),
+             "store");
+  auto it = participants_.find(session->name());
+  if (round_running_ && it != participants_.end() && it->second.session.lock() == session &&
+      it->second.record.status == "selected") {
+    Participant& p = it->second;
+    ReleaseSlot(p);
+    p.record.status = "rejected";
+    p.record.detail = message;
+    LogIfError(store_.UpsertParticipation(p.record), "store");
+  }
+  session->SendErrorAndClose(code, message);
+  GrantSlots();
+  MaybeFinishRound();
+}
+
+void Coordinator::OnClosed(Session& session) {
+  auto it = connected_.find(session.name());
+  if (it != connected_.end() && it->second.get() == &session) connected_.erase(it);
+  auto p_it = participants_.find(session.name());
+  if (round_running_ && p_it != participants_.end() && p_it->second.session.lock().get() == &session &&
+      p_it->second.record.status == "selected") {
+    Participant& p = p_it->second;
+    ReleaseSlot(p);  // a partial upload is discarded here, unread
+    p.record.status = "dropped";
+    p.record.detail = "connection lost";
+    p.record.seconds = SecondsSince(p.started);
+    LogIfError(store_.UpsertParticipation(p.record), "store");
+    spdlog::info("client {} dropped out of round {}", session.name(), round_);
+    GrantSlots();
+    MaybeFinishRound();
+  }
+}
+
+void Coordinator::OnDeadline() {
+  deadline_passed_ = true;
+  for (auto& [name, p] : participants_) {
+    if (p.record.status != "selected") continue;
+    ReleaseSlot(p);
+    p.record.status = "late";
+    p.record.detail = "no update before the deadline";
+    p.record.seconds = SecondsSince(p.started);
+    LogIfError(store_.UpsertParticipation(p.record), "store");
+    if (auto session = p.session.lock(); session && !session->closed()) session->Resume();
+  }
+  spdlog::info("round {} deadline: {} updates received", round_, record_.updates_received);
+  MaybeFinishRound();
+}
+
+void Coordinator::MaybeFinishRound() {
+  if (!round_running_ || state_ != RoundState::kCollecting || folds_in_flight_ > 0) return;
+  bool all_answered = true;
+  for (const auto& [name, p] : participants_) all_answered &= p.resolved();
+  if (!all_answered && !deadline_passed_) return;
+  if (record_.updates_received >= std::min<uint32_t>(config_.min_updates, record_.clients_selected)) {
+    Aggregate();
+  } else {
+    FailRound(fmt::format("{} of {} updates received, {} needed", record_.updates_received,
+                          record_.clients_selected, config_.min_updates));
+  }
+}
+
+void Coordinator::Aggregate() {
+  if (record_.updates_received == 0) return FailRound("no updates received");
+  deadline_.cancel();
+  Transition(RoundState::kAggregating);
+  asio::post(worker_, [this, round = round_, previous = global_] {
+    auto global = std::make_shared<std::vector<float>>(*previous);
+    Status status = strategy_->Finish(*global);
+    std::optional<models::EvalResult> eval;
+    std::string path, checksum;
+    if (status.ok()) {
+      checksum = ChecksumOf(*global);
+      if (eval_data_) {
+        std::memcpy(eval_model_->parameters().data(), global->data(), global->size() * sizeof(float));
+        eval = models::Evaluate(*eval_model_, eval_data_->features.data(), eval_data_->labels.data(),
+                                eval_data_->size());
+      }
+      status = WriteCheckpoint(round, *global, checksum, &path);
+    }
+    asio::post(io_, [=, this] { OnAggregated(status, global, eval, path, checksum); });
+  });
+}
+
+Status Coordinator::WriteCheckpoint(uint64_t round, const std::vector<float>& global, const std::string& checksum,
+                                    std::string* path) {
+  const auto file = config_.checkpoint_dir / fmt::format("global-r{:05}.safetensors", round);
+  std::map<std::string, std::string> metadata = {
+      {"round", std::to_string(round)}, {"model", config_.task.model()}, {"sha256", checksum},
+      {"strategy", std::string(strategy_->name())}};
+  ESTUARY_RETURN_IF_ERROR(models::SaveCheckpoint(file, manifest_, global, metadata));
+  const auto state = strategy_->SaveState();
+  const std::filesystem::path state_file = file.string() + ".strategy";
+  if (!state.empty()) {
+    models::Manifest state_manifest;
+    std::vector<float> flat;
+    for (const auto& [name, values] : state) {
+      state_manifest.tensors.push_back({name, {int64_t(values.size())}, models::DType::kF32, flat.size()});
+      flat.insert(flat.end(), values.begin(), values.end());
+    }
+    state_manifest.total_elements = flat.size();
+    ESTUARY_RETURN_IF_ERROR(models::SaveCheckpoint(state_file, state_manifest, flat, {{"round", std::to_string(round)}}));
+  }
+  *path = file.string();
+  return Status::Ok();
+}
+
+void Coordinator::OnAggregated(Status status, std::shared_ptr<std::vector<float>> global,
+                               std::optional<models::EvalResult> eval, std::string checkpoint, std::string checksum) {
+  if (!status.ok()) return FailRound(status.ToString());
+  record_.ended_ms = NowMs();
+  record_.model_version = model_version_ + 1;
+  record_.global_checksum = checksum;
+  record_.train_loss = examples_sum_ > 0 ? loss_sum_ / examples_sum_ : 0;
+  if (eval) {
+    record_.test_accuracy = eval->accuracy;
+    record_.test_loss = eval->loss;
+  }
+  record_.state = RoundState::kCommitted;
+  Status committed = store_.CommitRound(record_, checkpoint, NowMs());
+  if (!committed.ok()) return FailRound(fmt::format("cannot commit to the round log: {}", committed.ToString()));
+  state_ = RoundState::kCommitted;
+  global_ = std::move(global);
+  global_checksum_ = checksum;
+  model_version_ = record_.model_version;
+  const double seconds = SecondsSince(round_started_);
+  spdlog::info("round {} committed: {} updates, train loss {:.4f}{}, {:.2f} s", round_, record_.updates_received,
+               record_.train_loss,
+               eval ? fmt::format(", test accuracy {:.4f}", eval->accuracy) : std::string(), seconds);
+
+  v1::Envelope envelope;
+  auto* closed = envelope.mutable_round_closed();
+  closed->set_round(round_);
+  closed->set_committed(true);
+  closed->set_model_version(model_version_);
+  closed->set_model_checksum(global_checksum_);
+  closed->set_clients_selected(record_.clients_selected);
+  closed->set_updates_received(record_.updates_received);
+  closed->set_train_loss(record_.train_loss);
+  closed->set_has_test_metrics(eval.has_value());
+  if (eval) {
+    closed->set_test_accuracy(eval->accuracy);
+    closed->set_test_loss(eval->loss);
+  }
+  closed->set_seconds(seconds);
+  closed->set_bytes_up(record_.bytes_up);
+  closed->set_bytes_down(record_.bytes_down);
+  closed->set_federation_complete(round_ == config_.rounds);
+  Broadcast(envelope);
+
+  round_running_ = false;
+  ++round_;
+  if (complete()) {
+    spdlog::info("federation complete after {} rounds", config_.rounds);
+    if (on_complete_) on_complete_();
+    return;
+  }
+  MaybeStartRound();
+}
+
+void Coordinator::FailRound(const std::string& reason) {
+  spdlog::warn("round {} failed: {}", round_, reason);
+  deadline_.cancel();
+  LogIfError(store_.FailRound(round_, reason, NowMs()), "store");
+  state_ = RoundState::kFailed;
+  for (auto& [name, p] : participants_) ReleaseSlot(p);
+  v1::Envelope envelope;
+  auto* closed = envelope.mutable_round_closed();
+  closed->set_round(round_);
+  closed->set_committed(false);
+  closed->set_model_version(model_version_);
+  closed->set_model_checksum(global_checksum_);
+  closed->set_clients_selected(record_.clients_selected);
+  closed->set_updates_received(record_.updates_received);
+  closed->set_detail(reason);
+  Broadcast(envelope);
+  round_running_ = false;
+  // The same round number is tried again, after a pause so a flapping
+  // federation does not spin.
+  retry_.expires_after(std::chrono::seconds(1));
+  retry_.async_wait([this](const boost::system::error_code& ec) {
+    if (!ec) MaybeStartRound();
+  });
+}
+
+void Coordinator::CloseAll() {
+  deadline_.cancel();
+  retry_.cancel();
+  auto sessions = connected_;
+  for (auto& [name, session] : sessions) session->CloseAfterWrites();
+}
+
+void Coordinator::Broadcast(const v1::Envelope& envelope) {
+  for (const auto& [name, session] : connected_) session->Send(envelope);
+}
+
+}  // namespace estuary::server

@@ -1,0 +1,122 @@
+// Coordinator: runs the federation's rounds, one at a time.
+//
+// A round is an explicit state machine, every transition recorded in the
+// Store:  open -> collecting -> aggregating -> committed | failed.
+// It opens when min_clients are connected, samples clients_per_round of them
+// with the seed, sends each a RoundStart and the global model, and collects
+// updates until every selected client has answered or dropped, or until the
+// deadline (then it aggregates if min_updates arrived, else the round fails
+// and is retried). Uploads are staged (at most staging_slots at once; a
+// client beyond that is paused, not refused) and folded into the Strategy
+// only when committed. Folding, evaluation and checkpointing run on a worker
+// thread; everything else on the I/O thread, so no locks are needed.
+// A restart resumes after the last committed round, from its checkpoint.
+#pragma once
+
+#include "base/asio.h"
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "aggregation/strategy.h"
+#include "models/dataset.h"
+#include "models/model.h"
+#include "server/config.h"
+#include "server/staging.h"
+#include "server/store.h"
+
+namespace estuary::server {
+
+class Session;
+
+class Coordinator {
+ public:
+  Coordinator(boost::asio::io_context& io, const ServerConfig& config, Store& store);
+  ~Coordinator();
+
+  // Loads the last committed checkpoint, or initialises the model from the seed.
+  Status Recover();
+
+  void OnHello(const std::shared_ptr<Session>& session, const v1::Hello& hello);
+  void OnMessage(const std::shared_ptr<Session>& session, v1::Envelope envelope);
+  void OnClosed(Session& session);
+  void OnHandshakeRefused(const std::string& address, const std::string& reason);
+  void OnBadFrame(Session& session, const std::string& reason);
+
+  // Called once the federation is complete (the last round committed).
+  void set_on_complete(std::function<void()> fn) { on_complete_ = std::move(fn); }
+  // Lets every connected client finish reading what is queued, then closes it.
+  void CloseAll();
+  uint64_t next_round() const { return round_; }
+  bool complete() const { return round_ > config_.rounds; }
+
+ private:
+  struct Participant {
+    std::weak_ptr<Session> session;
+    Participation record;
+    std::unique_ptr<StagedUpdate> staged;
+    bool waiting_for_slot = false;
+    v1::UpdateBegin begin;
+    std::chrono::steady_clock::time_point started;
+    bool resolved() const { return record.status != "selected" && record.status != "folding"; }
+  };
+
+  void MaybeStartRound();
+  void StartRound();
+  void OnUpdateBegin(const std::shared_ptr<Session>& session, const v1::UpdateBegin& begin);
+  void OnUpdateChunk(const std::shared_ptr<Session>& session, const v1::UpdateChunk& chunk);
+  void OnUpdateCommit(const std::shared_ptr<Session>& session, const v1::UpdateCommit& commit);
+  void Reject(const std::shared_ptr<Session>& session, v1::Error::Code code, const std::string& message);
+  void GrantSlots();
+  void ReleaseSlot(Participant& p);
+  void OnFolded(const std::string& name, Status status);
+  void OnDeadline();
+  void MaybeFinishRound();
+  void Aggregate();
+  void OnAggregated(Status status, std::shared_ptr<std::vector<float>> global, std::optional<models::EvalResult> eval,
+                    std::string checkpoint, std::string checksum);
+  void FailRound(const std::string& reason);
+  void Transition(RoundState to, const std::string& detail = {});
+  void Broadcast(const v1::Envelope& envelope);
+  void LogIfError(const Status& status, const char* what);
+  Status WriteCheckpoint(uint64_t round, const std::vector<float>& global, const std::string& checksum,
+                         std::string* path);
+
+  boost::asio::io_context& io_;
+  const ServerConfig& config_;
+  Store& store_;
+  boost::asio::thread_pool worker_{1};  // folds, evaluation, checkpoints: never the I/O thread
+  boost::asio::steady_timer deadline_;
+  boost::asio::steady_timer retry_;
+
+  std::unique_ptr<aggregation::Strategy> strategy_;  // touched only on worker_
+  std::unique_ptr<models::Model> eval_model_;         // touched only on worker_
+  std::optional<models::Dataset> eval_data_;
+  models::Manifest manifest_;
+  std::shared_ptr<const std::vector<float>> global_;
+  std::string global_checksum_;
+  uint64_t model_version_ = 0;
+
+  std::map<std::string, std::shared_ptr<Session>> connected_;  // by certificate name
+  uint64_t round_ = 1;
+  bool round_running_ = false;
+  RoundState state_ = RoundState::kOpen;
+  RoundRecord record_;
+  std::chrono::steady_clock::time_point round_started_;
+  std::map<std::string, Participant> participants_;
+  uint32_t staging_in_use_ = 0;
+  std::deque<std::string> slot_queue_;
+  uint32_t folds_in_flight_ = 0;
+  bool deadline_passed_ = false;
+  std::map<std::string, std::pair<uint64_t, std::string>> held_;  // name -> model version, checksum
+  double loss_sum_ = 0;
+  double examples_sum_ = 0;
+  std::function<void()> on_complete_;
+};
+
+}  // namespace estuary::server

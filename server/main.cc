@@ -1,0 +1,151 @@
+// estuary-server: the aggregation server and the operator's tools.
+//
+//   estuary-server certs init  --dir D              a federation CA
+//   estuary-server certs issue --dir D --name N     a site's (or the server's) certificate
+//   estuary-server serve ...                        run the federation (flags or --config)
+//   estuary-server rounds list|show N --db F        the round log
+//   estuary-server clients --db F                   the client registry
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+
+#include <cstdio>
+
+#include "base/config_file.h"
+#include "crypto/certs.h"
+#include "server/operator_views.h"
+#include "server/server.h"
+
+namespace {
+
+using namespace estuary;
+
+int Fail(const Status& status) {
+  std::fprintf(stderr, "estuary-server: %s\n", status.message().c_str());
+  return 1;
+}
+
+int Print(const Status& status, const std::string& out) {
+  if (!status.ok()) return Fail(status);
+  std::fwrite(out.data(), 1, out.size(), stdout);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"estuary-server: federated learning aggregation server"};
+  app.require_subcommand(1);
+
+  // certs
+  auto* certs = app.add_subcommand("certs", "create the federation CA and issue certificates");
+  certs->require_subcommand(1);
+  std::string cert_dir, cert_name, ca_name = "estuary-ca";
+  int cert_days = 825;
+  auto* init = certs->add_subcommand("init", "create DIR/ca.pem and DIR/ca.key");
+  init->add_option("--dir", cert_dir, "directory for the CA")->required();
+  init->add_option("--name", ca_name, "the CA's common name");
+  auto* issue = certs->add_subcommand("issue", "issue DIR/NAME.pem and DIR/NAME.key signed by DIR/ca.*");
+  issue->add_option("--dir", cert_dir, "directory holding ca.pem and ca.key")->required();
+  issue->add_option("--name", cert_name, "the site's name: its identity in the federation")->required();
+  issue->add_option("--days", cert_days, "validity in days");
+
+  // serve
+  auto* serve = app.add_subcommand("serve", "run the aggregation server");
+  server::ServerConfig config;
+  std::string config_file, model = "mlp", log_level = "info", update_kind = "full";
+  uint32_t epochs = 5, batch = 10;
+  float lr = 0.05f, momentum = 0, weight_decay = 0;
+  serve->add_option("--config", config_file, "TOML file with the same keys as these flags");
+  serve->add_option("--listen", config.listen, "HOST:PORT to listen on (port 0: any free port)");
+  serve->add_option("--cert", config.tls.cert, "server certificate (PEM)");
+  serve->add_option("--key", config.tls.key, "server private key (PEM)");
+  serve->add_option("--ca", config.tls.ca, "federation CA certificate (PEM)");
+  serve->add_option("--db", config.db, "SQLite round log");
+  serve->add_option("--checkpoint-dir", config.checkpoint_dir, "where global models are written (default DB.checkpoints)");
+  serve->add_option("--eval-data", config.eval_data, "IDX directory whose test split the server evaluates each round");
+  serve->add_option("--rounds", config.rounds, "number of rounds");
+  serve->add_option("--clients-per-round", config.clients_per_round, "count (>= 1) or fraction (< 1) sampled per round");
+  serve->add_option("--min-clients", config.min_clients, "connected clients needed to start a round");
+  serve->add_option("--min-updates", config.min_updates, "updates needed to aggregate at the deadline");
+  serve->add_option("--round-deadline", config.round_deadline_s, "seconds a round collects updates");
+  serve->add_option("--strategy", config.strategy.name, "fedavg | fedadam");
+  serve->add_option("--server-lr", config.strategy.server_lr, "FedAdam server learning rate");
+  serve->add_option("--seed", config.seed, "seed for initialisation, sampling and shuffling");
+  serve->add_option("--model", model, "mlp | cnn");
+  serve->add_option("--epochs", epochs, "local epochs");
+  serve->add_option("--batch", batch, "local batch size");
+  serve->add_option("--lr", lr, "local SGD learning rate");
+  serve->add_option("--momentum", momentum, "local SGD momentum");
+  serve->add_option("--weight-decay", weight_decay, "local SGD weight decay");
+  serve->add_option("--update-kind", update_kind, "full");
+  serve->add_option("--max-frame", config.max_frame_bytes, "largest frame accepted, bytes");
+  serve->add_option("--chunk-bytes", config.chunk_bytes, "tensor chunk size, bytes");
+  serve->add_option("--staging-slots", config.staging_slots, "uploads staged at once");
+  serve->add_option("--staging-memory", config.staging_memory_bytes, "bytes per upload held in memory before spilling to disk");
+  serve->add_option("--idle-timeout", config.idle_timeout_s, "seconds without a frame before a client is dropped");
+  serve->add_option("--exit-when-done", config.exit_when_done, "exit after the last round (true|false)");
+  serve->add_option("--log-level", log_level, "trace|debug|info|warn|error");
+
+  // rounds, clients
+  std::string db;
+  bool json = false;
+  uint64_t round_number = 0;
+  auto* rounds = app.add_subcommand("rounds", "inspect the round log");
+  rounds->require_subcommand(1);
+  auto* list = rounds->add_subcommand("list", "one line per round");
+  list->add_option("--db", db, "SQLite round log")->required();
+  list->add_flag("--json", json, "machine-readable output");
+  auto* show = rounds->add_subcommand("show", "one round: participants, dropouts, metrics");
+  show->add_option("round", round_number, "round number")->required();
+  show->add_option("--db", db, "SQLite round log")->required();
+  show->add_flag("--json", json, "machine-readable output");
+  auto* clients = app.add_subcommand("clients", "the client registry");
+  clients->add_option("--db", db, "SQLite round log")->required();
+  clients->add_flag("--json", json, "machine-readable output");
+
+  CLI11_PARSE(app, argc, argv);
+
+  if (init->parsed()) {
+    if (Status s = crypto::InitCa(cert_dir, ca_name); !s.ok()) return Fail(s);
+    std::printf("created %s/ca.pem and %s/ca.key\n", cert_dir.c_str(), cert_dir.c_str());
+    return 0;
+  }
+  if (issue->parsed()) {
+    crypto::CertOptions options;
+    options.not_after = std::chrono::hours(24 * int64_t(cert_days));
+    if (Status s = crypto::IssueCertificate(cert_dir, cert_name, options); !s.ok()) return Fail(s);
+    std::printf("issued %s/%s.pem and %s/%s.key\n", cert_dir.c_str(), cert_name.c_str(), cert_dir.c_str(),
+                cert_name.c_str());
+    return 0;
+  }
+  if (list->parsed() || show->parsed() || clients->parsed()) {
+    auto store = server::Store::OpenReadOnly(db);
+    if (!store.ok()) return Fail(store.status());
+    std::string out;
+    if (list->parsed()) return Print(server::ListRounds(**store, json, &out), out);
+    if (show->parsed()) return Print(server::ShowRound(**store, round_number, json, &out), out);
+    return Print(server::ListClients(**store, json, &out), out);
+  }
+
+  // serve
+  if (!config_file.empty()) {
+    if (Status s = ApplyConfigFile(*serve, config_file); !s.ok()) return Fail(s);
+  }
+  if (config.tls.cert.empty() || config.tls.key.empty() || config.tls.ca.empty()) {
+    return Fail(InvalidArgument("serve: --cert, --key and --ca are required (mutual TLS is not optional)"));
+  }
+  if (update_kind != "full") return Fail(InvalidArgument("serve: --update-kind '{}': only 'full' is available", update_kind));
+  config.task.set_model(model);
+  config.task.set_epochs(epochs);
+  config.task.set_batch_size(batch);
+  config.task.set_learning_rate(lr);
+  config.task.set_momentum(momentum);
+  config.task.set_weight_decay(weight_decay);
+  config.task.set_update_kind(v1::UPDATE_FULL);
+  spdlog::set_default_logger(spdlog::stderr_color_mt("estuary-server"));
+  spdlog::set_level(spdlog::level::from_str(log_level));
+  auto server = server::Server::Create(std::move(config));
+  if (!server.ok()) return Fail(server.status());
+  if (Status s = (*server)->Run(); !s.ok()) return Fail(s);
+  return 0;
+}

@@ -1,0 +1,151 @@
+#include "server/operator_views.h"
+
+#include <fmt/chrono.h>
+
+#include <nlohmann/json.hpp>
+
+namespace estuary::server {
+
+namespace {
+
+using nlohmann::ordered_json;
+
+std::string Utc(int64_t ms) {
+  if (ms <= 0) return "-";
+  const std::time_t seconds = ms / 1000;
+  return fmt::format("{:%Y-%m-%dT%H:%M:%S}Z", fmt::gmtime(seconds));
+}
+
+std::string Metric(const std::optional<double>& v, int precision = 4) {
+  return v ? fmt::format("{:.{}f}", *v, precision) : "-";
+}
+
+std::string Megabytes(uint64_t bytes) { return fmt::format("{:.2f}", double(bytes) / (1 << 20)); }
+
+ordered_json Nullable(const std::optional<double>& v) { return v ? ordered_json(*v) : ordered_json(nullptr); }
+
+double Seconds(const RoundRecord& r) { return r.ended_ms > 0 ? double(r.ended_ms - r.started_ms) / 1000.0 : 0.0; }
+
+uint32_t Dropped(Store& store, uint64_t round) {
+  auto participations = store.Participations(round);
+  uint32_t n = 0;
+  if (participations.ok()) {
+    for (const auto& p : *participations) n += (p.status == "dropped" || p.status == "late");
+  }
+  return n;
+}
+
+ordered_json RoundJson(const RoundRecord& r) {
+  return {{"round", r.round},
+          {"state", RoundStateName(r.state)},
+          {"started", Utc(r.started_ms)},
+          {"ended", r.ended_ms > 0 ? ordered_json(Utc(r.ended_ms)) : ordered_json(nullptr)},
+          {"seconds", Seconds(r)},
+          {"model_version", r.model_version},
+          {"global_checksum", r.global_checksum},
+          {"strategy", r.strategy},
+          {"clients_selected", r.clients_selected},
+          {"updates_received", r.updates_received},
+          {"train_loss", r.train_loss},
+          {"test_accuracy", Nullable(r.test_accuracy)},
+          {"test_loss", Nullable(r.test_loss)},
+          {"bytes_up", r.bytes_up},
+          {"bytes_down", r.bytes_down},
+          {"detail", r.detail}};
+}
+
+}  // namespace
+
+Status ListRounds(Store& store, bool json, std::string* out) {
+  ESTUARY_ASSIGN_OR_RETURN(auto rounds, store.Rounds());
+  if (json) {
+    ordered_json array = ordered_json::array();
+    for (const auto& r : rounds) {
+      auto row = RoundJson(r);
+      row["dropped"] = Dropped(store, r.round);
+      array.push_back(std::move(row));
+    }
+    *out = array.dump(2) + "\n";
+    return Status::Ok();
+  }
+  *out = fmt::format("{:>5}  {:<10}  {:<20}  {:>8}  {:>4}  {:>4}  {:>4}  {:>10}  {:>8}  {:>9}  {:>8}  {:>8}  {}\n",
+                     "round", "state", "started (UTC)", "seconds", "sel", "recv", "drop", "train loss", "test acc",
+                     "test loss", "MB up", "MB down", "checksum");
+  for (const auto& r : rounds) {
+    *out += fmt::format("{:>5}  {:<10}  {:<20}  {:>8.2f}  {:>4}  {:>4}  {:>4}  {:>10.4f}  {:>8}  {:>9}  {:>8}  {:>8}  {}\n",
+                        r.round, RoundStateName(r.state), Utc(r.started_ms), Seconds(r), r.clients_selected,
+                        r.updates_received, Dropped(store, r.round), r.train_loss, Metric(r.test_accuracy),
+                        Metric(r.test_loss), Megabytes(r.bytes_up), Megabytes(r.bytes_down),
+                        r.global_checksum.substr(0, 12));
+  }
+  if (rounds.empty()) *out += "(no rounds yet)\n";
+  return Status::Ok();
+}
+
+Status ShowRound(Store& store, uint64_t round, bool json, std::string* out) {
+  ESTUARY_ASSIGN_OR_RETURN(auto record, store.GetRound(round));
+  if (!record) return NotFound("round {} is not in the round log", round);
+  ESTUARY_ASSIGN_OR_RETURN(auto participants, store.Participations(round));
+  ESTUARY_ASSIGN_OR_RETURN(auto transitions, store.Transitions(round));
+  const RoundRecord& r = *record;
+  if (json) {
+    ordered_json doc = RoundJson(r);
+    doc["participants"] = ordered_json::array();
+    for (const auto& p : participants) {
+      doc["participants"].push_back({{"client", p.client}, {"status", p.status}, {"examples", p.examples},
+                                     {"train_loss", p.train_loss}, {"bytes_up", p.bytes_up},
+                                     {"bytes_down", p.bytes_down}, {"seconds", p.seconds}, {"detail", p.detail}});
+    }
+    doc["transitions"] = ordered_json::array();
+    for (const auto& t : transitions) {
+      doc["transitions"].push_back({{"from", RoundStateName(t.from)}, {"to", RoundStateName(t.to)},
+                                    {"at", Utc(t.at_ms)}, {"detail", t.detail}});
+    }
+    *out = doc.dump(2) + "\n";
+    return Status::Ok();
+  }
+  *out = fmt::format(
+      "round {}: {}\n  started   {}\n  ended     {}\n  seconds   {:.2f}\n  model     version {}, sha256 {}\n"
+      "  strategy  {}\n  updates   {} of {} selected\n  train     loss {:.4f}\n  test      accuracy {}, loss {}\n"
+      "  bytes     {} up, {} down\n",
+      r.round, RoundStateName(r.state), Utc(r.started_ms), Utc(r.ended_ms), Seconds(r), r.model_version,
+      r.global_checksum.empty() ? "-" : r.global_checksum, r.strategy, r.updates_received, r.clients_selected,
+      r.train_loss, Metric(r.test_accuracy), Metric(r.test_loss), r.bytes_up, r.bytes_down);
+  if (!r.detail.empty()) *out += fmt::format("  detail    {}\n", r.detail);
+  *out += fmt::format("\n  {:<20}  {:<10}  {:>8}  {:>8}  {:>10}  {:>10}  {:>8}  {}\n", "client", "status", "examples",
+                      "loss", "bytes up", "bytes down", "seconds", "detail");
+  for (const auto& p : participants) {
+    *out += fmt::format("  {:<20}  {:<10}  {:>8}  {:>8.4f}  {:>10}  {:>10}  {:>8.2f}  {}\n", p.client, p.status,
+                        p.examples, p.train_loss, p.bytes_up, p.bytes_down, p.seconds, p.detail);
+  }
+  *out += "\n  transitions\n";
+  for (const auto& t : transitions) {
+    *out += fmt::format("  {}  {:>11} -> {:<11} {}\n", Utc(t.at_ms), RoundStateName(t.from), RoundStateName(t.to),
+                        t.detail);
+  }
+  return Status::Ok();
+}
+
+Status ListClients(Store& store, bool json, std::string* out) {
+  ESTUARY_ASSIGN_OR_RETURN(auto clients, store.Clients());
+  if (json) {
+    ordered_json array = ordered_json::array();
+    for (const auto& c : clients) {
+      array.push_back({{"name", c.name}, {"first_seen", Utc(c.first_seen_ms)}, {"last_seen", Utc(c.last_seen_ms)},
+                       {"last_address", c.last_address}, {"rounds_joined", c.rounds_joined},
+                       {"rounds_dropped", c.rounds_dropped}});
+    }
+    *out = array.dump(2) + "\n";
+    return Status::Ok();
+  }
+  *out = fmt::format("{:<20}  {:<20}  {:<20}  {:<22}  {:>6}  {:>7}\n", "client", "first seen (UTC)", "last seen (UTC)",
+                     "last address", "joined", "dropped");
+  for (const auto& c : clients) {
+    *out += fmt::format("{:<20}  {:<20}  {:<20}  {:<22}  {:>6}  {:>7}\n", c.name, Utc(c.first_seen_ms),
+                        Utc(c.last_seen_ms), c.last_address, c.rounds_joined, c.rounds_dropped);
+  }
+  if (clients.empty()) *out += "(no clients yet)\n";
+  return Status::Ok();
+}
+
+}  // namespace estuary::server

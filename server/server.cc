@@ -1,0 +1,89 @@
+#include "server/server.h"
+
+#include <spdlog/spdlog.h>
+
+#include "server/session.h"
+
+namespace estuary::server {
+
+namespace asio = boost::asio;
+using asio::ip::tcp;
+
+Result<std::unique_ptr<Server>> Server::Create(ServerConfig config) {
+  ESTUARY_RETURN_IF_ERROR(config.Finalize());
+  std::unique_ptr<Server> server(new Server(std::move(config)));
+  const ServerConfig& c = server->config_;
+  ESTUARY_ASSIGN_OR_RETURN(server->tls_, crypto::MakeServerContext(c.tls));
+  ESTUARY_ASSIGN_OR_RETURN(server->store_, Store::Open(c.db));
+  server->coordinator_ = std::make_unique<Coordinator>(server->io_, server->config_, *server->store_);
+  ESTUARY_RETURN_IF_ERROR(server->coordinator_->Recover());
+
+  std::string host;
+  uint16_t port;
+  ESTUARY_RETURN_IF_ERROR(ParseHostPort(c.listen, &host, &port));
+  boost::system::error_code ec;
+  const auto address = asio::ip::make_address(host, ec);
+  if (ec) return InvalidArgument("server: listen address '{}': {}", host, ec.message());
+  auto acceptor = std::make_unique<tcp::acceptor>(server->io_);
+  const tcp::endpoint endpoint(address, port);
+  acceptor->open(endpoint.protocol(), ec);
+  if (!ec) acceptor->set_option(tcp::acceptor::reuse_address(true), ec);
+  if (!ec) acceptor->bind(endpoint, ec);
+  if (!ec) acceptor->listen(asio::socket_base::max_listen_connections, ec);
+  if (ec) return IoError("server: cannot listen on {}: {}", c.listen, ec.message());
+  server->port_ = acceptor->local_endpoint().port();
+  server->acceptor_ = std::move(acceptor);
+  return server;
+}
+
+Server::~Server() = default;
+
+Status Server::Run() {
+  signals_ = std::make_unique<asio::signal_set>(io_, SIGINT, SIGTERM);
+  signals_->async_wait([this](const boost::system::error_code& ec, int signal) {
+    if (!ec) {
+      spdlog::info("signal {}: stopping", signal);
+      Stop();
+    }
+  });
+  if (config_.exit_when_done) {
+    coordinator_->set_on_complete([this] { Stop(); });
+    if (coordinator_->complete()) Stop();
+  }
+  const auto endpoint = acceptor_->local_endpoint();
+  fmt::print("listening on {}:{}\n", endpoint.address().to_string(), endpoint.port());
+  std::fflush(stdout);
+  if (!stopping_) Accept();
+  io_.run();
+  return Status::Ok();
+}
+
+void Server::Accept() {
+  acceptor_->async_accept([this](const boost::system::error_code& ec, tcp::socket socket) {
+    if (stopping_) return;
+    if (!ec) {
+      boost::system::error_code ignored;
+      const auto remote = socket.remote_endpoint(ignored);
+      std::string address = remote.address().is_v6() ? fmt::format("[{}]:{}", remote.address().to_string(), remote.port())
+                                                      : fmt::format("{}:{}", remote.address().to_string(), remote.port());
+      socket.set_option(tcp::no_delay(true), ignored);
+      auto session = std::make_shared<Session>(Session::SslStream(std::move(socket), *tls_), std::move(address),
+                                               *coordinator_, config_);
+      session->Start();
+    } else {
+      spdlog::warn("accept: {}", ec.message());
+    }
+    Accept();
+  });
+}
+
+void Server::Stop() {
+  if (stopping_) return;
+  stopping_ = true;
+  boost::system::error_code ignored;
+  acceptor_->close(ignored);
+  signals_->cancel(ignored);
+  coordinator_->CloseAll();
+}
+
+}  // namespace estuary::server

@@ -1,0 +1,45 @@
+// Server: the TLS listener that owns the Coordinator and the Store.
+//
+// Run() accepts connections on the configured address until SIGINT/SIGTERM,
+// or, with exit_when_done, until the last round has been committed and
+// announced. "listening on HOST:PORT" goes to stdout once the socket is bound,
+// so a parent process can learn the port when it asked for port 0.
+#pragma once
+
+#include "base/asio.h"
+#include <memory>
+
+#include "base/status.h"
+#include "server/config.h"
+#include "server/coordinator.h"
+#include "server/store.h"
+
+namespace estuary::server {
+
+class Server {
+ public:
+  // Opens the store, loads certificates, recovers the federation and binds.
+  static Result<std::unique_ptr<Server>> Create(ServerConfig config);
+  ~Server();
+
+  // Serves until stopped. Returns the port it was bound to via port().
+  Status Run();
+  uint16_t port() const { return port_; }
+
+ private:
+  explicit Server(ServerConfig config) : config_(std::move(config)) {}
+  void Accept();
+  void Stop();
+
+  ServerConfig config_;
+  boost::asio::io_context io_{1};
+  std::shared_ptr<boost::asio::ssl::context> tls_;
+  std::unique_ptr<Store> store_;
+  std::unique_ptr<Coordinator> coordinator_;
+  std::unique_ptr<boost::asio::ip::tcp::acceptor> acceptor_;
+  std::unique_ptr<boost::asio::signal_set> signals_;
+  uint16_t port_ = 0;
+  bool stopping_ = false;
+};
+
+}  // namespace estuary::server

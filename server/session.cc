@@ -1,0 +1,186 @@
+#include "server/session.h"
+
+#include <spdlog/spdlog.h>
+
+#include "crypto/tls.h"
+#include "proto/frame.h"
+#include "server/config.h"
+#include "server/coordinator.h"
+
+namespace estuary::server {
+
+namespace asio = boost::asio;
+using boost::system::error_code;
+
+Session::Session(SslStream stream, std::string address, Coordinator& coordinator, const ServerConfig& config)
+    : stream_(std::move(stream)),
+      address_(std::move(address)),
+      coordinator_(coordinator),
+      config_(config),
+      timer_(stream_.get_executor()) {}
+
+void Session::Start() {
+  timer_.expires_after(std::chrono::milliseconds(int64_t(config_.handshake_timeout_s * 1000)));
+  timer_.async_wait([self = shared_from_this()](const error_code& ec) {
+    if (!ec && self->name_.empty()) self->Fail("handshake timed out");
+  });
+  stream_.async_handshake(asio::ssl::stream_base::server,
+                          [self = shared_from_this()](const error_code& ec) { self->OnHandshake(ec); });
+}
+
+void Session::OnHandshake(const error_code& ec) {
+  if (closed_) return;
+  if (ec) {
+    const std::string reason = crypto::HandshakeFailureReason(stream_.native_handle(), ec);
+    coordinator_.OnHandshakeRefused(address_, reason);
+    Close();
+    return;
+  }
+  auto name = crypto::PeerCommonName(stream_.native_handle());
+  if (!name.ok()) {
+    coordinator_.OnHandshakeRefused(address_, name.status().message());
+    Close();
+    return;
+  }
+  name_ = *name;
+  ArmIdleTimer();
+  ReadHeader();
+}
+
+void Session::ArmIdleTimer() {
+  timer_.expires_after(std::chrono::milliseconds(int64_t(config_.idle_timeout_s * 1000)));
+  timer_.async_wait([self = shared_from_this()](const error_code& ec) {
+    if (!ec) self->Fail(fmt::format("no frame for {} s", self->config_.idle_timeout_s));
+  });
+}
+
+void Session::ReadHeader() {
+  if (closed_ || paused_ || read_pending_) return;
+  read_pending_ = true;
+  asio::async_read(stream_, asio::buffer(header_), [self = shared_from_this()](const error_code& ec, size_t) {
+    self->read_pending_ = false;
+    if (self->closed_) return;
+    if (ec) return self->Fail(ec == asio::error::eof ? "connection closed by peer" : ec.message());
+    auto size = proto::ParseFrameHeader(self->header_, self->config_.max_frame_bytes);
+    if (!size.ok()) {
+      self->coordinator_.OnBadFrame(*self, size.status().message());
+      return self->SendErrorAndClose(v1::Error::BAD_FRAME, size.status().message());
+    }
+    self->ReadBody(*size);
+  });
+}
+
+void Session::ReadBody(uint32_t size) {
+  body_.resize(size);
+  read_pending_ = true;
+  asio::async_read(stream_, asio::buffer(body_), [self = shared_from_this()](const error_code& ec, size_t) {
+    self->read_pending_ = false;
+    if (self->closed_) return;
+    if (ec) return self->Fail(ec == asio::error::eof ? "connection closed by peer" : ec.message());
+    auto envelope = proto::ParseEnvelope(self->body_.data(), self->body_.size());
+    if (!envelope.ok()) {
+      self->coordinator_.OnBadFrame(*self, envelope.status().message());
+      return self->SendErrorAndClose(v1::Error::BAD_FRAME, envelope.status().message());
+    }
+    self->ArmIdleTimer();
+    self->Dispatch(std::move(envelope).value());
+    self->ReadHeader();
+  });
+}
+
+void Session::Dispatch(v1::Envelope envelope) {
+  if (!hello_seen_) {
+    if (envelope.body_case() != v1::Envelope::kHello) {
+      const std::string what = fmt::format("expected hello first, got {}", proto::BodyName(envelope));
+      coordinator_.OnBadFrame(*this, what);
+      return SendErrorAndClose(v1::Error::BAD_MESSAGE, what);
+    }
+    hello_seen_ = true;
+    return coordinator_.OnHello(shared_from_this(), envelope.hello());
+  }
+  if (envelope.body_case() == v1::Envelope::kHeartbeat) {
+    return Send(envelope);  // echoed, so the client can tell the server is alive
+  }
+  coordinator_.OnMessage(shared_from_this(), std::move(envelope));
+}
+
+void Session::Resume() {
+  paused_ = false;
+  ReadHeader();
+}
+
+void Session::Send(const v1::Envelope& envelope) {
+  if (closed_ || close_after_writes_) return;
+  outbox_.push_back(std::make_shared<const std::string>(proto::EncodeFrame(envelope)));
+  WriteNext();
+}
+
+void Session::SendModel(uint64_t round, std::shared_ptr<const std::vector<float>> model) {
+  model_ = std::move(model);
+  model_round_ = round;
+  model_offset_ = 0;
+  WriteNext();
+}
+
+void Session::SendErrorAndClose(v1::Error::Code code, const std::string& message) {
+  if (closed_ || close_after_writes_) return;
+  v1::Envelope envelope;
+  envelope.mutable_error()->set_code(code);
+  envelope.mutable_error()->set_message(message);
+  Send(envelope);
+  CloseAfterWrites();
+}
+
+void Session::CloseAfterWrites() {
+  close_after_writes_ = true;
+  model_.reset();
+  if (!writing_ && outbox_.empty()) Close();
+}
+
+void Session::WriteNext() {
+  if (writing_ || closed_) return;
+  if (outbox_.empty() && model_) {
+    const uint64_t total = model_->size() * sizeof(float);
+    const uint64_t size = std::min<uint64_t>(config_.chunk_bytes, total - model_offset_);
+    v1::Envelope envelope;
+    auto* chunk = envelope.mutable_model_chunk();
+    chunk->set_round(model_round_);
+    chunk->set_offset(model_offset_);
+    chunk->set_data(reinterpret_cast<const char*>(model_->data()) + model_offset_, size);
+    model_offset_ += size;
+    model_bytes_sent_ += size;
+    if (model_offset_ == total) model_.reset();
+    outbox_.push_back(std::make_shared<const std::string>(proto::EncodeFrame(envelope)));
+  }
+  if (outbox_.empty()) {
+    if (close_after_writes_) Close();
+    return;
+  }
+  writing_ = true;
+  auto frame = outbox_.front();
+  asio::async_write(stream_, asio::buffer(*frame), [self = shared_from_this(), frame](const error_code& ec, size_t) {
+    self->writing_ = false;
+    self->outbox_.pop_front();
+    if (ec) return self->Fail(ec.message());
+    self->WriteNext();
+  });
+}
+
+void Session::Fail(const std::string& reason) {
+  if (closed_) return;
+  if (!name_.empty()) spdlog::info("session {} ({}): {}", name_, address_, reason);
+  Close();
+}
+
+void Session::Close() {
+  if (closed_) return;
+  closed_ = true;
+  timer_.cancel();
+  model_.reset();
+  error_code ignored;
+  stream_.lowest_layer().shutdown(asio::ip::tcp::socket::shutdown_both, ignored);
+  stream_.lowest_layer().close(ignored);
+  if (hello_seen_) coordinator_.OnClosed(*this);
+}
+
+}  // namespace estuary::server

@@ -1,0 +1,80 @@
+// Session: the server's end of one client connection.
+//
+// One object per TLS connection, kept alive by the handlers that hold
+// shared_from_this(). It performs the handshake (with a timeout), learns the
+// client's name from its certificate, then runs a read loop of frames that
+// it hands to the Coordinator, and a write queue drained one frame at a time.
+// The global model is streamed lazily: the next chunk is encoded only when
+// the previous one has been written, so a slow client holds one chunk, not a
+// copy of the model. All of it runs on the server's single I/O thread.
+#pragma once
+
+#include "base/asio.h"
+#include <deque>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "estuary.pb.h"
+
+namespace estuary::server {
+
+class Coordinator;
+struct ServerConfig;
+
+class Session : public std::enable_shared_from_this<Session> {
+ public:
+  using SslStream = boost::asio::ssl::stream<boost::asio::ip::tcp::socket>;
+
+  Session(SslStream stream, std::string address, Coordinator& coordinator, const ServerConfig& config);
+
+  void Start();
+  void Send(const v1::Envelope& envelope);
+  // Streams `model` as ModelChunk frames for `round` after what is queued.
+  void SendModel(uint64_t round, std::shared_ptr<const std::vector<float>> model);
+  // Sends an Error and closes once it is written.
+  void SendErrorAndClose(v1::Error::Code code, const std::string& message);
+  // Closes after everything queued is written.
+  void CloseAfterWrites();
+  void Close();
+  // Backpressure: stop reading frames until Resume().
+  void Pause() { paused_ = true; }
+  void Resume();
+
+  const std::string& name() const { return name_; }
+  const std::string& address() const { return address_; }
+  bool closed() const { return closed_; }
+  uint64_t model_bytes_sent() const { return model_bytes_sent_; }
+
+ private:
+  void OnHandshake(const boost::system::error_code& ec);
+  void ReadHeader();
+  void ReadBody(uint32_t size);
+  void Dispatch(v1::Envelope envelope);
+  void WriteNext();
+  void ArmIdleTimer();
+  void Fail(const std::string& reason);
+
+  SslStream stream_;
+  std::string address_;
+  std::string name_;
+  Coordinator& coordinator_;
+  const ServerConfig& config_;
+  boost::asio::steady_timer timer_;
+  std::array<uint8_t, 4> header_{};
+  std::vector<uint8_t> body_;
+  std::deque<std::shared_ptr<const std::string>> outbox_;
+  bool writing_ = false;
+  bool paused_ = false;
+  bool read_pending_ = false;
+  bool close_after_writes_ = false;
+  bool closed_ = false;
+  bool hello_seen_ = false;
+  // The model being streamed, if any.
+  std::shared_ptr<const std::vector<float>> model_;
+  uint64_t model_round_ = 0;
+  uint64_t model_offset_ = 0;  // bytes
+  uint64_t model_bytes_sent_ = 0;
+};
+
+}  // namespace estuary::server

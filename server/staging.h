@@ -1,0 +1,58 @@
+// StagedUpdate: where one client's upload accumulates until it is committed.
+//
+// Chunks must arrive in order and agree with the manifest (proto::CheckChunk).
+// The payload lives in memory when it fits the per-upload memory budget and
+// in an unlinked temporary file, mapped into memory, beyond it; either way the
+// fold reads it as one span. The SHA-256 is computed while chunks arrive, so
+// Commit() only compares. Destroying an uncommitted StagedUpdate discards it:
+// nothing of a partial upload ever reaches an aggregate.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+#include "crypto/sha256.h"
+#include "estuary.pb.h"
+#include "models/tensor.h"
+
+namespace estuary::server {
+
+class StagedUpdate {
+ public:
+  // Reserves room for manifest.byte_size() bytes, in memory if that is at most
+  // memory_budget, else in a temporary file under spill_dir.
+  static Result<std::unique_ptr<StagedUpdate>> Create(const models::Manifest& manifest,
+                                                      std::string expected_sha256,
+                                                      uint64_t memory_budget,
+                                                      const std::filesystem::path& spill_dir);
+  ~StagedUpdate();
+
+  Status Append(uint64_t offset, v1::DType dtype, const std::string& bytes);
+  // Every byte present and the checksum right.
+  Status Commit();
+
+  uint64_t received_bytes() const { return next_offset_; }
+  bool spilled() const { return mapped_ != nullptr; }
+  // Valid after a successful Commit().
+  std::span<const float> values() const;
+
+ private:
+  StagedUpdate(models::Manifest manifest, std::string sha) : manifest_(std::move(manifest)), expected_sha256_(std::move(sha)) {}
+
+  models::Manifest manifest_;
+  std::string expected_sha256_;
+  uint64_t size_bytes_ = 0;
+  uint64_t next_offset_ = 0;
+  bool committed_ = false;
+  crypto::Sha256 hasher_;
+  std::vector<float> memory_;
+  void* mapped_ = nullptr;
+  int fd_ = -1;
+};
+
+}  // namespace estuary::server

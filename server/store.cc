@@ -1,0 +1,469 @@
+#include "server/store.h"
+
+#include <sqlite3.h>
+
+#include <chrono>
+
+namespace estuary::server {
+
+namespace {
+
+constexpr int kSchemaVersion = 1;
+
+constexpr const char* kSchema = R"sql(
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS clients (
+  name TEXT PRIMARY KEY, first_seen_ms INTEGER NOT NULL, last_seen_ms INTEGER NOT NULL, last_address TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS rounds (
+  round INTEGER PRIMARY KEY, state TEXT NOT NULL, started_ms INTEGER NOT NULL, ended_ms INTEGER NOT NULL,
+  model_version INTEGER NOT NULL, global_checksum TEXT NOT NULL, strategy TEXT NOT NULL,
+  clients_selected INTEGER NOT NULL, updates_received INTEGER NOT NULL, train_loss REAL NOT NULL,
+  test_accuracy REAL, test_loss REAL, bytes_up INTEGER NOT NULL, bytes_down INTEGER NOT NULL, detail TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS participations (
+  round INTEGER NOT NULL REFERENCES rounds(round) ON DELETE CASCADE, client TEXT NOT NULL, status TEXT NOT NULL,
+  examples INTEGER NOT NULL, train_loss REAL NOT NULL, bytes_up INTEGER NOT NULL, bytes_down INTEGER NOT NULL,
+  seconds REAL NOT NULL, detail TEXT NOT NULL, PRIMARY KEY (round, client));
+CREATE TABLE IF NOT EXISTS transitions (
+  id INTEGER PRIMARY KEY AUTOINCREMENT, round INTEGER NOT NULL REFERENCES rounds(round) ON DELETE CASCADE,
+  from_state TEXT NOT NULL, to_state TEXT NOT NULL, at_ms INTEGER NOT NULL, detail TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS checkpoints (
+  round INTEGER PRIMARY KEY, path TEXT NOT NULL, checksum TEXT NOT NULL, at_ms INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS events (
+  id INTEGER PRIMARY KEY AUTOINCREMENT, at_ms INTEGER NOT NULL, kind TEXT NOT NULL, peer TEXT NOT NULL,
+  detail TEXT NOT NULL);
+)sql";
+
+// One prepared statement; binds by position, steps, finalizes on scope exit.
+class Statement {
+ public:
+  Statement(sqlite3* db, const char* sql) : db_(db) { rc_ = sqlite3_prepare_v2(db, sql, -1, &stmt_, nullptr); }
+  ~Statement() { sqlite3_finalize(stmt_); }
+  Statement(const Statement&) = delete;
+  Statement& operator=(const Statement&) = delete;
+
+  Statement& Bind(int64_t v) { return Check(sqlite3_bind_int64(stmt_, ++index_, v)); }
+  Statement& Bind(uint64_t v) { return Bind(int64_t(v)); }
+  Statement& Bind(uint32_t v) { return Bind(int64_t(v)); }
+  Statement& Bind(double v) { return Check(sqlite3_bind_double(stmt_, ++index_, v)); }
+  Statement& Bind(const std::string& v) {
+    return Check(sqlite3_bind_text(stmt_, ++index_, v.data(), int(v.size()), SQLITE_TRANSIENT));
+  }
+  Statement& Bind(const std::optional<double>& v) {
+    return v ? Bind(*v) : Check(sqlite3_bind_null(stmt_, ++index_));
+  }
+
+  // SQLITE_ROW -> true, SQLITE_DONE -> false, else error.
+  Result<bool> Step() {
+    if (rc_ != SQLITE_OK) return Error("prepare");
+    const int rc = sqlite3_step(stmt_);
+    if (rc == SQLITE_ROW) return true;
+    if (rc == SQLITE_DONE) return false;
+    rc_ = rc;
+    return Error("step");
+  }
+  Status Run() {
+    auto r = Step();
+    return r.ok() ? Status::Ok() : r.status();
+  }
+
+  int64_t Int(int col) const { return sqlite3_column_int64(stmt_, col); }
+  double Real(int col) const { return sqlite3_column_double(stmt_, col); }
+  std::optional<double> MaybeReal(int col) const {
+    if (sqlite3_column_type(stmt_, col) == SQLITE_NULL) return std::nullopt;
+    return Real(col);
+  }
+  std::string Text(int col) const {
+    const auto* p = sqlite3_column_text(stmt_, col);
+    return p ? std::string(reinterpret_cast<const char*>(p), sqlite3_column_bytes(stmt_, col)) : std::string();
+  }
+
+ private:
+  Statement& Check(int rc) {
+    if (rc != SQLITE_OK && rc_ == SQLITE_OK) rc_ = rc;
+    return *this;
+  }
+  Status Error(const char* what) const {
+    return IoError("store: {}: {} failed: {}", sqlite3_db_filename(db_, "main") ? sqlite3_db_filename(db_, "main") : "?",
+                   what, sqlite3_errmsg(db_));
+  }
+
+  sqlite3* db_;
+  sqlite3_stmt* stmt_ = nullptr;
+  int rc_ = SQLITE_OK;
+  int index_ = 0;
+};
+
+Status Exec(sqlite3* db, const char* sql) {
+  char* message = nullptr;
+  if (sqlite3_exec(db, sql, nullptr, nullptr, &message) != SQLITE_OK) {
+    Status s = IoError("store: {}: {}", sqlite3_db_filename(db, "main"), message ? message : "exec failed");
+    sqlite3_free(message);
+    return s;
+  }
+  return Status::Ok();
+}
+
+// Rolls back unless Commit() ran.
+class Transaction {
+ public:
+  explicit Transaction(sqlite3* db) : db_(db) { status_ = Exec(db, "BEGIN IMMEDIATE"); }
+  ~Transaction() {
+    if (status_.ok() && !done_) Exec(db_, "ROLLBACK").ok();
+  }
+  const Status& status() const { return status_; }
+  Status Commit() {
+    done_ = true;
+    return Exec(db_, "COMMIT");
+  }
+
+ private:
+  sqlite3* db_;
+  Status status_;
+  bool done_ = false;
+};
+
+RoundState ParseState(const std::string& s) {
+  if (s == "collecting") return RoundState::kCollecting;
+  if (s == "aggregating") return RoundState::kAggregating;
+  if (s == "committed") return RoundState::kCommitted;
+  if (s == "failed") return RoundState::kFailed;
+  return RoundState::kOpen;
+}
+
+constexpr const char* kRoundColumns =
+    "round, state, started_ms, ended_ms, model_version, global_checksum, strategy, clients_selected, "
+    "updates_received, train_loss, test_accuracy, test_loss, bytes_up, bytes_down, detail";
+
+RoundRecord ReadRound(const Statement& s) {
+  RoundRecord r;
+  r.round = uint64_t(s.Int(0));
+  r.state = ParseState(s.Text(1));
+  r.started_ms = s.Int(2);
+  r.ended_ms = s.Int(3);
+  r.model_version = uint64_t(s.Int(4));
+  r.global_checksum = s.Text(5);
+  r.strategy = s.Text(6);
+  r.clients_selected = uint32_t(s.Int(7));
+  r.updates_received = uint32_t(s.Int(8));
+  r.train_loss = s.Real(9);
+  r.test_accuracy = s.MaybeReal(10);
+  r.test_loss = s.MaybeReal(11);
+  r.bytes_up = uint64_t(s.Int(12));
+  r.bytes_down = uint64_t(s.Int(13));
+  r.detail = s.Text(14);
+  return r;
+}
+
+}  // namespace
+
+const char* RoundStateName(RoundState state) {
+  switch (state) {
+    case RoundState::kOpen: return "open";
+    case RoundState::kCollecting: return "collecting";
+    case RoundState::kAggregating: return "aggregating";
+    case RoundState::kCommitted: return "committed";
+    case RoundState::kFailed: return "failed";
+  }
+  return "?";
+}
+
+int64_t NowMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+Result<std::unique_ptr<Store>> Store::Open(const std::filesystem::path& path) {
+  sqlite3* db = nullptr;
+  if (sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX,
+                      nullptr) != SQLITE_OK) {
+    Status s = IoError("store: {}: cannot open: {}", path.string(), db ? sqlite3_errmsg(db) : "out of memory");
+    sqlite3_close(db);
+    return s;
+  }
+  std::unique_ptr<Store> store(new Store(db));
+  sqlite3_busy_timeout(db, 5000);
+  ESTUARY_RETURN_IF_ERROR(Exec(db, "PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL; PRAGMA foreign_keys=ON;"));
+  Statement version(db, "PRAGMA user_version");
+  ESTUARY_ASSIGN_OR_RETURN(bool row, version.Step());
+  const int64_t found = row ? version.Int(0) : 0;
+  if (found > kSchemaVersion) {
+    return FailedPrecondition("store: {}: schema version {} is newer than this server's {}", path.string(), found,
+                              kSchemaVersion);
+  }
+  if (found == 0) {
+    // A non-empty file without our schema version is someone else's database.
+    Statement tables(db, "SELECT count(*) FROM sqlite_master");
+    ESTUARY_ASSIGN_OR_RETURN(bool has, tables.Step());
+    if (has && tables.Int(0) > 0) {
+      return FailedPrecondition("store: {}: not an Estuary round log (a database without its schema)", path.string());
+    }
+    ESTUARY_RETURN_IF_ERROR(Exec(db, kSchema));
+    ESTUARY_RETURN_IF_ERROR(Exec(db, fmt::format("PRAGMA user_version={}", kSchemaVersion).c_str()));
+  }
+  return store;
+}
+
+Result<std::unique_ptr<Store>> Store::OpenReadOnly(const std::filesystem::path& path) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) return NotFound("store: {}: no such round log", path.string());
+  sqlite3* db = nullptr;
+  if (sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READONLY | SQLITE_OPEN_FULLMUTEX, nullptr) != SQLITE_OK) {
+    Status s = IoError("store: {}: cannot open: {}", path.string(), db ? sqlite3_errmsg(db) : "out of memory");
+    sqlite3_close(db);
+    return s;
+  }
+  std::unique_ptr<Store> store(new Store(db));
+  sqlite3_busy_timeout(db, 5000);
+  Statement version(db, "PRAGMA user_version");
+  auto row = version.Step();
+  if (!row.ok() || !*row || version.Int(0) != kSchemaVersion) {
+    return FailedPrecondition("store: {}: not an Estuary round log", path.string());
+  }
+  return store;
+}
+
+Store::~Store() { sqlite3_close(db_); }
+
+Status Store::SetMeta(const std::string& key, const std::string& value) {
+  Statement s(db_, "INSERT INTO meta(key, value) VALUES(?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value");
+  return s.Bind(key).Bind(value).Run();
+}
+
+Result<std::optional<std::string>> Store::GetMeta(const std::string& key) {
+  Statement s(db_, "SELECT value FROM meta WHERE key = ?");
+  ESTUARY_ASSIGN_OR_RETURN(bool row, s.Bind(key).Step());
+  if (!row) return std::optional<std::string>();
+  return std::optional<std::string>(s.Text(0));
+}
+
+Status Store::ClientSeen(const std::string& name, const std::string& address, int64_t now_ms) {
+  Statement s(db_,
+              "INSERT INTO clients(name, first_seen_ms, last_seen_ms, last_address) VALUES(?, ?, ?, ?) "
+              "ON CONFLICT(name) DO UPDATE SET last_seen_ms = excluded.last_seen_ms, last_address = excluded.last_address");
+  return s.Bind(name).Bind(now_ms).Bind(now_ms).Bind(address).Run();
+}
+
+Status Store::BeginRound(const RoundRecord& r) {
+  Transaction tx(db_);
+  ESTUARY_RETURN_IF_ERROR(tx.status());
+  Statement existing(db_, "SELECT state FROM rounds WHERE round = ?");
+  ESTUARY_ASSIGN_OR_RETURN(bool row, existing.Bind(r.round).Step());
+  if (row && existing.Text(0) == "committed") {
+    return FailedPrecondition("store: round {} is already committed", r.round);
+  }
+  // An unfinished attempt at this round (a crash, a failed round) is replaced whole.
+  ESTUARY_RETURN_IF_ERROR(Statement(db_, "DELETE FROM rounds WHERE round = ?").Bind(r.round).Run());
+  ESTUARY_RETURN_IF_ERROR(Statement(db_, "DELETE FROM checkpoints WHERE round = ?").Bind(r.round).Run());
+  Statement insert(db_, fmt::format("INSERT INTO rounds({}) VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                                    kRoundColumns).c_str());
+  ESTUARY_RETURN_IF_ERROR(insert.Bind(r.round)
+                              .Bind(std::string(RoundStateName(RoundState::kOpen)))
+                              .Bind(r.started_ms)
+                              .Bind(r.ended_ms)
+                              .Bind(r.model_version)
+                              .Bind(r.global_checksum)
+                              .Bind(r.strategy)
+                              .Bind(r.clients_selected)
+                              .Bind(r.updates_received)
+                              .Bind(r.train_loss)
+                              .Bind(r.test_accuracy)
+                              .Bind(r.test_loss)
+                              .Bind(r.bytes_up)
+                              .Bind(r.bytes_down)
+                              .Bind(r.detail)
+                              .Run());
+  return tx.Commit();
+}
+
+Status Store::Transition(uint64_t round, RoundState from, RoundState to, int64_t now_ms, const std::string& detail) {
+  Transaction tx(db_);
+  ESTUARY_RETURN_IF_ERROR(tx.status());
+  ESTUARY_RETURN_IF_ERROR(
+      Statement(db_, "INSERT INTO transitions(round, from_state, to_state, at_ms, detail) VALUES(?, ?, ?, ?, ?)")
+          .Bind(round)
+          .Bind(std::string(RoundStateName(from)))
+          .Bind(std::string(RoundStateName(to)))
+          .Bind(now_ms)
+          .Bind(detail)
+          .Run());
+  ESTUARY_RETURN_IF_ERROR(Statement(db_, "UPDATE rounds SET state = ? WHERE round = ?")
+                              .Bind(std::string(RoundStateName(to)))
+                              .Bind(round)
+                              .Run());
+  return tx.Commit();
+}
+
+Status Store::UpsertParticipation(const Participation& p) {
+  Statement s(db_,
+              "INSERT INTO participations(round, client, status, examples, train_loss, bytes_up, bytes_down, seconds, "
+              "detail) VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(round, client) DO UPDATE SET "
+              "status = excluded.status, examples = excluded.examples, train_loss = excluded.train_loss, "
+              "bytes_up = excluded.bytes_up, bytes_down = excluded.bytes_down, seconds = excluded.seconds, "
+              "detail = excluded.detail");
+  return s.Bind(p.round)
+      .Bind(p.client)
+      .Bind(p.status)
+      .Bind(p.examples)
+      .Bind(p.train_loss)
+      .Bind(p.bytes_up)
+      .Bind(p.bytes_down)
+      .Bind(p.seconds)
+      .Bind(p.detail)
+      .Run();
+}
+
+Status Store::CommitRound(const RoundRecord& r, const std::filesystem::path& checkpoint, int64_t now_ms) {
+  Transaction tx(db_);
+  ESTUARY_RETURN_IF_ERROR(tx.status());
+  Statement current(db_, "SELECT state FROM rounds WHERE round = ?");
+  ESTUARY_ASSIGN_OR_RETURN(bool row, current.Bind(r.round).Step());
+  if (!row) return FailedPrecondition("store: round {} was never begun", r.round);
+  const std::string from = current.Text(0);
+  ESTUARY_RETURN_IF_ERROR(
+      Statement(db_,
+                "UPDATE rounds SET state = 'committed', ended_ms = ?, model_version = ?, global_checksum = ?, "
+                "strategy = ?, clients_selected = ?, updates_received = ?, train_loss = ?, test_accuracy = ?, "
+                "test_loss = ?, bytes_up = ?, bytes_down = ?, detail = ? WHERE round = ?")
+          .Bind(r.ended_ms)
+          .Bind(r.model_version)
+          .Bind(r.global_checksum)
+          .Bind(r.strategy)
+          .Bind(r.clients_selected)
+          .Bind(r.updates_received)
+          .Bind(r.train_loss)
+          .Bind(r.test_accuracy)
+          .Bind(r.test_loss)
+          .Bind(r.bytes_up)
+          .Bind(r.bytes_down)
+          .Bind(r.detail)
+          .Bind(r.round)
+          .Run());
+  ESTUARY_RETURN_IF_ERROR(
+      Statement(db_, "INSERT INTO transitions(round, from_state, to_state, at_ms, detail) VALUES(?, ?, 'committed', ?, '')")
+          .Bind(r.round)
+          .Bind(from)
+          .Bind(now_ms)
+          .Run());
+  ESTUARY_RETURN_IF_ERROR(Statement(db_, "INSERT INTO checkpoints(round, path, checksum, at_ms) VALUES(?, ?, ?, ?)")
+                              .Bind(r.round)
+                              .Bind(checkpoint.string())
+                              .Bind(r.global_checksum)
+                              .Bind(now_ms)
+                              .Run());
+  return tx.Commit();
+}
+
+Status Store::FailRound(uint64_t round, const std::string& reason, int64_t now_ms) {
+  Transaction tx(db_);
+  ESTUARY_RETURN_IF_ERROR(tx.status());
+  Statement current(db_, "SELECT state FROM rounds WHERE round = ?");
+  ESTUARY_ASSIGN_OR_RETURN(bool row, current.Bind(round).Step());
+  if (!row) return FailedPrecondition("store: round {} was never begun", round);
+  ESTUARY_RETURN_IF_ERROR(
+      Statement(db_, "INSERT INTO transitions(round, from_state, to_state, at_ms, detail) VALUES(?, ?, 'failed', ?, ?)")
+          .Bind(round)
+          .Bind(current.Text(0))
+          .Bind(now_ms)
+          .Bind(reason)
+          .Run());
+  ESTUARY_RETURN_IF_ERROR(
+      Statement(db_, "UPDATE rounds SET state = 'failed', ended_ms = ?, detail = ? WHERE round = ?")
+          .Bind(now_ms)
+          .Bind(reason)
+          .Bind(round)
+          .Run());
+  return tx.Commit();
+}
+
+Status Store::RecordEvent(const Event& e) {
+  return Statement(db_, "INSERT INTO events(at_ms, kind, peer, detail) VALUES(?, ?, ?, ?)")
+      .Bind(e.at_ms)
+      .Bind(e.kind)
+      .Bind(e.peer)
+      .Bind(e.detail)
+      .Run();
+}
+
+Result<std::vector<RoundRecord>> Store::Rounds() {
+  Statement s(db_, fmt::format("SELECT {} FROM rounds ORDER BY round", kRoundColumns).c_str());
+  std::vector<RoundRecord> out;
+  for (;;) {
+    ESTUARY_ASSIGN_OR_RETURN(bool row, s.Step());
+    if (!row) return out;
+    out.push_back(ReadRound(s));
+  }
+}
+
+Result<std::optional<RoundRecord>> Store::GetRound(uint64_t round) {
+  Statement s(db_, fmt::format("SELECT {} FROM rounds WHERE round = ?", kRoundColumns).c_str());
+  ESTUARY_ASSIGN_OR_RETURN(bool row, s.Bind(round).Step());
+  if (!row) return std::optional<RoundRecord>();
+  return std::optional<RoundRecord>(ReadRound(s));
+}
+
+Result<std::optional<RoundRecord>> Store::LastCommittedRound() {
+  Statement s(db_, fmt::format("SELECT {} FROM rounds WHERE state = 'committed' ORDER BY round DESC LIMIT 1",
+                               kRoundColumns).c_str());
+  ESTUARY_ASSIGN_OR_RETURN(bool row, s.Step());
+  if (!row) return std::optional<RoundRecord>();
+  return std::optional<RoundRecord>(ReadRound(s));
+}
+
+Result<std::optional<std::string>> Store::CheckpointFor(uint64_t round) {
+  Statement s(db_, "SELECT path FROM checkpoints WHERE round = ?");
+  ESTUARY_ASSIGN_OR_RETURN(bool row, s.Bind(round).Step());
+  if (!row) return std::optional<std::string>();
+  return std::optional<std::string>(s.Text(0));
+}
+
+Result<std::vector<Participation>> Store::Participations(uint64_t round) {
+  Statement s(db_,
+              "SELECT round, client, status, examples, train_loss, bytes_up, bytes_down, seconds, detail "
+              "FROM participations WHERE round = ? ORDER BY client");
+  s.Bind(round);
+  std::vector<Participation> out;
+  for (;;) {
+    ESTUARY_ASSIGN_OR_RETURN(bool row, s.Step());
+    if (!row) return out;
+    out.push_back({uint64_t(s.Int(0)), s.Text(1), s.Text(2), uint64_t(s.Int(3)), s.Real(4), uint64_t(s.Int(5)),
+                   uint64_t(s.Int(6)), s.Real(7), s.Text(8)});
+  }
+}
+
+Result<std::vector<ClientRecord>> Store::Clients() {
+  Statement s(db_,
+              "SELECT c.name, c.first_seen_ms, c.last_seen_ms, c.last_address, "
+              "(SELECT count(*) FROM participations p WHERE p.client = c.name AND p.status = 'committed'), "
+              "(SELECT count(*) FROM participations p WHERE p.client = c.name AND p.status IN ('dropped', 'late')) "
+              "FROM clients c ORDER BY c.name");
+  std::vector<ClientRecord> out;
+  for (;;) {
+    ESTUARY_ASSIGN_OR_RETURN(bool row, s.Step());
+    if (!row) return out;
+    out.push_back({s.Text(0), s.Int(1), s.Int(2), s.Text(3), uint64_t(s.Int(4)), uint64_t(s.Int(5))});
+  }
+}
+
+Result<std::vector<Transition>> Store::Transitions(uint64_t round) {
+  Statement s(db_, "SELECT round, from_state, to_state, at_ms, detail FROM transitions WHERE round = ? ORDER BY id");
+  s.Bind(round);
+  std::vector<server::Transition> out;
+  for (;;) {
+    ESTUARY_ASSIGN_OR_RETURN(bool row, s.Step());
+    if (!row) return out;
+    out.push_back({uint64_t(s.Int(0)), ParseState(s.Text(1)), ParseState(s.Text(2)), s.Int(3), s.Text(4)});
+  }
+}
+
+Result<std::vector<Event>> Store::Events(int limit) {
+  Statement s(db_, "SELECT at_ms, kind, peer, detail FROM events ORDER BY id LIMIT ?");
+  s.Bind(int64_t(limit));
+  std::vector<Event> out;
+  for (;;) {
+    ESTUARY_ASSIGN_OR_RETURN(bool row, s.Step());
+    if (!row) return out;
+    out.push_back({s.Int(0), s.Text(1), s.Text(2), s.Text(3)});
+  }
+}
+
+}  // namespace estuary::server

@@ -1,0 +1,85 @@
+#include <gtest/gtest.h>
+
+#include "proto/frame.h"
+#include "proto/wire.h"
+
+namespace estuary::proto {
+namespace {
+
+std::array<uint8_t, 4> Header(const std::string& frame) {
+  return {uint8_t(frame[0]), uint8_t(frame[1]), uint8_t(frame[2]), uint8_t(frame[3])};
+}
+
+TEST(Frame, RoundTripsAnEnvelope) {
+  Envelope envelope;
+  envelope.mutable_update_chunk()->set_round(3);
+  envelope.mutable_update_chunk()->set_offset(4096);
+  envelope.mutable_update_chunk()->set_data(std::string(1000, 'x'));
+  const std::string frame = EncodeFrame(envelope);
+  auto size = ParseFrameHeader(Header(frame), 1 << 20);
+  ASSERT_TRUE(size.ok());
+  EXPECT_EQ(*size + kFrameHeaderBytes, frame.size());
+  auto parsed = ParseEnvelope(frame.data() + 4, *size);
+  ASSERT_TRUE(parsed.ok());
+  EXPECT_EQ(parsed->update_chunk().offset(), 4096u);
+  EXPECT_EQ(parsed->update_chunk().data().size(), 1000u);
+  EXPECT_EQ(BodyName(*parsed), "update_chunk");
+}
+
+TEST(Frame, RefusesALengthOverTheLimitBeforeReadingTheBody) {
+  auto size = ParseFrameHeader({0x01, 0x00, 0x00, 0x01}, 1 << 24);
+  ASSERT_FALSE(size.ok());
+  EXPECT_NE(size.status().message().find("16777217 exceeds the limit of 16777216"), std::string::npos)
+      << size.status().message();
+  EXPECT_FALSE(ParseFrameHeader({0, 0, 0, 0}, 100).ok());
+  EXPECT_TRUE(ParseFrameHeader({0, 0, 0, 100}, 100).ok());
+}
+
+TEST(Frame, RefusesGarbageAndEmptyEnvelopes) {
+  const std::string garbage = "\xff\xff\xff\xff\xff\xff\xff";
+  EXPECT_FALSE(ParseEnvelope(garbage.data(), garbage.size()).ok());
+  Envelope empty;
+  const std::string bytes = empty.SerializeAsString() + std::string("\x08\x01", 2);  // unknown field 1 varint
+  auto parsed = ParseEnvelope(bytes.data(), bytes.size());
+  ASSERT_FALSE(parsed.ok());
+  EXPECT_NE(parsed.status().message().find("no message"), std::string::npos);
+}
+
+models::Manifest TwoTensors() {
+  models::Manifest m;
+  m.tensors.push_back({"a", {4, 2}, models::DType::kF32, 0});
+  m.tensors.push_back({"b", {3}, models::DType::kF32, 8});
+  m.total_elements = 11;
+  return m;
+}
+
+TEST(Wire, ManifestRoundTripsAndIsValidated) {
+  const auto manifest = TwoTensors();
+  auto back = FromProto(ToProto(manifest), 1000);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_TRUE(*back == manifest);
+  EXPECT_FALSE(FromProto(ToProto(manifest), 10).ok());  // over the element limit
+  auto overlapping = ToProto(manifest);
+  overlapping.mutable_tensors(1)->set_offset(7);
+  EXPECT_FALSE(FromProto(overlapping, 1000).ok());
+  auto negative = ToProto(manifest);
+  negative.mutable_tensors(0)->set_shape(0, -4);
+  EXPECT_FALSE(FromProto(negative, 1000).ok());
+}
+
+TEST(Wire, ChunksMustContinueTheBufferInOrderWithTheRightDtype) {
+  const auto m = TwoTensors();  // 44 bytes
+  EXPECT_TRUE(CheckChunk(m, 0, 0, 16, v1::DTYPE_F32).ok());
+  EXPECT_TRUE(CheckChunk(m, 16, 16, 28, v1::DTYPE_F32).ok());
+  EXPECT_FALSE(CheckChunk(m, 16, 20, 8, v1::DTYPE_F32).ok());   // gap
+  EXPECT_FALSE(CheckChunk(m, 16, 12, 8, v1::DTYPE_F32).ok());   // overlap
+  EXPECT_FALSE(CheckChunk(m, 40, 40, 8, v1::DTYPE_F32).ok());   // past the end
+  EXPECT_FALSE(CheckChunk(m, 0, 0, 6, v1::DTYPE_F32).ok());     // not whole elements
+  EXPECT_FALSE(CheckChunk(m, 0, 0, 0, v1::DTYPE_F32).ok());     // empty
+  auto wrong = CheckChunk(m, 0, 0, 8, v1::DTYPE_BF16);
+  ASSERT_FALSE(wrong.ok());
+  EXPECT_NE(wrong.message().find("DTYPE_BF16"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace estuary::proto
