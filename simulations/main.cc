@@ -1,0 +1,115 @@
+// estuary-sim: many federated clients on one machine.
+//
+//   estuary-sim [--config FILE] --clients N --per-round K --rounds R --epochs E --batch B --lr LR
+//               --model mlp|cnn --partition iid|shards|dirichlet:ALPHA --strategy fedavg|fedadam
+//               --seed S --mode inproc|loopback --report FILE
+// The defaults are the flagship scenario: McMahan et al.'s 2NN on MNIST, 100
+// IID clients, 10 per round, 5 local epochs of batch 10, lr 0.05, 20 rounds.
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <cstdio>
+
+#include "base/config_file.h"
+#include "simulations/runner.h"
+
+extern "C" void openblas_set_num_threads(int);
+
+namespace {
+
+using namespace estuary;
+
+int Fail(const Status& status) {
+  std::fprintf(stderr, "\nestuary-sim: %s\n", status.message().c_str());
+  return 1;
+}
+
+void DrawProgress(uint64_t done, uint64_t total, double accuracy) {
+  constexpr int kWidth = 30;
+  const int filled = int(kWidth * done / total);
+  std::fprintf(stderr, "\r[%s%s] round %llu/%llu  accuracy %.4f ", std::string(filled, '#').c_str(),
+               std::string(kWidth - filled, '.').c_str(), (unsigned long long)done, (unsigned long long)total, accuracy);
+  if (done == total) std::fprintf(stderr, "\n");
+  std::fflush(stderr);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // Clients train in parallel, one per thread; BLAS must not oversubscribe the cores.
+  openblas_set_num_threads(1);
+  CLI::App app{"estuary-sim: a federation of many clients on one machine"};
+  simulations::Scenario s;
+  std::string config, report_path = "run/report.json", plot_path, log_level = "warn";
+  bool quiet = false;
+  app.add_option("--config", config, "TOML file with the same keys as these flags");
+  app.add_option("--clients", s.clients, "number of clients");
+  app.add_option("--per-round", s.per_round, "clients per round: count (>= 1) or fraction (< 1)");
+  app.add_option("--rounds", s.rounds, "federated rounds");
+  app.add_option("--epochs", s.epochs, "local epochs per round");
+  app.add_option("--batch", s.batch, "local batch size");
+  app.add_option("--lr", s.lr, "local SGD learning rate");
+  app.add_option("--momentum", s.momentum, "local SGD momentum");
+  app.add_option("--weight-decay", s.weight_decay, "local SGD weight decay");
+  app.add_option("--model", s.model, "mlp | cnn");
+  app.add_option("--partition", s.partition, "iid | shards | dirichlet:ALPHA");
+  app.add_option("--strategy", s.strategy.name, "fedavg | fedadam");
+  app.add_option("--server-lr", s.strategy.server_lr, "FedAdam server learning rate");
+  app.add_option("--seed", s.seed, "one seed for partitioning, init, sampling and shuffling");
+  app.add_option("--mode", s.mode, "inproc | loopback");
+  app.add_option("--data", s.data_dir, "MNIST IDX directory (scripts/fetch-mnist makes it)");
+  app.add_option("--threads", s.threads, "clients trained at once");
+  app.add_option("--report", report_path, "JSON report to write");
+  app.add_option("--plot", plot_path, "SVG accuracy plot (default: the report's path with .svg)");
+  app.add_option("--server", s.server, "loopback: attach to a running server HOST:PORT");
+  app.add_option("--round-log", s.round_log, "loopback with --server: the server's round log, for the report");
+  app.add_option("--workdir", s.workdir, "loopback: certificates, round log, checkpoints, server log");
+  app.add_option("--server-binary", s.server_binary, "loopback: the estuary-server to start");
+  app.add_flag("--quiet", quiet, "no progress bar or table");
+  app.add_option("--log-level", log_level, "trace|debug|info|warn|error");
+  CLI11_PARSE(app, argc, argv);
+  if (!config.empty()) {
+    if (Status st = ApplyConfigFile(app, config); !st.ok()) return Fail(st);
+  }
+  spdlog::set_default_logger(spdlog::stderr_color_mt("estuary-sim"));
+  spdlog::set_level(spdlog::level::from_str(log_level));
+  if (s.mode != "inproc" && s.mode != "loopback") {
+    return Fail(InvalidArgument("--mode '{}': expected inproc or loopback", s.mode));
+  }
+  if (!quiet) {
+    std::printf("estuary-sim: %s, %u clients (%s), %g per round, %llu rounds, %u epochs, batch %u, lr %g, %s, %s\n",
+                s.model.c_str(), s.clients, s.partition.c_str(), s.per_round, (unsigned long long)s.rounds, s.epochs,
+                s.batch, s.lr, s.strategy.name.c_str(), s.mode.c_str());
+    std::fputs(simulations::RenderRoundTableHeader().c_str(), stdout);
+    std::fflush(stdout);
+  }
+  const bool tty = isatty(STDERR_FILENO);
+  auto on_round = [&](const simulations::RoundReport& row, uint64_t total) {
+    if (quiet) return;
+    if (tty) std::fprintf(stderr, "\r%80s\r", "");
+    std::fputs(simulations::RenderRoundTable({row}).c_str(), stdout);
+    std::fflush(stdout);
+    if (tty) DrawProgress(row.round, total, row.test_accuracy);
+  };
+  if (const auto parent = std::filesystem::path(report_path).parent_path(); !parent.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(parent, ec);
+  }
+  auto report = s.mode == "inproc" ? simulations::RunInproc(s, on_round) : simulations::RunLoopback(s, on_round);
+  if (!report.ok()) return Fail(report.status());
+  if (Status st = simulations::WriteReport(report_path, *report); !st.ok()) return Fail(st);
+  if (plot_path.empty()) plot_path = std::filesystem::path(report_path).replace_extension(".svg").string();
+  const std::string svg = simulations::RenderSvgPlot({*report}, {fmt::format("{} {}", s.model, s.mode)});
+  if (FILE* f = std::fopen(plot_path.c_str(), "w")) {
+    std::fwrite(svg.data(), 1, svg.size(), f);
+    std::fclose(f);
+  } else {
+    return Fail(IoError("{}: cannot write the plot", plot_path));
+  }
+  std::printf("final test accuracy %.4f after %zu rounds in %.2f s\n", report->final_accuracy, report->rounds.size(),
+              report->total_seconds);
+  if (!report->round_log.empty()) std::printf("round log: %s\n", report->round_log.c_str());
+  std::printf("report: %s\nplot: %s\n", report_path.c_str(), plot_path.c_str());
+  return 0;
+}

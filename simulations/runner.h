@@ -1,0 +1,55 @@
+// The many-client simulation: one scenario, run in process or over loopback.
+//
+// inproc:   every client trains in this process, `threads` at a time; updates
+//           are folded in the sorted order of the clients' names, so a run is
+//           bit-for-bit reproducible from its seed.
+// loopback: a real estuary-server (a child process, or --server to attach)
+//           and one real mutual-TLS connection per client, all in this
+//           process; the server folds in arrival order.
+// Both modes sample the same clients per round (aggregation::SampleClients)
+// and start from the same initial model, so they agree to rounding.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <string>
+
+#include "aggregation/strategy.h"
+#include "base/status.h"
+#include "simulations/report.h"
+
+namespace estuary::simulations {
+
+struct Scenario {
+  uint32_t clients = 100;
+  double per_round = 10;        // count (>= 1) or fraction (< 1)
+  uint64_t rounds = 20;
+  uint32_t epochs = 5;
+  uint32_t batch = 10;
+  float lr = 0.05f;
+  float momentum = 0;
+  float weight_decay = 0;
+  std::string model = "mlp";
+  std::string partition = "iid";
+  aggregation::StrategyOptions strategy;
+  uint64_t seed = 2017;
+  std::string mode = "inproc";
+  std::filesystem::path data_dir = "data/mnist";
+  uint32_t threads = 2;
+  // loopback only
+  std::string server;                        // attach to HOST:PORT instead of starting one
+  std::filesystem::path round_log;           // with `server`: its SQLite file, for the report
+  std::filesystem::path workdir = "run/sim";  // certificates, round log, checkpoints
+  std::filesystem::path server_binary;       // default: estuary-server beside this program
+};
+
+nlohmann::json ScenarioJson(const Scenario& scenario);
+
+// Called after every round, on the thread that runs the simulation.
+using RoundCallback = std::function<void(const RoundReport&, uint64_t rounds_total)>;
+
+Result<Report> RunInproc(const Scenario& scenario, const RoundCallback& on_round);
+Result<Report> RunLoopback(const Scenario& scenario, const RoundCallback& on_round);
+
+}  // namespace estuary::simulations

@@ -1,0 +1,477 @@
+// End-to-end: the real estuary-server and estuary-client binaries as child
+// processes, real mutual TLS on 127.0.0.1, real SQLite. Each test ends by
+// itself: the server is told to exit after its last round, and every raw
+// socket read gives up after 30 s.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <fstream>
+#include <thread>
+
+#include "crypto/certs.h"
+#include "models/checkpoint.h"
+#include "server/store.h"
+#include "simulations/server_process.h"
+#include "tests/e2e/harness.h"
+
+namespace estuary::testing {
+namespace {
+
+class Federation {
+ public:
+  Federation() {
+    EXPECT_TRUE(crypto::InitCa(certs_).ok());
+    Issue("server");
+    WriteSyntheticMnist(data_, 300, 200, 7);
+  }
+
+  void Issue(const std::string& name, const crypto::CertOptions& options = {}) {
+    Status s = crypto::IssueCertificate(certs_, name, options);
+    ASSERT_TRUE(s.ok()) << s.ToString();
+  }
+  crypto::TlsFiles Files(const std::string& name) const {
+    return {certs_ / (name + ".pem"), certs_ / (name + ".key"), certs_ / "ca.pem"};
+  }
+
+  // Starts estuary-server on an ephemeral port; returns the port.
+  uint16_t StartServer(uint64_t rounds, uint32_t clients, const std::vector<std::string>& extra = {},
+                       const std::string& listen = "127.0.0.1:0") {
+    std::vector<std::string> args = {
+        "serve", "--listen", listen, "--cert", Files("server").cert.string(), "--key",
+        Files("server").key.string(), "--ca", Files("server").ca.string(), "--db", db().string(), "--eval-data",
+        data_.string(), "--rounds", std::to_string(rounds), "--clients-per-round", std::to_string(clients),
+        "--min-clients", std::to_string(clients), "--epochs", "1", "--batch", "10", "--lr", "0.05",
+        "--exit-when-done", "true", "--round-deadline", "60", "--log-level", "debug"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    server_ = std::make_unique<simulations::ServerProcess>();
+    EXPECT_TRUE(server_->Spawn(BinaryPath("estuary-server"), args, dir_ / "server.log").ok());
+    auto port = server_->WaitForPort();
+    EXPECT_TRUE(port.ok()) << port.status().ToString() << "\n" << ServerLog();
+    return port.ok() ? *port : 0;
+  }
+
+  std::unique_ptr<ChildProcess> StartClient(const std::string& name, uint16_t port) {
+    const auto files = Files(name);
+    return std::make_unique<ChildProcess>(
+        std::vector<std::string>{BinaryPath("estuary-client").string(), "--server", fmt::format("127.0.0.1:{}", port),
+                                 "--cert", files.cert.string(), "--key", files.key.string(), "--ca",
+                                 files.ca.string(), "--data", data_.string(), "--max-backoff", "1"},
+        dir_ / (name + ".log"));
+  }
+
+  int WaitServer() { return server_->Wait(); }
+  simulations::ServerProcess& server() { return *server_; }
+  std::string ServerLog() const {
+    std::ifstream in(dir_ / "server.log");
+    return {std::istreambuf_iterator<char>(in), {}};
+  }
+  fs::path db() const { return dir_ / "rounds.db"; }
+  const fs::path& data() const { return data_; }
+  const fs::path& certs() const { return certs_; }
+  const TempDir& dir() const { return dir_; }
+
+  std::unique_ptr<server::Store> OpenStore() {
+    auto store = server::Store::OpenReadOnly(db());
+    EXPECT_TRUE(store.ok()) << store.status().ToString();
+    return store.ok() ? std::move(store).value() : nullptr;
+  }
+
+ private:
+  TempDir dir_;
+  fs::path certs_ = dir_ / "certs";
+  fs::path data_ = dir_ / "data";
+  std::unique_ptr<simulations::ServerProcess> server_;
+};
+
+std::map<std::string, server::Participation> ParticipationsByName(server::Store& store, uint64_t round) {
+  std::map<std::string, server::Participation> out;
+  auto rows = store.Participations(round);
+  EXPECT_TRUE(rows.ok());
+  for (auto& p : *rows) out[p.client] = p;
+  return out;
+}
+
+TEST(Federation, TwoSitesTrainTwoRoundsAndTheOperatorReadsTheLog) {
+  Federation f;
+  f.Issue("site-a");
+  f.Issue("site-b");
+  const uint16_t port = f.StartServer(2, 2);
+  auto a = f.StartClient("site-a", port);
+  auto b = f.StartClient("site-b", port);
+  EXPECT_EQ(a->Wait(), 0);
+  EXPECT_EQ(b->Wait(), 0);
+  ASSERT_EQ(f.WaitServer(), 0) << f.ServerLog();
+
+  auto store = f.OpenStore();
+  ASSERT_TRUE(store);
+  auto rounds = store->Rounds();
+  ASSERT_TRUE(rounds.ok());
+  ASSERT_EQ(rounds->size(), 2u);
+  std::string previous_checksum;
+  for (const auto& r : *rounds) {
+    EXPECT_EQ(r.state, server::RoundState::kCommitted);
+    EXPECT_EQ(r.clients_selected, 2u);
+    EXPECT_EQ(r.updates_received, 2u);
+    ASSERT_TRUE(r.test_accuracy.has_value());
+    EXPECT_GT(*r.test_accuracy, 0.3);  // a learnable problem: chance is 0.1
+    EXPECT_EQ(r.global_checksum.size(), 64u);
+    EXPECT_NE(r.global_checksum, previous_checksum);
+    previous_checksum = r.global_checksum;
+    EXPECT_GT(r.bytes_up, 0u);
+    EXPECT_GT(r.bytes_down, 0u);
+  }
+  auto participants = ParticipationsByName(*store, 1);
+  ASSERT_EQ(participants.size(), 2u);
+  EXPECT_EQ(participants["site-a"].status, "committed");
+  EXPECT_EQ(participants["site-a"].examples, 300u);
+  EXPECT_EQ(participants["site-b"].status, "committed");
+  // Every round each site downloads the new global model once: 199,210 f32.
+  EXPECT_EQ((*rounds)[1].bytes_down, 2u * 199210 * 4);
+
+  // The checkpoint on disk is the model the log describes.
+  auto path = store->CheckpointFor(2);
+  ASSERT_TRUE(path.ok() && path->has_value());
+  auto checkpoint = models::LoadCheckpoint(**path);
+  ASSERT_TRUE(checkpoint.ok()) << checkpoint.status().ToString();
+
+  // The operator CLI.
+  const std::string server_bin = BinaryPath("estuary-server").string();
+  auto list = RunCommand(fmt::format("{} rounds list --db {} --json", server_bin, f.db().string()));
+  ASSERT_EQ(list.exit_code, 0) << list.output;
+  auto json = nlohmann::json::parse(list.output, nullptr, false);
+  ASSERT_FALSE(json.is_discarded()) << list.output;
+  auto show = RunCommand(fmt::format("{} rounds show 1 --db {}", server_bin, f.db().string()));
+  ASSERT_EQ(show.exit_code, 0) << show.output;
+  EXPECT_NE(show.output.find("site-a"), std::string::npos) << show.output;
+  EXPECT_NE(show.output.find((*rounds)[0].global_checksum), std::string::npos) << show.output;
+  auto clients = RunCommand(fmt::format("{} clients --db {}", server_bin, f.db().string()));
+  ASSERT_EQ(clients.exit_code, 0) << clients.output;
+  EXPECT_NE(clients.output.find("site-b"), std::string::npos);
+  auto missing = RunCommand(fmt::format("{} rounds show 9 --db {}", server_bin, f.db().string()));
+  EXPECT_NE(missing.exit_code, 0);
+}
+
+TEST(Federation, RefusedHandshakesAreLoggedWithThePeerAddress) {
+  Federation f;
+  f.Issue("site-good");
+  crypto::CertOptions expired;
+  expired.not_before = -std::chrono::hours(48);
+  expired.not_after = -std::chrono::hours(24);
+  f.Issue("site-expired", expired);
+  // A CA the federation never trusted.
+  TempDir foreign;
+  ASSERT_TRUE(crypto::InitCa(foreign.path()).ok());
+  ASSERT_TRUE(crypto::IssueCertificate(foreign.path(), "site-foreign").ok());
+
+  const uint16_t port = f.StartServer(1, 1);
+  const auto no_cert = crypto::TlsFiles{{}, {}, f.certs() / "ca.pem"};
+  const auto foreign_files = crypto::TlsFiles{foreign / "site-foreign.pem", foreign / "site-foreign.key", f.certs() / "ca.pem"};
+  for (const auto& files : {no_cert, foreign_files, f.Files("site-expired")}) {
+    auto client = RawClient::Connect(port, files);
+    if (client.ok()) {
+      // TLS 1.3: the refusal arrives as an alert on the first read.
+      EXPECT_FALSE((*client)->Handshake().ok()) << files.cert;
+    }
+  }
+  // The server still serves a good site to the end.
+  auto good = f.StartClient("site-good", port);
+  EXPECT_EQ(good->Wait(), 0);
+  ASSERT_EQ(f.WaitServer(), 0) << f.ServerLog();
+
+  auto store = f.OpenStore();
+  ASSERT_TRUE(store);
+  auto events = store->Events();
+  ASSERT_TRUE(events.ok());
+  int refused = 0;
+  for (const auto& e : *events) {
+    if (e.kind != "handshake_refused") continue;
+    ++refused;
+    EXPECT_EQ(e.peer.rfind("127.0.0.1:", 0), 0u) << e.peer;
+    EXPECT_FALSE(e.detail.empty());
+  }
+  EXPECT_EQ(refused, 3);
+  auto rounds = store->Rounds();
+  ASSERT_TRUE(rounds.ok());
+  ASSERT_EQ(rounds->size(), 1u);
+  EXPECT_EQ((*rounds)[0].state, server::RoundState::kCommitted);
+}
+
+TEST(Federation, BadFramesGetAnErrorAndAClosedConnection) {
+  Federation f;
+  f.Issue("site-good");
+  f.Issue("site-bad");
+  const uint16_t port = f.StartServer(1, 1, {"--max-frame", "65536", "--chunk-bytes", "32768"});
+  {
+    auto client = RawClient::Connect(port, f.Files("site-bad"));
+    ASSERT_TRUE(client.ok());
+    ASSERT_TRUE((*client)->SendBytes(std::string("\x00\x00\x00\x08garbage!", 12)).ok());
+    auto reply = (*client)->Receive();
+    ASSERT_TRUE(reply.ok()) << reply.status().ToString();
+    ASSERT_TRUE(reply->has_error());
+    EXPECT_EQ(reply->error().code(), v1::Error::BAD_FRAME);
+    EXPECT_TRUE((*client)->Closed());
+  }
+  {
+    auto client = RawClient::Connect(port, f.Files("site-bad"));
+    ASSERT_TRUE(client.ok());
+    ASSERT_TRUE((*client)->SendBytes(std::string("\x7f\xff\xff\xff", 4)).ok());
+    auto reply = (*client)->Receive();
+    ASSERT_TRUE(reply.ok());
+    ASSERT_TRUE(reply->has_error());
+    EXPECT_NE(reply->error().message().find("exceeds the limit of 65536"), std::string::npos) << reply->error().message();
+    EXPECT_TRUE((*client)->Closed());
+  }
+  {
+    auto client = RawClient::Connect(port, f.Files("site-bad"));
+    ASSERT_TRUE(client.ok());
+    v1::Envelope update;
+    update.mutable_update_commit()->set_round(1);
+    ASSERT_TRUE((*client)->Send(update).ok());
+    auto reply = (*client)->Receive();
+    ASSERT_TRUE(reply.ok());
+    ASSERT_TRUE(reply->has_error());
+    EXPECT_NE(reply->error().message().find("expected hello first"), std::string::npos);
+    EXPECT_TRUE((*client)->Closed());
+  }
+  auto good = f.StartClient("site-good", port);
+  EXPECT_EQ(good->Wait(), 0);
+  ASSERT_EQ(f.WaitServer(), 0) << f.ServerLog();
+  auto store = f.OpenStore();
+  auto rounds = store->Rounds();
+  ASSERT_EQ(rounds->size(), 1u);
+  EXPECT_EQ((*rounds)[0].state, server::RoundState::kCommitted);
+  EXPECT_EQ((*rounds)[0].updates_received, 1u);
+}
+
+// Six selected sites: a real client, and five raw ones that each break the
+// upload protocol differently. The round commits with exactly the two valid
+// updates; nothing of the others reaches the aggregate.
+TEST(Federation, UploadViolationsAreRejectedAndTheRoundCarriesOn) {
+  Federation f;
+  const std::vector<std::string> raw = {"site-dup", "site-offset", "site-dtype", "site-wrong-round", "site-killed"};
+  for (const auto& name : raw) f.Issue(name);
+  f.Issue("site-good");
+  const uint16_t port = f.StartServer(1, 6, {"--chunk-bytes", "65536"});
+  std::map<std::string, std::unique_ptr<RawClient>> clients;
+  for (const auto& name : raw) {
+    auto client = RawClient::Connect(port, f.Files(name));
+    ASSERT_TRUE(client.ok()) << client.status().ToString();
+    ASSERT_TRUE((*client)->Handshake().ok());
+    clients[name] = std::move(client).value();
+  }
+  auto good = f.StartClient("site-good", port);
+  std::map<std::string, v1::RoundStart> starts;
+  std::vector<float> global;
+  for (const auto& name : raw) {
+    auto start = clients[name]->AwaitRound(&global);
+    ASSERT_TRUE(start.ok()) << name << ": " << start.status().ToString();
+    starts[name] = *start;
+  }
+  const size_t n = global.size();
+  const std::vector<float> zeros(n, 0.0f);
+
+  // A complete valid update (a zero delta), then a second one in the same round.
+  {
+    auto& c = *clients["site-dup"];
+    const auto& start = starts["site-dup"];
+    ASSERT_TRUE(c.Send(MakeUpdateBegin(start, zeros, 50)).ok());
+    for (size_t offset = 0; offset < n * 4; offset += 65536) {
+      ASSERT_TRUE(c.Send(MakeChunk(start.round(), offset, reinterpret_cast<const char*>(zeros.data()) + offset,
+                                   std::min<size_t>(65536, n * 4 - offset))).ok());
+    }
+    v1::Envelope commit;
+    commit.mutable_update_commit()->set_round(start.round());
+    ASSERT_TRUE(c.Send(commit).ok());
+    auto ack = c.Receive();
+    ASSERT_TRUE(ack.ok() && ack->has_update_ack()) << ack.status().ToString();
+    EXPECT_TRUE(ack->update_ack().accepted());
+    ASSERT_TRUE(c.Send(MakeUpdateBegin(start, zeros, 50)).ok());
+    auto reply = c.Receive();
+    ASSERT_TRUE(reply.ok() && reply->has_error());
+    EXPECT_EQ(reply->error().code(), v1::Error::DUPLICATE_UPDATE) << reply->error().message();
+    EXPECT_TRUE(c.Closed());
+  }
+  // A chunk that skips ahead of the next expected byte.
+  {
+    auto& c = *clients["site-offset"];
+    ASSERT_TRUE(c.Send(MakeUpdateBegin(starts["site-offset"], zeros, 50)).ok());
+    ASSERT_TRUE(c.Send(MakeChunk(1, 4096, zeros.data(), 4096)).ok());
+    auto reply = c.Receive();
+    ASSERT_TRUE(reply.ok() && reply->has_error());
+    EXPECT_EQ(reply->error().code(), v1::Error::BAD_CHUNK);
+    EXPECT_NE(reply->error().message().find("offset 4096"), std::string::npos) << reply->error().message();
+    EXPECT_TRUE(c.Closed());
+  }
+  // A chunk whose dtype disagrees with the manifest.
+  {
+    auto& c = *clients["site-dtype"];
+    ASSERT_TRUE(c.Send(MakeUpdateBegin(starts["site-dtype"], zeros, 50)).ok());
+    ASSERT_TRUE(c.Send(MakeChunk(1, 0, zeros.data(), 4096, v1::DTYPE_BF16)).ok());
+    auto reply = c.Receive();
+    ASSERT_TRUE(reply.ok() && reply->has_error());
+    EXPECT_EQ(reply->error().code(), v1::Error::BAD_CHUNK);
+    EXPECT_NE(reply->error().message().find("DTYPE_BF16"), std::string::npos) << reply->error().message();
+    EXPECT_TRUE(c.Closed());
+  }
+  // An update for a round that is not open.
+  {
+    auto& c = *clients["site-wrong-round"];
+    auto start = starts["site-wrong-round"];
+    start.set_round(7);
+    ASSERT_TRUE(c.Send(MakeUpdateBegin(start, zeros, 50)).ok());
+    auto reply = c.Receive();
+    ASSERT_TRUE(reply.ok() && reply->has_error());
+    EXPECT_EQ(reply->error().code(), v1::Error::ROUND_NOT_OPEN);
+    EXPECT_TRUE(c.Closed());
+  }
+  // Killed mid-upload: half of a poisonous update, then the socket dies.
+  {
+    auto& c = *clients["site-killed"];
+    const std::vector<float> poison(n, 1e6f);
+    ASSERT_TRUE(c.Send(MakeUpdateBegin(starts["site-killed"], poison, 1000000)).ok());
+    ASSERT_TRUE(c.Send(MakeChunk(1, 0, poison.data(), 65536)).ok());
+    c.Abort();
+  }
+  EXPECT_EQ(good->Wait(), 0);
+  ASSERT_EQ(f.WaitServer(), 0) << f.ServerLog();
+
+  auto store = f.OpenStore();
+  ASSERT_TRUE(store);
+  auto round = store->GetRound(1);
+  ASSERT_TRUE(round.ok() && round->has_value());
+  EXPECT_EQ((*round)->state, server::RoundState::kCommitted);
+  EXPECT_EQ((*round)->clients_selected, 6u);
+  EXPECT_EQ((*round)->updates_received, 2u);
+  auto p = ParticipationsByName(*store, 1);
+  EXPECT_EQ(p["site-good"].status, "committed");
+  EXPECT_EQ(p["site-dup"].status, "committed");
+  EXPECT_EQ(p["site-offset"].status, "rejected");
+  EXPECT_EQ(p["site-dtype"].status, "rejected");
+  EXPECT_EQ(p["site-wrong-round"].status, "rejected");
+  EXPECT_EQ(p["site-killed"].status, "dropped") << f.ServerLog();
+
+  // FedAvg of the good update (300 examples) and a zero delta (50 examples):
+  // the model moved, but by far less than the poisoned half-upload would have.
+  auto path = store->CheckpointFor(1);
+  ASSERT_TRUE(path.ok() && path->has_value());
+  auto checkpoint = models::LoadCheckpoint(**path);
+  ASSERT_TRUE(checkpoint.ok());
+  float max_change = 0;
+  for (size_t i = 0; i < n; ++i) max_change = std::max(max_change, std::abs(checkpoint->data[i] - global[i]));
+  EXPECT_GT(max_change, 0.0f);
+  EXPECT_LT(max_change, 10.0f);
+}
+
+TEST(Federation, ARestartedServerResumesAfterTheLastCommittedRound) {
+  Federation f;
+  f.Issue("site-a");
+  {
+    const uint16_t port = f.StartServer(1, 1);
+    auto a = f.StartClient("site-a", port);
+    EXPECT_EQ(a->Wait(), 0);
+    ASSERT_EQ(f.WaitServer(), 0) << f.ServerLog();
+  }
+  std::string checksum_after_round_1;
+  {
+    auto store = f.OpenStore();
+    auto r1 = store->GetRound(1);
+    ASSERT_TRUE(r1.ok() && r1->has_value());
+    checksum_after_round_1 = (*r1)->global_checksum;
+  }
+  // Same database, three rounds in all: it must run rounds 2 and 3 only.
+  const uint16_t port = f.StartServer(3, 1);
+  auto a = f.StartClient("site-a", port);
+  EXPECT_EQ(a->Wait(), 0);
+  ASSERT_EQ(f.WaitServer(), 0) << f.ServerLog();
+  EXPECT_NE(f.ServerLog().find("resumed after round 1"), std::string::npos) << f.ServerLog();
+  auto store = f.OpenStore();
+  auto rounds = store->Rounds();
+  ASSERT_TRUE(rounds.ok());
+  ASSERT_EQ(rounds->size(), 3u);
+  EXPECT_EQ((*rounds)[0].global_checksum, checksum_after_round_1);
+  EXPECT_EQ((*rounds)[2].model_version, 3u);
+}
+
+uint16_t FreePort() {
+  boost::asio::io_context io;
+  boost::asio::ip::tcp::acceptor acceptor(io, {boost::asio::ip::make_address("127.0.0.1"), 0});
+  return acceptor.local_endpoint().port();
+}
+
+// The server is killed (SIGKILL) at some instant after round 1 committed and
+// restarted on the same port; the client reconnects on its own and the
+// federation finishes from the last committed round.
+TEST(Federation, AClientReconnectsAfterTheServerCrashes) {
+  Federation f;
+  f.Issue("site-a");
+  const uint16_t port = FreePort();
+  const std::string listen = fmt::format("127.0.0.1:{}", port);
+  ASSERT_EQ(f.StartServer(4, 1, {}, listen), port);
+  auto client = f.StartClient("site-a", port);
+  // Wait, bounded, for round 1 to be committed in the log.
+  bool committed = false;
+  for (int i = 0; i < 1200 && !committed; ++i) {
+    if (auto store = server::Store::OpenReadOnly(f.db()); store.ok()) {
+      auto last = (*store)->LastCommittedRound();
+      committed = last.ok() && last->has_value();
+    }
+    if (!committed) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_TRUE(committed) << f.ServerLog();
+  f.server().Kill();
+  ASSERT_EQ(f.StartServer(4, 1, {}, listen), port);
+  EXPECT_EQ(client->Wait(), 0);
+  ASSERT_EQ(f.WaitServer(), 0) << f.ServerLog();
+  EXPECT_NE(f.ServerLog().find("resumed after round"), std::string::npos) << f.ServerLog();
+  auto store = f.OpenStore();
+  auto rounds = store->Rounds();
+  ASSERT_TRUE(rounds.ok());
+  ASSERT_EQ(rounds->size(), 4u);
+  for (const auto& r : *rounds) EXPECT_EQ(r.state, server::RoundState::kCommitted) << r.round;
+}
+
+TEST(Federation, BadConfigurationGetsOneLineNamingTheFile) {
+  Federation f;
+  const std::string server = BinaryPath("estuary-server").string();
+  const std::string client = BinaryPath("estuary-client").string();
+  const fs::path bad_toml = f.dir() / "bad.toml";
+  std::ofstream(bad_toml) << "rounds = 5\nlisten = \"127.0.0.1:0\n";
+  auto r = RunCommand(fmt::format("{} serve --config {}", server, bad_toml.string()));
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find(bad_toml.string() + ":2"), std::string::npos) << r.output;
+
+  const fs::path unknown = f.dir() / "unknown.toml";
+  std::ofstream(unknown) << "roundz = 5\n";
+  r = RunCommand(fmt::format("{} serve --config {}", server, unknown.string()));
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("unknown key 'roundz'"), std::string::npos) << r.output;
+
+  const fs::path missing_key = f.dir() / "nope.key";
+  r = RunCommand(fmt::format("{} serve --cert {} --key {} --ca {} --db {}", server,
+                             f.Files("server").cert.string(), missing_key.string(), f.Files("server").ca.string(),
+                             (f.dir() / "x.db").string()));
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find(missing_key.string()), std::string::npos) << r.output;
+  EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
+
+  f.Issue("site-a");
+  const auto files = f.Files("site-a");
+  r = RunCommand(fmt::format("{} --server 127.0.0.1:1 --cert {} --key {} --ca {} --data {}", client,
+                             files.cert.string(), files.key.string(), files.ca.string(),
+                             (f.dir() / "no-such-dir").string()));
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("no-such-dir"), std::string::npos) << r.output;
+  EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
+
+  // A corrupt data directory: a truncated image file.
+  const fs::path corrupt = f.dir() / "corrupt";
+  fs::copy(f.data(), corrupt);
+  fs::resize_file(corrupt / "train-images-idx3-ubyte", 1000);
+  r = RunCommand(fmt::format("{} --server 127.0.0.1:1 --cert {} --key {} --ca {} --data {}", client,
+                             files.cert.string(), files.key.string(), files.ca.string(), corrupt.string()));
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("train-images-idx3-ubyte"), std::string::npos) << r.output;
+}
+
+}  // namespace
+}  // namespace estuary::testing
