@@ -1,0 +1,257 @@
+// models/ against PyTorch: every layer's forward and backward, the loss, the
+// optimizer, and one whole training step of each model, for fixed inputs
+// written by torch_reference.py (run by ctest as a fixture).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "models/checkpoint.h"
+#include "models/dataset.h"
+#include "models/layers.h"
+#include "models/model.h"
+#include "models/optimizer.h"
+#include "tests/e2e/harness.h"
+
+namespace estuary::models {
+namespace {
+
+using Values = std::vector<float>;
+
+nlohmann::json Fixture(const std::string& name) {
+  std::ifstream in(std::string(ESTUARY_BINARY_DIR) + "/tests/models/reference/" + name + ".json");
+  EXPECT_TRUE(in.good()) << "missing fixture " << name << " (the models_torch_reference step writes it)";
+  return nlohmann::json::parse(in, nullptr, false);
+}
+
+Values Get(const nlohmann::json& f, const std::string& key) { return f.at(key).get<Values>(); }
+
+// max |a - b| / max |b|: the relative error the tests bound.
+double RelativeError(const float* a, const Values& b) {
+  double diff = 0, scale = 1e-30;
+  for (size_t i = 0; i < b.size(); ++i) {
+    diff = std::max(diff, double(std::abs(a[i] - b[i])));
+    scale = std::max(scale, double(std::abs(b[i])));
+  }
+  return diff / scale;
+}
+
+constexpr double kTolerance = 1e-5;
+
+TEST(TorchOracle, Linear) {
+  auto f = Fixture("linear");
+  Values x = Get(f, "x"), w = Get(f, "w"), b = Get(f, "b"), dy = Get(f, "dy");
+  Values y(7 * 5), dx(7 * 13), dw(5 * 13, 99.0f), db(5, 99.0f);  // poisoned: backward must overwrite
+  Linear layer{13, 5, w.data(), b.data(), dw.data(), db.data()};
+  layer.Forward(x.data(), 7, y.data());
+  layer.Backward(x.data(), dy.data(), 7, dx.data());
+  EXPECT_LE(RelativeError(y.data(), Get(f, "y")), kTolerance);
+  EXPECT_LE(RelativeError(dx.data(), Get(f, "dx")), kTolerance);
+  EXPECT_LE(RelativeError(dw.data(), Get(f, "dw")), kTolerance);
+  EXPECT_LE(RelativeError(db.data(), Get(f, "db")), kTolerance);
+}
+
+TEST(TorchOracle, Relu) {
+  auto f = Fixture("relu");
+  Values x = Get(f, "x"), dy = Get(f, "dy");
+  ReluForward(x.data(), int64_t(x.size()));
+  EXPECT_LE(RelativeError(x.data(), Get(f, "y")), kTolerance);
+  ReluBackward(x.data(), dy.data(), int64_t(dy.size()));
+  EXPECT_LE(RelativeError(dy.data(), Get(f, "dx")), kTolerance);
+}
+
+TEST(TorchOracle, Conv2d) {
+  auto f = Fixture("conv2d");
+  Values x = Get(f, "x"), w = Get(f, "w"), b = Get(f, "b"), dy = Get(f, "dy");
+  Conv2d conv{3, 4, 5, 2, 8, 8};
+  Values dw(w.size(), 99.0f), db(b.size(), 99.0f);
+  conv.w = w.data();
+  conv.b = b.data();
+  conv.dw = dw.data();
+  conv.db = db.data();
+  Values cols(2 * conv.col_size()), y(2 * 4 * 64), dcol(conv.col_size()), dx(x.size(), 99.0f);
+  conv.Forward(x.data(), 2, cols.data(), y.data());
+  conv.Backward(cols.data(), dy.data(), 2, dcol.data(), dx.data());
+  EXPECT_LE(RelativeError(y.data(), Get(f, "y")), kTolerance);
+  EXPECT_LE(RelativeError(dx.data(), Get(f, "dx")), kTolerance);
+  EXPECT_LE(RelativeError(dw.data(), Get(f, "dw")), kTolerance);
+  EXPECT_LE(RelativeError(db.data(), Get(f, "db")), kTolerance);
+}
+
+TEST(TorchOracle, MaxPool) {
+  auto f = Fixture("maxpool");
+  Values x = Get(f, "x"), dy = Get(f, "dy");
+  MaxPool2 pool{3, 6, 6};
+  Values y(2 * 3 * 9), dx(x.size(), 99.0f);
+  std::vector<int32_t> argmax(y.size());
+  pool.Forward(x.data(), 2, y.data(), argmax.data());
+  pool.Backward(dy.data(), argmax.data(), 2, dx.data());
+  EXPECT_LE(RelativeError(y.data(), Get(f, "y")), kTolerance);
+  EXPECT_LE(RelativeError(dx.data(), Get(f, "dx")), kTolerance);
+}
+
+TEST(TorchOracle, CrossEntropy) {
+  auto f = Fixture("cross_entropy");
+  Values z = Get(f, "z"), dz(z.size(), 99.0f);
+  auto labels = f.at("labels").get<std::vector<int32_t>>();
+  const float loss = SoftmaxCrossEntropy(z.data(), labels.data(), 9, 10, dz.data());
+  EXPECT_LE(RelativeError(&loss, Get(f, "loss")), kTolerance);
+  EXPECT_LE(RelativeError(dz.data(), Get(f, "dz")), kTolerance);
+}
+
+TEST(TorchOracle, SgdWithMomentumAndWeightDecay) {
+  auto f = Fixture("sgd");
+  Values p = Get(f, "start");
+  Sgd sgd(0.1f, 0.9f, 1e-3f);
+  for (const char* g : {"g0", "g1", "g2"}) sgd.Step(p, Get(f, g));
+  EXPECT_LE(RelativeError(p.data(), Get(f, "result")), kTolerance);
+}
+
+class WholeStep : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(WholeStep, MatchesTorch) {
+  auto f = Fixture(std::string("step_") + GetParam());
+  auto model = MakeModel(GetParam());
+  ASSERT_TRUE(model.ok());
+  Model& m = **model;
+  for (const auto& t : m.manifest().tensors) {
+    Values v = Get(f, t.name);
+    ASSERT_EQ(v.size(), t.numel()) << t.name;
+    std::copy(v.begin(), v.end(), m.parameters().begin() + t.offset);
+  }
+  Values x = Get(f, "x");
+  auto labels = f.at("labels").get<std::vector<int32_t>>();
+  std::fill(m.gradients().begin(), m.gradients().end(), 99.0f);
+  const float loss = m.ForwardBackward(x.data(), labels.data(), 10);
+  EXPECT_LE(RelativeError(&loss, Get(f, "loss")), kTolerance);
+  for (const auto& t : m.manifest().tensors) {
+    EXPECT_LE(RelativeError(m.gradients().data() + t.offset, Get(f, t.name + ".grad")), kTolerance) << t.name;
+  }
+  Sgd sgd(0.05f, 0.9f, 1e-4f);
+  sgd.Step(m.parameters(), m.gradients());
+  for (const auto& t : m.manifest().tensors) {
+    EXPECT_LE(RelativeError(m.parameters().data() + t.offset, Get(f, t.name + ".after")), kTolerance) << t.name;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, WholeStep, ::testing::Values("mlp", "cnn"));
+
+TEST(Model, SizesAndManifestsMatchThePapers) {
+  auto mlp = MakeModel("mlp");
+  auto cnn = MakeModel("cnn");
+  ASSERT_TRUE(mlp.ok() && cnn.ok());
+  EXPECT_EQ((*mlp)->manifest().total_elements, 199210u);
+  EXPECT_EQ((*cnn)->manifest().total_elements, 1663370u);
+  EXPECT_TRUE((*mlp)->manifest().Validate().ok());
+  EXPECT_TRUE((*cnn)->manifest().Validate().ok());
+  EXPECT_FALSE(MakeModel("resnet").ok());
+}
+
+TEST(Model, InitializationIsDeterministicAndBounded) {
+  auto a = MakeModel("mlp"), b = MakeModel("mlp");
+  (*a)->Initialize(5);
+  (*b)->Initialize(5);
+  EXPECT_TRUE(std::equal((*a)->parameters().begin(), (*a)->parameters().end(), (*b)->parameters().begin()));
+  (*b)->Initialize(6);
+  EXPECT_FALSE(std::equal((*a)->parameters().begin(), (*a)->parameters().end(), (*b)->parameters().begin()));
+  const float bound = 1.0f / std::sqrt(784.0f);
+  const auto* fc1 = (*a)->manifest().Find("fc1.weight");
+  float max = 0;
+  for (uint64_t i = 0; i < fc1->numel(); ++i) max = std::max(max, std::abs((*a)->parameters()[fc1->offset + i]));
+  EXPECT_LE(max, bound);
+  EXPECT_GT(max, 0.99f * bound);
+}
+
+TEST(Model, MlpLearnsAFixedBatch) {
+  auto model = MakeModel("mlp");
+  (*model)->Initialize(1);
+  Values x(20 * 784);
+  std::vector<int32_t> y(20);
+  for (int i = 0; i < 20; ++i) {
+    y[i] = i % 10;
+    for (int p = 0; p < 784; ++p) x[i * 784 + p] = float((p * 7 + i * 13) % 17) / 17.0f;
+  }
+  Sgd sgd(0.1f, 0.9f, 0);
+  const float first = (*model)->ForwardBackward(x.data(), y.data(), 20);
+  float last = first;
+  for (int step = 0; step < 30; ++step) {
+    sgd.Step((*model)->parameters(), (*model)->gradients());
+    last = (*model)->ForwardBackward(x.data(), y.data(), 20);
+  }
+  EXPECT_LT(last, 0.5f * first);
+}
+
+TEST(Manifest, ValidationFindsOverlapsGapsAndDuplicates) {
+  Manifest m;
+  m.tensors = {{"a", {2, 2}, DType::kF32, 0}, {"b", {3}, DType::kF32, 4}};
+  m.total_elements = 7;
+  EXPECT_TRUE(m.Validate().ok());
+  Manifest gap = m;
+  gap.tensors[1].offset = 5;
+  gap.total_elements = 8;
+  EXPECT_FALSE(gap.Validate().ok());
+  Manifest overlap = m;
+  overlap.tensors[1].offset = 3;
+  EXPECT_FALSE(overlap.Validate().ok());
+  Manifest duplicate = m;
+  duplicate.tensors[1].name = "a";
+  EXPECT_NE(duplicate.Validate().message().find("twice"), std::string::npos);
+  Manifest short_total = m;
+  short_total.total_elements = 6;
+  EXPECT_FALSE(short_total.Validate().ok());
+}
+
+TEST(Checkpoint, RoundTripsAndRejectsCorruption) {
+  testing::TempDir dir;
+  auto model = MakeModel("mlp");
+  (*model)->Initialize(3);
+  const auto path = dir / "model.safetensors";
+  ASSERT_TRUE(SaveCheckpoint(path, (*model)->manifest(), (*model)->parameters(), {{"round", "4"}}).ok());
+  auto loaded = LoadCheckpoint(path);
+  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+  EXPECT_TRUE(loaded->manifest == (*model)->manifest());
+  EXPECT_TRUE(std::equal(loaded->data.begin(), loaded->data.end(), (*model)->parameters().begin()));
+  EXPECT_EQ(loaded->metadata.at("round"), "4");
+  // A header that lies about the data.
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekp(0);
+  const char huge[8] = {'\xff', '\xff', '\xff', '\x7f', 0, 0, 0, 0};
+  f.write(huge, 8);
+  f.close();
+  auto corrupt = LoadCheckpoint(path);
+  ASSERT_FALSE(corrupt.ok());
+  EXPECT_NE(corrupt.status().message().find(path.string()), std::string::npos);
+  EXPECT_FALSE(LoadCheckpoint(dir / "absent.safetensors").ok());
+}
+
+TEST(Idx, RoundTripsAndNamesTheBrokenFile) {
+  testing::TempDir dir;
+  testing::WriteSyntheticMnist(dir / "d", 30, 20, 1);
+  auto train = LoadIdx(dir / "d", Split::kTrain);
+  ASSERT_TRUE(train.ok()) << train.status().ToString();
+  EXPECT_EQ(train->size(), 30u);
+  EXPECT_EQ(train->feature_size, 784);
+  auto test = LoadIdx(dir / "d", Split::kTest);
+  ASSERT_TRUE(test.ok());
+  EXPECT_EQ(test->size(), 20u);
+
+  auto missing = LoadIdx(dir / "nowhere", Split::kTrain);
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.status().message().find("nowhere"), std::string::npos);
+
+  const auto labels = dir / "d" / "train-labels-idx1-ubyte";
+  std::filesystem::resize_file(labels, 20);  // truncated
+  auto truncated = LoadIdx(dir / "d", Split::kTrain);
+  ASSERT_FALSE(truncated.ok());
+  EXPECT_NE(truncated.status().message().find("train-labels-idx1-ubyte"), std::string::npos);
+
+  std::ofstream(dir / "d" / "t10k-images-idx3-ubyte", std::ios::binary)
+      << std::string("\x00\x00\x08\x01\x00\x00\x00\x01\x00\x00\x00\x01\x00\x00\x00\x01?", 17);
+  auto bad_magic = LoadIdx(dir / "d", Split::kTest);
+  ASSERT_FALSE(bad_magic.ok());
+  EXPECT_NE(bad_magic.status().message().find("bad magic"), std::string::npos) << bad_magic.status().message();
+}
+
+}  // namespace
+}  // namespace estuary::models

@@ -1,0 +1,116 @@
+#!/usr/bin/python3
+"""Writes PyTorch reference values for tests/models: layer, loss and optimizer
+outputs and gradients for fixed seeded inputs, and one whole SGD step of each
+model. Usage: torch_reference.py OUT_DIR. Each case is a JSON file of named
+flat float lists (row-major, PyTorch layouts)."""
+import json
+import os
+import sys
+
+try:
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+except ImportError as e:  # fail loudly: these tests are the numerics oracle
+    sys.exit(f"torch_reference.py: PyTorch is required (Debian package python3-torch): {e}")
+
+torch.manual_seed(1234)
+torch.set_default_dtype(torch.float32)
+out_dir = sys.argv[1]
+os.makedirs(out_dir, exist_ok=True)
+
+
+def flat(t):
+    return [float(v) for v in t.detach().reshape(-1).tolist()]
+
+
+def save(name, **tensors):
+    with open(os.path.join(out_dir, name + ".json"), "w") as f:
+        json.dump({k: flat(v) if torch.is_tensor(v) else v for k, v in tensors.items()}, f)
+
+
+def rand(*shape):
+    return (torch.rand(*shape) * 2 - 1).requires_grad_()
+
+
+# Linear: y = x W^T + b, with an upstream gradient dy.
+x, w, b = rand(7, 13), rand(5, 13), rand(5)
+y = F.linear(x, w, b)
+dy = torch.randn_like(y)
+y.backward(dy)
+save("linear", x=x, w=w, b=b, y=y, dy=dy, dx=x.grad, dw=w.grad, db=b.grad)
+
+# ReLU.
+x = rand(6, 11)
+y = F.relu(x)
+dy = torch.randn_like(y)
+y.backward(dy)
+save("relu", x=x, y=y, dy=dy, dx=x.grad)
+
+# Conv2d 5x5, padding 2, on [n, c, h, w].
+x, w, b = rand(2, 3, 8, 8), rand(4, 3, 5, 5), rand(4)
+y = F.conv2d(x, w, b, padding=2)
+dy = torch.randn_like(y)
+y.backward(dy)
+save("conv2d", x=x, w=w, b=b, y=y, dy=dy, dx=x.grad, dw=w.grad, db=b.grad)
+
+# MaxPool 2x2.
+x = rand(2, 3, 6, 6)
+y = F.max_pool2d(x, 2)
+dy = torch.randn_like(y)
+y.backward(dy)
+save("maxpool", x=x, y=y, dy=dy, dx=x.grad)
+
+# Softmax cross-entropy, mean over the batch.
+z = (torch.randn(9, 10) * 3).requires_grad_()
+labels = torch.randint(0, 10, (9,))
+loss = F.cross_entropy(z, labels)
+loss.backward()
+save("cross_entropy", z=z, labels=[int(v) for v in labels], loss=[float(loss)], dz=z.grad)
+
+# SGD with momentum and weight decay, three steps with fixed gradients.
+p = torch.randn(50).requires_grad_()
+start = p.detach().clone()
+grads = [torch.randn(50) for _ in range(3)]
+opt = torch.optim.SGD([p], lr=0.1, momentum=0.9, weight_decay=1e-3)
+for g in grads:
+    p.grad = g.clone()
+    opt.step()
+save("sgd", start=start, g0=grads[0], g1=grads[1], g2=grads[2], result=p)
+
+
+class MLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2, self.fc3 = nn.Linear(784, 200), nn.Linear(200, 200), nn.Linear(200, 10)
+
+    def forward(self, x):
+        return self.fc3(F.relu(self.fc2(F.relu(self.fc1(x)))))
+
+
+class CNN(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv1, self.conv2 = nn.Conv2d(1, 32, 5, padding=2), nn.Conv2d(32, 64, 5, padding=2)
+        self.fc1, self.fc2 = nn.Linear(3136, 512), nn.Linear(512, 10)
+
+    def forward(self, x):
+        x = x.view(-1, 1, 28, 28)
+        x = F.max_pool2d(F.relu(self.conv1(x)), 2)
+        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
+        return self.fc2(F.relu(self.fc1(x.flatten(1))))
+
+
+# One whole training step of each model: forward, loss, backward, SGD step.
+for name, model in (("mlp", MLP()), ("cnn", CNN())):
+    x = torch.rand(10, 784)
+    labels = torch.randint(0, 10, (10,))
+    before = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-4)
+    opt.zero_grad()
+    loss = F.cross_entropy(model(x), labels)
+    loss.backward()
+    grads = {k + ".grad": p.grad.detach().clone() for k, p in model.named_parameters()}
+    opt.step()
+    after = {k + ".after": v for k, v in model.state_dict().items()}
+    save("step_" + name, x=x, labels=[int(v) for v in labels], loss=[float(loss)], **before, **grads, **after)
