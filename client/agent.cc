@@ -179,6 +179,7 @@ void Agent::OnModelChunk(const v1::ModelChunk& chunk) {
     return Disconnected(fmt::format("round {}: model checksum {} != announced {}", round_->round(), checksum,
                                     round_->model_checksum()));
   }
+  spdlog::debug("{}: round {} model received", name_, round_->round());
   model_ = std::move(incoming_);
   incoming_.clear();
   model_version_ = round_->model_version();
@@ -197,8 +198,8 @@ void Agent::Train() {
   auto task = FromProto(round_->task());
   auto manifest = manifest_;
   asio::post(training_, [self = shared_from_this(), model, task, manifest, round] {
+    spdlog::debug("{}: round {} training starts", self->name_, round);
     auto update = self->trainer_.Train(*model, manifest, task, round, self->name_);
-    if (self->options_.release_model_after_training) self->trainer_.ReleaseModel();
     asio::post(self->io_, [self, round, update = std::move(update)]() mutable { self->OnTrained(round, std::move(update)); });
   });
 }
@@ -217,6 +218,7 @@ void Agent::OnTrained(uint64_t round, Result<Update> update) {
     return;
   }
   ++rounds_trained_;
+  spdlog::debug("{}: round {} trained in {:.3f} s; uploading", name_, round, update->seconds);
   auto payload = std::make_shared<const Update>(std::move(update).value());
   v1::Envelope envelope;
   auto* begin = envelope.mutable_update_begin();

@@ -35,7 +35,6 @@ struct AgentOptions {
   uint32_t chunk_bytes = 1u << 20;   // upper bound; the server's Welcome may lower it
   uint64_t max_frame_bytes = 64u << 20;
   std::string label;                 // for logs before the server names us
-  bool release_model_after_training = false;  // simulators with many agents save memory
 };
 
 class Agent : public std::enable_shared_from_this<Agent> {

@@ -8,9 +8,12 @@
 #include <cstdio>
 
 #include "base/config_file.h"
+#include "base/memory.h"
 #include "client/agent.h"
 #include "crypto/tls.h"
 #include "models/dataset.h"
+
+extern "C" void openblas_set_num_threads(int);
 
 namespace {
 
@@ -23,6 +26,7 @@ int Fail(const estuary::Status& status) {
 
 int main(int argc, char** argv) {
   using namespace estuary;
+  RetainFreedMemory();
   CLI::App app{"estuary-client: a federated learning site"};
   std::string server = "127.0.0.1:7443", config;
   crypto::TlsFiles tls;
@@ -37,7 +41,10 @@ int main(int argc, char** argv) {
   app.add_option("--data", data, "directory with this site's IDX training files");
   app.add_option("--max-backoff", max_backoff, "longest wait between reconnection attempts, seconds");
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error");
+  int blas_threads = 1;
+  app.add_option("--blas-threads", blas_threads, "OpenBLAS threads for local training (small batches: 1 is fastest)");
   CLI11_PARSE(app, argc, argv);
+  openblas_set_num_threads(std::max(1, blas_threads));
   if (!config.empty()) {
     if (Status s = ApplyConfigFile(app, config); !s.ok()) return Fail(s);
   }

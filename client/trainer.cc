@@ -1,6 +1,7 @@
 #include "client/trainer.h"
 
 #include <chrono>
+#include <map>
 #include <cmath>
 #include <cstring>
 #include <numeric>
@@ -26,6 +27,30 @@ Status ValidateTask(const TaskConfig& task) {
   return Status::Ok();
 }
 
+namespace {
+
+struct Workspace {
+  std::unique_ptr<models::Model> model;
+  std::vector<float> batch_x;
+  std::vector<int32_t> batch_y;
+};
+
+Result<Workspace*> ThreadWorkspace(const std::string& model_name) {
+  thread_local std::map<std::string, Workspace> workspaces;
+  Workspace& w = workspaces[model_name];
+  if (!w.model) {
+    auto model = models::MakeModel(model_name);
+    if (!model.ok()) {
+      workspaces.erase(model_name);
+      return model.status();
+    }
+    w.model = std::move(model).value();
+  }
+  return &w;
+}
+
+}  // namespace
+
 Result<Update> Trainer::Train(std::span<const float> global, const models::Manifest& manifest,
                               const TaskConfig& task, uint64_t round, std::string_view client_name) {
   ESTUARY_RETURN_IF_ERROR(ValidateTask(task));
@@ -33,18 +58,19 @@ Result<Update> Trainer::Train(std::span<const float> global, const models::Manif
     return InvalidArgument("task: update kind lora needs a model with adapters; '{}' has none", task.model);
   }
   if (data_.size() == 0) return FailedPrecondition("trainer: no local examples");
-  if (!model_ || model_->name() != task.model) {
-    ESTUARY_ASSIGN_OR_RETURN(model_, models::MakeModel(task.model));
-  }
-  if (!(model_->manifest() == manifest) || global.size() != manifest.total_elements) {
+  ESTUARY_ASSIGN_OR_RETURN(Workspace * workspace, ThreadWorkspace(task.model));
+  models::Model* model = workspace->model.get();
+  std::vector<float>& batch_x = workspace->batch_x;
+  std::vector<int32_t>& batch_y = workspace->batch_y;
+  if (!(model->manifest() == manifest) || global.size() != manifest.total_elements) {
     return InvalidArgument("trainer: the global model's manifest does not match model '{}'", task.model);
   }
-  if (data_.feature_size != model_->input_size()) {
+  if (data_.feature_size != model->input_size()) {
     return InvalidArgument("trainer: examples have {} features, model '{}' wants {}", data_.feature_size,
-                           task.model, model_->input_size());
+                           task.model, model->input_size());
   }
   const auto start = std::chrono::steady_clock::now();
-  std::span<float> params = model_->parameters();
+  std::span<float> params = model->parameters();
   std::memcpy(params.data(), global.data(), global.size_bytes());
 
   models::Sgd sgd(task.learning_rate, task.momentum, task.weight_decay);
@@ -52,8 +78,8 @@ Result<Update> Trainer::Train(std::span<const float> global, const models::Manif
   std::vector<uint32_t> order(data_.size());
   std::iota(order.begin(), order.end(), 0u);
   const int features = data_.feature_size;
-  batch_x_.resize(size_t{task.batch_size} * features);
-  batch_y_.resize(task.batch_size);
+  batch_x.resize(size_t{task.batch_size} * features);
+  batch_y.resize(task.batch_size);
 
   double epoch_loss = 0;
   for (uint32_t epoch = 0; epoch < task.epochs; ++epoch) {
@@ -63,11 +89,11 @@ Result<Update> Trainer::Train(std::span<const float> global, const models::Manif
     for (size_t begin = 0; begin < order.size(); begin += task.batch_size) {
       const int n = static_cast<int>(std::min<size_t>(task.batch_size, order.size() - begin));
       for (int i = 0; i < n; ++i) {
-        std::memcpy(batch_x_.data() + size_t(i) * features, data_.row(order[begin + i]), features * sizeof(float));
-        batch_y_[i] = data_.labels[order[begin + i]];
+        std::memcpy(batch_x.data() + size_t(i) * features, data_.row(order[begin + i]), features * sizeof(float));
+        batch_y[i] = data_.labels[order[begin + i]];
       }
-      const float loss = model_->ForwardBackward(batch_x_.data(), batch_y_.data(), n);
-      sgd.Step(params, model_->gradients());
+      const float loss = model->ForwardBackward(batch_x.data(), batch_y.data(), n);
+      sgd.Step(params, model->gradients());
       epoch_loss += double(loss) * n;
     }
   }

@@ -5,6 +5,9 @@
 // task, it trains a model on the site's own examples and returns the update:
 // delta = local - global over the same flat layout. Shuffling is seeded by
 // (task seed, round, client name), so a rerun produces the same bits.
+// The model itself is a per-thread workspace reused by every trainer on that
+// thread: a simulator runs thousands of trainers on a few threads, and a fresh
+// model per call would cost more in page faults than the training does.
 #pragma once
 
 #include <cstdint>
@@ -46,9 +49,6 @@ class Trainer {
   explicit Trainer(models::Dataset data) : data_(std::move(data)) {}
 
   const models::Dataset& data() const { return data_; }
-  // Frees the model between rounds; a simulator with many trainers calls it
-  // so memory stays O(threads x model), not O(clients x model).
-  void ReleaseModel() { model_.reset(); }
 
   // Fails if the task names an unknown model, the global buffer does not
   // match that model's manifest, the task asks for an update kind this
@@ -58,9 +58,6 @@ class Trainer {
 
  private:
   models::Dataset data_;
-  std::unique_ptr<models::Model> model_;  // kept across rounds: its arena is reused
-  std::vector<float> batch_x_;
-  std::vector<int32_t> batch_y_;
 };
 
 Status ValidateTask(const TaskConfig& task);

@@ -188,6 +188,9 @@ void Coordinator::StartRound() {
   round_started_ = Clock::now();
   participants_.clear();
   slot_queue_.clear();
+  download_queue_.clear();
+  downloads_in_flight_ = 0;
+  ++attempt_;
   loss_sum_ = examples_sum_ = 0;
   asio::post(worker_, [this, round = round_, global = global_] {
     Status status = strategy_->Begin(round, *global);
@@ -210,7 +213,7 @@ void Coordinator::StartRound() {
     const bool holds_model = held_[name].first == model_version_ && held_[name].second == global_checksum_;
     start->set_model_follows(!holds_model);
     session->Send(envelope);
-    if (!holds_model) session->SendModel(round_, global_);
+    if (!holds_model) download_queue_.push_back(session);
     held_[name] = {model_version_, global_checksum_};
     Participant& p = participants_[name];
     p.session = session;
@@ -222,6 +225,7 @@ void Coordinator::StartRound() {
     record_.bytes_down += p.record.bytes_down;
     LogIfError(store_.UpsertParticipation(p.record), "store");
   }
+  StreamModels();
   spdlog::info("round {} open: {} of {} connected clients selected", round_, selected.size(), names.size());
   Transition(RoundState::kCollecting);
   deadline_.expires_after(std::chrono::milliseconds(int64_t(config_.round_deadline_s * 1000)));
@@ -280,6 +284,24 @@ void Coordinator::OnUpdateBegin(const std::shared_ptr<Session>& session, const v
   if (!staged.ok()) return Reject(session, v1::Error::SERVER_BUSY, staged.status().message());
   p.staged = std::move(staged).value();
   ++staging_in_use_;
+}
+
+constexpr uint32_t kConcurrentDownloads = 2;
+
+void Coordinator::StreamModels() {
+  while (downloads_in_flight_ < kConcurrentDownloads && !download_queue_.empty()) {
+    auto session = download_queue_.front().lock();
+    download_queue_.pop_front();
+    if (!session || session->closed()) continue;
+    ++downloads_in_flight_;
+    // A session that closes mid-stream never calls back; its slot is
+    // returned by OnClosed through the same counter.
+    session->SendModel(round_, global_, [this, attempt = attempt_] {
+      if (attempt != attempt_) return;
+      --downloads_in_flight_;
+      StreamModels();
+    });
+  }
 }
 
 void Coordinator::GrantSlots() {
@@ -342,6 +364,8 @@ void Coordinator::OnUpdateCommit(const std::shared_ptr<Session>& session, const 
   p.record.train_loss = p.begin.train_loss();
   p.record.bytes_up = p.staged->received_bytes();
   p.record.seconds = SecondsSince(p.started);
+  spdlog::debug("round {}: update from {} committed after {:.3f} s (trained {:.3f} s)", round_, session->name(),
+                p.record.seconds, p.begin.train_seconds());
   ++folds_in_flight_;
   std::shared_ptr<StagedUpdate> staged = std::move(p.staged);
   const double weight = double(p.begin.num_examples());
@@ -447,6 +471,7 @@ void Coordinator::Aggregate() {
   if (record_.updates_received == 0) return FailRound("no updates received");
   deadline_.cancel();
   Transition(RoundState::kAggregating);
+  collect_seconds_ = SecondsSince(round_started_);
   asio::post(worker_, [this, round = round_, previous = global_] {
     auto global = std::make_shared<std::vector<float>>(*previous);
     Status status = strategy_->Finish(*global);
@@ -507,9 +532,9 @@ void Coordinator::OnAggregated(Status status, std::shared_ptr<std::vector<float>
   global_checksum_ = checksum;
   model_version_ = record_.model_version;
   const double seconds = SecondsSince(round_started_);
-  spdlog::info("round {} committed: {} updates, train loss {:.4f}{}, {:.2f} s", round_, record_.updates_received,
-               record_.train_loss,
-               eval ? fmt::format(", test accuracy {:.4f}", eval->accuracy) : std::string(), seconds);
+  spdlog::info("round {} committed: {} updates, train loss {:.4f}{}, {:.3f} s ({:.3f} s collecting)", round_,
+               record_.updates_received, record_.train_loss,
+               eval ? fmt::format(", test accuracy {:.4f}", eval->accuracy) : std::string(), seconds, collect_seconds_);
 
   v1::Envelope envelope;
   auto* closed = envelope.mutable_round_closed();

@@ -73,6 +73,10 @@ class Coordinator {
   void OnUpdateCommit(const std::shared_ptr<Session>& session, const v1::UpdateCommit& commit);
   void Reject(const std::shared_ptr<Session>& session, v1::Error::Code code, const std::string& message);
   void GrantSlots();
+  // Streams the model to the next waiting client while fewer than
+  // kConcurrentDownloads streams are running: clients then receive it one
+  // after another and start training early, instead of all at the end.
+  void StreamModels();
   void ReleaseSlot(Participant& p);
   void OnFolded(const std::string& name, Status status);
   void OnDeadline();
@@ -113,6 +117,10 @@ class Coordinator {
   std::deque<std::string> slot_queue_;
   uint32_t folds_in_flight_ = 0;
   bool deadline_passed_ = false;
+  std::deque<std::weak_ptr<Session>> download_queue_;
+  uint32_t downloads_in_flight_ = 0;
+  uint64_t attempt_ = 0;  // counts StartRound calls: a retried round reuses its number
+  double collect_seconds_ = 0;
   std::map<std::string, std::pair<uint64_t, std::string>> held_;  // name -> model version, checksum
   double loss_sum_ = 0;
   double examples_sum_ = 0;

@@ -11,9 +11,12 @@
 #include <cstdio>
 
 #include "base/config_file.h"
+#include "base/memory.h"
 #include "crypto/certs.h"
 #include "server/operator_views.h"
 #include "server/server.h"
+
+extern "C" void openblas_set_num_threads(int);
 
 namespace {
 
@@ -33,6 +36,10 @@ int Print(const Status& status, const std::string& out) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // The server's only BLAS work is evaluation on a small test set; idle BLAS
+  // threads would spin against the I/O thread and co-located clients.
+  RetainFreedMemory();
+  openblas_set_num_threads(1);
   CLI::App app{"estuary-server: federated learning aggregation server"};
   app.require_subcommand(1);
 

@@ -115,10 +115,13 @@ void Session::Send(const v1::Envelope& envelope) {
   WriteNext();
 }
 
-void Session::SendModel(uint64_t round, std::shared_ptr<const std::vector<float>> model) {
+void Session::SendModel(uint64_t round, std::shared_ptr<const std::vector<float>> model,
+                        std::function<void()> on_sent) {
   model_ = std::move(model);
   model_round_ = round;
   model_offset_ = 0;
+  on_model_sent_ = std::move(on_sent);
+  model_last_chunk_queued_ = false;
   WriteNext();
 }
 
@@ -149,7 +152,10 @@ void Session::WriteNext() {
     chunk->set_data(reinterpret_cast<const char*>(model_->data()) + model_offset_, size);
     model_offset_ += size;
     model_bytes_sent_ += size;
-    if (model_offset_ == total) model_.reset();
+    if (model_offset_ == total) {
+      model_.reset();
+      model_last_chunk_queued_ = true;
+    }
     outbox_.push_back(std::make_shared<const std::string>(proto::EncodeFrame(envelope)));
   }
   if (outbox_.empty()) {
@@ -162,6 +168,10 @@ void Session::WriteNext() {
     self->writing_ = false;
     self->outbox_.pop_front();
     if (ec) return self->Fail(ec.message());
+    if (self->model_last_chunk_queued_ && self->outbox_.empty()) {
+      self->model_last_chunk_queued_ = false;
+      if (auto on_sent = std::move(self->on_model_sent_)) on_sent();
+    }
     self->WriteNext();
   });
 }
@@ -177,6 +187,7 @@ void Session::Close() {
   closed_ = true;
   timer_.cancel();
   model_.reset();
+  if (auto on_sent = std::move(on_model_sent_)) on_sent();  // the stream is over either way
   error_code ignored;
   stream_.lowest_layer().shutdown(asio::ip::tcp::socket::shutdown_both, ignored);
   stream_.lowest_layer().close(ignored);

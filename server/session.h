@@ -11,6 +11,7 @@
 
 #include "base/asio.h"
 #include <deque>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -30,8 +31,9 @@ class Session : public std::enable_shared_from_this<Session> {
 
   void Start();
   void Send(const v1::Envelope& envelope);
-  // Streams `model` as ModelChunk frames for `round` after what is queued.
-  void SendModel(uint64_t round, std::shared_ptr<const std::vector<float>> model);
+  // Streams `model` as ModelChunk frames for `round` after what is queued;
+  // `on_sent` runs once: when the last chunk is written or the session closes.
+  void SendModel(uint64_t round, std::shared_ptr<const std::vector<float>> model, std::function<void()> on_sent = {});
   // Sends an Error and closes once it is written.
   void SendErrorAndClose(v1::Error::Code code, const std::string& message);
   // Closes after everything queued is written.
@@ -74,6 +76,8 @@ class Session : public std::enable_shared_from_this<Session> {
   std::shared_ptr<const std::vector<float>> model_;
   uint64_t model_round_ = 0;
   uint64_t model_offset_ = 0;  // bytes
+  std::function<void()> on_model_sent_;
+  bool model_last_chunk_queued_ = false;
   uint64_t model_bytes_sent_ = 0;
 };
 

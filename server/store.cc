@@ -182,7 +182,10 @@ Result<std::unique_ptr<Store>> Store::Open(const std::filesystem::path& path) {
   }
   std::unique_ptr<Store> store(new Store(db));
   sqlite3_busy_timeout(db, 5000);
-  ESTUARY_RETURN_IF_ERROR(Exec(db, "PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL; PRAGMA foreign_keys=ON;"));
+  // WAL + synchronous=NORMAL: every transaction survives the process being
+  // killed; CommitRound alone switches to FULL so a committed round also
+  // survives power loss (and carries the WAL written before it to disk).
+  ESTUARY_RETURN_IF_ERROR(Exec(db, "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA foreign_keys=ON;"));
   Statement version(db, "PRAGMA user_version");
   ESTUARY_ASSIGN_OR_RETURN(bool row, version.Step());
   const int64_t found = row ? version.Int(0) : 0;
@@ -313,6 +316,13 @@ Status Store::UpsertParticipation(const Participation& p) {
 }
 
 Status Store::CommitRound(const RoundRecord& r, const std::filesystem::path& checkpoint, int64_t now_ms) {
+  ESTUARY_RETURN_IF_ERROR(Exec(db_, "PRAGMA synchronous=FULL"));
+  Status committed = CommitRoundTransaction(r, checkpoint, now_ms);
+  Status restored = Exec(db_, "PRAGMA synchronous=NORMAL");
+  return committed.ok() ? restored : committed;
+}
+
+Status Store::CommitRoundTransaction(const RoundRecord& r, const std::filesystem::path& checkpoint, int64_t now_ms) {
   Transaction tx(db_);
   ESTUARY_RETURN_IF_ERROR(tx.status());
   Statement current(db_, "SELECT state FROM rounds WHERE round = ?");

@@ -122,6 +122,7 @@ class Store {
 
  private:
   explicit Store(sqlite3* db) : db_(db) {}
+  Status CommitRoundTransaction(const RoundRecord& record, const std::filesystem::path& checkpoint, int64_t now_ms);
   sqlite3* db_;
 };
 

@@ -12,6 +12,7 @@
 #include <cstdio>
 
 #include "base/config_file.h"
+#include "base/memory.h"
 #include "simulations/runner.h"
 
 extern "C" void openblas_set_num_threads(int);
@@ -38,6 +39,7 @@ void DrawProgress(uint64_t done, uint64_t total, double accuracy) {
 
 int main(int argc, char** argv) {
   // Clients train in parallel, one per thread; BLAS must not oversubscribe the cores.
+  RetainFreedMemory();
   openblas_set_num_threads(1);
   CLI::App app{"estuary-sim: a federation of many clients on one machine"};
   simulations::Scenario s;

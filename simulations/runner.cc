@@ -98,7 +98,6 @@ Result<Report> RunInproc(const Scenario& s, const RoundCallback& on_round) {
       for (size_t i; (i = next.fetch_add(1)) < k;) {
         const size_t client = std::stoul(selected[i].substr(7));
         updates[i] = trainers[client]->Train(global, manifest, task, round, selected[i]);
-        trainers[client]->ReleaseModel();
       }
     };
     std::vector<std::thread> pool;
@@ -213,7 +212,6 @@ Result<Report> RunLoopback(const Scenario& s, const RoundCallback& on_round) {
     options.port = port;
     options.tls = *tls;
     options.label = names[i];
-    options.release_model_after_training = true;
     auto agent = std::make_shared<client::Agent>(io, options, *trainers[i], training.get_executor());
     agent->on_round_closed = [&](const v1::RoundClosed& closed) {
       if (!closed.committed() || !rounds_seen.insert(closed.round()).second) return;
