@@ -103,8 +103,9 @@ Result<Update> Trainer::Train(std::span<const float> global, const models::Manif
   update.num_examples = data_.size();
   update.train_loss = epoch_loss / double(data_.size());
   update.manifest = manifest;
-  update.payload.resize(global.size());
-  for (size_t i = 0; i < global.size(); ++i) update.payload[i] = params[i] - global[i];
+  update.payload.assign(params.begin(), params.end());
+  float* delta = update.payload.data();
+  for (size_t i = 0; i < global.size(); ++i) delta[i] -= global[i];
   update.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (!std::isfinite(update.train_loss)) {
     return FailedPrecondition("trainer: local training diverged (loss {}) in round {}", update.train_loss, round);

@@ -71,15 +71,50 @@ static Status CheckScenario(const Scenario& s) {
   return client::ValidateTask(TaskOf(s));
 }
 
+// The test set split into one contiguous slice per model (thread); the
+// slices' sums are combined in slice order, so the result does not depend on
+// which thread finishes first.
+static models::EvalResult EvaluateInParallel(std::vector<std::unique_ptr<models::Model>>& models,
+                                             const std::vector<float>& global, const models::Dataset& test) {
+  const size_t parts = models.size();
+  std::vector<models::EvalResult> results(parts);
+  auto run = [&](size_t part) {
+    const uint64_t begin = test.size() * part / parts, end = test.size() * (part + 1) / parts;
+    std::copy(global.begin(), global.end(), models[part]->parameters().begin());
+    results[part] = models::Evaluate(*models[part], test.row(begin), test.labels.data() + begin, end - begin);
+  };
+  std::vector<std::thread> threads;
+  for (size_t part = 1; part < parts; ++part) threads.emplace_back(run, part);
+  run(0);
+  for (auto& t : threads) t.join();
+  models::EvalResult total;
+  double loss = 0, correct = 0;
+  for (const auto& r : results) {
+    loss += r.loss * double(r.examples);
+    correct += r.accuracy * double(r.examples);
+    total.examples += r.examples;
+  }
+  total.loss = loss / double(total.examples);
+  total.accuracy = correct / double(total.examples);
+  return total;
+}
+
 Result<Report> RunInproc(const Scenario& s, const RoundCallback& on_round) {
   ESTUARY_RETURN_IF_ERROR(CheckScenario(s));
   const auto start = Clock::now();
   ESTUARY_ASSIGN_OR_RETURN(auto train, models::LoadIdx(s.data_dir, models::Split::kTrain));
   ESTUARY_ASSIGN_OR_RETURN(auto test, models::LoadIdx(s.data_dir, models::Split::kTest));
   ESTUARY_ASSIGN_OR_RETURN(auto trainers, MakeTrainers(s, train));
-  ESTUARY_ASSIGN_OR_RETURN(auto model, models::MakeModel(s.model));
+  ESTUARY_ASSIGN_OR_RETURN(auto initial, models::MakeModel(s.model));
   ESTUARY_ASSIGN_OR_RETURN(auto strategy, aggregation::MakeStrategy(s.strategy));
-  model->Initialize(s.seed);
+  initial->Initialize(s.seed);
+  std::vector<std::unique_ptr<models::Model>> eval_models;
+  eval_models.push_back(std::move(initial));
+  for (uint32_t t = 1; t < s.threads; ++t) {
+    ESTUARY_ASSIGN_OR_RETURN(auto extra, models::MakeModel(s.model));
+    eval_models.push_back(std::move(extra));
+  }
+  models::Model* model = eval_models.front().get();
   const models::Manifest manifest = model->manifest();
   std::vector<float> global(model->parameters().begin(), model->parameters().end());
   const auto names = ClientNames(s.clients);
@@ -123,8 +158,7 @@ Result<Report> RunInproc(const Scenario& s, const RoundCallback& on_round) {
     }
     updates.clear();
     ESTUARY_RETURN_IF_ERROR(strategy->Finish(global));
-    std::copy(global.begin(), global.end(), model->parameters().begin());
-    const models::EvalResult eval = models::Evaluate(*model, test.features.data(), test.labels.data(), test.size());
+    const models::EvalResult eval = EvaluateInParallel(eval_models, global, test);
     row.train_loss = loss_sum / examples;
     row.test_accuracy = eval.accuracy;
     row.test_loss = eval.loss;
