@@ -88,7 +88,7 @@ void Agent::OnConnected() {
   auto* hello = envelope.mutable_hello();
   hello->set_protocol_version(proto::kProtocolVersion);
   hello->set_client_version("estuary 0.1.0");
-  hello->set_num_examples(trainer_.data().size());
+  hello->set_num_examples(trainer_.num_examples());
   hello->set_model_version_held(model_version_);
   hello->set_model_checksum_held(model_checksum_);
   Send(envelope);

@@ -51,13 +51,21 @@ Result<Workspace*> ThreadWorkspace(const std::string& model_name) {
 
 }  // namespace
 
+Trainer::Trainer(models::Dataset data)
+    : data_(std::make_shared<const models::Dataset>(std::move(data))), indices_(data_->size()) {
+  std::iota(indices_.begin(), indices_.end(), 0u);
+}
+
+Trainer::Trainer(std::shared_ptr<const models::Dataset> data, std::vector<uint32_t> indices)
+    : data_(std::move(data)), indices_(std::move(indices)) {}
+
 Result<Update> Trainer::Train(std::span<const float> global, const models::Manifest& manifest,
                               const TaskConfig& task, uint64_t round, std::string_view client_name) {
   ESTUARY_RETURN_IF_ERROR(ValidateTask(task));
   if (task.update_kind != UpdateKind::kFull) {
     return InvalidArgument("task: update kind lora needs a model with adapters; '{}' has none", task.model);
   }
-  if (data_.size() == 0) return FailedPrecondition("trainer: no local examples");
+  if (indices_.empty()) return FailedPrecondition("trainer: no local examples");
   ESTUARY_ASSIGN_OR_RETURN(Workspace * workspace, ThreadWorkspace(task.model));
   models::Model* model = workspace->model.get();
   std::vector<float>& batch_x = workspace->batch_x;
@@ -65,8 +73,8 @@ Result<Update> Trainer::Train(std::span<const float> global, const models::Manif
   if (!(model->manifest() == manifest) || global.size() != manifest.total_elements) {
     return InvalidArgument("trainer: the global model's manifest does not match model '{}'", task.model);
   }
-  if (data_.feature_size != model->input_size()) {
-    return InvalidArgument("trainer: examples have {} features, model '{}' wants {}", data_.feature_size,
+  if (data_->feature_size != model->input_size()) {
+    return InvalidArgument("trainer: examples have {} features, model '{}' wants {}", data_->feature_size,
                            task.model, model->input_size());
   }
   const auto start = std::chrono::steady_clock::now();
@@ -75,9 +83,8 @@ Result<Update> Trainer::Train(std::span<const float> global, const models::Manif
 
   models::Sgd sgd(task.learning_rate, task.momentum, task.weight_decay);
   std::mt19937_64 rng(MixSeed(MixSeed(task.seed, round), client_name));
-  std::vector<uint32_t> order(data_.size());
-  std::iota(order.begin(), order.end(), 0u);
-  const int features = data_.feature_size;
+  std::vector<uint32_t> order = indices_;
+  const int features = data_->feature_size;
   batch_x.resize(size_t{task.batch_size} * features);
   batch_y.resize(task.batch_size);
 
@@ -89,19 +96,23 @@ Result<Update> Trainer::Train(std::span<const float> global, const models::Manif
     for (size_t begin = 0; begin < order.size(); begin += task.batch_size) {
       const int n = static_cast<int>(std::min<size_t>(task.batch_size, order.size() - begin));
       for (int i = 0; i < n; ++i) {
-        std::memcpy(batch_x.data() + size_t(i) * features, data_.row(order[begin + i]), features * sizeof(float));
-        batch_y[i] = data_.labels[order[begin + i]];
+        std::memcpy(batch_x.data() + size_t(i) * features, data_->row(order[begin + i]), features * sizeof(float));
+        batch_y[i] = data_->labels[order[begin + i]];
       }
-      const float loss = model->ForwardBackward(batch_x.data(), batch_y.data(), n);
-      sgd.Step(params, model->gradients());
+      // Without momentum the update fuses into backward (same result to rounding).
+      const float loss = task.momentum == 0
+                             ? model->TrainStepSgd(batch_x.data(), batch_y.data(), n, task.learning_rate,
+                                                   task.weight_decay)
+                             : model->ForwardBackward(batch_x.data(), batch_y.data(), n);
+      if (task.momentum != 0) sgd.Step(params, model->gradients());
       epoch_loss += double(loss) * n;
     }
   }
 
   Update update;
   update.kind = UpdateKind::kFull;
-  update.num_examples = data_.size();
-  update.train_loss = epoch_loss / double(data_.size());
+  update.num_examples = indices_.size();
+  update.train_loss = epoch_loss / double(indices_.size());
   update.manifest = manifest;
   update.payload.assign(params.begin(), params.end());
   float* delta = update.payload.data();

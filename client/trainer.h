@@ -46,9 +46,13 @@ struct Update {
 
 class Trainer {
  public:
-  explicit Trainer(models::Dataset data) : data_(std::move(data)) {}
+  // Trains on all of `data`.
+  explicit Trainer(models::Dataset data);
+  // Trains on the examples of a shared dataset at `indices` (a simulated
+  // client's shard, without copying it).
+  Trainer(std::shared_ptr<const models::Dataset> data, std::vector<uint32_t> indices);
 
-  const models::Dataset& data() const { return data_; }
+  uint64_t num_examples() const { return indices_.size(); }
 
   // Fails if the task names an unknown model, the global buffer does not
   // match that model's manifest, the task asks for an update kind this
@@ -57,7 +61,8 @@ class Trainer {
                        const TaskConfig& task, uint64_t round, std::string_view client_name);
 
  private:
-  models::Dataset data_;
+  std::shared_ptr<const models::Dataset> data_;
+  std::vector<uint32_t> indices_;  // this trainer's examples within data_
 };
 
 Status ValidateTask(const TaskConfig& task);

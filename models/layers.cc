@@ -24,6 +24,17 @@ void Linear::Backward(const float* x, const float* dy, int n, float* dx) const {
   if (dx) cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, in, out, 1.0f, dy, out, w, in, 0.0f, dx, in);
 }
 
+void Linear::BackwardSgd(const float* x, const float* dy, int n, float* dx, float lr, float wd) const {
+  if (dx) cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, in, out, 1.0f, dy, out, w, in, 0.0f, dx, in);
+  const float keep = 1.0f - lr * wd;
+  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, out, in, n, -lr, dy, out, x, in, keep, w, in);
+  for (int o = 0; o < out; ++o) {
+    float sum = 0;
+    for (int i = 0; i < n; ++i) sum += dy[int64_t(i) * out + o];
+    b[o] = keep * b[o] - lr * sum;
+  }
+}
+
 void ReluForward(float* x, int64_t count) {
   for (int64_t i = 0; i < count; ++i) x[i] = x[i] > 0.0f ? x[i] : 0.0f;
 }
@@ -109,6 +120,32 @@ void Conv2d::Backward(const float* cols, const float* dy, int n, float* dcol, fl
                   hw);
       Col2Im(dcol, in_channels, height, width, kernel, pad, dx + int64_t(i) * in_channels * hw);
     }
+  }
+}
+
+void Conv2d::BackwardSgd(const float* cols, const float* dy, int n, float* dcol, float* dx, float lr,
+                         float wd) const {
+  const int hw = height * width;
+  const int kdim = in_channels * kernel * kernel;
+  if (dx) {
+    for (int i = 0; i < n; ++i) {
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, kdim, hw, out_channels, 1.0f, w, kdim,
+                  dy + int64_t(i) * out_channels * hw, hw, 0.0f, dcol, hw);
+      Col2Im(dcol, in_channels, height, width, kernel, pad, dx + int64_t(i) * in_channels * hw);
+    }
+  }
+  const float keep = 1.0f - lr * wd;
+  for (int o = 0; o < out_channels; ++o) {
+    float sum = 0;
+    for (int i = 0; i < n; ++i) {
+      const float* row = dy + (int64_t(i) * out_channels + o) * hw;
+      for (int p = 0; p < hw; ++p) sum += row[p];
+    }
+    b[o] = keep * b[o] - lr * sum;
+  }
+  for (int i = 0; i < n; ++i) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, out_channels, kdim, hw, -lr, dy + int64_t(i) * out_channels * hw,
+                hw, cols + i * col_size(), hw, i == 0 ? keep : 1.0f, w, kdim);
   }
 }
 

@@ -19,6 +19,9 @@ struct Linear {
   void Forward(const float* x, int n, float* y) const;
   // dW = dy^T · x, db = Σ_n dy, and dx = dy · W when dx is not null.
   void Backward(const float* x, const float* dy, int n, float* dx) const;
+  // Plain SGD fused into backward: dx = dy · W with the old W, then
+  // W = (1 - lr·wd)·W - lr·dy^T·x in the same GEMM, so dW never exists.
+  void BackwardSgd(const float* x, const float* dy, int n, float* dx, float lr, float wd) const;
 };
 
 // In place: x = max(x, 0).
@@ -36,6 +39,8 @@ struct Conv2d {
   void Forward(const float* x, int n, float* cols, float* y) const;
   // dcol is scratch of col_size(); dx may be null for the first layer.
   void Backward(const float* cols, const float* dy, int n, float* dcol, float* dx) const;
+  // As Linear::BackwardSgd: every dx first (they need the old W), then the update.
+  void BackwardSgd(const float* cols, const float* dy, int n, float* dcol, float* dx, float lr, float wd) const;
 };
 
 // 2x2 max-pool, stride 2, on [n, c, h, w] (h and w even).

@@ -116,6 +116,27 @@ class Mlp final : public FlatModel {
     return loss;
   }
 
+  float TrainStepSgd(const float* x, const int32_t* y, int n, float lr, float wd) override {
+    float* h1 = Arena(size_t(n) * 820);
+    float* h2 = h1 + size_t(n) * 200;
+    float* logits = h2 + size_t(n) * 200;
+    float* dlogits = logits + size_t(n) * 10;
+    float* dh2 = dlogits + size_t(n) * 10;
+    float* dh1 = dh2 + size_t(n) * 200;
+    fc1_.Forward(x, n, h1);
+    ReluForward(h1, int64_t(n) * 200);
+    fc2_.Forward(h1, n, h2);
+    ReluForward(h2, int64_t(n) * 200);
+    fc3_.Forward(h2, n, logits);
+    const float loss = SoftmaxCrossEntropy(logits, y, n, 10, dlogits);
+    fc3_.BackwardSgd(h2, dlogits, n, dh2, lr, wd);
+    ReluBackward(h2, dh2, int64_t(n) * 200);
+    fc2_.BackwardSgd(h1, dh2, n, dh1, lr, wd);
+    ReluBackward(h1, dh1, int64_t(n) * 200);
+    fc1_.BackwardSgd(x, dh1, n, nullptr, lr, wd);
+    return loss;
+  }
+
  private:
   Linear fc1_, fc2_, fc3_;
 };
@@ -163,6 +184,22 @@ class Cnn final : public FlatModel {
     pool1_.Backward(a.dp1, a.arg1, n, a.dc1);
     ReluBackward(a.c1, a.dc1, int64_t(n) * 32 * 784);
     conv1_.Backward(a.cols1, a.dc1, n, a.dcol, nullptr);
+    return loss;
+  }
+
+  float TrainStepSgd(const float* x, const int32_t* y, int n, float lr, float wd) override {
+    Activations a = Layout(n);
+    RunForward(a, x, n);
+    const float loss = SoftmaxCrossEntropy(a.logits, y, n, 10, a.dlogits);
+    fc2_.BackwardSgd(a.f1, a.dlogits, n, a.df1, lr, wd);
+    ReluBackward(a.f1, a.df1, int64_t(n) * 512);
+    fc1_.BackwardSgd(a.p2, a.df1, n, a.dp2, lr, wd);
+    pool2_.Backward(a.dp2, a.arg2, n, a.dc2);
+    ReluBackward(a.c2, a.dc2, int64_t(n) * 64 * 196);
+    conv2_.BackwardSgd(a.cols2, a.dc2, n, a.dcol, a.dp1, lr, wd);
+    pool1_.Backward(a.dp1, a.arg1, n, a.dc1);
+    ReluBackward(a.c1, a.dc1, int64_t(n) * 32 * 784);
+    conv1_.BackwardSgd(a.cols1, a.dc1, n, a.dcol, nullptr, lr, wd);
     return loss;
   }
 

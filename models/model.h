@@ -46,6 +46,12 @@ class Model {
   // Overwrites gradients(); returns the mean loss. x is [n, input_size], y is [n].
   virtual float ForwardBackward(const float* x, const int32_t* y, int n) = 0;
 
+  // One step of plain SGD (no momentum), as ForwardBackward followed by
+  // Sgd(lr, 0, weight_decay).Step, but with the update fused into each
+  // layer's weight-gradient product: the large gradients are never written
+  // and read back. gradients() is not filled. Returns the mean loss.
+  virtual float TrainStepSgd(const float* x, const int32_t* y, int n, float lr, float weight_decay) = 0;
+
   // Forward only: writes logits [n, num_classes].
   virtual void Forward(const float* x, int n, float* logits) = 0;
 };

@@ -53,13 +53,13 @@ static client::TaskConfig TaskOf(const Scenario& s) {
 }
 
 // The clients' local datasets, split from the training set by the scenario.
-static Result<std::vector<std::unique_ptr<client::Trainer>>> MakeTrainers(const Scenario& s,
-                                                                          const models::Dataset& train) {
+static Result<std::vector<std::unique_ptr<client::Trainer>>> MakeTrainers(
+    const Scenario& s, const std::shared_ptr<const models::Dataset>& train) {
   ESTUARY_ASSIGN_OR_RETURN(auto spec, ParsePartition(s.partition));
-  ESTUARY_ASSIGN_OR_RETURN(auto parts, Partition(train.labels, train.num_classes, int(s.clients), spec,
+  ESTUARY_ASSIGN_OR_RETURN(auto parts, Partition(train->labels, train->num_classes, int(s.clients), spec,
                                                  MixSeed(s.seed, std::string_view("partition"))));
   std::vector<std::unique_ptr<client::Trainer>> trainers;
-  for (const auto& indices : parts) trainers.push_back(std::make_unique<client::Trainer>(train.Subset(indices)));
+  for (auto& indices : parts) trainers.push_back(std::make_unique<client::Trainer>(train, std::move(indices)));
   return trainers;
 }
 
@@ -104,7 +104,8 @@ Result<Report> RunInproc(const Scenario& s, const RoundCallback& on_round) {
   const auto start = Clock::now();
   ESTUARY_ASSIGN_OR_RETURN(auto train, models::LoadIdx(s.data_dir, models::Split::kTrain));
   ESTUARY_ASSIGN_OR_RETURN(auto test, models::LoadIdx(s.data_dir, models::Split::kTest));
-  ESTUARY_ASSIGN_OR_RETURN(auto trainers, MakeTrainers(s, train));
+  ESTUARY_ASSIGN_OR_RETURN(auto trainers,
+                           MakeTrainers(s, std::make_shared<const models::Dataset>(std::move(train))));
   ESTUARY_ASSIGN_OR_RETURN(auto initial, models::MakeModel(s.model));
   ESTUARY_ASSIGN_OR_RETURN(auto strategy, aggregation::MakeStrategy(s.strategy));
   initial->Initialize(s.seed);
@@ -191,7 +192,8 @@ Result<Report> RunLoopback(const Scenario& s, const RoundCallback& on_round) {
   ESTUARY_RETURN_IF_ERROR(CheckScenario(s));
   const auto start = Clock::now();
   ESTUARY_ASSIGN_OR_RETURN(auto train, models::LoadIdx(s.data_dir, models::Split::kTrain));
-  ESTUARY_ASSIGN_OR_RETURN(auto trainers, MakeTrainers(s, train));
+  ESTUARY_ASSIGN_OR_RETURN(auto trainers,
+                           MakeTrainers(s, std::make_shared<const models::Dataset>(std::move(train))));
   const auto names = ClientNames(s.clients);
   const fs::path certs = s.workdir / "certs";
   std::vector<std::string> all = names;

@@ -137,6 +137,29 @@ TEST_P(WholeStep, MatchesTorch) {
 
 INSTANTIATE_TEST_SUITE_P(Models, WholeStep, ::testing::Values("mlp", "cnn"));
 
+// The fused plain-SGD step (no momentum) against torch.optim.SGD(momentum=0).
+class FusedStep : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(FusedStep, MatchesTorch) {
+  auto f = Fixture(std::string("step_") + GetParam() + "_plain");
+  auto model = MakeModel(GetParam());
+  ASSERT_TRUE(model.ok());
+  Model& m = **model;
+  for (const auto& t : m.manifest().tensors) {
+    Values v = Get(f, t.name);
+    std::copy(v.begin(), v.end(), m.parameters().begin() + t.offset);
+  }
+  Values x = Get(f, "x");
+  auto labels = f.at("labels").get<std::vector<int32_t>>();
+  const float loss = m.TrainStepSgd(x.data(), labels.data(), 10, 0.05f, 1e-4f);
+  EXPECT_LE(RelativeError(&loss, Get(f, "loss")), kTolerance);
+  for (const auto& t : m.manifest().tensors) {
+    EXPECT_LE(RelativeError(m.parameters().data() + t.offset, Get(f, t.name + ".after")), kTolerance) << t.name;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, FusedStep, ::testing::Values("mlp", "cnn"));
+
 TEST(Model, SizesAndManifestsMatchThePapers) {
   auto mlp = MakeModel("mlp");
   auto cnn = MakeModel("cnn");

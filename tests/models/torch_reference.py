@@ -101,12 +101,14 @@ class CNN(nn.Module):
         return self.fc2(F.relu(self.fc1(x.flatten(1))))
 
 
-# One whole training step of each model: forward, loss, backward, SGD step.
-for name, model in (("mlp", MLP()), ("cnn", CNN())):
+# One whole training step of each model: forward, loss, backward, SGD step;
+# with momentum (the separate optimizer) and without (the fused path).
+for name, model, momentum in (("mlp", MLP(), 0.9), ("cnn", CNN(), 0.9), ("mlp_plain", MLP(), 0.0),
+                              ("cnn_plain", CNN(), 0.0)):
     x = torch.rand(10, 784)
     labels = torch.randint(0, 10, (10,))
     before = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=momentum, weight_decay=1e-4)
     opt.zero_grad()
     loss = F.cross_entropy(model(x), labels)
     loss.backward()
