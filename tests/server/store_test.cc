@@ -1,0 +1,122 @@
+// The round log on a real SQLite file.
+#include <gtest/gtest.h>
+#include <sqlite3.h>
+
+#include "server/operator_views.h"
+#include "server/store.h"
+#include "tests/e2e/harness.h"
+
+namespace estuary::server {
+namespace {
+
+RoundRecord Round(uint64_t n) {
+  RoundRecord r;
+  r.round = n;
+  r.started_ms = 1000 * int64_t(n);
+  r.strategy = "fedavg";
+  r.clients_selected = 2;
+  return r;
+}
+
+TEST(Store, UsesWalAndKeepsWhatItWasToldAcrossReopen) {
+  testing::TempDir dir;
+  const auto path = dir / "rounds.db";
+  {
+    auto store = Store::Open(path);
+    ASSERT_TRUE(store.ok()) << store.status().ToString();
+    ASSERT_TRUE((*store)->SetMeta("model", "mlp").ok());
+    ASSERT_TRUE((*store)->ClientSeen("site-a", "127.0.0.1:1000", 5).ok());
+    ASSERT_TRUE((*store)->BeginRound(Round(1)).ok());
+    ASSERT_TRUE((*store)->Transition(1, RoundState::kOpen, RoundState::kCollecting, 6).ok());
+    ASSERT_TRUE((*store)->UpsertParticipation({1, "site-a", "committed", 80, 0.5, 100, 200, 1.5, ""}).ok());
+    ASSERT_TRUE((*store)->UpsertParticipation({1, "site-b", "dropped", 0, 0, 0, 200, 2.0, "connection lost"}).ok());
+    RoundRecord done = Round(1);
+    done.updates_received = 1;
+    done.global_checksum = std::string(64, 'a');
+    done.test_accuracy = 0.9;
+    ASSERT_TRUE((*store)->CommitRound(done, dir / "global-r00001.safetensors", 7).ok());
+  }
+  sqlite3* raw = nullptr;
+  ASSERT_EQ(sqlite3_open(path.c_str(), &raw), SQLITE_OK);
+  sqlite3_stmt* stmt = nullptr;
+  sqlite3_prepare_v2(raw, "PRAGMA journal_mode", -1, &stmt, nullptr);
+  ASSERT_EQ(sqlite3_step(stmt), SQLITE_ROW);
+  EXPECT_STREQ(reinterpret_cast<const char*>(sqlite3_column_text(stmt, 0)), "wal");
+  sqlite3_finalize(stmt);
+  sqlite3_close(raw);
+
+  auto store = Store::OpenReadOnly(path);
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  auto last = (*store)->LastCommittedRound();
+  ASSERT_TRUE(last.ok() && last->has_value());
+  EXPECT_EQ((*last)->updates_received, 1u);
+  EXPECT_EQ((*last)->test_accuracy, 0.9);
+  EXPECT_FALSE((*last)->test_loss.has_value());
+  auto clients = (*store)->Clients();
+  ASSERT_TRUE(clients.ok());
+  ASSERT_EQ(clients->size(), 1u);
+  EXPECT_EQ((*clients)[0].rounds_joined, 1u);
+  auto transitions = (*store)->Transitions(1);
+  ASSERT_TRUE(transitions.ok());
+  ASSERT_EQ(transitions->size(), 2u);
+  EXPECT_EQ((*transitions)[1].to, RoundState::kCommitted);
+  auto meta = (*store)->GetMeta("model");
+  ASSERT_TRUE(meta.ok() && meta->has_value());
+  EXPECT_EQ(**meta, "mlp");
+  std::string text;
+  ASSERT_TRUE(ShowRound(**store, 1, false, &text).ok());
+  EXPECT_NE(text.find("connection lost"), std::string::npos) << text;
+  ASSERT_TRUE(ListRounds(**store, false, &text).ok());
+  EXPECT_NE(text.find("aaaaaaaaaaaa"), std::string::npos) << text;
+  Status missing = ShowRound(**store, 4, false, &text);
+  EXPECT_EQ(missing.code(), Code::kNotFound);
+}
+
+TEST(Store, AnUnfinishedRoundIsReplacedAndACommittedOneIsNot) {
+  testing::TempDir dir;
+  auto store = Store::Open(dir / "rounds.db");
+  ASSERT_TRUE(store.ok());
+  ASSERT_TRUE((*store)->BeginRound(Round(1)).ok());
+  ASSERT_TRUE((*store)->UpsertParticipation({1, "site-a", "selected", 0, 0, 0, 0, 0, ""}).ok());
+  ASSERT_TRUE((*store)->FailRound(1, "0 of 2 updates", 9).ok());
+  auto last = (*store)->LastCommittedRound();
+  ASSERT_TRUE(last.ok());
+  EXPECT_FALSE(last->has_value());  // a failed round is not a committed one
+  ASSERT_TRUE((*store)->BeginRound(Round(1)).ok());
+  auto participations = (*store)->Participations(1);
+  ASSERT_TRUE(participations.ok());
+  EXPECT_TRUE(participations->empty());  // the failed attempt's rows went with it
+  RoundRecord done = Round(1);
+  done.global_checksum = std::string(64, 'b');
+  ASSERT_TRUE((*store)->CommitRound(done, dir / "c1", 10).ok());
+  Status again = (*store)->BeginRound(Round(1));
+  EXPECT_EQ(again.code(), Code::kFailedPrecondition) << again.ToString();
+  // A second commit of the same round fails as a whole: the checkpoint row
+  // already exists, so the round row keeps its first values.
+  RoundRecord twice = done;
+  twice.updates_received = 42;
+  EXPECT_FALSE((*store)->CommitRound(twice, dir / "c1-again", 11).ok());
+  auto round = (*store)->GetRound(1);
+  ASSERT_TRUE(round.ok() && round->has_value());
+  EXPECT_EQ((*round)->updates_received, 0u);
+}
+
+TEST(Store, ReadOnlyOpenNamesTheFileAndTheProblem) {
+  testing::TempDir dir;
+  auto missing = Store::OpenReadOnly(dir / "nope.db");
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.status().message().find("nope.db"), std::string::npos);
+  sqlite3* raw = nullptr;
+  ASSERT_EQ(sqlite3_open((dir / "other.db").c_str(), &raw), SQLITE_OK);
+  sqlite3_exec(raw, "CREATE TABLE t(x)", nullptr, nullptr, nullptr);
+  sqlite3_close(raw);
+  auto foreign = Store::OpenReadOnly(dir / "other.db");
+  ASSERT_FALSE(foreign.ok());
+  EXPECT_NE(foreign.status().message().find("not an Estuary round log"), std::string::npos);
+  auto writable = Store::Open(dir / "other.db");
+  ASSERT_FALSE(writable.ok());
+  EXPECT_NE(writable.status().message().find("other.db"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace estuary::server
