@@ -85,59 +85,55 @@ class Mlp final : public FlatModel {
   int num_classes() const override { return 10; }
 
   void Forward(const float* x, int n, float* logits) override {
-    float* h1 = Arena(size_t(n) * 400);
-    float* h2 = h1 + size_t(n) * 200;
-    fc1_.Forward(x, n, h1);
-    ReluForward(h1, int64_t(n) * 200);
-    fc2_.Forward(h1, n, h2);
-    ReluForward(h2, int64_t(n) * 200);
-    fc3_.Forward(h2, n, logits);
+    Activations a = Layout(n);
+    RunForward(a, x, n);
+    std::memcpy(logits, a.logits, sizeof(float) * n * 10);
   }
 
   float ForwardBackward(const float* x, const int32_t* y, int n) override {
-    // Arena: h1, h2 [n,200] | logits, dlogits [n,10] | dh2, dh1 [n,200]
-    float* h1 = Arena(size_t(n) * 820);
-    float* h2 = h1 + size_t(n) * 200;
-    float* logits = h2 + size_t(n) * 200;
-    float* dlogits = logits + size_t(n) * 10;
-    float* dh2 = dlogits + size_t(n) * 10;
-    float* dh1 = dh2 + size_t(n) * 200;
-    fc1_.Forward(x, n, h1);
-    ReluForward(h1, int64_t(n) * 200);
-    fc2_.Forward(h1, n, h2);
-    ReluForward(h2, int64_t(n) * 200);
-    fc3_.Forward(h2, n, logits);
-    const float loss = SoftmaxCrossEntropy(logits, y, n, 10, dlogits);
-    fc3_.Backward(h2, dlogits, n, dh2);
-    ReluBackward(h2, dh2, int64_t(n) * 200);
-    fc2_.Backward(h1, dh2, n, dh1);
-    ReluBackward(h1, dh1, int64_t(n) * 200);
-    fc1_.Backward(x, dh1, n, nullptr);
+    Activations a = Layout(n);
+    RunForward(a, x, n);
+    const float loss = SoftmaxCrossEntropy(a.logits, y, n, 10, a.dlogits);
+    fc3_.Backward(a.h2, a.dlogits, n, a.dh2);
+    ReluBackward(a.h2, a.dh2, int64_t(n) * 200);
+    fc2_.Backward(a.h1, a.dh2, n, a.dh1);
+    ReluBackward(a.h1, a.dh1, int64_t(n) * 200);
+    fc1_.Backward(x, a.dh1, n, nullptr);
     return loss;
   }
 
   float TrainStepSgd(const float* x, const int32_t* y, int n, float lr, float wd) override {
-    float* h1 = Arena(size_t(n) * 820);
-    float* h2 = h1 + size_t(n) * 200;
-    float* logits = h2 + size_t(n) * 200;
-    float* dlogits = logits + size_t(n) * 10;
-    float* dh2 = dlogits + size_t(n) * 10;
-    float* dh1 = dh2 + size_t(n) * 200;
-    fc1_.Forward(x, n, h1);
-    ReluForward(h1, int64_t(n) * 200);
-    fc2_.Forward(h1, n, h2);
-    ReluForward(h2, int64_t(n) * 200);
-    fc3_.Forward(h2, n, logits);
-    const float loss = SoftmaxCrossEntropy(logits, y, n, 10, dlogits);
-    fc3_.BackwardSgd(h2, dlogits, n, dh2, lr, wd);
-    ReluBackward(h2, dh2, int64_t(n) * 200);
-    fc2_.BackwardSgd(h1, dh2, n, dh1, lr, wd);
-    ReluBackward(h1, dh1, int64_t(n) * 200);
-    fc1_.BackwardSgd(x, dh1, n, nullptr, lr, wd);
+    Activations a = Layout(n);
+    RunForward(a, x, n);
+    const float loss = SoftmaxCrossEntropy(a.logits, y, n, 10, a.dlogits);
+    fc3_.BackwardSgd(a.h2, a.dlogits, n, a.dh2, lr, wd);
+    ReluBackward(a.h2, a.dh2, int64_t(n) * 200);
+    fc2_.BackwardSgd(a.h1, a.dh2, n, a.dh1, lr, wd);
+    ReluBackward(a.h1, a.dh1, int64_t(n) * 200);
+    fc1_.BackwardSgd(x, a.dh1, n, nullptr, lr, wd);
     return loss;
   }
 
  private:
+  struct Activations {
+    float *h1, *h2, *logits, *dlogits, *dh2, *dh1;
+  };
+
+  // h1, h2 [n,200] | logits, dlogits [n,10] | dh2, dh1 [n,200], in the arena.
+  Activations Layout(int n) {
+    float* p = Arena(size_t(n) * 820);
+    const size_t m = size_t(n);
+    return {p, p + 200 * m, p + 400 * m, p + 410 * m, p + 420 * m, p + 620 * m};
+  }
+
+  void RunForward(Activations& a, const float* x, int n) {
+    fc1_.Forward(x, n, a.h1);
+    ReluForward(a.h1, int64_t(n) * 200);
+    fc2_.Forward(a.h1, n, a.h2);
+    ReluForward(a.h2, int64_t(n) * 200);
+    fc3_.Forward(a.h2, n, a.logits);
+  }
+
   Linear fc1_, fc2_, fc3_;
 };
 
