@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <thread>
 
 #include "models/layers.h"
 
@@ -266,6 +267,36 @@ EvalResult Evaluate(Model& model, const float* x, const int32_t* y, uint64_t n, 
   result.loss = n ? loss / double(n) : 0;
   result.accuracy = n ? double(correct) / double(n) : 0;
   return result;
+}
+
+}  // namespace estuary::models
+
+namespace estuary::models {
+
+EvalResult EvaluateParallel(std::vector<std::unique_ptr<Model>>& replicas, std::span<const float> params,
+                            const float* x, const int32_t* y, uint64_t n) {
+  const size_t parts = replicas.size();
+  std::vector<EvalResult> results(parts);
+  auto run = [&](size_t part) {
+    const uint64_t begin = n * part / parts, end = n * (part + 1) / parts;
+    Model& model = *replicas[part];
+    std::copy(params.begin(), params.end(), model.parameters().begin());
+    results[part] = Evaluate(model, x + begin * model.input_size(), y + begin, end - begin);
+  };
+  std::vector<std::thread> threads;
+  for (size_t part = 1; part < parts; ++part) threads.emplace_back(run, part);
+  run(0);
+  for (auto& t : threads) t.join();
+  EvalResult total;
+  double loss = 0, correct = 0;
+  for (const auto& r : results) {
+    loss += r.loss * double(r.examples);
+    correct += r.accuracy * double(r.examples);
+    total.examples += r.examples;
+  }
+  total.loss = total.examples ? loss / double(total.examples) : 0;
+  total.accuracy = total.examples ? correct / double(total.examples) : 0;
+  return total;
 }
 
 }  // namespace estuary::models

@@ -13,6 +13,7 @@
 #include <memory>
 #include <span>
 #include <string_view>
+#include <vector>
 
 #include "base/status.h"
 #include "models/tensor.h"
@@ -61,5 +62,11 @@ Result<std::unique_ptr<Model>> MakeModel(std::string_view name);
 
 // Mean loss and accuracy of `model` over n examples, in batches.
 EvalResult Evaluate(Model& model, const float* x, const int32_t* y, uint64_t n, int batch = 500);
+
+// The same with `params` loaded into each replica and the examples split into
+// one contiguous slice per replica, each on its own thread. Slices are
+// combined in order, so the result does not depend on thread timing.
+EvalResult EvaluateParallel(std::vector<std::unique_ptr<Model>>& replicas, std::span<const float> params,
+                            const float* x, const int32_t* y, uint64_t n);
 
 }  // namespace estuary::models

@@ -41,7 +41,11 @@ Status Coordinator::Recover() {
   if (!config_.eval_data.empty()) {
     ESTUARY_ASSIGN_OR_RETURN(auto test, models::LoadIdx(config_.eval_data, models::Split::kTest));
     eval_data_ = std::move(test);
-    ESTUARY_ASSIGN_OR_RETURN(eval_model_, models::MakeModel(config_.task.model()));
+    // Evaluation runs between rounds, when the clients are idle: two threads.
+    for (int i = 0; i < 2; ++i) {
+      ESTUARY_ASSIGN_OR_RETURN(auto replica, models::MakeModel(config_.task.model()));
+      eval_models_.push_back(std::move(replica));
+    }
   }
   std::error_code ec;
   std::filesystem::create_directories(config_.checkpoint_dir, ec);
@@ -480,9 +484,8 @@ void Coordinator::Aggregate() {
     if (status.ok()) {
       checksum = ChecksumOf(*global);
       if (eval_data_) {
-        std::memcpy(eval_model_->parameters().data(), global->data(), global->size() * sizeof(float));
-        eval = models::Evaluate(*eval_model_, eval_data_->features.data(), eval_data_->labels.data(),
-                                eval_data_->size());
+        eval = models::EvaluateParallel(eval_models_, *global, eval_data_->features.data(),
+                                        eval_data_->labels.data(), eval_data_->size());
       }
       status = WriteCheckpoint(round, *global, checksum, &path);
     }

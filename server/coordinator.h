@@ -99,7 +99,7 @@ class Coordinator {
   boost::asio::steady_timer retry_;
 
   std::unique_ptr<aggregation::Strategy> strategy_;  // touched only on worker_
-  std::unique_ptr<models::Model> eval_model_;         // touched only on worker_
+  std::vector<std::unique_ptr<models::Model>> eval_models_;  // one per evaluation thread; touched only on worker_
   std::optional<models::Dataset> eval_data_;
   models::Manifest manifest_;
   std::shared_ptr<const std::vector<float>> global_;
