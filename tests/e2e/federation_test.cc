@@ -392,6 +392,37 @@ TEST(Federation, ARestartedServerResumesAfterTheLastCommittedRound) {
   EXPECT_EQ((*rounds)[2].model_version, 3u);
 }
 
+// FedAdam's moments live in the strategy and go into every checkpoint. A
+// federation stopped after round 1 and restarted must reach exactly the
+// round-2 model of one that never stopped; without the moments it would not.
+TEST(Federation, FedAdamStateSurvivesARestartBitForBit) {
+  const std::vector<std::string> fedadam = {"--strategy", "fedadam", "--server-lr", "0.01"};
+  std::string continuous;
+  {
+    Federation f;
+    f.Issue("site-a");
+    const uint16_t port = f.StartServer(2, 1, fedadam);
+    auto a = f.StartClient("site-a", port);
+    EXPECT_EQ(a->Wait(), 0);
+    ASSERT_EQ(f.WaitServer(), 0) << f.ServerLog();
+    auto round = f.OpenStore()->GetRound(2);
+    ASSERT_TRUE(round.ok() && round->has_value());
+    continuous = (*round)->global_checksum;
+  }
+  Federation f;
+  f.Issue("site-a");
+  for (uint64_t rounds : {1, 2}) {
+    const uint16_t port = f.StartServer(rounds, 1, fedadam);
+    auto a = f.StartClient("site-a", port);
+    EXPECT_EQ(a->Wait(), 0);
+    ASSERT_EQ(f.WaitServer(), 0) << f.ServerLog();
+  }
+  EXPECT_TRUE(std::filesystem::exists(f.db().string() + ".checkpoints/global-r00001.safetensors.strategy"));
+  auto round = f.OpenStore()->GetRound(2);
+  ASSERT_TRUE(round.ok() && round->has_value());
+  EXPECT_EQ((*round)->global_checksum, continuous);
+}
+
 uint16_t FreePort() {
   boost::asio::io_context io;
   boost::asio::ip::tcp::acceptor acceptor(io, {boost::asio::ip::make_address("127.0.0.1"), 0});
