@@ -76,19 +76,6 @@ Status WriteIdxPair(const fs::path& dir, const std::string& prefix, const Datase
 
 }  // namespace
 
-Dataset Dataset::Subset(const std::vector<uint32_t>& indices) const {
-  Dataset out;
-  out.feature_size = feature_size;
-  out.num_classes = num_classes;
-  out.features.resize(indices.size() * size_t(feature_size));
-  out.labels.resize(indices.size());
-  for (size_t i = 0; i < indices.size(); ++i) {
-    std::memcpy(out.features.data() + i * feature_size, row(indices[i]), feature_size * sizeof(float));
-    out.labels[i] = labels[indices[i]];
-  }
-  return out;
-}
-
 Result<Dataset> LoadIdx(const fs::path& dir, Split split) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) return NotFound("{}: no such data directory", dir.string());

@@ -22,8 +22,6 @@ struct Dataset {
 
   uint64_t size() const { return labels.size(); }
   const float* row(uint64_t i) const { return features.data() + i * feature_size; }
-  // The examples at `indices`, in that order.
-  Dataset Subset(const std::vector<uint32_t>& indices) const;
 };
 
 enum class Split { kTrain, kTest };
