@@ -60,6 +60,7 @@ void Agent::Connect() {
   writing_ = false;
   upload_.reset();
   Status named = crypto::VerifyServerName(stream_->native_handle(), options_.host);
+  if (named.ok() && options_.identity) named = crypto::UseIdentity(stream_->native_handle(), *options_.identity);
   if (!named.ok()) return Finish(named);
   resolver_.async_resolve(options_.host, std::to_string(options_.port),
                           [self = shared_from_this(), connection, stream = stream_](const error_code& ec, tcp::resolver::results_type results) {

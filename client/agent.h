@@ -21,6 +21,7 @@
 
 #include "base/status.h"
 #include "client/trainer.h"
+#include "crypto/tls.h"
 #include "estuary.pb.h"
 #include "models/tensor.h"
 
@@ -30,6 +31,9 @@ struct AgentOptions {
   std::string host = "127.0.0.1";
   uint16_t port = 7443;
   std::shared_ptr<boost::asio::ssl::context> tls;
+  // When set, presented on every connection instead of the context's own
+  // certificate (many simulated sites sharing one context).
+  std::shared_ptr<const crypto::Identity> identity;
   double initial_backoff_s = 0.25;
   double max_backoff_s = 30;
   uint32_t chunk_bytes = 1u << 20;   // upper bound; the server's Welcome may lower it

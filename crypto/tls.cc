@@ -22,6 +22,16 @@ constexpr unsigned char kSessionIdContext[] = "estuary";
 // so that every failure names the file; the parsed objects are then handed to
 // OpenSSL directly rather than re-reading the files.
 Status LoadFiles(SSL_CTX* ctx, const TlsFiles& files) {
+  if (files.cert.empty() && files.key.empty()) {  // trust only: identities come per connection
+    ESTUARY_ASSIGN_OR_RETURN(auto ca_certs, internal::ReadCertificates(files.ca));
+    X509_STORE* store = SSL_CTX_get_cert_store(ctx);
+    for (const X509Ptr& ca : ca_certs) {
+      if (X509_STORE_add_cert(store, ca.get()) != 1) {
+        return InvalidArgument("crypto: {}: CA certificate refused: {}", files.ca.string(), TakeOpenSslErrors());
+      }
+    }
+    return Status::Ok();
+  }
   ESTUARY_ASSIGN_OR_RETURN(auto chain, internal::ReadCertificates(files.cert));
   ESTUARY_ASSIGN_OR_RETURN(auto key, internal::ReadPrivateKey(files.key));
   ESTUARY_ASSIGN_OR_RETURN(auto ca_certs, internal::ReadCertificates(files.ca));
@@ -89,7 +99,50 @@ bool IsIpLiteral(const std::string& host) {
 
 Result<std::shared_ptr<ssl::context>> MakeServerContext(const TlsFiles& files) { return MakeContext(files, true); }
 
-Result<std::shared_ptr<ssl::context>> MakeClientContext(const TlsFiles& files) { return MakeContext(files, false); }
+Result<std::shared_ptr<ssl::context>> MakeClientContext(const TlsFiles& files) {
+  if (files.cert.empty() || files.key.empty()) {
+    return InvalidArgument("crypto: a client context needs a certificate and a key");
+  }
+  return MakeContext(files, false);
+}
+
+Result<std::shared_ptr<ssl::context>> MakeTrustOnlyClientContext(const std::filesystem::path& ca) {
+  return MakeContext({{}, {}, ca}, false);
+}
+
+struct Identity::Parts {
+  std::vector<X509Ptr> chain;
+  internal::PkeyPtr key;
+};
+
+Identity::Identity(std::unique_ptr<Parts> parts) : parts_(std::move(parts)) {}
+Identity::~Identity() = default;
+
+Result<std::shared_ptr<const Identity>> LoadIdentity(const std::filesystem::path& cert,
+                                                     const std::filesystem::path& key) {
+  auto parts = std::make_unique<Identity::Parts>();
+  ESTUARY_ASSIGN_OR_RETURN(parts->chain, internal::ReadCertificates(cert));
+  ESTUARY_ASSIGN_OR_RETURN(parts->key, internal::ReadPrivateKey(key));
+  ESTUARY_RETURN_IF_ERROR(internal::CheckKeyMatches(parts->chain.front().get(), parts->key.get(), cert, key));
+  return std::make_shared<const Identity>(std::move(parts));
+}
+
+Status UseIdentity(SSL* ssl, const Identity& identity) {
+  const auto& parts = identity.parts();
+  ERR_clear_error();
+  if (SSL_use_certificate(ssl, parts.chain.front().get()) != 1) {
+    return InvalidArgument("crypto: certificate refused: {}", TakeOpenSslErrors());
+  }
+  for (size_t i = 1; i < parts.chain.size(); ++i) {
+    if (SSL_add1_chain_cert(ssl, parts.chain[i].get()) != 1) {
+      return InvalidArgument("crypto: chain certificate {} refused: {}", i, TakeOpenSslErrors());
+    }
+  }
+  if (SSL_use_PrivateKey(ssl, parts.key.get()) != 1) {
+    return InvalidArgument("crypto: private key refused: {}", TakeOpenSslErrors());
+  }
+  return Status::Ok();
+}
 
 Status VerifyServerName(SSL* ssl, const std::string& host_in) {
   if (ssl == nullptr) return InvalidArgument("crypto: VerifyServerName: no SSL stream");

@@ -27,6 +27,29 @@ Result<std::shared_ptr<boost::asio::ssl::context>> MakeServerContext(const TlsFi
 // expected host name on each stream (VerifyServerName).
 Result<std::shared_ptr<boost::asio::ssl::context>> MakeClientContext(const TlsFiles& files);
 
+// A site's certificate chain and private key, parsed and checked once. One
+// process can then run many sites over one client context (OpenSSL 3 makes
+// each SSL_CTX expensive), each site attaching its identity to its own
+// connections with UseIdentity.
+class Identity {
+ public:
+  struct Parts;
+  explicit Identity(std::unique_ptr<Parts> parts);
+  ~Identity();
+  const Parts& parts() const { return *parts_; }
+
+ private:
+  std::unique_ptr<Parts> parts_;
+};
+
+Result<std::shared_ptr<const Identity>> LoadIdentity(const std::filesystem::path& cert,
+                                                     const std::filesystem::path& key);
+// Presents `identity` on this connection (before its handshake).
+Status UseIdentity(SSL* ssl, const Identity& identity);
+// A client context that trusts `ca` and has no identity of its own: every
+// connection made from it needs UseIdentity.
+Result<std::shared_ptr<boost::asio::ssl::context>> MakeTrustOnlyClientContext(const std::filesystem::path& ca);
+
 // Makes `ssl` check the server certificate's subjectAltName against `host`
 // (an IP literal or a DNS name) and sets SNI for DNS names.
 Status VerifyServerName(SSL* ssl, const std::string& host);
