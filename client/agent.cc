@@ -17,6 +17,8 @@ namespace asio = boost::asio;
 using asio::ip::tcp;
 using boost::system::error_code;
 
+constexpr size_t kKeepFrameBufferBytes = 64 << 10;
+
 static TaskConfig FromProto(const v1::TaskConfig& t) {
   TaskConfig task;
   task.model = t.model();
@@ -110,6 +112,9 @@ void Agent::ReadHeader() {
       auto envelope = proto::ParseEnvelope(self->body_.data(), self->body_.size());
       if (!envelope.ok()) return self->Disconnected(envelope.status().message());
       self->Dispatch(std::move(envelope).value());
+      // A model-sized frame buffer goes back to the allocator: a process with
+      // many agents would otherwise keep one per agent.
+      if (self->body_.capacity() > kKeepFrameBufferBytes) std::vector<uint8_t>().swap(self->body_);
       if (connection == self->connection_ && !self->stopped_) self->ReadHeader();
     });
   });
@@ -159,7 +164,7 @@ void Agent::OnRoundStart(const v1::RoundStart& start) {
     incoming_offset_ = 0;
     return;
   }
-  if (model_version_ != start.model_version() || model_checksum_ != start.model_checksum()) {
+  if (!model_ || model_version_ != start.model_version() || model_checksum_ != start.model_checksum()) {
     return Disconnected(fmt::format("round {}: server sent no model but we hold version {}", start.round(), model_version_));
   }
   Train();
@@ -181,7 +186,7 @@ void Agent::OnModelChunk(const v1::ModelChunk& chunk) {
                                     round_->model_checksum()));
   }
   spdlog::debug("{}: round {} model received", name_, round_->round());
-  model_ = std::move(incoming_);
+  model_ = std::make_shared<const std::vector<float>>(std::move(incoming_));
   incoming_.clear();
   model_version_ = round_->model_version();
   model_checksum_ = checksum;
@@ -195,7 +200,7 @@ void Agent::Train() {
   }
   busy_training_ = true;
   const uint64_t round = round_->round();
-  auto model = std::make_shared<const std::vector<float>>(model_);
+  auto model = model_;
   auto task = FromProto(round_->task());
   auto manifest = manifest_;
   asio::post(training_, [self = shared_from_this(), model, task, manifest, round] {
@@ -219,6 +224,11 @@ void Agent::OnTrained(uint64_t round, Result<Update> update) {
     return;
   }
   ++rounds_trained_;
+  if (!options_.keep_model) {
+    model_.reset();
+    model_version_ = 0;
+    model_checksum_.clear();
+  }
   spdlog::debug("{}: round {} trained in {:.3f} s; uploading", name_, round, update->seconds);
   auto payload = std::make_shared<const Update>(std::move(update).value());
   v1::Envelope envelope;

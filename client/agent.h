@@ -39,6 +39,10 @@ struct AgentOptions {
   uint32_t chunk_bytes = 1u << 20;   // upper bound; the server's Welcome may lower it
   uint64_t max_frame_bytes = 64u << 20;
   std::string label;                 // for logs before the server names us
+  // Keep the global model after training, so a reconnect in the same round
+  // needs no download. A simulator with many agents turns it off: otherwise
+  // it holds one model per client, O(clients x model).
+  bool keep_model = true;
 };
 
 class Agent : public std::enable_shared_from_this<Agent> {
@@ -98,8 +102,9 @@ class Agent : public std::enable_shared_from_this<Agent> {
   std::deque<std::shared_ptr<const std::string>> outbox_;
   bool writing_ = false;
 
-  // The global model we hold and the round we work on.
-  std::vector<float> model_;
+  // The global model we hold (shared with the training thread, never copied)
+  // and the round we work on.
+  std::shared_ptr<const std::vector<float>> model_;
   uint64_t model_version_ = 0;
   std::string model_checksum_;
   std::optional<v1::RoundStart> round_;

@@ -12,6 +12,8 @@ namespace estuary::server {
 namespace asio = boost::asio;
 using boost::system::error_code;
 
+constexpr size_t kKeepFrameBufferBytes = 64 << 10;
+
 Session::Session(SslStream stream, std::string address, Coordinator& coordinator, const ServerConfig& config)
     : stream_(std::move(stream)),
       address_(std::move(address)),
@@ -84,6 +86,9 @@ void Session::ReadBody(uint32_t size) {
     }
     self->ArmIdleTimer();
     self->Dispatch(std::move(envelope).value());
+    // Model-sized frame buffers go back to the allocator rather than staying
+    // with each of possibly thousands of idle sessions.
+    if (self->body_.capacity() > kKeepFrameBufferBytes) std::vector<uint8_t>().swap(self->body_);
     self->ReadHeader();
   });
 }

@@ -167,15 +167,12 @@ Status ProvisionCertificates(const fs::path& dir, const std::vector<std::string>
 Result<Report> RunLoopback(const Scenario& s, const RoundCallback& on_round) {
   ESTUARY_RETURN_IF_ERROR(CheckScenario(s));
   const auto start = Clock::now();
-  ESTUARY_ASSIGN_OR_RETURN(auto train, models::LoadIdx(s.data_dir, models::Split::kTrain));
-  ESTUARY_ASSIGN_OR_RETURN(auto trainers,
-                           MakeTrainers(s, std::make_shared<const models::Dataset>(std::move(train))));
   const auto names = ClientNames(s.clients);
   const fs::path certs = s.workdir / "certs";
   std::vector<std::string> all = names;
   all.push_back("server");
   ESTUARY_RETURN_IF_ERROR(ProvisionCertificates(certs, all));
-  spdlog::debug("loopback: data and certificates ready after {:.3f} s", Since(start));
+  spdlog::debug("loopback: certificates ready after {:.3f} s", Since(start));
 
   ServerProcess server;
   std::string host = "127.0.0.1";
@@ -197,9 +194,8 @@ Result<Report> RunLoopback(const Scenario& s, const RoundCallback& on_round) {
         "--seed", std::to_string(s.seed), "--strategy", s.strategy.name, "--server-lr",
         fmt::format("{}", s.strategy.server_lr), "--exit-when-done", "true", "--log-level", "info"};
     const fs::path log = s.workdir / "server.log";
+    // The server starts while this process loads its data and certificates.
     ESTUARY_RETURN_IF_ERROR(server.Spawn(binary, args, log));
-    ESTUARY_ASSIGN_OR_RETURN(port, server.WaitForPort());
-    spdlog::debug("loopback: server listening after {:.3f} s", Since(start));
   } else {
     const auto colon = s.server.rfind(':');
     if (colon == std::string::npos) return InvalidArgument("sim: --server '{}': expected HOST:PORT", s.server);
@@ -208,6 +204,9 @@ Result<Report> RunLoopback(const Scenario& s, const RoundCallback& on_round) {
     db = s.round_log;
   }
 
+  ESTUARY_ASSIGN_OR_RETURN(auto train, models::LoadIdx(s.data_dir, models::Split::kTrain));
+  ESTUARY_ASSIGN_OR_RETURN(auto trainers,
+                           MakeTrainers(s, std::make_shared<const models::Dataset>(std::move(train))));
   boost::asio::io_context io;
   boost::asio::thread_pool training(s.threads);
   Report report;
@@ -234,6 +233,11 @@ Result<Report> RunLoopback(const Scenario& s, const RoundCallback& on_round) {
     load();
     for (auto& t : loaders) t.join();
   }
+  spdlog::debug("loopback: data and {} identities ready after {:.3f} s", names.size(), Since(start));
+  if (s.server.empty()) {
+    ESTUARY_ASSIGN_OR_RETURN(port, server.WaitForPort());
+    spdlog::debug("loopback: server listening after {:.3f} s", Since(start));
+  }
   for (size_t i = 0; i < names.size(); ++i) {
     auto& identity = *identities[i];
     if (!identity.ok()) return identity.status();
@@ -242,6 +246,7 @@ Result<Report> RunLoopback(const Scenario& s, const RoundCallback& on_round) {
     options.port = port;
     options.tls = tls;
     options.identity = *identity;
+    options.keep_model = false;
     options.label = names[i];
     auto agent = std::make_shared<client::Agent>(io, options, *trainers[i], training.get_executor());
     agent->on_round_closed = [&](const v1::RoundClosed& closed) {
@@ -266,7 +271,6 @@ Result<Report> RunLoopback(const Scenario& s, const RoundCallback& on_round) {
     };
     agents.push_back(agent);
   }
-  spdlog::debug("loopback: {} identities ready after {:.3f} s", agents.size(), Since(start));
   for (auto& agent : agents) agent->Start();
 
   // A dead server would leave the agents reconnecting forever: watch it.
