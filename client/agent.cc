@@ -238,13 +238,12 @@ void Agent::OnTrained(uint64_t round, Result<Update> update) {
   begin->set_num_examples(payload->num_examples);
   begin->set_train_loss(payload->train_loss);
   *begin->mutable_manifest() = proto::ToProto(payload->manifest);
-  begin->set_checksum(crypto::Sha256Hex(payload->payload.data(), payload->payload.size() * sizeof(float)));
   begin->set_train_seconds(payload->seconds);
   Send(envelope);
   upload_ = payload;
   upload_round_ = round;
   upload_offset_ = 0;
-  upload_committed_ = false;
+  upload_hasher_ = std::make_unique<crypto::Sha256>();
   WriteNext();
 }
 
@@ -264,11 +263,15 @@ void Agent::WriteNext() {
       chunk->set_round(upload_round_);
       chunk->set_offset(upload_offset_);
       chunk->set_dtype(v1::DTYPE_F32);
-      chunk->set_data(reinterpret_cast<const char*>(upload_->payload.data()) + upload_offset_, size);
+      const char* bytes = reinterpret_cast<const char*>(upload_->payload.data()) + upload_offset_;
+      chunk->set_data(bytes, size);
+      upload_hasher_->Update(bytes, size);  // one pass: hashed as it is sent
       upload_offset_ += size;
     } else {
       envelope.mutable_update_commit()->set_round(upload_round_);
+      envelope.mutable_update_commit()->set_checksum(crypto::ToHex(upload_hasher_->Final()));
       upload_.reset();
+      upload_hasher_.reset();
     }
     outbox_.push_back(std::make_shared<const std::string>(proto::EncodeFrame(envelope)));
   }

@@ -21,6 +21,7 @@
 
 #include "base/status.h"
 #include "client/trainer.h"
+#include "crypto/sha256.h"
 #include "crypto/tls.h"
 #include "estuary.pb.h"
 #include "models/tensor.h"
@@ -120,7 +121,7 @@ class Agent : public std::enable_shared_from_this<Agent> {
   std::shared_ptr<const Update> upload_;
   uint64_t upload_round_ = 0;
   uint64_t upload_offset_ = 0;
-  bool upload_committed_ = false;
+  std::unique_ptr<crypto::Sha256> upload_hasher_;
 };
 
 }  // namespace estuary::client

@@ -274,9 +274,6 @@ void Coordinator::OnUpdateBegin(const std::shared_ptr<Session>& session, const v
   if (!(*manifest == manifest_)) {
     return Reject(session, v1::Error::BAD_MESSAGE, "update manifest does not match the global model's");
   }
-  if (begin.checksum().size() != 64) {
-    return Reject(session, v1::Error::BAD_MESSAGE, "update checksum is not a sha256 hex digest");
-  }
   p.begin = begin;
   if (staging_in_use_ >= config_.staging_slots) {
     p.waiting_for_slot = true;
@@ -284,7 +281,7 @@ void Coordinator::OnUpdateBegin(const std::shared_ptr<Session>& session, const v
     session->Pause();  // backpressure: its chunks wait in the socket until a slot frees
     return;
   }
-  auto staged = StagedUpdate::Create(manifest_, begin.checksum(), config_.staging_memory_bytes, config_.spill_dir);
+  auto staged = StagedUpdate::Create(manifest_, config_.staging_memory_bytes, config_.spill_dir);
   if (!staged.ok()) return Reject(session, v1::Error::SERVER_BUSY, staged.status().message());
   p.staged = std::move(staged).value();
   ++staging_in_use_;
@@ -318,7 +315,7 @@ void Coordinator::GrantSlots() {
     p.waiting_for_slot = false;
     auto session = p.session.lock();
     if (!session || session->closed()) continue;
-    auto staged = StagedUpdate::Create(manifest_, p.begin.checksum(), config_.staging_memory_bytes, config_.spill_dir);
+    auto staged = StagedUpdate::Create(manifest_, config_.staging_memory_bytes, config_.spill_dir);
     if (!staged.ok()) {
       Reject(session, v1::Error::SERVER_BUSY, staged.status().message());
       continue;
@@ -360,7 +357,10 @@ void Coordinator::OnUpdateCommit(const std::shared_ptr<Session>& session, const 
                   fmt::format("update commit for round {}, which has no open upload from this client", commit.round()));
   }
   Participant& p = it->second;
-  Status committed = p.staged->Commit();
+  if (commit.checksum().size() != 64) {
+    return Reject(session, v1::Error::BAD_MESSAGE, "update checksum is not a sha256 hex digest");
+  }
+  Status committed = p.staged->Commit(commit.checksum());
   if (!committed.ok()) return Reject(session, v1::Error::CHECKSUM_MISMATCH, committed.message());
 
   p.record.status = "folding";

@@ -12,10 +12,9 @@
 namespace estuary::server {
 
 Result<std::unique_ptr<StagedUpdate>> StagedUpdate::Create(const models::Manifest& manifest,
-                                                           std::string expected_sha256,
                                                            uint64_t memory_budget,
                                                            const std::filesystem::path& spill_dir) {
-  std::unique_ptr<StagedUpdate> staged(new StagedUpdate(manifest, std::move(expected_sha256)));
+  std::unique_ptr<StagedUpdate> staged(new StagedUpdate(manifest));
   staged->size_bytes_ = manifest.byte_size();
   if (staged->size_bytes_ <= memory_budget) {
     staged->memory_.resize(staged->size_bytes_ / sizeof(float));
@@ -51,15 +50,15 @@ Status StagedUpdate::Append(uint64_t offset, v1::DType dtype, const std::string&
   return Status::Ok();
 }
 
-Status StagedUpdate::Commit() {
+Status StagedUpdate::Commit(const std::string& sha256_hex) {
   if (committed_) return ProtocolError("commit: the update was already committed");
   if (next_offset_ != size_bytes_) {
     return ProtocolError("commit: {} of {} bytes received", next_offset_, size_bytes_);
   }
   const auto digest = hasher_.Final();
   const std::string actual = crypto::ToHex(digest);
-  if (actual != expected_sha256_) {
-    return ProtocolError("commit: payload sha256 {} does not match the announced {}", actual, expected_sha256_);
+  if (actual != sha256_hex) {
+    return ProtocolError("commit: payload sha256 {} does not match the announced {}", actual, sha256_hex);
   }
   committed_ = true;
   return Status::Ok();

@@ -27,14 +27,13 @@ class StagedUpdate {
   // Reserves room for manifest.byte_size() bytes, in memory if that is at most
   // memory_budget, else in a temporary file under spill_dir.
   static Result<std::unique_ptr<StagedUpdate>> Create(const models::Manifest& manifest,
-                                                      std::string expected_sha256,
                                                       uint64_t memory_budget,
                                                       const std::filesystem::path& spill_dir);
   ~StagedUpdate();
 
   Status Append(uint64_t offset, v1::DType dtype, const std::string& bytes);
-  // Every byte present and the checksum right.
-  Status Commit();
+  // Every byte present and their SHA-256 equal to `sha256_hex`.
+  Status Commit(const std::string& sha256_hex);
 
   uint64_t received_bytes() const { return next_offset_; }
   bool spilled() const { return mapped_ != nullptr; }
@@ -42,10 +41,9 @@ class StagedUpdate {
   std::span<const float> values() const;
 
  private:
-  StagedUpdate(models::Manifest manifest, std::string sha) : manifest_(std::move(manifest)), expected_sha256_(std::move(sha)) {}
+  explicit StagedUpdate(models::Manifest manifest) : manifest_(std::move(manifest)) {}
 
   models::Manifest manifest_;
-  std::string expected_sha256_;
   uint64_t size_bytes_ = 0;
   uint64_t next_offset_ = 0;
   bool committed_ = false;

@@ -243,15 +243,16 @@ TEST(Federation, BadFramesGetAnErrorAndAClosedConnection) {
   EXPECT_EQ((*rounds)[0].updates_received, 1u);
 }
 
-// Six selected sites: a real client, and five raw ones that each break the
+// Seven selected sites: a real client, and six raw ones that each break the
 // upload protocol differently. The round commits with exactly the two valid
 // updates; nothing of the others reaches the aggregate.
 TEST(Federation, UploadViolationsAreRejectedAndTheRoundCarriesOn) {
   Federation f;
-  const std::vector<std::string> raw = {"site-dup", "site-offset", "site-dtype", "site-wrong-round", "site-killed"};
+  const std::vector<std::string> raw = {"site-dup",         "site-offset", "site-dtype",
+                                       "site-wrong-round", "site-sum",    "site-killed"};
   for (const auto& name : raw) f.Issue(name);
   f.Issue("site-good");
-  const uint16_t port = f.StartServer(1, 6, {"--chunk-bytes", "65536"});
+  const uint16_t port = f.StartServer(1, 7, {"--chunk-bytes", "65536"});
   std::map<std::string, std::unique_ptr<RawClient>> clients;
   for (const auto& name : raw) {
     auto client = RawClient::Connect(port, f.Files(name));
@@ -279,9 +280,7 @@ TEST(Federation, UploadViolationsAreRejectedAndTheRoundCarriesOn) {
       ASSERT_TRUE(c.Send(MakeChunk(start.round(), offset, reinterpret_cast<const char*>(zeros.data()) + offset,
                                    std::min<size_t>(65536, n * 4 - offset))).ok());
     }
-    v1::Envelope commit;
-    commit.mutable_update_commit()->set_round(start.round());
-    ASSERT_TRUE(c.Send(commit).ok());
+    ASSERT_TRUE(c.Send(MakeCommit(start.round(), zeros)).ok());
     auto ack = c.Receive();
     ASSERT_TRUE(ack.ok() && ack->has_update_ack()) << ack.status().ToString();
     EXPECT_TRUE(ack->update_ack().accepted());
@@ -324,6 +323,23 @@ TEST(Federation, UploadViolationsAreRejectedAndTheRoundCarriesOn) {
     EXPECT_EQ(reply->error().code(), v1::Error::ROUND_NOT_OPEN);
     EXPECT_TRUE(c.Closed());
   }
+  // Every byte sent, but the commit announces another checksum.
+  {
+    auto& c = *clients["site-sum"];
+    const auto& start = starts["site-sum"];
+    ASSERT_TRUE(c.Send(MakeUpdateBegin(start, zeros, 50)).ok());
+    for (size_t offset = 0; offset < n * 4; offset += 65536) {
+      ASSERT_TRUE(c.Send(MakeChunk(start.round(), offset, reinterpret_cast<const char*>(zeros.data()) + offset,
+                                   std::min<size_t>(65536, n * 4 - offset))).ok());
+    }
+    std::vector<float> other = zeros;
+    other[0] = 1.0f;
+    ASSERT_TRUE(c.Send(MakeCommit(start.round(), other)).ok());
+    auto reply = c.Receive();
+    ASSERT_TRUE(reply.ok() && reply->has_error());
+    EXPECT_EQ(reply->error().code(), v1::Error::CHECKSUM_MISMATCH) << reply->error().message();
+    EXPECT_TRUE(c.Closed());
+  }
   // Killed mid-upload: half of a poisonous update, then the socket dies.
   {
     auto& c = *clients["site-killed"];
@@ -340,7 +356,7 @@ TEST(Federation, UploadViolationsAreRejectedAndTheRoundCarriesOn) {
   auto round = store->GetRound(1);
   ASSERT_TRUE(round.ok() && round->has_value());
   EXPECT_EQ((*round)->state, server::RoundState::kCommitted);
-  EXPECT_EQ((*round)->clients_selected, 6u);
+  EXPECT_EQ((*round)->clients_selected, 7u);
   EXPECT_EQ((*round)->updates_received, 2u);
   auto p = ParticipationsByName(*store, 1);
   EXPECT_EQ(p["site-good"].status, "committed");
@@ -348,6 +364,7 @@ TEST(Federation, UploadViolationsAreRejectedAndTheRoundCarriesOn) {
   EXPECT_EQ(p["site-offset"].status, "rejected");
   EXPECT_EQ(p["site-dtype"].status, "rejected");
   EXPECT_EQ(p["site-wrong-round"].status, "rejected");
+  EXPECT_EQ(p["site-sum"].status, "rejected");
   EXPECT_EQ(p["site-killed"].status, "dropped") << f.ServerLog();
 
   // FedAvg of the good update (300 examples) and a zero delta (50 examples):

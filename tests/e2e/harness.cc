@@ -203,7 +203,13 @@ v1::Envelope MakeUpdateBegin(const v1::RoundStart& start, const std::vector<floa
   begin->set_num_examples(examples);
   begin->set_train_loss(1.0);
   *begin->mutable_manifest() = start.manifest();
-  begin->set_checksum(crypto::Sha256Hex(values.data(), values.size() * sizeof(float)));
+  return envelope;
+}
+
+v1::Envelope MakeCommit(uint64_t round, const std::vector<float>& values) {
+  v1::Envelope envelope;
+  envelope.mutable_update_commit()->set_round(round);
+  envelope.mutable_update_commit()->set_checksum(crypto::Sha256Hex(values.data(), values.size() * sizeof(float)));
   return envelope;
 }
 

@@ -83,6 +83,8 @@ class RawClient {
 
 // An UpdateBegin for `values` laid out like `start`'s manifest.
 v1::Envelope MakeUpdateBegin(const v1::RoundStart& start, const std::vector<float>& values, uint64_t examples);
+// The UpdateCommit for a payload of `values`.
+v1::Envelope MakeCommit(uint64_t round, const std::vector<float>& values);
 v1::Envelope MakeChunk(uint64_t round, uint64_t offset, const void* data, size_t size,
                        v1::DType dtype = v1::DTYPE_F32);
 

@@ -25,13 +25,13 @@ TEST_P(StagingTest, AssemblesChunksAndChecksTheChecksum) {
   std::vector<float> values(1000);
   std::iota(values.begin(), values.end(), 0.5f);
   const std::string sha = crypto::Sha256Hex(values.data(), values.size() * 4);
-  auto staged = StagedUpdate::Create(Flat(1000), sha, GetParam(), std::filesystem::temp_directory_path());
+  auto staged = StagedUpdate::Create(Flat(1000), GetParam(), std::filesystem::temp_directory_path());
   ASSERT_TRUE(staged.ok()) << staged.status().ToString();
   EXPECT_EQ((*staged)->spilled(), GetParam() < 4000);
   ASSERT_TRUE((*staged)->Append(0, v1::DTYPE_F32, Bytes(values, 0, 1024)).ok());
-  EXPECT_FALSE((*staged)->Commit().ok());  // incomplete
+  EXPECT_FALSE((*staged)->Commit(sha).ok());  // incomplete
   ASSERT_TRUE((*staged)->Append(1024, v1::DTYPE_F32, Bytes(values, 1024, 4000)).ok());
-  ASSERT_TRUE((*staged)->Commit().ok());
+  ASSERT_TRUE((*staged)->Commit(sha).ok());
   auto span = (*staged)->values();
   ASSERT_EQ(span.size(), 1000u);
   EXPECT_TRUE(std::equal(span.begin(), span.end(), values.begin()));
@@ -39,17 +39,17 @@ TEST_P(StagingTest, AssemblesChunksAndChecksTheChecksum) {
 
 TEST_P(StagingTest, RefusesAWrongChecksum) {
   std::vector<float> values(100, 1.0f);
-  auto staged = StagedUpdate::Create(Flat(100), std::string(64, '0'), GetParam(), std::filesystem::temp_directory_path());
+  auto staged = StagedUpdate::Create(Flat(100), GetParam(), std::filesystem::temp_directory_path());
   ASSERT_TRUE(staged.ok());
   ASSERT_TRUE((*staged)->Append(0, v1::DTYPE_F32, Bytes(values, 0, 400)).ok());
-  auto committed = (*staged)->Commit();
+  auto committed = (*staged)->Commit(std::string(64, '0'));
   ASSERT_FALSE(committed.ok());
   EXPECT_NE(committed.message().find("does not match"), std::string::npos);
 }
 
 TEST_P(StagingTest, RefusesOutOfOrderChunks) {
   std::vector<float> values(100, 1.0f);
-  auto staged = StagedUpdate::Create(Flat(100), std::string(64, '0'), GetParam(), std::filesystem::temp_directory_path());
+  auto staged = StagedUpdate::Create(Flat(100), GetParam(), std::filesystem::temp_directory_path());
   ASSERT_TRUE(staged.ok());
   EXPECT_FALSE((*staged)->Append(8, v1::DTYPE_F32, Bytes(values, 0, 8)).ok());
   EXPECT_EQ((*staged)->received_bytes(), 0u);
