@@ -11,6 +11,23 @@ namespace estuary::models {
 
 namespace {
 
+// How a backward pass treats parameter gradients: write them into the flat
+// gradient buffer (ForwardBackward), or apply plain SGD with them on the spot
+// (TrainStepSgd). Layers implement both; models write their pass once.
+struct BackwardMode {
+  bool fused_sgd = false;
+  float lr = 0, weight_decay = 0;
+};
+
+template <typename Layer, typename... Args>
+void LayerBackward(const Layer& layer, const BackwardMode& mode, Args... args) {
+  if (mode.fused_sgd) {
+    layer.BackwardSgd(args..., mode.lr, mode.weight_decay);
+  } else {
+    layer.Backward(args...);
+  }
+}
+
 // The flat buffers and manifest shared by the models below. Tensors are
 // added in order; Finalize() allocates and hands out the views.
 class FlatModel : public Model {
@@ -91,28 +108,10 @@ class Mlp final : public FlatModel {
     std::memcpy(logits, a.logits, sizeof(float) * n * 10);
   }
 
-  float ForwardBackward(const float* x, const int32_t* y, int n) override {
-    Activations a = Layout(n);
-    RunForward(a, x, n);
-    const float loss = SoftmaxCrossEntropy(a.logits, y, n, 10, a.dlogits);
-    fc3_.Backward(a.h2, a.dlogits, n, a.dh2);
-    ReluBackward(a.h2, a.dh2, int64_t(n) * 200);
-    fc2_.Backward(a.h1, a.dh2, n, a.dh1);
-    ReluBackward(a.h1, a.dh1, int64_t(n) * 200);
-    fc1_.Backward(x, a.dh1, n, nullptr);
-    return loss;
-  }
+  float ForwardBackward(const float* x, const int32_t* y, int n) override { return Step(x, y, n, {}); }
 
   float TrainStepSgd(const float* x, const int32_t* y, int n, float lr, float wd) override {
-    Activations a = Layout(n);
-    RunForward(a, x, n);
-    const float loss = SoftmaxCrossEntropy(a.logits, y, n, 10, a.dlogits);
-    fc3_.BackwardSgd(a.h2, a.dlogits, n, a.dh2, lr, wd);
-    ReluBackward(a.h2, a.dh2, int64_t(n) * 200);
-    fc2_.BackwardSgd(a.h1, a.dh2, n, a.dh1, lr, wd);
-    ReluBackward(a.h1, a.dh1, int64_t(n) * 200);
-    fc1_.BackwardSgd(x, a.dh1, n, nullptr, lr, wd);
-    return loss;
+    return Step(x, y, n, {true, lr, wd});
   }
 
  private:
@@ -125,6 +124,18 @@ class Mlp final : public FlatModel {
     float* p = Arena(size_t(n) * 820);
     const size_t m = size_t(n);
     return {p, p + 200 * m, p + 400 * m, p + 410 * m, p + 420 * m, p + 620 * m};
+  }
+
+  float Step(const float* x, const int32_t* y, int n, const BackwardMode& mode) {
+    Activations a = Layout(n);
+    RunForward(a, x, n);
+    const float loss = SoftmaxCrossEntropy(a.logits, y, n, 10, a.dlogits);
+    LayerBackward(fc3_, mode, a.h2, a.dlogits, n, a.dh2);
+    ReluBackward(a.h2, a.dh2, int64_t(n) * 200);
+    LayerBackward(fc2_, mode, a.h1, a.dh2, n, a.dh1);
+    ReluBackward(a.h1, a.dh1, int64_t(n) * 200);
+    LayerBackward(fc1_, mode, x, a.dh1, n, static_cast<float*>(nullptr));
+    return loss;
   }
 
   void RunForward(Activations& a, const float* x, int n) {
@@ -168,36 +179,10 @@ class Cnn final : public FlatModel {
     std::memcpy(logits, a.logits, sizeof(float) * n * 10);
   }
 
-  float ForwardBackward(const float* x, const int32_t* y, int n) override {
-    Activations a = Layout(n);
-    RunForward(a, x, n);
-    const float loss = SoftmaxCrossEntropy(a.logits, y, n, 10, a.dlogits);
-    fc2_.Backward(a.f1, a.dlogits, n, a.df1);
-    ReluBackward(a.f1, a.df1, int64_t(n) * 512);
-    fc1_.Backward(a.p2, a.df1, n, a.dp2);
-    pool2_.Backward(a.dp2, a.arg2, n, a.dc2);
-    ReluBackward(a.c2, a.dc2, int64_t(n) * 64 * 196);
-    conv2_.Backward(a.cols2, a.dc2, n, a.dcol, a.dp1);
-    pool1_.Backward(a.dp1, a.arg1, n, a.dc1);
-    ReluBackward(a.c1, a.dc1, int64_t(n) * 32 * 784);
-    conv1_.Backward(a.cols1, a.dc1, n, a.dcol, nullptr);
-    return loss;
-  }
+  float ForwardBackward(const float* x, const int32_t* y, int n) override { return Step(x, y, n, {}); }
 
   float TrainStepSgd(const float* x, const int32_t* y, int n, float lr, float wd) override {
-    Activations a = Layout(n);
-    RunForward(a, x, n);
-    const float loss = SoftmaxCrossEntropy(a.logits, y, n, 10, a.dlogits);
-    fc2_.BackwardSgd(a.f1, a.dlogits, n, a.df1, lr, wd);
-    ReluBackward(a.f1, a.df1, int64_t(n) * 512);
-    fc1_.BackwardSgd(a.p2, a.df1, n, a.dp2, lr, wd);
-    pool2_.Backward(a.dp2, a.arg2, n, a.dc2);
-    ReluBackward(a.c2, a.dc2, int64_t(n) * 64 * 196);
-    conv2_.BackwardSgd(a.cols2, a.dc2, n, a.dcol, a.dp1, lr, wd);
-    pool1_.Backward(a.dp1, a.arg1, n, a.dc1);
-    ReluBackward(a.c1, a.dc1, int64_t(n) * 32 * 784);
-    conv1_.BackwardSgd(a.cols1, a.dc1, n, a.dcol, nullptr, lr, wd);
-    return loss;
+    return Step(x, y, n, {true, lr, wd});
   }
 
  private:
@@ -226,6 +211,22 @@ class Cnn final : public FlatModel {
             slots[6],  slots[7],  slots[8],  slots[9],  slots[10], slots[11],
             slots[12], slots[13], slots[14], reinterpret_cast<int32_t*>(slots[15]),
             reinterpret_cast<int32_t*>(slots[16])};
+  }
+
+  float Step(const float* x, const int32_t* y, int n, const BackwardMode& mode) {
+    Activations a = Layout(n);
+    RunForward(a, x, n);
+    const float loss = SoftmaxCrossEntropy(a.logits, y, n, 10, a.dlogits);
+    LayerBackward(fc2_, mode, a.f1, a.dlogits, n, a.df1);
+    ReluBackward(a.f1, a.df1, int64_t(n) * 512);
+    LayerBackward(fc1_, mode, a.p2, a.df1, n, a.dp2);
+    pool2_.Backward(a.dp2, a.arg2, n, a.dc2);
+    ReluBackward(a.c2, a.dc2, int64_t(n) * 64 * 196);
+    LayerBackward(conv2_, mode, a.cols2, a.dc2, n, a.dcol, a.dp1);
+    pool1_.Backward(a.dp1, a.arg1, n, a.dc1);
+    ReluBackward(a.c1, a.dc1, int64_t(n) * 32 * 784);
+    LayerBackward(conv1_, mode, a.cols1, a.dc1, n, a.dcol, static_cast<float*>(nullptr));
+    return loss;
   }
 
   void RunForward(Activations& a, const float* x, int n) {
