@@ -28,10 +28,24 @@ void LayerBackward(const Layer& layer, const BackwardMode& mode, Args... args) {
   }
 }
 
-// The flat buffers and manifest shared by the models below. Tensors are
-// added in order; Finalize() allocates and hands out the views.
+// What the models below share: the flat buffers and manifest (tensors are
+// registered in order, Allocate() creates the buffers, Bind() hands out the
+// views), the activation arena, and the Model entry points, which each model
+// implements through its own forward pass and Step.
 class FlatModel : public Model {
  public:
+  // Both models classify 28x28 digits into 10 classes.
+  int input_size() const override { return 784; }
+  int num_classes() const override { return 10; }
+
+  void Forward(const float* x, int n, float* logits) override {
+    std::memcpy(logits, ForwardToArena(x, n), sizeof(float) * n * num_classes());
+  }
+  float ForwardBackward(const float* x, const int32_t* y, int n) override { return Step(x, y, n, {}); }
+  float TrainStepSgd(const float* x, const int32_t* y, int n, float lr, float wd) override {
+    return Step(x, y, n, {true, lr, wd});
+  }
+
   const Manifest& manifest() const override { return manifest_; }
   std::span<float> parameters() override { return params_; }
   std::span<const float> parameters() const override { return params_; }
@@ -72,6 +86,11 @@ class FlatModel : public Model {
     layer.dw = grads_.data() + wo;
     layer.db = grads_.data() + bo;
   }
+  // The forward pass, in the arena; returns the logits there.
+  virtual const float* ForwardToArena(const float* x, int n) = 0;
+  // Forward, mean cross-entropy and backward in `mode`; returns the loss.
+  virtual float Step(const float* x, const int32_t* y, int n, const BackwardMode& mode) = 0;
+
   // Grows the activation arena to hold `floats`; never shrinks.
   float* Arena(size_t floats) {
     if (arena_.size() < floats) arena_.resize(floats);
@@ -99,22 +118,14 @@ class Mlp final : public FlatModel {
     Bind(fc3_, w3, b3);
   }
   std::string_view name() const override { return "mlp"; }
-  int input_size() const override { return 784; }
-  int num_classes() const override { return 10; }
-
-  void Forward(const float* x, int n, float* logits) override {
-    Activations a = Layout(n);
-    RunForward(a, x, n);
-    std::memcpy(logits, a.logits, sizeof(float) * n * 10);
-  }
-
-  float ForwardBackward(const float* x, const int32_t* y, int n) override { return Step(x, y, n, {}); }
-
-  float TrainStepSgd(const float* x, const int32_t* y, int n, float lr, float wd) override {
-    return Step(x, y, n, {true, lr, wd});
-  }
 
  private:
+  const float* ForwardToArena(const float* x, int n) override {
+    Activations a = Layout(n);
+    RunForward(a, x, n);
+    return a.logits;
+  }
+
   struct Activations {
     float *h1, *h2, *logits, *dlogits, *dh2, *dh1;
   };
@@ -126,7 +137,7 @@ class Mlp final : public FlatModel {
     return {p, p + 200 * m, p + 400 * m, p + 410 * m, p + 420 * m, p + 620 * m};
   }
 
-  float Step(const float* x, const int32_t* y, int n, const BackwardMode& mode) {
+  float Step(const float* x, const int32_t* y, int n, const BackwardMode& mode) override {
     Activations a = Layout(n);
     RunForward(a, x, n);
     const float loss = SoftmaxCrossEntropy(a.logits, y, n, 10, a.dlogits);
@@ -170,22 +181,14 @@ class Cnn final : public FlatModel {
     Bind(fc2_, w2, b2);
   }
   std::string_view name() const override { return "cnn"; }
-  int input_size() const override { return 784; }
-  int num_classes() const override { return 10; }
-
-  void Forward(const float* x, int n, float* logits) override {
-    Activations a = Layout(n);
-    RunForward(a, x, n);
-    std::memcpy(logits, a.logits, sizeof(float) * n * 10);
-  }
-
-  float ForwardBackward(const float* x, const int32_t* y, int n) override { return Step(x, y, n, {}); }
-
-  float TrainStepSgd(const float* x, const int32_t* y, int n, float lr, float wd) override {
-    return Step(x, y, n, {true, lr, wd});
-  }
 
  private:
+  const float* ForwardToArena(const float* x, int n) override {
+    Activations a = Layout(n);
+    RunForward(a, x, n);
+    return a.logits;
+  }
+
   struct Activations {
     float *cols1, *c1, *p1, *cols2, *c2, *p2, *f1, *logits;
     float *dlogits, *df1, *dp2, *dc2, *dp1, *dc1, *dcol;
@@ -213,7 +216,7 @@ class Cnn final : public FlatModel {
             reinterpret_cast<int32_t*>(slots[16])};
   }
 
-  float Step(const float* x, const int32_t* y, int n, const BackwardMode& mode) {
+  float Step(const float* x, const int32_t* y, int n, const BackwardMode& mode) override {
     Activations a = Layout(n);
     RunForward(a, x, n);
     const float loss = SoftmaxCrossEntropy(a.logits, y, n, 10, a.dlogits);
