@@ -133,6 +133,30 @@ RoundState ParseState(const std::string& s) {
 constexpr const char* kRoundColumns =
     "round, state, started_ms, ended_ms, model_version, global_checksum, strategy, clients_selected, "
     "updates_received, train_loss, test_accuracy, test_loss, bytes_up, bytes_down, detail";
+// kRoundColumns after `round`, as "col = ?" assignments for UPDATE.
+constexpr const char* kRoundAssignments =
+    "state = ?, started_ms = ?, ended_ms = ?, model_version = ?, global_checksum = ?, strategy = ?, "
+    "clients_selected = ?, updates_received = ?, train_loss = ?, test_accuracy = ?, test_loss = ?, "
+    "bytes_up = ?, bytes_down = ?, detail = ?";
+
+// Binds every round field after `round`, in kRoundColumns order; INSERT and
+// UPDATE both use it, so the two cannot drift apart.
+Statement& BindRoundValues(Statement& s, const RoundRecord& r, RoundState state) {
+  return s.Bind(std::string(RoundStateName(state)))
+      .Bind(r.started_ms)
+      .Bind(r.ended_ms)
+      .Bind(r.model_version)
+      .Bind(r.global_checksum)
+      .Bind(r.strategy)
+      .Bind(r.clients_selected)
+      .Bind(r.updates_received)
+      .Bind(r.train_loss)
+      .Bind(r.test_accuracy)
+      .Bind(r.test_loss)
+      .Bind(r.bytes_up)
+      .Bind(r.bytes_down)
+      .Bind(r.detail);
+}
 
 RoundRecord ReadRound(const Statement& s) {
   RoundRecord r;
@@ -259,22 +283,7 @@ Status Store::BeginRound(const RoundRecord& r) {
   ESTUARY_RETURN_IF_ERROR(Statement(db_, "DELETE FROM checkpoints WHERE round = ?").Bind(r.round).Run());
   Statement insert(db_, fmt::format("INSERT INTO rounds({}) VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                                     kRoundColumns).c_str());
-  ESTUARY_RETURN_IF_ERROR(insert.Bind(r.round)
-                              .Bind(std::string(RoundStateName(RoundState::kOpen)))
-                              .Bind(r.started_ms)
-                              .Bind(r.ended_ms)
-                              .Bind(r.model_version)
-                              .Bind(r.global_checksum)
-                              .Bind(r.strategy)
-                              .Bind(r.clients_selected)
-                              .Bind(r.updates_received)
-                              .Bind(r.train_loss)
-                              .Bind(r.test_accuracy)
-                              .Bind(r.test_loss)
-                              .Bind(r.bytes_up)
-                              .Bind(r.bytes_down)
-                              .Bind(r.detail)
-                              .Run());
+  ESTUARY_RETURN_IF_ERROR(BindRoundValues(insert.Bind(r.round), r, RoundState::kOpen).Run());
   return tx.Commit();
 }
 
@@ -329,25 +338,8 @@ Status Store::CommitRoundTransaction(const RoundRecord& r, const std::filesystem
   ESTUARY_ASSIGN_OR_RETURN(bool row, current.Bind(r.round).Step());
   if (!row) return FailedPrecondition("store: round {} was never begun", r.round);
   const std::string from = current.Text(0);
-  ESTUARY_RETURN_IF_ERROR(
-      Statement(db_,
-                "UPDATE rounds SET state = 'committed', ended_ms = ?, model_version = ?, global_checksum = ?, "
-                "strategy = ?, clients_selected = ?, updates_received = ?, train_loss = ?, test_accuracy = ?, "
-                "test_loss = ?, bytes_up = ?, bytes_down = ?, detail = ? WHERE round = ?")
-          .Bind(r.ended_ms)
-          .Bind(r.model_version)
-          .Bind(r.global_checksum)
-          .Bind(r.strategy)
-          .Bind(r.clients_selected)
-          .Bind(r.updates_received)
-          .Bind(r.train_loss)
-          .Bind(r.test_accuracy)
-          .Bind(r.test_loss)
-          .Bind(r.bytes_up)
-          .Bind(r.bytes_down)
-          .Bind(r.detail)
-          .Bind(r.round)
-          .Run());
+  Statement update(db_, fmt::format("UPDATE rounds SET {} WHERE round = ?", kRoundAssignments).c_str());
+  ESTUARY_RETURN_IF_ERROR(BindRoundValues(update, r, RoundState::kCommitted).Bind(r.round).Run());
   ESTUARY_RETURN_IF_ERROR(
       Statement(db_, "INSERT INTO transitions(round, from_state, to_state, at_ms, detail) VALUES(?, ?, 'committed', ?, '')")
           .Bind(r.round)
