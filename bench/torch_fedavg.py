@@ -9,13 +9,18 @@ Prints one JSON line: seconds, final accuracy, rounds.
 """
 import argparse
 import json
+import os
 import struct
+import sys
 import time
 
 import numpy as np
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
+
+# The same model definitions the numerics oracle checks Estuary against.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "models"))
+from torch_models import CNN, MLP  # noqa: E402
 
 
 def read_idx(path):
@@ -30,28 +35,6 @@ def load(data, split):
     x = read_idx(f"{data}/{prefix}-images-idx3-ubyte").astype(np.float32) / 255.0
     y = read_idx(f"{data}/{prefix}-labels-idx1-ubyte").astype(np.int64)
     return torch.from_numpy(x.reshape(len(x), 784)), torch.from_numpy(y)
-
-
-class MLP(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.fc1, self.fc2, self.fc3 = nn.Linear(784, 200), nn.Linear(200, 200), nn.Linear(200, 10)
-
-    def forward(self, x):
-        return self.fc3(F.relu(self.fc2(F.relu(self.fc1(x)))))
-
-
-class CNN(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.conv1, self.conv2 = nn.Conv2d(1, 32, 5, padding=2), nn.Conv2d(32, 64, 5, padding=2)
-        self.fc1, self.fc2 = nn.Linear(3136, 512), nn.Linear(512, 10)
-
-    def forward(self, x):
-        x = x.view(-1, 1, 28, 28)
-        x = F.max_pool2d(F.relu(self.conv1(x)), 2)
-        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
-        return self.fc2(F.relu(self.fc1(x.flatten(1))))
 
 
 def main():

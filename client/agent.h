@@ -24,6 +24,7 @@
 #include "crypto/sha256.h"
 #include "crypto/tls.h"
 #include "estuary.pb.h"
+#include "proto/frame.h"
 #include "models/tensor.h"
 
 namespace estuary::client {
@@ -37,7 +38,7 @@ struct AgentOptions {
   std::shared_ptr<const crypto::Identity> identity;
   double initial_backoff_s = 0.25;
   double max_backoff_s = 30;
-  uint32_t chunk_bytes = 1u << 20;   // upper bound; the server's Welcome may lower it
+  uint32_t chunk_bytes = proto::kDefaultChunkBytes;  // upper bound; the server's Welcome may lower it
   uint64_t max_frame_bytes = 64u << 20;
   std::string label;                 // for logs before the server names us
   // Keep the global model after training, so a reconnect in the same round

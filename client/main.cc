@@ -8,6 +8,7 @@
 #include <cstdio>
 
 #include "base/config_file.h"
+#include "base/host_port.h"
 #include "base/memory.h"
 #include "client/agent.h"
 #include "crypto/tls.h"
@@ -53,16 +54,9 @@ int main(int argc, char** argv) {
   if (tls.cert.empty() || tls.key.empty() || tls.ca.empty() || data.empty()) {
     return Fail(InvalidArgument("--cert, --key, --ca and --data are required"));
   }
-  const auto colon = server.rfind(':');
-  if (colon == std::string::npos) return Fail(InvalidArgument("--server '{}': expected HOST:PORT", server));
-  std::string host = server.substr(0, colon);
-  if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
-  int port = 0;
-  try {
-    port = std::stoi(server.substr(colon + 1));
-  } catch (...) {
-  }
-  if (port <= 0 || port > 65535) return Fail(InvalidArgument("--server '{}': bad port", server));
+  std::string host;
+  uint16_t port = 0;
+  if (Status s = ParseHostPort(server, &host, &port); !s.ok()) return Fail(InvalidArgument("--server: {}", s.message()));
 
   auto dataset = models::LoadIdx(data, models::Split::kTrain);
   if (!dataset.ok()) return Fail(dataset.status());
@@ -74,7 +68,7 @@ int main(int argc, char** argv) {
   client::Trainer trainer(std::move(dataset).value());
   client::AgentOptions options;
   options.host = host;
-  options.port = static_cast<uint16_t>(port);
+  options.port = port;
   options.tls = *context;
   options.max_backoff_s = max_backoff;
   options.label = tls.cert.stem().string();

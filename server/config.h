@@ -7,8 +7,10 @@
 #include <string>
 
 #include "aggregation/strategy.h"
+#include "base/host_port.h"
 #include "crypto/tls.h"
 #include "estuary.pb.h"
+#include "proto/frame.h"
 
 namespace estuary::server {
 
@@ -28,8 +30,8 @@ struct ServerConfig {
   aggregation::StrategyOptions strategy;
   v1::TaskConfig task;             // what every selected client trains
 
-  uint64_t max_frame_bytes = 4u << 20;
-  uint32_t chunk_bytes = 1u << 20;
+  uint64_t max_frame_bytes = proto::kDefaultMaxFrameBytes;
+  uint32_t chunk_bytes = proto::kDefaultChunkBytes;
   uint32_t staging_slots = 4;                  // uploads staged at once
   uint64_t staging_memory_bytes = 256u << 20;  // per upload; beyond it, a temp file
   std::filesystem::path spill_dir;             // default: checkpoint_dir
@@ -43,7 +45,5 @@ struct ServerConfig {
   Status Finalize();
 };
 
-// Splits "HOST:PORT" or "[::1]:PORT".
-Status ParseHostPort(const std::string& text, std::string* host, uint16_t* port);
 
 }  // namespace estuary::server

@@ -52,7 +52,6 @@ class Coordinator {
   void set_on_complete(std::function<void()> fn) { on_complete_ = std::move(fn); }
   // Lets every connected client finish reading what is queued, then closes it.
   void CloseAll();
-  uint64_t next_round() const { return round_; }
   bool complete() const { return round_ > config_.rounds; }
 
  private:

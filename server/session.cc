@@ -156,7 +156,6 @@ void Session::WriteNext() {
     chunk->set_offset(model_offset_);
     chunk->set_data(reinterpret_cast<const char*>(model_->data()) + model_offset_, size);
     model_offset_ += size;
-    model_bytes_sent_ += size;
     if (model_offset_ == total) {
       model_.reset();
       model_last_chunk_queued_ = true;

@@ -46,7 +46,6 @@ class Session : public std::enable_shared_from_this<Session> {
   const std::string& name() const { return name_; }
   const std::string& address() const { return address_; }
   bool closed() const { return closed_; }
-  uint64_t model_bytes_sent() const { return model_bytes_sent_; }
 
  private:
   void OnHandshake(const boost::system::error_code& ec);
@@ -78,7 +77,6 @@ class Session : public std::enable_shared_from_this<Session> {
   uint64_t model_offset_ = 0;  // bytes
   std::function<void()> on_model_sent_;
   bool model_last_chunk_queued_ = false;
-  uint64_t model_bytes_sent_ = 0;
 };
 
 }  // namespace estuary::server

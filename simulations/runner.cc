@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "aggregation/sampling.h"
+#include "base/host_port.h"
 #include "base/seed.h"
 #include "client/agent.h"
 #include "client/trainer.h"
@@ -197,10 +198,9 @@ Result<Report> RunLoopback(const Scenario& s, const RoundCallback& on_round) {
     // The server starts while this process loads its data and certificates.
     ESTUARY_RETURN_IF_ERROR(server.Spawn(binary, args, log));
   } else {
-    const auto colon = s.server.rfind(':');
-    if (colon == std::string::npos) return InvalidArgument("sim: --server '{}': expected HOST:PORT", s.server);
-    host = s.server.substr(0, colon);
-    port = static_cast<uint16_t>(std::stoi(s.server.substr(colon + 1)));
+    if (Status parsed = ParseHostPort(s.server, &host, &port); !parsed.ok()) {
+      return InvalidArgument("sim: --server: {}", parsed.message());
+    }
     db = s.round_log;
   }
 

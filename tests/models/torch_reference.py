@@ -9,13 +9,15 @@ import sys
 
 try:
     import torch
-    import torch.nn as nn
     import torch.nn.functional as F
 except ImportError as e:  # fail loudly: these tests are the numerics oracle
     sys.exit(f"torch_reference.py: PyTorch is required (Debian package python3-torch): {e}")
 
 torch.manual_seed(1234)
 torch.set_default_dtype(torch.float32)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from torch_models import CNN, MLP  # noqa: E402
+
 out_dir = sys.argv[1]
 os.makedirs(out_dir, exist_ok=True)
 
@@ -77,28 +79,6 @@ for g in grads:
     p.grad = g.clone()
     opt.step()
 save("sgd", start=start, g0=grads[0], g1=grads[1], g2=grads[2], result=p)
-
-
-class MLP(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.fc1, self.fc2, self.fc3 = nn.Linear(784, 200), nn.Linear(200, 200), nn.Linear(200, 10)
-
-    def forward(self, x):
-        return self.fc3(F.relu(self.fc2(F.relu(self.fc1(x)))))
-
-
-class CNN(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.conv1, self.conv2 = nn.Conv2d(1, 32, 5, padding=2), nn.Conv2d(32, 64, 5, padding=2)
-        self.fc1, self.fc2 = nn.Linear(3136, 512), nn.Linear(512, 10)
-
-    def forward(self, x):
-        x = x.view(-1, 1, 28, 28)
-        x = F.max_pool2d(F.relu(self.conv1(x)), 2)
-        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
-        return self.fc2(F.relu(self.fc1(x.flatten(1))))
 
 
 # One whole training step of each model: forward, loss, backward, SGD step;
