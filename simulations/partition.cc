@@ -248,15 +248,7 @@ Result<std::vector<std::vector<uint32_t>>> Partition(const std::vector<int32_t>&
   return clients;
 }
 
-uint64_t DeterministicRandom::UniformInt(uint64_t bound) {
-  // Accept only draws at or above 2^64 mod bound: what remains is a whole
-  // number of copies of [0, bound), so `% bound` is exactly uniform.
-  const uint64_t threshold = (0 - bound) % bound;
-  while (true) {
-    const uint64_t draw = engine_();
-    if (draw >= threshold) return draw % bound;
-  }
-}
+uint64_t DeterministicRandom::UniformInt(uint64_t bound) { return UniformBelow(engine_, bound); }
 
 double DeterministicRandom::Uniform01() {
   return double(engine_() >> 11) * 0x1.0p-53;

@@ -23,6 +23,7 @@
 #include <utility>
 #include <vector>
 
+#include "base/seed.h"
 #include "base/status.h"
 
 namespace estuary::simulations {
@@ -73,12 +74,10 @@ class DeterministicRandom {
   // Proportions ~ Dir(alpha, ..., alpha) over `k` categories; they sum to 1.
   std::vector<double> Dirichlet(double alpha, int k);
 
-  // Fisher-Yates, back to front.
+  // Fisher-Yates, back to front (base/seed.h, shared with the trainers).
   template <typename T>
   void Shuffle(std::vector<T>& items) {
-    for (size_t i = items.size(); i > 1; --i) {
-      std::swap(items[i - 1], items[UniformInt(i)]);
-    }
+    ::estuary::Shuffle(items, engine_);
   }
 
  private:
