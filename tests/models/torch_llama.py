@@ -7,7 +7,12 @@ repeat_kv, causal softmax, SwiGLU MLP) with the same state_dict names, and the
 fixtures the C++ tests compare against.
 
   torch_llama.py OUT_DIR           writes the fixtures (JSON files of named flat
-                                   lists, row-major, PyTorch layouts)
+                                   lists, row-major, PyTorch layouts, plus one
+                                   Hugging Face style model directory)
+  torch_llama.py --check-hf DIR    loads a model directory as from_pretrained
+                                   would (config.json keys, strict state_dict),
+                                   runs DIR/tokens.json through it and writes
+                                   DIR/logits.json
 
 Inputs and weights are drawn in fp32 (so C++ holds them exactly); the oracle
 then computes in fp64, so a C++ error is C++'s own.
@@ -15,14 +20,16 @@ then computes in fp64, so a C++ error is C++'s own.
 import json
 import math
 import os
+import struct
 import sys
 
 try:
+    import numpy as np
     import torch
     import torch.nn as nn
     import torch.nn.functional as F
 except ImportError as e:  # fail loudly: these tests are the numerics oracle
-    sys.exit(f"torch_llama.py: PyTorch is required (python3-torch): {e}")
+    sys.exit(f"torch_llama.py: PyTorch and numpy are required (python3-torch, python3-numpy): {e}")
 
 COMPUTE = torch.float64
 
@@ -191,6 +198,73 @@ class LlamaForCausalLM(nn.Module):
 
 
 # ----------------------------------------------------------------------------
+# Hugging Face model directories (config.json + model.safetensors), by hand:
+# neither transformers nor safetensors is a Debian package.
+
+def read_safetensors(path):
+    with open(path, "rb") as f:
+        data = f.read()
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + n])
+    body = data[8 + n:]
+    tensors = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        assert info["dtype"] == "F32", f"{path}: {name} is {info['dtype']}"
+        begin, end = info["data_offsets"]
+        tensors[name] = torch.from_numpy(np.frombuffer(body[begin:end], dtype="<f4").copy()).reshape(info["shape"])
+    return tensors, header.get("__metadata__")
+
+
+def write_safetensors(path, tensors):
+    """As safetensors.torch.save_file does it: format "pt" metadata, tensors in
+    name order (not state_dict order), data 8-byte aligned."""
+    header, blobs, offset = {"__metadata__": {"format": "pt"}}, [], 0
+    for name in sorted(tensors):
+        blob = tensors[name].detach().to(torch.float32).contiguous().numpy().astype("<f4").tobytes()
+        header[name] = {"dtype": "F32", "shape": list(tensors[name].shape), "data_offsets": [offset, offset + len(blob)]}
+        blobs.append(blob)
+        offset += len(blob)
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * ((8 - len(text) % 8) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text + b"".join(blobs))
+
+
+def config_from_hf_json(path):
+    """The keys LlamaConfig reads, with its defaults."""
+    with open(path) as f:
+        j = json.load(f)
+    assert "LlamaForCausalLM" in j.get("architectures", ["LlamaForCausalLM"]), j
+    assert j.get("model_type", "llama") == "llama" and j.get("hidden_act", "silu") == "silu", j
+    heads = j.get("num_attention_heads", 32)
+    return LlamaConfig(j.get("vocab_size", 32000), j.get("hidden_size", 4096), j.get("intermediate_size", 11008),
+                       j.get("num_hidden_layers", 32), heads, j.get("num_key_value_heads") or heads,
+                       j.get("max_position_embeddings", 2048), j.get("rms_norm_eps", 1e-6),
+                       j.get("rope_theta", 10000.0), j.get("tie_word_embeddings", False))
+
+
+def check_hf(model_dir):
+    config = config_from_hf_json(os.path.join(model_dir, "config.json"))
+    tensors, metadata = read_safetensors(os.path.join(model_dir, "model.safetensors"))
+    assert metadata is not None and metadata.get("format") == "pt", f"from_pretrained needs format=pt: {metadata}"
+    model = LlamaForCausalLM(config)
+    expected = dict(model.named_parameters())  # the tied lm_head is not a separate parameter
+    assert set(tensors) == set(expected), f"names differ: {sorted(set(tensors) ^ set(expected))}"
+    for name, t in tensors.items():
+        assert tuple(t.shape) == tuple(expected[name].shape), f"{name}: {t.shape} vs {expected[name].shape}"
+    model.load_state_dict(tensors, strict=not config.tie_word_embeddings)
+    model.to(COMPUTE)
+    with open(os.path.join(model_dir, "tokens.json")) as f:
+        tokens = torch.tensor(json.load(f)["tokens"])
+    with torch.no_grad():
+        logits = model(tokens)
+    with open(os.path.join(model_dir, "logits.json"), "w") as f:
+        json.dump({"logits": flat(logits)}, f)
+
+
+# ----------------------------------------------------------------------------
 # Fixtures.
 
 def flat(t):
@@ -205,6 +279,20 @@ def rand(*shape, scale=1.0):
 def save(out_dir, name, **values):
     with open(os.path.join(out_dir, name + ".json"), "w") as f:
         json.dump({k: flat(v) if torch.is_tensor(v) else v for k, v in values.items()}, f)
+
+
+def make_model(config, seed):
+    """Random fp32 weights: matrices normal(0, 0.1), norms 1 + normal(0, 0.1)
+    (not ones, so the norms' gradients matter), then fp64."""
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 1:
+                p.copy_(1 + 0.1 * torch.randn(p.shape))
+            else:
+                p.copy_(0.1 * torch.randn(p.shape))
+    return model.to(COMPUTE)
 
 
 def write_op_fixtures(out_dir):
@@ -263,12 +351,80 @@ def write_op_fixtures(out_dir):
              qkv=qkv, probs=probs, out=out, dout=dout, dqkv=qkv.grad)
 
 
+# Two decoders: untied with grouped-query attention, and tied with one kv
+# head, another theta and eps, and seq == max_seq_len.
+DECODERS = {
+    "untied_gqa": (LlamaConfig(vocab_size=67, hidden_size=32, intermediate_size=56, num_hidden_layers=2,
+                               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=16,
+                               rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=False), 3, 9),
+    "tied_mqa": (LlamaConfig(vocab_size=53, hidden_size=24, intermediate_size=40, num_hidden_layers=3,
+                             num_attention_heads=3, num_key_value_heads=1, max_position_embeddings=8,
+                             rms_norm_eps=1e-6, rope_theta=500.0, tie_word_embeddings=True), 2, 8),
+}
+
+ADAMW = dict(lr=3e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+
+
+def write_decoder_fixtures(out_dir):
+    for index, (name, (config, batch, seq)) in enumerate(DECODERS.items()):
+        model = make_model(config, seed=100 + index)
+        g = torch.Generator().manual_seed(200 + index)
+        tokens = torch.randint(0, config.vocab_size, (batch, seq), generator=g)
+        targets = torch.randint(0, config.vocab_size, (batch, seq), generator=g)
+        weights = {k: v.detach().clone() for k, v in model.named_parameters()}
+        logits = model(tokens)
+        loss = F.cross_entropy(logits.reshape(-1, config.vocab_size), targets.reshape(-1))
+        loss.backward()
+        grads = {k + ".grad": p.grad for k, p in model.named_parameters()}
+        # named_parameters() is the state_dict less the tied lm_head.weight.
+        shapes = [list(v.shape) for v in weights.values()]
+        save(out_dir, "decoder_" + name, config=config.to_json(), batch=batch, seq=seq, tokens=flat(tokens),
+             targets=flat(targets), names=list(weights), shapes=shapes, logits=logits, loss=[float(loss)],
+             **weights, **grads)
+
+        # Ten AdamW steps on the same batch: the loss before each step.
+        model = make_model(config, seed=100 + index)
+        opt = torch.optim.AdamW(model.parameters(), **ADAMW)
+        losses = []
+        for _ in range(10):
+            opt.zero_grad()
+            loss = F.cross_entropy(model(tokens).reshape(-1, config.vocab_size), targets.reshape(-1))
+            loss.backward()
+            opt.step()
+            losses.append(float(loss))
+        save(out_dir, "adamw_" + name, lr=ADAMW["lr"], beta1=ADAMW["betas"][0], beta2=ADAMW["betas"][1],
+             eps=ADAMW["eps"], weight_decay=ADAMW["weight_decay"], losses=losses,
+             **{k + ".after": v for k, v in model.named_parameters()})
+
+        # A Hugging Face style directory of the same weights, as save_pretrained
+        # writes it (tied lm_head left out), for the C++ loader.
+        hf_dir = os.path.join(out_dir, "hf_" + name)
+        os.makedirs(hf_dir, exist_ok=True)
+        write_safetensors(os.path.join(hf_dir, "model.safetensors"), weights)
+        hf_config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "bos_token_id": 1,
+                     "eos_token_id": 2, "hidden_act": "silu", "hidden_size": config.hidden_size,
+                     "intermediate_size": config.intermediate_size,
+                     "max_position_embeddings": config.max_position_embeddings,
+                     "num_attention_heads": config.num_attention_heads,
+                     "num_hidden_layers": config.num_hidden_layers,
+                     "num_key_value_heads": config.num_key_value_heads, "rms_norm_eps": config.rms_norm_eps,
+                     "rope_theta": config.rope_theta, "tie_word_embeddings": config.tie_word_embeddings,
+                     "torch_dtype": "float32", "transformers_version": "4.40.0", "use_cache": True,
+                     "vocab_size": config.vocab_size}
+        with open(os.path.join(hf_dir, "config.json"), "w") as f:
+            json.dump(hf_config, f, indent=2)
+
+
 def main():
+    if len(sys.argv) == 3 and sys.argv[1] == "--check-hf":
+        check_hf(sys.argv[2])
+        return
     if len(sys.argv) != 2:
-        sys.exit("usage: torch_llama.py OUT_DIR")
+        sys.exit("usage: torch_llama.py OUT_DIR | --check-hf MODEL_DIR")
     out_dir = sys.argv[1]
     os.makedirs(out_dir, exist_ok=True)
     write_op_fixtures(out_dir)
+    write_decoder_fixtures(out_dir)
 
 
 if __name__ == "__main__":
