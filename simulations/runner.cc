@@ -7,6 +7,7 @@
 #include "base/asio.h"
 #include <chrono>
 #include <cstring>
+#include <map>
 #include <set>
 #include <thread>
 
@@ -14,12 +15,15 @@
 #include "base/host_port.h"
 #include "base/seed.h"
 #include "client/agent.h"
+#include "client/text_trainer.h"
 #include "client/trainer.h"
 #include "crypto/certs.h"
 #include "crypto/sha256.h"
 #include "crypto/tls.h"
 #include "models/dataset.h"
+#include "models/language_model.h"
 #include "models/model.h"
+#include "models/text_corpus.h"
 #include "simulations/partition.h"
 #include "simulations/server_process.h"
 
@@ -35,7 +39,8 @@ nlohmann::json ScenarioJson(const Scenario& s) {
           {"batch", s.batch}, {"lr", s.lr}, {"momentum", s.momentum}, {"weight_decay", s.weight_decay},
           {"model", s.model}, {"partition", s.partition}, {"strategy", s.strategy.name},
           {"server_lr", s.strategy.server_lr}, {"seed", s.seed}, {"mode", s.mode}, {"threads", s.threads},
-          {"data", s.data_dir.string()}};
+          {"data", s.data_dir.string()}, {"optimizer", s.optimizer}, {"seq_len", s.seq_len},
+          {"max_local_steps", s.max_local_steps}, {"eval_windows", s.eval_windows}};
 }
 
 static std::vector<std::string> ClientNames(uint32_t n) {
@@ -53,6 +58,9 @@ static client::TaskConfig TaskOf(const Scenario& s) {
   task.momentum = s.momentum;
   task.weight_decay = s.weight_decay;
   task.seed = s.seed;
+  if (auto optimizer = client::ParseOptimizer(s.optimizer); optimizer.ok()) task.optimizer = *optimizer;
+  task.seq_len = s.seq_len;
+  task.max_local_steps = s.max_local_steps;
   return task;
 }
 
@@ -72,29 +80,100 @@ static Status CheckScenario(const Scenario& s) {
   if (!(s.per_round > 0)) return InvalidArgument("sim: --per-round {} must be > 0", s.per_round);
   if (s.rounds == 0) return InvalidArgument("sim: --rounds must be >= 1");
   if (s.threads == 0) return InvalidArgument("sim: --threads must be >= 1");
+  ESTUARY_RETURN_IF_ERROR(client::ParseOptimizer(s.optimizer).status());
   return client::ValidateTask(TaskOf(s));
+}
+
+// What a simulation trains: the clients' trainers (by name), the initial
+// global model and how the server side scores it.
+struct Workload {
+  std::vector<std::string> names;
+  std::vector<std::unique_ptr<client::Trainer>> trainers;  // trainers[i] is names[i]'s
+  models::Manifest manifest;
+  std::vector<float> global;
+  std::function<Result<models::EvalResult>(std::span<const float>)> evaluate;
+};
+
+static Result<Workload> ImageWorkload(const Scenario& s) {
+  ESTUARY_ASSIGN_OR_RETURN(auto train, models::LoadIdx(s.data_dir, models::Split::kTrain));
+  ESTUARY_ASSIGN_OR_RETURN(auto test, models::LoadIdx(s.data_dir, models::Split::kTest));
+  Workload w;
+  w.names = ClientNames(s.clients);
+  ESTUARY_ASSIGN_OR_RETURN(w.trainers, MakeTrainers(s, std::make_shared<const models::Dataset>(std::move(train))));
+  auto replicas = std::make_shared<std::vector<std::unique_ptr<models::Model>>>();
+  for (uint32_t t = 0; t < s.threads; ++t) {
+    ESTUARY_ASSIGN_OR_RETURN(auto replica, models::MakeModel(s.model));
+    replicas->push_back(std::move(replica));
+  }
+  models::Model& initial = *replicas->front();
+  initial.Initialize(s.seed);
+  w.manifest = initial.manifest();
+  w.global.assign(initial.parameters().begin(), initial.parameters().end());
+  auto held_out = std::make_shared<models::Dataset>(std::move(test));
+  w.evaluate = [replicas, held_out](std::span<const float> global) -> Result<models::EvalResult> {
+    return models::EvaluateParallel(*replicas, global, held_out->features.data(), held_out->labels.data(),
+                                    held_out->size());
+  };
+  return w;
+}
+
+// One client per topic of the corpus, named after it; the server scores the
+// pooled held-out text of every topic.
+static Result<Workload> TextWorkload(const Scenario& s) {
+  if (s.partition != "topic") {
+    return InvalidArgument("sim: --partition {}: language models split their text by topic (--partition topic)",
+                           s.partition);
+  }
+  ESTUARY_ASSIGN_OR_RETURN(const models::LlamaConfig config, models::LlamaPreset(s.model));
+  if (config.vocab_size != models::ByteTokenizer::kVocabSize) {
+    return InvalidArgument("sim: {} has a {}-token vocabulary; the fortunes corpus is byte-level (256)", s.model,
+                           config.vocab_size);
+  }
+  if (s.seq_len > uint32_t(config.max_seq_len)) {
+    return InvalidArgument("sim: --seq-len {} exceeds {}'s context of {}", s.seq_len, s.model, config.max_seq_len);
+  }
+  ESTUARY_ASSIGN_OR_RETURN(auto sources, models::LoadFortunes(s.data_dir, {.test_fraction = 0.1,
+                                                                           .seed = s.seed,
+                                                                           .min_tokens = s.seq_len + 1}));
+  if (s.clients > sources.size()) {
+    return InvalidArgument("sim: --clients {} but {} has {} topics with enough text; use --clients {} or fewer",
+                           s.clients, s.data_dir.string(), sources.size(), sources.size());
+  }
+  Workload w;
+  auto held_out = std::make_shared<std::vector<int32_t>>();
+  for (uint32_t i = 0; i < s.clients; ++i) {
+    w.names.push_back(sources[i].name);
+    w.trainers.push_back(std::make_unique<client::TextTrainer>(
+        std::make_shared<const std::vector<int32_t>>(std::move(sources[i].train))));
+    held_out->insert(held_out->end(), sources[i].test.begin(), sources[i].test.end());
+  }
+  ESTUARY_ASSIGN_OR_RETURN(models::Llama initial, models::Llama::Create(config, 8));
+  initial.Initialize(s.seed);
+  w.manifest = initial.manifest();
+  w.global.assign(initial.parameters().begin(), initial.parameters().end());
+  auto model = std::make_shared<models::Llama>(std::move(initial));
+  const int seq = int(s.seq_len);
+  const uint64_t windows = s.eval_windows;
+  w.evaluate = [model, held_out, seq, windows](std::span<const float> global) {
+    return models::EvaluateLanguageModel(*model, global, *held_out, seq, windows);
+  };
+  return w;
+}
+
+static Result<Workload> MakeWorkload(const Scenario& s) {
+  return models::IsLanguageModel(s.model) ? TextWorkload(s) : ImageWorkload(s);
 }
 
 Result<Report> RunInproc(const Scenario& s, const RoundCallback& on_round) {
   ESTUARY_RETURN_IF_ERROR(CheckScenario(s));
   const auto start = Clock::now();
-  ESTUARY_ASSIGN_OR_RETURN(auto train, models::LoadIdx(s.data_dir, models::Split::kTrain));
-  ESTUARY_ASSIGN_OR_RETURN(auto test, models::LoadIdx(s.data_dir, models::Split::kTest));
-  ESTUARY_ASSIGN_OR_RETURN(auto trainers,
-                           MakeTrainers(s, std::make_shared<const models::Dataset>(std::move(train))));
-  ESTUARY_ASSIGN_OR_RETURN(auto initial, models::MakeModel(s.model));
+  ESTUARY_ASSIGN_OR_RETURN(Workload workload, MakeWorkload(s));
   ESTUARY_ASSIGN_OR_RETURN(auto strategy, aggregation::MakeStrategy(s.strategy));
-  initial->Initialize(s.seed);
-  std::vector<std::unique_ptr<models::Model>> eval_models;
-  eval_models.push_back(std::move(initial));
-  for (uint32_t t = 1; t < s.threads; ++t) {
-    ESTUARY_ASSIGN_OR_RETURN(auto extra, models::MakeModel(s.model));
-    eval_models.push_back(std::move(extra));
-  }
-  models::Model* model = eval_models.front().get();
-  const models::Manifest manifest = model->manifest();
-  std::vector<float> global(model->parameters().begin(), model->parameters().end());
-  const auto names = ClientNames(s.clients);
+  const models::Manifest& manifest = workload.manifest;
+  std::vector<float>& global = workload.global;
+  const auto& names = workload.names;
+  std::map<std::string, size_t> index_of;
+  for (size_t i = 0; i < names.size(); ++i) index_of[names[i]] = i;
   const client::TaskConfig task = TaskOf(s);
 
   Report report;
@@ -108,8 +187,7 @@ Result<Report> RunInproc(const Scenario& s, const RoundCallback& on_round) {
     std::atomic<size_t> next{0};
     auto work = [&] {
       for (size_t i; (i = next.fetch_add(1)) < k;) {
-        const size_t client = std::stoul(selected[i].substr(7));
-        updates[i] = trainers[client]->Train(global, manifest, task, round, selected[i]);
+        updates[i] = workload.trainers[index_of.at(selected[i])]->Train(global, manifest, task, round, selected[i]);
       }
     };
     std::vector<std::thread> pool;
@@ -135,8 +213,7 @@ Result<Report> RunInproc(const Scenario& s, const RoundCallback& on_round) {
     }
     updates.clear();
     ESTUARY_RETURN_IF_ERROR(strategy->Finish(global));
-    const models::EvalResult eval =
-        models::EvaluateParallel(eval_models, global, test.features.data(), test.labels.data(), test.size());
+    ESTUARY_ASSIGN_OR_RETURN(const models::EvalResult eval, workload.evaluate(global));
     row.train_loss = loss_sum / examples;
     row.test_accuracy = eval.accuracy;
     row.test_loss = eval.loss;
@@ -167,6 +244,9 @@ Status ProvisionCertificates(const fs::path& dir, const std::vector<std::string>
 
 Result<Report> RunLoopback(const Scenario& s, const RoundCallback& on_round) {
   ESTUARY_RETURN_IF_ERROR(CheckScenario(s));
+  if (models::IsLanguageModel(s.model)) {
+    return FailedPrecondition("sim: --mode loopback trains images only so far; run {} with --mode inproc", s.model);
+  }
   const auto start = Clock::now();
   const auto names = ClientNames(s.clients);
   const fs::path certs = s.workdir / "certs";

@@ -30,12 +30,16 @@ struct Scenario {
   float lr = 0.05f;
   float momentum = 0;
   float weight_decay = 0;
-  std::string model = "mlp";
-  std::string partition = "iid";
+  std::string model = "mlp";          // mlp | cnn | llama-tiny | llama-small | llama-124m
+  std::string partition = "iid";      // images: iid | shards | dirichlet:ALPHA; text: topic
+  std::string optimizer = "sgd";      // local optimizer: sgd | adamw
+  uint32_t seq_len = 128;             // language models: tokens per window
+  uint32_t max_local_steps = 0;       // 0: every batch of every epoch
+  uint64_t eval_windows = 256;        // language models: held-out windows scored per round
   aggregation::StrategyOptions strategy;
   uint64_t seed = 2017;
   std::string mode = "inproc";
-  std::filesystem::path data_dir = "data/mnist";
+  std::filesystem::path data_dir = "data/mnist";  // text models: a fortunes directory
   uint32_t threads = 2;
   // loopback only
   std::string server;                        // attach to HOST:PORT instead of starting one

@@ -2,6 +2,8 @@
 // splitting, a seeded train/test split, and the real Debian files.
 #include "models/text_corpus.h"
 
+#include "models/language_model.h"
+
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -117,6 +119,30 @@ TEST(Fortunes, TheDebianTopicsLoadAsSeparateSources) {
   }
   EXPECT_TRUE(names.count("science")) << "expected the 'science' topic";
   EXPECT_GT(tokens, 1'000'000u);
+}
+
+// Evaluation and training score the same windows the same way: the eval loss
+// equals ForwardBackward's loss over those windows.
+TEST(LanguageModel, EvaluationAgreesWithTheTrainingLoss) {
+  auto config = LlamaPreset("llama-tiny");
+  ASSERT_TRUE(config.ok()) << config.status().message();
+  auto model = Llama::Create(*config, 4);
+  ASSERT_TRUE(model.ok()) << model.status().message();
+  model->Initialize(3);
+  const int seq = 32;
+  std::vector<int32_t> tokens(4 * seq + 1);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = int32_t((i * 37 + i / 5) % 256);
+  const std::vector<float> params(model->parameters().begin(), model->parameters().end());
+  auto eval = EvaluateLanguageModel(*model, params, tokens, seq, 4);
+  ASSERT_TRUE(eval.ok()) << eval.status().message();
+  EXPECT_EQ(eval->examples, 4u * seq);
+  std::vector<int32_t> inputs(tokens.begin(), tokens.end() - 1), targets(tokens.begin() + 1, tokens.end());
+  auto loss = model->ForwardBackward(inputs.data(), targets.data(), 4, seq);
+  ASSERT_TRUE(loss.ok());
+  EXPECT_NEAR(eval->loss, *loss, 1e-5 * *loss);
+  EXPECT_GT(eval->loss, 5.0);  // an untrained model is near ln(256) = 5.55
+  EXPECT_FALSE(EvaluateLanguageModel(*model, params, std::vector<int32_t>(seq), seq, 4).ok());
+  EXPECT_FALSE(LlamaPreset("llama-huge").ok());
 }
 
 }  // namespace

@@ -2,6 +2,8 @@
 // in process, and agreement between the in-process and loopback modes.
 #include <gtest/gtest.h>
 
+#include <fstream>
+
 #include "simulations/runner.h"
 #include "tests/e2e/harness.h"
 
@@ -69,6 +71,88 @@ TEST(Simulation, LoopbackAgreesWithInproc) {
     EXPECT_NEAR(loopback->rounds[r].test_accuracy, inproc->rounds[r].test_accuracy, 0.005) << "round " << r + 1;
     EXPECT_NEAR(loopback->rounds[r].test_loss, inproc->rounds[r].test_loss, 1e-3);
   }
+}
+
+}  // namespace
+}  // namespace estuary::simulations
+
+namespace estuary::simulations {
+namespace {
+
+// Three topics of distinct, learnable text: each client holds one.
+std::filesystem::path WriteTopics(const testing::TempDir& dir) {
+  const auto root = dir / "fortunes";
+  std::filesystem::create_directories(root);
+  const char* lines[] = {"the cat sat on the mat and the cat was happy",
+                         "one two three four five six seven eight nine ten",
+                         "to be or not to be that is the question"};
+  const char* names[] = {"cats", "numbers", "plays"};
+  for (int t = 0; t < 3; ++t) {
+    std::ofstream out(root / names[t]);
+    for (int i = 0; i < 120; ++i) out << lines[t] << " " << i % 7 << "\n%\n";
+  }
+  return root;
+}
+
+Scenario Text(const std::filesystem::path& data) {
+  Scenario s;
+  s.model = "llama-tiny";
+  s.partition = "topic";
+  s.data_dir = data;
+  s.clients = 3;
+  s.per_round = 2;
+  s.rounds = 3;
+  s.epochs = 1;
+  s.batch = 4;
+  s.seq_len = 32;
+  s.max_local_steps = 4;
+  s.eval_windows = 16;
+  s.optimizer = "adamw";
+  s.lr = 3e-3f;
+  s.seed = 5;
+  return s;
+}
+
+TEST(TextSimulation, OneClientPerTopicLearnsAndIsReproducible) {
+  testing::TempDir dir;
+  const Scenario s = Text(WriteTopics(dir));
+  auto first = RunInproc(s, nullptr);
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  auto second = RunInproc(s, nullptr);
+  ASSERT_TRUE(second.ok());
+  ASSERT_EQ(first->rounds.size(), 3u);
+  for (size_t r = 0; r < 3; ++r) {
+    EXPECT_EQ(first->rounds[r].global_checksum, second->rounds[r].global_checksum) << "round " << r + 1;
+  }
+  // From ln(256) ~ 5.5 nats per byte at init, held-out loss falls round by round.
+  EXPECT_LT(first->rounds[0].test_loss, 5.4);
+  EXPECT_LT(first->rounds[2].test_loss, first->rounds[0].test_loss);
+  EXPECT_EQ(first->rounds[0].updates_received, 2u);
+}
+
+TEST(TextSimulation, BadScenariosNameTheProblem) {
+  testing::TempDir dir;
+  const auto data = WriteTopics(dir);
+  Scenario too_many = Text(data);
+  too_many.clients = 4;
+  auto r = RunInproc(too_many, nullptr);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("3 topics"), std::string::npos) << r.status().message();
+  Scenario iid = Text(data);
+  iid.partition = "iid";
+  r = RunInproc(iid, nullptr);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("--partition topic"), std::string::npos) << r.status().message();
+  Scenario optimizer = Text(data);
+  optimizer.optimizer = "adagrad";
+  r = RunInproc(optimizer, nullptr);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("adagrad"), std::string::npos) << r.status().message();
+  Scenario long_windows = Text(data);
+  long_windows.seq_len = 4096;
+  r = RunInproc(long_windows, nullptr);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("4096"), std::string::npos) << r.status().message();
 }
 
 }  // namespace

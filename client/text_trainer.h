@@ -1,0 +1,30 @@
+// TextTrainer: a site's local training of a language model on its own text.
+//
+// The site's token stream is cut into non-overlapping windows of the task's
+// seq_len + 1 tokens (inputs and the next-token targets); every epoch visits
+// them in an order seeded by (task seed, round, client name), batch_size
+// windows per step, with a fresh SGD or AdamW each round. The update is the
+// weight delta, weighted in the average by the number of training tokens.
+// Like ClassifierTrainer, the model is a per-thread workspace.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "client/trainer.h"
+
+namespace estuary::client {
+
+class TextTrainer : public Trainer {
+ public:
+  explicit TextTrainer(std::shared_ptr<const std::vector<int32_t>> tokens);
+
+  uint64_t num_examples() const override { return tokens_->size(); }
+  Result<Update> Train(std::span<const float> global, const models::Manifest& manifest, const TaskConfig& task,
+                       uint64_t round, std::string_view client_name) override;
+
+ private:
+  std::shared_ptr<const std::vector<int32_t>> tokens_;
+};
+
+}  // namespace estuary::client

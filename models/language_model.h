@@ -1,0 +1,35 @@
+// The language models by name, and their evaluation on held-out text.
+//
+// A federation names its model ("mlp", "cnn", "llama-tiny", ...); the names
+// starting with "llama" are decoders over byte tokens (text_corpus.h) whose
+// sizes are fixed here, so every site builds the same manifest from the name.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string_view>
+
+#include "base/status.h"
+#include "models/llama.h"
+#include "models/model.h"
+
+namespace estuary::models {
+
+bool IsLanguageModel(std::string_view name);
+
+// "llama-tiny"  (d 128, 4 layers, 4 heads / 2 kv, MLP 352, context 128: a CPU federation),
+// "llama-small" (d 384, 6 layers, 6 heads / 2 kv, MLP 1024, context 256),
+// "llama-124m"  (d 768, 12 layers, 12 heads, MLP 2048, context 1024, GPT-2's
+//                50,304-token vocabulary, tied: the ~124M benchmark model).
+// The first two use the byte vocabulary (256). Unknown names list the known ones.
+Result<LlamaConfig> LlamaPreset(std::string_view name);
+
+// Mean next-token cross-entropy and accuracy of `params` loaded into `model`
+// over non-overlapping windows of `seq` tokens of `tokens` (each window
+// predicts its next `seq` tokens), at most `max_windows` of them spread evenly
+// over the stream. examples counts the tokens scored. Fails if the stream is
+// shorter than one window or holds a token outside the vocabulary.
+Result<EvalResult> EvaluateLanguageModel(Llama& model, std::span<const float> params, std::span<const int32_t> tokens,
+                                         int seq, uint64_t max_windows);
+
+}  // namespace estuary::models
