@@ -19,7 +19,8 @@ struct ServerConfig {
   crypto::TlsFiles tls;
   std::filesystem::path db = "estuary.db";
   std::filesystem::path checkpoint_dir;     // default: "<db>.checkpoints"
-  std::filesystem::path eval_data;          // IDX dir; empty = no server-side evaluation
+  std::filesystem::path eval_data;          // IDX dir (text models: fortunes dir); empty = no evaluation
+  uint64_t eval_windows = 256;              // text models: held-out windows scored per round
 
   uint64_t rounds = 20;
   double clients_per_round = 10;   // >= 1: a count; in (0, 1): a fraction of those connected

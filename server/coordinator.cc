@@ -35,17 +35,16 @@ void Coordinator::LogIfError(const Status& status, const char* what) {
 }
 
 Status Coordinator::Recover() {
-  ESTUARY_ASSIGN_OR_RETURN(auto model, models::MakeModel(config_.task.model()));
-  manifest_ = model->manifest();
+  ESTUARY_ASSIGN_OR_RETURN(models::InitialWeights initial, models::InitialModel(config_.task.model(), config_.seed));
+  manifest_ = initial.manifest;
   ESTUARY_ASSIGN_OR_RETURN(strategy_, aggregation::MakeStrategy(config_.strategy));
   if (!config_.eval_data.empty()) {
-    ESTUARY_ASSIGN_OR_RETURN(auto test, models::LoadIdx(config_.eval_data, models::Split::kTest));
-    eval_data_ = std::move(test);
     // Evaluation runs between rounds, when the clients are idle: two threads.
-    for (int i = 0; i < 2; ++i) {
-      ESTUARY_ASSIGN_OR_RETURN(auto replica, models::MakeModel(config_.task.model()));
-      eval_models_.push_back(std::move(replica));
-    }
+    ESTUARY_ASSIGN_OR_RETURN(evaluator_, models::MakeEvaluator(config_.task.model(), config_.eval_data,
+                                                               {.threads = 2,
+                                                                .seq_len = int(config_.task.seq_len()),
+                                                                .max_windows = config_.eval_windows,
+                                                                .seed = config_.seed}));
   }
   std::error_code ec;
   std::filesystem::create_directories(config_.checkpoint_dir, ec);
@@ -61,9 +60,7 @@ Status Coordinator::Recover() {
 
   ESTUARY_ASSIGN_OR_RETURN(auto last, store_.LastCommittedRound());
   if (!last) {
-    model->Initialize(config_.seed);
-    auto params = model->parameters();
-    auto global = std::make_shared<std::vector<float>>(params.begin(), params.end());
+    auto global = std::make_shared<std::vector<float>>(std::move(initial.values));
     global_checksum_ = ChecksumOf(*global);
     global_ = std::move(global);
     model_version_ = 0;
@@ -483,9 +480,13 @@ void Coordinator::Aggregate() {
     std::string path, checksum;
     if (status.ok()) {
       checksum = ChecksumOf(*global);
-      if (eval_data_) {
-        eval = models::EvaluateParallel(eval_models_, *global, eval_data_->features.data(),
-                                        eval_data_->labels.data(), eval_data_->size());
+      if (evaluator_) {
+        auto scored = evaluator_->Evaluate(*global);
+        if (scored.ok()) {
+          eval = *scored;
+        } else {
+          spdlog::error("round {}: evaluation failed: {}", round, scored.status().ToString());
+        }
       }
       status = WriteCheckpoint(round, *global, checksum, &path);
     }

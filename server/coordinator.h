@@ -25,7 +25,7 @@
 
 #include "aggregation/strategy.h"
 #include "models/dataset.h"
-#include "models/model.h"
+#include "models/federated_model.h"
 #include "server/config.h"
 #include "server/staging.h"
 #include "server/store.h"
@@ -98,8 +98,7 @@ class Coordinator {
   boost::asio::steady_timer retry_;
 
   std::unique_ptr<aggregation::Strategy> strategy_;  // touched only on worker_
-  std::vector<std::unique_ptr<models::Model>> eval_models_;  // one per evaluation thread; touched only on worker_
-  std::optional<models::Dataset> eval_data_;
+  std::unique_ptr<models::Evaluator> evaluator_;  // null without eval data; touched only on worker_
   models::Manifest manifest_;
   std::shared_ptr<const std::vector<float>> global_;
   std::string global_checksum_;

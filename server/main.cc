@@ -71,7 +71,8 @@ int main(int argc, char** argv) {
   serve->add_option("--ca", config.tls.ca, "federation CA certificate (PEM)");
   serve->add_option("--db", config.db, "SQLite round log");
   serve->add_option("--checkpoint-dir", config.checkpoint_dir, "where global models are written (default DB.checkpoints)");
-  serve->add_option("--eval-data", config.eval_data, "IDX directory whose test split the server evaluates each round");
+  serve->add_option("--eval-data", config.eval_data, "IDX directory whose test split the server evaluates each round (text models: a fortunes directory)");
+  serve->add_option("--eval-windows", config.eval_windows, "text models: held-out windows scored per round");
   serve->add_option("--rounds", config.rounds, "number of rounds");
   serve->add_option("--clients-per-round", config.clients_per_round, "count (>= 1) or fraction (< 1) sampled per round");
   serve->add_option("--min-clients", config.min_clients, "connected clients needed to start a round");
@@ -80,7 +81,7 @@ int main(int argc, char** argv) {
   serve->add_option("--strategy", config.strategy.name, "fedavg | fedadam");
   serve->add_option("--server-lr", config.strategy.server_lr, "FedAdam server learning rate");
   serve->add_option("--seed", config.seed, "seed for initialisation, sampling and shuffling");
-  serve->add_option("--model", model, "mlp | cnn");
+  serve->add_option("--model", model, "mlp | cnn | llama-tiny | llama-small | llama-124m");
   serve->add_option("--epochs", epochs, "local epochs");
   serve->add_option("--batch", batch, "local batch size");
   serve->add_option("--lr", lr, "local SGD learning rate");

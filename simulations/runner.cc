@@ -21,6 +21,7 @@
 #include "crypto/sha256.h"
 #include "crypto/tls.h"
 #include "models/dataset.h"
+#include "models/federated_model.h"
 #include "models/language_model.h"
 #include "models/model.h"
 #include "models/text_corpus.h"
@@ -91,34 +92,18 @@ struct Workload {
   std::vector<std::unique_ptr<client::Trainer>> trainers;  // trainers[i] is names[i]'s
   models::Manifest manifest;
   std::vector<float> global;
-  std::function<Result<models::EvalResult>(std::span<const float>)> evaluate;
+  std::unique_ptr<models::Evaluator> evaluator;
 };
 
 static Result<Workload> ImageWorkload(const Scenario& s) {
   ESTUARY_ASSIGN_OR_RETURN(auto train, models::LoadIdx(s.data_dir, models::Split::kTrain));
-  ESTUARY_ASSIGN_OR_RETURN(auto test, models::LoadIdx(s.data_dir, models::Split::kTest));
   Workload w;
   w.names = ClientNames(s.clients);
   ESTUARY_ASSIGN_OR_RETURN(w.trainers, MakeTrainers(s, std::make_shared<const models::Dataset>(std::move(train))));
-  auto replicas = std::make_shared<std::vector<std::unique_ptr<models::Model>>>();
-  for (uint32_t t = 0; t < s.threads; ++t) {
-    ESTUARY_ASSIGN_OR_RETURN(auto replica, models::MakeModel(s.model));
-    replicas->push_back(std::move(replica));
-  }
-  models::Model& initial = *replicas->front();
-  initial.Initialize(s.seed);
-  w.manifest = initial.manifest();
-  w.global.assign(initial.parameters().begin(), initial.parameters().end());
-  auto held_out = std::make_shared<models::Dataset>(std::move(test));
-  w.evaluate = [replicas, held_out](std::span<const float> global) -> Result<models::EvalResult> {
-    return models::EvaluateParallel(*replicas, global, held_out->features.data(), held_out->labels.data(),
-                                    held_out->size());
-  };
   return w;
 }
 
-// One client per topic of the corpus, named after it; the server scores the
-// pooled held-out text of every topic.
+// One client per topic of the corpus, named after it.
 static Result<Workload> TextWorkload(const Scenario& s) {
   if (s.partition != "topic") {
     return InvalidArgument("sim: --partition {}: language models split their text by topic (--partition topic)",
@@ -140,28 +125,27 @@ static Result<Workload> TextWorkload(const Scenario& s) {
                            s.clients, s.data_dir.string(), sources.size(), sources.size());
   }
   Workload w;
-  auto held_out = std::make_shared<std::vector<int32_t>>();
   for (uint32_t i = 0; i < s.clients; ++i) {
     w.names.push_back(sources[i].name);
     w.trainers.push_back(std::make_unique<client::TextTrainer>(
         std::make_shared<const std::vector<int32_t>>(std::move(sources[i].train))));
-    held_out->insert(held_out->end(), sources[i].test.begin(), sources[i].test.end());
   }
-  ESTUARY_ASSIGN_OR_RETURN(models::Llama initial, models::Llama::Create(config, 8));
-  initial.Initialize(s.seed);
-  w.manifest = initial.manifest();
-  w.global.assign(initial.parameters().begin(), initial.parameters().end());
-  auto model = std::make_shared<models::Llama>(std::move(initial));
-  const int seq = int(s.seq_len);
-  const uint64_t windows = s.eval_windows;
-  w.evaluate = [model, held_out, seq, windows](std::span<const float> global) {
-    return models::EvaluateLanguageModel(*model, global, *held_out, seq, windows);
-  };
   return w;
 }
 
+// The clients' side from the scenario's data; the model and its evaluation
+// as the server builds them (models/federated_model.h).
 static Result<Workload> MakeWorkload(const Scenario& s) {
-  return models::IsLanguageModel(s.model) ? TextWorkload(s) : ImageWorkload(s);
+  ESTUARY_ASSIGN_OR_RETURN(Workload w, models::IsLanguageModel(s.model) ? TextWorkload(s) : ImageWorkload(s));
+  ESTUARY_ASSIGN_OR_RETURN(models::InitialWeights initial, models::InitialModel(s.model, s.seed));
+  w.manifest = std::move(initial.manifest);
+  w.global = std::move(initial.values);
+  ESTUARY_ASSIGN_OR_RETURN(w.evaluator, models::MakeEvaluator(s.model, s.data_dir,
+                                                              {.threads = int(s.threads),
+                                                               .seq_len = int(s.seq_len),
+                                                               .max_windows = s.eval_windows,
+                                                               .seed = s.seed}));
+  return w;
 }
 
 Result<Report> RunInproc(const Scenario& s, const RoundCallback& on_round) {
@@ -213,7 +197,7 @@ Result<Report> RunInproc(const Scenario& s, const RoundCallback& on_round) {
     }
     updates.clear();
     ESTUARY_RETURN_IF_ERROR(strategy->Finish(global));
-    ESTUARY_ASSIGN_OR_RETURN(const models::EvalResult eval, workload.evaluate(global));
+    ESTUARY_ASSIGN_OR_RETURN(const models::EvalResult eval, workload.evaluator->Evaluate(global));
     row.train_loss = loss_sum / examples;
     row.test_accuracy = eval.accuracy;
     row.test_loss = eval.loss;
