@@ -162,6 +162,7 @@ void Agent::OnRoundStart(const v1::RoundStart& start) {
   if (start.model_follows()) {
     incoming_.assign(manifest_.total_elements, 0.0f);
     incoming_offset_ = 0;
+    download_hasher_ = std::make_unique<crypto::Sha256>();
     return;
   }
   if (!model_ || model_version_ != start.model_version() || model_checksum_ != start.model_checksum()) {
@@ -177,10 +178,14 @@ void Agent::OnModelChunk(const v1::ModelChunk& chunk) {
     return Disconnected(fmt::format("model chunk at {} (+{}) does not continue at {}", chunk.offset(),
                                     chunk.data().size(), incoming_offset_));
   }
-  std::memcpy(reinterpret_cast<char*>(incoming_.data()) + incoming_offset_, chunk.data().data(), chunk.data().size());
+  char* destination = reinterpret_cast<char*>(incoming_.data()) + incoming_offset_;
+  std::memcpy(destination, chunk.data().data(), chunk.data().size());
+  // Hashed chunk by chunk while the bytes are still in cache.
+  download_hasher_->Update(destination, chunk.data().size());
   incoming_offset_ += chunk.data().size();
   if (incoming_offset_ < total) return;
-  const std::string checksum = crypto::Sha256Hex(incoming_.data(), total);
+  const std::string checksum = crypto::ToHex(download_hasher_->Final());
+  download_hasher_.reset();
   if (checksum != round_->model_checksum()) {
     return Disconnected(fmt::format("round {}: model checksum {} != announced {}", round_->round(), checksum,
                                     round_->model_checksum()));

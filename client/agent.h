@@ -122,6 +122,7 @@ class Agent : public std::enable_shared_from_this<Agent> {
   std::shared_ptr<const Update> upload_;
   uint64_t upload_round_ = 0;
   uint64_t upload_offset_ = 0;
+  std::unique_ptr<crypto::Sha256> download_hasher_;
   std::unique_ptr<crypto::Sha256> upload_hasher_;
 };
 

@@ -31,10 +31,15 @@ void PutBigEndian(std::string& out, uint32_t v) {
 Result<std::string> ReadFile(const fs::path& path) {
   std::error_code ec;
   if (!fs::is_regular_file(path, ec)) return NotFound("{}: no such file", path.string());
+  const uintmax_t size = fs::file_size(path, ec);
+  if (ec) return IoError("{}: cannot stat: {}", path.string(), ec.message());
   std::ifstream in(path, std::ios::binary);
   if (!in) return IoError("{}: cannot open: {}", path.string(), std::strerror(errno));
-  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (in.bad()) return IoError("{}: read failed", path.string());
+  std::string bytes(size, '\0');
+  in.read(bytes.data(), std::streamsize(size));
+  if (in.gcount() != std::streamsize(size)) {
+    return IoError("{}: read {} of {} bytes", path.string(), in.gcount(), size);
+  }
   return bytes;
 }
 

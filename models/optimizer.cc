@@ -1,6 +1,7 @@
 #include "models/optimizer.h"
 
 #include <cassert>
+#include <cmath>
 
 namespace estuary::models {
 
@@ -29,6 +30,47 @@ void Sgd::Step(std::span<float> params, std::span<const float> grads) {
     b[i] = mu * b[i] + (g[i] + wd * p[i]);
     p[i] -= lr * b[i];
   }
+}
+
+void AdamW::Step(std::span<float> params, std::span<const float> grads) {
+  assert(params.size() == grads.size());
+  const size_t n = params.size();
+  if (m_.size() != n) {
+    m_.assign(n, 0.0f);
+    v_.assign(n, 0.0f);
+    step_ = 0;
+  }
+  ++step_;
+  const auto& o = options_;
+  // torch computes the corrections in double and the update in float.
+  const double c1 = 1.0 - std::pow(static_cast<double>(o.beta1), static_cast<double>(step_));
+  const double c2 = 1.0 - std::pow(static_cast<double>(o.beta2), static_cast<double>(step_));
+  const float step_size = static_cast<float>(o.lr / c1);
+  const float c2_sqrt = static_cast<float>(std::sqrt(c2));
+  const float decay = 1.0f - o.lr * o.weight_decay;
+  const float b1 = o.beta1, b2 = o.beta2, eps = o.eps;
+  float* p = params.data();
+  const float* g = grads.data();
+  float* m = m_.data();
+  float* v = v_.data();
+  for (size_t i = 0; i < n; ++i) {
+    p[i] *= decay;
+    m[i] = b1 * m[i] + (1.0f - b1) * g[i];
+    v[i] = b2 * v[i] + (1.0f - b2) * g[i] * g[i];
+    p[i] -= step_size * m[i] / (std::sqrt(v[i]) / c2_sqrt + eps);
+  }
+}
+
+double ClipGradNorm(std::span<float> grads, double max_norm) {
+  double sum = 0;
+  for (float g : grads) sum += static_cast<double>(g) * g;
+  const double norm = std::sqrt(sum);
+  const double coef = max_norm / (norm + 1e-6);
+  if (coef < 1.0) {
+    const float scale = static_cast<float>(coef);
+    for (float& g : grads) g *= scale;
+  }
+  return norm;
 }
 
 }  // namespace estuary::models

@@ -1,6 +1,7 @@
 // Optimizers over flat buffers, with PyTorch's semantics.
 #pragma once
 
+#include <cstdint>
 #include <span>
 #include <vector>
 
@@ -18,5 +19,39 @@ class Sgd {
   float lr_, momentum_, weight_decay_;
   std::vector<float> momentum_buffer_;
 };
+
+// torch.optim.AdamW: p *= 1 - lr * wd (decoupled decay, before the moments);
+// m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2; with bias corrections
+// c1 = 1 - b1^t, c2 = 1 - b2^t:  p -= (lr / c1) * m / (sqrt(v) / sqrt(c2) + eps).
+// The moments live in two flat buffers of the parameters' layout, allocated
+// on the first step; step_count() is t after the last step.
+struct AdamWOptions {
+  float lr = 1e-3f;
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float eps = 1e-8f;
+  float weight_decay = 1e-2f;
+};
+
+class AdamW {
+ public:
+  explicit AdamW(AdamWOptions options) : options_(options) {}
+  void Step(std::span<float> params, std::span<const float> grads);
+  void set_lr(float lr) { options_.lr = lr; }
+  const AdamWOptions& options() const { return options_; }
+  int64_t step_count() const { return step_; }
+  std::span<const float> first_moment() const { return m_; }
+  std::span<const float> second_moment() const { return v_; }
+
+ private:
+  AdamWOptions options_;
+  int64_t step_ = 0;
+  std::vector<float> m_, v_;
+};
+
+// torch.nn.utils.clip_grad_norm_: scales grads by min(1, max_norm / (norm + 1e-6))
+// where norm is the L2 norm of the whole flat gradient buffer (accumulated in
+// double). Returns that norm, before clipping.
+double ClipGradNorm(std::span<float> grads, double max_norm);
 
 }  // namespace estuary::models

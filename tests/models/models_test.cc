@@ -108,6 +108,27 @@ TEST(TorchOracle, SgdWithMomentumAndWeightDecay) {
   EXPECT_LE(RelativeError(p.data(), Get(f, "result")), kTolerance);
 }
 
+TEST(TorchOracle, AdamWWithDecoupledWeightDecay) {
+  auto f = Fixture("adamw");
+  Values p = Get(f, "start");
+  AdamW adamw({.lr = 0.01f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f});
+  for (const char* g : {"g0", "g1", "g2", "g3", "g4"}) adamw.Step(p, Get(f, g));
+  EXPECT_EQ(adamw.step_count(), 5);
+  EXPECT_LE(RelativeError(p.data(), Get(f, "result")), kTolerance);
+  EXPECT_LE(RelativeError(adamw.first_moment().data(), Get(f, "exp_avg")), kTolerance);
+  EXPECT_LE(RelativeError(adamw.second_moment().data(), Get(f, "exp_avg_sq")), kTolerance);
+}
+
+TEST(TorchOracle, ClipGradNormOverTheFlatBuffer) {
+  for (const char* name : {"clip", "noclip"}) {
+    auto f = Fixture(name);
+    Values g = Get(f, "before");
+    const double norm = ClipGradNorm(g, Get(f, "max_norm")[0]);
+    EXPECT_NEAR(norm, Get(f, "norm")[0], 1e-5 * norm) << name;
+    EXPECT_LE(RelativeError(g.data(), Get(f, "after")), kTolerance) << name;
+  }
+}
+
 class WholeStep : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(WholeStep, MatchesTorch) {

@@ -80,6 +80,28 @@ for g in grads:
     opt.step()
 save("sgd", start=start, g0=grads[0], g1=grads[1], g2=grads[2], result=p)
 
+# AdamW with weight decay, five steps with fixed gradients (bias corrections
+# differ every step, so each step is checked by the next).
+p = torch.randn(64).requires_grad_()
+start = p.detach().clone()
+grads = [torch.randn(64) * (0.1 + i) for i in range(5)]
+opt = torch.optim.AdamW([p], lr=0.01, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+for g in grads:
+    p.grad = g.clone()
+    opt.step()
+save("adamw", start=start, result=p, exp_avg=opt.state[p]["exp_avg"], exp_avg_sq=opt.state[p]["exp_avg_sq"],
+     **{f"g{i}": g for i, g in enumerate(grads)})
+
+# clip_grad_norm_ over several tensors; one case clips, one does not.
+for name, max_norm in (("clip", 0.5), ("noclip", 1e6)):
+    ts = [torch.randn(17).requires_grad_(), torch.randn(4, 5).requires_grad_()]
+    for t in ts:
+        t.grad = torch.randn_like(t)
+    before = torch.cat([t.grad.reshape(-1) for t in ts]).clone()
+    norm = torch.nn.utils.clip_grad_norm_(ts, max_norm)
+    save(name, before=before, after=torch.cat([t.grad.reshape(-1) for t in ts]), norm=[float(norm)],
+         max_norm=[max_norm])
+
 
 # One whole training step of each model: forward, loss, backward, SGD step;
 # with momentum (the separate optimizer) and without (the fused path).
