@@ -1,7 +1,8 @@
 // LossScaler as a state machine with torch.cuda.amp.GradScaler's rules, and
 // the CPU unscale pass: growth after exactly growth_interval clean steps,
 // backoff with the counter reset, no growth past fp32, and a step with an
-// injected inf that leaves every weight bit and the optimizer state unchanged.
+// injected inf (or NaN) that leaves every weight bit and the optimizer state
+// (SGD's momentum, AdamW's moments and step count) unchanged.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -131,6 +132,30 @@ TEST(LossScaler, StepWithInfLeavesWeightsAndOptimizerStateUnchanged) {
   reference_sgd.Step(reference, r2);
   EXPECT_EQ(std::memcmp(params.data(), reference.data(), n * sizeof(float)), 0);
   EXPECT_EQ(scaler.growth_tracker(), 1);
+}
+
+// The same with AdamW, whose state also counts steps: a skipped step must not
+// advance the bias corrections nor move the moments.
+TEST(LossScaler, SkippedAdamWStepKeepsStepCountAndMoments) {
+  const size_t n = 513;
+  std::vector<float> params = Random(n, 5);
+  AdamW adamw({.lr = 1e-2f});
+  LossScaler scaler;
+  std::vector<float> g = Random(n, 6);
+  for (float& x : g) x *= scaler.scale();
+  ASSERT_TRUE(scaler.Step(g, [&] { adamw.Step(params, g); }));
+  const std::vector<float> p1 = params;
+  const std::vector<float> m1(adamw.first_moment().begin(), adamw.first_moment().end());
+  const std::vector<float> v1(adamw.second_moment().begin(), adamw.second_moment().end());
+
+  std::vector<float> bad = Random(n, 7);
+  bad[0] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_FALSE(scaler.Step(bad, [&] { adamw.Step(params, bad); }));
+  EXPECT_EQ(adamw.step_count(), 1);
+  EXPECT_EQ(std::memcmp(params.data(), p1.data(), n * sizeof(float)), 0);
+  EXPECT_EQ(std::memcmp(adamw.first_moment().data(), m1.data(), n * sizeof(float)), 0);
+  EXPECT_EQ(std::memcmp(adamw.second_moment().data(), v1.data(), n * sizeof(float)), 0);
+  EXPECT_EQ(scaler.scale(), 32768.0f);
 }
 
 }  // namespace
