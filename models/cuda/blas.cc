@@ -66,8 +66,8 @@ Status Gemm(const Blas& blas, bool trans_a, bool trans_b, int64_t m, int64_t n, 
   const int64_t min_lda = std::max<int64_t>(1, trans_a ? m : k), min_ldb = std::max<int64_t>(1, trans_b ? k : n),
                 min_ldc = std::max<int64_t>(1, n);
   if (lda < min_lda || ldb < min_ldb || ldc < min_ldc || lda > INT_MAX || ldb > INT_MAX || ldc > INT_MAX) {
-    return InvalidArgument("cuda gemm: leading dimensions lda={} ldb={} ldc={} must be at least {}, {}, {} (and fit int)",
-                           lda, ldb, ldc, min_lda, min_ldb, min_ldc);
+    return InvalidArgument("cuda gemm: leading dimensions lda={} ldb={} ldc={} must be at least {}, {}, {} and fit "
+                           "an int", lda, ldb, ldc, min_lda, min_ldb, min_ldc);
   }
   if (types.output != DType::kF32 && types.output != types.inputs) {
     return InvalidArgument("cuda gemm: output dtype {} with {} inputs; it must be f32 or the inputs' dtype",

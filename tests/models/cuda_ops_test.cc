@@ -273,7 +273,9 @@ TEST_F(CudaOps, GemmTf32OnlyWhenAskedAndWithinItsBound) {
   for (int i = 0; i < g.m; ++i) {
     for (int j = 0; j < g.n; ++j) {
       double abs_sum = 0;
-      for (int k = 0; k < g.k; ++k) abs_sum += std::abs(double(d.a[size_t(i) * d.lda + k] * d.b[size_t(j) * d.ldb + k]));
+      for (int k = 0; k < g.k; ++k) {
+        abs_sum += std::abs(double(d.a[size_t(i) * d.lda + k]) * d.b[size_t(j) * d.ldb + k]);
+      }
       const double bound = (0x1.0p-9 + 0x1.0p-20 + 2 * g.k * 0x1.0p-24) * abs_sum;
       const double err = std::abs(double(got[size_t(i) * d.ldc + j]) - want[size_t(i) * d.ldc + j]);
       if (!(err <= bound) && ++violations <= 5) ADD_FAILURE() << i << "," << j << ": " << err << " > " << bound;
@@ -429,7 +431,8 @@ TEST_F(CudaOps, LossScalerSkipsTheDeviceStepOnOverflow) {
     float* d = Upload(grads);
     EXPECT_TRUE(cuda::UnscaleAndCheckFinite(d, int64_t(n), scaler.inv_scale(), flag, s()).ok());
     auto found = cuda::ReadFoundInf(flag, s());
-    EXPECT_TRUE(found.ok());
+    EXPECT_TRUE(found.ok()) << found.status().ToString();
+    if (!found.ok()) return false;
     if (!*found) {
       EXPECT_TRUE(adamw->Step(params, d, s(), {working, DType::kBF16}).ok());
     }
