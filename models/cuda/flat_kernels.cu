@@ -62,16 +62,16 @@ struct Pair<f16> {
   static __device__ f16 Narrow(float x) { return __float2half_rn(x); }
   static __device__ float Widen1(f16 x) { return __half2float(x); }
 };
-template <typename T>
-struct alignas(8) Quad {
-  typename Pair<T>::Type lo, hi;
-};
-
+// Four 16-bit values move as one uint2 (a struct of two pairs would be split
+// into two 4-byte accesses); memcpy is how CUDA C++ reinterprets the bits.
 template <int N, typename T>
 __device__ inline void LoadN(const T* p, float (&v)[N]) {
   if constexpr (N == 4) {
-    const Quad<T> q = *reinterpret_cast<const Quad<T>*>(p);
-    const float2 lo = Pair<T>::Widen(q.lo), hi = Pair<T>::Widen(q.hi);
+    const uint2 raw = *reinterpret_cast<const uint2*>(p);
+    typename Pair<T>::Type lo_pair, hi_pair;
+    memcpy(&lo_pair, &raw.x, 4);
+    memcpy(&hi_pair, &raw.y, 4);
+    const float2 lo = Pair<T>::Widen(lo_pair), hi = Pair<T>::Widen(hi_pair);
     v[0] = lo.x, v[1] = lo.y, v[2] = hi.x, v[3] = hi.y;
   } else {
 #pragma unroll
@@ -81,7 +81,11 @@ __device__ inline void LoadN(const T* p, float (&v)[N]) {
 template <int N, typename T>
 __device__ inline void StoreN(T* p, const float (&v)[N]) {
   if constexpr (N == 4) {
-    *reinterpret_cast<Quad<T>*>(p) = Quad<T>{Pair<T>::Make(v[0], v[1]), Pair<T>::Make(v[2], v[3])};
+    const typename Pair<T>::Type lo = Pair<T>::Make(v[0], v[1]), hi = Pair<T>::Make(v[2], v[3]);
+    uint2 raw;
+    memcpy(&raw.x, &lo, 4);
+    memcpy(&raw.y, &hi, 4);
+    *reinterpret_cast<uint2*>(p) = raw;
   } else {
 #pragma unroll
     for (int j = 0; j < N; ++j) p[j] = Pair<T>::Narrow(v[j]);
