@@ -19,7 +19,7 @@ using boost::system::error_code;
 
 constexpr size_t kKeepFrameBufferBytes = 64 << 10;
 
-static TaskConfig FromProto(const v1::TaskConfig& t) {
+static Result<TaskConfig> FromProto(const v1::TaskConfig& t) {
   TaskConfig task;
   task.model = t.model();
   task.epochs = t.epochs();
@@ -29,6 +29,11 @@ static TaskConfig FromProto(const v1::TaskConfig& t) {
   task.weight_decay = t.weight_decay();
   task.update_kind = t.update_kind() == v1::UPDATE_LORA ? UpdateKind::kLora : UpdateKind::kFull;
   task.seed = t.seed();
+  if (!t.optimizer().empty()) {
+    ESTUARY_ASSIGN_OR_RETURN(task.optimizer, ParseOptimizer(t.optimizer()));
+  }
+  if (t.seq_len() != 0) task.seq_len = t.seq_len();
+  task.max_local_steps = t.max_local_steps();
   return task;
 }
 
@@ -210,7 +215,9 @@ void Agent::Train() {
   auto manifest = manifest_;
   asio::post(training_, [self = shared_from_this(), model, task, manifest, round] {
     spdlog::debug("{}: round {} training starts", self->name_, round);
-    auto update = self->trainer_.Train(*model, manifest, task, round, self->name_);
+    // A task this client cannot parse fails like one it cannot train.
+    Result<Update> update = task.ok() ? self->trainer_.Train(*model, manifest, *task, round, self->name_)
+                                      : Result<Update>(task.status());
     asio::post(self->io_, [self, round, update = std::move(update)]() mutable { self->OnTrained(round, std::move(update)); });
   });
 }

@@ -65,7 +65,7 @@ int main(int argc, char** argv) {
 
   boost::asio::io_context io;
   boost::asio::thread_pool training(1);
-  client::Trainer trainer(std::move(dataset).value());
+  client::ClassifierTrainer trainer(std::move(dataset).value());
   client::AgentOptions options;
   options.host = host;
   options.port = port;

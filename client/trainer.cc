@@ -12,6 +12,14 @@
 
 namespace estuary::client {
 
+Result<OptimizerKind> ParseOptimizer(std::string_view name) {
+  if (name == "sgd") return OptimizerKind::kSgd;
+  if (name == "adamw") return OptimizerKind::kAdamW;
+  return InvalidArgument("task: unknown optimizer '{}' (expected sgd or adamw)", name);
+}
+
+std::string_view OptimizerName(OptimizerKind kind) { return kind == OptimizerKind::kAdamW ? "adamw" : "sgd"; }
+
 Status ValidateTask(const TaskConfig& task) {
   if (task.epochs == 0 || task.epochs > 1000) return InvalidArgument("task: epochs {} not in [1, 1000]", task.epochs);
   if (task.batch_size == 0 || task.batch_size > 65536) {
@@ -24,6 +32,7 @@ Status ValidateTask(const TaskConfig& task) {
   if (!(task.weight_decay >= 0) || !std::isfinite(task.weight_decay)) {
     return InvalidArgument("task: weight decay {} must be >= 0", task.weight_decay);
   }
+  if (task.seq_len == 0 || task.seq_len > 65536) return InvalidArgument("task: seq_len {} not in [1, 65536]", task.seq_len);
   return Status::Ok();
 }
 
@@ -51,17 +60,20 @@ Result<Workspace*> ThreadWorkspace(const std::string& model_name) {
 
 }  // namespace
 
-Trainer::Trainer(models::Dataset data)
+ClassifierTrainer::ClassifierTrainer(models::Dataset data)
     : data_(std::make_shared<const models::Dataset>(std::move(data))), indices_(data_->size()) {
   std::iota(indices_.begin(), indices_.end(), 0u);
 }
 
-Trainer::Trainer(std::shared_ptr<const models::Dataset> data, std::vector<uint32_t> indices)
+ClassifierTrainer::ClassifierTrainer(std::shared_ptr<const models::Dataset> data, std::vector<uint32_t> indices)
     : data_(std::move(data)), indices_(std::move(indices)) {}
 
-Result<Update> Trainer::Train(std::span<const float> global, const models::Manifest& manifest,
+Result<Update> ClassifierTrainer::Train(std::span<const float> global, const models::Manifest& manifest,
                               const TaskConfig& task, uint64_t round, std::string_view client_name) {
   ESTUARY_RETURN_IF_ERROR(ValidateTask(task));
+  if (task.optimizer != OptimizerKind::kSgd) {
+    return InvalidArgument("task: model '{}' trains with sgd, not {}", task.model, OptimizerName(task.optimizer));
+  }
   if (task.update_kind != UpdateKind::kFull) {
     return InvalidArgument("task: update kind lora needs a model with adapters; '{}' has none", task.model);
   }

@@ -23,6 +23,7 @@
 namespace estuary::client {
 
 enum class UpdateKind { kFull = 0, kLora = 1 };
+enum class OptimizerKind { kSgd = 0, kAdamW = 1 };
 
 struct TaskConfig {
   std::string model = "mlp";
@@ -33,7 +34,13 @@ struct TaskConfig {
   float weight_decay = 0.0f;
   UpdateKind update_kind = UpdateKind::kFull;
   uint64_t seed = 0;
+  OptimizerKind optimizer = OptimizerKind::kSgd;  // a fresh optimizer every round
+  uint32_t seq_len = 128;                          // language models: tokens per window
+  uint32_t max_local_steps = 0;                    // 0: every batch of every epoch
 };
+
+Result<OptimizerKind> ParseOptimizer(std::string_view name);  // "sgd" | "adamw"
+std::string_view OptimizerName(OptimizerKind kind);
 
 struct Update {
   UpdateKind kind = UpdateKind::kFull;
@@ -46,19 +53,31 @@ struct Update {
 
 class Trainer {
  public:
+  virtual ~Trainer() = default;
+
+  // The weight of this site's update in the average (examples, or tokens).
+  virtual uint64_t num_examples() const = 0;
+
+  // Fails if the task names a model this trainer's data cannot train, the
+  // global buffer does not match that model's manifest, the task asks for an
+  // update kind this trainer cannot produce, or the hyper-parameters are out
+  // of range.
+  virtual Result<Update> Train(std::span<const float> global, const models::Manifest& manifest,
+                               const TaskConfig& task, uint64_t round, std::string_view client_name) = 0;
+};
+
+// Image classification (the MLP and CNN) on labelled examples.
+class ClassifierTrainer : public Trainer {
+ public:
   // Trains on all of `data`.
-  explicit Trainer(models::Dataset data);
+  explicit ClassifierTrainer(models::Dataset data);
   // Trains on the examples of a shared dataset at `indices` (a simulated
   // client's shard, without copying it).
-  Trainer(std::shared_ptr<const models::Dataset> data, std::vector<uint32_t> indices);
+  ClassifierTrainer(std::shared_ptr<const models::Dataset> data, std::vector<uint32_t> indices);
 
-  uint64_t num_examples() const { return indices_.size(); }
-
-  // Fails if the task names an unknown model, the global buffer does not
-  // match that model's manifest, the task asks for an update kind this
-  // trainer cannot produce, or the hyper-parameters are out of range.
-  Result<Update> Train(std::span<const float> global, const models::Manifest& manifest,
-                       const TaskConfig& task, uint64_t round, std::string_view client_name);
+  uint64_t num_examples() const override { return indices_.size(); }
+  Result<Update> Train(std::span<const float> global, const models::Manifest& manifest, const TaskConfig& task,
+                       uint64_t round, std::string_view client_name) override;
 
  private:
   std::shared_ptr<const models::Dataset> data_;

@@ -10,16 +10,20 @@
 namespace estuary::models {
 
 void Linear::Forward(const float* x, int n, float* y) const {
-  for (int i = 0; i < n; ++i) std::memcpy(y + int64_t(i) * out, b, sizeof(float) * out);
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, out, in, 1.0f, x, in, w, in, 1.0f, y, out);
+  if (b) {
+    for (int i = 0; i < n; ++i) std::memcpy(y + int64_t(i) * out, b, sizeof(float) * out);
+  }
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, out, in, 1.0f, x, in, w, in, b ? 1.0f : 0.0f, y, out);
 }
 
 void Linear::Backward(const float* x, const float* dy, int n, float* dx) const {
   cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, out, in, n, 1.0f, dy, out, x, in, 0.0f, dw, in);
-  for (int o = 0; o < out; ++o) db[o] = 0;
-  for (int i = 0; i < n; ++i) {
-    const float* row = dy + int64_t(i) * out;
-    for (int o = 0; o < out; ++o) db[o] += row[o];
+  if (db) {
+    for (int o = 0; o < out; ++o) db[o] = 0;
+    for (int i = 0; i < n; ++i) {
+      const float* row = dy + int64_t(i) * out;
+      for (int o = 0; o < out; ++o) db[o] += row[o];
+    }
   }
   if (dx) cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, in, out, 1.0f, dy, out, w, in, 0.0f, dx, in);
 }
@@ -28,7 +32,7 @@ void Linear::BackwardSgd(const float* x, const float* dy, int n, float* dx, floa
   if (dx) cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, in, out, 1.0f, dy, out, w, in, 0.0f, dx, in);
   const float keep = 1.0f - lr * wd;
   cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, out, in, n, -lr, dy, out, x, in, keep, w, in);
-  for (int o = 0; o < out; ++o) {
+  for (int o = 0; b && o < out; ++o) {
     float sum = 0;
     for (int i = 0; i < n; ++i) sum += dy[int64_t(i) * out + o];
     b[o] = keep * b[o] - lr * sum;

@@ -11,7 +11,8 @@
 
 namespace estuary::models {
 
-// y[n, out] = x[n, in] · W[out, in]^T + b
+// y[n, out] = x[n, in] · W[out, in]^T + b. Without bias when b (and db) are
+// null, as the projections of a transformer.
 struct Linear {
   int in = 0, out = 0;
   float *w = nullptr, *b = nullptr, *dw = nullptr, *db = nullptr;

@@ -22,6 +22,10 @@ Status ServerConfig::Finalize() {
   if (task.epochs() == 0) return InvalidArgument("config: epochs = 0: must be >= 1");
   if (task.batch_size() == 0) return InvalidArgument("config: batch = 0: must be >= 1");
   if (!(task.learning_rate() > 0)) return InvalidArgument("config: lr = {}: must be > 0", task.learning_rate());
+  if (!task.optimizer().empty() && task.optimizer() != "sgd" && task.optimizer() != "adamw") {
+    return InvalidArgument("config: optimizer = '{}': expected sgd or adamw", task.optimizer());
+  }
+  if (task.seq_len() == 0) return InvalidArgument("config: seq_len = 0: must be >= 1");
   return Status::Ok();
 }
 

@@ -62,6 +62,8 @@ int main(int argc, char** argv) {
   std::string config_file, model = "mlp", log_level = "info", update_kind = "full";
   uint32_t epochs = 5, batch = 10;
   float lr = 0.05f, momentum = 0, weight_decay = 0;
+  std::string optimizer = "sgd";
+  uint32_t seq_len = 128, max_local_steps = 0;
   serve->add_option("--config", config_file, "TOML file with the same keys as these flags");
   serve->add_option("--listen", config.listen, "HOST:PORT to listen on (port 0: any free port)");
   serve->add_option("--cert", config.tls.cert, "server certificate (PEM)");
@@ -83,7 +85,10 @@ int main(int argc, char** argv) {
   serve->add_option("--batch", batch, "local batch size");
   serve->add_option("--lr", lr, "local SGD learning rate");
   serve->add_option("--momentum", momentum, "local SGD momentum");
-  serve->add_option("--weight-decay", weight_decay, "local SGD weight decay");
+  serve->add_option("--weight-decay", weight_decay, "local weight decay");
+  serve->add_option("--optimizer", optimizer, "local optimizer: sgd | adamw");
+  serve->add_option("--seq-len", seq_len, "language models: tokens per training window");
+  serve->add_option("--max-local-steps", max_local_steps, "cap on local optimizer steps per round (0: none)");
   serve->add_option("--update-kind", update_kind, "full");
   serve->add_option("--max-frame", config.max_frame_bytes, "largest frame accepted, bytes");
   serve->add_option("--chunk-bytes", config.chunk_bytes, "tensor chunk size, bytes");
@@ -149,6 +154,9 @@ int main(int argc, char** argv) {
   config.task.set_momentum(momentum);
   config.task.set_weight_decay(weight_decay);
   config.task.set_update_kind(v1::UPDATE_FULL);
+  config.task.set_optimizer(optimizer);
+  config.task.set_seq_len(seq_len);
+  config.task.set_max_local_steps(max_local_steps);
   spdlog::set_default_logger(spdlog::stderr_color_mt("estuary-server"));
   spdlog::set_level(spdlog::level::from_str(log_level));
   auto server = server::Server::Create(std::move(config));

@@ -63,7 +63,7 @@ static Result<std::vector<std::unique_ptr<client::Trainer>>> MakeTrainers(
   ESTUARY_ASSIGN_OR_RETURN(auto parts, Partition(train->labels, train->num_classes, int(s.clients), spec,
                                                  MixSeed(s.seed, std::string_view("partition"))));
   std::vector<std::unique_ptr<client::Trainer>> trainers;
-  for (auto& indices : parts) trainers.push_back(std::make_unique<client::Trainer>(train, std::move(indices)));
+  for (auto& indices : parts) trainers.push_back(std::make_unique<client::ClassifierTrainer>(train, std::move(indices)));
   return trainers;
 }
 

@@ -1,0 +1,444 @@
+#include "models/llama.h"
+
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <numbers>
+#include <random>
+
+#include "models/checkpoint.h"
+#include "models/transformer_ops.h"
+
+namespace estuary::models {
+
+Status LlamaConfig::Validate() const {
+  const std::pair<const char*, int> sizes[] = {
+      {"vocab_size", vocab_size}, {"hidden_size", hidden_size}, {"intermediate_size", intermediate_size},
+      {"num_layers", num_layers}, {"num_heads", num_heads},     {"num_kv_heads", num_kv_heads},
+      {"max_seq_len", max_seq_len}};
+  for (const auto& [name, value] : sizes) {
+    if (value <= 0) return InvalidArgument("llama config: {} is {}; it must be positive", name, value);
+  }
+  if (hidden_size % num_heads != 0) {
+    return InvalidArgument("llama config: num_heads {} does not divide hidden_size {}", num_heads, hidden_size);
+  }
+  if (head_dim() % 2 != 0) {
+    return InvalidArgument("llama config: head_dim {} (hidden_size {} / num_heads {}) is odd; RoPE rotates pairs",
+                           head_dim(), hidden_size, num_heads);
+  }
+  if (num_heads % num_kv_heads != 0) {
+    return InvalidArgument("llama config: num_kv_heads {} does not divide num_heads {}", num_kv_heads, num_heads);
+  }
+  if (!(rms_norm_eps > 0) || !std::isfinite(rms_norm_eps)) {
+    return InvalidArgument("llama config: rms_norm_eps {} must be positive and finite", rms_norm_eps);
+  }
+  if (!(rope_theta > 1) || !std::isfinite(rope_theta)) {
+    return InvalidArgument("llama config: rope_theta {} must be finite and greater than 1", rope_theta);
+  }
+  return Status::Ok();
+}
+
+// ------------------------------------------------------------------ layout
+
+Llama::Llama(const LlamaConfig& config, int max_batch) : config_(config), max_batch_(max_batch) {
+  const int64_t V = config.vocab_size, D = config.hidden_size, I = config.intermediate_size;
+  const int64_t q_rows = int64_t(config.num_heads) * config.head_dim();
+  const int64_t kv_rows = int64_t(config.num_kv_heads) * config.head_dim();
+  auto add = [&](std::string name, std::vector<int64_t> shape) {
+    TensorSpec spec{std::move(name), std::move(shape), DType::kF32, manifest_.total_elements};
+    manifest_.total_elements += spec.numel();
+    manifest_.tensors.push_back(std::move(spec));
+    return manifest_.tensors.back().offset;
+  };
+  // Hugging Face's state_dict order, which also puts q, k, v (and gate, up)
+  // next to each other: together they form one [rows, D] matrix.
+  struct Offsets {
+    uint64_t q, o, gate, down, input_norm, post_norm;
+  };
+  const uint64_t embed = add("model.embed_tokens.weight", {V, D});
+  std::vector<Offsets> offsets;
+  for (int i = 0; i < config.num_layers; ++i) {
+    const std::string p = fmt::format("model.layers.{}.", i);
+    Offsets o;
+    o.q = add(p + "self_attn.q_proj.weight", {q_rows, D});
+    add(p + "self_attn.k_proj.weight", {kv_rows, D});
+    add(p + "self_attn.v_proj.weight", {kv_rows, D});
+    o.o = add(p + "self_attn.o_proj.weight", {D, q_rows});
+    o.gate = add(p + "mlp.gate_proj.weight", {I, D});
+    add(p + "mlp.up_proj.weight", {I, D});
+    o.down = add(p + "mlp.down_proj.weight", {D, I});
+    o.input_norm = add(p + "input_layernorm.weight", {D});
+    o.post_norm = add(p + "post_attention_layernorm.weight", {D});
+    offsets.push_back(o);
+  }
+  const uint64_t final_norm = add("model.norm.weight", {D});
+  const uint64_t lm_head = config.tie_embeddings ? embed : add("lm_head.weight", {V, D});
+
+  params_.assign(manifest_.total_elements, 0.0f);
+  grads_.assign(manifest_.total_elements, 0.0f);
+  float* P = params_.data();
+  float* G = grads_.data();
+  auto linear = [&](int in, int out, uint64_t offset) {
+    Linear l{in, out};
+    l.w = P + offset;
+    l.dw = G + offset;
+    return l;
+  };
+  for (const Offsets& o : offsets) {
+    Layer layer;
+    layer.qkv = linear(int(D), int(q_rows + 2 * kv_rows), o.q);
+    layer.o = linear(int(q_rows), int(D), o.o);
+    layer.gate_up = linear(int(D), int(2 * I), o.gate);
+    layer.down = linear(int(I), int(D), o.down);
+    layer.input_norm = P + o.input_norm;
+    layer.d_input_norm = G + o.input_norm;
+    layer.post_norm = P + o.post_norm;
+    layer.d_post_norm = G + o.post_norm;
+    layers_.push_back(layer);
+  }
+  embed_ = P + embed;
+  d_embed_ = G + embed;
+  final_norm_ = P + final_norm;
+  d_final_norm_ = G + final_norm;
+  lm_head_ = linear(int(D), int(V), lm_head);
+
+  rope_cos_.resize(size_t(config.max_seq_len) * config.head_dim() / 2);
+  rope_sin_.resize(rope_cos_.size());
+  RopeTables(config.max_seq_len, config.head_dim(), config.rope_theta, rope_cos_.data(), rope_sin_.data());
+
+  acts_.layers.resize(config.num_layers);
+  arena_.resize(Carve(max_batch, config.max_seq_len, nullptr));
+}
+
+Result<Llama> Llama::Create(const LlamaConfig& config, int max_batch) {
+  ESTUARY_RETURN_IF_ERROR(config.Validate());
+  if (max_batch <= 0 || int64_t(max_batch) * config.max_seq_len > INT_MAX / 2) {
+    return InvalidArgument("llama: max_batch {} with max_seq_len {} is out of range", max_batch,
+                           config.max_seq_len);
+  }
+  return Llama(config, max_batch);
+}
+
+// Hands out consecutive slices of a buffer, each rounded up to 16 floats so
+// every slice starts 64-byte aligned relative to the base.
+class Carver {
+ public:
+  explicit Carver(float* base) : base_(base) {}
+  float* Take(int64_t count) {
+    float* p = base_ ? base_ + used_ : nullptr;
+    used_ += (size_t(count) + 15) / 16 * 16;
+    return p;
+  }
+  size_t used() const { return used_; }
+
+ private:
+  float* base_;
+  size_t used_ = 0;
+};
+
+size_t Llama::Carve(int batch, int seq, float* base) {
+  const LlamaConfig& c = config_;
+  const int64_t n = int64_t(batch) * seq, D = c.hidden_size, V = c.vocab_size, I = c.intermediate_size;
+  const int64_t hd = c.head_dim(), H = c.num_heads, KV = c.num_kv_heads;
+  Carver carver(base);
+  const int64_t resid_block = (n * D + 15) / 16 * 16;
+  acts_.resid = carver.Take(resid_block * (c.num_layers + 1));
+  acts_.resid_stride = size_t(resid_block);
+  for (LayerActivations& a : acts_.layers) {
+    a.rstd1 = carver.Take(n);
+    a.xn1 = carver.Take(n * D);
+    a.qkv = carver.Take(n * (H + 2 * KV) * hd);
+    a.probs = carver.Take(int64_t(batch) * H * seq * seq);
+    a.attn = carver.Take(n * H * hd);
+    a.h = carver.Take(n * D);
+    a.rstd2 = carver.Take(n);
+    a.xn2 = carver.Take(n * D);
+    a.gate_up = carver.Take(n * 2 * I);
+    a.act = carver.Take(n * I);
+  }
+  acts_.rstd_final = carver.Take(n);
+  acts_.xn_final = carver.Take(n * D);
+  acts_.logits = carver.Take(n * V);
+  acts_.dlogits = carver.Take(n * V);
+  acts_.dresid = carver.Take(n * D);
+  acts_.dxn = carver.Take(n * D);
+  acts_.dqkv = carver.Take(n * (H + 2 * KV) * hd);
+  acts_.dattn = carver.Take(n * H * hd);
+  acts_.dscores = carver.Take(int64_t(seq) * seq);
+  acts_.dgate_up = carver.Take(n * 2 * I);
+  acts_.dact = carver.Take(n * I);
+  return carver.used();
+}
+
+// ---------------------------------------------------------------- training
+
+void Llama::Initialize(uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  // 53 random bits -> a double in (0, 1), never 0, so the log below is finite.
+  auto uniform = [&rng] { return (double(rng() >> 11) + 0.5) * 0x1.0p-53; };
+  for (const TensorSpec& t : manifest_.tensors) {
+    float* p = params_.data() + t.offset;
+    const uint64_t count = t.numel();
+    if (t.shape.size() == 1) {
+      std::fill(p, p + count, 1.0f);
+      continue;
+    }
+    // Box-Muller: one pair of uniforms gives two normals.
+    for (uint64_t i = 0; i < count; i += 2) {
+      const double r = 0.02 * std::sqrt(-2.0 * std::log(uniform())), angle = 2.0 * std::numbers::pi * uniform();
+      p[i] = float(r * std::cos(angle));
+      if (i + 1 < count) p[i + 1] = float(r * std::sin(angle));
+    }
+  }
+}
+
+Status Llama::CheckInput(const int32_t* tokens, const int32_t* targets, int batch, int seq) const {
+  if (batch < 1 || batch > max_batch_) {
+    return InvalidArgument("llama: batch {} is outside [1, {}] (max_batch given at Create)", batch, max_batch_);
+  }
+  if (seq < 1 || seq > config_.max_seq_len) {
+    return InvalidArgument("llama: sequence length {} is outside [1, {}] (max_seq_len)", seq, config_.max_seq_len);
+  }
+  auto check = [&](const char* what, const int32_t* ids) -> Status {
+    for (int64_t i = 0; i < int64_t(batch) * seq; ++i) {
+      if (ids[i] < 0 || ids[i] >= config_.vocab_size) {
+        return InvalidArgument("llama: {} id {} at batch {}, position {} is outside the vocabulary [0, {})", what,
+                               ids[i], i / seq, i % seq, config_.vocab_size);
+      }
+    }
+    return Status::Ok();
+  };
+  if (!tokens) return InvalidArgument("llama: no token ids given");
+  ESTUARY_RETURN_IF_ERROR(check("token", tokens));
+  if (targets) ESTUARY_RETURN_IF_ERROR(check("target", targets));
+  return Status::Ok();
+}
+
+void Llama::RunForward(const int32_t* tokens, int batch, int seq, float* logits) {
+  const LlamaConfig& c = config_;
+  const int n = batch * seq, D = c.hidden_size, I = c.intermediate_size, hd = c.head_dim();
+  const int H = c.num_heads, KV = c.num_kv_heads;
+  const int64_t qkv_width = int64_t(H + 2 * KV) * hd;
+  const float eps = float(c.rms_norm_eps);
+  EmbeddingForward(tokens, n, embed_, D, acts_.resid);
+  for (int l = 0; l < c.num_layers; ++l) {
+    const Layer& layer = layers_[l];
+    const LayerActivations& a = acts_.layers[l];
+    const float* x = acts_.resid + l * acts_.resid_stride;
+    float* out = acts_.resid + (l + 1) * acts_.resid_stride;
+    RmsNormForward(x, layer.input_norm, n, D, eps, a.xn1, a.rstd1);
+    layer.qkv.Forward(a.xn1, n, a.qkv);
+    RopeForward(a.qkv, batch, seq, H, hd, qkv_width, rope_cos_.data(), rope_sin_.data());
+    RopeForward(a.qkv + int64_t(H) * hd, batch, seq, KV, hd, qkv_width, rope_cos_.data(), rope_sin_.data());
+    AttentionForward(a.qkv, batch, seq, H, KV, hd, a.probs, a.attn);
+    layer.o.Forward(a.attn, n, a.h);
+    ResidualAdd(x, int64_t(n) * D, a.h);
+    RmsNormForward(a.h, layer.post_norm, n, D, eps, a.xn2, a.rstd2);
+    layer.gate_up.Forward(a.xn2, n, a.gate_up);
+    SwiGluForward(a.gate_up, n, I, a.act);
+    layer.down.Forward(a.act, n, out);
+    ResidualAdd(a.h, int64_t(n) * D, out);
+  }
+  RmsNormForward(acts_.resid + c.num_layers * acts_.resid_stride, final_norm_, n, D, eps, acts_.xn_final,
+                 acts_.rstd_final);
+  lm_head_.Forward(acts_.xn_final, n, logits);
+}
+
+Status Llama::Forward(const int32_t* tokens, int batch, int seq, float* logits) {
+  ESTUARY_RETURN_IF_ERROR(CheckInput(tokens, nullptr, batch, seq));
+  if (!logits) return InvalidArgument("llama: no logits buffer given");
+  Carve(batch, seq, arena_.data());
+  RunForward(tokens, batch, seq, logits);
+  return Status::Ok();
+}
+
+Result<float> Llama::ForwardBackward(const int32_t* tokens, const int32_t* targets, int batch, int seq) {
+  if (!targets) return InvalidArgument("llama: no target ids given");
+  ESTUARY_RETURN_IF_ERROR(CheckInput(tokens, targets, batch, seq));
+  const LlamaConfig& c = config_;
+  const int n = batch * seq, D = c.hidden_size, I = c.intermediate_size, hd = c.head_dim();
+  const int H = c.num_heads, KV = c.num_kv_heads;
+  const int64_t qkv_width = int64_t(H + 2 * KV) * hd;
+  Carve(batch, seq, arena_.data());
+  const Activations& a = acts_;
+  RunForward(tokens, batch, seq, a.logits);
+  const float loss = SoftmaxCrossEntropy(a.logits, targets, n, c.vocab_size, a.dlogits);
+
+  // The LM head first: when tied, it writes the embedding's gradient, to
+  // which the input side is added last.
+  lm_head_.Backward(a.xn_final, a.dlogits, n, a.dxn);
+  std::memset(a.dresid, 0, sizeof(float) * n * D);
+  RmsNormBackward(a.resid + c.num_layers * a.resid_stride, final_norm_, a.rstd_final, a.dxn, n, D, a.dresid,
+                  d_final_norm_);
+  // dresid holds dL/d(output of block l) on entry and dL/d(its input) on exit.
+  for (int l = c.num_layers - 1; l >= 0; --l) {
+    const Layer& layer = layers_[l];
+    const LayerActivations& s = a.layers[l];
+    layer.down.Backward(s.act, a.dresid, n, a.dact);
+    SwiGluBackward(s.gate_up, a.dact, n, I, a.dgate_up);
+    layer.gate_up.Backward(s.xn2, a.dgate_up, n, a.dxn);
+    RmsNormBackward(s.h, layer.post_norm, s.rstd2, a.dxn, n, D, a.dresid, layer.d_post_norm);
+    layer.o.Backward(s.attn, a.dresid, n, a.dattn);
+    AttentionBackward(s.qkv, s.probs, a.dattn, batch, seq, H, KV, hd, a.dscores, a.dqkv);
+    RopeBackward(a.dqkv, batch, seq, H, hd, qkv_width, rope_cos_.data(), rope_sin_.data());
+    RopeBackward(a.dqkv + int64_t(H) * hd, batch, seq, KV, hd, qkv_width, rope_cos_.data(), rope_sin_.data());
+    layer.qkv.Backward(s.xn1, a.dqkv, n, a.dxn);
+    RmsNormBackward(a.resid + l * a.resid_stride, layer.input_norm, s.rstd1, a.dxn, n, D, a.dresid,
+                    layer.d_input_norm);
+  }
+  if (!c.tie_embeddings) std::memset(d_embed_, 0, sizeof(float) * int64_t(c.vocab_size) * D);
+  EmbeddingBackward(tokens, n, a.dresid, D, d_embed_);
+  return loss;
+}
+
+// ---------------------------------------------------- Hugging Face checkpoints
+
+namespace fs = std::filesystem;
+
+Status SaveHfCheckpoint(const fs::path& dir, const Llama& model) {
+  std::error_code error;
+  fs::create_directories(dir, error);
+  if (error) return IoError("{}: cannot create the directory: {}", dir.string(), error.message());
+  // transformers refuses a safetensors file whose metadata lacks format "pt".
+  ESTUARY_RETURN_IF_ERROR(
+      SaveCheckpoint(dir / "model.safetensors", model.manifest(), model.parameters(), {{"format", "pt"}}));
+  const LlamaConfig& c = model.config();
+  nlohmann::ordered_json json = {
+      {"architectures", {"LlamaForCausalLM"}},
+      {"model_type", "llama"},
+      {"vocab_size", c.vocab_size},
+      {"hidden_size", c.hidden_size},
+      {"intermediate_size", c.intermediate_size},
+      {"num_hidden_layers", c.num_layers},
+      {"num_attention_heads", c.num_heads},
+      {"num_key_value_heads", c.num_kv_heads},
+      {"head_dim", c.head_dim()},
+      {"max_position_embeddings", c.max_seq_len},
+      {"rms_norm_eps", c.rms_norm_eps},
+      {"rope_theta", c.rope_theta},
+      {"rope_scaling", nullptr},
+      {"tie_word_embeddings", c.tie_embeddings},
+      {"hidden_act", "silu"},
+      {"attention_bias", false},
+      {"attention_dropout", 0.0},
+      {"mlp_bias", false},
+      {"initializer_range", 0.02},
+      {"torch_dtype", "float32"},
+  };
+  const std::string text = json.dump(2) + "\n";
+  return WriteFileAtomically(dir / "config.json", text);
+}
+
+namespace {
+
+// Reads config.json into a LlamaConfig, with Hugging Face LlamaConfig's
+// defaults for absent keys; rejects what this implementation does not do.
+Result<LlamaConfig> ReadHfConfig(const fs::path& path) {
+  std::ifstream in(path);
+  if (!in) return NotFound("{}: cannot open: {}", path.string(), std::strerror(errno));
+  const auto json = nlohmann::json::parse(in, nullptr, false);
+  if (json.is_discarded() || !json.is_object()) return InvalidArgument("{}: not a JSON object", path.string());
+
+  auto integer = [&](const char* key, int fallback, int* out) -> Status {
+    if (!json.contains(key) || json[key].is_null()) {
+      *out = fallback;
+      return Status::Ok();
+    }
+    const auto& v = json[key];
+    if (!v.is_number_integer() || v.get<int64_t>() <= 0 || v.get<int64_t>() > INT_MAX) {
+      return InvalidArgument("{}: '{}' is {}; expected a positive integer", path.string(), key, v.dump());
+    }
+    *out = v.get<int>();
+    return Status::Ok();
+  };
+  auto number = [&](const char* key, double fallback, double* out) -> Status {
+    if (!json.contains(key)) {
+      *out = fallback;
+      return Status::Ok();
+    }
+    if (!json[key].is_number()) {
+      return InvalidArgument("{}: '{}' is {}; expected a number", path.string(), key, json[key].dump());
+    }
+    *out = json[key].get<double>();
+    return Status::Ok();
+  };
+  // A key that, when present, must hold the one value this implementation supports.
+  auto only = [&](const char* key, const nlohmann::json& supported) -> Status {
+    if (json.contains(key) && json[key] != supported) {
+      return InvalidArgument("{}: '{}' is {}; only {} is supported", path.string(), key, json[key].dump(),
+                             supported.dump());
+    }
+    return Status::Ok();
+  };
+  ESTUARY_RETURN_IF_ERROR(only("model_type", "llama"));
+  ESTUARY_RETURN_IF_ERROR(only("hidden_act", "silu"));
+  ESTUARY_RETURN_IF_ERROR(only("attention_bias", false));
+  ESTUARY_RETURN_IF_ERROR(only("mlp_bias", false));
+  ESTUARY_RETURN_IF_ERROR(only("rope_scaling", nullptr));
+  if (json.contains("architectures")) {
+    const auto& arch = json["architectures"];
+    if (!arch.is_array() || std::find(arch.begin(), arch.end(), "LlamaForCausalLM") == arch.end()) {
+      return InvalidArgument("{}: 'architectures' is {}; expected it to list LlamaForCausalLM", path.string(),
+                             arch.dump());
+    }
+  }
+
+  LlamaConfig c;
+  ESTUARY_RETURN_IF_ERROR(integer("vocab_size", 32000, &c.vocab_size));
+  ESTUARY_RETURN_IF_ERROR(integer("hidden_size", 4096, &c.hidden_size));
+  ESTUARY_RETURN_IF_ERROR(integer("intermediate_size", 11008, &c.intermediate_size));
+  ESTUARY_RETURN_IF_ERROR(integer("num_hidden_layers", 32, &c.num_layers));
+  ESTUARY_RETURN_IF_ERROR(integer("num_attention_heads", 32, &c.num_heads));
+  ESTUARY_RETURN_IF_ERROR(integer("num_key_value_heads", c.num_heads, &c.num_kv_heads));
+  ESTUARY_RETURN_IF_ERROR(integer("max_position_embeddings", 2048, &c.max_seq_len));
+  ESTUARY_RETURN_IF_ERROR(number("rms_norm_eps", 1e-6, &c.rms_norm_eps));
+  ESTUARY_RETURN_IF_ERROR(number("rope_theta", 10000.0, &c.rope_theta));
+  if (json.contains("tie_word_embeddings")) {
+    if (!json["tie_word_embeddings"].is_boolean()) {
+      return InvalidArgument("{}: 'tie_word_embeddings' is {}; expected true or false", path.string(),
+                             json["tie_word_embeddings"].dump());
+    }
+    c.tie_embeddings = json["tie_word_embeddings"].get<bool>();
+  }
+  if (json.contains("head_dim") && !json["head_dim"].is_null() && json["head_dim"] != c.head_dim()) {
+    return InvalidArgument("{}: 'head_dim' is {}, but hidden_size / num_attention_heads is {}; only that is supported",
+                           path.string(), json["head_dim"].dump(), c.head_dim());
+  }
+  Status valid = c.Validate();
+  if (!valid.ok()) return InvalidArgument("{}: {}", path.string(), valid.message());
+  return c;
+}
+
+}  // namespace
+
+Result<Llama> LoadHfCheckpoint(const fs::path& dir, int max_batch) {
+  ESTUARY_ASSIGN_OR_RETURN(LlamaConfig config, ReadHfConfig(dir / "config.json"));
+  ESTUARY_ASSIGN_OR_RETURN(Llama model, Llama::Create(config, max_batch));
+  const fs::path file = dir / "model.safetensors";
+  ESTUARY_ASSIGN_OR_RETURN(Checkpoint checkpoint, LoadCheckpoint(file));  // checks every dtype is F32
+  for (const TensorSpec& want : model.manifest().tensors) {
+    const TensorSpec* got = checkpoint.manifest.Find(want.name);
+    if (!got) return InvalidArgument("{}: tensor '{}' is missing", file.string(), want.name);
+    if (got->shape != want.shape) {
+      return InvalidArgument("{}: tensor '{}' has shape [{}], but config.json implies [{}]", file.string(), want.name,
+                             fmt::join(got->shape, ", "), fmt::join(want.shape, ", "));
+    }
+    std::memcpy(model.parameters().data() + want.offset, checkpoint.data.data() + got->offset,
+                sizeof(float) * want.numel());
+  }
+  for (const TensorSpec& got : checkpoint.manifest.tensors) {
+    if (model.manifest().Find(got.name)) continue;
+    // Older transformers saved this non-trainable buffer; it is recomputed from rope_theta.
+    if (got.name.ends_with("self_attn.rotary_emb.inv_freq")) continue;
+    return InvalidArgument("{}: unexpected tensor '{}' (not part of this config's LlamaForCausalLM{})", file.string(),
+                           got.name, config.tie_embeddings ? ", whose embeddings are tied" : "");
+  }
+  return model;
+}
+
+}  // namespace estuary::models

@@ -1,0 +1,139 @@
+// Llama: a LLaMA-style decoder-only transformer on the CPU (the reference the
+// CUDA engine is checked against, and a CPU site's training engine).
+//
+// Pre-norm blocks: h = x + Attn(RMSNorm(x)), x' = h + MLP(RMSNorm(h)), with
+// rotary embeddings (Hugging Face's rotate_half convention), grouped-query
+// causal attention and a SwiGLU MLP; a final RMSNorm and an LM head, which is
+// the embedding table itself when tie_embeddings is set.
+//
+// Parameters live in one flat fp32 buffer and gradients in another of the
+// same layout; manifest() names the tensors exactly as Hugging Face's
+// LlamaForCausalLM state_dict does ("model.layers.0.self_attn.q_proj.weight",
+// torch Linear layout [out, in]), so checkpoints map one to one.
+// lm_head.weight is absent when tied.
+//
+// Activations live in an arena sized at Create() for (max_batch,
+// max_seq_len): a training step never allocates. A step is
+//   auto loss = model.ForwardBackward(tokens, targets, batch, seq);  // fills gradients()
+//   optimizer.Step(model.parameters(), model.gradients());
+// Unlike Hugging Face's `labels`, targets are not shifted inside: targets[i]
+// is the token expected after tokens[i].
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <span>
+#include <vector>
+
+#include "base/status.h"
+#include "models/layers.h"
+#include "models/tensor.h"
+
+namespace estuary::models {
+
+struct LlamaConfig {
+  int vocab_size = 0;
+  int hidden_size = 0;        // D
+  int intermediate_size = 0;  // the MLP's hidden width
+  int num_layers = 0;
+  int num_heads = 0;
+  int num_kv_heads = 0;       // divides num_heads; equal to it for plain multi-head attention
+  int max_seq_len = 0;        // the context length (max_position_embeddings)
+  double rms_norm_eps = 1e-5;
+  double rope_theta = 10000.0;
+  bool tie_embeddings = false;
+
+  int head_dim() const { return num_heads > 0 ? hidden_size / num_heads : 0; }
+  // Every size positive, heads dividing hidden_size into an even head_dim,
+  // kv heads dividing heads; the message names the field and its value.
+  Status Validate() const;
+};
+
+class Llama {
+ public:
+  // A model with zero parameters (call Initialize or load weights) and an
+  // arena for batches of up to max_batch sequences of up to max_seq_len.
+  static Result<Llama> Create(const LlamaConfig& config, int max_batch);
+
+  Llama(Llama&&) = default;
+  Llama& operator=(Llama&&) = default;
+  Llama(const Llama&) = delete;  // the layers point into this object's buffers
+  Llama& operator=(const Llama&) = delete;
+
+  const LlamaConfig& config() const { return config_; }
+  int max_batch() const { return max_batch_; }
+  const Manifest& manifest() const { return manifest_; }
+  std::span<float> parameters() { return params_; }
+  std::span<const float> parameters() const { return params_; }
+  std::span<float> gradients() { return grads_; }
+  std::span<const float> gradients() const { return grads_; }
+
+  // Hugging Face's init: normal(0, 0.02) for every matrix (embedding,
+  // projections, LM head), ones for the norms; from one generator seeded with
+  // `seed`, with explicit draws, so the same seed gives the same bits anywhere.
+  void Initialize(uint64_t seed);
+
+  // tokens and targets are [batch, seq]. Overwrites gradients() and returns the
+  // mean cross-entropy over all batch * seq tokens. Fails, touching nothing,
+  // on a token or target outside [0, vocab_size) or a batch or seq out of range.
+  Result<float> ForwardBackward(const int32_t* tokens, const int32_t* targets, int batch, int seq);
+
+  // Writes logits [batch, seq, vocab_size].
+  Status Forward(const int32_t* tokens, int batch, int seq, float* logits);
+
+ private:
+  struct Layer {
+    Linear qkv, o, gate_up, down;  // q/k/v and gate/up are adjacent in the buffer: one GEMM each
+    float *input_norm = nullptr, *d_input_norm = nullptr, *post_norm = nullptr, *d_post_norm = nullptr;
+  };
+  // What one block keeps for backward (n = batch * seq rows).
+  struct LayerActivations {
+    float *rstd1, *xn1;     // input RMSNorm: [n], [n, D]
+    float *qkv;             // fused projection after RoPE: [n, (H + 2 KV) * head_dim]
+    float *probs;           // [batch, H, seq, seq]
+    float *attn;            // [n, H * head_dim], before o_proj
+    float *h;               // the residual stream after attention: [n, D]
+    float *rstd2, *xn2;     // post-attention RMSNorm: [n], [n, D]
+    float *gate_up, *act;   // [n, 2 I], silu(gate) * up: [n, I]
+  };
+  // Pointers into arena_ for one (batch, seq); layers has num_layers entries,
+  // sized once, so carving allocates nothing.
+  struct Activations {
+    float* resid = nullptr;  // num_layers + 1 blocks of [n, D]: the embeddings, then each block's output
+    size_t resid_stride = 0;
+    std::vector<LayerActivations> layers;
+    float *rstd_final, *xn_final, *logits, *dlogits;  // [n], [n, D], [n, V], [n, V]
+    // Backward scratch, reused by every block.
+    float *dresid, *dxn, *dqkv, *dattn, *dscores, *dgate_up, *dact;
+  };
+
+  Llama(const LlamaConfig& config, int max_batch);
+  Status CheckInput(const int32_t* tokens, const int32_t* targets, int batch, int seq) const;
+  // Points acts_ into `base` laid out for (batch, seq) and returns the floats
+  // used; with base == nullptr it only measures.
+  size_t Carve(int batch, int seq, float* base);
+  void RunForward(const int32_t* tokens, int batch, int seq, float* logits);
+
+  LlamaConfig config_;
+  int max_batch_ = 0;
+  Manifest manifest_;
+  std::vector<float> params_, grads_, arena_, rope_cos_, rope_sin_;
+  std::vector<Layer> layers_;
+  float *embed_ = nullptr, *d_embed_ = nullptr, *final_norm_ = nullptr, *d_final_norm_ = nullptr;
+  Linear lm_head_;
+  Activations acts_;
+};
+
+// A Hugging Face model directory: model.safetensors (fp32, names as
+// manifest()) and config.json (LlamaConfig's keys, architectures
+// ["LlamaForCausalLM"]), which LlamaForCausalLM.from_pretrained(dir) loads.
+// Both files are written atomically; the directory is created if needed.
+Status SaveHfCheckpoint(const std::filesystem::path& dir, const Llama& model);
+
+// Reads such a directory into a model with an arena for max_batch sequences.
+// Keys absent from config.json take Hugging Face's defaults. Every tensor's
+// name, shape and dtype is checked; the first mismatch is reported with the
+// file and the tensor's name.
+Result<Llama> LoadHfCheckpoint(const std::filesystem::path& dir, int max_batch = 1);
+
+}  // namespace estuary::models

@@ -1,0 +1,75 @@
+// CPU ops of a LLaMA-style decoder, each forward beside its backward.
+//
+// Activations are row-major fp32 buffers owned by the caller. A batch of
+// `batch` sequences of `seq` tokens is n = batch * seq rows; token t of
+// sequence b is row b * seq + t. Parameters and their gradients are pointers
+// into a model's flat buffers. No op allocates: scratch comes from the caller,
+// so a CUDA op can take exactly the same arguments and be checked against
+// these. Token ids are not checked here (an op cannot return an error); the
+// model validates them before calling.
+//
+// Gradients are overwritten, with two exceptions that make the model's
+// backward pass simple: EmbeddingBackward adds into the table's gradient (a
+// tied table also receives the LM head's), and RmsNormBackward adds dx into
+// the residual stream's gradient, which carries every later layer's part.
+//
+// The projections are Linear (layers.h) without bias; every matrix product
+// goes to OpenBLAS.
+#pragma once
+
+#include <cstdint>
+
+namespace estuary::models {
+
+// out[i, :] = table[tokens[i], :], table [vocab, dim], out [n, dim].
+void EmbeddingForward(const int32_t* tokens, int n, const float* table, int dim, float* out);
+// dtable[tokens[i], :] += dout[i, :]. Accumulates: zero dtable first unless it
+// already holds the tied LM head's gradient.
+void EmbeddingBackward(const int32_t* tokens, int n, const float* dout, int dim, float* dtable);
+
+// Per row of x [n, dim]: y = weight * x * rstd with rstd = 1/sqrt(mean(x^2) + eps).
+// rstd [n] is kept for backward.
+void RmsNormForward(const float* x, const float* weight, int n, int dim, float eps, float* y, float* rstd);
+// dx += dL/dx (added, see above); dweight [dim] = Σ_rows dy * x * rstd (overwritten).
+void RmsNormBackward(const float* x, const float* weight, const float* rstd, const float* dy, int n, int dim,
+                     float* dx, float* dweight);
+
+// Rotary position embeddings, Hugging Face LLaMA convention: the two halves of
+// each head form the pairs (x[j], x[j + head_dim/2]), rotated by the angle
+// pos * theta^(-2j/head_dim). RopeTables fills cos and sin [max_seq, head_dim/2]
+// (angles computed in double, then rounded).
+void RopeTables(int max_seq, int head_dim, double theta, float* cos, float* sin);
+// In place on `heads` heads of head_dim at the start of every row of x, rows
+// `row_stride` floats apart (so q and k can be rotated inside a fused qkv
+// buffer). Token (b, t) has position t.
+void RopeForward(float* x, int batch, int seq, int heads, int head_dim, int64_t row_stride, const float* cos,
+                 const float* sin);
+// The inverse rotation (the transpose of forward), in place on dx.
+void RopeBackward(float* dx, int batch, int seq, int heads, int head_dim, int64_t row_stride, const float* cos,
+                  const float* sin);
+
+// gate_up [n, 2 * hidden] holds gate in its first `hidden` columns and up in
+// the rest (the layout of a fused gate/up projection). out [n, hidden] =
+// silu(gate) * up.
+void SwiGluForward(const float* gate_up, int n, int hidden, float* out);
+// dgate_up [n, 2 * hidden] (same layout) from dout [n, hidden].
+void SwiGluBackward(const float* gate_up, const float* dout, int n, int hidden, float* dgate_up);
+
+// Causal multi-head attention with grouped-query attention: query head h
+// reads key/value head h / (heads / kv_heads), as Hugging Face's repeat_kv.
+// qkv [n, (heads + 2 * kv_heads) * head_dim] holds, per row, the query heads,
+// then the key heads, then the value heads (RoPE already applied to q and k).
+// Scores are scaled by 1/sqrt(head_dim). probs [batch, heads, seq, seq]
+// receives the softmax probabilities (zero above the diagonal) for backward;
+// out [n, heads * head_dim] is the concatenation of the heads.
+void AttentionForward(const float* qkv, int batch, int seq, int heads, int kv_heads, int head_dim, float* probs,
+                      float* out);
+// dqkv (same layout as qkv, every element written) from dout [n, heads * head_dim].
+// dscores is scratch of seq * seq floats.
+void AttentionBackward(const float* qkv, const float* probs, const float* dout, int batch, int seq, int heads,
+                       int kv_heads, int head_dim, float* dscores, float* dqkv);
+
+// y[i] += x[i]: the residual connection.
+void ResidualAdd(const float* x, int64_t count, float* y);
+
+}  // namespace estuary::models

@@ -1,0 +1,512 @@
+// The LLaMA decoder against PyTorch: each op's forward and backward, the whole
+// model's logits, loss and every parameter gradient, Hugging Face checkpoints
+// both ways, and the errors bad input gets. The references are written by
+// torch_llama.py, which ctest runs as a fixture; the error metric everywhere is
+// max|a - b| / max|b| over a tensor.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <new>
+#include <nlohmann/json.hpp>
+
+#include "models/checkpoint.h"
+#include "models/llama.h"
+#include "models/transformer_ops.h"
+#include "tests/e2e/harness.h"
+
+// Counts operator new, to show that a training step allocates nothing. Not
+// inlined, so the compiler does not pair a malloc it cannot see with the free.
+static std::atomic<int64_t> g_allocations{0};
+__attribute__((noinline)) void* operator new(size_t size) {
+  g_allocations.fetch_add(1, std::memory_order_relaxed);
+  if (void* p = std::malloc(size ? size : 1)) return p;
+  throw std::bad_alloc();
+}
+__attribute__((noinline)) void operator delete(void* p) noexcept { std::free(p); }
+__attribute__((noinline)) void operator delete(void* p, size_t) noexcept { std::free(p); }
+
+namespace estuary::models {
+namespace {
+
+using Values = std::vector<float>;
+using Ids = std::vector<int32_t>;
+namespace fs = std::filesystem;
+
+const fs::path kReference = fs::path(ESTUARY_BINARY_DIR) / "tests/models/llama_reference";
+
+nlohmann::json Fixture(const std::string& name) {
+  std::ifstream in(kReference / (name + ".json"));
+  EXPECT_TRUE(in.good()) << "missing fixture " << name << " (the models_torch_llama step writes it)";
+  return nlohmann::json::parse(in, nullptr, false);
+}
+
+Values Get(const nlohmann::json& f, const std::string& key) { return f.at(key).get<Values>(); }
+Ids GetIds(const nlohmann::json& f, const std::string& key) {
+  Ids ids;
+  for (double v : f.at(key)) ids.push_back(int32_t(v));
+  return ids;
+}
+
+double RelativeError(const float* a, const Values& b) {
+  double diff = 0, scale = 1e-30;
+  for (size_t i = 0; i < b.size(); ++i) {
+    diff = std::max(diff, double(std::abs(a[i] - b[i])));
+    scale = std::max(scale, double(std::abs(b[i])));
+  }
+  return diff / scale;
+}
+
+constexpr double kOpTolerance = 1e-5;
+constexpr double kModelTolerance = 1e-4;
+
+// ------------------------------------------------------------------- ops
+
+TEST(LlamaOps, EmbeddingGathersAndScatterAdds) {
+  auto f = Fixture("op_embedding");
+  Values table = Get(f, "table"), dout = Get(f, "dout");
+  Ids tokens = GetIds(f, "tokens");
+  const int n = int(tokens.size()), dim = 6;
+  Values out(n * dim, 99.0f);
+  EmbeddingForward(tokens.data(), n, table.data(), dim, out.data());
+  EXPECT_LE(RelativeError(out.data(), Get(f, "out")), kOpTolerance);
+  // Backward adds: start from 0.5 everywhere and take it off again.
+  Values dtable(table.size(), 0.5f);
+  EmbeddingBackward(tokens.data(), n, dout.data(), dim, dtable.data());
+  for (float& v : dtable) v -= 0.5f;
+  EXPECT_LE(RelativeError(dtable.data(), Get(f, "dtable")), kOpTolerance);
+}
+
+TEST(LlamaOps, RmsNorm) {
+  auto f = Fixture("op_rmsnorm");
+  Values x = Get(f, "x"), w = Get(f, "weight"), dy = Get(f, "dy");
+  const int dim = 16, n = int(x.size()) / dim;
+  Values y(x.size()), rstd(n), dx(x.size(), 0.25f), dw(dim, 99.0f);
+  RmsNormForward(x.data(), w.data(), n, dim, f.at("eps").get<float>(), y.data(), rstd.data());
+  EXPECT_LE(RelativeError(y.data(), Get(f, "y")), kOpTolerance);
+  RmsNormBackward(x.data(), w.data(), rstd.data(), dy.data(), n, dim, dx.data(), dw.data());
+  for (float& v : dx) v -= 0.25f;  // dx is added to what was there
+  EXPECT_LE(RelativeError(dx.data(), Get(f, "dx")), kOpTolerance);
+  EXPECT_LE(RelativeError(dw.data(), Get(f, "dweight")), kOpTolerance);
+}
+
+TEST(LlamaOps, RopeInsideWiderRows) {
+  auto f = Fixture("op_rope");
+  const int batch = f["batch"], seq = f["seq"], heads = f["heads"], head_dim = f["head_dim"];
+  const int width = heads * head_dim, stride = width + 5;  // as q inside a fused qkv row
+  Values cos(seq * head_dim / 2), sin(cos.size());
+  RopeTables(seq, head_dim, f["theta"].get<double>(), cos.data(), sin.data());
+  auto run = [&](const Values& in, bool forward) {
+    Values rows(size_t(batch) * seq * stride, -7.0f), out;
+    for (int r = 0; r < batch * seq; ++r) std::copy_n(in.begin() + r * width, width, rows.begin() + r * stride);
+    if (forward) {
+      RopeForward(rows.data(), batch, seq, heads, head_dim, stride, cos.data(), sin.data());
+    } else {
+      RopeBackward(rows.data(), batch, seq, heads, head_dim, stride, cos.data(), sin.data());
+    }
+    for (int r = 0; r < batch * seq; ++r) {
+      out.insert(out.end(), rows.begin() + r * stride, rows.begin() + r * stride + width);
+      for (int c = width; c < stride; ++c) EXPECT_EQ(rows[r * stride + c], -7.0f) << "wrote outside the heads";
+    }
+    return out;
+  };
+  EXPECT_LE(RelativeError(run(Get(f, "x"), true).data(), Get(f, "y")), kOpTolerance);
+  EXPECT_LE(RelativeError(run(Get(f, "dy"), false).data(), Get(f, "dx")), kOpTolerance);
+}
+
+TEST(LlamaOps, SwiGlu) {
+  auto f = Fixture("op_swiglu");
+  Values gate_up = Get(f, "gate_up"), dout = Get(f, "dout");
+  const int hidden = f["hidden"], n = int(gate_up.size()) / (2 * hidden);
+  Values out(n * hidden), dgate_up(gate_up.size(), 99.0f);
+  SwiGluForward(gate_up.data(), n, hidden, out.data());
+  SwiGluBackward(gate_up.data(), dout.data(), n, hidden, dgate_up.data());
+  EXPECT_LE(RelativeError(out.data(), Get(f, "out")), kOpTolerance);
+  EXPECT_LE(RelativeError(dgate_up.data(), Get(f, "dgate_up")), kOpTolerance);
+}
+
+class LlamaAttentionOp : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(LlamaAttentionOp, MatchesTorch) {
+  auto f = Fixture(std::string("op_attention_") + GetParam());
+  const int batch = f["batch"], seq = f["seq"], heads = f["heads"], kv_heads = f["kv_heads"],
+            head_dim = f["head_dim"];
+  Values qkv = Get(f, "qkv"), dout = Get(f, "dout");
+  Values probs(size_t(batch) * heads * seq * seq, 99.0f), out(size_t(batch) * seq * heads * head_dim, 99.0f);
+  Values dscores(seq * seq), dqkv(qkv.size(), 99.0f);  // poisoned: every element must be written
+  AttentionForward(qkv.data(), batch, seq, heads, kv_heads, head_dim, probs.data(), out.data());
+  AttentionBackward(qkv.data(), probs.data(), dout.data(), batch, seq, heads, kv_heads, head_dim, dscores.data(),
+                    dqkv.data());
+  EXPECT_LE(RelativeError(probs.data(), Get(f, "probs")), kOpTolerance);
+  EXPECT_LE(RelativeError(out.data(), Get(f, "out")), kOpTolerance);
+  EXPECT_LE(RelativeError(dqkv.data(), Get(f, "dqkv")), kOpTolerance);
+}
+
+INSTANTIATE_TEST_SUITE_P(Heads, LlamaAttentionOp, ::testing::Values("gqa", "mqa", "mha"));
+
+// --------------------------------------------------------------- decoder
+
+LlamaConfig ConfigFrom(const nlohmann::json& j) {
+  LlamaConfig c;
+  c.vocab_size = j["vocab_size"];
+  c.hidden_size = j["hidden_size"];
+  c.intermediate_size = j["intermediate_size"];
+  c.num_layers = j["num_hidden_layers"];
+  c.num_heads = j["num_attention_heads"];
+  c.num_kv_heads = j["num_key_value_heads"];
+  c.max_seq_len = j["max_position_embeddings"];
+  c.rms_norm_eps = j["rms_norm_eps"];
+  c.rope_theta = j["rope_theta"];
+  c.tie_embeddings = j["tie_word_embeddings"];
+  return c;
+}
+
+// The fixture's model: its config, with its weights loaded by name.
+Llama LoadFixtureModel(const nlohmann::json& f, int max_batch) {
+  auto model = Llama::Create(ConfigFrom(f["config"]), max_batch);
+  EXPECT_TRUE(model.ok()) << model.status().ToString();
+  for (const TensorSpec& t : model->manifest().tensors) {
+    Values v = Get(f, t.name);
+    EXPECT_EQ(v.size(), t.numel()) << t.name;
+    std::copy(v.begin(), v.end(), model->parameters().begin() + t.offset);
+  }
+  return std::move(model).value();
+}
+
+class LlamaDecoder : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(LlamaDecoder, ManifestIsHuggingFacesStateDict) {
+  auto f = Fixture(std::string("decoder_") + GetParam());
+  Llama model = LoadFixtureModel(f, 1);
+  const auto names = f["names"].get<std::vector<std::string>>();
+  const auto shapes = f["shapes"].get<std::vector<std::vector<int64_t>>>();
+  const auto& tensors = model.manifest().tensors;
+  ASSERT_EQ(tensors.size(), names.size());
+  for (size_t i = 0; i < names.size(); ++i) {
+    EXPECT_EQ(tensors[i].name, names[i]);
+    EXPECT_EQ(tensors[i].shape, shapes[i]) << names[i];
+  }
+  EXPECT_TRUE(model.manifest().Validate().ok());
+  EXPECT_EQ(model.parameters().size(), model.manifest().total_elements);
+  EXPECT_EQ(model.gradients().size(), model.manifest().total_elements);
+}
+
+TEST_P(LlamaDecoder, LogitsLossAndEveryGradientMatchTorch) {
+  auto f = Fixture(std::string("decoder_") + GetParam());
+  const int batch = f["batch"], seq = f["seq"];
+  Llama model = LoadFixtureModel(f, batch);
+  Ids tokens = GetIds(f, "tokens"), targets = GetIds(f, "targets");
+
+  Values logits(size_t(batch) * seq * model.config().vocab_size);
+  ASSERT_TRUE(model.Forward(tokens.data(), batch, seq, logits.data()).ok());
+  EXPECT_LE(RelativeError(logits.data(), Get(f, "logits")), kModelTolerance);
+
+  std::fill(model.gradients().begin(), model.gradients().end(), 99.0f);  // must all be overwritten
+  auto loss = model.ForwardBackward(tokens.data(), targets.data(), batch, seq);
+  ASSERT_TRUE(loss.ok()) << loss.status().ToString();
+  EXPECT_LE(RelativeError(&*loss, Get(f, "loss")), kModelTolerance);
+  for (const TensorSpec& t : model.manifest().tensors) {
+    const double error = RelativeError(model.gradients().data() + t.offset, Get(f, t.name + ".grad"));
+    EXPECT_LE(error, kModelTolerance) << t.name;
+  }
+
+  // A second step from other gradients gives the same bits: nothing stale.
+  const Values first(model.gradients().begin(), model.gradients().end());
+  std::fill(model.gradients().begin(), model.gradients().end(), -3.0f);
+  auto again = model.ForwardBackward(tokens.data(), targets.data(), batch, seq);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(*again, *loss);
+  EXPECT_TRUE(std::equal(first.begin(), first.end(), model.gradients().begin()));
+}
+
+// Smaller batches and shorter sequences reuse the arena: sequence 1 alone, and
+// any prefix (attention is causal), give the rows they give in the full batch.
+TEST_P(LlamaDecoder, SmallerBatchesAndPrefixesAgree) {
+  auto f = Fixture(std::string("decoder_") + GetParam());
+  const int batch = f["batch"], seq = f["seq"];
+  Llama model = LoadFixtureModel(f, batch);
+  const int V = model.config().vocab_size;
+  Ids tokens = GetIds(f, "tokens");
+  Values full(size_t(batch) * seq * V);
+  ASSERT_TRUE(model.Forward(tokens.data(), batch, seq, full.data()).ok());
+  Values one(size_t(seq) * V);
+  ASSERT_TRUE(model.Forward(tokens.data() + seq, 1, seq, one.data()).ok());
+  EXPECT_LE(RelativeError(one.data(), Values(full.begin() + seq * V, full.begin() + 2 * seq * V)), 1e-6);
+  const int prefix = seq - 3;
+  Ids short_tokens;
+  for (int b = 0; b < batch; ++b) short_tokens.insert(short_tokens.end(), tokens.begin() + b * seq,
+                                                      tokens.begin() + b * seq + prefix);
+  Values part(size_t(batch) * prefix * V), expected;
+  ASSERT_TRUE(model.Forward(short_tokens.data(), batch, prefix, part.data()).ok());
+  for (int b = 0; b < batch; ++b) {
+    expected.insert(expected.end(), full.begin() + b * seq * V, full.begin() + (b * seq + prefix) * V);
+  }
+  EXPECT_LE(RelativeError(part.data(), expected), 1e-6);
+}
+
+TEST_P(LlamaDecoder, TrainingStepsDoNotAllocate) {
+  auto f = Fixture(std::string("decoder_") + GetParam());
+  const int batch = f["batch"], seq = f["seq"];
+  Llama model = LoadFixtureModel(f, batch);
+  Ids tokens = GetIds(f, "tokens"), targets = GetIds(f, "targets");
+  ASSERT_TRUE(model.ForwardBackward(tokens.data(), targets.data(), batch, seq).ok());
+  const int64_t before = g_allocations.load();
+  for (int i = 0; i < 3; ++i) {
+    auto loss = model.ForwardBackward(tokens.data(), targets.data(), batch - 1 > 0 ? batch - 1 : 1, seq - i);
+    if (!loss.ok()) FAIL() << loss.status().ToString();
+  }
+  EXPECT_EQ(g_allocations.load(), before);
+}
+
+INSTANTIATE_TEST_SUITE_P(Configs, LlamaDecoder, ::testing::Values("untied_gqa", "tied_mqa"));
+
+LlamaConfig SmallConfig() {
+  LlamaConfig c;
+  c.vocab_size = 40;
+  c.hidden_size = 16;
+  c.intermediate_size = 24;
+  c.num_layers = 2;
+  c.num_heads = 4;
+  c.num_kv_heads = 2;
+  c.max_seq_len = 6;
+  return c;
+}
+
+TEST(Llama, InitializationIsDeterministicAndHuggingFaces) {
+  LlamaConfig c = SmallConfig();
+  c.vocab_size = 4000;  // enough draws to pin the spread
+  auto a = Llama::Create(c, 1), b = Llama::Create(c, 1);
+  ASSERT_TRUE(a.ok() && b.ok());
+  a->Initialize(5);
+  b->Initialize(5);
+  EXPECT_TRUE(std::equal(a->parameters().begin(), a->parameters().end(), b->parameters().begin()));
+  b->Initialize(6);
+  EXPECT_FALSE(std::equal(a->parameters().begin(), a->parameters().end(), b->parameters().begin()));
+  for (const TensorSpec& t : a->manifest().tensors) {
+    const float* p = a->parameters().data() + t.offset;
+    if (t.shape.size() == 1) {
+      for (uint64_t i = 0; i < t.numel(); ++i) ASSERT_EQ(p[i], 1.0f) << t.name;
+      continue;
+    }
+    double sum = 0, squares = 0;
+    for (uint64_t i = 0; i < t.numel(); ++i) {
+      sum += p[i];
+      squares += double(p[i]) * p[i];
+    }
+    const double mean = sum / double(t.numel()), std = std::sqrt(squares / double(t.numel()) - mean * mean);
+    // Five standard errors: the sample mean's is 0.02/sqrt(n), the sample std's 0.02/sqrt(2n).
+    const double n = double(t.numel());
+    EXPECT_NEAR(mean, 0.0, 5 * 0.02 / std::sqrt(n)) << t.name;
+    EXPECT_NEAR(std, 0.02, 5 * 0.02 / std::sqrt(2 * n)) << t.name;
+  }
+}
+
+TEST(Llama, BadTokensTargetsAndSizesAreErrors) {
+  auto model = Llama::Create(SmallConfig(), 2);
+  ASSERT_TRUE(model.ok());
+  model->Initialize(1);
+  Ids tokens(12, 3), targets(12, 4);
+  std::fill(model->gradients().begin(), model->gradients().end(), 7.0f);
+  const Values params(model->parameters().begin(), model->parameters().end());
+  auto expect_error = [&](Result<float> r, const std::vector<std::string>& words) {
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), Code::kInvalidArgument);
+    for (const auto& w : words) EXPECT_NE(r.status().message().find(w), std::string::npos) << r.status().message();
+  };
+  tokens[7] = 40;
+  expect_error(model->ForwardBackward(tokens.data(), targets.data(), 2, 6), {"token id 40", "batch 1", "position 1"});
+  tokens[7] = -1;
+  expect_error(model->ForwardBackward(tokens.data(), targets.data(), 2, 6), {"token id -1"});
+  tokens[7] = 3;
+  targets[11] = 1000;
+  expect_error(model->ForwardBackward(tokens.data(), targets.data(), 2, 6), {"target id 1000", "position 5"});
+  targets[11] = 4;
+  expect_error(model->ForwardBackward(tokens.data(), targets.data(), 3, 4), {"batch 3", "[1, 2]"});
+  expect_error(model->ForwardBackward(tokens.data(), targets.data(), 1, 7), {"sequence length 7", "[1, 6]"});
+  expect_error(model->ForwardBackward(tokens.data(), nullptr, 1, 6), {"target"});
+  Values logits(12 * 40);
+  tokens[0] = 99;
+  Status forward = model->Forward(tokens.data(), 2, 6, logits.data());
+  EXPECT_NE(forward.message().find("token id 99"), std::string::npos) << forward.message();
+  // Nothing was touched.
+  EXPECT_TRUE(std::equal(params.begin(), params.end(), model->parameters().begin()));
+  EXPECT_TRUE(std::all_of(model->gradients().begin(), model->gradients().end(), [](float g) { return g == 7.0f; }));
+  tokens[0] = 3;
+  EXPECT_TRUE(model->ForwardBackward(tokens.data(), targets.data(), 2, 6).ok());
+}
+
+TEST(Llama, BadConfigsNameTheFieldAndValue) {
+  auto message = [](auto change) {
+    LlamaConfig c = SmallConfig();
+    change(c);
+    auto model = Llama::Create(c, 1);
+    EXPECT_FALSE(model.ok());
+    return model.ok() ? std::string() : model.status().message();
+  };
+  EXPECT_EQ(message([](LlamaConfig& c) { c.vocab_size = 0; }), "llama config: vocab_size is 0; it must be positive");
+  EXPECT_EQ(message([](LlamaConfig& c) { c.num_heads = 3; }),
+            "llama config: num_heads 3 does not divide hidden_size 16");
+  EXPECT_EQ(message([](LlamaConfig& c) { c.num_kv_heads = 3; }),
+            "llama config: num_kv_heads 3 does not divide num_heads 4");
+  EXPECT_NE(message([](LlamaConfig& c) { c.num_heads = 16; }).find("head_dim 1"), std::string::npos);
+  EXPECT_NE(message([](LlamaConfig& c) { c.rms_norm_eps = 0; }).find("rms_norm_eps 0"), std::string::npos);
+  EXPECT_NE(message([](LlamaConfig& c) { c.max_seq_len = -2; }).find("max_seq_len is -2"), std::string::npos);
+  EXPECT_FALSE(Llama::Create(SmallConfig(), 0).ok());
+  EXPECT_TRUE(SmallConfig().Validate().ok());
+}
+
+// ----------------------------------------------------------- checkpoints
+
+class LlamaCheckpoint : public ::testing::TestWithParam<bool> {};
+
+TEST_P(LlamaCheckpoint, SaveLoadRoundTripIsBitExact) {
+  testing::TempDir dir;
+  LlamaConfig c = SmallConfig();
+  c.tie_embeddings = GetParam();
+  c.rms_norm_eps = 1e-6;
+  c.rope_theta = 123456.5;
+  auto model = Llama::Create(c, 1);
+  ASSERT_TRUE(model.ok());
+  model->Initialize(9);
+  ASSERT_TRUE(SaveHfCheckpoint(dir / "m", *model).ok());
+  auto loaded = LoadHfCheckpoint(dir / "m", 3);
+  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+  EXPECT_EQ(loaded->max_batch(), 3);
+  EXPECT_TRUE(loaded->manifest() == model->manifest());
+  EXPECT_EQ(std::memcmp(loaded->parameters().data(), model->parameters().data(), model->parameters().size_bytes()),
+            0);
+  const LlamaConfig& l = loaded->config();
+  EXPECT_EQ(l.vocab_size, c.vocab_size);
+  EXPECT_EQ(l.hidden_size, c.hidden_size);
+  EXPECT_EQ(l.intermediate_size, c.intermediate_size);
+  EXPECT_EQ(l.num_layers, c.num_layers);
+  EXPECT_EQ(l.num_heads, c.num_heads);
+  EXPECT_EQ(l.num_kv_heads, c.num_kv_heads);
+  EXPECT_EQ(l.max_seq_len, c.max_seq_len);
+  EXPECT_EQ(l.rms_norm_eps, c.rms_norm_eps);
+  EXPECT_EQ(l.rope_theta, c.rope_theta);
+  EXPECT_EQ(l.tie_embeddings, c.tie_embeddings);
+  EXPECT_EQ(model->manifest().Find("lm_head.weight") == nullptr, c.tie_embeddings);
+
+  std::ifstream in(dir / "m" / "config.json");
+  auto json = nlohmann::json::parse(in);
+  EXPECT_EQ(json["architectures"], nlohmann::json::array({"LlamaForCausalLM"}));
+  EXPECT_EQ(json["model_type"], "llama");
+  EXPECT_EQ(json["num_hidden_layers"], 2);
+  EXPECT_EQ(json["num_key_value_heads"], 2);
+  EXPECT_EQ(json["max_position_embeddings"], 6);
+  EXPECT_EQ(json["tie_word_embeddings"], c.tie_embeddings);
+  EXPECT_EQ(json["hidden_act"], "silu");
+  EXPECT_EQ(json["torch_dtype"], "float32");
+  EXPECT_EQ(json["attention_bias"], false);
+  auto weights = LoadCheckpoint(dir / "m" / "model.safetensors");
+  ASSERT_TRUE(weights.ok());
+  EXPECT_EQ(weights->metadata.at("format"), "pt");  // from_pretrained insists
+}
+
+INSTANTIATE_TEST_SUITE_P(Tied, LlamaCheckpoint, ::testing::Bool());
+
+// torch_llama.py wrote the fixture's weights as save_pretrained does (tensors
+// in name order, the tied lm_head left out, a few more config.json keys).
+TEST(LlamaHfCheckpoint, LoadsAHuggingFaceDirectory) {
+  for (const char* name : {"untied_gqa", "tied_mqa"}) {
+    auto f = Fixture(std::string("decoder_") + name);
+    const int batch = f["batch"], seq = f["seq"];
+    auto model = LoadHfCheckpoint(kReference / (std::string("hf_") + name), batch);
+    ASSERT_TRUE(model.ok()) << model.status().ToString();
+    Ids tokens = GetIds(f, "tokens");
+    Values logits(size_t(batch) * seq * model->config().vocab_size);
+    ASSERT_TRUE(model->Forward(tokens.data(), batch, seq, logits.data()).ok());
+    EXPECT_LE(RelativeError(logits.data(), Get(f, "logits")), kModelTolerance) << name;
+  }
+}
+
+// The other way: what SaveHfCheckpoint writes, the torch reference loads the
+// way from_pretrained does (config.json keys, strict names and shapes,
+// format "pt") and computes the same logits.
+TEST(LlamaHfCheckpoint, TorchLoadsWhatWeSave) {
+  for (const char* name : {"untied_gqa", "tied_mqa"}) {
+    auto f = Fixture(std::string("decoder_") + name);
+    const int batch = f["batch"], seq = f["seq"];
+    Llama model = LoadFixtureModel(f, batch);
+    testing::TempDir dir;
+    ASSERT_TRUE(SaveHfCheckpoint(dir.path(), model).ok());
+    Ids tokens = GetIds(f, "tokens");
+    nlohmann::json request = {{"tokens", nlohmann::json::array()}};
+    for (int b = 0; b < batch; ++b) request["tokens"].push_back(Ids(tokens.begin() + b * seq, tokens.begin() + (b + 1) * seq));
+    std::ofstream(dir / "tokens.json") << request.dump();
+    auto run = testing::RunCommand(std::string(ESTUARY_TORCH_PYTHON) + " " + ESTUARY_SOURCE_DIR +
+                                   "/tests/models/torch_llama.py --check-hf " + dir.path().string());
+    ASSERT_EQ(run.exit_code, 0) << run.output;
+    std::ifstream in(dir / "logits.json");
+    Values torch_logits = nlohmann::json::parse(in)["logits"].get<Values>();
+    Values logits(size_t(batch) * seq * model.config().vocab_size);
+    ASSERT_TRUE(model.Forward(tokens.data(), batch, seq, logits.data()).ok());
+    ASSERT_EQ(torch_logits.size(), logits.size());
+    EXPECT_LE(RelativeError(logits.data(), torch_logits), kModelTolerance) << name;
+  }
+}
+
+// Rewrites one key of dir/config.json.
+void EditConfig(const fs::path& dir, const std::string& key, const nlohmann::json& value) {
+  nlohmann::json json;
+  std::ifstream(dir / "config.json") >> json;
+  json[key] = value;
+  std::ofstream(dir / "config.json") << json.dump();
+}
+
+TEST(LlamaHfCheckpoint, MismatchesNameTheFileAndTensor) {
+  testing::TempDir dir;
+  auto model = Llama::Create(SmallConfig(), 1);
+  ASSERT_TRUE(model.ok());
+  model->Initialize(2);
+  ASSERT_TRUE(SaveHfCheckpoint(dir.path(), *model).ok());
+  const std::string file = (dir / "model.safetensors").string();
+  auto load_error = [&]() {
+    auto r = LoadHfCheckpoint(dir.path());
+    EXPECT_FALSE(r.ok());
+    return r.ok() ? std::string() : r.status().message();
+  };
+
+  EditConfig(dir.path(), "intermediate_size", 32);
+  EXPECT_EQ(load_error(), file + ": tensor 'model.layers.0.mlp.gate_proj.weight' has shape [24, 16], but "
+                                 "config.json implies [32, 16]");
+  EditConfig(dir.path(), "intermediate_size", 24);
+  EditConfig(dir.path(), "num_hidden_layers", 3);
+  EXPECT_EQ(load_error(), file + ": tensor 'model.layers.2.self_attn.q_proj.weight' is missing");
+  EditConfig(dir.path(), "num_hidden_layers", 2);
+  EditConfig(dir.path(), "tie_word_embeddings", true);
+  EXPECT_EQ(load_error(),
+            file + ": unexpected tensor 'lm_head.weight' (not part of this config's LlamaForCausalLM, whose "
+                   "embeddings are tied)");
+  EditConfig(dir.path(), "tie_word_embeddings", false);
+  EditConfig(dir.path(), "hidden_act", "gelu");
+  EXPECT_EQ(load_error(), (dir / "config.json").string() + ": 'hidden_act' is \"gelu\"; only \"silu\" is supported");
+  EditConfig(dir.path(), "hidden_act", "silu");
+  EditConfig(dir.path(), "num_key_value_heads", 3);
+  EXPECT_EQ(load_error(), (dir / "config.json").string() + ": llama config: num_kv_heads 3 does not divide num_heads 4");
+  EditConfig(dir.path(), "num_key_value_heads", 2);
+  ASSERT_TRUE(LoadHfCheckpoint(dir.path()).ok());
+
+  // A half-precision tensor: same header length, so only the dtype differs.
+  std::string bytes;
+  {
+    std::ifstream in(file, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  const size_t at = bytes.find("\"F32\"");
+  ASSERT_NE(at, std::string::npos);
+  bytes.replace(at, 5, "\"F16\"");
+  std::ofstream(file, std::ios::binary) << bytes;
+  const std::string error = load_error();
+  EXPECT_NE(error.find(file), std::string::npos) << error;
+  EXPECT_NE(error.find("'model.embed_tokens.weight' needs dtype F32"), std::string::npos) << error;
+
+  fs::remove(dir / "config.json");
+  EXPECT_NE(load_error().find("config.json: cannot open"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace estuary::models

@@ -1,0 +1,431 @@
+#!/usr/bin/python3
+"""The LLaMA oracle for tests/models/llama_test.cc.
+
+A reference LLaMA in plain torch that mirrors Hugging Face's modeling_llama
+(LlamaForCausalLM: RMSNorm computed in at least fp32, rotate_half RoPE, GQA via
+repeat_kv, causal softmax, SwiGLU MLP) with the same state_dict names, and the
+fixtures the C++ tests compare against.
+
+  torch_llama.py OUT_DIR           writes the fixtures (JSON files of named flat
+                                   lists, row-major, PyTorch layouts, plus one
+                                   Hugging Face style model directory)
+  torch_llama.py --check-hf DIR    loads a model directory as from_pretrained
+                                   would (config.json keys, strict state_dict),
+                                   runs DIR/tokens.json through it and writes
+                                   DIR/logits.json
+
+Inputs and weights are drawn in fp32 (so C++ holds them exactly); the oracle
+then computes in fp64, so a C++ error is C++'s own.
+"""
+import json
+import math
+import os
+import struct
+import sys
+
+try:
+    import numpy as np
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+except ImportError as e:  # fail loudly: these tests are the numerics oracle
+    sys.exit(f"torch_llama.py: PyTorch and numpy are required (python3-torch, python3-numpy): {e}")
+
+COMPUTE = torch.float64
+
+
+# ----------------------------------------------------------------------------
+# The reference model (names and structure as transformers' modeling_llama).
+
+class LlamaConfig:
+    def __init__(self, vocab_size, hidden_size, intermediate_size, num_hidden_layers, num_attention_heads,
+                 num_key_value_heads, max_position_embeddings, rms_norm_eps=1e-6, rope_theta=10000.0,
+                 tie_word_embeddings=False):
+        self.vocab_size = vocab_size
+        self.hidden_size = hidden_size
+        self.intermediate_size = intermediate_size
+        self.num_hidden_layers = num_hidden_layers
+        self.num_attention_heads = num_attention_heads
+        self.num_key_value_heads = num_key_value_heads
+        self.max_position_embeddings = max_position_embeddings
+        self.rms_norm_eps = rms_norm_eps
+        self.rope_theta = rope_theta
+        self.tie_word_embeddings = tie_word_embeddings
+        self.head_dim = hidden_size // num_attention_heads
+
+    def to_json(self):
+        return dict(vars(self))
+
+
+def upcast(x):
+    # Hugging Face computes RMSNorm and softmax in fp32 under half precision;
+    # the oracle runs in fp64, which must not be cut down to fp32.
+    return x if x.dtype in (torch.float32, torch.float64) else x.float()
+
+
+class LlamaRMSNorm(nn.Module):
+    def __init__(self, hidden_size, eps):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.variance_epsilon = eps
+
+    def forward(self, hidden_states):
+        input_dtype = hidden_states.dtype
+        hidden_states = upcast(hidden_states)
+        variance = hidden_states.pow(2).mean(-1, keepdim=True)
+        hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
+        return self.weight * hidden_states.to(input_dtype)
+
+
+class LlamaRotaryEmbedding(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        dim = config.head_dim
+        inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).to(COMPUTE) / dim))
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def forward(self, x, position_ids):
+        inv_freq = self.inv_freq[None, :, None].expand(position_ids.shape[0], -1, 1).to(x.dtype)
+        freqs = (inv_freq @ position_ids[:, None, :].to(x.dtype)).transpose(1, 2)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos(), emb.sin()
+
+
+def rotate_half(x):
+    x1 = x[..., : x.shape[-1] // 2]
+    x2 = x[..., x.shape[-1] // 2:]
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
+    cos = cos.unsqueeze(unsqueeze_dim)
+    sin = sin.unsqueeze(unsqueeze_dim)
+    return (q * cos) + (rotate_half(q) * sin), (k * cos) + (rotate_half(k) * sin)
+
+
+def repeat_kv(hidden_states, n_rep):
+    batch, num_key_value_heads, slen, head_dim = hidden_states.shape
+    if n_rep == 1:
+        return hidden_states
+    hidden_states = hidden_states[:, :, None, :, :].expand(batch, num_key_value_heads, n_rep, slen, head_dim)
+    return hidden_states.reshape(batch, num_key_value_heads * n_rep, slen, head_dim)
+
+
+def causal_attention(query, key, value, n_rep):
+    """The eager attention of modeling_llama on [b, heads, t, head_dim] tensors."""
+    key, value = repeat_kv(key, n_rep), repeat_kv(value, n_rep)
+    t = query.shape[2]
+    scores = torch.matmul(query, key.transpose(2, 3)) / math.sqrt(query.shape[-1])
+    mask = torch.full((t, t), torch.finfo(scores.dtype).min, dtype=scores.dtype).triu(1)
+    probs = F.softmax(upcast(scores + mask), dim=-1).to(query.dtype)
+    return torch.matmul(probs, value), probs
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.head_dim = config.head_dim
+        self.num_heads = config.num_attention_heads
+        self.num_key_value_heads = config.num_key_value_heads
+        self.q_proj = nn.Linear(config.hidden_size, self.num_heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(config.hidden_size, self.num_key_value_heads * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(config.hidden_size, self.num_key_value_heads * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=False)
+
+    def forward(self, hidden_states, position_embeddings):
+        bsz, q_len, _ = hidden_states.shape
+        q = self.q_proj(hidden_states).view(bsz, q_len, -1, self.head_dim).transpose(1, 2)
+        k = self.k_proj(hidden_states).view(bsz, q_len, -1, self.head_dim).transpose(1, 2)
+        v = self.v_proj(hidden_states).view(bsz, q_len, -1, self.head_dim).transpose(1, 2)
+        cos, sin = position_embeddings
+        q, k = apply_rotary_pos_emb(q, k, cos, sin)
+        out, _ = causal_attention(q, k, v, self.num_heads // self.num_key_value_heads)
+        return self.o_proj(out.transpose(1, 2).reshape(bsz, q_len, -1))
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.self_attn = LlamaAttention(config)
+        self.mlp = LlamaMLP(config)
+        self.input_layernorm = LlamaRMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = LlamaRMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, hidden_states, position_embeddings):
+        hidden_states = hidden_states + self.self_attn(self.input_layernorm(hidden_states), position_embeddings)
+        return hidden_states + self.mlp(self.post_attention_layernorm(hidden_states))
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList([LlamaDecoderLayer(config) for _ in range(config.num_hidden_layers)])
+        self.norm = LlamaRMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.rotary_emb = LlamaRotaryEmbedding(config)
+
+    def forward(self, input_ids):
+        hidden_states = self.embed_tokens(input_ids)
+        position_ids = torch.arange(input_ids.shape[1])[None, :].expand(input_ids.shape[0], -1)
+        position_embeddings = self.rotary_emb(hidden_states, position_ids)
+        for layer in self.layers:
+            hidden_states = layer(hidden_states, position_embeddings)
+        return self.norm(hidden_states)
+
+
+class LlamaForCausalLM(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        self.model = LlamaModel(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def forward(self, input_ids):
+        return self.lm_head(self.model(input_ids))
+
+
+# ----------------------------------------------------------------------------
+# Hugging Face model directories (config.json + model.safetensors), by hand:
+# neither transformers nor safetensors is a Debian package.
+
+def read_safetensors(path):
+    with open(path, "rb") as f:
+        data = f.read()
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + n])
+    body = data[8 + n:]
+    tensors = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        assert info["dtype"] == "F32", f"{path}: {name} is {info['dtype']}"
+        begin, end = info["data_offsets"]
+        tensors[name] = torch.from_numpy(np.frombuffer(body[begin:end], dtype="<f4").copy()).reshape(info["shape"])
+    return tensors, header.get("__metadata__")
+
+
+def write_safetensors(path, tensors):
+    """As safetensors.torch.save_file does it: format "pt" metadata, tensors in
+    name order (not state_dict order), data 8-byte aligned."""
+    header, blobs, offset = {"__metadata__": {"format": "pt"}}, [], 0
+    for name in sorted(tensors):
+        blob = tensors[name].detach().to(torch.float32).contiguous().numpy().astype("<f4").tobytes()
+        header[name] = {"dtype": "F32", "shape": list(tensors[name].shape), "data_offsets": [offset, offset + len(blob)]}
+        blobs.append(blob)
+        offset += len(blob)
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * ((8 - len(text) % 8) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text + b"".join(blobs))
+
+
+def config_from_hf_json(path):
+    """The keys LlamaConfig reads, with its defaults."""
+    with open(path) as f:
+        j = json.load(f)
+    assert "LlamaForCausalLM" in j.get("architectures", ["LlamaForCausalLM"]), j
+    assert j.get("model_type", "llama") == "llama" and j.get("hidden_act", "silu") == "silu", j
+    heads = j.get("num_attention_heads", 32)
+    return LlamaConfig(j.get("vocab_size", 32000), j.get("hidden_size", 4096), j.get("intermediate_size", 11008),
+                       j.get("num_hidden_layers", 32), heads, j.get("num_key_value_heads") or heads,
+                       j.get("max_position_embeddings", 2048), j.get("rms_norm_eps", 1e-6),
+                       j.get("rope_theta", 10000.0), j.get("tie_word_embeddings", False))
+
+
+def check_hf(model_dir):
+    config = config_from_hf_json(os.path.join(model_dir, "config.json"))
+    tensors, metadata = read_safetensors(os.path.join(model_dir, "model.safetensors"))
+    assert metadata is not None and metadata.get("format") == "pt", f"from_pretrained needs format=pt: {metadata}"
+    model = LlamaForCausalLM(config)
+    expected = dict(model.named_parameters())  # the tied lm_head is not a separate parameter
+    assert set(tensors) == set(expected), f"names differ: {sorted(set(tensors) ^ set(expected))}"
+    for name, t in tensors.items():
+        assert tuple(t.shape) == tuple(expected[name].shape), f"{name}: {t.shape} vs {expected[name].shape}"
+    model.load_state_dict(tensors, strict=not config.tie_word_embeddings)
+    model.to(COMPUTE)
+    with open(os.path.join(model_dir, "tokens.json")) as f:
+        tokens = torch.tensor(json.load(f)["tokens"])
+    with torch.no_grad():
+        logits = model(tokens)
+    with open(os.path.join(model_dir, "logits.json"), "w") as f:
+        json.dump({"logits": flat(logits)}, f)
+
+
+# ----------------------------------------------------------------------------
+# Fixtures.
+
+def flat(t):
+    return [float(v) for v in t.detach().reshape(-1).tolist()]
+
+
+def rand(*shape, scale=1.0):
+    """fp32 draws, held in fp64 for the computation."""
+    return (torch.randn(*shape) * scale).to(torch.float32).to(COMPUTE).requires_grad_()
+
+
+def save(out_dir, name, **values):
+    with open(os.path.join(out_dir, name + ".json"), "w") as f:
+        json.dump({k: flat(v) if torch.is_tensor(v) else v for k, v in values.items()}, f)
+
+
+def make_model(config, seed):
+    """Random fp32 weights: matrices normal(0, 0.1), norms 1 + normal(0, 0.1)
+    (not ones, so the norms' gradients matter), then fp64."""
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 1:
+                p.copy_(1 + 0.1 * torch.randn(p.shape))
+            else:
+                p.copy_(0.1 * torch.randn(p.shape))
+    return model.to(COMPUTE)
+
+
+def write_op_fixtures(out_dir):
+    torch.manual_seed(2024)
+
+    # Embedding, with repeated ids so the scatter-add matters.
+    table, tokens = rand(11, 6), torch.tensor([[3, 7, 3, 0, 10], [7, 7, 1, 3, 5]])
+    out = F.embedding(tokens, table)
+    dout = rand(*out.shape)
+    out.backward(dout)
+    save(out_dir, "op_embedding", tokens=flat(tokens), table=table, out=out, dout=dout, dtable=table.grad)
+
+    # RMSNorm.
+    norm = LlamaRMSNorm(16, 1e-5).to(COMPUTE)
+    with torch.no_grad():
+        norm.weight.copy_(rand(16, scale=0.3) + 1)
+    x = rand(7, 16, scale=2.0)
+    y = norm(x)
+    dy = rand(*y.shape)
+    y.backward(dy)
+    save(out_dir, "op_rmsnorm", eps=1e-5, x=x, weight=norm.weight, y=y, dy=dy, dx=x.grad, dweight=norm.weight.grad)
+
+    # RoPE on q [b, t, heads * head_dim] rows, theta 500 (not the default).
+    b, t, heads, head_dim, theta = 2, 6, 3, 8, 500.0
+    config = LlamaConfig(1, heads * head_dim, 1, 1, heads, heads, t, rope_theta=theta)
+    x = rand(b, t, heads * head_dim)
+    cos, sin = LlamaRotaryEmbedding(config)(x, torch.arange(t)[None, :].expand(b, -1))
+    xh = x.view(b, t, heads, head_dim).transpose(1, 2)
+    y, _ = apply_rotary_pos_emb(xh, xh, cos, sin)
+    y = y.transpose(1, 2).reshape(b, t, -1)
+    dy = rand(*y.shape)
+    y.backward(dy)
+    save(out_dir, "op_rope", batch=b, seq=t, heads=heads, head_dim=head_dim, theta=theta, x=x, y=y, dy=dy,
+         dx=x.grad)
+
+    # SwiGLU on a fused [n, 2 * hidden] gate/up buffer.
+    gate_up = rand(5, 2 * 9, scale=2.0)
+    gate, up = gate_up[:, :9], gate_up[:, 9:]
+    out = F.silu(gate) * up
+    dout = rand(*out.shape)
+    out.backward(dout)
+    save(out_dir, "op_swiglu", hidden=9, gate_up=gate_up, out=out, dout=dout, dgate_up=gate_up.grad)
+
+    # Causal attention on a fused qkv buffer: grouped, multi-query, multi-head.
+    for name, heads, kv_heads in (("gqa", 4, 2), ("mqa", 4, 1), ("mha", 2, 2)):
+        b, t, head_dim = 2, 7, 8
+        qkv = rand(b, t, (heads + 2 * kv_heads) * head_dim)
+        q = qkv[..., : heads * head_dim].view(b, t, heads, head_dim).transpose(1, 2)
+        k = qkv[..., heads * head_dim:(heads + kv_heads) * head_dim].view(b, t, kv_heads, head_dim).transpose(1, 2)
+        v = qkv[..., (heads + kv_heads) * head_dim:].view(b, t, kv_heads, head_dim).transpose(1, 2)
+        out, probs = causal_attention(q, k, v, heads // kv_heads)
+        out = out.transpose(1, 2).reshape(b, t, heads * head_dim)
+        dout = rand(*out.shape)
+        out.backward(dout)
+        save(out_dir, "op_attention_" + name, batch=b, seq=t, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
+             qkv=qkv, probs=probs, out=out, dout=dout, dqkv=qkv.grad)
+
+
+# Two decoders: untied with grouped-query attention, and tied with one kv
+# head, another theta and eps, and seq == max_seq_len.
+DECODERS = {
+    "untied_gqa": (LlamaConfig(vocab_size=67, hidden_size=32, intermediate_size=56, num_hidden_layers=2,
+                               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=16,
+                               rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=False), 3, 9),
+    "tied_mqa": (LlamaConfig(vocab_size=53, hidden_size=24, intermediate_size=40, num_hidden_layers=3,
+                             num_attention_heads=3, num_key_value_heads=1, max_position_embeddings=8,
+                             rms_norm_eps=1e-6, rope_theta=500.0, tie_word_embeddings=True), 2, 8),
+}
+
+ADAMW = dict(lr=3e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+
+
+def write_decoder_fixtures(out_dir):
+    for index, (name, (config, batch, seq)) in enumerate(DECODERS.items()):
+        model = make_model(config, seed=100 + index)
+        g = torch.Generator().manual_seed(200 + index)
+        tokens = torch.randint(0, config.vocab_size, (batch, seq), generator=g)
+        targets = torch.randint(0, config.vocab_size, (batch, seq), generator=g)
+        weights = {k: v.detach().clone() for k, v in model.named_parameters()}
+        logits = model(tokens)
+        loss = F.cross_entropy(logits.reshape(-1, config.vocab_size), targets.reshape(-1))
+        loss.backward()
+        grads = {k + ".grad": p.grad for k, p in model.named_parameters()}
+        # named_parameters() is the state_dict less the tied lm_head.weight.
+        shapes = [list(v.shape) for v in weights.values()]
+        save(out_dir, "decoder_" + name, config=config.to_json(), batch=batch, seq=seq, tokens=flat(tokens),
+             targets=flat(targets), names=list(weights), shapes=shapes, logits=logits, loss=[float(loss)],
+             **weights, **grads)
+
+        # Ten AdamW steps on the same batch: the loss before each step.
+        model = make_model(config, seed=100 + index)
+        opt = torch.optim.AdamW(model.parameters(), **ADAMW)
+        losses = []
+        for _ in range(10):
+            opt.zero_grad()
+            loss = F.cross_entropy(model(tokens).reshape(-1, config.vocab_size), targets.reshape(-1))
+            loss.backward()
+            opt.step()
+            losses.append(float(loss))
+        save(out_dir, "adamw_" + name, lr=ADAMW["lr"], beta1=ADAMW["betas"][0], beta2=ADAMW["betas"][1],
+             eps=ADAMW["eps"], weight_decay=ADAMW["weight_decay"], losses=losses,
+             **{k + ".after": v for k, v in model.named_parameters()})
+
+        # A Hugging Face style directory of the same weights, as save_pretrained
+        # writes it (tied lm_head left out), for the C++ loader.
+        hf_dir = os.path.join(out_dir, "hf_" + name)
+        os.makedirs(hf_dir, exist_ok=True)
+        write_safetensors(os.path.join(hf_dir, "model.safetensors"), weights)
+        hf_config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "bos_token_id": 1,
+                     "eos_token_id": 2, "hidden_act": "silu", "hidden_size": config.hidden_size,
+                     "intermediate_size": config.intermediate_size,
+                     "max_position_embeddings": config.max_position_embeddings,
+                     "num_attention_heads": config.num_attention_heads,
+                     "num_hidden_layers": config.num_hidden_layers,
+                     "num_key_value_heads": config.num_key_value_heads, "rms_norm_eps": config.rms_norm_eps,
+                     "rope_theta": config.rope_theta, "tie_word_embeddings": config.tie_word_embeddings,
+                     "torch_dtype": "float32", "transformers_version": "4.40.0", "use_cache": True,
+                     "vocab_size": config.vocab_size}
+        with open(os.path.join(hf_dir, "config.json"), "w") as f:
+            json.dump(hf_config, f, indent=2)
+
+
+def main():
+    if len(sys.argv) == 3 and sys.argv[1] == "--check-hf":
+        check_hf(sys.argv[2])
+        return
+    if len(sys.argv) != 2:
+        sys.exit("usage: torch_llama.py OUT_DIR | --check-hf MODEL_DIR")
+    out_dir = sys.argv[1]
+    os.makedirs(out_dir, exist_ok=True)
+    write_op_fixtures(out_dir)
+    write_decoder_fixtures(out_dir)
+
+
+if __name__ == "__main__":
+    main()
