@@ -12,7 +12,9 @@
 #include "base/memory.h"
 #include "client/agent.h"
 #include "crypto/tls.h"
+#include "client/text_trainer.h"
 #include "models/dataset.h"
+#include "models/text_corpus.h"
 
 extern "C" void openblas_set_num_threads(int);
 
@@ -23,6 +25,31 @@ int Fail(const estuary::Status& status) {
   return 1;
 }
 
+// The site's data decides what it can train: IDX files (images) or text
+// files in the fortunes format (documents between `%` lines). "auto" picks
+// images when the IDX training files are there.
+estuary::Result<std::unique_ptr<estuary::client::Trainer>> MakeTrainer(const std::filesystem::path& dir,
+                                                                      const std::string& kind) {
+  using namespace estuary;
+  if (kind != "auto" && kind != "images" && kind != "text") {
+    return InvalidArgument("--data-kind '{}': expected auto, images or text", kind);
+  }
+  std::error_code ec;
+  const bool has_idx = std::filesystem::exists(dir / "train-images-idx3-ubyte", ec);
+  if (kind == "text" || (kind == "auto" && !has_idx && std::filesystem::is_directory(dir, ec))) {
+    ESTUARY_ASSIGN_OR_RETURN(auto sources, models::LoadFortunes(dir, {}));
+    auto tokens = std::make_shared<std::vector<int32_t>>();
+    for (const auto& source : sources) {  // all of the site's text trains
+      tokens->insert(tokens->end(), source.train.begin(), source.train.end());
+      tokens->insert(tokens->end(), source.test.begin(), source.test.end());
+    }
+    spdlog::info("{}: {} text files, {} tokens", dir.string(), sources.size(), tokens->size());
+    return std::unique_ptr<client::Trainer>(new client::TextTrainer(std::move(tokens)));
+  }
+  ESTUARY_ASSIGN_OR_RETURN(auto dataset, models::LoadIdx(dir, models::Split::kTrain));
+  return std::unique_ptr<client::Trainer>(new client::ClassifierTrainer(std::move(dataset)));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -31,7 +58,7 @@ int main(int argc, char** argv) {
   CLI::App app{"estuary-client: a federated learning site"};
   std::string server = "127.0.0.1:7443", config;
   crypto::TlsFiles tls;
-  std::string data;
+  std::string data, data_kind = "auto";
   double max_backoff = 30;
   std::string log_level = "info";
   app.add_option("--config", config, "TOML file with the same keys as these flags");
@@ -39,7 +66,8 @@ int main(int argc, char** argv) {
   app.add_option("--cert", tls.cert, "this site's certificate (PEM)");
   app.add_option("--key", tls.key, "this site's private key (PEM)");
   app.add_option("--ca", tls.ca, "the federation CA certificate (PEM)");
-  app.add_option("--data", data, "directory with this site's IDX training files");
+  app.add_option("--data", data, "this site's training data: a directory of IDX files, or of text files");
+  app.add_option("--data-kind", data_kind, "auto | images | text");
   app.add_option("--max-backoff", max_backoff, "longest wait between reconnection attempts, seconds");
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error");
   int blas_threads = 1;
@@ -58,21 +86,20 @@ int main(int argc, char** argv) {
   uint16_t port = 0;
   if (Status s = ParseHostPort(server, &host, &port); !s.ok()) return Fail(InvalidArgument("--server: {}", s.message()));
 
-  auto dataset = models::LoadIdx(data, models::Split::kTrain);
-  if (!dataset.ok()) return Fail(dataset.status());
+  auto trainer = MakeTrainer(data, data_kind);
+  if (!trainer.ok()) return Fail(trainer.status());
   auto context = crypto::MakeClientContext(tls);
   if (!context.ok()) return Fail(context.status());
 
   boost::asio::io_context io;
   boost::asio::thread_pool training(1);
-  client::ClassifierTrainer trainer(std::move(dataset).value());
   client::AgentOptions options;
   options.host = host;
   options.port = port;
   options.tls = *context;
   options.max_backoff_s = max_backoff;
   options.label = tls.cert.stem().string();
-  auto agent = std::make_shared<client::Agent>(io, options, trainer, training.get_executor());
+  auto agent = std::make_shared<client::Agent>(io, options, **trainer, training.get_executor());
   Status outcome;
   agent->on_round_closed = [&](const v1::RoundClosed& closed) {
     spdlog::info("round {} {}: {} updates{}", closed.round(), closed.committed() ? "committed" : "failed",

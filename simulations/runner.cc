@@ -133,10 +133,15 @@ static Result<Workload> TextWorkload(const Scenario& s) {
   return w;
 }
 
-// The clients' side from the scenario's data; the model and its evaluation
-// as the server builds them (models/federated_model.h).
+// The clients: their names and trainers, from the scenario's data.
+static Result<Workload> ClientsOf(const Scenario& s) {
+  return models::IsLanguageModel(s.model) ? TextWorkload(s) : ImageWorkload(s);
+}
+
+// The clients, plus the model and its evaluation as the server builds them
+// (models/federated_model.h).
 static Result<Workload> MakeWorkload(const Scenario& s) {
-  ESTUARY_ASSIGN_OR_RETURN(Workload w, models::IsLanguageModel(s.model) ? TextWorkload(s) : ImageWorkload(s));
+  ESTUARY_ASSIGN_OR_RETURN(Workload w, ClientsOf(s));
   ESTUARY_ASSIGN_OR_RETURN(models::InitialWeights initial, models::InitialModel(s.model, s.seed));
   w.manifest = std::move(initial.manifest);
   w.global = std::move(initial.values);
@@ -228,16 +233,9 @@ Status ProvisionCertificates(const fs::path& dir, const std::vector<std::string>
 
 Result<Report> RunLoopback(const Scenario& s, const RoundCallback& on_round) {
   ESTUARY_RETURN_IF_ERROR(CheckScenario(s));
-  if (models::IsLanguageModel(s.model)) {
-    return FailedPrecondition("sim: --mode loopback trains images only so far; run {} with --mode inproc", s.model);
-  }
   const auto start = Clock::now();
-  const auto names = ClientNames(s.clients);
   const fs::path certs = s.workdir / "certs";
-  std::vector<std::string> all = names;
-  all.push_back("server");
-  ESTUARY_RETURN_IF_ERROR(ProvisionCertificates(certs, all));
-  spdlog::debug("loopback: certificates ready after {:.3f} s", Since(start));
+  ESTUARY_RETURN_IF_ERROR(ProvisionCertificates(certs, {"server"}));
 
   ServerProcess server;
   std::string host = "127.0.0.1";
@@ -257,7 +255,9 @@ Result<Report> RunLoopback(const Scenario& s, const RoundCallback& on_round) {
         "--epochs", std::to_string(s.epochs), "--batch", std::to_string(s.batch), "--lr", fmt::format("{}", s.lr),
         "--momentum", fmt::format("{}", s.momentum), "--weight-decay", fmt::format("{}", s.weight_decay),
         "--seed", std::to_string(s.seed), "--strategy", s.strategy.name, "--server-lr",
-        fmt::format("{}", s.strategy.server_lr), "--exit-when-done", "true", "--log-level", "info"};
+        fmt::format("{}", s.strategy.server_lr), "--optimizer", s.optimizer, "--seq-len", std::to_string(s.seq_len),
+        "--max-local-steps", std::to_string(s.max_local_steps), "--eval-windows", std::to_string(s.eval_windows),
+        "--exit-when-done", "true", "--log-level", "info"};
     const fs::path log = s.workdir / "server.log";
     // The server starts while this process loads its data and certificates.
     ESTUARY_RETURN_IF_ERROR(server.Spawn(binary, args, log));
@@ -267,10 +267,12 @@ Result<Report> RunLoopback(const Scenario& s, const RoundCallback& on_round) {
     }
     db = s.round_log;
   }
+  ESTUARY_ASSIGN_OR_RETURN(Workload clients, ClientsOf(s));
+  const auto& names = clients.names;
+  auto& trainers = clients.trainers;
+  ESTUARY_RETURN_IF_ERROR(ProvisionCertificates(certs, names));
+  spdlog::debug("loopback: data and certificates ready after {:.3f} s", Since(start));
 
-  ESTUARY_ASSIGN_OR_RETURN(auto train, models::LoadIdx(s.data_dir, models::Split::kTrain));
-  ESTUARY_ASSIGN_OR_RETURN(auto trainers,
-                           MakeTrainers(s, std::make_shared<const models::Dataset>(std::move(train))));
   boost::asio::io_context io;
   boost::asio::thread_pool training(s.threads);
   Report report;
