@@ -102,7 +102,7 @@ class Llama {
     float* resid = nullptr;  // num_layers + 1 blocks of [n, D]: the embeddings, then each block's output
     size_t resid_stride = 0;
     std::vector<LayerActivations> layers;
-    float *rstd_final, *xn_final, *logits, *dlogits;  // [n], [n, D], [n, V], [n, V]
+    float *rstd_final, *xn_final, *logits;  // [n], [n, D], [n, V]; backward turns logits into their gradient
     // Backward scratch, reused by every block.
     float *dresid, *dxn, *dqkv, *dattn, *dscores, *dgate_up, *dact;
   };

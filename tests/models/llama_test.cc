@@ -128,6 +128,19 @@ TEST(LlamaOps, SwiGlu) {
   EXPECT_LE(RelativeError(dgate_up.data(), Get(f, "dgate_up")), kOpTolerance);
 }
 
+TEST(LlamaOps, CrossEntropyOutOfPlaceAndInPlace) {
+  auto f = Fixture("op_cross_entropy");
+  Values logits = Get(f, "logits"), dlogits(logits.size(), 99.0f);
+  Ids targets = GetIds(f, "targets");
+  const int vocab = f["vocab"], n = int(targets.size());
+  const float loss = CrossEntropyForwardBackward(logits.data(), targets.data(), n, vocab, dlogits.data());
+  EXPECT_LE(RelativeError(&loss, Get(f, "loss")), kOpTolerance);
+  EXPECT_LE(RelativeError(dlogits.data(), Get(f, "dlogits")), kOpTolerance);
+  const float in_place = CrossEntropyForwardBackward(logits.data(), targets.data(), n, vocab, logits.data());
+  EXPECT_EQ(in_place, loss);
+  EXPECT_EQ(logits, dlogits);
+}
+
 class LlamaAttentionOp : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(LlamaAttentionOp, MatchesTorch) {

@@ -336,6 +336,13 @@ def write_op_fixtures(out_dir):
     out.backward(dout)
     save(out_dir, "op_swiglu", hidden=9, gate_up=gate_up, out=out, dout=dout, dgate_up=gate_up.grad)
 
+    # Cross-entropy over a vocabulary-sized row, mean over the rows.
+    logits, targets = rand(9, 300, scale=3.0), torch.randint(0, 300, (9,))
+    loss = F.cross_entropy(logits, targets)
+    loss.backward()
+    save(out_dir, "op_cross_entropy", vocab=300, logits=logits, targets=flat(targets), loss=[float(loss)],
+         dlogits=logits.grad)
+
     # Causal attention on a fused qkv buffer: grouped, multi-query, multi-head.
     for name, heads, kv_heads in (("gqa", 4, 2), ("mqa", 4, 1), ("mha", 2, 2)):
         b, t, head_dim = 2, 7, 8
