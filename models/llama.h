@@ -17,7 +17,8 @@
 //   auto loss = model.ForwardBackward(tokens, targets, batch, seq);  // fills gradients()
 //   optimizer.Step(model.parameters(), model.gradients());
 // Unlike Hugging Face's `labels`, targets are not shifted inside: targets[i]
-// is the token expected after tokens[i].
+// is the token expected after tokens[i]. A Llama is used by one thread at a
+// time (the arena is per model); replicas give parallelism.
 #pragma once
 
 #include <cstdint>
