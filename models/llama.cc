@@ -164,7 +164,6 @@ size_t Llama::Carve(int batch, int seq, float* base) {
   acts_.rstd_final = carver.Take(n);
   acts_.xn_final = carver.Take(n * D);
   acts_.logits = carver.Take(n * V);
-  acts_.dlogits = carver.Take(n * V);
   acts_.dresid = carver.Take(n * D);
   acts_.dxn = carver.Take(n * D);
   acts_.dqkv = carver.Take(n * (H + 2 * KV) * hd);
@@ -267,11 +266,12 @@ Result<float> Llama::ForwardBackward(const int32_t* tokens, const int32_t* targe
   Carve(batch, seq, arena_.data());
   const Activations& a = acts_;
   RunForward(tokens, batch, seq, a.logits);
-  const float loss = SoftmaxCrossEntropy(a.logits, targets, n, c.vocab_size, a.dlogits);
+  float* dlogits = a.logits;  // in place: the logits are not needed again
+  const float loss = CrossEntropyForwardBackward(a.logits, targets, n, c.vocab_size, dlogits);
 
   // The LM head first: when tied, it writes the embedding's gradient, to
   // which the input side is added last.
-  lm_head_.Backward(a.xn_final, a.dlogits, n, a.dxn);
+  lm_head_.Backward(a.xn_final, dlogits, n, a.dxn);
   std::memset(a.dresid, 0, sizeof(float) * n * D);
   RmsNormBackward(a.resid + c.num_layers * a.resid_stride, final_norm_, a.rstd_final, a.dxn, n, D, a.dresid,
                   d_final_norm_);

@@ -17,7 +17,8 @@
 //   auto loss = model.ForwardBackward(tokens, targets, batch, seq);  // fills gradients()
 //   optimizer.Step(model.parameters(), model.gradients());
 // Unlike Hugging Face's `labels`, targets are not shifted inside: targets[i]
-// is the token expected after tokens[i].
+// is the token expected after tokens[i]. A Llama is used by one thread at a
+// time (the arena is per model); replicas give parallelism.
 #pragma once
 
 #include <cstdint>
@@ -102,7 +103,7 @@ class Llama {
     float* resid = nullptr;  // num_layers + 1 blocks of [n, D]: the embeddings, then each block's output
     size_t resid_stride = 0;
     std::vector<LayerActivations> layers;
-    float *rstd_final, *xn_final, *logits, *dlogits;  // [n], [n, D], [n, V], [n, V]
+    float *rstd_final, *xn_final, *logits;  // [n], [n, D], [n, V]; backward turns logits into their gradient
     // Backward scratch, reused by every block.
     float *dresid, *dxn, *dqkv, *dattn, *dscores, *dgate_up, *dact;
   };

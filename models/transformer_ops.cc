@@ -226,4 +226,28 @@ void ResidualAdd(const float* x, int64_t count, float* y) {
   for (int64_t i = 0; i < count; ++i) y[i] += x[i];
 }
 
+// ------------------------------------------------------------ cross-entropy
+
+float CrossEntropyForwardBackward(const float* logits, const int32_t* targets, int n, int vocab, float* dlogits) {
+  double loss = 0;
+  for (int i = 0; i < n; ++i) {
+    const float* z = logits + int64_t(i) * vocab;
+    float* d = dlogits + int64_t(i) * vocab;
+    float max = z[0];
+    for (int c = 1; c < vocab; ++c) max = z[c] > max ? z[c] : max;
+    const float target_logit = z[targets[i]];  // read before d (maybe z) is overwritten
+    double sum = 0;
+    for (int c = 0; c < vocab; ++c) {
+      const float e = std::exp(z[c] - max);
+      d[c] = e;
+      sum += e;
+    }
+    loss += std::log(sum) - double(target_logit - max);
+    const float scale = float(1.0 / (sum * n));
+    for (int c = 0; c < vocab; ++c) d[c] *= scale;
+    d[targets[i]] -= 1.0f / float(n);
+  }
+  return float(loss / n);
+}
+
 }  // namespace estuary::models

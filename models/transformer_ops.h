@@ -72,4 +72,11 @@ void AttentionBackward(const float* qkv, const float* probs, const float* dout, 
 // y[i] += x[i]: the residual connection.
 void ResidualAdd(const float* x, int64_t count, float* y);
 
+// Mean softmax cross-entropy over n rows of `vocab` logits (F.cross_entropy),
+// with dlogits = (softmax - onehot(target)) / n written in the same pass.
+// Unlike SoftmaxCrossEntropy (layers.h), made for a vocabulary-sized row: one
+// float exp per logit instead of two double ones, and dlogits may alias
+// logits, so the [n, vocab] gradient needs no buffer of its own.
+float CrossEntropyForwardBackward(const float* logits, const int32_t* targets, int n, int vocab, float* dlogits);
+
 }  // namespace estuary::models

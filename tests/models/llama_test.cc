@@ -14,6 +14,7 @@
 
 #include "models/checkpoint.h"
 #include "models/llama.h"
+#include "models/optimizer.h"
 #include "models/transformer_ops.h"
 #include "tests/e2e/harness.h"
 
@@ -125,6 +126,19 @@ TEST(LlamaOps, SwiGlu) {
   SwiGluBackward(gate_up.data(), dout.data(), n, hidden, dgate_up.data());
   EXPECT_LE(RelativeError(out.data(), Get(f, "out")), kOpTolerance);
   EXPECT_LE(RelativeError(dgate_up.data(), Get(f, "dgate_up")), kOpTolerance);
+}
+
+TEST(LlamaOps, CrossEntropyOutOfPlaceAndInPlace) {
+  auto f = Fixture("op_cross_entropy");
+  Values logits = Get(f, "logits"), dlogits(logits.size(), 99.0f);
+  Ids targets = GetIds(f, "targets");
+  const int vocab = f["vocab"], n = int(targets.size());
+  const float loss = CrossEntropyForwardBackward(logits.data(), targets.data(), n, vocab, dlogits.data());
+  EXPECT_LE(RelativeError(&loss, Get(f, "loss")), kOpTolerance);
+  EXPECT_LE(RelativeError(dlogits.data(), Get(f, "dlogits")), kOpTolerance);
+  const float in_place = CrossEntropyForwardBackward(logits.data(), targets.data(), n, vocab, logits.data());
+  EXPECT_EQ(in_place, loss);
+  EXPECT_EQ(logits, dlogits);
 }
 
 class LlamaAttentionOp : public ::testing::TestWithParam<const char*> {};
@@ -258,6 +272,34 @@ TEST_P(LlamaDecoder, TrainingStepsDoNotAllocate) {
     if (!loss.ok()) FAIL() << loss.status().ToString();
   }
   EXPECT_EQ(g_allocations.load(), before);
+}
+
+// Ten steps of AdamW (weight decay on every tensor, as torch.optim.AdamW over
+// model.parameters()) on one batch: each step's loss and gradient norm, and
+// the weights at the end, against torch.
+TEST_P(LlamaDecoder, TenAdamWStepsMatchTorch) {
+  auto f = Fixture(std::string("decoder_") + GetParam());
+  auto steps = Fixture(std::string("adamw_") + GetParam());
+  const int batch = f["batch"], seq = f["seq"];
+  Llama model = LoadFixtureModel(f, batch);
+  Ids tokens = GetIds(f, "tokens"), targets = GetIds(f, "targets");
+  AdamW adamw({steps["lr"], steps["beta1"], steps["beta2"], steps["eps"], steps["weight_decay"]});
+  const Values losses = Get(steps, "losses"), norms = Get(steps, "grad_norms");
+  ASSERT_EQ(losses.size(), 10u);
+  for (size_t step = 0; step < losses.size(); ++step) {
+    auto loss = model.ForwardBackward(tokens.data(), targets.data(), batch, seq);
+    ASSERT_TRUE(loss.ok()) << loss.status().ToString();
+    EXPECT_LE(std::abs(*loss - losses[step]) / losses[step], kModelTolerance) << "step " << step;
+    // An infinite bound clips nothing; the norm it returns is the one torch saw.
+    const double norm = ClipGradNorm(model.gradients(), INFINITY);
+    EXPECT_LE(std::abs(norm - norms[step]) / norms[step], kModelTolerance) << "step " << step;
+    adamw.Step(model.parameters(), model.gradients());
+  }
+  EXPECT_LT(losses.back(), 0.6 * losses.front());  // it does learn the batch
+  for (const TensorSpec& t : model.manifest().tensors) {
+    EXPECT_LE(RelativeError(model.parameters().data() + t.offset, Get(steps, t.name + ".after")), kModelTolerance)
+        << t.name;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Configs, LlamaDecoder, ::testing::Values("untied_gqa", "tied_mqa"));

@@ -336,6 +336,13 @@ def write_op_fixtures(out_dir):
     out.backward(dout)
     save(out_dir, "op_swiglu", hidden=9, gate_up=gate_up, out=out, dout=dout, dgate_up=gate_up.grad)
 
+    # Cross-entropy over a vocabulary-sized row, mean over the rows.
+    logits, targets = rand(9, 300, scale=3.0), torch.randint(0, 300, (9,))
+    loss = F.cross_entropy(logits, targets)
+    loss.backward()
+    save(out_dir, "op_cross_entropy", vocab=300, logits=logits, targets=flat(targets), loss=[float(loss)],
+         dlogits=logits.grad)
+
     # Causal attention on a fused qkv buffer: grouped, multi-query, multi-head.
     for name, heads, kv_heads in (("gqa", 4, 2), ("mqa", 4, 1), ("mha", 2, 2)):
         b, t, head_dim = 2, 7, 8
@@ -382,18 +389,20 @@ def write_decoder_fixtures(out_dir):
              targets=flat(targets), names=list(weights), shapes=shapes, logits=logits, loss=[float(loss)],
              **weights, **grads)
 
-        # Ten AdamW steps on the same batch: the loss before each step.
+        # Ten AdamW steps on the same batch: the loss and the global gradient
+        # norm before each step, and the weights after the last.
         model = make_model(config, seed=100 + index)
         opt = torch.optim.AdamW(model.parameters(), **ADAMW)
-        losses = []
+        losses, grad_norms = [], []
         for _ in range(10):
             opt.zero_grad()
             loss = F.cross_entropy(model(tokens).reshape(-1, config.vocab_size), targets.reshape(-1))
             loss.backward()
+            grad_norms.append(float(torch.sqrt(sum((p.grad ** 2).sum() for p in model.parameters()))))
             opt.step()
             losses.append(float(loss))
         save(out_dir, "adamw_" + name, lr=ADAMW["lr"], beta1=ADAMW["betas"][0], beta2=ADAMW["betas"][1],
-             eps=ADAMW["eps"], weight_decay=ADAMW["weight_decay"], losses=losses,
+             eps=ADAMW["eps"], weight_decay=ADAMW["weight_decay"], losses=losses, grad_norms=grad_norms,
              **{k + ".after": v for k, v in model.named_parameters()})
 
         # A Hugging Face style directory of the same weights, as save_pretrained
