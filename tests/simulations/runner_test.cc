@@ -130,6 +130,27 @@ TEST(TextSimulation, OneClientPerTopicLearnsAndIsReproducible) {
   EXPECT_EQ(first->rounds[0].updates_received, 2u);
 }
 
+// A real server and one TLS connection per topic: the server builds the same
+// decoder from the seed and scores the same held-out text.
+TEST(TextSimulation, LoopbackAgreesWithInproc) {
+  testing::TempDir dir;
+  Scenario s = Text(WriteTopics(dir));
+  s.workdir = dir / "run";
+  s.server_binary = testing::BinaryPath("estuary-server");
+  auto inproc = RunInproc(s, nullptr);
+  ASSERT_TRUE(inproc.ok()) << inproc.status().ToString();
+  s.mode = "loopback";
+  auto loopback = RunLoopback(s, nullptr);
+  ASSERT_TRUE(loopback.ok()) << loopback.status().ToString();
+  ASSERT_EQ(loopback->rounds.size(), inproc->rounds.size());
+  for (size_t r = 0; r < inproc->rounds.size(); ++r) {
+    EXPECT_EQ(loopback->rounds[r].updates_received, 2u);
+    EXPECT_NEAR(loopback->rounds[r].test_loss, inproc->rounds[r].test_loss, 1e-4 * inproc->rounds[r].test_loss)
+        << "round " << r + 1;
+  }
+  EXPECT_FALSE(loopback->round_log.empty());
+}
+
 TEST(TextSimulation, BadScenariosNameTheProblem) {
   testing::TempDir dir;
   const auto data = WriteTopics(dir);
