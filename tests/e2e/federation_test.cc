@@ -38,11 +38,17 @@ class Federation {
                        const std::string& listen = "127.0.0.1:0") {
     std::vector<std::string> args = {
         "serve", "--listen", listen, "--cert", Files("server").cert.string(), "--key",
-        Files("server").key.string(), "--ca", Files("server").ca.string(), "--db", db().string(), "--eval-data",
-        data_.string(), "--rounds", std::to_string(rounds), "--clients-per-round", std::to_string(clients),
-        "--min-clients", std::to_string(clients), "--epochs", "1", "--batch", "10", "--lr", "0.05",
-        "--exit-when-done", "true", "--round-deadline", "60", "--log-level", "debug"};
+        Files("server").key.string(), "--ca", Files("server").ca.string(), "--db", db().string(), "--rounds",
+        std::to_string(rounds), "--clients-per-round", std::to_string(clients),
+        "--min-clients", std::to_string(clients), "--exit-when-done", "true", "--round-deadline", "60",
+        "--log-level", "debug"};
     args.insert(args.end(), extra.begin(), extra.end());
+    // Defaults for what `extra` does not set (a flag may be given only once).
+    const std::pair<const char*, std::string> defaults[] = {
+        {"--epochs", "1"}, {"--batch", "10"}, {"--lr", "0.05"}, {"--eval-data", data_.string()}};
+    for (const auto& [flag, value] : defaults) {
+      if (std::find(extra.begin(), extra.end(), flag) == extra.end()) args.insert(args.end(), {flag, value});
+    }
     server_ = std::make_unique<simulations::ServerProcess>();
     EXPECT_TRUE(server_->Spawn(BinaryPath("estuary-server"), args, dir_ / "server.log").ok());
     auto port = server_->WaitForPort();
@@ -50,12 +56,13 @@ class Federation {
     return port.ok() ? *port : 0;
   }
 
-  std::unique_ptr<ChildProcess> StartClient(const std::string& name, uint16_t port) {
+  std::unique_ptr<ChildProcess> StartClient(const std::string& name, uint16_t port, fs::path data = {}) {
+    if (data.empty()) data = data_;
     const auto files = Files(name);
     return std::make_unique<ChildProcess>(
         std::vector<std::string>{BinaryPath("estuary-client").string(), "--server", fmt::format("127.0.0.1:{}", port),
                                  "--cert", files.cert.string(), "--key", files.key.string(), "--ca",
-                                 files.ca.string(), "--data", data_.string(), "--max-backoff", "1"},
+                                 files.ca.string(), "--data", data.string(), "--max-backoff", "1"},
         dir_ / (name + ".log"));
   }
 
@@ -149,6 +156,40 @@ TEST(Federation, TwoSitesTrainTwoRoundsAndTheOperatorReadsTheLog) {
   EXPECT_NE(clients.output.find("site-b"), std::string::npos);
   auto missing = RunCommand(fmt::format("{} rounds show 9 --db {}", server_bin, f.db().string()));
   EXPECT_NE(missing.exit_code, 0);
+}
+
+// A site whose data is text trains the language model the server names; the
+// server scores it on the held-out documents of the same corpus.
+TEST(Federation, ATextSiteTrainsTheLanguageModel) {
+  Federation f;
+  f.Issue("library");
+  const fs::path text = f.dir() / "text";
+  fs::create_directories(text);
+  {
+    std::ofstream out(text / "proverbs");
+    for (int i = 0; i < 200; ++i) out << "a stitch in time saves nine, number " << i << "\n%\n";
+  }
+  const uint16_t port =
+      f.StartServer(2, 1, {"--model", "llama-tiny", "--eval-data", text.string(), "--optimizer", "adamw", "--lr",
+                           "0.003", "--batch", "4", "--seq-len", "32", "--max-local-steps", "3", "--eval-windows", "8"});
+  ASSERT_NE(port, 0) << f.ServerLog();
+  auto site = f.StartClient("library", port, text);
+  EXPECT_EQ(site->Wait(), 0);
+  ASSERT_EQ(f.WaitServer(), 0) << f.ServerLog();
+  auto store = f.OpenStore();
+  ASSERT_TRUE(store);
+  auto rounds = store->Rounds();
+  ASSERT_TRUE(rounds.ok());
+  ASSERT_EQ(rounds->size(), 2u);
+  for (const auto& r : *rounds) {
+    EXPECT_EQ(r.state, server::RoundState::kCommitted);
+    EXPECT_EQ(r.updates_received, 1u);
+    ASSERT_TRUE(r.test_loss.has_value());
+    EXPECT_LT(*r.test_loss, 5.5);  // below an untrained byte model's ln(256)
+  }
+  EXPECT_LT(*(*rounds)[1].test_loss, *(*rounds)[0].test_loss);
+  auto participants = ParticipationsByName(*store, 1);
+  EXPECT_GT(participants["library"].examples, 5000u);  // tokens, the FedAvg weight of a text site
 }
 
 TEST(Federation, RefusedHandshakesAreLoggedWithThePeerAddress) {
