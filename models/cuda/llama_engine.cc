@@ -285,12 +285,13 @@ Result<LlamaEngine> LlamaEngine::Create(const LlamaConfig& config, int max_batch
   // carving covers every smaller one.
   const size_t activation_bytes = m.Carve(max_batch, config.max_seq_len, nullptr);
   ESTUARY_ASSIGN_OR_RETURN(m.activation_buffer, DeviceBuffer::Allocate(activation_bytes));
-  // The largest single op's scratch, plus alignment slack for each of its pieces.
+  // The largest single op's scratch, plus slack for alignment and for CUB,
+  // whose temporary storage for a shorter batch is not promised to be smaller.
   ESTUARY_ASSIGN_OR_RETURN(const size_t sort_bytes, EmbeddingBackwardScratchBytes(int(max_n)));
   const size_t scratch_bytes =
       std::max({sort_bytes, RmsNormBackwardScratchBytes(int(max_n), config.hidden_size),
                 size_t(max_n) * sizeof(float), size_t(8) << 10 /* clip: 1024 doubles and a float */}) +
-      1024;
+      (size_t(64) << 10);
   ESTUARY_ASSIGN_OR_RETURN(m.scratch, Arena::Create(scratch_bytes));
   ESTUARY_RETURN_IF_ERROR(m.stream.Synchronize());  // surfaces any error from the setup above here
   return LlamaEngine(std::move(impl));
