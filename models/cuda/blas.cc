@@ -55,27 +55,38 @@ cudaDataType_t CudaType(DType dtype) {
 
 }  // namespace
 
-Status Gemm(const Blas& blas, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
-            const void* a, int64_t lda, const void* b, int64_t ldb, float beta, void* c, int64_t ldc,
-            GemmTypes types) {
-  if (!blas.handle()) return FailedPrecondition("cuda gemm: the Blas handle is empty (moved from?)");
+namespace {
+
+// The checks Gemm and GemmStridedBatched share; `what` names the caller.
+Status CheckGemm(const char* what, const Blas& blas, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                 int64_t lda, int64_t ldb, int64_t ldc, GemmTypes types) {
+  if (!blas.handle()) return FailedPrecondition("{}: the Blas handle is empty (moved from?)", what);
   if (m < 0 || n < 0 || k < 0 || m > INT_MAX || n > INT_MAX || k > INT_MAX) {
-    return InvalidArgument("cuda gemm: dimensions m={} n={} k={} must lie in [0, {}]", m, n, k, INT_MAX);
+    return InvalidArgument("{}: dimensions m={} n={} k={} must lie in [0, {}]", what, m, n, k, INT_MAX);
   }
   // Row-major: a stored row holds k elements of op(A) (m when transposed), and so on.
   const int64_t min_lda = std::max<int64_t>(1, trans_a ? m : k), min_ldb = std::max<int64_t>(1, trans_b ? k : n),
                 min_ldc = std::max<int64_t>(1, n);
   if (lda < min_lda || ldb < min_ldb || ldc < min_ldc || lda > INT_MAX || ldb > INT_MAX || ldc > INT_MAX) {
-    return InvalidArgument("cuda gemm: leading dimensions lda={} ldb={} ldc={} must be at least {}, {}, {} and fit "
-                           "an int", lda, ldb, ldc, min_lda, min_ldb, min_ldc);
+    return InvalidArgument("{}: leading dimensions lda={} ldb={} ldc={} must be at least {}, {}, {} and fit "
+                           "an int", what, lda, ldb, ldc, min_lda, min_ldb, min_ldc);
   }
   if (types.output != DType::kF32 && types.output != types.inputs) {
-    return InvalidArgument("cuda gemm: output dtype {} with {} inputs; it must be f32 or the inputs' dtype",
+    return InvalidArgument("{}: output dtype {} with {} inputs; it must be f32 or the inputs' dtype", what,
                            DTypeName(types.output), DTypeName(types.inputs));
   }
   if (types.allow_tf32 && types.inputs != DType::kF32) {
-    return InvalidArgument("cuda gemm: TF32 applies to f32 inputs, not {}", DTypeName(types.inputs));
+    return InvalidArgument("{}: TF32 applies to f32 inputs, not {}", what, DTypeName(types.inputs));
   }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status Gemm(const Blas& blas, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+            const void* a, int64_t lda, const void* b, int64_t ldb, float beta, void* c, int64_t ldc,
+            GemmTypes types) {
+  ESTUARY_RETURN_IF_ERROR(CheckGemm("cuda gemm", blas, trans_a, trans_b, m, n, k, lda, ldb, ldc, types));
   if (m == 0 || n == 0) return Status::Ok();
   if (!c || (k > 0 && (!a || !b))) return InvalidArgument("cuda gemm: null operand (a={} b={} c={})", a, b, c);
 
@@ -86,6 +97,34 @@ Status Gemm(const Blas& blas, bool trans_a, bool trans_b, int64_t m, int64_t n, 
       blas.handle(), trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, int(n), int(m),
       int(k), &alpha, b, CudaType(types.inputs), int(ldb), a, CudaType(types.inputs), int(lda), &beta, c,
       CudaType(types.output), int(ldc), compute, CUBLAS_GEMM_DEFAULT));
+  return Status::Ok();
+}
+
+Status GemmStridedBatched(const Blas& blas, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                          float alpha, const void* a, int64_t lda, int64_t stride_a, const void* b, int64_t ldb,
+                          int64_t stride_b, float beta, void* c, int64_t ldc, int64_t stride_c, int64_t batch,
+                          GemmTypes types) {
+  ESTUARY_RETURN_IF_ERROR(
+      CheckGemm("cuda batched gemm", blas, trans_a, trans_b, m, n, k, lda, ldb, ldc, types));
+  if (batch < 0 || batch > INT_MAX || stride_a < 0 || stride_b < 0 || stride_c < 0) {
+    return InvalidArgument("cuda batched gemm: batch {} must lie in [0, {}] and strides ({}, {}, {}) be non-negative",
+                           batch, INT_MAX, stride_a, stride_b, stride_c);
+  }
+  // Batches of C may not overlap (cuBLAS would race); A and B may be shared (stride 0).
+  const int64_t c_rows_span = (m - 1) * ldc + n;
+  if (batch > 1 && m > 0 && n > 0 && stride_c < c_rows_span) {
+    return InvalidArgument("cuda batched gemm: stride_c {} makes the {} output matrices of {}x{} (ldc {}) overlap",
+                           stride_c, batch, m, n, ldc);
+  }
+  if (m == 0 || n == 0 || batch == 0) return Status::Ok();
+  if (!c || (k > 0 && (!a || !b))) {
+    return InvalidArgument("cuda batched gemm: null operand (a={} b={} c={})", a, b, c);
+  }
+  const cublasComputeType_t compute = types.allow_tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  ESTUARY_CUBLAS_RETURN_IF_ERROR(cublasGemmStridedBatchedEx(
+      blas.handle(), trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, int(n), int(m),
+      int(k), &alpha, b, CudaType(types.inputs), int(ldb), stride_b, a, CudaType(types.inputs), int(lda), stride_a,
+      &beta, c, CudaType(types.output), int(ldc), stride_c, int(batch), compute, CUBLAS_GEMM_DEFAULT));
   return Status::Ok();
 }
 

@@ -9,6 +9,12 @@
 // cores are used only when GemmTypes::allow_tf32 says so (fp32 inputs only),
 // since they round the inputs to 10 mantissa bits.
 //
+// GemmStridedBatched runs `batch` such products at once, matrix i of each
+// operand starting stride_a/stride_b/stride_c elements after matrix i-1: for
+// attention, one product per sequence with the operands read in place from
+// the fused qkv buffer (a leading dimension wider than the matrix). Output
+// matrices must not overlap: stride_c >= (m - 1) * ldc + n when batch > 1.
+//
 // A Blas is a cuBLAS handle bound to one stream with a workspace of its own,
 // so a GEMM never allocates device memory behind the caller's back.
 #pragma once
@@ -54,5 +60,10 @@ struct GemmTypes {
 Status Gemm(const Blas& blas, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
             const void* a, int64_t lda, const void* b, int64_t ldb, float beta, void* c, int64_t ldc,
             GemmTypes types = {});
+
+Status GemmStridedBatched(const Blas& blas, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                          float alpha, const void* a, int64_t lda, int64_t stride_a, const void* b, int64_t ldb,
+                          int64_t stride_b, float beta, void* c, int64_t ldc, int64_t stride_c, int64_t batch,
+                          GemmTypes types = {});
 
 }  // namespace estuary::models::cuda

@@ -70,6 +70,27 @@ Status AdamW::Step(float* params, const float* grads, cudaStream_t stream, Worki
   return Status::Ok();
 }
 
+Status AdamW::SaveState(std::span<float> first, std::span<float> second, cudaStream_t stream) const {
+  if (int64_t(first.size()) != count_ || int64_t(second.size()) != count_) {
+    return InvalidArgument("cuda AdamW: state of {} parameters, room for {} and {} given", count_, first.size(),
+                           second.size());
+  }
+  ESTUARY_RETURN_IF_ERROR(CopyToHost(first.data(), first_moment(), first.size_bytes(), stream));
+  return CopyToHost(second.data(), second_moment(), second.size_bytes(), stream);
+}
+
+Status AdamW::LoadState(std::span<const float> first, std::span<const float> second, int64_t step_count,
+                        cudaStream_t stream) {
+  if (int64_t(first.size()) != count_ || int64_t(second.size()) != count_ || step_count < 0) {
+    return InvalidArgument("cuda AdamW: state of {} parameters, {} and {} given at step {}", count_, first.size(),
+                           second.size(), step_count);
+  }
+  ESTUARY_RETURN_IF_ERROR(CopyToDevice(moments_.as<float>(), first.data(), first.size_bytes(), stream));
+  ESTUARY_RETURN_IF_ERROR(CopyToDevice(moments_.as<float>() + count_, second.data(), second.size_bytes(), stream));
+  step_ = step_count;
+  return Status::Ok();
+}
+
 Result<Sgd> Sgd::Create(int64_t count, float lr, float momentum, float weight_decay) {
   if (count < 0 || uint64_t(count) > SIZE_MAX / sizeof(float)) {
     return InvalidArgument("cuda SGD: cannot hold {} parameters", count);

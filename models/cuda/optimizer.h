@@ -14,6 +14,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <span>
 
 #include "base/status.h"
 #include "models/cuda/device.h"
@@ -43,6 +44,13 @@ class AdamW {
   int64_t size() const { return count_; }
   const float* first_moment() const { return moments_.as<float>(); }
   const float* second_moment() const { return moments_.as<float>() + count_; }
+
+  // The moments and step count to and from host memory (`count` floats each),
+  // so that a run saved and reloaded continues exactly as it would have.
+  // SaveState waits for `stream`.
+  Status SaveState(std::span<float> first, std::span<float> second, cudaStream_t stream) const;
+  Status LoadState(std::span<const float> first, std::span<const float> second, int64_t step_count,
+                   cudaStream_t stream);
 
  private:
   AdamWOptions options_;

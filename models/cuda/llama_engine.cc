@@ -1,0 +1,565 @@
+#include "models/cuda/llama_engine.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <cstring>
+#include <numbers>
+#include <random>
+
+#include "models/cuda/check.h"
+#include "models/cuda/precision.h"
+#include "models/cuda/transformer.h"
+
+namespace estuary::models::cuda {
+namespace {
+
+// Element offsets of one block's tensors in the flat buffer. q, k, v (and
+// gate, up) are adjacent: together one [rows, D] matrix, one GEMM.
+struct LayerOffsets {
+  uint64_t qkv, o, gate_up, down, input_norm, post_norm;
+};
+
+// What one block keeps for backward (n = batch * seq rows); `void*` buffers
+// hold the activation dtype.
+struct LayerActivations {
+  float* rstd1 = nullptr;
+  void* xn1 = nullptr;    // [n, D]
+  void* qkv = nullptr;    // [n, (H + 2 KV) hd], after RoPE
+  void* probs = nullptr;  // [batch, H, seq, seq]
+  void* attn = nullptr;   // [n, H hd]
+  float* h = nullptr;     // residual stream after attention [n, D]
+  float* rstd2 = nullptr;
+  void* xn2 = nullptr;      // [n, D]
+  void* gate_up = nullptr;  // [n, 2 I]
+  void* act = nullptr;      // [n, I]
+};
+
+struct Activations {
+  float* resid = nullptr;  // num_layers + 1 blocks of [n, D]
+  int64_t resid_stride = 0;
+  std::vector<LayerActivations> layers;
+  float* rstd_final = nullptr;
+  void* xn_final = nullptr;
+  float* logits = nullptr;   // [n, V] fp32
+  void* dlogits = nullptr;   // [n, V]; the logits themselves under f32
+  float* scores = nullptr;   // [batch, H, seq, seq] fp32 scratch; null under f32 (each layer's probs serve)
+  float* dprobs = nullptr;   // [batch, H, seq, seq] fp32
+  void* dscores = nullptr;   // the same in the activation dtype; dprobs under f32
+  float* dresid = nullptr;   // [n, D] fp32
+  void* dresid_low = nullptr;  // its low-precision copy; null under f32
+  float* dxn = nullptr;        // [n, D] fp32 (GEMM outputs feeding the norms' backward)
+  void *dqkv = nullptr, *dattn = nullptr, *dgate_up = nullptr, *dact = nullptr;
+};
+
+// Hands out consecutive slices of one device buffer, each 256-byte aligned
+// (vectorised kernels and cuBLAS's fastest paths want at least 16). With a
+// null base it only measures.
+class Carver {
+ public:
+  explicit Carver(char* base) : base_(base) {}
+  void* Take(int64_t count, size_t element_bytes) {
+    void* p = base_ ? base_ + used_ : nullptr;
+    used_ += (size_t(count) * element_bytes + 255) / 256 * 256;
+    return p;
+  }
+  float* Floats(int64_t count) { return static_cast<float*>(Take(count, sizeof(float))); }
+  size_t used() const { return used_; }
+
+ private:
+  char* base_;
+  size_t used_ = 0;
+};
+
+// cudaMallocHost memory, freed on destruction.
+class PinnedBuffer {
+ public:
+  PinnedBuffer() = default;
+  static Result<PinnedBuffer> Allocate(size_t bytes) {
+    PinnedBuffer b;
+    ESTUARY_CUDA_RETURN_IF_ERROR(cudaMallocHost(&b.data_, bytes));
+    return b;
+  }
+  PinnedBuffer(PinnedBuffer&& o) noexcept : data_(std::exchange(o.data_, nullptr)) {}
+  PinnedBuffer& operator=(PinnedBuffer&& o) noexcept {
+    std::swap(data_, o.data_);
+    return *this;
+  }
+  ~PinnedBuffer() {
+    if (data_) (void)cudaFreeHost(data_);
+  }
+  int32_t* ints() const { return static_cast<int32_t*>(data_); }
+
+ private:
+  void* data_ = nullptr;
+};
+
+class Event {
+ public:
+  Event() = default;
+  static Result<Event> Create() {
+    Event e;
+    ESTUARY_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&e.event_, cudaEventDisableTiming));
+    return e;
+  }
+  Event(Event&& o) noexcept : event_(std::exchange(o.event_, nullptr)) {}
+  Event& operator=(Event&& o) noexcept {
+    std::swap(event_, o.event_);
+    return *this;
+  }
+  ~Event() {
+    if (event_) (void)cudaEventDestroy(event_);
+  }
+  cudaEvent_t get() const { return event_; }
+
+ private:
+  cudaEvent_t event_ = nullptr;
+};
+
+}  // namespace
+
+struct LlamaEngine::Impl {
+  LlamaConfig config;
+  LlamaEngineOptions options;
+  int max_batch = 0;
+  Manifest manifest;
+  std::vector<LayerOffsets> offsets;
+  uint64_t embed = 0, final_norm = 0, lm_head = 0;
+
+  // Declared before blas: destroyed after it.
+  Stream stream;
+  Blas blas;
+  DeviceBuffer params, grads, working, rope, ids, misc, activation_buffer;
+  Arena scratch;  // per-op scratch (norm partials, sort, row losses, clip), reset before each op
+  PinnedBuffer staging;
+  Event staging_free;  // recorded after the staging buffer's upload
+  bool staging_used = false;
+  Activations acts;
+  LossScaler scaler;
+
+  DType act() const { return options.precision; }
+  bool low() const { return options.precision != DType::kF32; }
+  cudaStream_t s() const { return stream.get(); }
+  float* P() const { return params.as<float>(); }
+  float* G() const { return grads.as<float>(); }
+  // What the GEMMs read: the master weights under f32, else the working copy.
+  const void* W(uint64_t offset) const {
+    return low() ? static_cast<const void*>(working.as<char>() + offset * DTypeSize(act()))
+                 : static_cast<const void*>(P() + offset);
+  }
+  const float* rope_cos() const { return rope.as<float>(); }
+  const float* rope_sin() const { return rope.as<float>() + int64_t(config.max_seq_len) * (config.head_dim() / 2); }
+  int32_t* tokens_d() const { return ids.as<int32_t>(); }
+  int32_t* targets_d() const { return ids.as<int32_t>() + int64_t(max_batch) * config.max_seq_len; }
+  float* loss_d() const { return misc.as<float>(); }
+  float* found_inf_d() const { return misc.as<float>() + 1; }
+  double* norm_d() const { return reinterpret_cast<double*>(misc.as<char>() + 256); }
+  GemmTypes Same() const { return {act(), act(), options.allow_tf32 && !low()}; }
+  GemmTypes ToF32() const { return {act(), DType::kF32, options.allow_tf32 && !low()}; }
+  Arena& Scratch() {
+    scratch.Reset();  // safe: every user of the scratch is on this stream, in order
+    return scratch;
+  }
+
+  void BuildManifest();
+  size_t Carve(int batch, int seq, char* base);
+  Status CheckInput(const int32_t* tokens, const int32_t* targets, int batch, int seq) const;
+  Status Upload(const int32_t* tokens, const int32_t* targets, int batch, int seq);
+  Status RunForward(int batch, int seq);
+  Status RunBackward(int batch, int seq);
+};
+
+// The layout of models::Llama (llama.cc), tensor for tensor: Hugging Face's
+// state_dict order. The engine tests compare the two manifests.
+void LlamaEngine::Impl::BuildManifest() {
+  const LlamaConfig& c = config;
+  const int64_t V = c.vocab_size, D = c.hidden_size, I = c.intermediate_size;
+  const int64_t q_rows = int64_t(c.num_heads) * c.head_dim(), kv_rows = int64_t(c.num_kv_heads) * c.head_dim();
+  auto add = [&](std::string name, std::vector<int64_t> shape) {
+    TensorSpec spec{std::move(name), std::move(shape), DType::kF32, manifest.total_elements};
+    manifest.total_elements += spec.numel();
+    manifest.tensors.push_back(std::move(spec));
+    return manifest.tensors.back().offset;
+  };
+  embed = add("model.embed_tokens.weight", {V, D});
+  for (int i = 0; i < c.num_layers; ++i) {
+    const std::string p = fmt::format("model.layers.{}.", i);
+    LayerOffsets o;
+    o.qkv = add(p + "self_attn.q_proj.weight", {q_rows, D});
+    add(p + "self_attn.k_proj.weight", {kv_rows, D});
+    add(p + "self_attn.v_proj.weight", {kv_rows, D});
+    o.o = add(p + "self_attn.o_proj.weight", {D, q_rows});
+    o.gate_up = add(p + "mlp.gate_proj.weight", {I, D});
+    add(p + "mlp.up_proj.weight", {I, D});
+    o.down = add(p + "mlp.down_proj.weight", {D, I});
+    o.input_norm = add(p + "input_layernorm.weight", {D});
+    o.post_norm = add(p + "post_attention_layernorm.weight", {D});
+    offsets.push_back(o);
+  }
+  final_norm = add("model.norm.weight", {D});
+  lm_head = c.tie_embeddings ? embed : add("lm_head.weight", {V, D});
+}
+
+size_t LlamaEngine::Impl::Carve(int batch, int seq, char* base) {
+  const LlamaConfig& c = config;
+  const int64_t n = int64_t(batch) * seq, D = c.hidden_size, V = c.vocab_size, I = c.intermediate_size;
+  const int64_t hd = c.head_dim(), H = c.num_heads, KV = c.num_kv_heads;
+  const int64_t qkv = n * (H + 2 * KV) * hd, square = int64_t(batch) * H * seq * seq;
+  const size_t a = DTypeSize(act());
+  Carver carver(base);
+  acts.resid_stride = (n * D + 63) / 64 * 64;  // keeps every block 256-byte aligned
+  acts.resid = carver.Floats(acts.resid_stride * (c.num_layers + 1));
+  acts.layers.resize(c.num_layers);
+  for (LayerActivations& l : acts.layers) {
+    l.rstd1 = carver.Floats(n);
+    l.xn1 = carver.Take(n * D, a);
+    l.qkv = carver.Take(qkv, a);
+    l.probs = carver.Take(square, a);
+    l.attn = carver.Take(n * H * hd, a);
+    l.h = carver.Floats(n * D);
+    l.rstd2 = carver.Floats(n);
+    l.xn2 = carver.Take(n * D, a);
+    l.gate_up = carver.Take(n * 2 * I, a);
+    l.act = carver.Take(n * I, a);
+  }
+  acts.rstd_final = carver.Floats(n);
+  acts.xn_final = carver.Take(n * D, a);
+  acts.logits = carver.Floats(n * V);
+  acts.dlogits = low() ? carver.Take(n * V, a) : static_cast<void*>(acts.logits);
+  acts.scores = low() ? carver.Floats(square) : nullptr;
+  acts.dprobs = carver.Floats(square);
+  acts.dscores = low() ? carver.Take(square, a) : static_cast<void*>(acts.dprobs);
+  acts.dresid = carver.Floats(n * D);
+  acts.dresid_low = low() ? carver.Take(n * D, a) : nullptr;
+  acts.dxn = carver.Floats(n * D);
+  acts.dqkv = carver.Take(qkv, a);
+  acts.dattn = carver.Take(n * H * hd, a);
+  acts.dgate_up = carver.Take(n * 2 * I, a);
+  acts.dact = carver.Take(n * I, a);
+  return carver.used();
+}
+
+Result<LlamaEngine> LlamaEngine::Create(const LlamaConfig& config, int max_batch, LlamaEngineOptions options) {
+  ESTUARY_RETURN_IF_ERROR(config.Validate());
+  if (max_batch <= 0 || int64_t(max_batch) * config.max_seq_len > INT_MAX / 2) {
+    return InvalidArgument("cuda llama: max_batch {} with max_seq_len {} is out of range", max_batch,
+                           config.max_seq_len);
+  }
+  if (options.allow_tf32 && options.precision != DType::kF32) {
+    return InvalidArgument("cuda llama: allow_tf32 applies to f32 training, not {}", DTypeName(options.precision));
+  }
+  ESTUARY_RETURN_IF_ERROR(CudaUsable());
+  auto impl = std::make_unique<Impl>();
+  Impl& m = *impl;
+  m.config = config;
+  m.options = options;
+  m.max_batch = max_batch;
+  m.scaler = LossScaler(options.loss_scaler);
+  m.BuildManifest();
+  const int64_t count = int64_t(m.manifest.total_elements);
+  const int64_t max_n = int64_t(max_batch) * config.max_seq_len;
+
+  ESTUARY_ASSIGN_OR_RETURN(m.stream, Stream::Create());
+  ESTUARY_ASSIGN_OR_RETURN(m.blas, Blas::Create(m.stream.get()));
+  ESTUARY_ASSIGN_OR_RETURN(m.params, DeviceBuffer::Allocate(size_t(count) * sizeof(float)));
+  ESTUARY_ASSIGN_OR_RETURN(m.grads, DeviceBuffer::Allocate(size_t(count) * sizeof(float)));
+  ESTUARY_RETURN_IF_ERROR(FillBytes(m.params.data(), 0, m.params.size(), m.s()));
+  ESTUARY_RETURN_IF_ERROR(FillBytes(m.grads.data(), 0, m.grads.size(), m.s()));
+  if (m.low()) {
+    ESTUARY_ASSIGN_OR_RETURN(m.working, DeviceBuffer::Allocate(size_t(count) * DTypeSize(options.precision)));
+    ESTUARY_RETURN_IF_ERROR(FillBytes(m.working.data(), 0, m.working.size(), m.s()));
+  }
+  const int64_t half = config.head_dim() / 2;
+  ESTUARY_ASSIGN_OR_RETURN(m.rope, DeviceBuffer::Allocate(size_t(2 * config.max_seq_len * half) * sizeof(float)));
+  ESTUARY_RETURN_IF_ERROR(RopeTables(config.max_seq_len, config.head_dim(), config.rope_theta, m.rope.as<float>(),
+                                     m.rope.as<float>() + config.max_seq_len * half, m.s()));
+  ESTUARY_ASSIGN_OR_RETURN(m.ids, DeviceBuffer::Allocate(size_t(2 * max_n) * sizeof(int32_t)));
+  ESTUARY_ASSIGN_OR_RETURN(m.misc, DeviceBuffer::Allocate(512));  // loss, found-inf flag; the norm at +256
+  ESTUARY_RETURN_IF_ERROR(FillBytes(m.misc.data(), 0, m.misc.size(), m.s()));
+  ESTUARY_ASSIGN_OR_RETURN(m.staging, PinnedBuffer::Allocate(size_t(2 * max_n) * sizeof(int32_t)));
+  ESTUARY_ASSIGN_OR_RETURN(m.staging_free, Event::Create());
+
+  // Every buffer's size grows with batch and seq, so the largest shape's
+  // carving covers every smaller one.
+  const size_t activation_bytes = m.Carve(max_batch, config.max_seq_len, nullptr);
+  ESTUARY_ASSIGN_OR_RETURN(m.activation_buffer, DeviceBuffer::Allocate(activation_bytes));
+  // The largest single op's scratch, plus slack for alignment and for CUB,
+  // whose temporary storage for a shorter batch is not promised to be smaller.
+  ESTUARY_ASSIGN_OR_RETURN(const size_t sort_bytes, EmbeddingBackwardScratchBytes(int(max_n)));
+  const size_t scratch_bytes =
+      std::max({sort_bytes, RmsNormBackwardScratchBytes(int(max_n), config.hidden_size),
+                size_t(max_n) * sizeof(float), size_t(8) << 10 /* clip: 1024 doubles and a float */}) +
+      (size_t(64) << 10);
+  ESTUARY_ASSIGN_OR_RETURN(m.scratch, Arena::Create(scratch_bytes));
+  ESTUARY_RETURN_IF_ERROR(m.stream.Synchronize());  // surfaces any error from the setup above here
+  return LlamaEngine(std::move(impl));
+}
+
+LlamaEngine::LlamaEngine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+LlamaEngine::LlamaEngine(LlamaEngine&&) noexcept = default;
+LlamaEngine& LlamaEngine::operator=(LlamaEngine&&) noexcept = default;
+LlamaEngine::~LlamaEngine() = default;
+
+const LlamaConfig& LlamaEngine::config() const { return impl_->config; }
+const Manifest& LlamaEngine::manifest() const { return impl_->manifest; }
+int64_t LlamaEngine::parameter_count() const { return int64_t(impl_->manifest.total_elements); }
+int LlamaEngine::max_batch() const { return impl_->max_batch; }
+DType LlamaEngine::precision() const { return impl_->options.precision; }
+cudaStream_t LlamaEngine::stream() const { return impl_->s(); }
+size_t LlamaEngine::activation_bytes() const { return impl_->activation_buffer.size(); }
+float* LlamaEngine::parameters() { return impl_->P(); }
+float* LlamaEngine::gradients() { return impl_->G(); }
+const void* LlamaEngine::working_parameters() const { return impl_->low() ? impl_->working.data() : nullptr; }
+const float* LlamaEngine::device_loss() const { return impl_->loss_d(); }
+LossScaler& LlamaEngine::loss_scaler() { return impl_->scaler; }
+
+// ------------------------------------------------------------- parameters
+
+Status LlamaEngine::Initialize(uint64_t seed) {
+  // models::Llama::Initialize, draw for draw: normal(0, 0.02) by Box-Muller
+  // for matrices, ones for the norms.
+  std::vector<float> host(impl_->manifest.total_elements);
+  std::mt19937_64 rng(seed);
+  auto uniform = [&rng] { return (double(rng() >> 11) + 0.5) * 0x1.0p-53; };
+  for (const TensorSpec& t : impl_->manifest.tensors) {
+    float* p = host.data() + t.offset;
+    const uint64_t count = t.numel();
+    if (t.shape.size() == 1) {
+      std::fill(p, p + count, 1.0f);
+      continue;
+    }
+    for (uint64_t i = 0; i < count; i += 2) {
+      const double r = 0.02 * std::sqrt(-2.0 * std::log(uniform())), angle = 2.0 * std::numbers::pi * uniform();
+      p[i] = float(r * std::cos(angle));
+      if (i + 1 < count) p[i + 1] = float(r * std::sin(angle));
+    }
+  }
+  return CopyParametersFrom(host);
+}
+
+Status LlamaEngine::CopyParametersFrom(std::span<const float> host) {
+  Impl& m = *impl_;
+  if (host.size() != m.manifest.total_elements) {
+    return InvalidArgument("cuda llama: {} parameters given, the model has {}", host.size(),
+                           m.manifest.total_elements);
+  }
+  ESTUARY_RETURN_IF_ERROR(CopyToDevice(m.P(), host.data(), host.size_bytes(), m.s()));
+  if (m.low()) ESTUARY_RETURN_IF_ERROR(Convert(m.P(), DType::kF32, m.working.data(), m.act(), parameter_count(), m.s()));
+  return Status::Ok();
+}
+
+Status LlamaEngine::CopyParametersTo(std::span<float> host) {
+  if (host.size() != impl_->manifest.total_elements) {
+    return InvalidArgument("cuda llama: room for {} parameters given, the model has {}", host.size(),
+                           impl_->manifest.total_elements);
+  }
+  return CopyToHost(host.data(), impl_->P(), host.size_bytes(), impl_->s());
+}
+
+Status LlamaEngine::CopyGradientsTo(std::span<float> host) {
+  if (host.size() != impl_->manifest.total_elements) {
+    return InvalidArgument("cuda llama: room for {} gradients given, the model has {}", host.size(),
+                           impl_->manifest.total_elements);
+  }
+  return CopyToHost(host.data(), impl_->G(), host.size_bytes(), impl_->s());
+}
+
+// ---------------------------------------------------------------- training
+
+Status LlamaEngine::Impl::CheckInput(const int32_t* tokens, const int32_t* targets, int batch, int seq) const {
+  if (batch < 1 || batch > max_batch) {
+    return InvalidArgument("cuda llama: batch {} is outside [1, {}] (max_batch given at Create)", batch, max_batch);
+  }
+  if (seq < 1 || seq > config.max_seq_len) {
+    return InvalidArgument("cuda llama: sequence length {} is outside [1, {}] (max_seq_len)", seq,
+                           config.max_seq_len);
+  }
+  auto check = [&](const char* what, const int32_t* ids) -> Status {
+    for (int64_t i = 0; i < int64_t(batch) * seq; ++i) {
+      if (ids[i] < 0 || ids[i] >= config.vocab_size) {
+        return InvalidArgument("cuda llama: {} id {} at batch {}, position {} is outside the vocabulary [0, {})",
+                               what, ids[i], i / seq, i % seq, config.vocab_size);
+      }
+    }
+    return Status::Ok();
+  };
+  if (!tokens) return InvalidArgument("cuda llama: no token ids given");
+  ESTUARY_RETURN_IF_ERROR(check("token", tokens));
+  if (targets) ESTUARY_RETURN_IF_ERROR(check("target", targets));
+  return Status::Ok();
+}
+
+Status LlamaEngine::Impl::Upload(const int32_t* tokens, const int32_t* targets, int batch, int seq) {
+  const int64_t n = int64_t(batch) * seq, max_n = int64_t(max_batch) * config.max_seq_len;
+  // The previous upload must have left the staging buffer before it is refilled.
+  if (staging_used) ESTUARY_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(staging_free.get()));
+  std::memcpy(staging.ints(), tokens, size_t(n) * sizeof(int32_t));
+  if (targets) std::memcpy(staging.ints() + max_n, targets, size_t(n) * sizeof(int32_t));
+  ESTUARY_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(tokens_d(), staging.ints(), size_t(n) * sizeof(int32_t),
+                                               cudaMemcpyHostToDevice, s()));
+  if (targets) {
+    ESTUARY_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(targets_d(), staging.ints() + max_n, size_t(n) * sizeof(int32_t),
+                                                 cudaMemcpyHostToDevice, s()));
+  }
+  ESTUARY_CUDA_RETURN_IF_ERROR(cudaEventRecord(staging_free.get(), s()));
+  staging_used = true;
+  return Status::Ok();
+}
+
+Status LlamaEngine::Impl::RunForward(int batch, int seq) {
+  const LlamaConfig& c = config;
+  const int n = batch * seq, D = c.hidden_size, I = c.intermediate_size, hd = c.head_dim(), V = c.vocab_size;
+  const int H = c.num_heads, KV = c.num_kv_heads;
+  const int64_t qkv_width = int64_t(H + 2 * KV) * hd;
+  const float eps = float(c.rms_norm_eps);
+  Carve(batch, seq, activation_buffer.as<char>());
+  ESTUARY_RETURN_IF_ERROR(EmbeddingForward(tokens_d(), n, P() + embed, V, D, acts.resid, s()));
+  for (int l = 0; l < c.num_layers; ++l) {
+    const LayerOffsets& o = offsets[l];
+    const LayerActivations& a = acts.layers[l];
+    const float* x = acts.resid + l * acts.resid_stride;
+    float* out = acts.resid + (l + 1) * acts.resid_stride;
+    ESTUARY_RETURN_IF_ERROR(RmsNormForward(x, P() + o.input_norm, n, D, eps, a.xn1, act(), a.rstd1, s()));
+    ESTUARY_RETURN_IF_ERROR(
+        Gemm(blas, false, true, n, qkv_width, D, 1.0f, a.xn1, D, W(o.qkv), D, 0.0f, a.qkv, qkv_width, Same()));
+    // q and k heads are adjacent at the start of each row: one rotation for both.
+    ESTUARY_RETURN_IF_ERROR(RopeForward(a.qkv, act(), batch, seq, H + KV, hd, qkv_width, rope_cos(), rope_sin(), s()));
+    float* scores = low() ? acts.scores : static_cast<float*>(a.probs);
+    ESTUARY_RETURN_IF_ERROR(AttentionForward(blas, act(), a.qkv, batch, seq, H, KV, hd, scores, a.probs, a.attn));
+    ESTUARY_RETURN_IF_ERROR(
+        Gemm(blas, false, true, n, D, int64_t(H) * hd, 1.0f, a.attn, int64_t(H) * hd, W(o.o), int64_t(H) * hd, 0.0f,
+             a.h, D, ToF32()));
+    ESTUARY_RETURN_IF_ERROR(ResidualAdd(x, int64_t(n) * D, a.h, s()));
+    ESTUARY_RETURN_IF_ERROR(RmsNormForward(a.h, P() + o.post_norm, n, D, eps, a.xn2, act(), a.rstd2, s()));
+    ESTUARY_RETURN_IF_ERROR(
+        Gemm(blas, false, true, n, 2 * int64_t(I), D, 1.0f, a.xn2, D, W(o.gate_up), D, 0.0f, a.gate_up, 2 * I, Same()));
+    ESTUARY_RETURN_IF_ERROR(SwiGluForward(a.gate_up, n, I, a.act, act(), s()));
+    ESTUARY_RETURN_IF_ERROR(Gemm(blas, false, true, n, D, I, 1.0f, a.act, I, W(o.down), I, 0.0f, out, D, ToF32()));
+    ESTUARY_RETURN_IF_ERROR(ResidualAdd(a.h, int64_t(n) * D, out, s()));
+  }
+  ESTUARY_RETURN_IF_ERROR(RmsNormForward(acts.resid + c.num_layers * acts.resid_stride, P() + final_norm, n, D, eps,
+                                         acts.xn_final, act(), acts.rstd_final, s()));
+  return Gemm(blas, false, true, n, V, D, 1.0f, acts.xn_final, D, W(lm_head), D, 0.0f, acts.logits, V, ToF32());
+}
+
+Status LlamaEngine::Impl::RunBackward(int batch, int seq) {
+  const LlamaConfig& c = config;
+  const int n = batch * seq, D = c.hidden_size, I = c.intermediate_size, hd = c.head_dim(), V = c.vocab_size;
+  const int H = c.num_heads, KV = c.num_kv_heads;
+  const int64_t qkv_width = int64_t(H + 2 * KV) * hd, attn_width = int64_t(H) * hd;
+  const Activations& a = acts;
+  const float grad_scale = act() == DType::kF16 ? scaler.scale() : 1.0f;
+  ESTUARY_RETURN_IF_ERROR(CrossEntropyForwardBackward(a.logits, targets_d(), n, V, a.dlogits, act(), grad_scale,
+                                                      loss_d(), Scratch(), s()));
+  // The LM head first: when tied it writes the embedding's gradient, to which
+  // the input side is added last.
+  ESTUARY_RETURN_IF_ERROR(
+      Gemm(blas, true, false, V, D, n, 1.0f, a.dlogits, V, a.xn_final, D, 0.0f, G() + lm_head, D, ToF32()));
+  ESTUARY_RETURN_IF_ERROR(Gemm(blas, false, false, n, D, V, 1.0f, a.dlogits, V, W(lm_head), D, 0.0f, a.dxn, D, ToF32()));
+  ESTUARY_RETURN_IF_ERROR(FillBytes(a.dresid, 0, size_t(n) * D * sizeof(float), s()));
+  // dresid holds dL/d(output of block l) on entry and dL/d(its input) on exit;
+  // under bf16/f16 every norm backward also leaves its low-precision copy,
+  // which the next GEMMs read.
+  ESTUARY_RETURN_IF_ERROR(RmsNormBackward(a.resid + c.num_layers * a.resid_stride, P() + final_norm, a.rstd_final,
+                                          a.dxn, n, D, a.dresid, G() + final_norm, Scratch(), s(), a.dresid_low,
+                                          act()));
+  const void* dres = low() ? a.dresid_low : static_cast<const void*>(a.dresid);
+  for (int l = c.num_layers - 1; l >= 0; --l) {
+    const LayerOffsets& o = offsets[l];
+    const LayerActivations& L = a.layers[l];
+    ESTUARY_RETURN_IF_ERROR(Gemm(blas, true, false, D, I, n, 1.0f, dres, D, L.act, I, 0.0f, G() + o.down, I, ToF32()));
+    ESTUARY_RETURN_IF_ERROR(Gemm(blas, false, false, n, I, D, 1.0f, dres, D, W(o.down), I, 0.0f, a.dact, I, Same()));
+    ESTUARY_RETURN_IF_ERROR(SwiGluBackward(L.gate_up, a.dact, n, I, a.dgate_up, act(), s()));
+    ESTUARY_RETURN_IF_ERROR(Gemm(blas, true, false, 2 * int64_t(I), D, n, 1.0f, a.dgate_up, 2 * I, L.xn2, D, 0.0f,
+                                 G() + o.gate_up, D, ToF32()));
+    ESTUARY_RETURN_IF_ERROR(
+        Gemm(blas, false, false, n, D, 2 * int64_t(I), 1.0f, a.dgate_up, 2 * I, W(o.gate_up), D, 0.0f, a.dxn, D,
+             ToF32()));
+    ESTUARY_RETURN_IF_ERROR(RmsNormBackward(L.h, P() + o.post_norm, L.rstd2, a.dxn, n, D, a.dresid, G() + o.post_norm,
+                                            Scratch(), s(), a.dresid_low, act()));
+    ESTUARY_RETURN_IF_ERROR(
+        Gemm(blas, true, false, D, attn_width, n, 1.0f, dres, D, L.attn, attn_width, 0.0f, G() + o.o, attn_width,
+             ToF32()));
+    ESTUARY_RETURN_IF_ERROR(
+        Gemm(blas, false, false, n, attn_width, D, 1.0f, dres, D, W(o.o), attn_width, 0.0f, a.dattn, attn_width,
+             Same()));
+    ESTUARY_RETURN_IF_ERROR(AttentionBackward(blas, act(), L.qkv, L.probs, a.dattn, batch, seq, H, KV, hd, a.dprobs,
+                                              a.dscores, a.dqkv));
+    ESTUARY_RETURN_IF_ERROR(
+        RopeBackward(a.dqkv, act(), batch, seq, H + KV, hd, qkv_width, rope_cos(), rope_sin(), s()));
+    ESTUARY_RETURN_IF_ERROR(Gemm(blas, true, false, qkv_width, D, n, 1.0f, a.dqkv, qkv_width, L.xn1, D, 0.0f,
+                                 G() + o.qkv, D, ToF32()));
+    ESTUARY_RETURN_IF_ERROR(
+        Gemm(blas, false, false, n, D, qkv_width, 1.0f, a.dqkv, qkv_width, W(o.qkv), D, 0.0f, a.dxn, D, ToF32()));
+    ESTUARY_RETURN_IF_ERROR(RmsNormBackward(a.resid + l * a.resid_stride, P() + o.input_norm, L.rstd1, a.dxn, n, D,
+                                            a.dresid, G() + o.input_norm, Scratch(), s(), a.dresid_low, act()));
+  }
+  if (!c.tie_embeddings) {
+    ESTUARY_RETURN_IF_ERROR(FillBytes(G() + embed, 0, size_t(V) * D * sizeof(float), s()));
+  }
+  return EmbeddingBackward(tokens_d(), n, a.dresid, V, D, G() + embed, Scratch(), s());
+}
+
+Status LlamaEngine::ForwardBackwardAsync(const int32_t* tokens, const int32_t* targets, int batch, int seq) {
+  Impl& m = *impl_;
+  if (!targets) return InvalidArgument("cuda llama: no target ids given");
+  ESTUARY_RETURN_IF_ERROR(m.CheckInput(tokens, targets, batch, seq));
+  ESTUARY_RETURN_IF_ERROR(m.Upload(tokens, targets, batch, seq));
+  ESTUARY_RETURN_IF_ERROR(m.RunForward(batch, seq));
+  return m.RunBackward(batch, seq);
+}
+
+Result<float> LlamaEngine::ReadLoss() {
+  float loss = 0;
+  ESTUARY_RETURN_IF_ERROR(CopyToHost(&loss, impl_->loss_d(), sizeof loss, impl_->s()));
+  return loss;
+}
+
+Result<float> LlamaEngine::ForwardBackward(const int32_t* tokens, const int32_t* targets, int batch, int seq) {
+  ESTUARY_RETURN_IF_ERROR(ForwardBackwardAsync(tokens, targets, batch, seq));
+  return ReadLoss();
+}
+
+Status LlamaEngine::Forward(const int32_t* tokens, int batch, int seq, float* logits) {
+  Impl& m = *impl_;
+  ESTUARY_RETURN_IF_ERROR(m.CheckInput(tokens, nullptr, batch, seq));
+  if (!logits) return InvalidArgument("cuda llama: no logits buffer given");
+  ESTUARY_RETURN_IF_ERROR(m.Upload(tokens, nullptr, batch, seq));
+  ESTUARY_RETURN_IF_ERROR(m.RunForward(batch, seq));
+  return CopyToHost(logits, m.acts.logits, size_t(batch) * seq * m.config.vocab_size * sizeof(float), m.s());
+}
+
+template <typename Optimizer>
+Result<bool> LlamaEngine::StepWith(Optimizer& optimizer, double max_grad_norm) {
+  Impl& m = *impl_;
+  const int64_t count = parameter_count();
+  if (optimizer.size() != count) {
+    return InvalidArgument("cuda llama: the optimizer holds state for {} parameters, the model has {}",
+                           optimizer.size(), count);
+  }
+  if (!(max_grad_norm >= 0) || !std::isfinite(max_grad_norm)) {
+    return InvalidArgument("cuda llama: max_grad_norm {} must be finite and >= 0 (0: no clipping)", max_grad_norm);
+  }
+  if (m.act() == DType::kF16) {
+    // GradScaler.step: unscale, check, and skip the update on inf/NaN. The flag
+    // read is this step's one host synchronisation.
+    ESTUARY_RETURN_IF_ERROR(UnscaleAndCheckFinite(m.G(), count, m.scaler.inv_scale(), m.found_inf_d(), m.s()));
+    ESTUARY_ASSIGN_OR_RETURN(const bool found_inf, ReadFoundInf(m.found_inf_d(), m.s()));
+    m.scaler.Update(found_inf);
+    if (found_inf) return false;
+  }
+  if (max_grad_norm > 0) {
+    ESTUARY_RETURN_IF_ERROR(ClipGradNorm(m.G(), count, max_grad_norm, m.norm_d(), m.Scratch(), m.s()));
+  }
+  WorkingCopy working;
+  if (m.low()) working = {m.working.data(), m.act()};
+  ESTUARY_RETURN_IF_ERROR(optimizer.Step(m.P(), m.G(), m.s(), working));
+  return true;
+}
+
+Result<bool> LlamaEngine::Step(AdamW& optimizer, double max_grad_norm) { return StepWith(optimizer, max_grad_norm); }
+Result<bool> LlamaEngine::Step(Sgd& optimizer, double max_grad_norm) { return StepWith(optimizer, max_grad_norm); }
+
+}  // namespace estuary::models::cuda

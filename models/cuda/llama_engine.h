@@ -1,0 +1,121 @@
+// LlamaEngine: the LLaMA-style decoder of models/llama.h, trained on one GPU.
+//
+// Same LlamaConfig, same manifest (Hugging Face names, order and offsets) and
+// so the same flat fp32 parameter buffer as models::Llama: weights, checkpoints
+// and federated updates copy one to one between the two. The fp32 master
+// parameters and the fp32 gradients live on the device; all activations come
+// from one buffer sized at Create for (max_batch, max_seq_len), so a step
+// never allocates.
+//
+// Precision: f32 (fp32 GEMMs; TF32 only if asked), or bf16 / f16: GEMMs take a
+// low-precision working copy of the weights and low-precision activations and
+// accumulate in fp32; the residual stream, norm statistics, softmaxes, logits,
+// loss and every gradient stay fp32. The working copy is written by the fused
+// optimizer step (cuda::AdamW / cuda::Sgd with a WorkingCopy) and by
+// CopyParametersFrom. f16 scales the loss by models::LossScaler's scale; Step
+// unscales the gradients, checks them and skips the update, weights and
+// optimizer state untouched, when any is inf or NaN.
+//
+//   auto engine = LlamaEngine::Create(config, max_batch, {.precision = DType::kBF16});
+//   auto opt = cuda::AdamW::Create(engine->parameter_count(), options, engine->stream());
+//   ESTUARY_RETURN_IF_ERROR(engine->ForwardBackwardAsync(tokens, targets, batch, seq));
+//   ESTUARY_ASSIGN_OR_RETURN(bool stepped, engine->Step(*opt));
+//
+// All work is enqueued on the engine's stream. A step synchronises with the
+// host only where its result is needed: ForwardBackward (not ...Async) reads
+// the loss, and an f16 Step reads the one found-inf flag. Token ids are copied
+// through a pinned staging buffer; before refilling it the host waits for the
+// previous step's copy of it (its first operation), never for the step itself.
+// Not thread-safe: one thread drives an engine.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "base/status.h"
+#include "models/cuda/blas.h"
+#include "models/cuda/device.h"
+#include "models/cuda/optimizer.h"
+#include "models/llama.h"
+#include "models/loss_scaler.h"
+#include "models/tensor.h"
+
+namespace estuary::models::cuda {
+
+struct LlamaEngineOptions {
+  DType precision = DType::kF32;
+  // f32 only: let cuBLAS round GEMM inputs to TF32 (faster, ~1e-3 relative).
+  bool allow_tf32 = false;
+  // f16 only.
+  LossScalerOptions loss_scaler;
+};
+
+class LlamaEngine {
+ public:
+  // Zero parameters (Initialize or CopyParametersFrom before training) and
+  // activation memory for up to max_batch sequences of max_seq_len tokens.
+  static Result<LlamaEngine> Create(const LlamaConfig& config, int max_batch, LlamaEngineOptions options = {});
+
+  LlamaEngine(LlamaEngine&&) noexcept;
+  LlamaEngine& operator=(LlamaEngine&&) noexcept;
+  ~LlamaEngine();
+
+  const LlamaConfig& config() const;
+  const Manifest& manifest() const;  // equal to models::Llama's for the same config
+  int64_t parameter_count() const;
+  int max_batch() const;
+  DType precision() const;
+  cudaStream_t stream() const;
+  // Bytes of the activation buffer allocated at Create.
+  size_t activation_bytes() const;
+
+  // Device buffers of parameter_count() elements in manifest order.
+  float* parameters();
+  float* gradients();
+  // The bf16/f16 copy of the parameters the GEMMs read; null under f32.
+  const void* working_parameters() const;
+
+  // models::Llama::Initialize's draws (the same seed gives the same bits).
+  Status Initialize(uint64_t seed);
+  // Host <-> device copies of the whole flat buffer (sizes checked). From
+  // refreshes the working copy; To waits for the stream.
+  Status CopyParametersFrom(std::span<const float> host);
+  Status CopyParametersTo(std::span<float> host);
+  Status CopyGradientsTo(std::span<float> host);
+
+  // tokens and targets are host arrays of [batch, seq] ids (targets[i] is the
+  // token after tokens[i]), checked as models::Llama checks them. Overwrites
+  // gradients() (scaled by the loss scale under f16) and leaves the mean
+  // cross-entropy in device_loss(), without waiting.
+  Status ForwardBackwardAsync(const int32_t* tokens, const int32_t* targets, int batch, int seq);
+  // The same, then waits for the loss.
+  Result<float> ForwardBackward(const int32_t* tokens, const int32_t* targets, int batch, int seq);
+  const float* device_loss() const;
+  Result<float> ReadLoss();  // waits for the stream
+  // Writes logits [batch, seq, vocab] to host memory (waits).
+  Status Forward(const int32_t* tokens, int batch, int seq, float* logits);
+
+  // One optimizer step over the whole flat buffer, also writing the working
+  // copy. With max_grad_norm > 0 the (unscaled) gradients are first clipped
+  // to it (clip_grad_norm_). Returns false when an f16 step was skipped for
+  // inf/NaN gradients; the loss scaler is updated either way.
+  Result<bool> Step(AdamW& optimizer, double max_grad_norm = 0);
+  Result<bool> Step(Sgd& optimizer, double max_grad_norm = 0);
+
+  // The f16 loss scaler (unused under f32 and bf16); settable so that a
+  // resumed run continues with the saved scale.
+  LossScaler& loss_scaler();
+
+ private:
+  struct Impl;
+  explicit LlamaEngine(std::unique_ptr<Impl> impl);
+  template <typename Optimizer>
+  Result<bool> StepWith(Optimizer& optimizer, double max_grad_norm);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace estuary::models::cuda

@@ -1,0 +1,333 @@
+// cuda::LlamaEngine against the CPU decoder models::Llama, which is its
+// reference: the same manifest and initial bits; fp32 logits, loss and every
+// gradient within 1e-4 relative (per tensor, max|gpu - cpu| / max|cpu|) for a
+// GQA model with an untied head and an MHA model with tied embeddings; bf16
+// and fp16 losses within 1e-2; ten AdamW steps' losses within 1e-4; an inf
+// injected under fp16 leaves every parameter bit and the optimizer untouched;
+// and a run saved and reloaded (weights, AdamW state) continues with
+// bit-identical losses. Every test skips, naming the reason, without a GPU.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "models/cuda/device.h"
+#include "models/cuda/llama_engine.h"
+#include "models/cuda/optimizer.h"
+#include "models/llama.h"
+#include "models/optimizer.h"
+
+namespace estuary::models {
+namespace {
+
+using Values = std::vector<float>;
+
+#define ASSERT_OK(expr)                              \
+  do {                                               \
+    const ::estuary::Status status_ = (expr);        \
+    ASSERT_TRUE(status_.ok()) << status_.ToString(); \
+  } while (0)
+
+template <typename T>
+T Unwrap(Result<T> r) {
+  EXPECT_TRUE(r.ok()) << r.status().ToString();
+  return r.ok() ? std::move(*r) : T{};
+}
+
+double RelativeError(const float* a, const float* b, size_t n) {
+  double diff = 0, scale = 1e-30;
+  for (size_t i = 0; i < n; ++i) {
+    const double d = std::abs(double(a[i]) - double(b[i]));
+    if (!std::isfinite(d)) return std::numeric_limits<double>::infinity();
+    diff = std::max(diff, d);
+    scale = std::max(scale, double(std::abs(b[i])));
+  }
+  return diff / scale;
+}
+
+LlamaConfig GqaUntied() {
+  LlamaConfig c;
+  c.vocab_size = 61;
+  c.hidden_size = 32;
+  c.intermediate_size = 48;
+  c.num_layers = 2;
+  c.num_heads = 4;
+  c.num_kv_heads = 2;
+  c.max_seq_len = 16;
+  return c;
+}
+
+LlamaConfig MhaTied() {
+  LlamaConfig c;
+  c.vocab_size = 53;
+  c.hidden_size = 24;
+  c.intermediate_size = 40;
+  c.num_layers = 2;
+  c.num_heads = 3;
+  c.num_kv_heads = 3;
+  c.max_seq_len = 12;
+  c.tie_embeddings = true;
+  return c;
+}
+
+struct Batch {
+  int batch, seq;
+  std::vector<int32_t> tokens, targets;
+};
+
+Batch MakeBatch(const LlamaConfig& c, int batch, int seq, uint32_t seed) {
+  std::mt19937 rng(seed);
+  Batch b{batch, seq, std::vector<int32_t>(size_t(batch) * seq), std::vector<int32_t>(size_t(batch) * seq)};
+  for (int32_t& t : b.tokens) t = int32_t(rng() % uint32_t(c.vocab_size));
+  for (int32_t& t : b.targets) t = int32_t(rng() % uint32_t(c.vocab_size));
+  return b;
+}
+
+cuda::LlamaEngineOptions Options(DType precision, float init_scale = 65536.0f) {
+  cuda::LlamaEngineOptions o;
+  o.precision = precision;
+  o.loss_scaler.init_scale = init_scale;
+  return o;
+}
+
+class CudaLlama : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (Status s = cuda::CudaUsable(); !s.ok()) GTEST_SKIP() << s.message();
+  }
+};
+
+// A CPU model and an engine with the same seeded weights.
+struct Pair {
+  Llama cpu;
+  cuda::LlamaEngine gpu;
+};
+
+Result<Pair> MakePair(const LlamaConfig& config, int max_batch, cuda::LlamaEngineOptions options = {},
+                      uint64_t seed = 7) {
+  ESTUARY_ASSIGN_OR_RETURN(Llama cpu, Llama::Create(config, max_batch));
+  ESTUARY_ASSIGN_OR_RETURN(cuda::LlamaEngine gpu, cuda::LlamaEngine::Create(config, max_batch, options));
+  cpu.Initialize(seed);
+  ESTUARY_RETURN_IF_ERROR(gpu.Initialize(seed));
+  return Pair{std::move(cpu), std::move(gpu)};
+}
+
+TEST_F(CudaLlama, ManifestAndInitialWeightsAreTheCpuModels) {
+  for (const LlamaConfig& config : {GqaUntied(), MhaTied()}) {
+    auto pair = MakePair(config, 2);
+    ASSERT_TRUE(pair.ok()) << pair.status().ToString();
+    EXPECT_TRUE(pair->gpu.manifest() == pair->cpu.manifest());
+    Values weights(pair->gpu.parameter_count());
+    ASSERT_OK(pair->gpu.CopyParametersTo(weights));
+    ASSERT_EQ(weights.size(), pair->cpu.parameters().size());
+    EXPECT_EQ(std::memcmp(weights.data(), pair->cpu.parameters().data(), weights.size() * sizeof(float)), 0);
+  }
+}
+
+TEST_F(CudaLlama, F32LogitsLossAndEveryGradientMatchTheCpu) {
+  for (const LlamaConfig& config : {GqaUntied(), MhaTied()}) {
+    auto pair = MakePair(config, 3);
+    ASSERT_TRUE(pair.ok()) << pair.status().ToString();
+    Llama& cpu = pair->cpu;
+    cuda::LlamaEngine& gpu = pair->gpu;
+    const Batch b = MakeBatch(config, 3, config.max_seq_len - 1, 11);  // not the full context
+    const size_t logits_size = size_t(b.batch) * b.seq * config.vocab_size;
+    Values cpu_logits(logits_size), gpu_logits(logits_size, std::numeric_limits<float>::quiet_NaN());
+    ASSERT_OK(cpu.Forward(b.tokens.data(), b.batch, b.seq, cpu_logits.data()));
+    ASSERT_OK(gpu.Forward(b.tokens.data(), b.batch, b.seq, gpu_logits.data()));
+    EXPECT_LE(RelativeError(gpu_logits.data(), cpu_logits.data(), logits_size), 1e-4);
+
+    const float cpu_loss = Unwrap(cpu.ForwardBackward(b.tokens.data(), b.targets.data(), b.batch, b.seq));
+    const float gpu_loss = Unwrap(gpu.ForwardBackward(b.tokens.data(), b.targets.data(), b.batch, b.seq));
+    EXPECT_LE(std::abs(gpu_loss - cpu_loss) / cpu_loss, 1e-4) << gpu_loss << " vs " << cpu_loss;
+    Values grads(gpu.parameter_count(), std::numeric_limits<float>::quiet_NaN());
+    ASSERT_OK(gpu.CopyGradientsTo(grads));
+    for (const TensorSpec& t : cpu.manifest().tensors) {
+      EXPECT_LE(RelativeError(grads.data() + t.offset, cpu.gradients().data() + t.offset, t.numel()), 1e-4)
+          << t.name << (config.tie_embeddings ? " (tied)" : " (untied)");
+    }
+  }
+}
+
+TEST_F(CudaLlama, LowPrecisionLossesAreWithinOnePercentOfTheCpu) {
+  for (const DType precision : {DType::kBF16, DType::kF16}) {
+    for (const LlamaConfig& config : {GqaUntied(), MhaTied()}) {
+      auto pair = MakePair(config, 2, Options(precision, 1024.0f));
+      ASSERT_TRUE(pair.ok()) << pair.status().ToString();
+      const Batch b = MakeBatch(config, 2, config.max_seq_len, 12);
+      const float cpu_loss = Unwrap(pair->cpu.ForwardBackward(b.tokens.data(), b.targets.data(), b.batch, b.seq));
+      const float gpu_loss = Unwrap(pair->gpu.ForwardBackward(b.tokens.data(), b.targets.data(), b.batch, b.seq));
+      EXPECT_LE(std::abs(gpu_loss - cpu_loss) / cpu_loss, 1e-2) << DTypeName(precision);
+      // The gradients, unscaled, point the same way as the CPU's.
+      Values grads(pair->gpu.parameter_count());
+      ASSERT_OK(pair->gpu.CopyGradientsTo(grads));
+      const float scale = precision == DType::kF16 ? pair->gpu.loss_scaler().scale() : 1.0f;
+      double dot = 0, a2 = 0, b2 = 0;
+      for (size_t i = 0; i < grads.size(); ++i) {
+        const double g = grads[i] / scale, c = pair->cpu.gradients()[i];
+        dot += g * c, a2 += g * g, b2 += c * c;
+      }
+      EXPECT_GE(dot / std::sqrt(a2 * b2), 0.999) << DTypeName(precision);
+    }
+  }
+}
+
+TEST_F(CudaLlama, TenAdamWStepsFollowTheCpu) {
+  const LlamaConfig config = GqaUntied();
+  auto pair = MakePair(config, 2);
+  ASSERT_TRUE(pair.ok()) << pair.status().ToString();
+  AdamWOptions options;
+  options.lr = 3e-3f;
+  AdamW cpu_opt(options);
+  auto gpu_opt = cuda::AdamW::Create(pair->gpu.parameter_count(), options, pair->gpu.stream());
+  ASSERT_TRUE(gpu_opt.ok()) << gpu_opt.status().ToString();
+  for (int step = 0; step < 10; ++step) {
+    const Batch b = MakeBatch(config, 2, config.max_seq_len, 100 + step);
+    const float cpu_loss = Unwrap(pair->cpu.ForwardBackward(b.tokens.data(), b.targets.data(), b.batch, b.seq));
+    cpu_opt.Step(pair->cpu.parameters(), pair->cpu.gradients());
+    const float gpu_loss = Unwrap(pair->gpu.ForwardBackward(b.tokens.data(), b.targets.data(), b.batch, b.seq));
+    auto stepped = pair->gpu.Step(*gpu_opt);
+    ASSERT_TRUE(stepped.ok() && *stepped) << stepped.status().ToString();
+    EXPECT_LE(std::abs(gpu_loss - cpu_loss) / cpu_loss, 1e-4) << "step " << step;
+  }
+  EXPECT_EQ(gpu_opt->step_count(), 10);
+}
+
+TEST_F(CudaLlama, ClippedSgdStepsFollowTheCpu) {
+  const LlamaConfig config = MhaTied();
+  auto pair = MakePair(config, 2);
+  ASSERT_TRUE(pair.ok()) << pair.status().ToString();
+  Sgd cpu_opt(0.5f, 0.9f, 1e-4f);
+  auto gpu_opt = cuda::Sgd::Create(pair->gpu.parameter_count(), 0.5f, 0.9f, 1e-4f);
+  ASSERT_TRUE(gpu_opt.ok()) << gpu_opt.status().ToString();
+  for (int step = 0; step < 5; ++step) {
+    const Batch b = MakeBatch(config, 2, config.max_seq_len, 200 + step);
+    const float cpu_loss = Unwrap(pair->cpu.ForwardBackward(b.tokens.data(), b.targets.data(), b.batch, b.seq));
+    ClipGradNorm(pair->cpu.gradients(), 0.1);
+    cpu_opt.Step(pair->cpu.parameters(), pair->cpu.gradients());
+    const float gpu_loss = Unwrap(pair->gpu.ForwardBackward(b.tokens.data(), b.targets.data(), b.batch, b.seq));
+    auto stepped = pair->gpu.Step(*gpu_opt, 0.1);
+    ASSERT_TRUE(stepped.ok() && *stepped) << stepped.status().ToString();
+    EXPECT_LE(std::abs(gpu_loss - cpu_loss) / cpu_loss, 1e-4) << "step " << step;
+  }
+}
+
+TEST_F(CudaLlama, F16InfSkipsTheStepAndLeavesEveryParameterBit) {
+  const LlamaConfig config = GqaUntied();
+  // A modest scale, so that the clean step below cannot overflow by chance.
+  auto engine = cuda::LlamaEngine::Create(config, 2, Options(DType::kF16, 1024.0f));
+  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+  ASSERT_OK(engine->Initialize(3));
+  auto opt = cuda::AdamW::Create(engine->parameter_count(), {}, engine->stream());
+  ASSERT_TRUE(opt.ok()) << opt.status().ToString();
+  const Batch b = MakeBatch(config, 2, config.max_seq_len, 13);
+  const int64_t count = engine->parameter_count();
+
+  // A clean step runs.
+  ASSERT_TRUE(engine->ForwardBackward(b.tokens.data(), b.targets.data(), b.batch, b.seq).ok());
+  auto stepped = engine->Step(*opt);
+  ASSERT_TRUE(stepped.ok() && *stepped) << stepped.status().ToString();
+
+  Values before(count);
+  ASSERT_OK(engine->CopyParametersTo(before));
+  std::vector<uint16_t> working_before(count), working_after(count);
+  ASSERT_OK(cuda::CopyToHost(working_before.data(), engine->working_parameters(), count * 2, engine->stream()));
+  const float scale = engine->loss_scaler().scale();
+
+  ASSERT_TRUE(engine->ForwardBackward(b.tokens.data(), b.targets.data(), b.batch, b.seq).ok());
+  const float inf = std::numeric_limits<float>::infinity();
+  ASSERT_OK(cuda::CopyToDevice(engine->gradients() + count / 2, &inf, sizeof inf, engine->stream()));
+  stepped = engine->Step(*opt);
+  ASSERT_TRUE(stepped.ok()) << stepped.status().ToString();
+  EXPECT_FALSE(*stepped);
+  EXPECT_EQ(opt->step_count(), 1);
+  EXPECT_EQ(engine->loss_scaler().scale(), scale * 0.5f);
+
+  Values after(count);
+  ASSERT_OK(engine->CopyParametersTo(after));
+  ASSERT_OK(cuda::CopyToHost(working_after.data(), engine->working_parameters(), count * 2, engine->stream()));
+  EXPECT_EQ(std::memcmp(before.data(), after.data(), count * sizeof(float)), 0);
+  EXPECT_EQ(working_before, working_after);
+
+  // An overflow the model makes itself: a loss scale of 2^60 turns the fp16
+  // gradients to inf.
+  auto huge = cuda::LlamaEngine::Create(config, 2, Options(DType::kF16, 0x1p60f));
+  ASSERT_TRUE(huge.ok()) << huge.status().ToString();
+  ASSERT_OK(huge->Initialize(3));
+  auto huge_opt = cuda::AdamW::Create(count, {}, huge->stream());
+  ASSERT_TRUE(huge_opt.ok());
+  ASSERT_OK(huge->CopyParametersTo(before));
+  ASSERT_TRUE(huge->ForwardBackward(b.tokens.data(), b.targets.data(), b.batch, b.seq).ok());
+  stepped = huge->Step(*huge_opt);
+  ASSERT_TRUE(stepped.ok());
+  EXPECT_FALSE(*stepped);
+  ASSERT_OK(huge->CopyParametersTo(after));
+  EXPECT_EQ(std::memcmp(before.data(), after.data(), count * sizeof(float)), 0);
+}
+
+// Train three steps, save weights and optimizer state, train three more; a
+// fresh engine loaded from the save must give the same three losses, bit for bit.
+TEST_F(CudaLlama, SaveReloadContinueIsBitIdentical) {
+  for (const DType precision : {DType::kF32, DType::kBF16}) {
+    const LlamaConfig config = GqaUntied();
+    auto a = cuda::LlamaEngine::Create(config, 2, Options(precision));
+    ASSERT_TRUE(a.ok()) << a.status().ToString();
+    ASSERT_OK(a->Initialize(5));
+    const int64_t count = a->parameter_count();
+    auto opt_a = cuda::AdamW::Create(count, {}, a->stream());
+    ASSERT_TRUE(opt_a.ok());
+    auto train = [&](cuda::LlamaEngine& engine, cuda::AdamW& opt, int step) {
+      const Batch b = MakeBatch(config, 2, config.max_seq_len, 300 + step);
+      const float loss = Unwrap(engine.ForwardBackward(b.tokens.data(), b.targets.data(), b.batch, b.seq));
+      auto stepped = engine.Step(opt);
+      EXPECT_TRUE(stepped.ok() && *stepped);
+      return loss;
+    };
+    for (int step = 0; step < 3; ++step) train(*a, *opt_a, step);
+    Values weights(count), m(count), v(count);
+    ASSERT_OK(a->CopyParametersTo(weights));
+    ASSERT_OK(opt_a->SaveState(m, v, a->stream()));
+    std::vector<float> continued;
+    for (int step = 3; step < 6; ++step) continued.push_back(train(*a, *opt_a, step));
+
+    auto b = cuda::LlamaEngine::Create(config, 2, Options(precision));
+    ASSERT_TRUE(b.ok()) << b.status().ToString();
+    ASSERT_OK(b->CopyParametersFrom(weights));
+    auto opt_b = cuda::AdamW::Create(count, {}, b->stream());
+    ASSERT_TRUE(opt_b.ok());
+    ASSERT_OK(opt_b->LoadState(m, v, 3, b->stream()));
+    for (int step = 3; step < 6; ++step) {
+      const float loss = train(*b, *opt_b, step);
+      EXPECT_EQ(std::memcmp(&loss, &continued[step - 3], sizeof loss), 0)
+          << DTypeName(precision) << " step " << step << ": " << loss << " vs " << continued[step - 3];
+    }
+  }
+}
+
+TEST_F(CudaLlama, BadInputIsRejectedNamingWhatAndWhere) {
+  const LlamaConfig config = GqaUntied();
+  auto engine = cuda::LlamaEngine::Create(config, 2);
+  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+  Batch b = MakeBatch(config, 2, 4, 1);
+  b.targets[5] = config.vocab_size;
+  auto loss = engine->ForwardBackward(b.tokens.data(), b.targets.data(), 2, 4);
+  ASSERT_FALSE(loss.ok());
+  EXPECT_NE(loss.status().message().find("target id 61 at batch 1, position 1"), std::string::npos)
+      << loss.status().message();
+  loss = engine->ForwardBackward(b.tokens.data(), b.targets.data(), 3, 4);
+  ASSERT_FALSE(loss.ok());
+  EXPECT_NE(loss.status().message().find("batch 3 is outside [1, 2]"), std::string::npos);
+  Values wrong(10);
+  EXPECT_FALSE(engine->CopyParametersFrom(wrong).ok());
+  cuda::LlamaEngineOptions tf32_bf16 = Options(DType::kBF16);
+  tf32_bf16.allow_tf32 = true;
+  auto bad = cuda::LlamaEngine::Create(config, 2, tf32_bf16);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("allow_tf32"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace estuary::models
