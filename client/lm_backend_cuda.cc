@@ -72,7 +72,9 @@ Result<LmBackend*> ThreadCudaLmBackend(const std::string& model, int batch, cons
   auto& slot = backends[key];
   if (!slot) {
     auto config = models::LlamaPreset(model);
-    auto engine = config.ok() ? models::cuda::LlamaEngine::Create(*config, batch, {.precision = compute.precision})
+    models::cuda::LlamaEngineOptions options;
+    options.precision = compute.precision;
+    auto engine = config.ok() ? models::cuda::LlamaEngine::Create(*config, batch, options)
                               : Result<models::cuda::LlamaEngine>(config.status());
     if (!engine.ok()) {
       backends.erase(key);
