@@ -12,6 +12,7 @@
 #include "base/memory.h"
 #include "client/agent.h"
 #include "crypto/tls.h"
+#include "client/compute.h"
 #include "client/text_trainer.h"
 #include "models/dataset.h"
 #include "models/text_corpus.h"
@@ -29,7 +30,8 @@ int Fail(const estuary::Status& status) {
 // files in the fortunes format (documents between `%` lines). "auto" picks
 // images when the IDX training files are there.
 estuary::Result<std::unique_ptr<estuary::client::Trainer>> MakeTrainer(const std::filesystem::path& dir,
-                                                                      const std::string& kind) {
+                                                                      const std::string& kind,
+                                                                      const estuary::client::Compute& compute) {
   using namespace estuary;
   if (kind != "auto" && kind != "images" && kind != "text") {
     return InvalidArgument("--data-kind '{}': expected auto, images or text", kind);
@@ -44,7 +46,10 @@ estuary::Result<std::unique_ptr<estuary::client::Trainer>> MakeTrainer(const std
       tokens->insert(tokens->end(), source.test.begin(), source.test.end());
     }
     spdlog::info("{}: {} text files, {} tokens", dir.string(), sources.size(), tokens->size());
-    return std::unique_ptr<client::Trainer>(new client::TextTrainer(std::move(tokens)));
+    return std::unique_ptr<client::Trainer>(new client::TextTrainer(std::move(tokens), compute));
+  }
+  if (compute.device != models::Device::kCpu) {
+    return FailedPrecondition("--device: the image models train on the CPU backend so far, not {}", compute.ToString());
   }
   ESTUARY_ASSIGN_OR_RETURN(auto dataset, models::LoadIdx(dir, models::Split::kTrain));
   return std::unique_ptr<client::Trainer>(new client::ClassifierTrainer(std::move(dataset)));
@@ -58,7 +63,7 @@ int main(int argc, char** argv) {
   CLI::App app{"estuary-client: a federated learning site"};
   std::string server = "127.0.0.1:7443", config;
   crypto::TlsFiles tls;
-  std::string data, data_kind = "auto";
+  std::string data, data_kind = "auto", device = "cpu", precision = "fp32";
   double max_backoff = 30;
   std::string log_level = "info";
   app.add_option("--config", config, "TOML file with the same keys as these flags");
@@ -68,6 +73,8 @@ int main(int argc, char** argv) {
   app.add_option("--ca", tls.ca, "the federation CA certificate (PEM)");
   app.add_option("--data", data, "this site's training data: a directory of IDX files, or of text files");
   app.add_option("--data-kind", data_kind, "auto | images | text");
+  app.add_option("--device", device, "where this site trains: cpu | cuda | cuda:N");
+  app.add_option("--precision", precision, "fp32 | bf16 | fp16 (bf16 and fp16 need cuda)");
   app.add_option("--max-backoff", max_backoff, "longest wait between reconnection attempts, seconds");
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error");
   int blas_threads = 1;
@@ -86,7 +93,9 @@ int main(int argc, char** argv) {
   uint16_t port = 0;
   if (Status s = ParseHostPort(server, &host, &port); !s.ok()) return Fail(InvalidArgument("--server: {}", s.message()));
 
-  auto trainer = MakeTrainer(data, data_kind);
+  auto compute = client::ParseCompute(device, precision);
+  if (!compute.ok()) return Fail(compute.status());
+  auto trainer = MakeTrainer(data, data_kind, *compute);
   if (!trainer.ok()) return Fail(trainer.status());
   auto context = crypto::MakeClientContext(tls);
   if (!context.ok()) return Fail(context.status());

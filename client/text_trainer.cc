@@ -3,43 +3,17 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
-#include <map>
 #include <numeric>
 #include <random>
 
 #include "base/seed.h"
+#include "client/lm_backend.h"
 #include "models/language_model.h"
-#include "models/optimizer.h"
 
 namespace estuary::client {
 
-namespace {
-
-struct TextWorkspace {
-  std::unique_ptr<models::Llama> model;
-  std::vector<int32_t> inputs, targets;
-};
-
-// One decoder per (model, batch) and thread: its activation arena is sized
-// for the batch.
-Result<TextWorkspace*> ThreadWorkspace(const std::string& name, int batch) {
-  thread_local std::map<std::pair<std::string, int>, TextWorkspace> workspaces;
-  TextWorkspace& w = workspaces[{name, batch}];
-  if (!w.model) {
-    auto config = models::LlamaPreset(name);
-    auto model = config.ok() ? models::Llama::Create(*config, batch) : Result<models::Llama>(config.status());
-    if (!model.ok()) {
-      workspaces.erase({name, batch});
-      return model.status();
-    }
-    w.model = std::make_unique<models::Llama>(std::move(model).value());
-  }
-  return &w;
-}
-
-}  // namespace
-
-TextTrainer::TextTrainer(std::shared_ptr<const std::vector<int32_t>> tokens) : tokens_(std::move(tokens)) {}
+TextTrainer::TextTrainer(std::shared_ptr<const std::vector<int32_t>> tokens, Compute compute)
+    : tokens_(std::move(tokens)), compute_(compute) {}
 
 Result<Update> TextTrainer::Train(std::span<const float> global, const models::Manifest& manifest,
                                   const TaskConfig& task, uint64_t round, std::string_view client_name) {
@@ -55,25 +29,19 @@ Result<Update> TextTrainer::Train(std::span<const float> global, const models::M
   if (windows == 0) {
     return FailedPrecondition("trainer: {} local tokens hold no window of {} + 1", tokens_->size(), seq);
   }
-  ESTUARY_ASSIGN_OR_RETURN(TextWorkspace * workspace, ThreadWorkspace(task.model, int(task.batch_size)));
-  models::Llama& model = *workspace->model;
-  if (!(model.manifest() == manifest) || global.size() != manifest.total_elements) {
+  ESTUARY_ASSIGN_OR_RETURN(LmBackend * backend, ThreadLmBackend(task.model, int(task.batch_size), compute_));
+  if (!(backend->manifest() == manifest) || global.size() != manifest.total_elements) {
     return InvalidArgument("trainer: the global model's manifest does not match model '{}'", task.model);
   }
-  if (seq > model.config().max_seq_len) {
-    return InvalidArgument("task: seq_len {} exceeds {}'s context of {}", seq, task.model, model.config().max_seq_len);
+  if (seq > backend->max_seq_len()) {
+    return InvalidArgument("task: seq_len {} exceeds {}'s context of {}", seq, task.model, backend->max_seq_len());
   }
   const auto start = std::chrono::steady_clock::now();
-  std::span<float> params = model.parameters();
-  std::memcpy(params.data(), global.data(), global.size_bytes());
-
-  models::Sgd sgd(task.learning_rate, task.momentum, task.weight_decay);
-  models::AdamW adamw({.lr = task.learning_rate, .weight_decay = task.weight_decay});
+  ESTUARY_RETURN_IF_ERROR(backend->Begin(global, task));
   std::mt19937_64 rng(MixSeed(MixSeed(task.seed, round), client_name));
   std::vector<uint32_t> order(windows);
   std::iota(order.begin(), order.end(), 0u);
-  auto& inputs = workspace->inputs;
-  auto& targets = workspace->targets;
+  thread_local std::vector<int32_t> inputs, targets;
   inputs.resize(size_t(task.batch_size) * seq);
   targets.resize(inputs.size());
 
@@ -91,12 +59,7 @@ Result<Update> TextTrainer::Train(std::span<const float> global, const models::M
         std::memcpy(inputs.data() + size_t(b) * seq, window, seq * sizeof(int32_t));
         std::memcpy(targets.data() + size_t(b) * seq, window + 1, seq * sizeof(int32_t));
       }
-      ESTUARY_ASSIGN_OR_RETURN(const float loss, model.ForwardBackward(inputs.data(), targets.data(), n, seq));
-      if (task.optimizer == OptimizerKind::kAdamW) {
-        adamw.Step(params, model.gradients());
-      } else {
-        sgd.Step(params, model.gradients());
-      }
+      ESTUARY_ASSIGN_OR_RETURN(const float loss, backend->Step(inputs.data(), targets.data(), n, seq));
       loss_sum += double(loss) * n * seq;
       loss_tokens += uint64_t(n) * seq;
     }
@@ -107,7 +70,8 @@ Result<Update> TextTrainer::Train(std::span<const float> global, const models::M
   update.num_examples = num_examples();
   update.train_loss = loss_sum / double(loss_tokens);
   update.manifest = manifest;
-  update.payload.assign(params.begin(), params.end());
+  update.payload.resize(global.size());
+  ESTUARY_RETURN_IF_ERROR(backend->Finish(update.payload));
   float* delta = update.payload.data();
   for (size_t i = 0; i < global.size(); ++i) delta[i] -= global[i];
   update.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -5,19 +5,21 @@
 // them in an order seeded by (task seed, round, client name), batch_size
 // windows per step, with a fresh SGD or AdamW each round. The update is the
 // weight delta, weighted in the average by the number of training tokens.
-// Like ClassifierTrainer, the model is a per-thread workspace.
+// The model is a per-thread workspace on the site's device (lm_backend.h):
+// the CPU, or a CUDA GPU in fp32, bf16 or fp16.
 #pragma once
 
 #include <memory>
 #include <vector>
 
+#include "client/compute.h"
 #include "client/trainer.h"
 
 namespace estuary::client {
 
 class TextTrainer : public Trainer {
  public:
-  explicit TextTrainer(std::shared_ptr<const std::vector<int32_t>> tokens);
+  explicit TextTrainer(std::shared_ptr<const std::vector<int32_t>> tokens, Compute compute = {});
 
   uint64_t num_examples() const override { return tokens_->size(); }
   Result<Update> Train(std::span<const float> global, const models::Manifest& manifest, const TaskConfig& task,
@@ -25,6 +27,7 @@ class TextTrainer : public Trainer {
 
  private:
   std::shared_ptr<const std::vector<int32_t>> tokens_;
+  Compute compute_;
 };
 
 }  // namespace estuary::client

@@ -61,6 +61,18 @@ void AdamW::Step(std::span<float> params, std::span<const float> grads) {
   }
 }
 
+Status AdamW::Restore(std::span<const float> first_moment, std::span<const float> second_moment, int64_t step_count) {
+  if (first_moment.size() != second_moment.size()) {
+    return InvalidArgument("adamw: moments of {} and {} values differ in size", first_moment.size(),
+                           second_moment.size());
+  }
+  if (step_count < 1) return InvalidArgument("adamw: step count {} must be >= 1 to restore", step_count);
+  m_.assign(first_moment.begin(), first_moment.end());
+  v_.assign(second_moment.begin(), second_moment.end());
+  step_ = step_count;
+  return Status::Ok();
+}
+
 double ClipGradNorm(std::span<float> grads, double max_norm) {
   double sum = 0;
   for (float g : grads) sum += static_cast<double>(g) * g;

@@ -5,6 +5,8 @@
 #include <span>
 #include <vector>
 
+#include "base/status.h"
+
 namespace estuary::models {
 
 // torch.optim.SGD: g += wd * p; buf = momentum * buf + g (buf = g on the first
@@ -42,6 +44,9 @@ class AdamW {
   int64_t step_count() const { return step_; }
   std::span<const float> first_moment() const { return m_; }
   std::span<const float> second_moment() const { return v_; }
+  // Resumes from saved moments and step count (a checkpoint's), so the next
+  // Step continues bit for bit as if training had not stopped.
+  Status Restore(std::span<const float> first_moment, std::span<const float> second_moment, int64_t step_count);
 
  private:
   AdamWOptions options_;

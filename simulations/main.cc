@@ -60,6 +60,8 @@ int main(int argc, char** argv) {
   app.add_option("--seq-len", s.seq_len, "language models: tokens per training window");
   app.add_option("--max-local-steps", s.max_local_steps, "cap on local optimizer steps per round (0: none)");
   app.add_option("--eval-windows", s.eval_windows, "language models: held-out windows scored per round");
+  app.add_option("--device", s.device, "where clients train: cpu | cuda | cuda:N");
+  app.add_option("--precision", s.precision, "fp32 | bf16 | fp16 (bf16 and fp16 need cuda)");
   app.add_option("--strategy", s.strategy.name, "fedavg | fedadam");
   app.add_option("--server-lr", s.strategy.server_lr, "FedAdam server learning rate");
   app.add_option("--seed", s.seed, "one seed for partitioning, init, sampling and shuffling");

@@ -15,6 +15,7 @@
 #include "base/host_port.h"
 #include "base/seed.h"
 #include "client/agent.h"
+#include "client/compute.h"
 #include "client/text_trainer.h"
 #include "client/trainer.h"
 #include "crypto/certs.h"
@@ -41,7 +42,8 @@ nlohmann::json ScenarioJson(const Scenario& s) {
           {"model", s.model}, {"partition", s.partition}, {"strategy", s.strategy.name},
           {"server_lr", s.strategy.server_lr}, {"seed", s.seed}, {"mode", s.mode}, {"threads", s.threads},
           {"data", s.data_dir.string()}, {"optimizer", s.optimizer}, {"seq_len", s.seq_len},
-          {"max_local_steps", s.max_local_steps}, {"eval_windows", s.eval_windows}};
+          {"max_local_steps", s.max_local_steps}, {"eval_windows", s.eval_windows}, {"device", s.device},
+          {"precision", s.precision}};
 }
 
 static std::vector<std::string> ClientNames(uint32_t n) {
@@ -82,6 +84,7 @@ static Status CheckScenario(const Scenario& s) {
   if (s.rounds == 0) return InvalidArgument("sim: --rounds must be >= 1");
   if (s.threads == 0) return InvalidArgument("sim: --threads must be >= 1");
   ESTUARY_RETURN_IF_ERROR(client::ParseOptimizer(s.optimizer).status());
+  ESTUARY_RETURN_IF_ERROR(client::ParseCompute(s.device, s.precision).status());
   return client::ValidateTask(TaskOf(s));
 }
 
@@ -96,6 +99,11 @@ struct Workload {
 };
 
 static Result<Workload> ImageWorkload(const Scenario& s) {
+  ESTUARY_ASSIGN_OR_RETURN(const client::Compute compute, client::ParseCompute(s.device, s.precision));
+  if (compute.device != models::Device::kCpu) {
+    return FailedPrecondition("sim: {} on {}: the image models train on the CPU backend so far", s.model,
+                              compute.ToString());
+  }
   ESTUARY_ASSIGN_OR_RETURN(auto train, models::LoadIdx(s.data_dir, models::Split::kTrain));
   Workload w;
   w.names = ClientNames(s.clients);
@@ -124,11 +132,12 @@ static Result<Workload> TextWorkload(const Scenario& s) {
     return InvalidArgument("sim: --clients {} but {} has {} topics with enough text; use --clients {} or fewer",
                            s.clients, s.data_dir.string(), sources.size(), sources.size());
   }
+  ESTUARY_ASSIGN_OR_RETURN(const client::Compute compute, client::ParseCompute(s.device, s.precision));
   Workload w;
   for (uint32_t i = 0; i < s.clients; ++i) {
     w.names.push_back(sources[i].name);
     w.trainers.push_back(std::make_unique<client::TextTrainer>(
-        std::make_shared<const std::vector<int32_t>>(std::move(sources[i].train))));
+        std::make_shared<const std::vector<int32_t>>(std::move(sources[i].train)), compute));
   }
   return w;
 }

@@ -36,6 +36,8 @@ struct Scenario {
   uint32_t seq_len = 128;             // language models: tokens per window
   uint32_t max_local_steps = 0;       // 0: every batch of every epoch
   uint64_t eval_windows = 256;        // language models: held-out windows scored per round
+  std::string device = "cpu";         // where the clients train: cpu | cuda | cuda:N
+  std::string precision = "fp32";     // fp32 | bf16 | fp16 (cuda only)
   aggregation::StrategyOptions strategy;
   uint64_t seed = 2017;
   std::string mode = "inproc";

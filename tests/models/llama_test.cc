@@ -302,6 +302,47 @@ TEST_P(LlamaDecoder, TenAdamWStepsMatchTorch) {
   }
 }
 
+// Save, reload, continue: a run stopped after three AdamW steps (weights as a
+// Hugging Face checkpoint, moments as safetensors) and resumed in a fresh
+// model gives the uninterrupted run's losses bit for bit.
+TEST_P(LlamaDecoder, SaveReloadContinueIsBitIdentical) {
+  auto f = Fixture(std::string("decoder_") + GetParam());
+  const int batch = f["batch"], seq = f["seq"];
+  Ids tokens = GetIds(f, "tokens"), targets = GetIds(f, "targets");
+  const AdamWOptions options{.lr = 1e-2f, .weight_decay = 0.1f};
+  auto step = [&](Llama& model, AdamW& adamw) {
+    auto loss = model.ForwardBackward(tokens.data(), targets.data(), batch, seq);
+    EXPECT_TRUE(loss.ok());
+    adamw.Step(model.parameters(), model.gradients());
+    return loss.ok() ? *loss : NAN;
+  };
+  Llama straight = LoadFixtureModel(f, batch);
+  AdamW straight_adamw(options);
+  std::vector<float> expected;
+  for (int i = 0; i < 6; ++i) expected.push_back(step(straight, straight_adamw));
+
+  Llama first = LoadFixtureModel(f, batch);
+  AdamW first_adamw(options);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(step(first, first_adamw), expected[i]);
+  testing::TempDir dir;
+  ASSERT_TRUE(SaveHfCheckpoint(dir / "model", first).ok());
+  ASSERT_TRUE(SaveCheckpoint(dir / "exp_avg.safetensors", first.manifest(), first_adamw.first_moment(),
+                             {{"step", std::to_string(first_adamw.step_count())}})
+                  .ok());
+  ASSERT_TRUE(SaveCheckpoint(dir / "exp_avg_sq.safetensors", first.manifest(), first_adamw.second_moment()).ok());
+
+  auto resumed = LoadHfCheckpoint(dir / "model", batch);
+  ASSERT_TRUE(resumed.ok()) << resumed.status().ToString();
+  auto m = LoadCheckpoint(dir / "exp_avg.safetensors");
+  auto v = LoadCheckpoint(dir / "exp_avg_sq.safetensors");
+  ASSERT_TRUE(m.ok() && v.ok());
+  AdamW resumed_adamw(options);
+  ASSERT_TRUE(resumed_adamw.Restore(m->data, v->data, std::stoll(m->metadata.at("step"))).ok());
+  for (int i = 3; i < 6; ++i) EXPECT_EQ(step(*resumed, resumed_adamw), expected[i]) << "step " << i;
+  EXPECT_TRUE(std::equal(resumed->parameters().begin(), resumed->parameters().end(), straight.parameters().begin()));
+  EXPECT_FALSE(resumed_adamw.Restore(m->data, v->data, 0).ok());
+}
+
 INSTANTIATE_TEST_SUITE_P(Configs, LlamaDecoder, ::testing::Values("untied_gqa", "tied_mqa"));
 
 LlamaConfig SmallConfig() {

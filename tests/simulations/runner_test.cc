@@ -4,6 +4,7 @@
 
 #include <fstream>
 
+#include "client/compute.h"
 #include "simulations/runner.h"
 #include "tests/e2e/harness.h"
 
@@ -151,6 +152,30 @@ TEST(TextSimulation, LoopbackAgreesWithInproc) {
   EXPECT_FALSE(loopback->round_log.empty());
 }
 
+// The same federation with the clients on a GPU: fp32 follows the CPU run
+// closely, bf16 within its precision.
+TEST(TextSimulation, CudaClientsFollowTheCpuRun) {
+  if (auto usable = client::ParseCompute("cuda", "fp32"); !usable.ok()) {
+    GTEST_SKIP() << usable.status().message();
+  }
+  testing::TempDir dir;
+  const Scenario s = Text(WriteTopics(dir));
+  auto cpu = RunInproc(s, nullptr);
+  ASSERT_TRUE(cpu.ok()) << cpu.status().ToString();
+  for (const char* precision : {"fp32", "bf16"}) {
+    Scenario gpu = s;
+    gpu.device = "cuda";
+    gpu.precision = precision;
+    auto run = RunInproc(gpu, nullptr);
+    ASSERT_TRUE(run.ok()) << run.status().ToString();
+    const double tolerance = std::string(precision) == "fp32" ? 1e-3 : 2e-2;
+    for (size_t r = 0; r < cpu->rounds.size(); ++r) {
+      EXPECT_NEAR(run->rounds[r].test_loss, cpu->rounds[r].test_loss, tolerance * cpu->rounds[r].test_loss)
+          << precision << " round " << r + 1;
+    }
+  }
+}
+
 TEST(TextSimulation, BadScenariosNameTheProblem) {
   testing::TempDir dir;
   const auto data = WriteTopics(dir);
@@ -169,6 +194,20 @@ TEST(TextSimulation, BadScenariosNameTheProblem) {
   r = RunInproc(optimizer, nullptr);
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("adagrad"), std::string::npos) << r.status().message();
+  Scenario half_on_cpu = Text(data);
+  half_on_cpu.precision = "bf16";
+  r = RunInproc(half_on_cpu, nullptr);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("CPU backend trains in fp32"), std::string::npos) << r.status().message();
+  Scenario no_such_device = Text(data);
+  no_such_device.device = "tpu";
+  r = RunInproc(no_such_device, nullptr);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("'tpu'"), std::string::npos) << r.status().message();
+  no_such_device.device = "cuda:x";
+  r = RunInproc(no_such_device, nullptr);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("cuda:x"), std::string::npos) << r.status().message();
   Scenario long_windows = Text(data);
   long_windows.seq_len = 4096;
   r = RunInproc(long_windows, nullptr);
