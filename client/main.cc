@@ -48,11 +48,8 @@ estuary::Result<std::unique_ptr<estuary::client::Trainer>> MakeTrainer(const std
     spdlog::info("{}: {} text files, {} tokens", dir.string(), sources.size(), tokens->size());
     return std::unique_ptr<client::Trainer>(new client::TextTrainer(std::move(tokens), compute));
   }
-  if (compute.device != models::Device::kCpu) {
-    return FailedPrecondition("--device: the image models train on the CPU backend so far, not {}", compute.ToString());
-  }
   ESTUARY_ASSIGN_OR_RETURN(auto dataset, models::LoadIdx(dir, models::Split::kTrain));
-  return std::unique_ptr<client::Trainer>(new client::ClassifierTrainer(std::move(dataset)));
+  return std::unique_ptr<client::Trainer>(new client::ClassifierTrainer(std::move(dataset), compute));
 }
 
 }  // namespace

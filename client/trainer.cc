@@ -8,7 +8,7 @@
 #include <random>
 
 #include "base/seed.h"
-#include "models/optimizer.h"
+#include "client/classifier_backend.h"
 
 namespace estuary::client {
 
@@ -36,37 +36,14 @@ Status ValidateTask(const TaskConfig& task) {
   return Status::Ok();
 }
 
-namespace {
-
-struct Workspace {
-  std::unique_ptr<models::Model> model;
-  std::vector<float> batch_x;
-  std::vector<int32_t> batch_y;
-};
-
-Result<Workspace*> ThreadWorkspace(const std::string& model_name) {
-  thread_local std::map<std::string, Workspace> workspaces;
-  Workspace& w = workspaces[model_name];
-  if (!w.model) {
-    auto model = models::MakeModel(model_name);
-    if (!model.ok()) {
-      workspaces.erase(model_name);
-      return model.status();
-    }
-    w.model = std::move(model).value();
-  }
-  return &w;
-}
-
-}  // namespace
-
-ClassifierTrainer::ClassifierTrainer(models::Dataset data)
-    : data_(std::make_shared<const models::Dataset>(std::move(data))), indices_(data_->size()) {
+ClassifierTrainer::ClassifierTrainer(models::Dataset data, Compute compute)
+    : compute_(compute), data_(std::make_shared<const models::Dataset>(std::move(data))), indices_(data_->size()) {
   std::iota(indices_.begin(), indices_.end(), 0u);
 }
 
-ClassifierTrainer::ClassifierTrainer(std::shared_ptr<const models::Dataset> data, std::vector<uint32_t> indices)
-    : data_(std::move(data)), indices_(std::move(indices)) {}
+ClassifierTrainer::ClassifierTrainer(std::shared_ptr<const models::Dataset> data, std::vector<uint32_t> indices,
+                                     Compute compute)
+    : compute_(compute), data_(std::move(data)), indices_(std::move(indices)) {}
 
 Result<Update> ClassifierTrainer::Train(std::span<const float> global, const models::Manifest& manifest,
                               const TaskConfig& task, uint64_t round, std::string_view client_name) {
@@ -78,25 +55,22 @@ Result<Update> ClassifierTrainer::Train(std::span<const float> global, const mod
     return InvalidArgument("task: update kind lora needs a model with adapters; '{}' has none", task.model);
   }
   if (indices_.empty()) return FailedPrecondition("trainer: no local examples");
-  ESTUARY_ASSIGN_OR_RETURN(Workspace * workspace, ThreadWorkspace(task.model));
-  models::Model* model = workspace->model.get();
-  std::vector<float>& batch_x = workspace->batch_x;
-  std::vector<int32_t>& batch_y = workspace->batch_y;
-  if (!(model->manifest() == manifest) || global.size() != manifest.total_elements) {
+  ESTUARY_ASSIGN_OR_RETURN(ClassifierBackend * backend,
+                           ThreadClassifierBackend(task.model, int(task.batch_size), compute_));
+  if (!(backend->manifest() == manifest) || global.size() != manifest.total_elements) {
     return InvalidArgument("trainer: the global model's manifest does not match model '{}'", task.model);
   }
-  if (data_->feature_size != model->input_size()) {
+  if (data_->feature_size != backend->input_size()) {
     return InvalidArgument("trainer: examples have {} features, model '{}' wants {}", data_->feature_size,
-                           task.model, model->input_size());
+                           task.model, backend->input_size());
   }
   const auto start = std::chrono::steady_clock::now();
-  std::span<float> params = model->parameters();
-  std::memcpy(params.data(), global.data(), global.size_bytes());
-
-  models::Sgd sgd(task.learning_rate, task.momentum, task.weight_decay);
+  ESTUARY_RETURN_IF_ERROR(backend->Begin(global, task));
   std::mt19937_64 rng(MixSeed(MixSeed(task.seed, round), client_name));
   std::vector<uint32_t> order = indices_;
   const int features = data_->feature_size;
+  thread_local std::vector<float> batch_x;
+  thread_local std::vector<int32_t> batch_y;
   batch_x.resize(size_t{task.batch_size} * features);
   batch_y.resize(task.batch_size);
 
@@ -111,12 +85,7 @@ Result<Update> ClassifierTrainer::Train(std::span<const float> global, const mod
         std::memcpy(batch_x.data() + size_t(i) * features, data_->row(order[begin + i]), features * sizeof(float));
         batch_y[i] = data_->labels[order[begin + i]];
       }
-      // Without momentum the update fuses into backward (same result to rounding).
-      const float loss = task.momentum == 0
-                             ? model->TrainStepSgd(batch_x.data(), batch_y.data(), n, task.learning_rate,
-                                                   task.weight_decay)
-                             : model->ForwardBackward(batch_x.data(), batch_y.data(), n);
-      if (task.momentum != 0) sgd.Step(params, model->gradients());
+      ESTUARY_ASSIGN_OR_RETURN(const float loss, backend->Step(batch_x.data(), batch_y.data(), n));
       epoch_loss += double(loss) * n;
     }
   }
@@ -126,7 +95,8 @@ Result<Update> ClassifierTrainer::Train(std::span<const float> global, const mod
   update.num_examples = indices_.size();
   update.train_loss = epoch_loss / double(indices_.size());
   update.manifest = manifest;
-  update.payload.assign(params.begin(), params.end());
+  update.payload.resize(global.size());
+  ESTUARY_RETURN_IF_ERROR(backend->Finish(update.payload));
   float* delta = update.payload.data();
   for (size_t i = 0; i < global.size(); ++i) delta[i] -= global[i];
   update.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -5,8 +5,8 @@
 // task, it trains a model on the site's own examples and returns the update:
 // delta = local - global over the same flat layout. Shuffling is seeded by
 // (task seed, round, client name), so a rerun produces the same bits.
-// The model itself is a per-thread workspace reused by every trainer on that
-// thread: a simulator runs thousands of trainers on a few threads, and a fresh
+// The model itself is a per-thread workspace (classifier_backend.h: the CPU or
+// a CUDA GPU) reused by every trainer on that thread: a simulator runs thousands of trainers on a few threads, and a fresh
 // model per call would cost more in page faults than the training does.
 #pragma once
 
@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "base/status.h"
+#include "client/compute.h"
 #include "models/dataset.h"
 #include "models/model.h"
 
@@ -70,16 +71,18 @@ class Trainer {
 class ClassifierTrainer : public Trainer {
  public:
   // Trains on all of `data`.
-  explicit ClassifierTrainer(models::Dataset data);
+  explicit ClassifierTrainer(models::Dataset data, Compute compute = {});
   // Trains on the examples of a shared dataset at `indices` (a simulated
   // client's shard, without copying it).
-  ClassifierTrainer(std::shared_ptr<const models::Dataset> data, std::vector<uint32_t> indices);
+  ClassifierTrainer(std::shared_ptr<const models::Dataset> data, std::vector<uint32_t> indices,
+                    Compute compute = {});
 
   uint64_t num_examples() const override { return indices_.size(); }
   Result<Update> Train(std::span<const float> global, const models::Manifest& manifest, const TaskConfig& task,
                        uint64_t round, std::string_view client_name) override;
 
  private:
+  Compute compute_;
   std::shared_ptr<const models::Dataset> data_;
   std::vector<uint32_t> indices_;  // this trainer's examples within data_
 };

@@ -74,7 +74,10 @@ static Result<std::vector<std::unique_ptr<client::Trainer>>> MakeTrainers(
   ESTUARY_ASSIGN_OR_RETURN(auto parts, Partition(train->labels, train->num_classes, int(s.clients), spec,
                                                  MixSeed(s.seed, std::string_view("partition"))));
   std::vector<std::unique_ptr<client::Trainer>> trainers;
-  for (auto& indices : parts) trainers.push_back(std::make_unique<client::ClassifierTrainer>(train, std::move(indices)));
+  ESTUARY_ASSIGN_OR_RETURN(const client::Compute compute, client::ParseCompute(s.device, s.precision));
+  for (auto& indices : parts) {
+    trainers.push_back(std::make_unique<client::ClassifierTrainer>(train, std::move(indices), compute));
+  }
   return trainers;
 }
 
@@ -99,11 +102,6 @@ struct Workload {
 };
 
 static Result<Workload> ImageWorkload(const Scenario& s) {
-  ESTUARY_ASSIGN_OR_RETURN(const client::Compute compute, client::ParseCompute(s.device, s.precision));
-  if (compute.device != models::Device::kCpu) {
-    return FailedPrecondition("sim: {} on {}: the image models train on the CPU backend so far", s.model,
-                              compute.ToString());
-  }
   ESTUARY_ASSIGN_OR_RETURN(auto train, models::LoadIdx(s.data_dir, models::Split::kTrain));
   Workload w;
   w.names = ClientNames(s.clients);

@@ -53,6 +53,27 @@ TEST(Simulation, InprocIsBitwiseReproducibleFromTheSeed) {
   EXPECT_EQ(fourth->rounds.back().global_checksum, first->rounds.back().global_checksum);
 }
 
+// The same federation with the clients' MLP on a GPU (fp32): it follows the
+// CPU run to rounding.
+TEST(Simulation, CudaClientsFollowTheCpuRun) {
+  if (auto usable = client::ParseCompute("cuda", "fp32"); !usable.ok()) {
+    GTEST_SKIP() << usable.status().message();
+  }
+  testing::TempDir dir;
+  testing::WriteSyntheticMnist(dir / "data", 600, 200, 3);
+  const Scenario s = Small(dir / "data", dir / "run");
+  auto cpu = RunInproc(s, nullptr);
+  ASSERT_TRUE(cpu.ok()) << cpu.status().ToString();
+  Scenario gpu = s;
+  gpu.device = "cuda";
+  auto run = RunInproc(gpu, nullptr);
+  ASSERT_TRUE(run.ok()) << run.status().ToString();
+  for (size_t r = 0; r < cpu->rounds.size(); ++r) {
+    EXPECT_NEAR(run->rounds[r].test_loss, cpu->rounds[r].test_loss, 1e-3 * cpu->rounds[r].test_loss) << r + 1;
+    EXPECT_NEAR(run->rounds[r].test_accuracy, cpu->rounds[r].test_accuracy, 0.01) << r + 1;
+  }
+}
+
 TEST(Simulation, LoopbackAgreesWithInproc) {
   testing::TempDir dir;
   testing::WriteSyntheticMnist(dir / "data", 600, 200, 3);
