@@ -65,20 +65,9 @@ Result<Update> TextTrainer::Train(std::span<const float> global, const models::M
     }
   }
 
-  Update update;
-  update.kind = UpdateKind::kFull;
-  update.num_examples = num_examples();
-  update.train_loss = loss_sum / double(loss_tokens);
-  update.manifest = manifest;
-  update.payload.resize(global.size());
-  ESTUARY_RETURN_IF_ERROR(backend->Finish(update.payload));
-  float* delta = update.payload.data();
-  for (size_t i = 0; i < global.size(); ++i) delta[i] -= global[i];
-  update.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  if (!std::isfinite(update.train_loss)) {
-    return FailedPrecondition("trainer: local training diverged (loss {}) in round {}", update.train_loss, round);
-  }
-  return update;
+  std::vector<float> local(global.size());
+  ESTUARY_RETURN_IF_ERROR(backend->Finish(local));
+  return FullUpdate(std::move(local), global, manifest, num_examples(), loss_sum / double(loss_tokens), start, round);
 }
 
 }  // namespace estuary::client

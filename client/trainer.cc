@@ -20,6 +20,24 @@ Result<OptimizerKind> ParseOptimizer(std::string_view name) {
 
 std::string_view OptimizerName(OptimizerKind kind) { return kind == OptimizerKind::kAdamW ? "adamw" : "sgd"; }
 
+Result<Update> FullUpdate(std::vector<float> local, std::span<const float> global, const models::Manifest& manifest,
+                          uint64_t num_examples, double train_loss, std::chrono::steady_clock::time_point start,
+                          uint64_t round) {
+  if (!std::isfinite(train_loss)) {
+    return FailedPrecondition("trainer: local training diverged (loss {}) in round {}", train_loss, round);
+  }
+  Update update;
+  update.kind = UpdateKind::kFull;
+  update.num_examples = num_examples;
+  update.train_loss = train_loss;
+  update.manifest = manifest;
+  update.payload = std::move(local);
+  float* delta = update.payload.data();
+  for (size_t i = 0; i < global.size(); ++i) delta[i] -= global[i];
+  update.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return update;
+}
+
 Status ValidateTask(const TaskConfig& task) {
   if (task.epochs == 0 || task.epochs > 1000) return InvalidArgument("task: epochs {} not in [1, 1000]", task.epochs);
   if (task.batch_size == 0 || task.batch_size > 65536) {
@@ -90,20 +108,10 @@ Result<Update> ClassifierTrainer::Train(std::span<const float> global, const mod
     }
   }
 
-  Update update;
-  update.kind = UpdateKind::kFull;
-  update.num_examples = indices_.size();
-  update.train_loss = epoch_loss / double(indices_.size());
-  update.manifest = manifest;
-  update.payload.resize(global.size());
-  ESTUARY_RETURN_IF_ERROR(backend->Finish(update.payload));
-  float* delta = update.payload.data();
-  for (size_t i = 0; i < global.size(); ++i) delta[i] -= global[i];
-  update.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  if (!std::isfinite(update.train_loss)) {
-    return FailedPrecondition("trainer: local training diverged (loss {}) in round {}", update.train_loss, round);
-  }
-  return update;
+  std::vector<float> local(global.size());
+  ESTUARY_RETURN_IF_ERROR(backend->Finish(local));
+  return FullUpdate(std::move(local), global, manifest, indices_.size(), epoch_loss / double(indices_.size()), start,
+                    round);
 }
 
 }  // namespace estuary::client

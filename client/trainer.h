@@ -10,6 +10,7 @@
 // model per call would cost more in page faults than the training does.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -88,5 +89,12 @@ class ClassifierTrainer : public Trainer {
 };
 
 Status ValidateTask(const TaskConfig& task);
+
+// The full update of a local training that started at `start` from `global`
+// and ended at `local`: delta = local - global, in place. Fails if the loss
+// is not finite (the site diverged: nothing of it should reach the average).
+Result<Update> FullUpdate(std::vector<float> local, std::span<const float> global, const models::Manifest& manifest,
+                          uint64_t num_examples, double train_loss, std::chrono::steady_clock::time_point start,
+                          uint64_t round);
 
 }  // namespace estuary::client

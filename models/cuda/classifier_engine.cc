@@ -59,70 +59,6 @@ struct Activations {
   void *cols1_lo = nullptr, *cols2_lo = nullptr, *p2_lo = nullptr, *f1_lo = nullptr;
 };
 
-// Hands out consecutive slices of one device buffer, each 256-byte aligned
-// (the vectorised kernels and cuBLAS's fast paths want 16). With a null base
-// it only measures. (As in llama_engine.cc.)
-class Carver {
- public:
-  explicit Carver(char* base) : base_(base) {}
-  void* Take(int64_t count, size_t element_bytes) {
-    void* p = base_ ? base_ + used_ : nullptr;
-    used_ += (size_t(count) * element_bytes + 255) / 256 * 256;
-    return p;
-  }
-  float* Floats(int64_t count) { return static_cast<float*>(Take(count, sizeof(float))); }
-  int32_t* Ints(int64_t count) { return static_cast<int32_t*>(Take(count, sizeof(int32_t))); }
-  size_t used() const { return used_; }
-
- private:
-  char* base_;
-  size_t used_ = 0;
-};
-
-// cudaMallocHost memory, freed on destruction.
-class PinnedBuffer {
- public:
-  PinnedBuffer() = default;
-  static Result<PinnedBuffer> Allocate(size_t bytes) {
-    PinnedBuffer b;
-    ESTUARY_CUDA_RETURN_IF_ERROR(cudaMallocHost(&b.data_, bytes));
-    return b;
-  }
-  PinnedBuffer(PinnedBuffer&& o) noexcept : data_(std::exchange(o.data_, nullptr)) {}
-  PinnedBuffer& operator=(PinnedBuffer&& o) noexcept {
-    std::swap(data_, o.data_);
-    return *this;
-  }
-  ~PinnedBuffer() {
-    if (data_) (void)cudaFreeHost(data_);
-  }
-  char* bytes() const { return static_cast<char*>(data_); }
-
- private:
-  void* data_ = nullptr;
-};
-
-class Event {
- public:
-  Event() = default;
-  static Result<Event> Create() {
-    Event e;
-    ESTUARY_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&e.event_, cudaEventDisableTiming));
-    return e;
-  }
-  Event(Event&& o) noexcept : event_(std::exchange(o.event_, nullptr)) {}
-  Event& operator=(Event&& o) noexcept {
-    std::swap(event_, o.event_);
-    return *this;
-  }
-  ~Event() {
-    if (event_) (void)cudaEventDestroy(event_);
-  }
-  cudaEvent_t get() const { return event_; }
-
- private:
-  cudaEvent_t event_ = nullptr;
-};
 
 }  // namespace
 
@@ -391,12 +327,12 @@ Status ClassifierEngine::Impl::Upload(const float* x, const int32_t* y, int n) {
   // The previous upload must have left the staging buffer before it is refilled.
   if (staging_used) ESTUARY_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(staging_free.get()));
   const size_t x_bytes = size_t(n) * kInput * sizeof(float), y_bytes = size_t(n) * sizeof(int32_t);
-  std::memcpy(staging.bytes(), x, x_bytes);
-  ESTUARY_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(acts.x, staging.bytes(), x_bytes, cudaMemcpyHostToDevice, s()));
+  std::memcpy(staging.as<char>(), x, x_bytes);
+  ESTUARY_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(acts.x, staging.as<char>(), x_bytes, cudaMemcpyHostToDevice, s()));
   if (y) {
-    std::memcpy(staging.bytes() + staging_y_offset(), y, y_bytes);
+    std::memcpy(staging.as<char>() + staging_y_offset(), y, y_bytes);
     ESTUARY_CUDA_RETURN_IF_ERROR(
-        cudaMemcpyAsync(acts.y, staging.bytes() + staging_y_offset(), y_bytes, cudaMemcpyHostToDevice, s()));
+        cudaMemcpyAsync(acts.y, staging.as<char>() + staging_y_offset(), y_bytes, cudaMemcpyHostToDevice, s()));
   }
   ESTUARY_CUDA_RETURN_IF_ERROR(cudaEventRecord(staging_free.get(), s()));
   staging_used = true;

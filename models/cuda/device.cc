@@ -82,6 +82,40 @@ Result<void*> Arena::Allocate(size_t bytes) {
   return p;
 }
 
+Result<PinnedBuffer> PinnedBuffer::Allocate(size_t bytes) {
+  PinnedBuffer b;
+  ESTUARY_CUDA_RETURN_IF_ERROR(cudaMallocHost(&b.data_, bytes));
+  return b;
+}
+
+PinnedBuffer::~PinnedBuffer() {
+  if (data_) (void)cudaFreeHost(data_);
+}
+
+PinnedBuffer::PinnedBuffer(PinnedBuffer&& other) noexcept : data_(std::exchange(other.data_, nullptr)) {}
+
+PinnedBuffer& PinnedBuffer::operator=(PinnedBuffer&& other) noexcept {
+  std::swap(data_, other.data_);
+  return *this;
+}
+
+Result<Event> Event::Create() {
+  Event e;
+  ESTUARY_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&e.event_, cudaEventDisableTiming));
+  return e;
+}
+
+Event::~Event() {
+  if (event_) (void)cudaEventDestroy(event_);
+}
+
+Event::Event(Event&& other) noexcept : event_(std::exchange(other.event_, nullptr)) {}
+
+Event& Event::operator=(Event&& other) noexcept {
+  std::swap(event_, other.event_);
+  return *this;
+}
+
 Result<Stream> Stream::Create() {
   cudaStream_t s = nullptr;
   ESTUARY_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));

@@ -95,6 +95,62 @@ class Stream {
   cudaStream_t stream_ = nullptr;
 };
 
+// Page-locked host memory (cudaMallocHost), so host<->device copies of
+// batches run asynchronously; freed on destruction.
+class PinnedBuffer {
+ public:
+  PinnedBuffer() = default;
+  static Result<PinnedBuffer> Allocate(size_t bytes);
+  ~PinnedBuffer();
+  PinnedBuffer(PinnedBuffer&& other) noexcept;
+  PinnedBuffer& operator=(PinnedBuffer&& other) noexcept;
+  PinnedBuffer(const PinnedBuffer&) = delete;
+  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+  template <typename T>
+  T* as() const { return static_cast<T*>(data_); }
+
+ private:
+  void* data_ = nullptr;
+};
+
+// A CUDA event without timing (the cheap kind), for ordering host reuse of a
+// staging buffer after the copy that reads it.
+class Event {
+ public:
+  Event() = default;
+  static Result<Event> Create();
+  ~Event();
+  Event(Event&& other) noexcept;
+  Event& operator=(Event&& other) noexcept;
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+  cudaEvent_t get() const { return event_; }
+
+ private:
+  cudaEvent_t event_ = nullptr;
+};
+
+// Hands out consecutive slices of one device buffer, each Arena::kAlignment
+// aligned, for the fixed layouts an engine carves once at creation. With a
+// null base it only measures, so the same code sizes the buffer and then
+// fills in the pointers.
+class Carver {
+ public:
+  explicit Carver(char* base) : base_(base) {}
+  void* Take(int64_t count, size_t element_bytes) {
+    void* p = base_ ? base_ + used_ : nullptr;
+    used_ += (size_t(count) * element_bytes + Arena::kAlignment - 1) / Arena::kAlignment * Arena::kAlignment;
+    return p;
+  }
+  float* Floats(int64_t count) { return static_cast<float*>(Take(count, sizeof(float))); }
+  int32_t* Ints(int64_t count) { return static_cast<int32_t*>(Take(count, sizeof(int32_t))); }
+  size_t used() const { return used_; }
+
+ private:
+  char* base_;
+  size_t used_ = 0;
+};
+
 // Host -> device, enqueued on `stream`; `src` may be reused on return.
 Status CopyToDevice(void* dst, const void* src, size_t bytes, cudaStream_t stream);
 // Device -> host: waits for `stream`, so `dst` holds the data on return.

@@ -54,69 +54,6 @@ struct Activations {
   void *dqkv = nullptr, *dattn = nullptr, *dgate_up = nullptr, *dact = nullptr;
 };
 
-// Hands out consecutive slices of one device buffer, each 256-byte aligned
-// (vectorised kernels and cuBLAS's fastest paths want at least 16). With a
-// null base it only measures.
-class Carver {
- public:
-  explicit Carver(char* base) : base_(base) {}
-  void* Take(int64_t count, size_t element_bytes) {
-    void* p = base_ ? base_ + used_ : nullptr;
-    used_ += (size_t(count) * element_bytes + 255) / 256 * 256;
-    return p;
-  }
-  float* Floats(int64_t count) { return static_cast<float*>(Take(count, sizeof(float))); }
-  size_t used() const { return used_; }
-
- private:
-  char* base_;
-  size_t used_ = 0;
-};
-
-// cudaMallocHost memory, freed on destruction.
-class PinnedBuffer {
- public:
-  PinnedBuffer() = default;
-  static Result<PinnedBuffer> Allocate(size_t bytes) {
-    PinnedBuffer b;
-    ESTUARY_CUDA_RETURN_IF_ERROR(cudaMallocHost(&b.data_, bytes));
-    return b;
-  }
-  PinnedBuffer(PinnedBuffer&& o) noexcept : data_(std::exchange(o.data_, nullptr)) {}
-  PinnedBuffer& operator=(PinnedBuffer&& o) noexcept {
-    std::swap(data_, o.data_);
-    return *this;
-  }
-  ~PinnedBuffer() {
-    if (data_) (void)cudaFreeHost(data_);
-  }
-  int32_t* ints() const { return static_cast<int32_t*>(data_); }
-
- private:
-  void* data_ = nullptr;
-};
-
-class Event {
- public:
-  Event() = default;
-  static Result<Event> Create() {
-    Event e;
-    ESTUARY_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&e.event_, cudaEventDisableTiming));
-    return e;
-  }
-  Event(Event&& o) noexcept : event_(std::exchange(o.event_, nullptr)) {}
-  Event& operator=(Event&& o) noexcept {
-    std::swap(event_, o.event_);
-    return *this;
-  }
-  ~Event() {
-    if (event_) (void)cudaEventDestroy(event_);
-  }
-  cudaEvent_t get() const { return event_; }
-
- private:
-  cudaEvent_t event_ = nullptr;
-};
 
 }  // namespace
 
@@ -395,12 +332,12 @@ Status LlamaEngine::Impl::Upload(const int32_t* tokens, const int32_t* targets, 
   const int64_t n = int64_t(batch) * seq, max_n = int64_t(max_batch) * config.max_seq_len;
   // The previous upload must have left the staging buffer before it is refilled.
   if (staging_used) ESTUARY_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(staging_free.get()));
-  std::memcpy(staging.ints(), tokens, size_t(n) * sizeof(int32_t));
-  if (targets) std::memcpy(staging.ints() + max_n, targets, size_t(n) * sizeof(int32_t));
-  ESTUARY_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(tokens_d(), staging.ints(), size_t(n) * sizeof(int32_t),
+  std::memcpy(staging.as<int32_t>(), tokens, size_t(n) * sizeof(int32_t));
+  if (targets) std::memcpy(staging.as<int32_t>() + max_n, targets, size_t(n) * sizeof(int32_t));
+  ESTUARY_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(tokens_d(), staging.as<int32_t>(), size_t(n) * sizeof(int32_t),
                                                cudaMemcpyHostToDevice, s()));
   if (targets) {
-    ESTUARY_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(targets_d(), staging.ints() + max_n, size_t(n) * sizeof(int32_t),
+    ESTUARY_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(targets_d(), staging.as<int32_t>() + max_n, size_t(n) * sizeof(int32_t),
                                                  cudaMemcpyHostToDevice, s()));
   }
   ESTUARY_CUDA_RETURN_IF_ERROR(cudaEventRecord(staging_free.get(), s()));
