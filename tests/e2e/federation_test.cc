@@ -560,6 +560,17 @@ TEST(Federation, BadConfigurationGetsOneLineNamingTheFile) {
                              files.cert.string(), files.key.string(), files.ca.string(), corrupt.string()));
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.output.find("train-images-idx3-ubyte"), std::string::npos) << r.output;
+
+  // A device or precision this site cannot train on.
+  for (const auto& [flags, expected] : {std::pair<std::string, std::string>{"--device tpu", "--device 'tpu'"},
+                                        {"--precision bf16", "the CPU backend trains in fp32"},
+                                        {"--precision fp8", "--precision 'fp8'"}}) {
+    r = RunCommand(fmt::format("{} --server 127.0.0.1:1 --cert {} --key {} --ca {} --data {} {}", client,
+                               files.cert.string(), files.key.string(), files.ca.string(), f.data().string(), flags));
+    EXPECT_NE(r.exit_code, 0) << flags;
+    EXPECT_NE(r.output.find(expected), std::string::npos) << flags << ": " << r.output;
+    EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
+  }
 }
 
 }  // namespace
