@@ -45,40 +45,45 @@ Status LlamaConfig::Validate() const {
 
 // ------------------------------------------------------------------ layout
 
-Llama::Llama(const LlamaConfig& config, int max_batch) : config_(config), max_batch_(max_batch) {
+LlamaLayout LayoutOf(const LlamaConfig& config) {
   const int64_t V = config.vocab_size, D = config.hidden_size, I = config.intermediate_size;
   const int64_t q_rows = int64_t(config.num_heads) * config.head_dim();
   const int64_t kv_rows = int64_t(config.num_kv_heads) * config.head_dim();
+  LlamaLayout layout;
+  Manifest& manifest = layout.manifest;
   auto add = [&](std::string name, std::vector<int64_t> shape) {
-    TensorSpec spec{std::move(name), std::move(shape), DType::kF32, manifest_.total_elements};
-    manifest_.total_elements += spec.numel();
-    manifest_.tensors.push_back(std::move(spec));
-    return manifest_.tensors.back().offset;
+    TensorSpec spec{std::move(name), std::move(shape), DType::kF32, manifest.total_elements};
+    manifest.total_elements += spec.numel();
+    manifest.tensors.push_back(std::move(spec));
+    return manifest.tensors.back().offset;
   };
-  // Hugging Face's state_dict order, which also puts q, k, v (and gate, up)
-  // next to each other: together they form one [rows, D] matrix.
-  struct Offsets {
-    uint64_t q, o, gate, down, input_norm, post_norm;
-  };
-  const uint64_t embed = add("model.embed_tokens.weight", {V, D});
-  std::vector<Offsets> offsets;
+  layout.embed = add("model.embed_tokens.weight", {V, D});
   for (int i = 0; i < config.num_layers; ++i) {
     const std::string p = fmt::format("model.layers.{}.", i);
-    Offsets o;
-    o.q = add(p + "self_attn.q_proj.weight", {q_rows, D});
+    LlamaLayout::Layer o;
+    o.qkv = add(p + "self_attn.q_proj.weight", {q_rows, D});
     add(p + "self_attn.k_proj.weight", {kv_rows, D});
     add(p + "self_attn.v_proj.weight", {kv_rows, D});
     o.o = add(p + "self_attn.o_proj.weight", {D, q_rows});
-    o.gate = add(p + "mlp.gate_proj.weight", {I, D});
+    o.gate_up = add(p + "mlp.gate_proj.weight", {I, D});
     add(p + "mlp.up_proj.weight", {I, D});
     o.down = add(p + "mlp.down_proj.weight", {D, I});
     o.input_norm = add(p + "input_layernorm.weight", {D});
     o.post_norm = add(p + "post_attention_layernorm.weight", {D});
-    offsets.push_back(o);
+    layout.layers.push_back(o);
   }
-  const uint64_t final_norm = add("model.norm.weight", {D});
-  const uint64_t lm_head = config.tie_embeddings ? embed : add("lm_head.weight", {V, D});
+  layout.final_norm = add("model.norm.weight", {D});
+  layout.lm_head = config.tie_embeddings ? layout.embed : add("lm_head.weight", {V, D});
+  return layout;
+}
 
+Llama::Llama(const LlamaConfig& config, int max_batch) : config_(config), max_batch_(max_batch) {
+  const int64_t V = config.vocab_size, D = config.hidden_size, I = config.intermediate_size;
+  const int64_t q_rows = int64_t(config.num_heads) * config.head_dim();
+  const int64_t kv_rows = int64_t(config.num_kv_heads) * config.head_dim();
+  LlamaLayout layout = LayoutOf(config);
+  manifest_ = std::move(layout.manifest);
+  const uint64_t embed = layout.embed, final_norm = layout.final_norm, lm_head = layout.lm_head;
   params_.assign(manifest_.total_elements, 0.0f);
   grads_.assign(manifest_.total_elements, 0.0f);
   float* P = params_.data();
@@ -89,11 +94,11 @@ Llama::Llama(const LlamaConfig& config, int max_batch) : config_(config), max_ba
     l.dw = G + offset;
     return l;
   };
-  for (const Offsets& o : offsets) {
+  for (const LlamaLayout::Layer& o : layout.layers) {
     Layer layer;
-    layer.qkv = linear(int(D), int(q_rows + 2 * kv_rows), o.q);
+    layer.qkv = linear(int(D), int(q_rows + 2 * kv_rows), o.qkv);
     layer.o = linear(int(q_rows), int(D), o.o);
-    layer.gate_up = linear(int(D), int(2 * I), o.gate);
+    layer.gate_up = linear(int(D), int(2 * I), o.gate_up);
     layer.down = linear(int(I), int(D), o.down);
     layer.input_norm = P + o.input_norm;
     layer.d_input_norm = G + o.input_norm;

@@ -50,6 +50,20 @@ struct LlamaConfig {
   Status Validate() const;
 };
 
+// Where each tensor of a decoder lives in the flat buffer: Hugging Face's
+// state_dict order, which also makes q, k, v (and gate, up) adjacent, so each
+// group is one [rows, hidden] matrix and one GEMM. The CPU model and the CUDA
+// engine both lay out their buffers from this. Offsets count elements.
+struct LlamaLayout {
+  struct Layer {
+    uint64_t qkv, o, gate_up, down, input_norm, post_norm;
+  };
+  Manifest manifest;
+  std::vector<Layer> layers;
+  uint64_t embed = 0, final_norm = 0, lm_head = 0;  // lm_head == embed when tied
+};
+LlamaLayout LayoutOf(const LlamaConfig& config);
+
 class Llama {
  public:
   // A model with zero parameters (call Initialize or load weights) and an

@@ -16,11 +16,7 @@
 namespace estuary::models::cuda {
 namespace {
 
-// Element offsets of one block's tensors in the flat buffer. q, k, v (and
-// gate, up) are adjacent: together one [rows, D] matrix, one GEMM.
-struct LayerOffsets {
-  uint64_t qkv, o, gate_up, down, input_norm, post_norm;
-};
+using LayerOffsets = LlamaLayout::Layer;
 
 // What one block keeps for backward (n = batch * seq rows); `void*` buffers
 // hold the activation dtype.
@@ -108,35 +104,14 @@ struct LlamaEngine::Impl {
   Status RunBackward(int batch, int seq);
 };
 
-// The layout of models::Llama (llama.cc), tensor for tensor: Hugging Face's
-// state_dict order. The engine tests compare the two manifests.
+// The layout of models::Llama, from the same LayoutOf.
 void LlamaEngine::Impl::BuildManifest() {
-  const LlamaConfig& c = config;
-  const int64_t V = c.vocab_size, D = c.hidden_size, I = c.intermediate_size;
-  const int64_t q_rows = int64_t(c.num_heads) * c.head_dim(), kv_rows = int64_t(c.num_kv_heads) * c.head_dim();
-  auto add = [&](std::string name, std::vector<int64_t> shape) {
-    TensorSpec spec{std::move(name), std::move(shape), DType::kF32, manifest.total_elements};
-    manifest.total_elements += spec.numel();
-    manifest.tensors.push_back(std::move(spec));
-    return manifest.tensors.back().offset;
-  };
-  embed = add("model.embed_tokens.weight", {V, D});
-  for (int i = 0; i < c.num_layers; ++i) {
-    const std::string p = fmt::format("model.layers.{}.", i);
-    LayerOffsets o;
-    o.qkv = add(p + "self_attn.q_proj.weight", {q_rows, D});
-    add(p + "self_attn.k_proj.weight", {kv_rows, D});
-    add(p + "self_attn.v_proj.weight", {kv_rows, D});
-    o.o = add(p + "self_attn.o_proj.weight", {D, q_rows});
-    o.gate_up = add(p + "mlp.gate_proj.weight", {I, D});
-    add(p + "mlp.up_proj.weight", {I, D});
-    o.down = add(p + "mlp.down_proj.weight", {D, I});
-    o.input_norm = add(p + "input_layernorm.weight", {D});
-    o.post_norm = add(p + "post_attention_layernorm.weight", {D});
-    offsets.push_back(o);
-  }
-  final_norm = add("model.norm.weight", {D});
-  lm_head = c.tie_embeddings ? embed : add("lm_head.weight", {V, D});
+  LlamaLayout layout = LayoutOf(config);
+  manifest = std::move(layout.manifest);
+  offsets = std::move(layout.layers);
+  embed = layout.embed;
+  final_norm = layout.final_norm;
+  lm_head = layout.lm_head;
 }
 
 size_t LlamaEngine::Impl::Carve(int batch, int seq, char* base) {
