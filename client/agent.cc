@@ -17,7 +17,6 @@ namespace asio = boost::asio;
 using asio::ip::tcp;
 using boost::system::error_code;
 
-constexpr size_t kKeepFrameBufferBytes = 64 << 10;
 
 static Result<TaskConfig> FromProto(const v1::TaskConfig& t) {
   TaskConfig task;
@@ -110,16 +109,14 @@ void Agent::ReadHeader() {
     if (ec) return self->Disconnected(ec == asio::error::eof ? "server closed the connection" : ec.message());
     auto size = proto::ParseFrameHeader(self->header_, self->options_.max_frame_bytes);
     if (!size.ok()) return self->Disconnected(size.status().message());
-    self->body_.resize(*size);
-    asio::async_read(*stream, asio::buffer(self->body_), [self, connection, stream](const error_code& ec, size_t) {
+    self->body_.Resize(*size);
+    asio::async_read(*stream, asio::buffer(self->body_.data(), self->body_.size()), [self, connection, stream](const error_code& ec, size_t) {
       if (connection != self->connection_ || self->stopped_) return;
       if (ec) return self->Disconnected(ec.message());
       auto envelope = proto::ParseEnvelope(self->body_.data(), self->body_.size());
       if (!envelope.ok()) return self->Disconnected(envelope.status().message());
       self->Dispatch(std::move(envelope).value());
-      // A model-sized frame buffer goes back to the allocator: a process with
-      // many agents would otherwise keep one per agent.
-      if (self->body_.capacity() > kKeepFrameBufferBytes) std::vector<uint8_t>().swap(self->body_);
+      self->body_.Trim();
       if (connection == self->connection_ && !self->stopped_) self->ReadHeader();
     });
   });
@@ -260,38 +257,35 @@ void Agent::OnTrained(uint64_t round, Result<Update> update) {
 }
 
 void Agent::Send(const v1::Envelope& envelope) {
-  outbox_.push_back(std::make_shared<const std::string>(proto::EncodeFrame(envelope)));
+  outbox_.push_back(std::make_shared<const proto::Frame>(proto::EncodeFrame(envelope)));
   WriteNext();
 }
 
 void Agent::WriteNext() {
   if (writing_ || !stream_) return;
   if (outbox_.empty() && upload_) {
-    v1::Envelope envelope;
     const uint64_t total = upload_->payload.size() * sizeof(float);
     if (upload_offset_ < total) {
       const uint64_t size = std::min<uint64_t>(chunk_bytes_, total - upload_offset_);
-      auto* chunk = envelope.mutable_update_chunk();
-      chunk->set_round(upload_round_);
-      chunk->set_offset(upload_offset_);
-      chunk->set_dtype(v1::DTYPE_F32);
       const char* bytes = reinterpret_cast<const char*>(upload_->payload.data()) + upload_offset_;
-      chunk->set_data(bytes, size);
+      outbox_.push_back(std::make_shared<const proto::Frame>(
+          proto::EncodeUpdateChunk(upload_round_, upload_offset_, v1::DTYPE_F32, bytes, size)));
       upload_hasher_->Update(bytes, size);  // one pass: hashed as it is sent
       upload_offset_ += size;
     } else {
+      v1::Envelope envelope;
       envelope.mutable_update_commit()->set_round(upload_round_);
       envelope.mutable_update_commit()->set_checksum(crypto::ToHex(upload_hasher_->Final()));
       upload_.reset();
       upload_hasher_.reset();
+      outbox_.push_back(std::make_shared<const proto::Frame>(proto::EncodeFrame(envelope)));
     }
-    outbox_.push_back(std::make_shared<const std::string>(proto::EncodeFrame(envelope)));
   }
   if (outbox_.empty()) return;
   writing_ = true;
   auto frame = outbox_.front();
   const uint64_t connection = connection_;
-  asio::async_write(*stream_, asio::buffer(*frame), [self = shared_from_this(), frame, connection, stream = stream_](const error_code& ec, size_t) {
+  asio::async_write(*stream_, asio::buffer(frame->data(), frame->size()), [self = shared_from_this(), frame, connection, stream = stream_](const error_code& ec, size_t) {
     if (connection != self->connection_ || self->stopped_) return;
     self->writing_ = false;
     self->outbox_.pop_front();

@@ -100,8 +100,8 @@ class Agent : public std::enable_shared_from_this<Agent> {
   uint64_t heartbeat_ms_ = 5000;
 
   std::array<uint8_t, 4> header_{};
-  std::vector<uint8_t> body_;
-  std::deque<std::shared_ptr<const std::string>> outbox_;
+  proto::BodyBuffer body_;
+  std::deque<std::shared_ptr<const proto::Frame>> outbox_;
   bool writing_ = false;
 
   // The global model we hold (shared with the training thread, never copied)

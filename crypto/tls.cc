@@ -72,7 +72,13 @@ Result<std::shared_ptr<ssl::context>> MakeContext(const TlsFiles& files, bool se
   if (SSL_CTX_set_min_proto_version(ctx, TLS1_3_VERSION) != 1) {
     return Internal("crypto: cannot require TLS 1.3: {}", TakeOpenSslErrors());
   }
-  SSL_CTX_set_options(ctx, SSL_OP_NO_COMPRESSION | SSL_OP_NO_RENEGOTIATION);
+  SSL_CTX_set_options(ctx, SSL_OP_NO_COMPRESSION | SSL_OP_NO_RENEGOTIATION | SSL_OP_CIPHER_SERVER_PREFERENCE);
+  // AES-128-GCM first: the certificates (ECDSA P-256) and the key exchange
+  // (X25519 or P-256) are at the 128-bit level, so AES-256 adds no strength to
+  // the connection, only 30% more cycles on every model byte.
+  if (SSL_CTX_set_ciphersuites(ctx, "TLS_AES_128_GCM_SHA256:TLS_AES_256_GCM_SHA384:TLS_CHACHA20_POLY1305_SHA256") != 1) {
+    return Internal("crypto: cannot set the TLS 1.3 cipher suites: {}", TakeOpenSslErrors());
+  }
   ESTUARY_RETURN_IF_ERROR(LoadFiles(ctx, files));
 
   boost::system::error_code ec;

@@ -1,16 +1,93 @@
 #include "proto/frame.h"
 
+#include <google/protobuf/io/coded_stream.h>
+#include <google/protobuf/wire_format_lite.h>
+
+#include <cstring>
+
 namespace estuary::proto {
 
-std::string EncodeFrame(const Envelope& envelope) {
-  const size_t size = envelope.ByteSizeLong();
-  std::string frame(kFrameHeaderBytes + size, '\0');
-  frame[0] = static_cast<char>((size >> 24) & 0xff);
-  frame[1] = static_cast<char>((size >> 16) & 0xff);
-  frame[2] = static_cast<char>((size >> 8) & 0xff);
-  frame[3] = static_cast<char>(size & 0xff);
-  envelope.SerializeWithCachedSizesToArray(reinterpret_cast<uint8_t*>(frame.data() + kFrameHeaderBytes));
+namespace {
+
+using google::protobuf::io::CodedOutputStream;
+using google::protobuf::internal::WireFormatLite;
+
+uint8_t* WriteHeader(uint8_t* frame, size_t body_bytes) {
+  frame[0] = uint8_t(body_bytes >> 24);
+  frame[1] = uint8_t(body_bytes >> 16);
+  frame[2] = uint8_t(body_bytes >> 8);
+  frame[3] = uint8_t(body_bytes);
+  return frame + kFrameHeaderBytes;
+}
+
+uint8_t* WriteLengthDelimitedTag(int field, size_t length, uint8_t* out) {
+  out = CodedOutputStream::WriteTagToArray(
+      WireFormatLite::MakeTag(field, WireFormatLite::WIRETYPE_LENGTH_DELIMITED), out);
+  return CodedOutputStream::WriteVarint64ToArray(length, out);
+}
+
+size_t LengthDelimitedSize(int field, size_t length) {
+  return CodedOutputStream::VarintSize32(
+             WireFormatLite::MakeTag(field, WireFormatLite::WIRETYPE_LENGTH_DELIMITED)) +
+         CodedOutputStream::VarintSize64(length) + length;
+}
+
+// Envelope { body_field: Chunk { <fields of `head`>, data_field: data } }.
+// Protobuf writes fields in number order and `data` is the chunk's last
+// field, so serialising the rest first and appending data is canonical.
+template <typename Chunk>
+Frame EncodeChunk(int body_field, const Chunk& head, int data_field, const void* data, size_t size) {
+  const size_t head_bytes = head.ByteSizeLong();
+  // proto3 leaves an empty bytes field out.
+  const size_t chunk_bytes = head_bytes + (size > 0 ? LengthDelimitedSize(data_field, size) : 0);
+  Frame frame(LengthDelimitedSize(body_field, chunk_bytes));
+  uint8_t* out = WriteLengthDelimitedTag(body_field, chunk_bytes, frame.body());
+  out = head.SerializeWithCachedSizesToArray(out);
+  if (size > 0) std::memcpy(WriteLengthDelimitedTag(data_field, size, out), data, size);
   return frame;
+}
+
+}  // namespace
+
+Frame::Frame(size_t body_bytes)
+    : data_(new uint8_t[kFrameHeaderBytes + body_bytes]), size_(kFrameHeaderBytes + body_bytes) {
+  WriteHeader(data_.get(), body_bytes);
+}
+
+Frame EncodeFrame(const Envelope& envelope) {
+  Frame frame(envelope.ByteSizeLong());
+  envelope.SerializeWithCachedSizesToArray(frame.body());
+  return frame;
+}
+
+Frame EncodeModelChunk(uint64_t round, uint64_t offset, const void* data, size_t size) {
+  v1::ModelChunk head;
+  head.set_round(round);
+  head.set_offset(offset);
+  return EncodeChunk(Envelope::kModelChunkFieldNumber, head, v1::ModelChunk::kDataFieldNumber, data, size);
+}
+
+Frame EncodeUpdateChunk(uint64_t round, uint64_t offset, v1::DType dtype, const void* data, size_t size) {
+  v1::UpdateChunk head;
+  head.set_round(round);
+  head.set_offset(offset);
+  head.set_dtype(dtype);
+  return EncodeChunk(Envelope::kUpdateChunkFieldNumber, head, v1::UpdateChunk::kDataFieldNumber, data, size);
+}
+
+uint8_t* BodyBuffer::Resize(size_t size) {
+  if (size > capacity_) {
+    data_.reset(new uint8_t[size]);
+    capacity_ = size;
+  }
+  size_ = size;
+  return data_.get();
+}
+
+void BodyBuffer::Trim() {
+  if (capacity_ <= kKeepBytes) return;
+  data_.reset();
+  size_ = capacity_ = 0;
 }
 
 Result<uint32_t> ParseFrameHeader(const std::array<uint8_t, kFrameHeaderBytes>& header,

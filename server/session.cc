@@ -12,7 +12,6 @@ namespace estuary::server {
 namespace asio = boost::asio;
 using boost::system::error_code;
 
-constexpr size_t kKeepFrameBufferBytes = 64 << 10;
 
 Session::Session(SslStream stream, std::string address, Coordinator& coordinator, const ServerConfig& config)
     : stream_(std::move(stream)),
@@ -73,9 +72,9 @@ void Session::ReadHeader() {
 }
 
 void Session::ReadBody(uint32_t size) {
-  body_.resize(size);
+  body_.Resize(size);
   read_pending_ = true;
-  asio::async_read(stream_, asio::buffer(body_), [self = shared_from_this()](const error_code& ec, size_t) {
+  asio::async_read(stream_, asio::buffer(body_.data(), body_.size()), [self = shared_from_this()](const error_code& ec, size_t) {
     self->read_pending_ = false;
     if (self->closed_) return;
     if (ec) return self->Fail(ec == asio::error::eof ? "connection closed by peer" : ec.message());
@@ -86,9 +85,7 @@ void Session::ReadBody(uint32_t size) {
     }
     self->ArmIdleTimer();
     self->Dispatch(std::move(envelope).value());
-    // Model-sized frame buffers go back to the allocator rather than staying
-    // with each of possibly thousands of idle sessions.
-    if (self->body_.capacity() > kKeepFrameBufferBytes) std::vector<uint8_t>().swap(self->body_);
+    self->body_.Trim();
     self->ReadHeader();
   });
 }
@@ -116,7 +113,7 @@ void Session::Resume() {
 
 void Session::Send(const v1::Envelope& envelope) {
   if (closed_ || close_after_writes_) return;
-  outbox_.push_back(std::make_shared<const std::string>(proto::EncodeFrame(envelope)));
+  outbox_.push_back(std::make_shared<const proto::Frame>(proto::EncodeFrame(envelope)));
   WriteNext();
 }
 
@@ -150,17 +147,13 @@ void Session::WriteNext() {
   if (outbox_.empty() && model_) {
     const uint64_t total = model_->size() * sizeof(float);
     const uint64_t size = std::min<uint64_t>(config_.chunk_bytes, total - model_offset_);
-    v1::Envelope envelope;
-    auto* chunk = envelope.mutable_model_chunk();
-    chunk->set_round(model_round_);
-    chunk->set_offset(model_offset_);
-    chunk->set_data(reinterpret_cast<const char*>(model_->data()) + model_offset_, size);
+    outbox_.push_back(std::make_shared<const proto::Frame>(proto::EncodeModelChunk(
+        model_round_, model_offset_, reinterpret_cast<const char*>(model_->data()) + model_offset_, size)));
     model_offset_ += size;
     if (model_offset_ == total) {
       model_.reset();
       model_last_chunk_queued_ = true;
     }
-    outbox_.push_back(std::make_shared<const std::string>(proto::EncodeFrame(envelope)));
   }
   if (outbox_.empty()) {
     if (close_after_writes_) Close();
@@ -168,7 +161,7 @@ void Session::WriteNext() {
   }
   writing_ = true;
   auto frame = outbox_.front();
-  asio::async_write(stream_, asio::buffer(*frame), [self = shared_from_this(), frame](const error_code& ec, size_t) {
+  asio::async_write(stream_, asio::buffer(frame->data(), frame->size()), [self = shared_from_this(), frame](const error_code& ec, size_t) {
     self->writing_ = false;
     self->outbox_.pop_front();
     if (ec) return self->Fail(ec.message());

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "estuary.pb.h"
+#include "proto/frame.h"
 
 namespace estuary::server {
 
@@ -63,8 +64,8 @@ class Session : public std::enable_shared_from_this<Session> {
   const ServerConfig& config_;
   boost::asio::steady_timer timer_;
   std::array<uint8_t, 4> header_{};
-  std::vector<uint8_t> body_;
-  std::deque<std::shared_ptr<const std::string>> outbox_;
+  proto::BodyBuffer body_;
+  std::deque<std::shared_ptr<const proto::Frame>> outbox_;
   bool writing_ = false;
   bool paused_ = false;
   bool read_pending_ = false;

@@ -137,7 +137,10 @@ Status RawClient::SendBytes(const std::string& bytes) {
   return Status::Ok();
 }
 
-Status RawClient::Send(const v1::Envelope& envelope) { return SendBytes(proto::EncodeFrame(envelope)); }
+Status RawClient::Send(const v1::Envelope& envelope) {
+  const proto::Frame frame = proto::EncodeFrame(envelope);
+  return SendBytes(std::string(reinterpret_cast<const char*>(frame.data()), frame.size()));
+}
 
 Result<v1::Envelope> RawClient::Receive() {
   std::array<uint8_t, 4> header;

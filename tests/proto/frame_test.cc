@@ -6,16 +6,18 @@
 namespace estuary::proto {
 namespace {
 
-std::array<uint8_t, 4> Header(const std::string& frame) {
-  return {uint8_t(frame[0]), uint8_t(frame[1]), uint8_t(frame[2]), uint8_t(frame[3])};
+std::array<uint8_t, 4> Header(const Frame& frame) {
+  return {frame.data()[0], frame.data()[1], frame.data()[2], frame.data()[3]};
 }
+
+std::string Bytes(const Frame& frame) { return {reinterpret_cast<const char*>(frame.data()), frame.size()}; }
 
 TEST(Frame, RoundTripsAnEnvelope) {
   Envelope envelope;
   envelope.mutable_update_chunk()->set_round(3);
   envelope.mutable_update_chunk()->set_offset(4096);
   envelope.mutable_update_chunk()->set_data(std::string(1000, 'x'));
-  const std::string frame = EncodeFrame(envelope);
+  const Frame frame = EncodeFrame(envelope);
   auto size = ParseFrameHeader(Header(frame), 1 << 20);
   ASSERT_TRUE(size.ok());
   EXPECT_EQ(*size + kFrameHeaderBytes, frame.size());
@@ -24,6 +26,47 @@ TEST(Frame, RoundTripsAnEnvelope) {
   EXPECT_EQ(parsed->update_chunk().offset(), 4096u);
   EXPECT_EQ(parsed->update_chunk().data().size(), 1000u);
   EXPECT_EQ(BodyName(*parsed), "update_chunk");
+}
+
+// The chunk encoders skip a copy of the payload; the bytes must be exactly
+// what protobuf writes for the same envelope, including proto3's omission of
+// zero-valued fields (round 0, offset 0, dtype f32) and of empty data.
+TEST(Frame, ChunkEncodersWriteProtobufsOwnBytes) {
+  std::string payload(3 << 20, '\0');
+  for (size_t i = 0; i < payload.size(); ++i) payload[i] = char(i * 131 + 7);
+  for (uint64_t round : {uint64_t{0}, uint64_t{1}, uint64_t{1} << 40}) {
+    for (uint64_t offset : {uint64_t{0}, uint64_t{4096}, uint64_t{1} << 33}) {
+      for (size_t size : {size_t{0}, size_t{4}, size_t{127}, size_t{128}, size_t{1} << 20, payload.size()}) {
+        Envelope model;
+        model.mutable_model_chunk()->set_round(round);
+        model.mutable_model_chunk()->set_offset(offset);
+        model.mutable_model_chunk()->set_data(payload.substr(0, size));
+        EXPECT_EQ(Bytes(EncodeModelChunk(round, offset, payload.data(), size)), Bytes(EncodeFrame(model)))
+            << "round " << round << " offset " << offset << " size " << size;
+        for (v1::DType dtype : {v1::DTYPE_F32, v1::DTYPE_BF16}) {
+          Envelope update;
+          update.mutable_update_chunk()->set_round(round);
+          update.mutable_update_chunk()->set_offset(offset);
+          update.mutable_update_chunk()->set_dtype(dtype);
+          update.mutable_update_chunk()->set_data(payload.substr(0, size));
+          EXPECT_EQ(Bytes(EncodeUpdateChunk(round, offset, dtype, payload.data(), size)), Bytes(EncodeFrame(update)))
+              << "round " << round << " offset " << offset << " size " << size << " dtype " << dtype;
+        }
+      }
+    }
+  }
+}
+
+TEST(Frame, BodyBufferKeepsSmallBuffersAndGivesBackLargeOnes) {
+  BodyBuffer buffer;
+  uint8_t* small = buffer.Resize(100);
+  buffer.Trim();
+  EXPECT_EQ(buffer.Resize(50), small) << "a small buffer is reused, not reallocated";
+  EXPECT_EQ(buffer.size(), 50u);
+  buffer.Resize(1 << 20);
+  buffer.Trim();
+  EXPECT_EQ(buffer.data(), nullptr) << "a model-sized buffer goes back to the allocator";
+  EXPECT_EQ(buffer.size(), 0u);
 }
 
 TEST(Frame, RefusesALengthOverTheLimitBeforeReadingTheBody) {
