@@ -33,6 +33,7 @@ struct SideOutcome {
   bool handshake_ok = false;
   std::string failure;            // HandshakeFailureReason when !handshake_ok
   std::optional<std::string> peer_cn;
+  std::string cipher;
   bool greeting_ok = false;       // data flowed after the handshake
   std::string greeting_failure;
 };
@@ -113,6 +114,7 @@ Outcome RunConnection(ssl::context& server_ctx, ssl::context& client_ctx, const 
         return;
       }
       out.client.handshake_ok = true;
+      out.client.cipher = SSL_CIPHER_get_name(SSL_get_current_cipher(client.native_handle()));
       if (auto cn = PeerCommonName(client.native_handle()); cn.ok()) out.client.peer_cn = *cn;
       asio::async_read(client, asio::buffer(&client_byte, 1), [&](const boost::system::error_code& ec, size_t) {
         out.client.greeting_ok = !ec && client_byte == kGreeting;
@@ -186,6 +188,8 @@ TEST_F(TlsTest, ValidClientIsAccepted) {
   EXPECT_EQ(out.server.peer_cn, "site-a");
   EXPECT_EQ(out.client.peer_cn, "server");
   EXPECT_TRUE(out.server.greeting_ok && out.client.greeting_ok) << Describe(out);
+  // OpenSSL's default order would pick AES-256-GCM; the server's preference wins.
+  EXPECT_EQ(out.client.cipher, "TLS_AES_128_GCM_SHA256");
 }
 
 TEST_F(TlsTest, ClientWithoutCertificateIsRefused) {
