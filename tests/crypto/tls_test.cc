@@ -34,6 +34,7 @@ struct SideOutcome {
   std::string failure;            // HandshakeFailureReason when !handshake_ok
   std::optional<std::string> peer_cn;
   std::string cipher;
+  bool resumable = false;         // the client holds a session ticket
   bool greeting_ok = false;       // data flowed after the handshake
   std::string greeting_failure;
 };
@@ -118,6 +119,9 @@ Outcome RunConnection(ssl::context& server_ctx, ssl::context& client_ctx, const 
       if (auto cn = PeerCommonName(client.native_handle()); cn.ok()) out.client.peer_cn = *cn;
       asio::async_read(client, asio::buffer(&client_byte, 1), [&](const boost::system::error_code& ec, size_t) {
         out.client.greeting_ok = !ec && client_byte == kGreeting;
+        // Tickets arrive after the handshake, before the first data.
+        SSL_SESSION* session = SSL_get0_session(client.native_handle());
+        out.client.resumable = session != nullptr && SSL_SESSION_is_resumable(session) == 1;
         if (ec) out.client.greeting_failure = HandshakeFailureReason(client.native_handle(), ec);
         side_done();
       });
@@ -190,6 +194,7 @@ TEST_F(TlsTest, ValidClientIsAccepted) {
   EXPECT_TRUE(out.server.greeting_ok && out.client.greeting_ok) << Describe(out);
   // OpenSSL's default order would pick AES-256-GCM; the server's preference wins.
   EXPECT_EQ(out.client.cipher, "TLS_AES_128_GCM_SHA256");
+  EXPECT_FALSE(out.client.resumable) << "the server issues no session tickets: every connection is verified afresh";
 }
 
 TEST_F(TlsTest, ClientWithoutCertificateIsRefused) {
