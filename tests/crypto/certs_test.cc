@@ -96,6 +96,36 @@ TEST(Certs, KeysAreP256) {
   EXPECT_STREQ(group, "prime256v1");
 }
 
+// Keys we issue take the EC decoder's fast path; any other PEM key a site
+// brings still loads through the general reader, and an encrypted one is
+// refused with the file's name instead of a passphrase prompt.
+TEST(Certs, PrivateKeysOfOtherTypesStillLoad) {
+  TempDir dir;
+  std::unique_ptr<EVP_PKEY, internal::FreeWith<EVP_PKEY_free>> ed25519(EVP_PKEY_Q_keygen(nullptr, nullptr, "ED25519"));
+  ASSERT_NE(ed25519, nullptr);
+  std::unique_ptr<BIO, internal::FreeWith<BIO_free_all>> plain(BIO_new(BIO_s_mem()));
+  ASSERT_EQ(PEM_write_bio_PrivateKey(plain.get(), ed25519.get(), nullptr, nullptr, 0, nullptr, nullptr), 1);
+  std::unique_ptr<BIO, internal::FreeWith<BIO_free_all>> locked(BIO_new(BIO_s_mem()));
+  char passphrase[] = "secret";
+  ASSERT_EQ(PEM_write_bio_PKCS8PrivateKey(locked.get(), ed25519.get(), EVP_aes_256_cbc(), passphrase, 6, nullptr,
+                                          nullptr), 1);
+  auto text = [](BIO* bio) {
+    char* data = nullptr;
+    const long size = BIO_get_mem_data(bio, &data);
+    return std::string(data, size_t(size));
+  };
+  WriteText(dir.path() / "ed25519.key", text(plain.get()));
+  WriteText(dir.path() / "locked.key", text(locked.get()));
+
+  auto key = internal::ReadPrivateKey(dir.path() / "ed25519.key");
+  ASSERT_TRUE(key.ok()) << key.status().ToString();
+  EXPECT_EQ(EVP_PKEY_get_base_id(key->get()), EVP_PKEY_ED25519);
+
+  auto refused = internal::ReadPrivateKey(dir.path() / "locked.key");
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("locked.key"), std::string::npos) << refused.status().message();
+}
+
 TEST(Certs, SerialsAreRandom128Bit) {
   TempDir dir;
   ASSERT_TRUE(InitCa(dir.path()).ok());
