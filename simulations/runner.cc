@@ -264,7 +264,9 @@ Result<Report> RunLoopback(const Scenario& s, const RoundCallback& on_round) {
         "--seed", std::to_string(s.seed), "--strategy", s.strategy.name, "--server-lr",
         fmt::format("{}", s.strategy.server_lr), "--optimizer", s.optimizer, "--seq-len", std::to_string(s.seq_len),
         "--max-local-steps", std::to_string(s.max_local_steps), "--eval-windows", std::to_string(s.eval_windows),
-        "--exit-when-done", "true", "--log-level", "info"};
+        "--exit-when-done", "true", "--log-level",
+        // The server logs at this process's level, but never below info: its log file is the round's record.
+        fmt::to_string(spdlog::level::to_string_view(std::min(spdlog::get_level(), spdlog::level::info)))};
     const fs::path log = s.workdir / "server.log";
     // The server starts while this process loads its data and certificates.
     ESTUARY_RETURN_IF_ERROR(server.Spawn(binary, args, log));
