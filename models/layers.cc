@@ -16,10 +16,11 @@ void Linear::Forward(const float* x, int n, float* y) const {
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, out, in, 1.0f, x, in, w, in, b ? 1.0f : 0.0f, y, out);
 }
 
-void Linear::Backward(const float* x, const float* dy, int n, float* dx) const {
-  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, out, in, n, 1.0f, dy, out, x, in, 0.0f, dw, in);
+void Linear::Backward(const float* x, const float* dy, int n, float* dx, bool accumulate) const {
+  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, out, in, n, 1.0f, dy, out, x, in, accumulate ? 1.0f : 0.0f,
+              dw, in);
   if (db) {
-    for (int o = 0; o < out; ++o) db[o] = 0;
+    for (int o = 0; !accumulate && o < out; ++o) db[o] = 0;
     for (int i = 0; i < n; ++i) {
       const float* row = dy + int64_t(i) * out;
       for (int o = 0; o < out; ++o) db[o] += row[o];
@@ -104,15 +105,15 @@ void Conv2d::Forward(const float* x, int n, float* cols, float* y) const {
   }
 }
 
-void Conv2d::Backward(const float* cols, const float* dy, int n, float* dcol, float* dx) const {
+void Conv2d::Backward(const float* cols, const float* dy, int n, float* dcol, float* dx, bool accumulate) const {
   const int hw = height * width;
   const int kdim = in_channels * kernel * kernel;
-  std::memset(db, 0, sizeof(float) * out_channels);
+  if (!accumulate) std::memset(db, 0, sizeof(float) * out_channels);
   for (int i = 0; i < n; ++i) {
     const float* g = dy + int64_t(i) * out_channels * hw;
     const float* col = cols + i * col_size();
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, out_channels, kdim, hw, 1.0f, g, hw, col, hw,
-                i == 0 ? 0.0f : 1.0f, dw, kdim);
+                i == 0 && !accumulate ? 0.0f : 1.0f, dw, kdim);
     for (int o = 0; o < out_channels; ++o) {
       const float* row = g + int64_t(o) * hw;
       float sum = 0;
@@ -181,7 +182,7 @@ void MaxPool2::Backward(const float* dy, const int32_t* argmax, int n, float* dx
 }
 
 float SoftmaxCrossEntropy(const float* logits, const int32_t* labels, int n, int classes, float* dlogits,
-                          int64_t* correct) {
+                          int64_t* correct, float grad_scale) {
   double loss = 0;
   for (int i = 0; i < n; ++i) {
     const float* z = logits + int64_t(i) * classes;
@@ -199,7 +200,8 @@ float SoftmaxCrossEntropy(const float* logits, const int32_t* labels, int n, int
       float* d = dlogits + int64_t(i) * classes;
       for (int c = 0; c < classes; ++c) {
         const double p = std::exp(double(z[c] - max) - log_sum);
-        d[c] = float((p - (c == labels[i] ? 1.0 : 0.0)) / n);
+        // Scaled after the division, so grad_scale 1 gives the same bits as no scale.
+        d[c] = float((p - (c == labels[i] ? 1.0 : 0.0)) / n * double(grad_scale));
       }
     }
   }

@@ -2,9 +2,10 @@
 //
 // Every layer works on a batch of n examples in row-major buffers that the
 // model owns (its activation arena); parameters and their gradients are
-// pointers into the model's flat buffers. Backward *accumulates* nothing:
-// it overwrites the parameter gradients, since a model runs one backward per
-// step. Matrix products go to OpenBLAS; layouts follow PyTorch.
+// pointers into the model's flat buffers. Backward overwrites the parameter
+// gradients, or adds into them with `accumulate` (micro-batches: the GEMM's
+// beta is 1 and the bias sums start from what is there, so no second buffer).
+// Matrix products go to OpenBLAS; layouts follow PyTorch.
 #pragma once
 
 #include <cstdint>
@@ -18,8 +19,9 @@ struct Linear {
   float *w = nullptr, *b = nullptr, *dw = nullptr, *db = nullptr;
 
   void Forward(const float* x, int n, float* y) const;
-  // dW = dy^T · x, db = Σ_n dy, and dx = dy · W when dx is not null.
-  void Backward(const float* x, const float* dy, int n, float* dx) const;
+  // dW = dy^T · x, db = Σ_n dy (or dW += ..., db += ... with accumulate), and
+  // dx = dy · W when dx is not null; W is read only for dx.
+  void Backward(const float* x, const float* dy, int n, float* dx, bool accumulate = false) const;
   // Plain SGD fused into backward: dx = dy · W with the old W, then
   // W = (1 - lr·wd)·W - lr·dy^T·x in the same GEMM, so dW never exists.
   void BackwardSgd(const float* x, const float* dy, int n, float* dx, float lr, float wd) const;
@@ -38,8 +40,9 @@ struct Conv2d {
   int64_t col_size() const { return int64_t(in_channels) * kernel * kernel * height * width; }
   // cols receives the unfolded input for each image (n * col_size()), kept for backward.
   void Forward(const float* x, int n, float* cols, float* y) const;
-  // dcol is scratch of col_size(); dx may be null for the first layer.
-  void Backward(const float* cols, const float* dy, int n, float* dcol, float* dx) const;
+  // dcol is scratch of col_size(); dx may be null for the first layer, and W
+  // is read only for dx. accumulate as in Linear.
+  void Backward(const float* cols, const float* dy, int n, float* dcol, float* dx, bool accumulate = false) const;
   // As Linear::BackwardSgd: every dx first (they need the old W), then the update.
   void BackwardSgd(const float* cols, const float* dy, int n, float* dcol, float* dx, float lr, float wd) const;
 };
@@ -53,9 +56,9 @@ struct MaxPool2 {
 };
 
 // Mean softmax cross-entropy over n rows of `classes` logits. Writes
-// dlogits = (softmax - onehot) / n when dlogits is not null. When correct is
-// not null, adds the number of rows whose argmax equals the label.
+// dlogits = grad_scale * (softmax - onehot) / n when dlogits is not null. When
+// correct is not null, adds the number of rows whose argmax equals the label.
 float SoftmaxCrossEntropy(const float* logits, const int32_t* labels, int n, int classes, float* dlogits,
-                          int64_t* correct = nullptr);
+                          int64_t* correct = nullptr, float grad_scale = 1.0f);
 
 }  // namespace estuary::models

@@ -42,8 +42,8 @@ void RmsNormForward(const float* x, const float* weight, int n, int dim, float e
 // With xhat = x * rstd and g = weight * dy:
 //   dx = rstd * (g - xhat * mean(g * xhat)),   dweight = Σ_rows dy * xhat.
 void RmsNormBackward(const float* x, const float* weight, const float* rstd, const float* dy, int n, int dim,
-                     float* dx, float* dweight) {
-  std::memset(dweight, 0, sizeof(float) * dim);
+                     float* dx, float* dweight, bool accumulate) {
+  if (!accumulate) std::memset(dweight, 0, sizeof(float) * dim);
   for (int i = 0; i < n; ++i) {
     const float* xi = x + int64_t(i) * dim;
     const float* dyi = dy + int64_t(i) * dim;
@@ -228,7 +228,8 @@ void ResidualAdd(const float* x, int64_t count, float* y) {
 
 // ------------------------------------------------------------ cross-entropy
 
-float CrossEntropyForwardBackward(const float* logits, const int32_t* targets, int n, int vocab, float* dlogits) {
+float CrossEntropyForwardBackward(const float* logits, const int32_t* targets, int n, int vocab, float* dlogits,
+                                  float grad_scale) {
   double loss = 0;
   for (int i = 0; i < n; ++i) {
     const float* z = logits + int64_t(i) * vocab;
@@ -243,9 +244,10 @@ float CrossEntropyForwardBackward(const float* logits, const int32_t* targets, i
       sum += e;
     }
     loss += std::log(sum) - double(target_logit - max);
-    const float scale = float(1.0 / (sum * n));
+    // grad_scale enters where 1 stood, so a scale of 1 gives the unscaled bits.
+    const float scale = float(double(grad_scale) / (sum * n));
     for (int c = 0; c < vocab; ++c) d[c] *= scale;
-    d[targets[i]] -= 1.0f / float(n);
+    d[targets[i]] -= grad_scale / float(n);
   }
   return float(loss / n);
 }

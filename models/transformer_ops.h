@@ -12,6 +12,8 @@
 // backward pass simple: EmbeddingBackward adds into the table's gradient (a
 // tied table also receives the LM head's), and RmsNormBackward adds dx into
 // the residual stream's gradient, which carries every later layer's part.
+// RmsNormBackward's weight gradient (like Linear's, layers.h) is added to
+// instead of overwritten when `accumulate` is set, for micro-batches.
 //
 // The projections are Linear (layers.h) without bias; every matrix product
 // goes to OpenBLAS.
@@ -30,9 +32,10 @@ void EmbeddingBackward(const int32_t* tokens, int n, const float* dout, int dim,
 // Per row of x [n, dim]: y = weight * x * rstd with rstd = 1/sqrt(mean(x^2) + eps).
 // rstd [n] is kept for backward.
 void RmsNormForward(const float* x, const float* weight, int n, int dim, float eps, float* y, float* rstd);
-// dx += dL/dx (added, see above); dweight [dim] = Σ_rows dy * x * rstd (overwritten).
+// dx += dL/dx (added, see above); dweight [dim] = Σ_rows dy * x * rstd
+// (overwritten, or added with accumulate).
 void RmsNormBackward(const float* x, const float* weight, const float* rstd, const float* dy, int n, int dim,
-                     float* dx, float* dweight);
+                     float* dx, float* dweight, bool accumulate = false);
 
 // Rotary position embeddings, Hugging Face LLaMA convention: the two halves of
 // each head form the pairs (x[j], x[j + head_dim/2]), rotated by the angle
@@ -73,10 +76,12 @@ void AttentionBackward(const float* qkv, const float* probs, const float* dout, 
 void ResidualAdd(const float* x, int64_t count, float* y);
 
 // Mean softmax cross-entropy over n rows of `vocab` logits (F.cross_entropy),
-// with dlogits = (softmax - onehot(target)) / n written in the same pass.
+// with dlogits = grad_scale * (softmax - onehot(target)) / n written in the
+// same pass (the loss returned is not scaled).
 // Unlike SoftmaxCrossEntropy (layers.h), made for a vocabulary-sized row: one
 // float exp per logit instead of two double ones, and dlogits may alias
 // logits, so the [n, vocab] gradient needs no buffer of its own.
-float CrossEntropyForwardBackward(const float* logits, const int32_t* targets, int n, int vocab, float* dlogits);
+float CrossEntropyForwardBackward(const float* logits, const int32_t* targets, int n, int vocab, float* dlogits,
+                                  float grad_scale = 1.0f);
 
 }  // namespace estuary::models
