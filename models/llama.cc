@@ -84,8 +84,8 @@ Llama::Llama(const LlamaConfig& config, int max_batch) : config_(config), max_ba
   LlamaLayout layout = LayoutOf(config);
   manifest_ = std::move(layout.manifest);
   const uint64_t embed = layout.embed, final_norm = layout.final_norm, lm_head = layout.lm_head;
-  params_.assign(manifest_.total_elements, 0.0f);
-  grads_.assign(manifest_.total_elements, 0.0f);
+  params_ = FlatBuffer<float>(manifest_.total_elements);
+  grads_ = FlatBuffer<float>(manifest_.total_elements);
   float* P = params_.data();
   float* G = grads_.data();
   auto linear = [&](int in, int out, uint64_t offset) {
@@ -111,6 +111,16 @@ Llama::Llama(const LlamaConfig& config, int max_batch) : config_(config), max_ba
   final_norm_ = P + final_norm;
   d_final_norm_ = G + final_norm;
   lm_head_ = linear(int(D), int(V), lm_head);
+
+  // Units in buffer order: the embedding, each block (its tensors up to the
+  // next block's), then the final norm and the LM head when untied.
+  units_.push_back({"model.embed_tokens", embed, embed + uint64_t(V * D)});
+  for (size_t l = 0; l < layout.layers.size(); ++l) {
+    const uint64_t end = l + 1 < layout.layers.size() ? layout.layers[l + 1].qkv : final_norm;
+    units_.push_back({fmt::format("model.layers.{}", l), layout.layers[l].qkv, end});
+  }
+  units_.push_back({config.tie_embeddings ? "model.norm" : "model.norm+lm_head", final_norm,
+                    manifest_.total_elements});
 
   rope_cos_.resize(size_t(config.max_seq_len) * config.head_dim() / 2);
   rope_sin_.resize(rope_cos_.size());
@@ -223,14 +233,19 @@ Status Llama::CheckInput(const int32_t* tokens, const int32_t* targets, int batc
   return Status::Ok();
 }
 
-void Llama::RunForward(const int32_t* tokens, int batch, int seq, float* logits) {
+// Units: 0 the embedding, 1 + l block l, L + 1 the final norm (+ LM head).
+void Llama::RunForward(const int32_t* tokens, int batch, int seq, float* logits, StepHooks& hooks) {
   const LlamaConfig& c = config_;
   const int n = batch * seq, D = c.hidden_size, I = c.intermediate_size, hd = c.head_dim();
   const int H = c.num_heads, KV = c.num_kv_heads;
   const int64_t qkv_width = int64_t(H + 2 * KV) * hd;
   const float eps = float(c.rms_norm_eps);
+  const int final_unit = c.num_layers + 1;
+  hooks.BeforeUnit(0, Pass::kForward);
   EmbeddingForward(tokens, n, embed_, D, acts_.resid);
+  hooks.AfterUnit(0, Pass::kForward);
   for (int l = 0; l < c.num_layers; ++l) {
+    hooks.BeforeUnit(1 + l, Pass::kForward);
     const Layer& layer = layers_[l];
     const LayerActivations& a = acts_.layers[l];
     const float* x = acts_.resid + l * acts_.resid_stride;
@@ -246,58 +261,92 @@ void Llama::RunForward(const int32_t* tokens, int batch, int seq, float* logits)
     layer.gate_up.Forward(a.xn2, n, a.gate_up);
     SwiGluForward(a.gate_up, n, I, a.act);
     layer.down.Forward(a.act, n, out);
+    hooks.AfterUnit(1 + l, Pass::kForward);
     ResidualAdd(a.h, int64_t(n) * D, out);
   }
+  hooks.BeforeUnit(final_unit, Pass::kForward);
   RmsNormForward(acts_.resid + c.num_layers * acts_.resid_stride, final_norm_, n, D, eps, acts_.xn_final,
                  acts_.rstd_final);
-  lm_head_.Forward(acts_.xn_final, n, logits);
+  if (c.tie_embeddings) {
+    hooks.AfterUnit(final_unit, Pass::kForward);
+    hooks.BeforeUnit(0, Pass::kForward);
+    lm_head_.Forward(acts_.xn_final, n, logits);
+    hooks.AfterUnit(0, Pass::kForward);
+  } else {
+    lm_head_.Forward(acts_.xn_final, n, logits);
+    hooks.AfterUnit(final_unit, Pass::kForward);
+  }
 }
 
 Status Llama::Forward(const int32_t* tokens, int batch, int seq, float* logits) {
   ESTUARY_RETURN_IF_ERROR(CheckInput(tokens, nullptr, batch, seq));
   if (!logits) return InvalidArgument("llama: no logits buffer given");
   Carve(batch, seq, arena_.data());
-  RunForward(tokens, batch, seq, logits);
+  RunForward(tokens, batch, seq, logits, StepHooks::None());
   return Status::Ok();
 }
 
-Result<float> Llama::ForwardBackward(const int32_t* tokens, const int32_t* targets, int batch, int seq) {
+Result<float> Llama::ForwardBackward(const int32_t* tokens, const int32_t* targets, int batch, int seq,
+                                     const BackwardOptions& options) {
   if (!targets) return InvalidArgument("llama: no target ids given");
   ESTUARY_RETURN_IF_ERROR(CheckInput(tokens, targets, batch, seq));
+  if (!std::isfinite(options.grad_scale)) {
+    return InvalidArgument("llama: grad_scale {} is not finite", options.grad_scale);
+  }
+  StepHooks& hooks = options.hooks ? *options.hooks : StepHooks::None();
+  const bool accumulate = options.accumulate;
   const LlamaConfig& c = config_;
   const int n = batch * seq, D = c.hidden_size, I = c.intermediate_size, hd = c.head_dim();
   const int H = c.num_heads, KV = c.num_kv_heads;
   const int64_t qkv_width = int64_t(H + 2 * KV) * hd;
+  const int final_unit = c.num_layers + 1;
   Carve(batch, seq, arena_.data());
   const Activations& a = acts_;
-  RunForward(tokens, batch, seq, a.logits);
+  RunForward(tokens, batch, seq, a.logits, hooks);
   float* dlogits = a.logits;  // in place: the logits are not needed again
-  const float loss = CrossEntropyForwardBackward(a.logits, targets, n, c.vocab_size, dlogits);
+  const float loss = CrossEntropyForwardBackward(a.logits, targets, n, c.vocab_size, dlogits, options.grad_scale);
 
-  // The LM head first: when tied, it writes the embedding's gradient, to
-  // which the input side is added last.
-  lm_head_.Backward(a.xn_final, dlogits, n, a.dxn);
+  // The LM head first: when tied, it writes (or adds to) the embedding's
+  // gradient, to which the input side is added last; so unit 0's gradient is
+  // final only at the very end.
+  if (c.tie_embeddings) {
+    hooks.BeforeUnit(0, Pass::kBackward);
+    lm_head_.Backward(a.xn_final, dlogits, n, a.dxn, accumulate);
+    hooks.AfterUnit(0, Pass::kBackward);
+    hooks.BeforeUnit(final_unit, Pass::kBackward);
+  } else {
+    hooks.BeforeUnit(final_unit, Pass::kBackward);
+    lm_head_.Backward(a.xn_final, dlogits, n, a.dxn, accumulate);
+    hooks.GradientsFinal(uint64_t(lm_head_.dw - grads_.data()));  // the LM head lies after the final norm
+  }
   std::memset(a.dresid, 0, sizeof(float) * n * D);
   RmsNormBackward(a.resid + c.num_layers * a.resid_stride, final_norm_, a.rstd_final, a.dxn, n, D, a.dresid,
-                  d_final_norm_);
+                  d_final_norm_, accumulate);
+  hooks.AfterUnit(final_unit, Pass::kBackward);
+  hooks.GradientsFinal(units_[final_unit].begin);
   // dresid holds dL/d(output of block l) on entry and dL/d(its input) on exit.
   for (int l = c.num_layers - 1; l >= 0; --l) {
+    hooks.BeforeUnit(1 + l, Pass::kBackward);
     const Layer& layer = layers_[l];
     const LayerActivations& s = a.layers[l];
-    layer.down.Backward(s.act, a.dresid, n, a.dact);
+    layer.down.Backward(s.act, a.dresid, n, a.dact, accumulate);
     SwiGluBackward(s.gate_up, a.dact, n, I, a.dgate_up);
-    layer.gate_up.Backward(s.xn2, a.dgate_up, n, a.dxn);
-    RmsNormBackward(s.h, layer.post_norm, s.rstd2, a.dxn, n, D, a.dresid, layer.d_post_norm);
-    layer.o.Backward(s.attn, a.dresid, n, a.dattn);
+    layer.gate_up.Backward(s.xn2, a.dgate_up, n, a.dxn, accumulate);
+    RmsNormBackward(s.h, layer.post_norm, s.rstd2, a.dxn, n, D, a.dresid, layer.d_post_norm, accumulate);
+    layer.o.Backward(s.attn, a.dresid, n, a.dattn, accumulate);
     AttentionBackward(s.qkv, s.probs, a.dattn, batch, seq, H, KV, hd, a.dscores, a.dqkv);
     RopeBackward(a.dqkv, batch, seq, H, hd, qkv_width, rope_cos_.data(), rope_sin_.data());
     RopeBackward(a.dqkv + int64_t(H) * hd, batch, seq, KV, hd, qkv_width, rope_cos_.data(), rope_sin_.data());
-    layer.qkv.Backward(s.xn1, a.dqkv, n, a.dxn);
+    layer.qkv.Backward(s.xn1, a.dqkv, n, a.dxn, accumulate);
     RmsNormBackward(a.resid + l * a.resid_stride, layer.input_norm, s.rstd1, a.dxn, n, D, a.dresid,
-                    layer.d_input_norm);
+                    layer.d_input_norm, accumulate);
+    hooks.AfterUnit(1 + l, Pass::kBackward);
+    hooks.GradientsFinal(units_[1 + l].begin);
   }
-  if (!c.tie_embeddings) std::memset(d_embed_, 0, sizeof(float) * int64_t(c.vocab_size) * D);
+  // The lookup's backward reads no weight: no unit.
+  if (!c.tie_embeddings && !accumulate) std::memset(d_embed_, 0, sizeof(float) * int64_t(c.vocab_size) * D);
   EmbeddingBackward(tokens, n, a.dresid, D, d_embed_);
+  hooks.GradientsFinal(0);
   return loss;
 }
 

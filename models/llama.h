@@ -19,6 +19,13 @@
 // Unlike Hugging Face's `labels`, targets are not shifted inside: targets[i]
 // is the token expected after tokens[i]. A Llama is used by one thread at a
 // time (the arena is per model); replicas give parallelism.
+//
+// For DDP and ZeRO (models/step_hooks.h), units() are the embedding (unit 0),
+// each block (unit 1 + l), and the final norm with the LM head when untied
+// (the last unit); ForwardBackward takes BackwardOptions. When tied, forward
+// opens unit 0 twice (lookup, then LM head) and backward once (LM head: the
+// lookup's backward reads no weight). Both flat buffers are page-aligned mmap
+// memory (models/flat_buffer.h).
 #pragma once
 
 #include <cstdint>
@@ -27,7 +34,9 @@
 #include <vector>
 
 #include "base/status.h"
+#include "models/flat_buffer.h"
 #include "models/layers.h"
+#include "models/step_hooks.h"
 #include "models/tensor.h"
 
 namespace estuary::models {
@@ -82,16 +91,20 @@ class Llama {
   std::span<const float> parameters() const { return params_; }
   std::span<float> gradients() { return grads_; }
   std::span<const float> gradients() const { return grads_; }
+  std::vector<ParameterUnit> units() const { return units_; }
 
   // Hugging Face's init: normal(0, 0.02) for every matrix (embedding,
   // projections, LM head), ones for the norms; from one generator seeded with
   // `seed`, with explicit draws, so the same seed gives the same bits anywhere.
   void Initialize(uint64_t seed);
 
-  // tokens and targets are [batch, seq]. Overwrites gradients() and returns the
-  // mean cross-entropy over all batch * seq tokens. Fails, touching nothing,
-  // on a token or target outside [0, vocab_size) or a batch or seq out of range.
-  Result<float> ForwardBackward(const int32_t* tokens, const int32_t* targets, int batch, int seq);
+  // tokens and targets are [batch, seq]. Overwrites gradients() (or adds, see
+  // BackwardOptions) and returns the mean cross-entropy over all batch * seq
+  // tokens. Fails, touching nothing, on a token or target outside
+  // [0, vocab_size), a batch or seq out of range, or a grad_scale that is not
+  // finite.
+  Result<float> ForwardBackward(const int32_t* tokens, const int32_t* targets, int batch, int seq,
+                                const BackwardOptions& options = {});
 
   // Writes logits [batch, seq, vocab_size].
   Status Forward(const int32_t* tokens, int batch, int seq, float* logits);
@@ -127,12 +140,14 @@ class Llama {
   // Points acts_ into `base` laid out for (batch, seq) and returns the floats
   // used; with base == nullptr it only measures.
   size_t Carve(int batch, int seq, float* base);
-  void RunForward(const int32_t* tokens, int batch, int seq, float* logits);
+  void RunForward(const int32_t* tokens, int batch, int seq, float* logits, StepHooks& hooks);
 
   LlamaConfig config_;
   int max_batch_ = 0;
   Manifest manifest_;
-  std::vector<float> params_, grads_, arena_, rope_cos_, rope_sin_;
+  std::vector<ParameterUnit> units_;
+  FlatBuffer<float> params_, grads_;
+  std::vector<float> arena_, rope_cos_, rope_sin_;
   std::vector<Layer> layers_;
   float *embed_ = nullptr, *d_embed_ = nullptr, *final_norm_ = nullptr, *d_final_norm_ = nullptr;
   Linear lm_head_;

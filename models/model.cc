@@ -5,18 +5,23 @@
 #include <random>
 #include <thread>
 
+#include "models/flat_buffer.h"
 #include "models/layers.h"
 
 namespace estuary::models {
 
 namespace {
 
-// How a backward pass treats parameter gradients: write them into the flat
-// gradient buffer (ForwardBackward), or apply plain SGD with them on the spot
-// (TrainStepSgd). Layers implement both; models write their pass once.
+// How a backward pass treats parameter gradients: write (or add) them into
+// the flat gradient buffer (ForwardBackward), or apply plain SGD with them on
+// the spot (TrainStepSgd, which takes no hooks). Layers implement both;
+// models write their pass once.
 struct BackwardMode {
   bool fused_sgd = false;
   float lr = 0, weight_decay = 0;
+  bool accumulate = false;
+  float grad_scale = 1.0f;
+  StepHooks* hooks = &StepHooks::None();
 };
 
 template <typename Layer, typename... Args>
@@ -24,7 +29,7 @@ void LayerBackward(const Layer& layer, const BackwardMode& mode, Args... args) {
   if (mode.fused_sgd) {
     layer.BackwardSgd(args..., mode.lr, mode.weight_decay);
   } else {
-    layer.Backward(args...);
+    layer.Backward(args..., mode.accumulate);
   }
 }
 
@@ -41,7 +46,14 @@ class FlatModel : public Model {
   void Forward(const float* x, int n, float* logits) override {
     std::memcpy(logits, ForwardToArena(x, n), sizeof(float) * n * num_classes());
   }
-  float ForwardBackward(const float* x, const int32_t* y, int n) override { return Step(x, y, n, {}); }
+  using Model::ForwardBackward;
+  float ForwardBackward(const float* x, const int32_t* y, int n, const BackwardOptions& options) override {
+    BackwardMode mode;
+    mode.accumulate = options.accumulate;
+    mode.grad_scale = options.grad_scale;
+    if (options.hooks) mode.hooks = options.hooks;
+    return Step(x, y, n, mode);
+  }
   float TrainStepSgd(const float* x, const int32_t* y, int n, float lr, float wd) override {
     return Step(x, y, n, {true, lr, wd});
   }
@@ -50,6 +62,7 @@ class FlatModel : public Model {
   std::span<float> parameters() override { return params_; }
   std::span<const float> parameters() const override { return params_; }
   std::span<float> gradients() override { return grads_; }
+  std::vector<ParameterUnit> units() const override { return units_; }
 
   void Initialize(uint64_t seed) override {
     std::mt19937_64 rng(seed);
@@ -74,9 +87,13 @@ class FlatModel : public Model {
     fan_in_.push_back(fan_in);
     return manifest_.tensors.back().offset;
   }
+  // Closes a unit: the tensors registered since offset `begin`.
+  void AddUnit(std::string name, uint64_t begin) {
+    units_.push_back({std::move(name), begin, manifest_.total_elements});
+  }
   void Allocate() {
-    params_.assign(manifest_.total_elements, 0.0f);
-    grads_.assign(manifest_.total_elements, 0.0f);
+    params_ = FlatBuffer<float>(manifest_.total_elements);
+    grads_ = FlatBuffer<float>(manifest_.total_elements);
   }
   // Points a layer's w, b, dw, db at tensors registered at offsets wo, bo.
   template <typename Layer>
@@ -99,7 +116,9 @@ class FlatModel : public Model {
 
   Manifest manifest_;
   std::vector<int64_t> fan_in_;
-  std::vector<float> params_, grads_, arena_;
+  std::vector<ParameterUnit> units_;
+  FlatBuffer<float> params_, grads_;
+  std::vector<float> arena_;
 };
 
 // McMahan et al.'s "2NN": 784-200-200-10 with ReLU.
@@ -107,8 +126,11 @@ class Mlp final : public FlatModel {
  public:
   Mlp() {
     const uint64_t w1 = Add("fc1.weight", {200, 784}, 784), b1 = Add("fc1.bias", {200}, 784);
+    AddUnit("fc1", w1);
     const uint64_t w2 = Add("fc2.weight", {200, 200}, 200), b2 = Add("fc2.bias", {200}, 200);
+    AddUnit("fc2", w2);
     const uint64_t w3 = Add("fc3.weight", {10, 200}, 200), b3 = Add("fc3.bias", {10}, 200);
+    AddUnit("fc3", w3);
     Allocate();
     fc1_ = {784, 200};
     fc2_ = {200, 200};
@@ -122,7 +144,7 @@ class Mlp final : public FlatModel {
  private:
   const float* ForwardToArena(const float* x, int n) override {
     Activations a = Layout(n);
-    RunForward(a, x, n);
+    RunForward(a, x, n, StepHooks::None());
     return a.logits;
   }
 
@@ -137,24 +159,40 @@ class Mlp final : public FlatModel {
     return {p, p + 200 * m, p + 400 * m, p + 410 * m, p + 420 * m, p + 620 * m};
   }
 
+  // Units: 0 fc1, 1 fc2, 2 fc3.
   float Step(const float* x, const int32_t* y, int n, const BackwardMode& mode) override {
+    StepHooks& hooks = *mode.hooks;
     Activations a = Layout(n);
-    RunForward(a, x, n);
-    const float loss = SoftmaxCrossEntropy(a.logits, y, n, 10, a.dlogits);
+    RunForward(a, x, n, hooks);
+    const float loss = SoftmaxCrossEntropy(a.logits, y, n, 10, a.dlogits, nullptr, mode.grad_scale);
+    hooks.BeforeUnit(2, Pass::kBackward);
     LayerBackward(fc3_, mode, a.h2, a.dlogits, n, a.dh2);
+    hooks.AfterUnit(2, Pass::kBackward);
+    hooks.GradientsFinal(units_[2].begin);
     ReluBackward(a.h2, a.dh2, int64_t(n) * 200);
+    hooks.BeforeUnit(1, Pass::kBackward);
     LayerBackward(fc2_, mode, a.h1, a.dh2, n, a.dh1);
+    hooks.AfterUnit(1, Pass::kBackward);
+    hooks.GradientsFinal(units_[1].begin);
     ReluBackward(a.h1, a.dh1, int64_t(n) * 200);
+    // No dx for the first layer, so its weights are not read: no unit.
     LayerBackward(fc1_, mode, x, a.dh1, n, static_cast<float*>(nullptr));
+    hooks.GradientsFinal(0);
     return loss;
   }
 
-  void RunForward(Activations& a, const float* x, int n) {
+  void RunForward(Activations& a, const float* x, int n, StepHooks& hooks) {
+    hooks.BeforeUnit(0, Pass::kForward);
     fc1_.Forward(x, n, a.h1);
+    hooks.AfterUnit(0, Pass::kForward);
     ReluForward(a.h1, int64_t(n) * 200);
+    hooks.BeforeUnit(1, Pass::kForward);
     fc2_.Forward(a.h1, n, a.h2);
+    hooks.AfterUnit(1, Pass::kForward);
     ReluForward(a.h2, int64_t(n) * 200);
+    hooks.BeforeUnit(2, Pass::kForward);
     fc3_.Forward(a.h2, n, a.logits);
+    hooks.AfterUnit(2, Pass::kForward);
   }
 
   Linear fc1_, fc2_, fc3_;
@@ -165,9 +203,13 @@ class Cnn final : public FlatModel {
  public:
   Cnn() {
     const uint64_t cw1 = Add("conv1.weight", {32, 1, 5, 5}, 25), cb1 = Add("conv1.bias", {32}, 25);
+    AddUnit("conv1", cw1);
     const uint64_t cw2 = Add("conv2.weight", {64, 32, 5, 5}, 800), cb2 = Add("conv2.bias", {64}, 800);
+    AddUnit("conv2", cw2);
     const uint64_t w1 = Add("fc1.weight", {512, 3136}, 3136), b1 = Add("fc1.bias", {512}, 3136);
+    AddUnit("fc1", w1);
     const uint64_t w2 = Add("fc2.weight", {10, 512}, 512), b2 = Add("fc2.bias", {10}, 512);
+    AddUnit("fc2", w2);
     Allocate();
     conv1_ = {1, 32, 5, 2, 28, 28};
     conv2_ = {32, 64, 5, 2, 14, 14};
@@ -185,7 +227,7 @@ class Cnn final : public FlatModel {
  private:
   const float* ForwardToArena(const float* x, int n) override {
     Activations a = Layout(n);
-    RunForward(a, x, n);
+    RunForward(a, x, n, StepHooks::None());
     return a.logits;
   }
 
@@ -216,32 +258,53 @@ class Cnn final : public FlatModel {
             reinterpret_cast<int32_t*>(slots[16])};
   }
 
+  // Units: 0 conv1, 1 conv2, 2 fc1, 3 fc2.
   float Step(const float* x, const int32_t* y, int n, const BackwardMode& mode) override {
+    StepHooks& hooks = *mode.hooks;
     Activations a = Layout(n);
-    RunForward(a, x, n);
-    const float loss = SoftmaxCrossEntropy(a.logits, y, n, 10, a.dlogits);
+    RunForward(a, x, n, hooks);
+    const float loss = SoftmaxCrossEntropy(a.logits, y, n, 10, a.dlogits, nullptr, mode.grad_scale);
+    hooks.BeforeUnit(3, Pass::kBackward);
     LayerBackward(fc2_, mode, a.f1, a.dlogits, n, a.df1);
+    hooks.AfterUnit(3, Pass::kBackward);
+    hooks.GradientsFinal(units_[3].begin);
     ReluBackward(a.f1, a.df1, int64_t(n) * 512);
+    hooks.BeforeUnit(2, Pass::kBackward);
     LayerBackward(fc1_, mode, a.p2, a.df1, n, a.dp2);
+    hooks.AfterUnit(2, Pass::kBackward);
+    hooks.GradientsFinal(units_[2].begin);
     pool2_.Backward(a.dp2, a.arg2, n, a.dc2);
     ReluBackward(a.c2, a.dc2, int64_t(n) * 64 * 196);
+    hooks.BeforeUnit(1, Pass::kBackward);
     LayerBackward(conv2_, mode, a.cols2, a.dc2, n, a.dcol, a.dp1);
+    hooks.AfterUnit(1, Pass::kBackward);
+    hooks.GradientsFinal(units_[1].begin);
     pool1_.Backward(a.dp1, a.arg1, n, a.dc1);
     ReluBackward(a.c1, a.dc1, int64_t(n) * 32 * 784);
+    // No dx for the first layer, so its weights are not read: no unit.
     LayerBackward(conv1_, mode, a.cols1, a.dc1, n, a.dcol, static_cast<float*>(nullptr));
+    hooks.GradientsFinal(0);
     return loss;
   }
 
-  void RunForward(Activations& a, const float* x, int n) {
+  void RunForward(Activations& a, const float* x, int n, StepHooks& hooks) {
+    hooks.BeforeUnit(0, Pass::kForward);
     conv1_.Forward(x, n, a.cols1, a.c1);
+    hooks.AfterUnit(0, Pass::kForward);
     ReluForward(a.c1, int64_t(n) * 32 * 784);
     pool1_.Forward(a.c1, n, a.p1, a.arg1);
+    hooks.BeforeUnit(1, Pass::kForward);
     conv2_.Forward(a.p1, n, a.cols2, a.c2);
+    hooks.AfterUnit(1, Pass::kForward);
     ReluForward(a.c2, int64_t(n) * 64 * 196);
     pool2_.Forward(a.c2, n, a.p2, a.arg2);  // [n, 64, 7, 7] is already PyTorch's flatten order
+    hooks.BeforeUnit(2, Pass::kForward);
     fc1_.Forward(a.p2, n, a.f1);
+    hooks.AfterUnit(2, Pass::kForward);
     ReluForward(a.f1, int64_t(n) * 512);
+    hooks.BeforeUnit(3, Pass::kForward);
     fc2_.Forward(a.f1, n, a.logits);
+    hooks.AfterUnit(3, Pass::kForward);
   }
 
   Conv2d conv1_, conv2_;

@@ -7,6 +7,11 @@
 // Parameter layout follows PyTorch (Linear weight is [out, in], Conv2d weight
 // is [out_channels, in_channels, kh, kw]) so tensors map one to one onto a
 // torch state_dict with the same names.
+//
+// For DDP and ZeRO (models/step_hooks.h): units() cuts the buffer into one
+// unit per layer ("fc1", "conv2", ...), and ForwardBackward takes
+// BackwardOptions (accumulation, gradient scale, hooks). Both buffers are
+// page-aligned mmap memory (models/flat_buffer.h).
 #pragma once
 
 #include <cstdint>
@@ -16,6 +21,7 @@
 #include <vector>
 
 #include "base/status.h"
+#include "models/step_hooks.h"
 #include "models/tensor.h"
 
 namespace estuary::models {
@@ -35,6 +41,8 @@ class Model {
   virtual std::span<float> parameters() = 0;
   virtual std::span<const float> parameters() const = 0;
   virtual std::span<float> gradients() = 0;
+  // One unit per layer (its weight and bias), tiling the buffer in order.
+  virtual std::vector<ParameterUnit> units() const = 0;
   // Input features per example (784 for MNIST) and number of classes.
   virtual int input_size() const = 0;
   virtual int num_classes() const = 0;
@@ -44,13 +52,16 @@ class Model {
   virtual void Initialize(uint64_t seed) = 0;
 
   // Forward, softmax cross-entropy (mean over the batch) and backward.
-  // Overwrites gradients(); returns the mean loss. x is [n, input_size], y is [n].
-  virtual float ForwardBackward(const float* x, const int32_t* y, int n) = 0;
+  // Overwrites gradients() (or adds, see BackwardOptions); returns the mean
+  // loss. x is [n, input_size], y is [n].
+  virtual float ForwardBackward(const float* x, const int32_t* y, int n, const BackwardOptions& options) = 0;
+  float ForwardBackward(const float* x, const int32_t* y, int n) { return ForwardBackward(x, y, n, {}); }
 
   // One step of plain SGD (no momentum), as ForwardBackward followed by
   // Sgd(lr, 0, weight_decay).Step, but with the update fused into each
   // layer's weight-gradient product: the large gradients are never written
-  // and read back. gradients() is not filled. Returns the mean loss.
+  // and read back. gradients() is not filled, so no hooks: a single-process
+  // path, not one for DDP or ZeRO. Returns the mean loss.
   virtual float TrainStepSgd(const float* x, const int32_t* y, int n, float lr, float weight_decay) = 0;
 
   // Forward only: writes logits [n, num_classes].
