@@ -255,10 +255,12 @@ class GlooCommunicator final : public Communicator {
     const size_t seg = std::min(m, kSegmentFloats), segments = (m + seg - 1) / seg;
     auto length = [&](size_t i) { return std::min(seg, m - i * seg); };
 
-    std::vector<float> scratch(2 * m);
+    // Kept across calls: fresh pages for every call would cost more than the additions.
+    if (scratch_.size() < 2 * m) scratch_.resize(2 * m);
+    std::span<float> scratch(scratch_.data(), 2 * m);
     const uint64_t slot = gloo::Slot::build(kReduceScatterSlotPrefix, tag);
     auto mine = context_->createUnboundBuffer(const_cast<float*>(in.data()), in.size_bytes());
-    auto tmp = context_->createUnboundBuffer(scratch.data(), scratch.size() * sizeof(float));
+    auto tmp = context_->createUnboundBuffer(scratch.data(), scratch.size_bytes());
     size_t tmp_sent = 0, tmp_confirmed = 0;
     std::vector<size_t> sent_before_step(n, 0);
     auto confirm_sends = [&](size_t until) {
@@ -378,6 +380,7 @@ class GlooCommunicator final : public Communicator {
   const std::unique_ptr<Store> store_;  // rank 0 serves tcp:// rendezvous while it lives
   const std::shared_ptr<gloo::Context> context_;
   const milliseconds timeout_;
+  std::vector<float> scratch_;  // the ring reduce-scatter's, used on the worker only
 
   std::mutex mu_;
   std::condition_variable wake_;
