@@ -595,6 +595,152 @@ INSTANTIATE_TEST_SUITE_P(Gloo, DeadRankTest,
                                             ::testing::Values(2, 4)),
                          StageAndRanks);
 
+// ---- the schedule --------------------------------------------------------------
+
+// One rank that records every collective with the model's hooks in one log,
+// so a test can see when each collective was launched relative to backward.
+struct Log {
+  std::vector<std::string> events;
+  const float* params = nullptr;
+  const float* grads = nullptr;
+};
+
+class DoneWork : public Work {
+ public:
+  Status Wait() override { return Status::Ok(); }
+};
+
+class RecordingCommunicator : public Communicator {
+ public:
+  explicit RecordingCommunicator(Log& log) : log_(log) {}
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  models::Device device() const override { return models::Device::kCpu; }
+  std::string_view backend() const override { return "recording"; }
+  std::unique_ptr<Work> AllReduce(std::span<float> data, ReduceOp) override {
+    Record("all-reduce", data.data());
+    return std::make_unique<DoneWork>();
+  }
+  std::unique_ptr<Work> AllReduce(std::span<double>, ReduceOp) override { return std::make_unique<DoneWork>(); }
+  std::unique_ptr<Work> ReduceScatter(std::span<const float> in, std::span<float> out, ReduceOp) override {
+    Record("reduce-scatter", in.data());
+    std::memcpy(out.data(), in.data(), out.size_bytes());
+    return std::make_unique<DoneWork>();
+  }
+  std::unique_ptr<Work> AllGather(std::span<const float> in, std::span<float> out) override {
+    Record("all-gather", out.data());
+    std::memcpy(out.data(), in.data(), in.size_bytes());
+    return std::make_unique<DoneWork>();
+  }
+  std::unique_ptr<Work> Broadcast(std::span<float>, int) override { return std::make_unique<DoneWork>(); }
+  std::unique_ptr<Work> Broadcast(std::span<std::byte>, int) override { return std::make_unique<DoneWork>(); }
+  std::unique_ptr<Work> Barrier() override { return std::make_unique<DoneWork>(); }
+
+ private:
+  void Record(const char* what, const float* at) {
+    const float* base = std::string_view(what) == "all-gather" ? log_.params : log_.grads;
+    log_.events.push_back(fmt::format("{} {}", what, at - base));
+  }
+  Log& log_;
+};
+
+class RecordingHooks : public models::StepHooks {
+ public:
+  RecordingHooks(models::StepHooks* inner, Log& log) : inner_(inner), log_(log) {}
+  void BeforeUnit(int u, models::Pass p) override {
+    log_.events.push_back(fmt::format("before {}", u));
+    if (inner_) inner_->BeforeUnit(u, p);
+  }
+  void AfterUnit(int u, models::Pass p) override {
+    if (inner_) inner_->AfterUnit(u, p);
+  }
+  void GradientsFinal(uint64_t offset) override {
+    log_.events.push_back(fmt::format("final {}", offset));
+    if (inner_) inner_->GradientsFinal(offset);
+  }
+
+ private:
+  models::StepHooks* inner_;
+  Log& log_;
+};
+
+// Runs two steps of the untied decoder and returns the second step's log.
+Result<std::vector<std::string>> Schedule(ZeroStage stage, std::vector<std::pair<uint64_t, uint64_t>>* buckets,
+                                          std::vector<models::ParameterUnit>* units) {
+  Log log;
+  RecordingCommunicator comm(log);
+  ESTUARY_ASSIGN_OR_RETURN(Net net, Net::Make("llama", 1, 4));
+  log.params = net.parameters().data();
+  log.grads = net.gradients().data();
+  const DataParallelOptions options{.stage = stage, .bucket_bytes = 3000, .first_bucket_bytes = 1000};
+  ESTUARY_ASSIGN_OR_RETURN(auto dp, DataParallel::Create(comm, net, options));
+  *buckets = dp->buckets();
+  *units = net.units();
+  models::Sgd opt(0.1f, 0, 0);
+  for (int step = 0; step < 2; ++step) {
+    log.events.clear();
+    const Batch data = net.MakeBatch(4, step);
+    auto o = dp->MicroBatch(1.0, true);
+    RecordingHooks hooks(o.hooks, log);
+    o.hooks = &hooks;
+    ESTUARY_ASSIGN_OR_RETURN(float loss, net.Run(data, 0, 4, o));
+    (void)loss;
+    ESTUARY_ASSIGN_OR_RETURN(auto r, dp->Step([&](auto p, auto g) { opt.Step(p, g); }));
+    (void)r;
+  }
+  return log.events;
+}
+
+// Each bucket's reduction is launched by the first GradientsFinal whose
+// watermark is at or below the bucket's start — during backward, not after it.
+TEST(DataParallelSchedule, ReductionsStartAsSoonAsTheirGradientsAreFinal) {
+  for (ZeroStage stage : {ZeroStage::kDdp, ZeroStage::kZero1, ZeroStage::kZero2, ZeroStage::kZero3}) {
+    std::vector<std::pair<uint64_t, uint64_t>> buckets;
+    std::vector<models::ParameterUnit> units;
+    auto events = Schedule(stage, &buckets, &units);
+    ASSERT_TRUE(events.ok()) << events.status().ToString();
+    const std::string op = stage == ZeroStage::kDdp ? "all-reduce" : "reduce-scatter";
+    uint64_t watermark = UINT64_MAX, previous = UINT64_MAX;  // the last two GradientsFinal offsets
+    size_t next = 0, finals_after_first_launch = 0;
+    for (const std::string& e : *events) {
+      if (e.rfind("final ", 0) == 0) {
+        previous = watermark;
+        watermark = std::stoull(e.substr(6));
+        if (next > 0) ++finals_after_first_launch;
+        continue;
+      }
+      if (e.rfind(op + " ", 0) != 0) continue;
+      ASSERT_LT(next, buckets.size());
+      const uint64_t begin = buckets[next].first;
+      EXPECT_EQ(std::stoull(e.substr(op.size() + 1)), begin) << "bucket " << next << " out of order";
+      EXPECT_LE(watermark, begin) << "bucket " << next << " launched before its gradients were final";
+      EXPECT_GT(previous, begin) << "bucket " << next << " was final a hook earlier than it was launched";
+      ++next;
+    }
+    EXPECT_EQ(next, buckets.size()) << "every bucket reduced once";
+    EXPECT_GT(finals_after_first_launch, 0u) << "the first reduction was launched only after backward";
+  }
+}
+
+// ZeRO-3 gathers the unit the model opens next while the current one
+// computes: after the first step (which records the order), no unit but the
+// first of a pass waits for a gather launched inside its own BeforeUnit.
+TEST(DataParallelSchedule, ZeroThreePrefetchesTheNextUnit) {
+  std::vector<std::pair<uint64_t, uint64_t>> buckets;
+  std::vector<models::ParameterUnit> units;
+  auto events = Schedule(ZeroStage::kZero3, &buckets, &units);
+  ASSERT_TRUE(events.ok()) << events.status().ToString();
+  int on_demand = 0, befores = 0;
+  for (size_t i = 0; i + 1 < events->size(); ++i) {
+    if ((*events)[i].rfind("before ", 0) != 0) continue;
+    ++befores;
+    const int u = std::stoi((*events)[i].substr(7));
+    if ((*events)[i + 1] == fmt::format("all-gather {}", units[u].begin)) ++on_demand;
+  }
+  EXPECT_GT(befores, int(units.size()));
+  EXPECT_EQ(on_demand, 1) << "only the step's first unit is gathered on demand";
+}
+
 // ---- one process -------------------------------------------------------------
 
 TEST(DataParallelLocal, BucketsAreSlicesFromTheEnd) {
