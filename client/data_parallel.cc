@@ -392,7 +392,10 @@ Status DataParallel::ForEachSlice(const std::function<Status(uint64_t, std::span
     Bucket& b = buckets_[unit_bucket_[u]];
     if (!b.gather && !b.gather_rest) LaunchGather(b);
     FinishGather(b);
-    if (u + 1 < units_.size()) LaunchGather(buckets_[unit_bucket_[u + 1]]);
+    if (u + 1 < units_.size()) {  // the next unit travels while fn reads this one
+      Bucket& next = buckets_[unit_bucket_[u + 1]];
+      if (!next.present && !next.gather && !next.gather_rest) LaunchGather(next);
+    }
     if (first.ok() && error_.ok()) first = fn(b.begin, params_.subspan(b.begin, b.end - b.begin));
     ReleaseParameters(b);
   }

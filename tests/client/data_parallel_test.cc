@@ -490,6 +490,22 @@ Status CheckMemory(ZeroStage stage, int n, const std::string& address, int rank)
                   "{} N={}: optimizer state {} want {}", kStage[int(stage)], n, m.optimizer_state, optimizer);
   CHECK_OR_RETURN(double(m.staging) <= staging, "{} N={}: staging {} over {}", kStage[int(stage)], n, m.staging,
                   staging);
+  // Reading the model out (a federated update) under ZeRO-3 holds at most
+  // two units at a time: the one handed out and the next one, in flight.
+  if (stage == ZeroStage::kZero3) {
+    size_t peak = 0, largest = 0;
+    for (const auto& u : net.units()) largest = std::max<size_t>(largest, (u.end - u.begin) * sizeof(float));
+    ESTUARY_RETURN_IF_ERROR(dp->ForEachSlice([&](uint64_t, std::span<const float>) -> Status {
+      ESTUARY_ASSIGN_OR_RETURN(MemoryUse now, dp->Memory());
+      peak = std::max(peak, now.parameters);
+      return Status::Ok();
+    }));
+    CHECK_OR_RETURN(double(peak) <= 2 * double(largest) + params_slack,
+                    "zero3 N={}: {} parameter bytes resident while reading out, over two units ({} each) + {}", n,
+                    peak, largest, params_slack);
+    CHECK_OR_RETURN(peak < size_t(P) || n == 1 || net.units().size() <= 2,
+                    "zero3 N={}: reading out materialised the model ({} bytes)", n, peak);
+  }
   // The formula, with the slack stated above.
   double slack = params_slack + grads_slack + 4 * pad + staging;
   if (stage == ZeroStage::kZero1) slack += (P + G) / n;
