@@ -218,7 +218,6 @@ int main(int argc, char** argv) {
   app.add_option("--decoder-batch", decoder_batch, "global batch (sequences of 64 tokens)");
   CLI11_PARSE(app, argc, argv);
 
-  static const char* kKind[] = {"ddp", "zero1", "zero2", "zero3"};
   std::printf("%-8s %-6s %2s %10s %9s %12s %12s %8s\n", "model", "engine", "N", "step ms", "vs plain", "exposed ms",
               "comm ms", "hidden");
   for (const std::string model : {"cnn", "decoder"}) {
@@ -232,7 +231,7 @@ int main(int argc, char** argv) {
         const Figures f = Launch(model, kind, n, batch, steps);
         const std::string hidden =
             kind == 0 && n > 1 && f.comm_ms > 0 ? fmt::format("{:.0f}%", 100 * std::max(0.0, 1 - f.exposed_ms / f.comm_ms)) : "-";
-        std::printf("%-8s %-6s %2d %10.2f %9.2f %12.2f %12s %8s\n", model.c_str(), kKind[kind], n, f.step_ms,
+        std::printf("%-8s %-6s %2d %10.2f %9.2f %12.2f %12s %8s\n", model.c_str(), std::string(client::ZeroStageName(client::ZeroStage(kind))).c_str(), n, f.step_ms,
                     plain.step_ms / f.step_ms, f.exposed_ms, kind == 0 ? fmt::format("{:.2f}", f.comm_ms).c_str() : "-",
                     hidden.c_str());
         std::fflush(stdout);

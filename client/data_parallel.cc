@@ -20,6 +20,16 @@ constexpr size_t kReductionsInFlight = 4;
 
 }  // namespace
 
+std::string_view ZeroStageName(ZeroStage stage) {
+  switch (stage) {
+    case ZeroStage::kDdp: return "ddp";
+    case ZeroStage::kZero1: return "zero1";
+    case ZeroStage::kZero2: return "zero2";
+    case ZeroStage::kZero3: return "zero3";
+  }
+  return "unknown";
+}
+
 // A slice [begin, end) of the flat buffers and the collectives on it. Under
 // ZeRO it is cut into size() pieces of `piece` elements, laid end to end from
 // begin, plus a remainder of fewer than size() elements after them, one

@@ -54,6 +54,7 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <string_view>
 #include <vector>
 
 #include "base/status.h"
@@ -64,6 +65,8 @@
 namespace estuary::client {
 
 enum class ZeroStage { kDdp = 0, kZero1 = 1, kZero2 = 2, kZero3 = 3 };
+// "ddp", "zero1", "zero2", "zero3".
+std::string_view ZeroStageName(ZeroStage stage);
 
 struct DataParallelOptions {
   ZeroStage stage = ZeroStage::kDdp;

@@ -180,8 +180,7 @@ struct Scenario {
 };
 
 std::string Name(const Scenario& s) {
-  static const char* kStage[] = {"ddp", "zero1", "zero2", "zero3"};
-  std::string name = fmt::format("{}_{}_n{}", s.model, kStage[int(s.stage)], s.ranks);
+  std::string name = fmt::format("{}_{}_n{}", s.model, ZeroStageName(s.stage), s.ranks);
   for (char& c : name) {
     if (c == '-') c = '_';
   }
@@ -197,6 +196,9 @@ std::string Name(const Scenario& s) {
 }
 
 void PrintTo(const Scenario& s, std::ostream* os) { *os << Name(s); }
+}  // namespace
+void PrintTo(ZeroStage stage, std::ostream* os) { *os << ZeroStageName(stage); }
+namespace {
 
 // Wraps the engine's hooks to put an inf into one gradient just before the
 // engine sees it final (so the inf goes into the reduction, as an overflow would).
@@ -467,7 +469,7 @@ Status CheckMemory(ZeroStage stage, int n, const std::string& address, int rank)
   auto within = [](double measured, double want, double slack) {
     return measured >= want - 1 && measured <= want + slack + 1;
   };
-  static const char* kStage[] = {"ddp", "zero1", "zero2", "zero3"};
+  const std::string name(ZeroStageName(stage));
   const double formula = stage == ZeroStage::kDdp     ? P + G + O
                          : stage == ZeroStage::kZero1 ? P + G + O / n
                          : stage == ZeroStage::kZero2 ? P + G / n + O / n
@@ -475,20 +477,20 @@ Status CheckMemory(ZeroStage stage, int n, const std::string& address, int rank)
   if (rank == 0) {
     std::printf("memory %-5s N=%d rank 0: params %8zu grads %8zu shard %8zu+%-8zu optimizer %8zu staging %5zu "
                 "total %8zu  formula %8.0f\n",
-                kStage[int(stage)], n, m.parameters, m.gradients, m.shard_parameters, m.shard_gradients,
+                name.c_str(), n, m.parameters, m.gradients, m.shard_parameters, m.shard_gradients,
                 m.optimizer_state, m.staging, m.total(), formula);
   }
   CHECK_OR_RETURN(within(double(m.parameters), params, params_slack), "{} N={} rank {}: parameters {} want {} + {}",
-                  kStage[int(stage)], n, rank, m.parameters, params, params_slack);
+                  name, n, rank, m.parameters, params, params_slack);
   CHECK_OR_RETURN(within(double(m.gradients), grads, grads_slack), "{} N={} rank {}: gradients {} want {} + {}",
-                  kStage[int(stage)], n, rank, m.gradients, grads, grads_slack);
+                  name, n, rank, m.gradients, grads, grads_slack);
   CHECK_OR_RETURN(within(double(m.shard_parameters), shard_p, shard_p ? pad : 0), "{} N={}: shard params {} want {}",
-                  kStage[int(stage)], n, m.shard_parameters, shard_p);
+                  name, n, m.shard_parameters, shard_p);
   CHECK_OR_RETURN(within(double(m.shard_gradients), shard_g, shard_g ? pad : 0), "{} N={}: shard grads {} want {}",
-                  kStage[int(stage)], n, m.shard_gradients, shard_g);
+                  name, n, m.shard_gradients, shard_g);
   CHECK_OR_RETURN(within(double(m.optimizer_state), optimizer, stage == ZeroStage::kDdp ? 0 : 2 * pad),
-                  "{} N={}: optimizer state {} want {}", kStage[int(stage)], n, m.optimizer_state, optimizer);
-  CHECK_OR_RETURN(double(m.staging) <= staging, "{} N={}: staging {} over {}", kStage[int(stage)], n, m.staging,
+                  "{} N={}: optimizer state {} want {}", name, n, m.optimizer_state, optimizer);
+  CHECK_OR_RETURN(double(m.staging) <= staging, "{} N={}: staging {} over {}", name, n, m.staging,
                   staging);
   // Reading the model out (a federated update) under ZeRO-3 holds at most
   // two units at a time: the one handed out and the next one, in flight.
@@ -511,7 +513,7 @@ Status CheckMemory(ZeroStage stage, int n, const std::string& address, int rank)
   if (stage == ZeroStage::kZero1) slack += (P + G) / n;
   if (stage == ZeroStage::kZero2) slack += P / n;
   CHECK_OR_RETURN(within(double(m.total()), formula, slack), "{} N={} rank {}: {} bytes, formula {} + slack {}",
-                  kStage[int(stage)], n, rank, m.total(), formula, slack);
+                  name, n, rank, m.total(), formula, slack);
   return Status::Ok();
 }
 
@@ -524,8 +526,7 @@ TEST_P(MemoryTest, FollowsZeroAccounting) {
 }
 
 std::string StageAndRanks(const ::testing::TestParamInfo<std::tuple<ZeroStage, int>>& info) {
-  static const char* kStage[] = {"ddp", "zero1", "zero2", "zero3"};
-  return fmt::format("{}_n{}", kStage[int(std::get<0>(info.param))], std::get<1>(info.param));
+  return fmt::format("{}_n{}", ZeroStageName(std::get<0>(info.param)), std::get<1>(info.param));
 }
 
 INSTANTIATE_TEST_SUITE_P(PerRank, MemoryTest,
