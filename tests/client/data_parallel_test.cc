@@ -272,7 +272,6 @@ Status RunScenario(const Scenario& s, const std::string& address, int rank) {
     // The reference: one process, the whole batch of every micro-batch at once.
     const float scale = s.scaler ? ref_scaler.scale() : 1.0f;
     ESTUARY_ASSIGN_OR_RETURN(float ref_loss, ref.Run(data, 0, total, {.grad_scale = scale}));
-    (void)ref_loss;
     if (inject) ref.gradients()[inject_at] = std::numeric_limits<float>::infinity();
     auto ref_step = [&] {
       if (s.clip > 0) models::ClipGradNorm(ref.gradients(), s.clip);
@@ -285,7 +284,9 @@ Status RunScenario(const Scenario& s, const std::string& address, int rank) {
     }
 
     // The data-parallel models: this rank's share of each micro-batch.
+    double weighted_loss = 0;  // this rank's share of the global batch's mean loss
     auto run = [&](DataParallel& engine, Net& net, uint64_t at) -> Status {
+      weighted_loss = 0;
       for (int m = 0; m < s.micro; ++m) {
         const auto [lo, hi] = Split(s.batch, rank, n);
         auto o = engine.MicroBatch(double(hi - lo) / total, m == s.micro - 1);
@@ -296,11 +297,15 @@ Status RunScenario(const Scenario& s, const std::string& address, int rank) {
         }
         auto loss = net.Run(data, m * s.batch + lo, m * s.batch + hi, o);
         if (!loss.ok()) return loss.status();
+        weighted_loss += double(*loss) * (hi - lo) / total;
       }
       return Status::Ok();
     };
     ESTUARY_RETURN_IF_ERROR(run(*dp, ddp, inject_at));
     ESTUARY_ASSIGN_OR_RETURN(StepResult r, dp->Step([&](auto p, auto g) { ddp_opt.Step(p, g); }));
+    ESTUARY_ASSIGN_OR_RETURN(double loss, dp->SumOverRanks(weighted_loss));
+    CHECK_OR_RETURN(std::abs(loss - ref_loss) <= 1e-5 * std::abs(ref_loss), "rank {} step {}: loss {} want {}", rank,
+                    step, loss, ref_loss);
     CHECK_OR_RETURN(r.stepped == !inject, "rank {} step {}: DDP stepped = {}", rank, step, r.stepped);
     if (inject) {
       CHECK_OR_RETURN(std::memcmp(before.data(), ddp.parameters().data(), before.size() * 4) == 0,
