@@ -1,8 +1,27 @@
 // DDP and ZeRO-1/2/3 (client/data_parallel.h) with 2 and 4 real processes
-// over Gloo on 127.0.0.1. Every rank also trains a single-process reference
-// on the full global batch in its own memory, so each rank checks itself:
-// DDP against the reference, and ZeRO against a DDP model stepped beside it
-// on the same communicator, after every step. Batches do not split evenly.
+// (forked, tests/client/ranks.h) over Gloo on 127.0.0.1. Every rank also
+// trains a single-process reference on the full global batch in its own
+// memory, so each rank checks itself; batches never split evenly, and ranks
+// other than 0 start from other weights (Create's broadcast must fix them).
+//
+// - Ddp/*: DDP equals one process on the full batch — parameters and
+//   gradients after every step, and the global loss — for the MLP, the CNN
+//   and the decoder (tied, untied), default and tiny buckets (cutting through
+//   tensors), and k micro-batches against one batch k times larger.
+// - Zero/*: ZeRO-1/2/3 equal a DDP model stepped beside them on the same
+//   communicator, after every step: SGD with momentum and AdamW, clipping,
+//   micro-batches, buckets whose sizes N does not divide (remainders).
+// - LossScaler/*: the same with the loss scaler and clipping; on one step the
+//   last rank puts an inf into a gradient that rank 0's shard owns: every
+//   rank skips the step, every weight bit is unchanged, the scale backs off.
+// - PerRank/MemoryTest: bytes held per rank for N = 1, 2, 4 against ZeRO's
+//   accounting, and ZeRO-3's read-out holding two units at most.
+// - Gloo/DeadRankTest: a rank that exits mid-backward makes the others' Step
+//   fail, with a message, within the communicator's timeout.
+// - DataParallelSchedule: (one process, a recording communicator) each
+//   bucket's reduction starts at the first hook that makes it final, and
+//   ZeRO-3 gathers the next unit ahead.
+// Errors are relative, in L2 (RelError): fp32, 1e-5.
 #include <gtest/gtest.h>
 
 #include <cmath>
