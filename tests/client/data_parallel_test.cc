@@ -48,10 +48,6 @@ using testing::FreeTcpAddress;
 using testing::RankOutcome;
 using testing::RunRanks;
 
-#define CHECK_OR_RETURN(cond, ...)             \
-  do {                                         \
-    if (!(cond)) return Internal(__VA_ARGS__); \
-  } while (0)
 
 void ExpectAllOk(const std::vector<RankOutcome>& outcomes) {
   for (const auto& o : outcomes) EXPECT_TRUE(o.ok()) << o.Describe() << " (its message is above)";

@@ -24,10 +24,6 @@ using testing::FreshDirAddress;
 using testing::RankOutcome;
 using testing::RunRanks;
 
-#define CHECK_OR_RETURN(cond, ...) \
-  do {                             \
-    if (!(cond)) return Internal(__VA_ARGS__); \
-  } while (0)
 
 Result<std::unique_ptr<Communicator>> Connect(const std::string& address, int rank, int size,
                                               std::chrono::milliseconds timeout = 30s) {

@@ -12,6 +12,12 @@
 
 #include "base/status.h"
 
+// Inside a rank's body: fails the rank with an Internal status and a message.
+#define CHECK_OR_RETURN(cond, ...)             \
+  do {                                         \
+    if (!(cond)) return Internal(__VA_ARGS__); \
+  } while (0)
+
 namespace estuary::client::testing {
 
 struct RankOutcome {
