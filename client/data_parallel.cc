@@ -1,0 +1,429 @@
+#include "client/data_parallel.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+
+#include "models/flat_buffer.h"
+
+namespace estuary::client {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// ZeRO-2/3 keep at most this many buckets' reductions in flight before
+// waiting for the oldest and handing its gradient pages back: bounds the
+// gradient memory of a step without serialising backward on each bucket.
+constexpr size_t kReductionsInFlight = 4;
+
+}  // namespace
+
+// A slice [begin, end) of the flat buffers and the collectives on it. Under
+// ZeRO it is cut into size() pieces of `piece` elements, laid end to end from
+// begin, plus a remainder of fewer than size() elements after them, one
+// element per rank below it: rank r owns [begin + r piece, begin + (r+1) piece)
+// and, when r < remainder, element begin + size() piece + r. Its pieces sit at
+// `shard` in the shard buffers, the remainder's slot (0 when it has none)
+// right after the main piece. The main piece goes through the collectives in
+// place; only the remainder passes through the two small staging arrays.
+struct DataParallel::Bucket {
+  uint64_t begin = 0, end = 0;
+  uint64_t piece = 0, remainder = 0;
+  uint64_t shard = 0;
+  std::vector<float> reduce_tail, gather_tail;  // size() floats each, when remainder > 0
+  std::unique_ptr<Work> reduce, reduce_rest, gather, gather_rest;
+  bool present = true;  // ZeRO-3: the parameters are in the flat buffer
+
+  uint64_t shard_size() const { return piece + (remainder > 0 ? 1 : 0); }
+};
+
+DataParallel::DataParallel(Communicator& comm, std::span<float> parameters, std::span<float> gradients,
+                           std::vector<models::ParameterUnit> units, const DataParallelOptions& options)
+    : comm_(comm),
+      rank_(comm.rank()),
+      size_(comm.size()),
+      params_(parameters),
+      grads_(gradients),
+      units_(std::move(units)),
+      options_(options) {
+  if (options_.loss_scaler) scaler_.emplace(*options_.loss_scaler);
+}
+
+DataParallel::~DataParallel() {
+  // A Work may still be writing into our buffers; let it end first.
+  for (Bucket& b : buckets_) {
+    for (auto* w : {&b.reduce, &b.reduce_rest, &b.gather, &b.gather_rest}) {
+      if (*w) (void)(*w)->Wait();
+    }
+  }
+}
+
+Result<std::unique_ptr<DataParallel>> DataParallel::Create(Communicator& comm, std::span<float> parameters,
+                                                           std::span<float> gradients,
+                                                           std::vector<models::ParameterUnit> units,
+                                                           const DataParallelOptions& options) {
+  if (parameters.size() != gradients.size()) {
+    return InvalidArgument("data parallel: {} parameters but {} gradients", parameters.size(), gradients.size());
+  }
+  if (parameters.empty()) return InvalidArgument("data parallel: the model has no parameters");
+  if (options.bucket_bytes < sizeof(float) || options.first_bucket_bytes < sizeof(float)) {
+    return InvalidArgument("data parallel: bucket sizes {} and {} bytes hold no gradient", options.bucket_bytes,
+                           options.first_bucket_bytes);
+  }
+  if (options.max_grad_norm < 0 || !std::isfinite(options.max_grad_norm)) {
+    return InvalidArgument("data parallel: max_grad_norm {} must be finite and >= 0", options.max_grad_norm);
+  }
+  if (units.empty()) units.push_back({"all", 0, parameters.size()});
+  uint64_t at = 0;
+  for (const auto& u : units) {
+    if (u.begin != at || u.end <= u.begin) {
+      return InvalidArgument("data parallel: unit {} [{}, {}) does not continue the tiling at {}", u.name, u.begin,
+                             u.end, at);
+    }
+    at = u.end;
+  }
+  if (at != parameters.size()) {
+    return InvalidArgument("data parallel: units end at {}, the buffer at {}", at, parameters.size());
+  }
+  std::unique_ptr<DataParallel> dp(new DataParallel(comm, parameters, gradients, std::move(units), options));
+  ESTUARY_RETURN_IF_ERROR(dp->Init());
+  return dp;
+}
+
+Status DataParallel::Init() {
+  const bool zero = options_.stage != ZeroStage::kDdp;
+  // Buckets, in launch order: from the end of the buffer down.
+  if (options_.stage == ZeroStage::kZero3) {
+    unit_bucket_.resize(units_.size());
+    for (size_t i = units_.size(); i-- > 0;) {
+      unit_bucket_[i] = int(buckets_.size());
+      Bucket& b = buckets_.emplace_back();
+      b.begin = units_[i].begin;
+      b.end = units_[i].end;
+    }
+  } else {
+    uint64_t end = params_.size();
+    uint64_t floats = std::max<uint64_t>(1, options_.first_bucket_bytes / sizeof(float));
+    while (end > 0) {
+      Bucket& b = buckets_.emplace_back();
+      b.end = end;
+      b.begin = end > floats ? end - floats : 0;
+      end = b.begin;
+      floats = std::max<uint64_t>(1, options_.bucket_bytes / sizeof(float));
+    }
+  }
+  if (zero) {
+    uint64_t shard = 0;
+    for (Bucket& b : buckets_) {
+      const uint64_t n = b.end - b.begin;
+      b.piece = n / size_;
+      b.remainder = n - b.piece * size_;
+      b.shard = shard;
+      shard += b.shard_size();
+      if (b.remainder > 0) {
+        b.reduce_tail.assign(size_, 0.0f);
+        b.gather_tail.assign(size_, 0.0f);
+      }
+    }
+    shard_params_.assign(shard, 0.0f);
+    shard_grads_.assign(shard, 0.0f);
+  }
+
+  if (options_.broadcast_parameters && size_ > 1) {
+    auto work = comm_.Broadcast(params_, 0);
+    ESTUARY_RETURN_IF_ERROR(Wait(work));
+  }
+  if (!zero) return Status::Ok();
+
+  // This rank's pieces become its master copy of the parameters.
+  for (const Bucket& b : buckets_) {
+    std::memcpy(&shard_params_[b.shard], &params_[b.begin + rank_ * b.piece], b.piece * sizeof(float));
+    if (uint64_t(rank_) < b.remainder) shard_params_[b.shard + b.piece] = params_[b.begin + size_ * b.piece + rank_];
+  }
+  if (options_.stage >= ZeroStage::kZero2) {
+    auto released = models::ReleasePages(grads_);
+    if (!released.ok()) return released.status();
+  }
+  if (options_.stage == ZeroStage::kZero3) {
+    for (Bucket& b : buckets_) ReleaseParameters(b);
+    ESTUARY_RETURN_IF_ERROR(error_);
+  }
+  return Status::Ok();
+}
+
+std::vector<std::pair<uint64_t, uint64_t>> DataParallel::buckets() const {
+  std::vector<std::pair<uint64_t, uint64_t>> out;
+  for (const Bucket& b : buckets_) out.emplace_back(b.begin, b.end);
+  return out;
+}
+
+void DataParallel::Keep(Status status) {
+  if (error_.ok() && !status.ok()) error_ = std::move(status);
+}
+
+Status DataParallel::Wait(std::unique_ptr<Work>& work) {
+  if (!work) return Status::Ok();
+  const auto start = Clock::now();
+  Status status = work->Wait();
+  wait_seconds_ += std::chrono::duration<double>(Clock::now() - start).count();
+  work.reset();
+  if (!status.ok()) {
+    status = Status(status.code(), fmt::format("data parallel rank {}: {}", rank_, status.message()));
+  }
+  Keep(status);
+  return status;
+}
+
+// ---- gradients --------------------------------------------------------------
+
+void DataParallel::LaunchReduction(Bucket& b) {
+  if (!error_.ok()) return;  // the communicator fails everything from here on anyway
+  if (options_.stage == ZeroStage::kDdp) {
+    b.reduce = comm_.AllReduce(grads_.subspan(b.begin, b.end - b.begin), ReduceOp::kSum);
+    return;
+  }
+  // ZeRO-2/3 sum every micro-batch into the shard. Adding what the shard holds
+  // into this rank's own block before the reduce-scatter does that with no
+  // staging: the block's reduction is the sum of every rank's block, and only
+  // this rank added its running sum to it.
+  const bool add_shard = options_.stage >= ZeroStage::kZero2 && micro_ > 1;
+  const uint64_t whole = b.piece * size_;
+  if (b.piece > 0) {
+    float* mine = &grads_[b.begin + rank_ * b.piece];
+    if (add_shard) {
+      const float* s = &shard_grads_[b.shard];
+      for (uint64_t i = 0; i < b.piece; ++i) mine[i] += s[i];
+    }
+    b.reduce = comm_.ReduceScatter(grads_.subspan(b.begin, whole), std::span(shard_grads_).subspan(b.shard, b.piece),
+                                   ReduceOp::kSum);
+  }
+  if (b.remainder > 0) {
+    for (uint64_t i = 0; i < uint64_t(size_); ++i) b.reduce_tail[i] = i < b.remainder ? grads_[b.begin + whole + i] : 0;
+    if (add_shard) b.reduce_tail[rank_] += shard_grads_[b.shard + b.piece];
+    b.reduce_rest = comm_.ReduceScatter(b.reduce_tail, std::span(shard_grads_).subspan(b.shard + b.piece, 1),
+                                        ReduceOp::kSum);
+  }
+}
+
+void DataParallel::FinishReduction(Bucket& b) {
+  if (!b.reduce && !b.reduce_rest) return;
+  (void)Wait(b.reduce);
+  (void)Wait(b.reduce_rest);
+  // ZeRO-2/3 keep only the shard's gradients: this bucket's pages go back.
+  if (options_.stage >= ZeroStage::kZero2) {
+    auto released = models::ReleasePages(grads_.subspan(b.begin, b.end - b.begin));
+    if (!released.ok()) Keep(released.status());
+  }
+}
+
+void DataParallel::GradientsFinal(uint64_t offset) {
+  if (!communicating_) return;
+  while (next_reduction_ < buckets_.size() && buckets_[next_reduction_].begin >= offset) {
+    LaunchReduction(buckets_[next_reduction_]);
+    ++next_reduction_;
+    if (options_.stage >= ZeroStage::kZero2 && next_reduction_ > kReductionsInFlight) {
+      FinishReduction(buckets_[next_reduction_ - 1 - kReductionsInFlight]);
+    }
+  }
+}
+
+// ---- parameters (ZeRO) ------------------------------------------------------
+
+void DataParallel::LaunchGather(Bucket& b) {
+  if (!error_.ok()) return;
+  if (b.piece > 0) {
+    b.gather = comm_.AllGather(std::span<const float>(shard_params_).subspan(b.shard, b.piece),
+                               params_.subspan(b.begin, b.piece * size_));
+  }
+  if (b.remainder > 0) {
+    b.gather_rest = comm_.AllGather(std::span<const float>(shard_params_).subspan(b.shard + b.piece, 1), b.gather_tail);
+  }
+}
+
+void DataParallel::FinishGather(Bucket& b) {
+  const bool rest = b.gather_rest != nullptr;
+  (void)Wait(b.gather);
+  (void)Wait(b.gather_rest);
+  if (rest && error_.ok()) {
+    std::memcpy(&params_[b.begin + b.piece * size_], b.gather_tail.data(), b.remainder * sizeof(float));
+  }
+  b.present = true;
+}
+
+void DataParallel::ReleaseParameters(Bucket& b) {
+  auto released = models::ReleasePages(params_.subspan(b.begin, b.end - b.begin));
+  if (!released.ok()) Keep(released.status());
+  b.present = false;
+}
+
+void DataParallel::BeforeUnit(int unit, models::Pass) {
+  if (options_.stage != ZeroStage::kZero3) return;
+  const size_t event = unit_event_++;
+  if (recording_) unit_order_.push_back(unit);
+  Bucket& b = buckets_[unit_bucket_[unit]];
+  if (!b.present) {
+    if (!b.gather && !b.gather_rest) LaunchGather(b);
+    FinishGather(b);
+  }
+  // Prefetch the unit the model opens next; the order is the model's, the
+  // same on every rank, so the ranks still issue the same collectives.
+  if (!recording_ && event + 1 < unit_order_.size()) {
+    Bucket& next = buckets_[unit_bucket_[unit_order_[event + 1]]];
+    if (!next.present && !next.gather && !next.gather_rest) LaunchGather(next);
+  }
+}
+
+void DataParallel::AfterUnit(int unit, models::Pass) {
+  if (options_.stage != ZeroStage::kZero3) return;
+  // Kept when it is also the next unit opened (backward's first is forward's last).
+  if (!recording_ && unit_event_ < unit_order_.size() && unit_order_[unit_event_] == unit) return;
+  ReleaseParameters(buckets_[unit_bucket_[unit]]);
+}
+
+// ---- the step ---------------------------------------------------------------
+
+models::BackwardOptions DataParallel::MicroBatch(double weight, bool last) {
+  if (micro_ > 0) {
+    if (last_) Keep(FailedPrecondition("data parallel: a micro-batch after the last one, before Step"));
+    Keep(FinishMicroBatch());
+  }
+  ++micro_;
+  last_ = last;
+  const bool zero23 = options_.stage >= ZeroStage::kZero2;
+  communicating_ = last || zero23;
+  next_reduction_ = 0;
+  unit_event_ = 0;
+
+  models::BackwardOptions o;
+  // DDP and ZeRO-1 sum micro-batches in the gradient buffer; ZeRO-2/3 in the
+  // shard (their gradient pages are gone after each reduce-scatter).
+  o.accumulate = !zero23 && micro_ > 1;
+  o.grad_scale = float(weight * (scaler_ ? double(scaler_->scale()) : 1.0));
+  if (communicating_ || options_.stage == ZeroStage::kZero3) o.hooks = this;
+  return o;
+}
+
+Status DataParallel::FinishMicroBatch() {
+  // A model that did not report its gradients (no hooks passed) still gets
+  // every bucket reduced, in the same order as everywhere else.
+  if (communicating_) GradientsFinal(0);
+  for (Bucket& b : buckets_) FinishReduction(b);
+  if (options_.stage == ZeroStage::kZero3) {
+    for (Bucket& b : buckets_) {
+      if (b.gather || b.gather_rest) FinishGather(b);  // a prefetch nobody used
+      if (b.present) ReleaseParameters(b);
+    }
+    if (!unit_order_.empty()) recording_ = false;
+  }
+  communicating_ = false;
+  return error_;
+}
+
+Result<StepResult> DataParallel::Step(const OptimizerStep& optimizer_step) {
+  if (micro_ == 0 || !last_) {
+    return FailedPrecondition("data parallel: Step before the step's last micro-batch");
+  }
+  StepResult result;
+  result.loss_scale = loss_scale();
+  Keep(FinishMicroBatch());
+  micro_ = 0;
+  last_ = false;
+  if (!error_.ok()) return error_;
+
+  const bool zero = options_.stage != ZeroStage::kDdp;
+  std::span<float> params = zero ? std::span<float>(shard_params_) : params_;
+  std::span<float> grads = zero ? std::span<float>(shard_grads_) : grads_;
+
+  // Under DDP every rank holds the same reduced gradients, so found-inf and
+  // the norm agree by construction; a shard sees only its part of them.
+  double agreed[2] = {0, 0};  // found inf (as a count), norm²
+  if (scaler_) agreed[0] = models::UnscaleAndCheckFinite(grads, scaler_->inv_scale()) ? 1 : 0;
+  if (options_.max_grad_norm > 0) {
+    double sum = 0;
+    for (float g : grads) sum += double(g) * g;
+    agreed[1] = sum;
+  }
+  if (zero && (scaler_ || options_.max_grad_norm > 0) && size_ > 1) {
+    auto work = comm_.AllReduce(std::span<double>(agreed), ReduceOp::kSum);
+    ESTUARY_RETURN_IF_ERROR(Wait(work));
+  }
+  if (scaler_) {
+    const bool found_inf = agreed[0] > 0;
+    scaler_->Update(found_inf);
+    if (found_inf) {
+      result.stepped = false;
+      result.wait_seconds = std::exchange(wait_seconds_, 0);
+      return result;
+    }
+  }
+  if (options_.max_grad_norm > 0) {
+    result.grad_norm = std::sqrt(agreed[1]);
+    const double coef = options_.max_grad_norm / (result.grad_norm + 1e-6);
+    if (coef < 1.0) {
+      const float c = float(coef);
+      for (float& g : grads) g *= c;
+    }
+  }
+  optimizer_step(params, grads);
+
+  if (options_.stage == ZeroStage::kZero1 || options_.stage == ZeroStage::kZero2) {
+    for (Bucket& b : buckets_) LaunchGather(b);
+    for (Bucket& b : buckets_) FinishGather(b);
+  }
+  result.wait_seconds = std::exchange(wait_seconds_, 0);
+  if (!error_.ok()) return error_;
+  return result;
+}
+
+// ---- reading out ------------------------------------------------------------
+
+Status DataParallel::ForEachSlice(const std::function<Status(uint64_t, std::span<const float>)>& fn) {
+  ESTUARY_RETURN_IF_ERROR(error_);
+  if (options_.stage != ZeroStage::kZero3) {
+    for (const auto& u : units_) ESTUARY_RETURN_IF_ERROR(fn(u.begin, params_.subspan(u.begin, u.end - u.begin)));
+    return Status::Ok();
+  }
+  // Every rank runs the same gathers even if fn fails on one of them; the
+  // first failure is returned after the last unit.
+  Status first;
+  for (size_t u = 0; u < units_.size(); ++u) {
+    Bucket& b = buckets_[unit_bucket_[u]];
+    if (!b.gather && !b.gather_rest) LaunchGather(b);
+    FinishGather(b);
+    if (u + 1 < units_.size()) LaunchGather(buckets_[unit_bucket_[u + 1]]);
+    if (first.ok() && error_.ok()) first = fn(b.begin, params_.subspan(b.begin, b.end - b.begin));
+    ReleaseParameters(b);
+  }
+  wait_seconds_ = 0;
+  ESTUARY_RETURN_IF_ERROR(error_);
+  return first;
+}
+
+Result<double> DataParallel::SumOverRanks(double value) {
+  ESTUARY_RETURN_IF_ERROR(error_);
+  double v[1] = {value};
+  if (size_ > 1) {
+    auto work = comm_.AllReduce(std::span<double>(v), ReduceOp::kSum);
+    ESTUARY_RETURN_IF_ERROR(Wait(work));
+  }
+  return v[0];
+}
+
+Result<MemoryUse> DataParallel::Memory(size_t optimizer_state_bytes) const {
+  MemoryUse m;
+  auto params = models::ResidentBytes(std::span<const float>(params_));
+  if (!params.ok()) return params.status();
+  auto grads = models::ResidentBytes(std::span<const float>(grads_));
+  if (!grads.ok()) return grads.status();
+  m.parameters = *params;
+  m.gradients = *grads;
+  m.shard_parameters = shard_params_.capacity() * sizeof(float);
+  m.shard_gradients = shard_grads_.capacity() * sizeof(float);
+  m.optimizer_state = optimizer_state_bytes;
+  for (const Bucket& b : buckets_) m.staging += (b.reduce_tail.capacity() + b.gather_tail.capacity()) * sizeof(float);
+  return m;
+}
+
+}  // namespace estuary::client

@@ -1,0 +1,198 @@
+// DataParallel: one rank's side of a multi-rank training step — DDP and
+// ZeRO stages 1 to 3 — written once against Communicator, over a model's flat
+// parameter and gradient buffers (models/step_hooks.h says how a model meets
+// it). A step on every rank is
+//
+//   for (int i = 0; i < k; ++i)   // micro-batches; weight = examples here / examples in the global batch
+//     model.ForwardBackward(x[i], y[i], n[i], dp->MicroBatch(double(n[i]) / n_total, i == k - 1));
+//   Result<StepResult> r = dp->Step([&](std::span<float> p, std::span<const float> g) { opt.Step(p, g); });
+//
+// Each rank's loss is the mean over its own examples; the gradient it forms is
+// that of weight × mean (times the loss scale), and the ranks' gradients are
+// SUMMED, so N ranks give one process's full-batch gradient even when the
+// batch does not split evenly.
+//
+// Buckets are slices of the flat buffers, counted from the END (backward
+// forms those gradients first): a small first bucket, then bucket_bytes each;
+// a bucket's collective is launched from the GradientsFinal hook as soon as the
+// watermark passes its start, so it overlaps the rest of backward. Under
+// ZeRO-3 the model's units are the buckets. Sharding is FSDP-style: rank r
+// owns piece r of every bucket (floor(size / N) elements, plus one element of
+// the bucket's last size % N for ranks below that remainder), and its pieces
+// are concatenated into one contiguous shard, so any optimizer that steps a
+// span steps the shard unchanged.
+//
+// - kDdp: gradients all-reduced; the optimizer steps the whole buffer on every
+//   rank. With k micro-batches, nothing is communicated before the last.
+// - kZero1: gradients reduce-scattered (on the last micro-batch) into the
+//   shard; the optimizer steps the shard (its state is 1/N); parameters are
+//   all-gathered back into the flat buffer.
+// - kZero2: as kZero1, but every micro-batch is reduce-scattered and summed
+//   into the shard, and a bucket's gradient pages go back to the OS once its
+//   reduce-scatter is done: a rank holds the gradients of its shard only.
+// - kZero3: parameters are sharded too. The flat parameter buffer is released;
+//   BeforeUnit gathers a unit into it (the next unit's gather is prefetched
+//   while this one computes) and AfterUnit releases it again. Parameters stay
+//   sharded between steps; ForEachSlice reads them out unit by unit.
+//
+// After the last micro-batch, Step waits for the reductions, unscales and
+// checks for inf/NaN (with a loss scaler), computes the global gradient norm
+// (when clipping), agrees on both across ranks in one double all-reduce, and
+// then — unless some rank found an overflow, in which case every rank skips
+// the step and leaves every weight bit unchanged — clips and calls the
+// optimizer step on the full buffer (DDP) or the shard (ZeRO).
+//
+// Failure: hooks cannot stop a pass, so the first collective failure is kept
+// and returned by Step (or the next call); the communicator fails every later
+// call at once and bounds every wait by its timeout, so a dead rank makes the
+// others fail, never hang. One DataParallel per model, used by the training
+// thread only; every rank makes the same calls in the same order.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <vector>
+
+#include "base/status.h"
+#include "client/communicator.h"
+#include "models/loss_scaler.h"
+#include "models/step_hooks.h"
+
+namespace estuary::client {
+
+enum class ZeroStage { kDdp = 0, kZero1 = 1, kZero2 = 2, kZero3 = 3 };
+
+struct DataParallelOptions {
+  ZeroStage stage = ZeroStage::kDdp;
+  size_t bucket_bytes = size_t(25) << 20;
+  size_t first_bucket_bytes = size_t(1) << 20;
+  // Copy rank 0's parameters to every rank in Create. Off when every rank
+  // already holds the same weights (a federated round's global model).
+  bool broadcast_parameters = true;
+  // Clip the global gradient norm to this (torch's clip_grad_norm_); 0: off.
+  double max_grad_norm = 0;
+  // Dynamic loss scaling (models::LossScaler's semantics); none: off.
+  std::optional<models::LossScalerOptions> loss_scaler = std::nullopt;
+};
+
+struct StepResult {
+  bool stepped = true;        // false: some rank found inf/NaN, the step was skipped everywhere
+  double grad_norm = 0;       // the global norm before clipping (when clipping)
+  float loss_scale = 1;       // the scale this step's gradients were formed with
+  double wait_seconds = 0;    // training-thread time blocked on collectives this step (exposed communication)
+};
+
+// Bytes this rank holds, measured: resident pages of the flat buffers
+// (mincore), sizes of the engine's own buffers, and the optimizer state the
+// caller passes in (the optimizer owns it).
+struct MemoryUse {
+  size_t parameters = 0;       // resident bytes of the flat parameter buffer
+  size_t gradients = 0;        // resident bytes of the flat gradient buffer
+  size_t shard_parameters = 0; // this rank's pieces of the parameters (ZeRO)
+  size_t shard_gradients = 0;  // this rank's pieces of the reduced gradients (ZeRO)
+  size_t optimizer_state = 0;  // as passed to Memory()
+  size_t staging = 0;          // the engine's small per-bucket remainder buffers
+  size_t total() const {
+    return parameters + gradients + shard_parameters + shard_gradients + optimizer_state + staging;
+  }
+};
+
+class DataParallel : private models::StepHooks {
+ public:
+  using OptimizerStep = std::function<void(std::span<float> params, std::span<const float> grads)>;
+
+  // parameters and gradients are the model's flat buffers (same layout, page
+  // aligned for ZeRO-2/3's page release); units tile them in order. Under
+  // ZeRO-3 the parameter buffer is released here (after the broadcast).
+  // Collective: every rank calls it.
+  static Result<std::unique_ptr<DataParallel>> Create(Communicator& comm, std::span<float> parameters,
+                                                      std::span<float> gradients,
+                                                      std::vector<models::ParameterUnit> units,
+                                                      const DataParallelOptions& options);
+  // Any model with parameters(), gradients() and units() (models::Model, models::Llama).
+  template <typename M>
+  static Result<std::unique_ptr<DataParallel>> Create(Communicator& comm, M& model, const DataParallelOptions& options) {
+    return Create(comm, model.parameters(), model.gradients(), model.units(), options);
+  }
+  ~DataParallel() override;
+
+  // The options for the next micro-batch's ForwardBackward. weight is its
+  // examples on this rank over the examples of the whole global batch (all
+  // ranks, all micro-batches); last marks the step's last micro-batch.
+  models::BackwardOptions MicroBatch(double weight, bool last);
+
+  // Finishes the step (see above). Fails on a collective failure, or if the
+  // last micro-batch was not run.
+  Result<StepResult> Step(const OptimizerStep& optimizer_step);
+
+  // Hands out the full parameters in buffer order, one unit at a time:
+  // fn(offset, values) with values the parameters at flat offsets
+  // [offset, offset + size). Under ZeRO-3 each unit is gathered, handed out
+  // and released, so the whole model never sits on one rank (collective:
+  // every rank calls it); otherwise the slices are views of the buffer.
+  Status ForEachSlice(const std::function<Status(uint64_t offset, std::span<const float> values)>& fn);
+
+  // The sum of value over all ranks (a loss, an example count), in double.
+  Result<double> SumOverRanks(double value);
+
+  Result<MemoryUse> Memory(size_t optimizer_state_bytes = 0) const;
+
+  ZeroStage stage() const { return options_.stage; }
+  float loss_scale() const { return scaler_ ? scaler_->scale() : 1.0f; }
+  // The shard this rank's optimizer steps (ZeRO), as slices of its pieces;
+  // empty under DDP.
+  size_t shard_size() const { return shard_params_.size(); }
+  // [begin, end) of each bucket, in launch order (highest offsets first).
+  std::vector<std::pair<uint64_t, uint64_t>> buckets() const;
+
+ private:
+  struct Bucket;
+  DataParallel(Communicator& comm, std::span<float> parameters, std::span<float> gradients,
+               std::vector<models::ParameterUnit> units, const DataParallelOptions& options);
+  Status Init();
+
+  // StepHooks.
+  void BeforeUnit(int unit, models::Pass pass) override;
+  void AfterUnit(int unit, models::Pass pass) override;
+  void GradientsFinal(uint64_t offset) override;
+
+  void LaunchReduction(Bucket& b);
+  void FinishReduction(Bucket& b);
+  void LaunchGather(Bucket& b);
+  void FinishGather(Bucket& b);
+  void ReleaseParameters(Bucket& b);
+  Status FinishMicroBatch();
+  Status Wait(std::unique_ptr<Work>& work);
+  void Keep(Status status);
+
+  Communicator& comm_;
+  const int rank_, size_;
+  std::span<float> params_, grads_;
+  std::vector<models::ParameterUnit> units_;
+  DataParallelOptions options_;
+  std::optional<models::LossScaler> scaler_;
+
+  std::vector<Bucket> buckets_;           // launch order: descending offsets
+  std::vector<int> unit_bucket_;          // ZeRO-3: unit -> bucket
+  std::vector<float> shard_params_, shard_grads_;
+
+  // The micro-batch in flight.
+  int micro_ = 0;                // micro-batches run since the last step
+  bool communicating_ = false;   // this micro-batch reduces its gradients
+  bool last_ = false;            // ... and is the step's last
+  size_t next_reduction_ = 0;    // the next bucket whose reduction GradientsFinal launches
+  // ZeRO-3 prefetch: the order of BeforeUnit calls in a micro-batch, recorded
+  // on the first one (it depends on the model only, so it is the same on
+  // every rank) and used to gather the next unit while this one computes.
+  std::vector<int> unit_order_;
+  bool recording_ = true;
+  size_t unit_event_ = 0;
+
+  double wait_seconds_ = 0;
+  Status error_;
+};
+
+}  // namespace estuary::client
