@@ -55,6 +55,11 @@ class Agent : public std::enable_shared_from_this<Agent> {
   void Start();
   // Closes the connection and stops reconnecting.
   void Stop();
+  // Gives up for good: closes the connection (the server records this site
+  // as dropped from a round in progress) and reports status through
+  // on_finished. For a failure outside the Agent, such as a multi-rank site
+  // that lost a rank. Call it on the I/O thread.
+  void Fail(const Status& status) { Finish(status); }
 
   // Called on the I/O thread for every RoundClosed the server broadcasts.
   std::function<void(const v1::RoundClosed&)> on_round_closed;

@@ -1,0 +1,176 @@
+// End-to-end: a client site of several ranks (estuary-client --ranks N) is
+// one federated client. The real binaries on 127.0.0.1: a server, a
+// multi-rank site and an ordinary one.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+#include <signal.h>
+
+#include <chrono>
+#include <regex>
+#include <thread>
+
+#include "tests/e2e/federation.h"
+#include "tests/e2e/harness.h"
+
+namespace estuary::testing {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct SiteRound {
+  std::string status;
+  uint64_t examples = 0;
+  double site_loss = 0;   // the multi-rank site's train loss, as the server recorded it
+  double other_loss = 0;  // the ordinary site's
+  double test_loss = 0;
+  uint64_t clients = 0;   // participants the server saw in the round
+};
+
+// Two rounds with "site-multi" started with `flags` and an ordinary
+// "site-plain"; the same certificates' names, data and seeds every time, so
+// only the multi-rank site's flags differ between calls.
+std::vector<SiteRound> RunTwoRounds(const std::vector<std::string>& flags) {
+  Federation f;
+  f.Issue("site-multi");
+  f.Issue("site-plain");
+  // 300 examples in batches of 7: 42 batches split 4/3 (or 3/2/2), and a short last one of 6.
+  const uint16_t port = f.StartServer(2, 2, {"--batch", "7", "--momentum", "0.5"});
+  auto multi = f.StartClient("site-multi", port, {}, flags);
+  auto plain = f.StartClient("site-plain", port);
+  EXPECT_EQ(multi->Wait(), 0) << f.ClientLog("site-multi");
+  EXPECT_EQ(plain->Wait(), 0) << f.ClientLog("site-plain");
+  EXPECT_EQ(f.WaitServer(), 0) << f.ServerLog();
+  std::vector<SiteRound> out;
+  auto store = f.OpenStore();
+  if (!store) return out;
+  auto rounds = store->Rounds();
+  EXPECT_TRUE(rounds.ok());
+  if (!rounds.ok()) return out;
+  for (const auto& r : *rounds) {
+    EXPECT_EQ(r.state, server::RoundState::kCommitted);
+    auto participants = ParticipationsByName(*store, r.round);
+    SiteRound s;
+    s.status = participants["site-multi"].status;
+    s.examples = participants["site-multi"].examples;
+    s.site_loss = participants["site-multi"].train_loss;
+    s.other_loss = participants["site-plain"].train_loss;
+    s.test_loss = r.test_loss.value_or(-1);
+    s.clients = participants.size();
+    out.push_back(s);
+  }
+  if (std::find(flags.begin(), flags.end(), "1") == flags.end()) {
+    // Every rank joined the one site.
+    const std::string log = f.ClientLog("site-multi");
+    EXPECT_NE(log.find("rank 1 of "), std::string::npos) << log;
+  }
+  return out;
+}
+
+// The site trained on N ranks (DDP, and ZeRO-3 on an uneven three-way split)
+// reports what the same site trains in one process, to fp32 rounding: the
+// per-round train loss the server logs, and the global model's test loss
+// after the round, which depends on every weight of the site's update.
+TEST(Site, RanksTrainTheUpdateOneProcessWould) {
+  const auto reference = RunTwoRounds({"--ranks", "1"});
+  ASSERT_EQ(reference.size(), 2u);
+  for (const auto& flags : std::vector<std::vector<std::string>>{
+           {"--ranks", "2", "--backend", "gloo"},
+           {"--ranks", "3", "--backend", "gloo", "--zero", "3"},
+       }) {
+    SCOPED_TRACE(fmt::format("{}", fmt::join(flags, " ")));
+    const auto rounds = RunTwoRounds(flags);
+    ASSERT_EQ(rounds.size(), reference.size());
+    for (size_t i = 0; i < rounds.size(); ++i) {
+      SCOPED_TRACE(fmt::format("round {}", i + 1));
+      std::printf("round %zu: site loss %.9g (one process %.9g), test loss %.9g (%.9g)\n", i + 1,
+                  rounds[i].site_loss, reference[i].site_loss, rounds[i].test_loss, reference[i].test_loss);
+      EXPECT_EQ(rounds[i].status, "committed");
+      EXPECT_EQ(rounds[i].clients, 2u);     // one client, not one per rank
+      EXPECT_EQ(rounds[i].examples, 300u);  // the site's examples, counted once
+      EXPECT_NEAR(rounds[i].site_loss, reference[i].site_loss, 1e-5 * reference[i].site_loss);
+      EXPECT_NEAR(rounds[i].test_loss, reference[i].test_loss, 1e-5 * reference[i].test_loss);
+      EXPECT_NEAR(rounds[i].other_loss, reference[i].other_loss, 1e-5 * reference[i].other_loss);
+    }
+  }
+}
+
+// Polls `read` until `pattern` matches, for up to `limit`; returns the match.
+std::smatch AwaitLog(const std::function<std::string()>& read, const std::regex& pattern, std::chrono::seconds limit,
+                     std::string* text) {
+  const auto deadline = Clock::now() + limit;
+  std::smatch match;
+  while (Clock::now() < deadline) {
+    *text = read();
+    if (std::regex_search(*text, match, pattern)) return match;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return match;
+}
+
+// A follower rank killed in the middle of the round: the site gives up at
+// once (well within --rank-timeout) with one line naming the rank, and the
+// server records it as dropped from the round, which commits with the other site.
+TEST(Site, AKilledRankDropsTheSiteFromTheRound) {
+  Federation f;
+  f.Issue("site-multi");
+  f.Issue("site-plain");
+  const uint16_t port = f.StartServer(1, 2, {"--epochs", "60"});
+  auto multi = f.StartClient("site-multi", port, {},
+                             {"--ranks", "2", "--backend", "gloo", "--rank-timeout", "20", "--log-level", "debug"});
+  auto plain = f.StartClient("site-plain", port);
+
+  // Rank 1 announces its pid when it joins, and the round when it starts training it.
+  std::string log;
+  auto read = [&] { return f.ClientLog("site-multi"); };
+  auto joined = AwaitLog(read, std::regex(R"(rank 1 of 2 \(pid (\d+),)"), std::chrono::seconds(60), &log);
+  ASSERT_FALSE(joined.empty()) << log;
+  const pid_t follower = std::stoi(joined[1].str());
+  ASSERT_FALSE(AwaitLog(read, std::regex("site rank 1: round 1 "), std::chrono::seconds(60), &log).empty()) << log;
+  ASSERT_EQ(kill(follower, SIGKILL), 0);
+  const auto killed = Clock::now();
+
+  const int code = multi->Wait();
+  const double seconds = std::chrono::duration<double>(Clock::now() - killed).count();
+  log = f.ClientLog("site-multi");
+  EXPECT_NE(code, 0) << log;
+  EXPECT_LT(seconds, 20.0) << log;
+  EXPECT_NE(log.find(fmt::format("estuary-client: site rank 1 (pid {}) was killed by signal 9", follower)),
+            std::string::npos)
+      << log;
+  EXPECT_EQ(plain->Wait(), 0) << f.ClientLog("site-plain");
+  ASSERT_EQ(f.WaitServer(), 0) << f.ServerLog();
+
+  // The operator's view.
+  auto show = RunCommand(fmt::format("{} rounds show 1 --db {} --json", BinaryPath("estuary-server").string(),
+                                     f.db().string()));
+  ASSERT_EQ(show.exit_code, 0) << show.output;
+  auto json = nlohmann::json::parse(show.output, nullptr, false);
+  ASSERT_FALSE(json.is_discarded()) << show.output;
+  std::map<std::string, std::string> status;
+  for (const auto& p : json["participants"]) status[p["client"].get<std::string>()] = p["status"].get<std::string>();
+  EXPECT_EQ(status["site-multi"], "dropped") << show.output;
+  EXPECT_EQ(status["site-plain"], "committed") << show.output;
+  EXPECT_EQ(json["state"], "committed") << show.output;
+}
+
+// Bad site flags: one line naming the flag, before anything starts.
+TEST(Site, BadFlagsGetOneLine) {
+  const std::string client = BinaryPath("estuary-client").string();
+  for (const auto& [flags, expected] : {
+           std::pair<std::string, std::string>{"--ranks 0", "--ranks 0: must be at least 1"},
+           {"--zero 4", "--zero 4: expected 0 (DDP), 1, 2 or 3"},
+           {"--gpus all", "--gpus all: "},
+           {"--nodes 2 --node-rank 2 --rendezvous tcp://127.0.0.1:1", "--node-rank 2: must be in [0, --nodes 2)"},
+           {"--nodes 2", "--nodes 2: a multi-node site needs --rendezvous"},
+           {"--backend mpi", "--backend 'mpi': expected gloo or nccl"},
+           {"--rank-timeout 0", "--rank-timeout 0"},
+       }) {
+    auto r = RunCommand(fmt::format("{} --data /nonexistent {}", client, flags));
+    EXPECT_NE(r.exit_code, 0) << flags;
+    EXPECT_NE(r.output.find(expected), std::string::npos) << flags << ": " << r.output;
+    EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << flags << ": " << r.output;
+  }
+}
+
+}  // namespace
+}  // namespace estuary::testing
