@@ -107,16 +107,17 @@ std::smatch AwaitLog(const std::function<std::string()>& read, const std::regex&
   return match;
 }
 
-// A follower rank killed in the middle of the round: the site gives up at
-// once (well within --rank-timeout) with one line naming the rank, and the
-// server records it as dropped from the round, which commits with the other site.
-TEST(Site, AKilledRankDropsTheSiteFromTheRound) {
+// Sends `signal` to follower rank 1 in the middle of round 1 and checks that
+// the site gave up within `limit` seconds of it, with a line holding
+// `expected` ({pid} stands for rank 1's pid), and that the server recorded it
+// as dropped from the round, which commits with the other site.
+void BreakARankMidRound(int signal, const std::string& rank_timeout, double limit, const std::string& expected) {
   Federation f;
   f.Issue("site-multi");
   f.Issue("site-plain");
   const uint16_t port = f.StartServer(1, 2, {"--epochs", "60"});
   auto multi = f.StartClient("site-multi", port, {},
-                             {"--ranks", "2", "--backend", "gloo", "--rank-timeout", "20", "--log-level", "debug"});
+                             {"--ranks", "2", "--backend", "gloo", "--rank-timeout", rank_timeout, "--log-level", "debug"});
   auto plain = f.StartClient("site-plain", port);
 
   // Rank 1 announces its pid when it joins, and the round when it starts training it.
@@ -126,19 +127,20 @@ TEST(Site, AKilledRankDropsTheSiteFromTheRound) {
   ASSERT_FALSE(joined.empty()) << log;
   const pid_t follower = std::stoi(joined[1].str());
   ASSERT_FALSE(AwaitLog(read, std::regex("site rank 1: round 1 "), std::chrono::seconds(60), &log).empty()) << log;
-  ASSERT_EQ(kill(follower, SIGKILL), 0);
-  const auto killed = Clock::now();
+  ASSERT_EQ(kill(follower, signal), 0);
+  const auto sent = Clock::now();
 
   const int code = multi->Wait();
-  const double seconds = std::chrono::duration<double>(Clock::now() - killed).count();
+  const double seconds = std::chrono::duration<double>(Clock::now() - sent).count();
   log = f.ClientLog("site-multi");
   EXPECT_NE(code, 0) << log;
-  EXPECT_LT(seconds, 20.0) << log;
-  EXPECT_NE(log.find(fmt::format("estuary-client: site rank 1 (pid {}) was killed by signal 9", follower)),
-            std::string::npos)
-      << log;
+  EXPECT_LT(seconds, limit) << log;
+  const std::string line = fmt::format(fmt::runtime(expected), fmt::arg("pid", follower));
+  EXPECT_NE(log.find(line), std::string::npos) << line << "\n" << log;
   EXPECT_EQ(plain->Wait(), 0) << f.ClientLog("site-plain");
   ASSERT_EQ(f.WaitServer(), 0) << f.ServerLog();
+  // The stopped rank is gone too: the launcher killed and reaped it.
+  EXPECT_NE(kill(follower, 0), 0);
 
   // The operator's view.
   auto show = RunCommand(fmt::format("{} rounds show 1 --db {} --json", BinaryPath("estuary-server").string(),
@@ -151,6 +153,18 @@ TEST(Site, AKilledRankDropsTheSiteFromTheRound) {
   EXPECT_EQ(status["site-multi"], "dropped") << show.output;
   EXPECT_EQ(status["site-plain"], "committed") << show.output;
   EXPECT_EQ(json["state"], "committed") << show.output;
+}
+
+// A follower killed mid-round: its sockets close and the launcher reaps it,
+// so the site gives up at once, naming the rank.
+TEST(Site, AKilledRankDropsTheSiteFromTheRound) {
+  BreakARankMidRound(SIGKILL, "20", 20, "estuary-client: site rank 1 (pid {pid}) was killed by signal 9");
+}
+
+// A follower that stalls (SIGSTOP) mid-round: nothing closes, so only the
+// communicator's timeout can tell; the site gives up after --rank-timeout.
+TEST(Site, AStalledRankDropsTheSiteAfterTheTimeout) {
+  BreakARankMidRound(SIGSTOP, "3", 3 + 5, "Timed out waiting 3000ms");
 }
 
 // Bad site flags: one line naming the flag, before anything starts.
