@@ -20,6 +20,16 @@ constexpr size_t kReductionsInFlight = 4;
 
 }  // namespace
 
+std::string_view ZeroStageName(ZeroStage stage) {
+  switch (stage) {
+    case ZeroStage::kDdp: return "ddp";
+    case ZeroStage::kZero1: return "zero1";
+    case ZeroStage::kZero2: return "zero2";
+    case ZeroStage::kZero3: return "zero3";
+  }
+  return "unknown";
+}
+
 // A slice [begin, end) of the flat buffers and the collectives on it. Under
 // ZeRO it is cut into size() pieces of `piece` elements, laid end to end from
 // begin, plus a remainder of fewer than size() elements after them, one
@@ -392,7 +402,10 @@ Status DataParallel::ForEachSlice(const std::function<Status(uint64_t, std::span
     Bucket& b = buckets_[unit_bucket_[u]];
     if (!b.gather && !b.gather_rest) LaunchGather(b);
     FinishGather(b);
-    if (u + 1 < units_.size()) LaunchGather(buckets_[unit_bucket_[u + 1]]);
+    if (u + 1 < units_.size()) {  // the next unit travels while fn reads this one
+      Bucket& next = buckets_[unit_bucket_[u + 1]];
+      if (!next.present && !next.gather && !next.gather_rest) LaunchGather(next);
+    }
     if (first.ok() && error_.ok()) first = fn(b.begin, params_.subspan(b.begin, b.end - b.begin));
     ReleaseParameters(b);
   }

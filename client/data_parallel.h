@@ -42,6 +42,10 @@
 // the step and leaves every weight bit unchanged — clips and calls the
 // optimizer step on the full buffer (DDP) or the shard (ZeRO).
 //
+// Host memory only, for now: besides the collectives, the engine touches the
+// buffers itself on the CPU (unscale and norm, the shard's accumulation, the
+// remainders, page release), so NCCL on device buffers is not wired yet.
+//
 // Failure: hooks cannot stop a pass, so the first collective failure is kept
 // and returned by Step (or the next call); the communicator fails every later
 // call at once and bounds every wait by its timeout, so a dead rank makes the
@@ -54,6 +58,7 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <string_view>
 #include <vector>
 
 #include "base/status.h"
@@ -64,6 +69,8 @@
 namespace estuary::client {
 
 enum class ZeroStage { kDdp = 0, kZero1 = 1, kZero2 = 2, kZero3 = 3 };
+// "ddp", "zero1", "zero2", "zero3".
+std::string_view ZeroStageName(ZeroStage stage);
 
 struct DataParallelOptions {
   ZeroStage stage = ZeroStage::kDdp;

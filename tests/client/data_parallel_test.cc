@@ -1,8 +1,27 @@
 // DDP and ZeRO-1/2/3 (client/data_parallel.h) with 2 and 4 real processes
-// over Gloo on 127.0.0.1. Every rank also trains a single-process reference
-// on the full global batch in its own memory, so each rank checks itself:
-// DDP against the reference, and ZeRO against a DDP model stepped beside it
-// on the same communicator, after every step. Batches do not split evenly.
+// (forked, tests/client/ranks.h) over Gloo on 127.0.0.1. Every rank also
+// trains a single-process reference on the full global batch in its own
+// memory, so each rank checks itself; batches never split evenly, and ranks
+// other than 0 start from other weights (Create's broadcast must fix them).
+//
+// - Ddp/*: DDP equals one process on the full batch — parameters and
+//   gradients after every step, and the global loss — for the MLP, the CNN
+//   and the decoder (tied, untied), default and tiny buckets (cutting through
+//   tensors), and k micro-batches against one batch k times larger.
+// - Zero/*: ZeRO-1/2/3 equal a DDP model stepped beside them on the same
+//   communicator, after every step: SGD with momentum and AdamW, clipping,
+//   micro-batches, buckets whose sizes N does not divide (remainders).
+// - LossScaler/*: the same with the loss scaler and clipping; on one step the
+//   last rank puts an inf into a gradient that rank 0's shard owns: every
+//   rank skips the step, every weight bit is unchanged, the scale backs off.
+// - PerRank/MemoryTest: bytes held per rank for N = 1, 2, 4 against ZeRO's
+//   accounting, and ZeRO-3's read-out holding two units at most.
+// - Gloo/DeadRankTest: a rank that exits mid-backward makes the others' Step
+//   fail, with a message, within the communicator's timeout.
+// - DataParallelSchedule: (one process, a recording communicator) each
+//   bucket's reduction starts at the first hook that makes it final, and
+//   ZeRO-3 gathers the next unit ahead.
+// Errors are relative, in L2 (RelError): fp32, 1e-5.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -180,8 +199,7 @@ struct Scenario {
 };
 
 std::string Name(const Scenario& s) {
-  static const char* kStage[] = {"ddp", "zero1", "zero2", "zero3"};
-  std::string name = fmt::format("{}_{}_n{}", s.model, kStage[int(s.stage)], s.ranks);
+  std::string name = fmt::format("{}_{}_n{}", s.model, ZeroStageName(s.stage), s.ranks);
   for (char& c : name) {
     if (c == '-') c = '_';
   }
@@ -197,6 +215,9 @@ std::string Name(const Scenario& s) {
 }
 
 void PrintTo(const Scenario& s, std::ostream* os) { *os << Name(s); }
+}  // namespace
+void PrintTo(ZeroStage stage, std::ostream* os) { *os << ZeroStageName(stage); }
+namespace {
 
 // Wraps the engine's hooks to put an inf into one gradient just before the
 // engine sees it final (so the inf goes into the reduction, as an overflow would).
@@ -270,7 +291,6 @@ Status RunScenario(const Scenario& s, const std::string& address, int rank) {
     // The reference: one process, the whole batch of every micro-batch at once.
     const float scale = s.scaler ? ref_scaler.scale() : 1.0f;
     ESTUARY_ASSIGN_OR_RETURN(float ref_loss, ref.Run(data, 0, total, {.grad_scale = scale}));
-    (void)ref_loss;
     if (inject) ref.gradients()[inject_at] = std::numeric_limits<float>::infinity();
     auto ref_step = [&] {
       if (s.clip > 0) models::ClipGradNorm(ref.gradients(), s.clip);
@@ -283,7 +303,9 @@ Status RunScenario(const Scenario& s, const std::string& address, int rank) {
     }
 
     // The data-parallel models: this rank's share of each micro-batch.
+    double weighted_loss = 0;  // this rank's share of the global batch's mean loss
     auto run = [&](DataParallel& engine, Net& net, uint64_t at) -> Status {
+      weighted_loss = 0;
       for (int m = 0; m < s.micro; ++m) {
         const auto [lo, hi] = Split(s.batch, rank, n);
         auto o = engine.MicroBatch(double(hi - lo) / total, m == s.micro - 1);
@@ -294,11 +316,15 @@ Status RunScenario(const Scenario& s, const std::string& address, int rank) {
         }
         auto loss = net.Run(data, m * s.batch + lo, m * s.batch + hi, o);
         if (!loss.ok()) return loss.status();
+        weighted_loss += double(*loss) * (hi - lo) / total;
       }
       return Status::Ok();
     };
     ESTUARY_RETURN_IF_ERROR(run(*dp, ddp, inject_at));
     ESTUARY_ASSIGN_OR_RETURN(StepResult r, dp->Step([&](auto p, auto g) { ddp_opt.Step(p, g); }));
+    ESTUARY_ASSIGN_OR_RETURN(double loss, dp->SumOverRanks(weighted_loss));
+    CHECK_OR_RETURN(std::abs(loss - ref_loss) <= 1e-5 * std::abs(ref_loss), "rank {} step {}: loss {} want {}", rank,
+                    step, loss, ref_loss);
     CHECK_OR_RETURN(r.stepped == !inject, "rank {} step {}: DDP stepped = {}", rank, step, r.stepped);
     if (inject) {
       CHECK_OR_RETURN(std::memcmp(before.data(), ddp.parameters().data(), before.size() * 4) == 0,
@@ -467,7 +493,7 @@ Status CheckMemory(ZeroStage stage, int n, const std::string& address, int rank)
   auto within = [](double measured, double want, double slack) {
     return measured >= want - 1 && measured <= want + slack + 1;
   };
-  static const char* kStage[] = {"ddp", "zero1", "zero2", "zero3"};
+  const std::string name(ZeroStageName(stage));
   const double formula = stage == ZeroStage::kDdp     ? P + G + O
                          : stage == ZeroStage::kZero1 ? P + G + O / n
                          : stage == ZeroStage::kZero2 ? P + G / n + O / n
@@ -475,27 +501,43 @@ Status CheckMemory(ZeroStage stage, int n, const std::string& address, int rank)
   if (rank == 0) {
     std::printf("memory %-5s N=%d rank 0: params %8zu grads %8zu shard %8zu+%-8zu optimizer %8zu staging %5zu "
                 "total %8zu  formula %8.0f\n",
-                kStage[int(stage)], n, m.parameters, m.gradients, m.shard_parameters, m.shard_gradients,
+                name.c_str(), n, m.parameters, m.gradients, m.shard_parameters, m.shard_gradients,
                 m.optimizer_state, m.staging, m.total(), formula);
   }
   CHECK_OR_RETURN(within(double(m.parameters), params, params_slack), "{} N={} rank {}: parameters {} want {} + {}",
-                  kStage[int(stage)], n, rank, m.parameters, params, params_slack);
+                  name, n, rank, m.parameters, params, params_slack);
   CHECK_OR_RETURN(within(double(m.gradients), grads, grads_slack), "{} N={} rank {}: gradients {} want {} + {}",
-                  kStage[int(stage)], n, rank, m.gradients, grads, grads_slack);
+                  name, n, rank, m.gradients, grads, grads_slack);
   CHECK_OR_RETURN(within(double(m.shard_parameters), shard_p, shard_p ? pad : 0), "{} N={}: shard params {} want {}",
-                  kStage[int(stage)], n, m.shard_parameters, shard_p);
+                  name, n, m.shard_parameters, shard_p);
   CHECK_OR_RETURN(within(double(m.shard_gradients), shard_g, shard_g ? pad : 0), "{} N={}: shard grads {} want {}",
-                  kStage[int(stage)], n, m.shard_gradients, shard_g);
+                  name, n, m.shard_gradients, shard_g);
   CHECK_OR_RETURN(within(double(m.optimizer_state), optimizer, stage == ZeroStage::kDdp ? 0 : 2 * pad),
-                  "{} N={}: optimizer state {} want {}", kStage[int(stage)], n, m.optimizer_state, optimizer);
-  CHECK_OR_RETURN(double(m.staging) <= staging, "{} N={}: staging {} over {}", kStage[int(stage)], n, m.staging,
+                  "{} N={}: optimizer state {} want {}", name, n, m.optimizer_state, optimizer);
+  CHECK_OR_RETURN(double(m.staging) <= staging, "{} N={}: staging {} over {}", name, n, m.staging,
                   staging);
+  // Reading the model out (a federated update) under ZeRO-3 holds at most
+  // two units at a time: the one handed out and the next one, in flight.
+  if (stage == ZeroStage::kZero3) {
+    size_t peak = 0, largest = 0;
+    for (const auto& u : net.units()) largest = std::max<size_t>(largest, (u.end - u.begin) * sizeof(float));
+    ESTUARY_RETURN_IF_ERROR(dp->ForEachSlice([&](uint64_t, std::span<const float>) -> Status {
+      ESTUARY_ASSIGN_OR_RETURN(MemoryUse now, dp->Memory());
+      peak = std::max(peak, now.parameters);
+      return Status::Ok();
+    }));
+    CHECK_OR_RETURN(double(peak) <= 2 * double(largest) + params_slack,
+                    "zero3 N={}: {} parameter bytes resident while reading out, over two units ({} each) + {}", n,
+                    peak, largest, params_slack);
+    CHECK_OR_RETURN(peak < size_t(P) || n == 1 || net.units().size() <= 2,
+                    "zero3 N={}: reading out materialised the model ({} bytes)", n, peak);
+  }
   // The formula, with the slack stated above.
   double slack = params_slack + grads_slack + 4 * pad + staging;
   if (stage == ZeroStage::kZero1) slack += (P + G) / n;
   if (stage == ZeroStage::kZero2) slack += P / n;
   CHECK_OR_RETURN(within(double(m.total()), formula, slack), "{} N={} rank {}: {} bytes, formula {} + slack {}",
-                  kStage[int(stage)], n, rank, m.total(), formula, slack);
+                  name, n, rank, m.total(), formula, slack);
   return Status::Ok();
 }
 
@@ -508,8 +550,7 @@ TEST_P(MemoryTest, FollowsZeroAccounting) {
 }
 
 std::string StageAndRanks(const ::testing::TestParamInfo<std::tuple<ZeroStage, int>>& info) {
-  static const char* kStage[] = {"ddp", "zero1", "zero2", "zero3"};
-  return fmt::format("{}_n{}", kStage[int(std::get<0>(info.param))], std::get<1>(info.param));
+  return fmt::format("{}_n{}", ZeroStageName(std::get<0>(info.param)), std::get<1>(info.param));
 }
 
 INSTANTIATE_TEST_SUITE_P(PerRank, MemoryTest,
