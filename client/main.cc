@@ -383,7 +383,7 @@ int main(int argc, char** argv) {
     if (Status s = children.WaitAll(false); !s.ok()) return Fail(s);
     return 0;
   }
-  client::SiteTrainer trainer(**comm, std::move(*rank_trainer));
+  client::SiteTrainer trainer(**comm, std::move(*rank_trainer), site->zero);
   uint64_t rounds = 0;
   Status outcome = RunAgent(options, trainer, &trainer, &children, site->timeout, &rounds);
   if (!outcome.ok()) return fail(outcome);

@@ -51,17 +51,26 @@ class RoundOptimizer {
   std::optional<models::AdamW> adamw_;
 };
 
-// What TrainRound does after the epochs, for either kind of model: the loss
-// agreed across ranks, and the trained weights read out unit by unit (under
-// ZeRO-3 gathered one unit at a time) into rank 0's `local`.
-Result<double> FinishRound(DataParallel& dp, double loss_sum, double loss_count, std::span<float> local) {
-  ESTUARY_ASSIGN_OR_RETURN(const double total, dp.SumOverRanks(loss_sum));
-  ESTUARY_RETURN_IF_ERROR(dp.ForEachSlice([&](uint64_t offset, std::span<const float> values) {
-    if (!local.empty()) std::copy(values.begin(), values.end(), local.begin() + offset);
-    return Status::Ok();
-  }));
-  return total / loss_count;
-}
+// What every RankTrainer keeps between TrainRound and ReadOut: the round's
+// DataParallel (under ZeRO-3 the trained parameters live only in its shards).
+class RoundState {
+ public:
+  // After the epochs: the loss summed over ranks, over loss_count.
+  Result<double> Finish(std::unique_ptr<DataParallel> dp, double loss_sum, double loss_count) {
+    dp_ = std::move(dp);
+    ESTUARY_ASSIGN_OR_RETURN(const double total, dp_->SumOverRanks(loss_sum));
+    return total / loss_count;
+  }
+  Status ReadOut(const std::function<Status(uint64_t, std::span<const float>)>& fn) {
+    if (!dp_) return FailedPrecondition("site: ReadOut without a trained round");
+    Status s = dp_->ForEachSlice(fn);
+    dp_.reset();
+    return s;
+  }
+
+ private:
+  std::unique_ptr<DataParallel> dp_;
+};
 
 class ClassifierRankTrainer : public RankTrainer {
  public:
@@ -71,6 +80,9 @@ class ClassifierRankTrainer : public RankTrainer {
   }
 
   uint64_t num_examples() const override { return data_->size(); }
+  Status ReadOut(const std::function<Status(uint64_t, std::span<const float>)>& fn) override {
+    return state_.ReadOut(fn);
+  }
 
   Status Check(const TaskConfig& task, const models::Manifest& manifest, size_t global_size) override {
     ESTUARY_RETURN_IF_ERROR(ValidateTask(task));
@@ -93,7 +105,7 @@ class ClassifierRankTrainer : public RankTrainer {
   }
 
   Result<double> TrainRound(std::span<const float> global, const TaskConfig& task, uint64_t round,
-                            std::string_view client_name, std::span<float> local) override {
+                            std::string_view client_name) override {
     ESTUARY_ASSIGN_OR_RETURN(models::Model * model, ModelFor(task.model));
     if (global.size() != model->parameters().size()) {
       return InvalidArgument("site: {} global values for model '{}' of {}", global.size(), task.model,
@@ -132,7 +144,7 @@ class ClassifierRankTrainer : public RankTrainer {
         if (share.count > 0) epoch_loss += double(loss) * double(share.count);
       }
     }
-    return FinishRound(*dp, epoch_loss, double(data_->size()), local);
+    return state_.Finish(std::move(dp), epoch_loss, double(data_->size()));
   }
 
  private:
@@ -147,6 +159,7 @@ class ClassifierRankTrainer : public RankTrainer {
   std::shared_ptr<const models::Dataset> data_;
   DataParallelOptions options_;
   std::unique_ptr<models::Model> model_;  // reused across rounds, as ClassifierTrainer's thread backend
+  RoundState state_;
 };
 
 class TextRankTrainer : public RankTrainer {
@@ -157,6 +170,9 @@ class TextRankTrainer : public RankTrainer {
   }
 
   uint64_t num_examples() const override { return tokens_->size(); }
+  Status ReadOut(const std::function<Status(uint64_t, std::span<const float>)>& fn) override {
+    return state_.ReadOut(fn);
+  }
 
   Status Check(const TaskConfig& task, const models::Manifest& manifest, size_t global_size) override {
     ESTUARY_RETURN_IF_ERROR(ValidateTask(task));
@@ -181,7 +197,7 @@ class TextRankTrainer : public RankTrainer {
   }
 
   Result<double> TrainRound(std::span<const float> global, const TaskConfig& task, uint64_t round,
-                            std::string_view client_name, std::span<float> local) override {
+                            std::string_view client_name) override {
     ESTUARY_ASSIGN_OR_RETURN(models::Llama * model, ModelFor(task));
     if (global.size() != model->parameters().size()) {
       return InvalidArgument("site: {} global values for model '{}' of {}", global.size(), task.model,
@@ -224,7 +240,7 @@ class TextRankTrainer : public RankTrainer {
         loss_tokens += n * seq;  // the whole global batch: every rank counts the same
       }
     }
-    return FinishRound(*dp, loss_sum, double(loss_tokens), local);
+    return state_.Finish(std::move(dp), loss_sum, double(loss_tokens));
   }
 
  private:
@@ -249,6 +265,7 @@ class TextRankTrainer : public RankTrainer {
   std::optional<models::Llama> model_;
   std::string model_name_;
   int model_batch_ = 0;
+  RoundState state_;
 };
 
 // ---- what rank 0 tells the others -------------------------------------------
@@ -364,7 +381,16 @@ std::unique_ptr<RankTrainer> MakeTextRankTrainer(Communicator& comm, std::shared
 
 // ---- rank 0 -------------------------------------------------------------------
 
-SiteTrainer::SiteTrainer(Communicator& comm, std::unique_ptr<RankTrainer> rank) : comm_(comm), rank_(std::move(rank)) {}
+SiteTrainer::SiteTrainer(Communicator& comm, std::unique_ptr<RankTrainer> rank, ZeroStage stage)
+    : comm_(comm), rank_(std::move(rank)), stage_(stage) {}
+
+void SiteTrainer::RunPending() {
+  if (pending_ && !pending_->started()) {
+    pending_->Cancel();
+    pending_->Run();
+  }
+  pending_.reset();
+}
 
 Status SiteTrainer::SendHeader(uint32_t kind, uint64_t length) {
   Header header{kMagic, kind, length};
@@ -381,6 +407,7 @@ Status SiteTrainer::Broken(Status status) {
 
 Result<Update> SiteTrainer::Train(std::span<const float> global, const models::Manifest& manifest,
                                   const TaskConfig& task, uint64_t round, std::string_view client_name) {
+  RunPending();
   ESTUARY_RETURN_IF_ERROR(broken_);
   if (finished_) return FailedPrecondition("site: the federation is over");
   // A task this site cannot train fails here, before the other ranks hear of
@@ -388,20 +415,60 @@ Result<Update> SiteTrainer::Train(std::span<const float> global, const models::M
   ESTUARY_RETURN_IF_ERROR(rank_->Check(task, manifest, global.size()));
   const auto start = std::chrono::steady_clock::now();
   auto message = Encode({round, std::string(client_name), task, global.size()});
-  // local starts as the global weights: the broadcast's source, then rank 0's result.
-  std::vector<float> local(global.begin(), global.end());
+  // The broadcast's source (Broadcast takes a mutable span), then the round's
+  // global weights for the delta.
+  std::vector<float> source(global.begin(), global.end());
   if (Status s = SendHeader(kRound, message.size()); !s.ok()) return Broken(s);
   if (Status s = Await(comm_.Broadcast(std::span<std::byte>(message), 0)); !s.ok()) return Broken(s);
-  if (Status s = Await(comm_.Broadcast(std::span<float>(local), 0)); !s.ok()) return Broken(s);
-  Result<double> loss = rank_->TrainRound(global, task, round, client_name, local);
+  if (Status s = Await(comm_.Broadcast(std::span<float>(source), 0)); !s.ok()) return Broken(s);
   // After the broadcast the others are in this round too: any failure leaves
   // them somewhere in it, so the site cannot go on.
+  Result<double> loss = rank_->TrainRound(source, task, round, client_name);
   if (!loss.ok()) return Broken(loss.status());
-  return FullUpdate(std::move(local), global, manifest, rank_->num_examples(), *loss, start, round);
+
+  if (stage_ != ZeroStage::kZero3) {
+    std::vector<float> local(global.size());
+    Status read = rank_->ReadOut([&](uint64_t offset, std::span<const float> values) {
+      std::copy(values.begin(), values.end(), local.begin() + offset);
+      return Status::Ok();
+    });
+    if (!read.ok()) return Broken(read);
+    return FullUpdate(std::move(local), global, manifest, rank_->num_examples(), *loss, start, round);
+  }
+
+  // ZeRO-3: the delta leaves unit by unit, as the Agent uploads it.
+  auto stream = std::make_shared<UpdateStream>(
+      [this, global = std::move(source)](UpdateStream& out) {
+        Status cancelled;
+        Status read = rank_->ReadOut([&](uint64_t offset, std::span<const float> values) {
+          UpdateStream::Slice slice{offset, std::vector<float>(values.begin(), values.end())};
+          for (size_t i = 0; i < values.size(); ++i) slice.values[i] -= global[offset + i];
+          cancelled = out.Push(std::move(slice));
+          return cancelled;
+        });
+        // A cancelled stream (the connection dropped) fails on this rank only,
+        // after every gather ran; anything else is a collective failure.
+        if (!read.ok() && read.message() != cancelled.message()) return Broken(read);
+        return read;
+      });
+  pending_ = stream;
+  if (!std::isfinite(*loss)) {
+    RunPending();  // the other ranks are in the read-out; end it with them
+    return FailedPrecondition("trainer: local training diverged (loss {}) in round {}", *loss, round);
+  }
+  Update update;
+  update.kind = UpdateKind::kFull;
+  update.num_examples = rank_->num_examples();
+  update.train_loss = *loss;
+  update.manifest = manifest;
+  update.stream = std::move(stream);
+  update.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return update;
 }
 
 Status SiteTrainer::KeepAlive() {
-  if (finished_) return Status::Ok();
+  // While an update streams the others are in its gathers, not waiting for a header.
+  if (finished_ || (pending_ && !pending_->started())) return Status::Ok();
   ESTUARY_RETURN_IF_ERROR(broken_);
   if (Status s = SendHeader(kIdle, 0); !s.ok()) return Broken(s);
   return Status::Ok();
@@ -409,6 +476,7 @@ Status SiteTrainer::KeepAlive() {
 
 Status SiteTrainer::Finish(const Status& outcome) {
   if (finished_) return Status::Ok();
+  RunPending();
   finished_ = true;
   ESTUARY_RETURN_IF_ERROR(broken_);
   if (outcome.ok()) return SendHeader(kDone, 0);
@@ -440,8 +508,9 @@ Status RunFollower(Communicator& comm, RankTrainer& rank) {
     global.resize(m.global_size);
     ESTUARY_RETURN_IF_ERROR(Await(comm.Broadcast(std::span<float>(global), 0)));
     spdlog::debug("site rank {}: round {} for {}", comm.rank(), m.round, m.client_name);
-    auto loss = rank.TrainRound(global, m.task, m.round, m.client_name, {});
+    auto loss = rank.TrainRound(global, m.task, m.round, m.client_name);
     if (!loss.ok()) return loss.status();
+    ESTUARY_RETURN_IF_ERROR(rank.ReadOut([](uint64_t, std::span<const float>) { return Status::Ok(); }));
   }
 }
 

@@ -62,10 +62,13 @@ class RankTrainer {
   // this data trains and the global buffer matches the model's manifest.
   virtual Status Check(const TaskConfig& task, const models::Manifest& manifest, size_t global_size) = 0;
   // Trains from `global`; returns the mean training loss of the last epoch
-  // (agreed across ranks). On rank 0, `local` (global.size() floats) receives
-  // the trained weights; the other ranks pass an empty span.
+  // (agreed across ranks). ReadOut must follow on every rank.
   virtual Result<double> TrainRound(std::span<const float> global, const TaskConfig& task, uint64_t round,
-                                    std::string_view client_name, std::span<float> local) = 0;
+                                    std::string_view client_name) = 0;
+  // Hands out the trained weights in buffer order, unit by unit (under ZeRO-3
+  // each unit is gathered for the call and released after it), then ends the
+  // round. Collective; fn may fail on one rank, the others still take part.
+  virtual Status ReadOut(const std::function<Status(uint64_t offset, std::span<const float> values)>& fn) = 0;
 };
 
 // The image models (MLP, CNN) through models::Model::ForwardBackward and models::Sgd.
@@ -76,13 +79,17 @@ std::unique_ptr<RankTrainer> MakeTextRankTrainer(Communicator& comm, std::shared
                                                  DataParallelOptions options);
 
 // Rank 0's Trainer, driven by the Agent on its training thread. Train,
-// KeepAlive and Finish must all run on that one thread (they share the
-// communicator). When a collective fails, on_broken is called (on the training
+// KeepAlive, Finish and the update's stream must all run on that one thread
+// (they share the communicator). Under ZeRO-3 the update streams
+// (Update::stream): its slices are the deltas of one gathered unit at a time,
+// so the trained model is never whole on rank 0; the other ranks take part
+// in the gathers until the stream has run. A stream nobody ran is cancelled
+// and run by the next Train or Finish, so the ranks never wait on it forever. When a collective fails, on_broken is called (on the training
 // thread) before Train returns: the site cannot go on and should give up its
 // connection; every later call fails at once.
 class SiteTrainer : public Trainer {
  public:
-  SiteTrainer(Communicator& comm, std::unique_ptr<RankTrainer> rank);
+  SiteTrainer(Communicator& comm, std::unique_ptr<RankTrainer> rank, ZeroStage stage);
 
   uint64_t num_examples() const override { return rank_->num_examples(); }
   Result<Update> Train(std::span<const float> global, const models::Manifest& manifest, const TaskConfig& task,
@@ -99,11 +106,14 @@ class SiteTrainer : public Trainer {
  private:
   Status SendHeader(uint32_t kind, uint64_t length);
   Status Broken(Status status);
+  void RunPending();
 
   Communicator& comm_;
   std::unique_ptr<RankTrainer> rank_;
   Status broken_;
   bool finished_ = false;
+  ZeroStage stage_;
+  std::shared_ptr<UpdateStream> pending_;  // the last round's stream, until it has run
 };
 
 // Every rank but 0: follows rank 0's rounds until it says the federation is

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <random>
+#include <thread>
 
 #include "client/gloo_communicator.h"
 #include "client/launch.h"
@@ -148,6 +149,25 @@ struct Scenario {
 };
 void PrintTo(const Scenario& s, std::ostream* os) { *os << s.model << " on " << s.ranks << " ranks, zero " << int(s.stage); }
 
+// A ZeRO-3 site's update: the producer runs on its own thread (the only one
+// using the communicator meanwhile) while this one consumes, as the Agent does.
+Result<std::vector<float>> Collect(UpdateStream& stream, size_t size) {
+  std::thread producer([&] { stream.Run(); });
+  std::vector<float> delta;
+  Status end;
+  UpdateStream::Slice slice;
+  size_t slices = 0;
+  while (stream.WaitPop(&slice, &end) == UpdateStream::Next::kSlice) {
+    if (slice.offset != delta.size()) end = Internal("slice at {} where {} was due", slice.offset, delta.size());
+    delta.insert(delta.end(), slice.values.begin(), slice.values.end());
+    ++slices;
+  }
+  producer.join();
+  ESTUARY_RETURN_IF_ERROR(end);
+  if (delta.size() != size || slices < 2) return Internal("{} elements in {} slices for a model of {}", delta.size(), slices, size);
+  return delta;
+}
+
 // Rank 0 trains two rounds through SiteTrainer (with idle messages between
 // them) and checks each update against the single-process trainer's; the
 // other ranks follow until rank 0 says the federation is over.
@@ -184,13 +204,17 @@ Status RunSite(const Scenario& s, const std::string& address, int rank) {
     std::iota(all.begin(), all.end(), 0u);
     single = std::make_unique<ClassifierTrainer>(images, all);
   }
-  SiteTrainer site(*comm, std::move(rank_trainer));
+  SiteTrainer site(*comm, std::move(rank_trainer), s.stage);
   Status broken;
   site.on_broken = [&](const Status& st) { broken = st; };
   for (uint64_t round = 1; round <= 2; ++round) {
     ESTUARY_RETURN_IF_ERROR(site.KeepAlive());
     ESTUARY_RETURN_IF_ERROR(site.KeepAlive());
     ESTUARY_ASSIGN_OR_RETURN(Update got, site.Train(global, manifest, s.task, round, "site-x"));
+    if ((s.stage == ZeroStage::kZero3) != bool(got.stream)) return Internal("streamed: {}", bool(got.stream));
+    if (got.stream) {
+      ESTUARY_ASSIGN_OR_RETURN(got.payload, Collect(*got.stream, global.size()));
+    }
     ESTUARY_ASSIGN_OR_RETURN(Update want, single->Train(global, manifest, s.task, round, "site-x"));
     // AdamW divides each gradient by its own magnitude, so the last bits of a
     // sum that cancels (one process, an all-reduce ring, a reduce-scatter ring
@@ -270,7 +294,9 @@ TEST(Site, FollowersHearRankZeroGiveUp) {
     ESTUARY_ASSIGN_OR_RETURN(auto comm, ConnectGloo({.address = address, .rank = rank, .size = 2, .timeout = 60s},
                                                     {.host = "127.0.0.1"}));
     auto rank_trainer = MakeClassifierRankTrainer(*comm, Images(10), {});
-    if (rank == 0) return SiteTrainer(*comm, std::move(rank_trainer)).Finish(Aborted("the server refused us"));
+    if (rank == 0) {
+      return SiteTrainer(*comm, std::move(rank_trainer), ZeroStage::kDdp).Finish(Aborted("the server refused us"));
+    }
     Status s = RunFollower(*comm, *rank_trainer);
     if (s.message().find("rank 0 gave up: the server refused us") == std::string::npos) {
       return Internal("the follower returned '{}'", s.ToString());
