@@ -3,6 +3,7 @@
 // processes over Gloo against the single-process trainers on the same data.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cmath>
 #include <random>
 #include <thread>
@@ -304,6 +305,48 @@ TEST(Site, FollowersHearRankZeroGiveUp) {
     return Status::Ok();
   });
   for (const auto& o : outcomes) EXPECT_TRUE(o.ok()) << o.Describe();
+}
+
+}  // namespace
+}  // namespace estuary::client
+
+namespace estuary::client {
+namespace {
+
+TEST(UpdateStream, SlicesPassInOrderAndCancelUnblocksTheProducer) {
+  // Capacity 1: the producer waits for the consumer after each slice.
+  UpdateStream stream([](UpdateStream& out) -> Status {
+    for (uint64_t i = 0; i < 3; ++i) ESTUARY_RETURN_IF_ERROR(out.Push({i * 2, {float(i), float(i)}}));
+    return Status::Ok();
+  }, 1);
+  std::atomic<int> ready{0};
+  stream.on_ready = [&] { ++ready; };
+  UpdateStream::Slice slice;
+  Status end;
+  EXPECT_EQ(stream.Pop(&slice, &end), UpdateStream::Next::kPending);
+  std::thread producer([&] { stream.Run(); });
+  std::vector<uint64_t> offsets;
+  while (stream.WaitPop(&slice, &end) == UpdateStream::Next::kSlice) offsets.push_back(slice.offset);
+  producer.join();
+  EXPECT_TRUE(end.ok()) << end.ToString();
+  EXPECT_EQ(offsets, (std::vector<uint64_t>{0, 2, 4}));
+  EXPECT_EQ(ready.load(), 4);  // three slices and the end
+  stream.Run();                // runs once only
+  EXPECT_EQ(stream.Pop(&slice, &end), UpdateStream::Next::kEnd);
+
+  // A consumer that goes away: the blocked producer's next Push fails, and it ends.
+  UpdateStream gone([](UpdateStream& out) -> Status {
+    for (uint64_t i = 0;; ++i) ESTUARY_RETURN_IF_ERROR(out.Push({i, {0.0f}}));
+  }, 1);
+  std::thread blocked([&] { gone.Run(); });
+  ASSERT_EQ(gone.WaitPop(&slice, &end), UpdateStream::Next::kSlice);
+  gone.Cancel();
+  blocked.join();
+  EXPECT_TRUE(gone.started());
+  while (gone.Pop(&slice, &end) == UpdateStream::Next::kSlice) {
+  }
+  EXPECT_EQ(gone.Pop(&slice, &end), UpdateStream::Next::kEnd);
+  EXPECT_NE(end.message().find("cancelled"), std::string::npos) << end.ToString();
 }
 
 }  // namespace
