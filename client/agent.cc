@@ -50,6 +50,7 @@ void Agent::Start() { Connect(); }
 
 void Agent::Stop() {
   stopped_ = true;
+  DropUpload();
   reconnect_timer_.cancel();
   heartbeat_timer_.cancel();
   if (stream_) {
@@ -64,7 +65,7 @@ void Agent::Connect() {
   stream_ = std::make_shared<SslStream>(io_, *options_.tls);
   outbox_.clear();
   writing_ = false;
-  upload_.reset();
+  DropUpload();
   Status named = crypto::VerifyServerName(stream_->native_handle(), options_.host);
   if (named.ok() && options_.identity) named = crypto::UseIdentity(stream_->native_handle(), *options_.identity);
   if (!named.ok()) return Finish(named);
@@ -223,11 +224,15 @@ void Agent::OnTrained(uint64_t round, Result<Update> update) {
   busy_training_ = false;
   if (train_again_) {
     train_again_ = false;
+    if (update.ok() && update->stream) Discard(update->stream);
     return Train();
   }
   // A result for a round announced on an earlier connection is stale: the
   // server has either restarted that round (and will say so) or moved on.
-  if (stopped_ || !round_ || round_->round() != round || round_connection_ != connection_) return;
+  if (stopped_ || !round_ || round_->round() != round || round_connection_ != connection_) {
+    if (update.ok() && update->stream) Discard(update->stream);
+    return;
+  }
   if (!update.ok()) {
     spdlog::error("{}: round {}: {}", name_, round, update.status().ToString());
     return;
@@ -253,7 +258,77 @@ void Agent::OnTrained(uint64_t round, Result<Update> update) {
   upload_round_ = round;
   upload_offset_ = 0;
   upload_hasher_ = std::make_unique<crypto::Sha256>();
+  if (payload->stream) {
+    slice_ = {};
+    slice_at_ = 0;
+    std::weak_ptr<Agent> weak = weak_from_this();
+    UpdateStream* raw = payload->stream.get();
+    payload->stream->on_ready = [&io = io_, weak, raw] {
+      asio::post(io, [weak, raw] {
+        auto self = weak.lock();
+        if (self && self->upload_ && self->upload_->stream.get() == raw) self->WriteNext();
+      });
+    };
+    asio::post(training_, [stream = payload->stream] { stream->Run(); });
+  }
   WriteNext();
+}
+
+void Agent::Discard(const std::shared_ptr<UpdateStream>& stream) {
+  stream->Cancel();
+  asio::post(training_, [stream] { stream->Run(); });
+}
+
+void Agent::DropUpload() {
+  if (upload_ && upload_->stream) upload_->stream->Cancel();  // its producer, posted already, ends quickly
+  upload_.reset();
+  slice_ = {};
+}
+
+void Agent::NextStreamChunk() {
+  UpdateStream& stream = *upload_->stream;
+  const uint64_t total = upload_->manifest.total_elements * sizeof(float);
+  if (slice_at_ == slice_.values.size()) {
+    UpdateStream::Slice next;
+    Status end;
+    switch (stream.Pop(&next, &end)) {
+      case UpdateStream::Next::kPending: return;  // on_ready calls WriteNext again
+      case UpdateStream::Next::kSlice:
+        if (next.offset * sizeof(float) != upload_offset_ || next.values.empty() ||
+            upload_offset_ + next.values.size() * sizeof(float) > total) {
+          spdlog::error("{}: round {}: the update's stream gave a slice at element {} (+{}) where {} was due", name_,
+                        upload_round_, next.offset, next.values.size(), upload_offset_ / sizeof(float));
+          return Disconnected("the update stream broke");
+        }
+        slice_ = std::move(next);
+        slice_at_ = 0;
+        break;
+      case UpdateStream::Next::kEnd:
+        if (!end.ok() || upload_offset_ != total) {
+          const std::string reason = end.ok() ? fmt::format("it ended after {} of {} bytes", upload_offset_, total)
+                                              : end.ToString();
+          spdlog::error("{}: round {}: the update stream failed: {}", name_, upload_round_, reason);
+          return Disconnected("the update stream failed");
+        }
+        v1::Envelope envelope;
+        envelope.mutable_update_commit()->set_round(upload_round_);
+        envelope.mutable_update_commit()->set_checksum(crypto::ToHex(upload_hasher_->Final()));
+        upload_.reset();
+        upload_hasher_.reset();
+        slice_ = {};
+        outbox_.push_back(std::make_shared<const proto::Frame>(proto::EncodeFrame(envelope)));
+        return;
+    }
+  }
+  const uint64_t elements = std::min<uint64_t>(std::max<uint32_t>(chunk_bytes_ / sizeof(float), 1),
+                                               slice_.values.size() - slice_at_);
+  const char* bytes = reinterpret_cast<const char*>(slice_.values.data() + slice_at_);
+  const uint64_t size = elements * sizeof(float);
+  outbox_.push_back(std::make_shared<const proto::Frame>(
+      proto::EncodeUpdateChunk(upload_round_, upload_offset_, v1::DTYPE_F32, bytes, size)));
+  upload_hasher_->Update(bytes, size);
+  upload_offset_ += size;
+  slice_at_ += elements;
 }
 
 void Agent::Send(const v1::Envelope& envelope) {
@@ -263,7 +338,9 @@ void Agent::Send(const v1::Envelope& envelope) {
 
 void Agent::WriteNext() {
   if (writing_ || !stream_) return;
-  if (outbox_.empty() && upload_) {
+  if (outbox_.empty() && upload_ && upload_->stream) {
+    NextStreamChunk();
+  } else if (outbox_.empty() && upload_) {
     const uint64_t total = upload_->payload.size() * sizeof(float);
     if (upload_offset_ < total) {
       const uint64_t size = std::min<uint64_t>(chunk_bytes_, total - upload_offset_);

@@ -5,7 +5,9 @@
 // on RoundStart it receives the global model (unless it already holds that
 // version), trains on the training executor (never on the I/O thread, so
 // heartbeats keep flowing), streams the update back as chunks encoded one at
-// a time, and commits it. When the connection drops it reconnects with
+// a time, and commits it. An update that comes as an UpdateStream (a ZeRO-3
+// site's) is run on the training executor and its slices are encoded as the
+// socket drains, so the delta is never whole in this process. When the connection drops it reconnects with
 // exponential backoff, until the server announces the federation complete.
 // Everything except training runs on the io_context given to it; many agents
 // may share one io_context (the loopback simulator does).
@@ -55,6 +57,11 @@ class Agent : public std::enable_shared_from_this<Agent> {
   void Start();
   // Closes the connection and stops reconnecting.
   void Stop();
+  // Gives up for good: closes the connection (the server records this site
+  // as dropped from a round in progress) and reports status through
+  // on_finished. For a failure outside the Agent, such as a multi-rank site
+  // that lost a rank. Call it on the I/O thread.
+  void Fail(const Status& status) { Finish(status); }
 
   // Called on the I/O thread for every RoundClosed the server broadcasts.
   std::function<void(const v1::RoundClosed&)> on_round_closed;
@@ -78,6 +85,11 @@ class Agent : public std::enable_shared_from_this<Agent> {
   void OnTrained(uint64_t round, Result<Update> update);
   void Send(const v1::Envelope& envelope);
   void WriteNext();
+  // The next frame of a streamed upload, or nothing while its slice is pending.
+  void NextStreamChunk();
+  // Runs a stream nobody will upload (cancelled), so the site's ranks finish its gathers.
+  void Discard(const std::shared_ptr<UpdateStream>& stream);
+  void DropUpload();
   void Disconnected(const std::string& reason);
   void ScheduleReconnect();
   void Heartbeat();
@@ -122,6 +134,8 @@ class Agent : public std::enable_shared_from_this<Agent> {
   std::shared_ptr<const Update> upload_;
   uint64_t upload_round_ = 0;
   uint64_t upload_offset_ = 0;
+  UpdateStream::Slice slice_;  // streamed upload: the slice being encoded
+  uint64_t slice_at_ = 0;      // elements of slice_ already sent
   std::unique_ptr<crypto::Sha256> download_hasher_;
   std::unique_ptr<crypto::Sha256> upload_hasher_;
 };

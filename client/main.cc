@@ -1,43 +1,63 @@
 // estuary-client: one federation site. Connects to the aggregation server
 // over mutual TLS, trains when selected, uploads its update, and reconnects
 // with backoff when the server goes away, until the federation completes.
+// With --ranks N or --gpus the site trains on several ranks (client/launch.h
+// starts them, client/site.h runs them) and is still one client.
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
+#include <sys/wait.h>
 
 #include "base/asio.h"
 #include <cstdio>
+#include <map>
+#include <numeric>
+#include <thread>
 
 #include "base/config_file.h"
 #include "base/host_port.h"
 #include "base/memory.h"
 #include "client/agent.h"
+#include "client/gloo_communicator.h"
+#include "client/launch.h"
+#include "client/site.h"
 #include "crypto/tls.h"
 #include "client/compute.h"
 #include "client/text_trainer.h"
 #include "models/dataset.h"
 #include "models/text_corpus.h"
+#ifdef ESTUARY_HAVE_CUDA
+#include "models/cuda/device.h"
+#endif
+#ifdef ESTUARY_HAVE_NCCL
+#include "client/nccl_communicator.h"
+#endif
 
 extern "C" void openblas_set_num_threads(int);
 
 namespace {
 
-int Fail(const estuary::Status& status) {
+using namespace estuary;
+
+int Fail(const Status& status) {
   std::fprintf(stderr, "estuary-client: %s\n", status.message().c_str());
   return 1;
 }
 
-// The site's data decides what it can train: IDX files (images) or text
-// files in the fortunes format (documents between `%` lines). "auto" picks
-// images when the IDX training files are there.
-estuary::Result<std::unique_ptr<estuary::client::Trainer>> MakeTrainer(const std::filesystem::path& dir,
-                                                                      const std::string& kind,
-                                                                      const estuary::client::Compute& compute) {
-  using namespace estuary;
+// What a site's data directory holds: IDX files (images) or text files in the
+// fortunes format (documents between `%` lines). "auto" picks images when the
+// IDX training files are there. Exactly one of the two is set.
+struct SiteData {
+  std::shared_ptr<const models::Dataset> images;
+  std::shared_ptr<const std::vector<int32_t>> text;
+};
+
+Result<SiteData> LoadSiteData(const std::filesystem::path& dir, const std::string& kind) {
   if (kind != "auto" && kind != "images" && kind != "text") {
     return InvalidArgument("--data-kind '{}': expected auto, images or text", kind);
   }
   std::error_code ec;
   const bool has_idx = std::filesystem::exists(dir / "train-images-idx3-ubyte", ec);
+  SiteData data;
   if (kind == "text" || (kind == "auto" && !has_idx && std::filesystem::is_directory(dir, ec))) {
     ESTUARY_ASSIGN_OR_RETURN(auto sources, models::LoadFortunes(dir, {}));
     auto tokens = std::make_shared<std::vector<int32_t>>();
@@ -46,10 +66,201 @@ estuary::Result<std::unique_ptr<estuary::client::Trainer>> MakeTrainer(const std
       tokens->insert(tokens->end(), source.test.begin(), source.test.end());
     }
     spdlog::info("{}: {} text files, {} tokens", dir.string(), sources.size(), tokens->size());
-    return std::unique_ptr<client::Trainer>(new client::TextTrainer(std::move(tokens), compute));
+    data.text = std::move(tokens);
+    return data;
   }
   ESTUARY_ASSIGN_OR_RETURN(auto dataset, models::LoadIdx(dir, models::Split::kTrain));
-  return std::unique_ptr<client::Trainer>(new client::ClassifierTrainer(std::move(dataset), compute));
+  data.images = std::make_shared<const models::Dataset>(std::move(dataset));
+  return data;
+}
+
+// The single-process trainer: the one estuary-client always had.
+std::unique_ptr<client::Trainer> MakeTrainer(const SiteData& data, const client::Compute& compute) {
+  if (data.text) return std::make_unique<client::TextTrainer>(data.text, compute);
+  std::vector<uint32_t> all(data.images->size());
+  std::iota(all.begin(), all.end(), 0u);
+  return std::make_unique<client::ClassifierTrainer>(data.images, std::move(all), compute);
+}
+
+Result<int> GpuCount() {
+#ifdef ESTUARY_HAVE_NCCL
+  ESTUARY_RETURN_IF_ERROR(models::cuda::CudaUsable());
+  return models::cuda::CudaDeviceCount();
+#else
+  return FailedPrecondition("this build has no NCCL (CUDA and NCCL were not found when it was configured)");
+#endif
+}
+
+Result<std::unique_ptr<client::Communicator>> ConnectRanks(const client::SiteLayout& site) {
+  client::RendezvousOptions options{site.rendezvous, site.global_rank(), site.world(), site.timeout};
+  if (site.backend == "gloo") return client::ConnectGloo(options);
+#ifdef ESTUARY_HAVE_NCCL
+  return client::ConnectNccl(options, site.gpus[site.local_rank]);
+#else
+  return FailedPrecondition("--backend nccl: this build has no NCCL");
+#endif
+}
+
+Result<std::unique_ptr<client::RankTrainer>> MakeRankTrainer(client::Communicator& comm, const SiteData& data,
+                                                             const client::SiteLayout& site) {
+  if (comm.device() != models::Device::kCpu) {
+    // DataParallel needs a model whose step takes BackwardOptions over device
+    // buffers; the CUDA engines (models/cuda/) do not yet.
+    return FailedPrecondition("--gpus: rank {} joined NCCL, but no CUDA engine takes data-parallel hooks yet "
+                              "(models/step_hooks.h); train a multi-rank site with --ranks N --backend gloo",
+                              site.global_rank());
+  }
+  client::DataParallelOptions options;
+  options.stage = site.zero;
+  if (data.text) return client::MakeTextRankTrainer(comm, data.text, options);
+  return client::MakeClassifierRankTrainer(comm, data.images, options);
+}
+
+// Local rank 0's children: started with the same arguments, reaped here.
+class LocalRanks {
+ public:
+  // Starts local ranks 1..N-1; args are this process's, extra is appended.
+  Status Start(const client::SiteLayout& site, int argc, char** argv, const std::vector<std::string>& extra) {
+    for (int r = 1; r < site.local_ranks; ++r) {
+      std::vector<std::string> args(argv, argv + argc);
+      args.insert(args.end(), extra.begin(), extra.end());
+      args.insert(args.end(), {"--local-rank", std::to_string(r)});
+      ESTUARY_ASSIGN_OR_RETURN(const pid_t pid, client::SpawnRank(args));
+      running_[pid] = site.node_rank * site.local_ranks + r;
+    }
+    return Status::Ok();
+  }
+  // Reaps the children that have ended; an error naming one that ended badly.
+  Status Poll() {
+    Reap(WNOHANG);
+    return Cause();
+  }
+  // When this rank failed: which local rank (if any) ended first and why,
+  // waiting up to `grace` for it to be reapable (a killed rank's sockets
+  // close, failing our collective, a moment before the kernel reports its death).
+  Status CauseOfFailure(std::chrono::milliseconds grace) {
+    const auto deadline = std::chrono::steady_clock::now() + grace;
+    while (Cause().ok() && !running_.empty() && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      Reap(WNOHANG);
+    }
+    return Cause();
+  }
+  // Waits for every child (killing them first when `kill`); an error naming
+  // one that ended badly on its own.
+  Status WaitAll(bool kill) {
+    Reap(WNOHANG);
+    const Status cause = Cause();
+    if (kill) {
+      for (const auto& [pid, rank] : running_) ::kill(pid, SIGKILL);
+    }
+    Reap(0);
+    return kill ? cause : Cause();
+  }
+
+ private:
+  struct Ended {
+    pid_t pid;
+    int rank;
+    int status;
+  };
+  void Reap(int flags) {
+    for (auto it = running_.begin(); it != running_.end();) {
+      int status = 0;
+      const pid_t got = waitpid(it->first, &status, flags);
+      if (got == 0) {
+        ++it;
+        continue;
+      }
+      if (got == it->first) ended_.push_back({it->first, it->second, status});
+      it = running_.erase(it);
+    }
+  }
+  // A rank killed by a signal is the likeliest root cause; ranks that exited
+  // with an error usually saw it fail a collective.
+  Status Cause() const {
+    const Ended* worst = nullptr;
+    for (const Ended& e : ended_) {
+      if (WIFEXITED(e.status) && WEXITSTATUS(e.status) == 0) continue;
+      if (!worst || (WIFSIGNALED(e.status) && !WIFSIGNALED(worst->status))) worst = &e;
+    }
+    if (!worst) return Status::Ok();
+    return Aborted("site rank {} (pid {}) {}", worst->rank, worst->pid, client::DescribeWaitStatus(worst->status));
+  }
+
+  std::map<pid_t, int> running_;  // pid -> global rank
+  std::vector<Ended> ended_;
+};
+
+// Runs the Agent until the federation completes or the site gives up. With
+// a site (rank 0 of several), it also keeps the followers told that rank 0 is
+// alive between rounds, tells them when it is over, and gives up the
+// connection as soon as a local rank ends badly or a collective fails.
+Status RunAgent(const client::AgentOptions& options, client::Trainer& trainer, client::SiteTrainer* site,
+                LocalRanks* children, std::chrono::milliseconds rank_timeout, uint64_t* rounds_trained) {
+  namespace asio = boost::asio;
+  asio::io_context io;
+  asio::thread_pool training(1);  // site: the one thread that uses the communicator
+  auto agent = std::make_shared<client::Agent>(io, options, trainer, training.get_executor());
+  Status outcome;
+  bool done = false;
+  agent->on_round_closed = [&](const v1::RoundClosed& closed) {
+    spdlog::info("round {} {}: {} updates{}", closed.round(), closed.committed() ? "committed" : "failed",
+                 closed.updates_received(),
+                 closed.has_test_metrics() ? fmt::format(", test accuracy {:.4f}", closed.test_accuracy()) : "");
+  };
+  asio::signal_set signals(io, SIGINT, SIGTERM);
+  asio::signal_set child_signals(io);
+  asio::steady_timer keepalive(io);
+  agent->on_finished = [&](const Status& status) {
+    outcome = status;
+    done = true;
+    signals.cancel();
+    child_signals.cancel();
+    keepalive.cancel();
+  };
+  signals.async_wait([&](const boost::system::error_code& ec, int) {
+    if (!ec) {
+      outcome = Aborted("interrupted");
+      agent->Stop();
+      child_signals.cancel();
+      keepalive.cancel();
+      done = true;
+    }
+  });
+  std::function<void()> tick, watch;
+  if (site) {
+    site->on_broken = [&io, agent](const Status& s) { asio::post(io, [agent, s] { agent->Fail(s); }); };
+    // Well inside the followers' timeout, so a slow federation never reads as a dead rank 0.
+    tick = [&] {
+      keepalive.expires_after(rank_timeout / 3);
+      keepalive.async_wait([&](const boost::system::error_code& ec) {
+        if (ec || done) return;
+        asio::post(training, [site] { (void)site->KeepAlive(); });  // a failure reaches on_broken
+        tick();
+      });
+    };
+    tick();
+    child_signals.add(SIGCHLD);
+    watch = [&] {
+      child_signals.async_wait([&](const boost::system::error_code& ec, int) {
+        if (ec || done) return;
+        if (Status s = children->Poll(); !s.ok()) return agent->Fail(s);
+        watch();
+      });
+    };
+    watch();
+  }
+  agent->Start();
+  io.run();
+  if (site) {
+    asio::post(training, [&] {
+      if (Status s = site->Finish(outcome); !s.ok() && outcome.ok()) outcome = s;
+    });
+  }
+  training.join();
+  *rounds_trained = agent->rounds_trained();
+  return outcome;
 }
 
 }  // namespace
@@ -63,6 +274,7 @@ int main(int argc, char** argv) {
   std::string data, data_kind = "auto", device = "cpu", precision = "fp32";
   double max_backoff = 30;
   std::string log_level = "info";
+  client::SiteFlags site_flags;
   app.add_option("--config", config, "TOML file with the same keys as these flags");
   app.add_option("--server", server, "aggregation server HOST:PORT");
   app.add_option("--cert", tls.cert, "this site's certificate (PEM)");
@@ -76,14 +288,29 @@ int main(int argc, char** argv) {
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error");
   int blas_threads = 1;
   app.add_option("--blas-threads", blas_threads, "OpenBLAS threads for local training (small batches: 1 is fastest)");
+  app.add_option("--ranks", site_flags.ranks, "train on N CPU processes (ranks) of this node");
+  app.add_option("--backend", site_flags.backend, "collectives among the ranks: gloo (CPU) | nccl (--gpus)");
+  app.add_option("--gpus", site_flags.gpus, "train one rank per GPU: all | 0,1,...");
+  app.add_option("--zero", site_flags.zero, "0: DDP; 1, 2, 3: ZeRO stage");
+  app.add_option("--nodes", site_flags.nodes, "nodes of this site");
+  app.add_option("--node-rank", site_flags.node_rank, "this node's index among --nodes");
+  app.add_option("--rendezvous", site_flags.rendezvous,
+                 "where the ranks meet: tcp://HOST:PORT (node 0) | file:///DIR; default: a free port on 127.0.0.1");
+  app.add_option("--rank-timeout", site_flags.rank_timeout_s, "seconds a rank waits for the others before the site fails");
+  app.add_option("--local-rank", site_flags.local_rank, "internal: set by the launcher for the ranks it starts")
+      ->group("");
   CLI11_PARSE(app, argc, argv);
   openblas_set_num_threads(std::max(1, blas_threads));
   if (!config.empty()) {
     if (Status s = ApplyConfigFile(app, config); !s.ok()) return Fail(s);
   }
-  spdlog::set_default_logger(spdlog::stderr_color_mt("estuary-client"));
+  auto site = client::MakeSiteLayout(site_flags, GpuCount);
+  if (!site.ok()) return Fail(site.status());
+  const bool agent_rank = site->global_rank() == 0;
+  spdlog::set_default_logger(spdlog::stderr_color_mt(
+      site->multi_rank() ? fmt::format("estuary-client rank {}", site->global_rank()) : "estuary-client"));
   spdlog::set_level(spdlog::level::from_str(log_level));
-  if (tls.cert.empty() || tls.key.empty() || tls.ca.empty() || data.empty()) {
+  if (data.empty() || (agent_rank && (tls.cert.empty() || tls.key.empty() || tls.ca.empty()))) {
     return Fail(InvalidArgument("--cert, --key, --ca and --data are required"));
   }
   std::string host;
@@ -92,41 +319,75 @@ int main(int argc, char** argv) {
 
   auto compute = client::ParseCompute(device, precision);
   if (!compute.ok()) return Fail(compute.status());
-  auto trainer = MakeTrainer(data, data_kind, *compute);
-  if (!trainer.ok()) return Fail(trainer.status());
-  auto context = crypto::MakeClientContext(tls);
-  if (!context.ok()) return Fail(context.status());
-
-  boost::asio::io_context io;
-  boost::asio::thread_pool training(1);
+  if (site->multi_rank() && site->backend == "gloo" && compute->device != models::Device::kCpu) {
+    return Fail(InvalidArgument("--device {} with {} ranks: gloo ranks train on the CPU; use --gpus for GPUs", device,
+                                site->world()));
+  }
+  auto site_data = LoadSiteData(data, data_kind);
+  if (!site_data.ok()) return Fail(site_data.status());
   client::AgentOptions options;
   options.host = host;
   options.port = port;
-  options.tls = *context;
   options.max_backoff_s = max_backoff;
   options.label = tls.cert.stem().string();
-  auto agent = std::make_shared<client::Agent>(io, options, **trainer, training.get_executor());
-  Status outcome;
-  agent->on_round_closed = [&](const v1::RoundClosed& closed) {
-    spdlog::info("round {} {}: {} updates{}", closed.round(), closed.committed() ? "committed" : "failed",
-                 closed.updates_received(),
-                 closed.has_test_metrics() ? fmt::format(", test accuracy {:.4f}", closed.test_accuracy()) : "");
-  };
-  boost::asio::signal_set signals(io, SIGINT, SIGTERM);
-  agent->on_finished = [&](const Status& status) {
-    outcome = status;
-    signals.cancel();
-  };
-  signals.async_wait([&](const boost::system::error_code& ec, int) {
-    if (!ec) {
-      outcome = Aborted("interrupted");
-      agent->Stop();
+  if (agent_rank) {
+    auto context = crypto::MakeClientContext(tls);
+    if (!context.ok()) return Fail(context.status());
+    options.tls = *context;
+  }
+
+  if (!site->multi_rank()) {
+    auto trainer = MakeTrainer(*site_data, *compute);
+    uint64_t rounds = 0;
+    Status outcome = RunAgent(options, *trainer, nullptr, nullptr, site->timeout, &rounds);
+    if (!outcome.ok()) return Fail(outcome);
+    spdlog::info("federation complete; trained {} rounds", rounds);
+    return 0;
+  }
+
+  // A site of several ranks. Local rank 0 starts the others of its node.
+  LocalRanks children;
+  if (site->local_rank == 0) {
+    std::vector<std::string> extra;
+    if (site->rendezvous.empty()) {
+      auto address = client::FreeLoopbackRendezvous();
+      if (!address.ok()) return Fail(address.status());
+      site->rendezvous = *address;
+      extra = {"--rendezvous", *address};
     }
-  });
-  agent->Start();
-  io.run();
-  training.join();
-  if (!outcome.ok()) return Fail(outcome);
-  spdlog::info("federation complete; trained {} rounds", agent->rounds_trained());
+    if (Status s = children.Start(*site, argc, argv, extra); !s.ok()) {
+      (void)children.WaitAll(true);
+      return Fail(s);
+    }
+  }
+  // Every exit from here reaps the children first: killed when this rank failed.
+  auto fail = [&](const Status& s) {
+    if (Status cause = children.CauseOfFailure(std::chrono::seconds(1)); !cause.ok()) {
+      (void)children.WaitAll(true);
+      if (cause.message() == s.message()) return Fail(s);
+      return Fail(Aborted("{} (rank {}: {})", cause.message(), site->global_rank(), s.message()));
+    }
+    (void)children.WaitAll(true);
+    return Fail(s);
+  };
+  auto comm = ConnectRanks(*site);
+  if (!comm.ok()) return fail(comm.status());
+  auto rank_trainer = MakeRankTrainer(**comm, *site_data, *site);
+  if (!rank_trainer.ok()) return fail(rank_trainer.status());
+  spdlog::info("rank {} of {} (pid {}, {}, {}) joined at {}", site->global_rank(), site->world(), getpid(), site->backend,
+               site->zero == client::ZeroStage::kDdp ? "DDP" : fmt::format("ZeRO-{}", int(site->zero)),
+               site->rendezvous);
+
+  if (!agent_rank) {
+    if (Status s = client::RunFollower(**comm, **rank_trainer); !s.ok()) return fail(s);
+    if (Status s = children.WaitAll(false); !s.ok()) return Fail(s);
+    return 0;
+  }
+  client::SiteTrainer trainer(**comm, std::move(*rank_trainer), site->zero);
+  uint64_t rounds = 0;
+  Status outcome = RunAgent(options, trainer, &trainer, &children, site->timeout, &rounds);
+  if (!outcome.ok()) return fail(outcome);
+  if (Status s = children.WaitAll(false); !s.ok()) return Fail(s);
+  spdlog::info("federation complete; trained {} rounds on {} ranks", rounds, site->world());
   return 0;
 }

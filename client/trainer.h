@@ -19,6 +19,7 @@
 
 #include "base/status.h"
 #include "client/compute.h"
+#include "client/update_stream.h"
 #include "models/dataset.h"
 #include "models/model.h"
 
@@ -51,6 +52,10 @@ struct Update {
   double seconds = 0;        // wall time of local training
   models::Manifest manifest;
   std::vector<float> payload;
+  // Set instead of payload when the delta streams slice by slice
+  // (update_stream.h): a ZeRO-3 site. Whoever receives the update must Run
+  // it on the trainer's thread, or Cancel and Run it.
+  std::shared_ptr<UpdateStream> stream;
 };
 
 class Trainer {

@@ -12,91 +12,11 @@
 #include "models/checkpoint.h"
 #include "server/store.h"
 #include "simulations/server_process.h"
+#include "tests/e2e/federation.h"
 #include "tests/e2e/harness.h"
 
 namespace estuary::testing {
 namespace {
-
-class Federation {
- public:
-  Federation() {
-    EXPECT_TRUE(crypto::InitCa(certs_).ok());
-    Issue("server");
-    WriteSyntheticMnist(data_, 300, 200, 7);
-  }
-
-  void Issue(const std::string& name, const crypto::CertOptions& options = {}) {
-    Status s = crypto::IssueCertificate(certs_, name, options);
-    ASSERT_TRUE(s.ok()) << s.ToString();
-  }
-  crypto::TlsFiles Files(const std::string& name) const {
-    return {certs_ / (name + ".pem"), certs_ / (name + ".key"), certs_ / "ca.pem"};
-  }
-
-  // Starts estuary-server on an ephemeral port; returns the port.
-  uint16_t StartServer(uint64_t rounds, uint32_t clients, const std::vector<std::string>& extra = {},
-                       const std::string& listen = "127.0.0.1:0") {
-    std::vector<std::string> args = {
-        "serve", "--listen", listen, "--cert", Files("server").cert.string(), "--key",
-        Files("server").key.string(), "--ca", Files("server").ca.string(), "--db", db().string(), "--rounds",
-        std::to_string(rounds), "--clients-per-round", std::to_string(clients),
-        "--min-clients", std::to_string(clients), "--exit-when-done", "true", "--round-deadline", "60",
-        "--log-level", "debug"};
-    args.insert(args.end(), extra.begin(), extra.end());
-    // Defaults for what `extra` does not set (a flag may be given only once).
-    const std::pair<const char*, std::string> defaults[] = {
-        {"--epochs", "1"}, {"--batch", "10"}, {"--lr", "0.05"}, {"--eval-data", data_.string()}};
-    for (const auto& [flag, value] : defaults) {
-      if (std::find(extra.begin(), extra.end(), flag) == extra.end()) args.insert(args.end(), {flag, value});
-    }
-    server_ = std::make_unique<simulations::ServerProcess>();
-    EXPECT_TRUE(server_->Spawn(BinaryPath("estuary-server"), args, dir_ / "server.log").ok());
-    auto port = server_->WaitForPort();
-    EXPECT_TRUE(port.ok()) << port.status().ToString() << "\n" << ServerLog();
-    return port.ok() ? *port : 0;
-  }
-
-  std::unique_ptr<ChildProcess> StartClient(const std::string& name, uint16_t port, fs::path data = {}) {
-    if (data.empty()) data = data_;
-    const auto files = Files(name);
-    return std::make_unique<ChildProcess>(
-        std::vector<std::string>{BinaryPath("estuary-client").string(), "--server", fmt::format("127.0.0.1:{}", port),
-                                 "--cert", files.cert.string(), "--key", files.key.string(), "--ca",
-                                 files.ca.string(), "--data", data.string(), "--max-backoff", "1"},
-        dir_ / (name + ".log"));
-  }
-
-  int WaitServer() { return server_->Wait(); }
-  simulations::ServerProcess& server() { return *server_; }
-  std::string ServerLog() const {
-    std::ifstream in(dir_ / "server.log");
-    return {std::istreambuf_iterator<char>(in), {}};
-  }
-  fs::path db() const { return dir_ / "rounds.db"; }
-  const fs::path& data() const { return data_; }
-  const fs::path& certs() const { return certs_; }
-  const TempDir& dir() const { return dir_; }
-
-  std::unique_ptr<server::Store> OpenStore() {
-    auto store = server::Store::OpenReadOnly(db());
-    EXPECT_TRUE(store.ok()) << store.status().ToString();
-    return store.ok() ? std::move(store).value() : nullptr;
-  }
-
- private:
-  TempDir dir_;
-  fs::path certs_ = dir_ / "certs";
-  fs::path data_ = dir_ / "data";
-  std::unique_ptr<simulations::ServerProcess> server_;
-};
-
-std::map<std::string, server::Participation> ParticipationsByName(server::Store& store, uint64_t round) {
-  std::map<std::string, server::Participation> out;
-  auto rows = store.Participations(round);
-  EXPECT_TRUE(rows.ok());
-  for (auto& p : *rows) out[p.client] = p;
-  return out;
-}
 
 TEST(Federation, TwoSitesTrainTwoRoundsAndTheOperatorReadsTheLog) {
   Federation f;

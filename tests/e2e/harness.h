@@ -48,7 +48,9 @@ class ChildProcess {
  public:
   ChildProcess(const std::vector<std::string>& argv, const fs::path& log);
   ~ChildProcess();
+  // The exit code, or 128 + the signal that ended it.
   int Wait();
+  pid_t pid() const { return pid_; }
 
  private:
   pid_t pid_ = -1;

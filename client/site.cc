@@ -1,0 +1,517 @@
+#include "client/site.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <optional>
+#include <random>
+
+#include "base/seed.h"
+#include "models/language_model.h"
+#include "models/llama.h"
+#include "models/model.h"
+#include "models/optimizer.h"
+
+namespace estuary::client {
+
+BatchShare ShareOfBatch(uint64_t n, int ranks, int rank) {
+  const uint64_t base = n / uint64_t(ranks), extra = n % uint64_t(ranks), r = uint64_t(rank);
+  return {r * base + std::min(r, extra), base + (r < extra ? 1 : 0)};
+}
+
+namespace {
+
+Status Await(std::unique_ptr<Work> work) { return work->Wait(); }
+
+// The optimizer of a round, stepping whatever span DataParallel hands it (the
+// whole buffer under DDP, this rank's shard under ZeRO).
+class RoundOptimizer {
+ public:
+  explicit RoundOptimizer(const TaskConfig& task) {
+    if (task.optimizer == OptimizerKind::kAdamW) {
+      adamw_.emplace(models::AdamWOptions{.lr = task.learning_rate, .weight_decay = task.weight_decay});
+    } else {
+      sgd_.emplace(task.learning_rate, task.momentum, task.weight_decay);
+    }
+  }
+  void Step(std::span<float> p, std::span<const float> g) {
+    if (adamw_) {
+      adamw_->Step(p, g);
+    } else {
+      sgd_->Step(p, g);
+    }
+  }
+
+ private:
+  std::optional<models::Sgd> sgd_;
+  std::optional<models::AdamW> adamw_;
+};
+
+// What every RankTrainer keeps between TrainRound and ReadOut: the round's
+// DataParallel (under ZeRO-3 the trained parameters live only in its shards).
+class RoundState {
+ public:
+  // After the epochs: the loss summed over ranks, over loss_count.
+  Result<double> Finish(std::unique_ptr<DataParallel> dp, double loss_sum, double loss_count) {
+    dp_ = std::move(dp);
+    ESTUARY_ASSIGN_OR_RETURN(const double total, dp_->SumOverRanks(loss_sum));
+    return total / loss_count;
+  }
+  Status ReadOut(const std::function<Status(uint64_t, std::span<const float>)>& fn) {
+    if (!dp_) return FailedPrecondition("site: ReadOut without a trained round");
+    Status s = dp_->ForEachSlice(fn);
+    dp_.reset();
+    return s;
+  }
+
+ private:
+  std::unique_ptr<DataParallel> dp_;
+};
+
+class ClassifierRankTrainer : public RankTrainer {
+ public:
+  ClassifierRankTrainer(Communicator& comm, std::shared_ptr<const models::Dataset> data, DataParallelOptions options)
+      : comm_(comm), data_(std::move(data)), options_(options) {
+    options_.broadcast_parameters = false;  // every rank starts from the same global weights
+  }
+
+  uint64_t num_examples() const override { return data_->size(); }
+  Status ReadOut(const std::function<Status(uint64_t, std::span<const float>)>& fn) override {
+    return state_.ReadOut(fn);
+  }
+
+  Status Check(const TaskConfig& task, const models::Manifest& manifest, size_t global_size) override {
+    ESTUARY_RETURN_IF_ERROR(ValidateTask(task));
+    if (task.optimizer != OptimizerKind::kSgd) {
+      return InvalidArgument("task: model '{}' trains with sgd, not {}", task.model, OptimizerName(task.optimizer));
+    }
+    if (task.update_kind != UpdateKind::kFull) {
+      return InvalidArgument("task: update kind lora needs a model with adapters; '{}' has none", task.model);
+    }
+    if (data_->size() == 0) return FailedPrecondition("trainer: no local examples");
+    ESTUARY_ASSIGN_OR_RETURN(models::Model * model, ModelFor(task.model));
+    if (!(model->manifest() == manifest) || global_size != manifest.total_elements) {
+      return InvalidArgument("trainer: the global model's manifest does not match model '{}'", task.model);
+    }
+    if (data_->feature_size != model->input_size()) {
+      return InvalidArgument("trainer: examples have {} features, model '{}' wants {}", data_->feature_size,
+                             task.model, model->input_size());
+    }
+    return Status::Ok();
+  }
+
+  Result<double> TrainRound(std::span<const float> global, const TaskConfig& task, uint64_t round,
+                            std::string_view client_name) override {
+    ESTUARY_ASSIGN_OR_RETURN(models::Model * model, ModelFor(task.model));
+    if (global.size() != model->parameters().size()) {
+      return InvalidArgument("site: {} global values for model '{}' of {}", global.size(), task.model,
+                             model->parameters().size());
+    }
+    std::copy(global.begin(), global.end(), model->parameters().begin());
+    ESTUARY_ASSIGN_OR_RETURN(auto dp, DataParallel::Create(comm_, *model, options_));
+    RoundOptimizer optimizer(task);
+
+    // The same order as ClassifierTrainer on one process.
+    std::mt19937_64 rng(MixSeed(MixSeed(task.seed, round), client_name));
+    std::vector<uint32_t> order(data_->size());
+    std::iota(order.begin(), order.end(), 0u);
+    const int features = data_->feature_size;
+    std::vector<float> x(size_t(task.batch_size) * features);
+    std::vector<int32_t> y(task.batch_size);
+
+    double epoch_loss = 0;
+    for (uint32_t epoch = 0; epoch < task.epochs; ++epoch) {
+      Shuffle(order, rng);
+      epoch_loss = 0;
+      for (size_t begin = 0; begin < order.size(); begin += task.batch_size) {
+        const uint64_t n = std::min<size_t>(task.batch_size, order.size() - begin);
+        const BatchShare share = ShareOfBatch(n, comm_.size(), comm_.rank());
+        // An empty share still runs the step, on one example at weight 0.
+        const uint64_t rows = std::max<uint64_t>(share.count, 1);
+        const uint64_t first = share.count > 0 ? begin + share.begin : begin;
+        for (uint64_t i = 0; i < rows; ++i) {
+          std::memcpy(x.data() + i * features, data_->row(order[first + i]), features * sizeof(float));
+          y[i] = data_->labels[order[first + i]];
+        }
+        const float loss =
+            model->ForwardBackward(x.data(), y.data(), int(rows), dp->MicroBatch(double(share.count) / double(n), true));
+        ESTUARY_RETURN_IF_ERROR(dp->Step([&](std::span<float> p, std::span<const float> g) { optimizer.Step(p, g); })
+                                    .status());
+        if (share.count > 0) epoch_loss += double(loss) * double(share.count);
+      }
+    }
+    return state_.Finish(std::move(dp), epoch_loss, double(data_->size()));
+  }
+
+ private:
+  Result<models::Model*> ModelFor(const std::string& name) {
+    if (!model_ || model_->name() != name) {
+      ESTUARY_ASSIGN_OR_RETURN(model_, models::MakeModel(name));
+    }
+    return model_.get();
+  }
+
+  Communicator& comm_;
+  std::shared_ptr<const models::Dataset> data_;
+  DataParallelOptions options_;
+  std::unique_ptr<models::Model> model_;  // reused across rounds, as ClassifierTrainer's thread backend
+  RoundState state_;
+};
+
+class TextRankTrainer : public RankTrainer {
+ public:
+  TextRankTrainer(Communicator& comm, std::shared_ptr<const std::vector<int32_t>> tokens, DataParallelOptions options)
+      : comm_(comm), tokens_(std::move(tokens)), options_(options) {
+    options_.broadcast_parameters = false;
+  }
+
+  uint64_t num_examples() const override { return tokens_->size(); }
+  Status ReadOut(const std::function<Status(uint64_t, std::span<const float>)>& fn) override {
+    return state_.ReadOut(fn);
+  }
+
+  Status Check(const TaskConfig& task, const models::Manifest& manifest, size_t global_size) override {
+    ESTUARY_RETURN_IF_ERROR(ValidateTask(task));
+    if (!models::IsLanguageModel(task.model)) {
+      return InvalidArgument("task: model '{}' is not a language model; this site holds text", task.model);
+    }
+    if (task.update_kind != UpdateKind::kFull) {
+      return InvalidArgument("task: update kind lora is not available for '{}' yet", task.model);
+    }
+    if (Windows(task) == 0) {
+      return FailedPrecondition("trainer: {} local tokens hold no window of {} + 1", tokens_->size(), task.seq_len);
+    }
+    ESTUARY_ASSIGN_OR_RETURN(models::Llama * model, ModelFor(task));
+    if (!(model->manifest() == manifest) || global_size != manifest.total_elements) {
+      return InvalidArgument("trainer: the global model's manifest does not match model '{}'", task.model);
+    }
+    if (int(task.seq_len) > model->config().max_seq_len) {
+      return InvalidArgument("task: seq_len {} exceeds {}'s context of {}", task.seq_len, task.model,
+                             model->config().max_seq_len);
+    }
+    return Status::Ok();
+  }
+
+  Result<double> TrainRound(std::span<const float> global, const TaskConfig& task, uint64_t round,
+                            std::string_view client_name) override {
+    ESTUARY_ASSIGN_OR_RETURN(models::Llama * model, ModelFor(task));
+    if (global.size() != model->parameters().size()) {
+      return InvalidArgument("site: {} global values for model '{}' of {}", global.size(), task.model,
+                             model->parameters().size());
+    }
+    std::copy(global.begin(), global.end(), model->parameters().begin());
+    ESTUARY_ASSIGN_OR_RETURN(auto dp, DataParallel::Create(comm_, *model, options_));
+    RoundOptimizer optimizer(task);
+
+    // The same windows and order as TextTrainer on one process.
+    const int seq = int(task.seq_len);
+    std::mt19937_64 rng(MixSeed(MixSeed(task.seed, round), client_name));
+    std::vector<uint32_t> order(Windows(task));
+    std::iota(order.begin(), order.end(), 0u);
+    std::vector<int32_t> inputs(size_t(task.batch_size) * seq), targets(inputs.size());
+
+    double loss_sum = 0;
+    uint64_t loss_tokens = 0, steps = 0;
+    const uint64_t max_steps = task.max_local_steps == 0 ? UINT64_MAX : task.max_local_steps;
+    for (uint32_t epoch = 0; epoch < task.epochs && steps < max_steps; ++epoch) {
+      Shuffle(order, rng);
+      loss_sum = 0;
+      loss_tokens = 0;
+      for (size_t begin = 0; begin < order.size() && steps < max_steps; begin += task.batch_size, ++steps) {
+        const uint64_t n = std::min<size_t>(task.batch_size, order.size() - begin);
+        const BatchShare share = ShareOfBatch(n, comm_.size(), comm_.rank());
+        const uint64_t rows = std::max<uint64_t>(share.count, 1);
+        const uint64_t first = share.count > 0 ? begin + share.begin : begin;
+        for (uint64_t b = 0; b < rows; ++b) {
+          const int32_t* window = tokens_->data() + size_t(order[first + b]) * seq;
+          std::memcpy(inputs.data() + b * seq, window, seq * sizeof(int32_t));
+          std::memcpy(targets.data() + b * seq, window + 1, seq * sizeof(int32_t));
+        }
+        ESTUARY_ASSIGN_OR_RETURN(
+            const float loss, model->ForwardBackward(inputs.data(), targets.data(), int(rows), seq,
+                                                     dp->MicroBatch(double(share.count) / double(n), true)));
+        ESTUARY_RETURN_IF_ERROR(dp->Step([&](std::span<float> p, std::span<const float> g) { optimizer.Step(p, g); })
+                                    .status());
+        if (share.count > 0) loss_sum += double(loss) * double(share.count) * seq;
+        loss_tokens += n * seq;  // the whole global batch: every rank counts the same
+      }
+    }
+    return state_.Finish(std::move(dp), loss_sum, double(loss_tokens));
+  }
+
+ private:
+  uint64_t Windows(const TaskConfig& task) const {
+    return tokens_->empty() ? 0 : (tokens_->size() - 1) / uint64_t(task.seq_len);
+  }
+  Result<models::Llama*> ModelFor(const TaskConfig& task) {
+    if (!model_ || model_name_ != task.model || model_batch_ != int(task.batch_size)) {
+      model_.reset();
+      ESTUARY_ASSIGN_OR_RETURN(auto config, models::LlamaPreset(task.model));
+      ESTUARY_ASSIGN_OR_RETURN(auto llama, models::Llama::Create(config, int(task.batch_size)));
+      model_.emplace(std::move(llama));
+      model_name_ = task.model;
+      model_batch_ = int(task.batch_size);
+    }
+    return &*model_;
+  }
+
+  Communicator& comm_;
+  std::shared_ptr<const std::vector<int32_t>> tokens_;
+  DataParallelOptions options_;
+  std::optional<models::Llama> model_;
+  std::string model_name_;
+  int model_batch_ = 0;
+  RoundState state_;
+};
+
+// ---- what rank 0 tells the others -------------------------------------------
+
+// Every message starts with a header of this size; a round's header is
+// followed by its description (bytes) and the global weights (floats).
+enum Kind : uint32_t { kIdle = 1, kRound = 2, kDone = 3, kAbort = 4 };
+constexpr uint32_t kMagic = 0x45535452;  // "ESTR": a follower built from another binary fails at once
+struct Header {
+  uint32_t magic = kMagic;
+  uint32_t kind = kIdle;
+  uint64_t length = 0;  // bytes that follow
+};
+static_assert(sizeof(Header) == 16);
+
+// A round as bytes: little-endian fields, strings with a length. Both ends are
+// the same binary, so this is a private format, checked only for truncation.
+class Writer {
+ public:
+  template <typename T>
+  void Put(T value) {
+    const auto* p = reinterpret_cast<const std::byte*>(&value);
+    bytes_.insert(bytes_.end(), p, p + sizeof(T));
+  }
+  void Put(std::string_view s) {
+    Put(uint64_t(s.size()));
+    const auto* p = reinterpret_cast<const std::byte*>(s.data());
+    bytes_.insert(bytes_.end(), p, p + s.size());
+  }
+  std::vector<std::byte>& bytes() { return bytes_; }
+
+ private:
+  std::vector<std::byte> bytes_;
+};
+
+class Reader {
+ public:
+  explicit Reader(std::span<const std::byte> bytes) : bytes_(bytes) {}
+  template <typename T>
+  bool Get(T* value) {
+    if (bytes_.size() - at_ < sizeof(T)) return false;
+    std::memcpy(value, bytes_.data() + at_, sizeof(T));
+    at_ += sizeof(T);
+    return true;
+  }
+  bool Get(std::string* s) {
+    uint64_t size = 0;
+    if (!Get(&size) || bytes_.size() - at_ < size) return false;
+    s->assign(reinterpret_cast<const char*>(bytes_.data() + at_), size);
+    at_ += size;
+    return true;
+  }
+
+ private:
+  std::span<const std::byte> bytes_;
+  size_t at_ = 0;
+};
+
+struct RoundMessage {
+  uint64_t round = 0;
+  std::string client_name;
+  TaskConfig task;
+  uint64_t global_size = 0;
+};
+
+std::vector<std::byte> Encode(const RoundMessage& m) {
+  Writer w;
+  w.Put(m.round);
+  w.Put(std::string_view(m.client_name));
+  const TaskConfig& t = m.task;
+  w.Put(std::string_view(t.model));
+  w.Put(t.epochs);
+  w.Put(t.batch_size);
+  w.Put(t.learning_rate);
+  w.Put(t.momentum);
+  w.Put(t.weight_decay);
+  w.Put(uint32_t(t.update_kind));
+  w.Put(t.seed);
+  w.Put(uint32_t(t.optimizer));
+  w.Put(t.seq_len);
+  w.Put(t.max_local_steps);
+  w.Put(m.global_size);
+  return std::move(w.bytes());
+}
+
+Result<RoundMessage> Decode(std::span<const std::byte> bytes) {
+  Reader r(bytes);
+  RoundMessage m;
+  TaskConfig& t = m.task;
+  uint32_t update_kind = 0, optimizer = 0;
+  if (!(r.Get(&m.round) && r.Get(&m.client_name) && r.Get(&t.model) && r.Get(&t.epochs) && r.Get(&t.batch_size) &&
+        r.Get(&t.learning_rate) && r.Get(&t.momentum) && r.Get(&t.weight_decay) && r.Get(&update_kind) &&
+        r.Get(&t.seed) && r.Get(&optimizer) && r.Get(&t.seq_len) && r.Get(&t.max_local_steps) &&
+        r.Get(&m.global_size))) {
+    return ProtocolError("site: rank 0's round message of {} bytes is truncated", bytes.size());
+  }
+  t.update_kind = UpdateKind(update_kind);
+  t.optimizer = OptimizerKind(optimizer);
+  return m;
+}
+
+}  // namespace
+
+std::unique_ptr<RankTrainer> MakeClassifierRankTrainer(Communicator& comm, std::shared_ptr<const models::Dataset> data,
+                                                       DataParallelOptions options) {
+  return std::make_unique<ClassifierRankTrainer>(comm, std::move(data), options);
+}
+
+std::unique_ptr<RankTrainer> MakeTextRankTrainer(Communicator& comm, std::shared_ptr<const std::vector<int32_t>> tokens,
+                                                 DataParallelOptions options) {
+  return std::make_unique<TextRankTrainer>(comm, std::move(tokens), options);
+}
+
+// ---- rank 0 -------------------------------------------------------------------
+
+SiteTrainer::SiteTrainer(Communicator& comm, std::unique_ptr<RankTrainer> rank, ZeroStage stage)
+    : comm_(comm), rank_(std::move(rank)), stage_(stage) {}
+
+void SiteTrainer::RunPending() {
+  if (pending_ && !pending_->started()) {
+    pending_->Cancel();
+    pending_->Run();
+  }
+  pending_.reset();
+}
+
+Status SiteTrainer::SendHeader(uint32_t kind, uint64_t length) {
+  Header header{kMagic, kind, length};
+  return Await(comm_.Broadcast(std::as_writable_bytes(std::span<Header>(&header, 1)), 0));
+}
+
+Status SiteTrainer::Broken(Status status) {
+  if (broken_.ok()) {
+    broken_ = status;
+    if (on_broken) on_broken(broken_);
+  }
+  return broken_;
+}
+
+Result<Update> SiteTrainer::Train(std::span<const float> global, const models::Manifest& manifest,
+                                  const TaskConfig& task, uint64_t round, std::string_view client_name) {
+  RunPending();
+  ESTUARY_RETURN_IF_ERROR(broken_);
+  if (finished_) return FailedPrecondition("site: the federation is over");
+  // A task this site cannot train fails here, before the other ranks hear of
+  // it, like a task a single process cannot train: the site carries on.
+  ESTUARY_RETURN_IF_ERROR(rank_->Check(task, manifest, global.size()));
+  const auto start = std::chrono::steady_clock::now();
+  auto message = Encode({round, std::string(client_name), task, global.size()});
+  // The broadcast's source (Broadcast takes a mutable span), then the round's
+  // global weights for the delta.
+  std::vector<float> source(global.begin(), global.end());
+  if (Status s = SendHeader(kRound, message.size()); !s.ok()) return Broken(s);
+  if (Status s = Await(comm_.Broadcast(std::span<std::byte>(message), 0)); !s.ok()) return Broken(s);
+  if (Status s = Await(comm_.Broadcast(std::span<float>(source), 0)); !s.ok()) return Broken(s);
+  // After the broadcast the others are in this round too: any failure leaves
+  // them somewhere in it, so the site cannot go on.
+  Result<double> loss = rank_->TrainRound(source, task, round, client_name);
+  if (!loss.ok()) return Broken(loss.status());
+
+  if (stage_ != ZeroStage::kZero3) {
+    std::vector<float> local(global.size());
+    Status read = rank_->ReadOut([&](uint64_t offset, std::span<const float> values) {
+      std::copy(values.begin(), values.end(), local.begin() + offset);
+      return Status::Ok();
+    });
+    if (!read.ok()) return Broken(read);
+    return FullUpdate(std::move(local), global, manifest, rank_->num_examples(), *loss, start, round);
+  }
+
+  // ZeRO-3: the delta leaves unit by unit, as the Agent uploads it.
+  auto stream = std::make_shared<UpdateStream>(
+      [this, global = std::move(source)](UpdateStream& out) {
+        Status cancelled;
+        Status read = rank_->ReadOut([&](uint64_t offset, std::span<const float> values) {
+          UpdateStream::Slice slice{offset, std::vector<float>(values.begin(), values.end())};
+          for (size_t i = 0; i < values.size(); ++i) slice.values[i] -= global[offset + i];
+          cancelled = out.Push(std::move(slice));
+          return cancelled;
+        });
+        // A cancelled stream (the connection dropped) fails on this rank only,
+        // after every gather ran; anything else is a collective failure.
+        if (!read.ok() && read.message() != cancelled.message()) return Broken(read);
+        return read;
+      });
+  pending_ = stream;
+  if (!std::isfinite(*loss)) {
+    RunPending();  // the other ranks are in the read-out; end it with them
+    return FailedPrecondition("trainer: local training diverged (loss {}) in round {}", *loss, round);
+  }
+  Update update;
+  update.kind = UpdateKind::kFull;
+  update.num_examples = rank_->num_examples();
+  update.train_loss = *loss;
+  update.manifest = manifest;
+  update.stream = std::move(stream);
+  update.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return update;
+}
+
+Status SiteTrainer::KeepAlive() {
+  // While an update streams the others are in its gathers, not waiting for a header.
+  if (finished_ || (pending_ && !pending_->started())) return Status::Ok();
+  ESTUARY_RETURN_IF_ERROR(broken_);
+  if (Status s = SendHeader(kIdle, 0); !s.ok()) return Broken(s);
+  return Status::Ok();
+}
+
+Status SiteTrainer::Finish(const Status& outcome) {
+  if (finished_) return Status::Ok();
+  RunPending();
+  finished_ = true;
+  ESTUARY_RETURN_IF_ERROR(broken_);
+  if (outcome.ok()) return SendHeader(kDone, 0);
+  std::string reason = outcome.message();
+  ESTUARY_RETURN_IF_ERROR(SendHeader(kAbort, reason.size()));
+  return Await(comm_.Broadcast(std::as_writable_bytes(std::span<char>(reason)), 0));
+}
+
+// ---- every other rank ---------------------------------------------------------
+
+Status RunFollower(Communicator& comm, RankTrainer& rank) {
+  std::vector<float> global;
+  for (;;) {
+    Header header;
+    ESTUARY_RETURN_IF_ERROR(Await(comm.Broadcast(std::as_writable_bytes(std::span<Header>(&header, 1)), 0)));
+    if (header.magic != kMagic) return ProtocolError("site rank {}: rank 0 sent a header without the site's magic", comm.rank());
+    std::vector<std::byte> bytes(header.length);
+    if (header.length > 0) ESTUARY_RETURN_IF_ERROR(Await(comm.Broadcast(std::span<std::byte>(bytes), 0)));
+    switch (header.kind) {
+      case kIdle: continue;
+      case kDone: return Status::Ok();
+      case kAbort:
+        return Aborted("site rank {}: rank 0 gave up: {}", comm.rank(),
+                       std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()));
+      case kRound: break;
+      default: return ProtocolError("site rank {}: unknown message kind {} from rank 0", comm.rank(), header.kind);
+    }
+    ESTUARY_ASSIGN_OR_RETURN(RoundMessage m, Decode(bytes));
+    global.resize(m.global_size);
+    ESTUARY_RETURN_IF_ERROR(Await(comm.Broadcast(std::span<float>(global), 0)));
+    spdlog::debug("site rank {}: round {} for {}", comm.rank(), m.round, m.client_name);
+    auto loss = rank.TrainRound(global, m.task, m.round, m.client_name);
+    if (!loss.ok()) return loss.status();
+    ESTUARY_RETURN_IF_ERROR(rank.ReadOut([](uint64_t, std::span<const float>) { return Status::Ok(); }));
+  }
+}
+
+}  // namespace estuary::client

@@ -1,0 +1,250 @@
+// End-to-end: a client site of several ranks (estuary-client --ranks N) is
+// one federated client. The real binaries on 127.0.0.1: a server, a
+// multi-rank site and an ordinary one.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+#include <signal.h>
+
+#include <chrono>
+#include <regex>
+#include <thread>
+
+#include "client/launch.h"
+#include "tests/e2e/federation.h"
+#include "tests/e2e/harness.h"
+
+namespace estuary::testing {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct SiteRound {
+  std::string status;
+  uint64_t examples = 0;
+  double site_loss = 0;   // the multi-rank site's train loss, as the server recorded it
+  double other_loss = 0;  // the ordinary site's
+  double test_loss = 0;
+  uint64_t clients = 0;   // participants the server saw in the round
+};
+
+// Two rounds with "site-multi" started with `flags` and an ordinary
+// "site-plain"; the same certificates' names, data and seeds every time, so
+// only the multi-rank site's flags differ between calls.
+// second_node: flags of a second node's estuary-client for the same site
+// (started without certificates: only global rank 0 talks to the server).
+std::vector<SiteRound> RunTwoRounds(const std::vector<std::string>& flags,
+                                    const std::vector<std::string>& second_node = {}) {
+  Federation f;
+  f.Issue("site-multi");
+  f.Issue("site-plain");
+  // 300 examples in batches of 7: 42 batches split 4/3 (or 3/2/2), and a short last one of 6.
+  const uint16_t port = f.StartServer(2, 2, {"--batch", "7", "--momentum", "0.5"});
+  auto multi = f.StartClient("site-multi", port, {}, flags);
+  std::unique_ptr<ChildProcess> node1;
+  if (!second_node.empty()) {
+    std::vector<std::string> argv = {BinaryPath("estuary-client").string(), "--data", f.data().string()};
+    argv.insert(argv.end(), second_node.begin(), second_node.end());
+    node1 = std::make_unique<ChildProcess>(argv, f.dir() / "node1.log");
+  }
+  auto plain = f.StartClient("site-plain", port);
+  EXPECT_EQ(multi->Wait(), 0) << f.ClientLog("site-multi");
+  if (node1) EXPECT_EQ(node1->Wait(), 0) << f.ClientLog("node1");
+  EXPECT_EQ(plain->Wait(), 0) << f.ClientLog("site-plain");
+  EXPECT_EQ(f.WaitServer(), 0) << f.ServerLog();
+  std::vector<SiteRound> out;
+  auto store = f.OpenStore();
+  if (!store) return out;
+  auto rounds = store->Rounds();
+  EXPECT_TRUE(rounds.ok());
+  if (!rounds.ok()) return out;
+  for (const auto& r : *rounds) {
+    EXPECT_EQ(r.state, server::RoundState::kCommitted);
+    auto participants = ParticipationsByName(*store, r.round);
+    SiteRound s;
+    s.status = participants["site-multi"].status;
+    s.examples = participants["site-multi"].examples;
+    s.site_loss = participants["site-multi"].train_loss;
+    s.other_loss = participants["site-plain"].train_loss;
+    s.test_loss = r.test_loss.value_or(-1);
+    s.clients = participants.size();
+    out.push_back(s);
+  }
+  if (std::find(flags.begin(), flags.end(), "1") == flags.end()) {
+    // Every rank joined the one site.
+    const std::string log = f.ClientLog("site-multi");
+    EXPECT_NE(log.find("rank 1 of "), std::string::npos) << log;
+  }
+  return out;
+}
+
+// The site trained on N ranks (DDP, and ZeRO-3 on an uneven three-way split)
+// reports what the same site trains in one process, to fp32 rounding: the
+// per-round train loss the server logs, and the global model's test loss
+// after the round, which depends on every weight of the site's update.
+TEST(Site, RanksTrainTheUpdateOneProcessWould) {
+  const auto reference = RunTwoRounds({"--ranks", "1"});
+  ASSERT_EQ(reference.size(), 2u);
+  for (const auto& flags : std::vector<std::vector<std::string>>{
+           {"--ranks", "2", "--backend", "gloo"},
+           {"--ranks", "3", "--backend", "gloo", "--zero", "3"},
+           {"--nodes", "2", "--node-rank", "0", "--ranks", "2", "--zero", "1"},  // and node 1 below: 4 ranks
+       }) {
+    SCOPED_TRACE(fmt::format("{}", fmt::join(flags, " ")));
+    std::vector<std::string> second_node;
+    std::vector<std::string> first_node = flags;
+    if (flags[0] == "--nodes") {
+      auto address = client::FreeLoopbackRendezvous();
+      ASSERT_TRUE(address.ok());
+      first_node.insert(first_node.end(), {"--rendezvous", *address});
+      second_node = {"--nodes", "2", "--node-rank", "1", "--ranks", "2", "--zero", "1", "--rendezvous", *address};
+    }
+    const auto rounds = RunTwoRounds(first_node, second_node);
+    ASSERT_EQ(rounds.size(), reference.size());
+    for (size_t i = 0; i < rounds.size(); ++i) {
+      SCOPED_TRACE(fmt::format("round {}", i + 1));
+      std::printf("round %zu: site loss %.9g (one process %.9g), test loss %.9g (%.9g)\n", i + 1,
+                  rounds[i].site_loss, reference[i].site_loss, rounds[i].test_loss, reference[i].test_loss);
+      EXPECT_EQ(rounds[i].status, "committed");
+      EXPECT_EQ(rounds[i].clients, 2u);     // one client, not one per rank
+      EXPECT_EQ(rounds[i].examples, 300u);  // the site's examples, counted once
+      EXPECT_NEAR(rounds[i].site_loss, reference[i].site_loss, 1e-5 * reference[i].site_loss);
+      EXPECT_NEAR(rounds[i].test_loss, reference[i].test_loss, 1e-5 * reference[i].test_loss);
+      EXPECT_NEAR(rounds[i].other_loss, reference[i].other_loss, 1e-5 * reference[i].other_loss);
+    }
+  }
+}
+
+// A text site on two ranks under ZeRO-2 trains the server's language model
+// (AdamW) as it does on one: the logged train loss per round agrees to 1e-4
+// (AdamW turns the ranks' different summation order into visible steps on a
+// few weights; see tests/client/site_test.cc).
+TEST(Site, ATextSiteOnTwoRanksTrainsTheLanguageModelAsOnOne) {
+  auto run = [](const std::vector<std::string>& flags) {
+    Federation f;
+    f.Issue("library");
+    const fs::path text = f.dir() / "text";
+    fs::create_directories(text);
+    {
+      std::ofstream out(text / "proverbs");
+      for (int i = 0; i < 200; ++i) out << "a stitch in time saves nine, number " << i << "\n%\n";
+    }
+    const uint16_t port = f.StartServer(2, 1, {"--model", "llama-tiny", "--eval-data", text.string(), "--optimizer",
+                                               "adamw", "--lr", "0.003", "--batch", "5", "--seq-len", "32",
+                                               "--max-local-steps", "3", "--eval-windows", "8"});
+    auto site = f.StartClient("library", port, text, flags);
+    EXPECT_EQ(site->Wait(), 0) << f.ClientLog("library");
+    EXPECT_EQ(f.WaitServer(), 0) << f.ServerLog();
+    std::vector<double> losses;
+    auto store = f.OpenStore();
+    if (!store) return losses;
+    for (uint64_t round = 1; round <= 2; ++round) {
+      auto p = ParticipationsByName(*store, round);
+      EXPECT_EQ(p["library"].status, "committed");
+      losses.push_back(p["library"].train_loss);
+    }
+    return losses;
+  };
+  const auto one = run({"--ranks", "1"});
+  const auto two = run({"--ranks", "2", "--zero", "2"});
+  ASSERT_EQ(one.size(), 2u);
+  ASSERT_EQ(two.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    std::printf("round %zu: text site loss %.9g on 2 ranks, %.9g on one\n", i + 1, two[i], one[i]);
+    EXPECT_NEAR(two[i], one[i], 1e-4 * one[i]) << "round " << i + 1;
+  }
+}
+
+// Polls `read` until `pattern` matches, for up to `limit`; returns the match.
+std::smatch AwaitLog(const std::function<std::string()>& read, const std::regex& pattern, std::chrono::seconds limit,
+                     std::string* text) {
+  const auto deadline = Clock::now() + limit;
+  std::smatch match;
+  while (Clock::now() < deadline) {
+    *text = read();
+    if (std::regex_search(*text, match, pattern)) return match;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return match;
+}
+
+// Sends `signal` to follower rank 1 in the middle of round 1 and checks that
+// the site gave up within `limit` seconds of it, with a line holding
+// `expected` ({pid} stands for rank 1's pid), and that the server recorded it
+// as dropped from the round, which commits with the other site.
+void BreakARankMidRound(int signal, const std::string& rank_timeout, double limit, const std::string& expected) {
+  Federation f;
+  f.Issue("site-multi");
+  f.Issue("site-plain");
+  const uint16_t port = f.StartServer(1, 2, {"--epochs", "60"});
+  auto multi = f.StartClient("site-multi", port, {},
+                             {"--ranks", "2", "--backend", "gloo", "--rank-timeout", rank_timeout, "--log-level", "debug"});
+  auto plain = f.StartClient("site-plain", port);
+
+  // Rank 1 announces its pid when it joins, and the round when it starts training it.
+  std::string log;
+  auto read = [&] { return f.ClientLog("site-multi"); };
+  auto joined = AwaitLog(read, std::regex(R"(rank 1 of 2 \(pid (\d+),)"), std::chrono::seconds(60), &log);
+  ASSERT_FALSE(joined.empty()) << log;
+  const pid_t follower = std::stoi(joined[1].str());
+  ASSERT_FALSE(AwaitLog(read, std::regex("site rank 1: round 1 "), std::chrono::seconds(60), &log).empty()) << log;
+  ASSERT_EQ(kill(follower, signal), 0);
+  const auto sent = Clock::now();
+
+  const int code = multi->Wait();
+  const double seconds = std::chrono::duration<double>(Clock::now() - sent).count();
+  log = f.ClientLog("site-multi");
+  EXPECT_NE(code, 0) << log;
+  EXPECT_LT(seconds, limit) << log;
+  const std::string line = fmt::format(fmt::runtime(expected), fmt::arg("pid", follower));
+  EXPECT_NE(log.find(line), std::string::npos) << line << "\n" << log;
+  EXPECT_EQ(plain->Wait(), 0) << f.ClientLog("site-plain");
+  ASSERT_EQ(f.WaitServer(), 0) << f.ServerLog();
+  // The stopped rank is gone too: the launcher killed and reaped it.
+  EXPECT_NE(kill(follower, 0), 0);
+
+  // The operator's view.
+  auto show = RunCommand(fmt::format("{} rounds show 1 --db {} --json", BinaryPath("estuary-server").string(),
+                                     f.db().string()));
+  ASSERT_EQ(show.exit_code, 0) << show.output;
+  auto json = nlohmann::json::parse(show.output, nullptr, false);
+  ASSERT_FALSE(json.is_discarded()) << show.output;
+  std::map<std::string, std::string> status;
+  for (const auto& p : json["participants"]) status[p["client"].get<std::string>()] = p["status"].get<std::string>();
+  EXPECT_EQ(status["site-multi"], "dropped") << show.output;
+  EXPECT_EQ(status["site-plain"], "committed") << show.output;
+  EXPECT_EQ(json["state"], "committed") << show.output;
+}
+
+// A follower killed mid-round: its sockets close and the launcher reaps it,
+// so the site gives up at once, naming the rank.
+TEST(Site, AKilledRankDropsTheSiteFromTheRound) {
+  BreakARankMidRound(SIGKILL, "20", 20, "estuary-client: site rank 1 (pid {pid}) was killed by signal 9");
+}
+
+// A follower that stalls (SIGSTOP) mid-round: nothing closes, so only the
+// communicator's timeout can tell; the site gives up after --rank-timeout.
+TEST(Site, AStalledRankDropsTheSiteAfterTheTimeout) {
+  BreakARankMidRound(SIGSTOP, "3", 3 + 5, "Timed out waiting 3000ms");
+}
+
+// Bad site flags: one line naming the flag, before anything starts.
+TEST(Site, BadFlagsGetOneLine) {
+  const std::string client = BinaryPath("estuary-client").string();
+  for (const auto& [flags, expected] : {
+           std::pair<std::string, std::string>{"--ranks 0", "--ranks 0: must be at least 1"},
+           {"--zero 4", "--zero 4: expected 0 (DDP), 1, 2 or 3"},
+           {"--gpus all", "--gpus all: "},
+           {"--nodes 2 --node-rank 2 --rendezvous tcp://127.0.0.1:1", "--node-rank 2: must be in [0, --nodes 2)"},
+           {"--nodes 2", "--nodes 2: a multi-node site needs --rendezvous"},
+           {"--backend mpi", "--backend 'mpi': expected gloo or nccl"},
+           {"--rank-timeout 0", "--rank-timeout 0"},
+       }) {
+    auto r = RunCommand(fmt::format("{} --data /nonexistent {}", client, flags));
+    EXPECT_NE(r.exit_code, 0) << flags;
+    EXPECT_NE(r.output.find(expected), std::string::npos) << flags << ": " << r.output;
+    EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << flags << ": " << r.output;
+  }
+}
+
+}  // namespace
+}  // namespace estuary::testing
