@@ -48,7 +48,9 @@ std::vector<SiteRound> RunTwoRounds(const std::vector<std::string>& flags,
   }
   auto plain = f.StartClient("site-plain", port);
   EXPECT_EQ(multi->Wait(), 0) << f.ClientLog("site-multi");
-  if (node1) EXPECT_EQ(node1->Wait(), 0) << f.ClientLog("node1");
+  if (node1) {
+    EXPECT_EQ(node1->Wait(), 0) << f.ClientLog("node1");
+  }
   EXPECT_EQ(plain->Wait(), 0) << f.ClientLog("site-plain");
   EXPECT_EQ(f.WaitServer(), 0) << f.ServerLog();
   std::vector<SiteRound> out;
