@@ -60,7 +60,9 @@ struct MergedLoraModule {
   // dropped part below fp32 rounding of ΔW_avg (‖dropped‖_F ≤ 2^-23 ‖ΔW_avg‖_F).
   std::vector<float> residual = {};
   // exact only: every singular value of ΔW_avg that its factors can carry
-  // (min(Σ rank_i, out, in) of them), descending. The first `rank` are kept.
+  // (min(Σ rank_i, out, in) of them), descending. The first `rank` are kept;
+  // if there are fewer, the adapter's remaining rows of A and columns of B are
+  // zero (a trainer must re-initialise them: LoRA's gradients vanish there).
   std::vector<double> singular_values = {};
 
   uint64_t residual_bytes() const { return uint64_t(4) * residual.size(); }

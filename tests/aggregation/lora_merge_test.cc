@@ -113,6 +113,24 @@ TEST(LoraMergeExact, NoResidualWhenTheTargetRankCoversTheStack) {
   }
 }
 
+TEST(LoraMergeExact, StackWiderThanTheMatrixAndAZeroB) {
+  // Σ rank 20 > in 12: the QRs give 16 x 20 and 12 x 20 trapezoids. Client 1
+  // sends B = 0, as PEFT initialises it.
+  auto clients = RandomClients(16, {8, 4, 8}, {16, 8, 16}, 12, 16);
+  std::fill(clients[1].b.begin(), clients[1].b.end(), 0.0f);
+  const std::vector<double> weights = {1, 2, 3};
+  for (size_t target : {4, 12, 16}) {
+    auto merged = MergeLoraModule("tiny", clients, weights, Exact(target, 8));
+    ASSERT_TRUE(merged.ok()) << merged.status().ToString();
+    EXPECT_EQ(merged->singular_values.size(), 12u);
+    EXPECT_EQ(merged->residual.empty(), target >= 12) << "target rank " << target;
+    EXPECT_LE(RelativeError(MergedDelta(*merged), DirectAverage(clients, weights)), 1e-5) << "target " << target;
+    if (target == 16) {  // only 12 directions exist: the rest of the adapter is zero
+      for (size_t x = 0; x < 12; ++x) EXPECT_EQ(merged->adapter.a[15 * 12 + x], 0.0f);
+    }
+  }
+}
+
 TEST(LoraMergeExact, TruncationDropsOnlyTheTrailingSingularValues) {
   // Eckart–Young: the best rank-r approximation leaves exactly Σ_{j>r} σ_j².
   const auto clients = RandomClients(4, {4, 8, 16}, {8, 16, 32}, 96, 80);
