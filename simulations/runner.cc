@@ -292,6 +292,7 @@ Result<Report> RunLoopback(const Scenario& s, const RoundCallback& on_round) {
   size_t finished = 0;
   Status failure;
   std::vector<std::shared_ptr<client::Agent>> agents;
+  boost::asio::steady_timer watchdog(io);
   // One client context for all sites (OpenSSL 3 makes each context costly);
   // each site presents its own certificate on its own connection.
   ESTUARY_ASSIGN_OR_RETURN(auto tls, crypto::MakeTrustOnlyClientContext(certs / "ca.pem"));
@@ -342,14 +343,15 @@ Result<Report> RunLoopback(const Scenario& s, const RoundCallback& on_round) {
     };
     agent->on_finished = [&](const Status& status) {
       if (!status.ok() && failure.ok()) failure = status;
-      ++finished;
+      // The last agent done: stop watching the server, or io.run() would
+      // wait out the watchdog's pending period (up to 200 ms) before returning.
+      if (++finished == agents.size()) watchdog.cancel();
     };
     agents.push_back(agent);
   }
   for (auto& agent : agents) agent->Start();
 
   // A dead server would leave the agents reconnecting forever: watch it.
-  boost::asio::steady_timer watchdog(io);
   std::function<void()> watch = [&] {
     if (finished == agents.size()) return;
     if (auto code = server.Poll(); code && s.server.empty()) {
