@@ -8,9 +8,8 @@
 #include <cstring>
 #include <numeric>
 #include <optional>
-#include <random>
 
-#include "base/seed.h"
+#include "client/batch_schedule.h"
 #include "models/language_model.h"
 #include "models/llama.h"
 #include "models/model.h"
@@ -115,36 +114,35 @@ class ClassifierRankTrainer : public RankTrainer {
     ESTUARY_ASSIGN_OR_RETURN(auto dp, DataParallel::Create(comm_, *model, options_));
     RoundOptimizer optimizer(task);
 
-    // The same order as ClassifierTrainer on one process.
-    std::mt19937_64 rng(MixSeed(MixSeed(task.seed, round), client_name));
-    std::vector<uint32_t> order(data_->size());
-    std::iota(order.begin(), order.end(), 0u);
     const int features = data_->feature_size;
     std::vector<float> x(size_t(task.batch_size) * features);
     std::vector<int32_t> y(task.batch_size);
 
-    double epoch_loss = 0;
-    for (uint32_t epoch = 0; epoch < task.epochs; ++epoch) {
-      Shuffle(order, rng);
-      epoch_loss = 0;
-      for (size_t begin = 0; begin < order.size(); begin += task.batch_size) {
-        const uint64_t n = std::min<size_t>(task.batch_size, order.size() - begin);
-        const BatchShare share = ShareOfBatch(n, comm_.size(), comm_.rank());
-        // An empty share still runs the step, on one example at weight 0.
-        const uint64_t rows = std::max<uint64_t>(share.count, 1);
-        const uint64_t first = share.count > 0 ? begin + share.begin : begin;
-        for (uint64_t i = 0; i < rows; ++i) {
-          std::memcpy(x.data() + i * features, data_->row(order[first + i]), features * sizeof(float));
-          y[i] = data_->labels[order[first + i]];
-        }
-        const float loss =
-            model->ForwardBackward(x.data(), y.data(), int(rows), dp->MicroBatch(double(share.count) / double(n), true));
-        ESTUARY_RETURN_IF_ERROR(dp->Step([&](std::span<float> p, std::span<const float> g) { optimizer.Step(p, g); })
-                                    .status());
-        if (share.count > 0) epoch_loss += double(loss) * double(share.count);
+    double epoch_loss = 0;  // this rank's share of the last epoch's loss sum
+    uint64_t epoch_examples = 0;
+    std::vector<uint32_t> order(data_->size());
+    std::iota(order.begin(), order.end(), 0u);
+    BatchSchedule schedule(std::move(order), task, round, client_name);  // ClassifierTrainer's, on every rank
+    while (schedule.Next()) {
+      if (schedule.starts_epoch()) epoch_loss = 0, epoch_examples = 0;
+      const std::span<const uint32_t> batch = schedule.batch();
+      const uint64_t n = batch.size();
+      const BatchShare share = ShareOfBatch(n, comm_.size(), comm_.rank());
+      // An empty share still runs the step, on one example at weight 0.
+      const uint64_t rows = std::max<uint64_t>(share.count, 1);
+      const uint64_t first = share.count > 0 ? share.begin : 0;
+      for (uint64_t i = 0; i < rows; ++i) {
+        std::memcpy(x.data() + i * features, data_->row(batch[first + i]), features * sizeof(float));
+        y[i] = data_->labels[batch[first + i]];
       }
+      const float loss =
+          model->ForwardBackward(x.data(), y.data(), int(rows), dp->MicroBatch(double(share.count) / double(n), true));
+      ESTUARY_RETURN_IF_ERROR(dp->Step([&](std::span<float> p, std::span<const float> g) { optimizer.Step(p, g); })
+                                  .status());
+      if (share.count > 0) epoch_loss += double(loss) * double(share.count);
+      epoch_examples += n;  // the whole global batch: every rank counts the same
     }
-    return state_.Finish(std::move(dp), epoch_loss, double(data_->size()));
+    return state_.Finish(std::move(dp), epoch_loss, double(epoch_examples));
   }
 
  private:
@@ -207,38 +205,33 @@ class TextRankTrainer : public RankTrainer {
     ESTUARY_ASSIGN_OR_RETURN(auto dp, DataParallel::Create(comm_, *model, options_));
     RoundOptimizer optimizer(task);
 
-    // The same windows and order as TextTrainer on one process.
     const int seq = int(task.seq_len);
-    std::mt19937_64 rng(MixSeed(MixSeed(task.seed, round), client_name));
-    std::vector<uint32_t> order(Windows(task));
-    std::iota(order.begin(), order.end(), 0u);
     std::vector<int32_t> inputs(size_t(task.batch_size) * seq), targets(inputs.size());
 
-    double loss_sum = 0;
-    uint64_t loss_tokens = 0, steps = 0;
-    const uint64_t max_steps = task.max_local_steps == 0 ? UINT64_MAX : task.max_local_steps;
-    for (uint32_t epoch = 0; epoch < task.epochs && steps < max_steps; ++epoch) {
-      Shuffle(order, rng);
-      loss_sum = 0;
-      loss_tokens = 0;
-      for (size_t begin = 0; begin < order.size() && steps < max_steps; begin += task.batch_size, ++steps) {
-        const uint64_t n = std::min<size_t>(task.batch_size, order.size() - begin);
-        const BatchShare share = ShareOfBatch(n, comm_.size(), comm_.rank());
-        const uint64_t rows = std::max<uint64_t>(share.count, 1);
-        const uint64_t first = share.count > 0 ? begin + share.begin : begin;
-        for (uint64_t b = 0; b < rows; ++b) {
-          const int32_t* window = tokens_->data() + size_t(order[first + b]) * seq;
-          std::memcpy(inputs.data() + b * seq, window, seq * sizeof(int32_t));
-          std::memcpy(targets.data() + b * seq, window + 1, seq * sizeof(int32_t));
-        }
-        ESTUARY_ASSIGN_OR_RETURN(
-            const float loss, model->ForwardBackward(inputs.data(), targets.data(), int(rows), seq,
-                                                     dp->MicroBatch(double(share.count) / double(n), true)));
-        ESTUARY_RETURN_IF_ERROR(dp->Step([&](std::span<float> p, std::span<const float> g) { optimizer.Step(p, g); })
-                                    .status());
-        if (share.count > 0) loss_sum += double(loss) * double(share.count) * seq;
-        loss_tokens += n * seq;  // the whole global batch: every rank counts the same
+    double loss_sum = 0;  // this rank's share of the last epoch's loss sum
+    uint64_t loss_tokens = 0;
+    std::vector<uint32_t> order(Windows(task));
+    std::iota(order.begin(), order.end(), 0u);
+    BatchSchedule schedule(std::move(order), task, round, client_name);  // TextTrainer's, on every rank
+    while (schedule.Next()) {
+      if (schedule.starts_epoch()) loss_sum = 0, loss_tokens = 0;
+      const std::span<const uint32_t> batch = schedule.batch();
+      const uint64_t n = batch.size();
+      const BatchShare share = ShareOfBatch(n, comm_.size(), comm_.rank());
+      const uint64_t rows = std::max<uint64_t>(share.count, 1);
+      const uint64_t first = share.count > 0 ? share.begin : 0;
+      for (uint64_t b = 0; b < rows; ++b) {
+        const int32_t* window = tokens_->data() + size_t(batch[first + b]) * seq;
+        std::memcpy(inputs.data() + b * seq, window, seq * sizeof(int32_t));
+        std::memcpy(targets.data() + b * seq, window + 1, seq * sizeof(int32_t));
       }
+      ESTUARY_ASSIGN_OR_RETURN(
+          const float loss, model->ForwardBackward(inputs.data(), targets.data(), int(rows), seq,
+                                                   dp->MicroBatch(double(share.count) / double(n), true)));
+      ESTUARY_RETURN_IF_ERROR(dp->Step([&](std::span<float> p, std::span<const float> g) { optimizer.Step(p, g); })
+                                  .status());
+      if (share.count > 0) loss_sum += double(loss) * double(share.count) * seq;
+      loss_tokens += n * seq;  // the whole global batch: every rank counts the same
     }
     return state_.Finish(std::move(dp), loss_sum, double(loss_tokens));
   }

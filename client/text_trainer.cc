@@ -4,9 +4,8 @@
 #include <cmath>
 #include <cstring>
 #include <numeric>
-#include <random>
 
-#include "base/seed.h"
+#include "client/batch_schedule.h"
 #include "client/lm_backend.h"
 #include "models/language_model.h"
 
@@ -38,31 +37,27 @@ Result<Update> TextTrainer::Train(std::span<const float> global, const models::M
   }
   const auto start = std::chrono::steady_clock::now();
   ESTUARY_RETURN_IF_ERROR(backend->Begin(global, task));
-  std::mt19937_64 rng(MixSeed(MixSeed(task.seed, round), client_name));
   std::vector<uint32_t> order(windows);
   std::iota(order.begin(), order.end(), 0u);
   thread_local std::vector<int32_t> inputs, targets;
   inputs.resize(size_t(task.batch_size) * seq);
   targets.resize(inputs.size());
 
-  double loss_sum = 0;
-  uint64_t loss_tokens = 0, steps = 0;
-  const uint64_t max_steps = task.max_local_steps == 0 ? UINT64_MAX : task.max_local_steps;
-  for (uint32_t epoch = 0; epoch < task.epochs && steps < max_steps; ++epoch) {
-    Shuffle(order, rng);
-    loss_sum = 0;
-    loss_tokens = 0;
-    for (size_t begin = 0; begin < order.size() && steps < max_steps; begin += task.batch_size, ++steps) {
-      const int n = static_cast<int>(std::min<size_t>(task.batch_size, order.size() - begin));
-      for (int b = 0; b < n; ++b) {
-        const int32_t* window = tokens_->data() + size_t(order[begin + b]) * seq;
-        std::memcpy(inputs.data() + size_t(b) * seq, window, seq * sizeof(int32_t));
-        std::memcpy(targets.data() + size_t(b) * seq, window + 1, seq * sizeof(int32_t));
-      }
-      ESTUARY_ASSIGN_OR_RETURN(const float loss, backend->Step(inputs.data(), targets.data(), n, seq));
-      loss_sum += double(loss) * n * seq;
-      loss_tokens += uint64_t(n) * seq;
+  double loss_sum = 0;  // over the last epoch's tokens
+  uint64_t loss_tokens = 0;
+  BatchSchedule schedule(std::move(order), task, round, client_name);
+  while (schedule.Next()) {
+    if (schedule.starts_epoch()) loss_sum = 0, loss_tokens = 0;
+    const std::span<const uint32_t> batch = schedule.batch();
+    for (size_t b = 0; b < batch.size(); ++b) {
+      const int32_t* window = tokens_->data() + size_t(batch[b]) * seq;
+      std::memcpy(inputs.data() + b * seq, window, seq * sizeof(int32_t));
+      std::memcpy(targets.data() + b * seq, window + 1, seq * sizeof(int32_t));
     }
+    const int n = int(batch.size());
+    ESTUARY_ASSIGN_OR_RETURN(const float loss, backend->Step(inputs.data(), targets.data(), n, seq));
+    loss_sum += double(loss) * n * seq;
+    loss_tokens += uint64_t(n) * seq;
   }
 
   std::vector<float> local(global.size());

@@ -5,9 +5,8 @@
 #include <cmath>
 #include <cstring>
 #include <numeric>
-#include <random>
 
-#include "base/seed.h"
+#include "client/batch_schedule.h"
 #include "client/classifier_backend.h"
 
 namespace estuary::client {
@@ -84,33 +83,31 @@ Result<Update> ClassifierTrainer::Train(std::span<const float> global, const mod
   }
   const auto start = std::chrono::steady_clock::now();
   ESTUARY_RETURN_IF_ERROR(backend->Begin(global, task));
-  std::mt19937_64 rng(MixSeed(MixSeed(task.seed, round), client_name));
-  std::vector<uint32_t> order = indices_;
   const int features = data_->feature_size;
   thread_local std::vector<float> batch_x;
   thread_local std::vector<int32_t> batch_y;
   batch_x.resize(size_t{task.batch_size} * features);
   batch_y.resize(task.batch_size);
 
-  double epoch_loss = 0;
-  for (uint32_t epoch = 0; epoch < task.epochs; ++epoch) {
-    Shuffle(order, rng);
-    epoch_loss = 0;
-    // The last batch may be short, as with PyTorch's DataLoader(drop_last=False).
-    for (size_t begin = 0; begin < order.size(); begin += task.batch_size) {
-      const int n = static_cast<int>(std::min<size_t>(task.batch_size, order.size() - begin));
-      for (int i = 0; i < n; ++i) {
-        std::memcpy(batch_x.data() + size_t(i) * features, data_->row(order[begin + i]), features * sizeof(float));
-        batch_y[i] = data_->labels[order[begin + i]];
-      }
-      ESTUARY_ASSIGN_OR_RETURN(const float loss, backend->Step(batch_x.data(), batch_y.data(), n));
-      epoch_loss += double(loss) * n;
+  double epoch_loss = 0;  // over the last epoch's examples (all of them, unless max_local_steps cut it)
+  uint64_t epoch_examples = 0;
+  BatchSchedule schedule(indices_, task, round, client_name);
+  while (schedule.Next()) {
+    if (schedule.starts_epoch()) epoch_loss = 0, epoch_examples = 0;
+    const std::span<const uint32_t> batch = schedule.batch();
+    for (size_t i = 0; i < batch.size(); ++i) {
+      std::memcpy(batch_x.data() + i * features, data_->row(batch[i]), features * sizeof(float));
+      batch_y[i] = data_->labels[batch[i]];
     }
+    const int n = int(batch.size());
+    ESTUARY_ASSIGN_OR_RETURN(const float loss, backend->Step(batch_x.data(), batch_y.data(), n));
+    epoch_loss += double(loss) * n;
+    epoch_examples += uint64_t(n);
   }
 
   std::vector<float> local(global.size());
   ESTUARY_RETURN_IF_ERROR(backend->Finish(local));
-  return FullUpdate(std::move(local), global, manifest, indices_.size(), epoch_loss / double(indices_.size()), start,
+  return FullUpdate(std::move(local), global, manifest, indices_.size(), epoch_loss / double(epoch_examples), start,
                     round);
 }
 
