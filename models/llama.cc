@@ -127,7 +127,9 @@ Llama::Llama(const LlamaConfig& config, int max_batch) : config_(config), max_ba
   RopeTables(config.max_seq_len, config.head_dim(), config.rope_theta, rope_cos_.data(), rope_sin_.data());
 
   acts_.layers.resize(config.num_layers);
-  arena_.resize(Carve(max_batch, config.max_seq_len, nullptr));
+  // Fresh pages, not a zeroed vector: a vector would make the whole arena
+  // resident at once, however short the sequences trained.
+  arena_ = FlatBuffer<float>(Carve(max_batch, config.max_seq_len, nullptr));
 }
 
 Result<Llama> Llama::Create(const LlamaConfig& config, int max_batch) {

@@ -13,7 +13,11 @@
 // lm_head.weight is absent when tied.
 //
 // Activations live in an arena sized at Create() for (max_batch,
-// max_seq_len): a training step never allocates. A step is
+// max_seq_len): a training step never allocates. The arena is mapped pages
+// that cost nothing until touched, and a step lays out its (batch, seq) from
+// the arena's start, so memory follows the largest step run, not the
+// context: llama-124m's arena is 1.4 GiB for 1 x 1024 tokens, 54 MiB
+// resident after steps of 1 x 64. A step is
 //   auto loss = model.ForwardBackward(tokens, targets, batch, seq);  // fills gradients()
 //   optimizer.Step(model.parameters(), model.gradients());
 // Unlike Hugging Face's `labels`, targets are not shifted inside: targets[i]
@@ -92,6 +96,9 @@ class Llama {
   std::span<float> gradients() { return grads_; }
   std::span<const float> gradients() const { return grads_; }
   std::vector<ParameterUnit> units() const { return units_; }
+  // The activation arena (sized for max_batch x max_seq_len; only the pages
+  // of the largest step run so far are resident, see above).
+  std::span<const float> activation_arena() const { return {arena_.data(), arena_.size()}; }
 
   // Hugging Face's init: normal(0, 0.02) for every matrix (embedding,
   // projections, LM head), ones for the norms; from one generator seeded with
@@ -147,7 +154,8 @@ class Llama {
   Manifest manifest_;
   std::vector<ParameterUnit> units_;
   FlatBuffer<float> params_, grads_;
-  std::vector<float> arena_, rope_cos_, rope_sin_;
+  FlatBuffer<float> arena_;
+  std::vector<float> rope_cos_, rope_sin_;
   std::vector<Layer> layers_;
   float *embed_ = nullptr, *d_embed_ = nullptr, *final_norm_ = nullptr, *d_final_norm_ = nullptr;
   Linear lm_head_;
