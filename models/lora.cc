@@ -12,6 +12,7 @@
 #include <random>
 #include <set>
 
+#include "base/seed.h"
 #include "models/checkpoint.h"
 #include "models/transformer_ops.h"
 
@@ -57,8 +58,8 @@ Status LoraConfig::Validate() const {
   if (!(alpha > 0) || !std::isfinite(alpha)) {
     return InvalidArgument("lora config: lora_alpha {} must be positive and finite", alpha);
   }
-  if (dropout != 0) {
-    return InvalidArgument("lora config: lora_dropout is {}; dropout is not implemented, only 0 is supported", dropout);
+  if (!(dropout >= 0 && dropout < 1)) {
+    return InvalidArgument("lora config: lora_dropout is {}; it must be in [0, 1)", dropout);
   }
   if (target_modules.empty()) return InvalidArgument("lora config: target_modules is empty");
   std::set<std::string> seen;
@@ -145,6 +146,18 @@ LoraLlama::LoraLlama(Llama base, const LoraConfig& config) : base_(std::move(bas
   xa_.resize(size_t(c.num_layers) * kLoraModules * size_t(xa_rows_) * size_t(r));
   t_.resize(size_t(xa_rows_) * size_t(r));
   dnorm_.resize(size_t(D));
+  if (config.dropout > 0) {
+    size_t total = 0, widest = 0;
+    xd_at_.resize(size_t(c.num_layers) * kLoraModules);
+    for (const Placed& p : placed) {
+      const size_t in = size_t(dims[int(p.module)].first);
+      xd_at_[size_t(p.layer) * kLoraModules + size_t(p.module)] = total;
+      total += size_t(xa_rows_) * in;
+      widest = std::max(widest, in);
+    }
+    xd_.resize(total);
+    dxd_.resize(size_t(xa_rows_) * widest);
+  }
 }
 
 Result<LoraLlama> LoraLlama::Create(Llama base, const LoraConfig& config) {
@@ -168,9 +181,19 @@ void LoraLlama::Initialize(uint64_t seed) {
   }
 }
 
+// Counter-based (base/seed.h's mixing): a mask is a pure function of its
+// coordinates, so backward redraws it instead of storing it.
+uint64_t LoraLlama::MaskStream(int layer, LoraModule m) const {
+  return MixSeed(MixSeed(dropout_seed_, dropout_step_), uint64_t(layer) * kLoraModules + uint64_t(m));
+}
+
+static bool Kept(uint64_t stream, int64_t i, double p) {
+  return double(SplitMix64(stream + uint64_t(i)) >> 11) * 0x1.0p-53 >= p;  // uniform [0, 1) >= p
+}
+
 // The base decoder's forward (Llama::RunForward) with each adapter added to
 // its projection's output before anything reads it (q and k before RoPE).
-void LoraLlama::RunForward(const int32_t* tokens, int batch, int seq, float* logits) {
+void LoraLlama::RunForward(const int32_t* tokens, int batch, int seq, float* logits, bool train) {
   const LlamaConfig& c = base_.config();
   const int n = batch * seq, D = c.hidden_size, I = c.intermediate_size, hd = c.head_dim();
   const int H = c.num_heads, KV = c.num_kv_heads;
@@ -180,9 +203,20 @@ void LoraLlama::RunForward(const int32_t* tokens, int batch, int seq, float* log
   const Llama::Activations& acts = base_.acts_;
   // Column offsets of q, k, v in the fused qkv output, and of gate, up in gate_up.
   const int64_t q_at = 0, k_at = int64_t(H) * hd, v_at = int64_t(H + KV) * hd;
+  const bool dropout = train && lora_config_.dropout > 0;
+  const float keep_scale = float(1.0 / (1.0 - double(lora_config_.dropout)));
   auto adapt = [&](int l, LoraModule m, const float* x, float* y, int64_t ldy) {
     const LoraLinear& adapter = layers_[l][int(m)];
-    if (adapter.a) adapter.Forward(x, n, Xa(l, m), y, ldy);
+    if (!adapter.a) return;
+    if (dropout) {
+      // Inverted dropout, as nn.Dropout: kept elements scaled by 1/(1-p).
+      float* xd = Dropped(l, m);
+      const uint64_t stream = MaskStream(l, m);
+      const double p = lora_config_.dropout;
+      for (int64_t i = 0; i < int64_t(n) * adapter.in; ++i) xd[i] = Kept(stream, i, p) ? x[i] * keep_scale : 0.0f;
+      x = xd;
+    }
+    adapter.Forward(x, n, Xa(l, m), y, ldy);
   };
   EmbeddingForward(tokens, n, base_.embed_, D, acts.resid);
   for (int l = 0; l < c.num_layers; ++l) {
@@ -219,7 +253,7 @@ Status LoraLlama::Forward(const int32_t* tokens, int batch, int seq, float* logi
   ESTUARY_RETURN_IF_ERROR(base_.CheckInput(tokens, nullptr, batch, seq));
   if (!logits) return InvalidArgument("lora llama: no logits buffer given");
   base_.Carve(batch, seq, base_.arena_.data());
-  RunForward(tokens, batch, seq, logits);
+  RunForward(tokens, batch, seq, logits, /*train=*/false);
   return Status::Ok();
 }
 
@@ -240,7 +274,7 @@ Result<float> LoraLlama::ForwardBackward(const int32_t* tokens, const int32_t* t
   const float *cos = base_.rope_cos_.data(), *sin = base_.rope_sin_.data();
   base_.Carve(batch, seq, base_.arena_.data());
   const Llama::Activations& a = base_.acts_;
-  RunForward(tokens, batch, seq, a.logits);
+  RunForward(tokens, batch, seq, a.logits, /*train=*/true);
   float* dlogits = a.logits;  // in place, as in Llama
   const float loss = CrossEntropyForwardBackward(a.logits, targets, n, c.vocab_size, dlogits, options.grad_scale);
 
@@ -251,9 +285,26 @@ Result<float> LoraLlama::ForwardBackward(const int32_t* tokens, const int32_t* t
     l.dw = nullptr;
     return l;
   };
+  const bool dropout = lora_config_.dropout > 0;
+  const float keep_scale = float(1.0 / (1.0 - double(lora_config_.dropout)));
   auto adapt = [&](int l, LoraModule m, const float* x, const float* dy, int64_t ldy, float* dx) {
     const LoraLinear& adapter = layers_[l][int(m)];
-    if (adapter.a) adapter.Backward(x, Xa(l, m), dy, ldy, n, t_.data(), dx, accumulate);
+    if (!adapter.a) return;
+    if (!dropout) {
+      adapter.Backward(x, Xa(l, m), dy, ldy, n, t_.data(), dx, accumulate);
+      return;
+    }
+    // dA reads the dropped input; the input gradient goes back through the
+    // same mask (redrawn: the hash gives the forward's bits).
+    adapter.Backward(Dropped(l, m), Xa(l, m), dy, ldy, n, t_.data(), nullptr, accumulate);
+    if (!dx) return;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, adapter.in, adapter.rank, 1.0f, t_.data(),
+                adapter.rank, adapter.a, adapter.in, 0.0f, dxd_.data(), adapter.in);
+    const uint64_t stream = MaskStream(l, m);
+    const double p = lora_config_.dropout;
+    for (int64_t i = 0; i < int64_t(n) * adapter.in; ++i) {
+      if (Kept(stream, i, p)) dx[i] += dxd_[i] * keep_scale;
+    }
   };
   frozen(base_.lm_head_).Backward(a.xn_final, dlogits, n, a.dxn);
   std::memset(a.dresid, 0, sizeof(float) * n * D);
@@ -286,6 +337,7 @@ Result<float> LoraLlama::ForwardBackward(const int32_t* tokens, const int32_t* t
                       dnorm_.data());
     }
   }
+  ++dropout_step_;
   return loss;
 }
 
@@ -390,7 +442,8 @@ Result<LoraConfig> ReadLoraConfig(const fs::path& dir) {
   }
   ESTUARY_RETURN_IF_ERROR(need("target_modules"));
   const auto& targets = json["target_modules"];
-  if (!targets.is_array() || !std::all_of(targets.begin(), targets.end(), [](const auto& t) { return t.is_string(); })) {
+  const auto is_string = [](const nlohmann::json& t) { return t.is_string(); };
+  if (!targets.is_array() || !std::all_of(targets.begin(), targets.end(), is_string)) {
     return InvalidArgument("{}: 'target_modules' is {}; only a list of module names is supported", path.string(),
                            targets.dump());
   }

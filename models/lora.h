@@ -3,9 +3,12 @@
 //
 // Each adapted projection W [out, in] (q, k, v, o and optionally gate, up,
 // down) gains two factors, A [rank, in] and B [out, rank], and computes
-//   y = x·Wᵀ + (alpha / rank) · x·Aᵀ·Bᵀ
-// as Hugging Face PEFT's LoraLayer does (lora_dropout 0: dropout is not
-// implemented, and a LoraConfig asking for it is rejected).
+//   y = x·Wᵀ + (alpha / rank) · dropout(x)·Aᵀ·Bᵀ
+// as Hugging Face PEFT's LoraLayer does: dropout (inverted, p = lora_dropout)
+// on the adapter's input only, one independent mask per module, in training
+// steps only (Forward is inference, PEFT's eval mode). The masks are a hash
+// of (dropout seed, step, layer, module, element), so a run is reproducible
+// and a mask can be redrawn for backward instead of stored.
 //
 // The base model is frozen. A LoraLlama owns its base Llama and two flat
 // buffers of its own: the adapter parameters and their gradients, of one
@@ -56,13 +59,13 @@ std::string_view LoraModuleName(LoraModule module);
 struct LoraConfig {
   int rank = 8;
   float alpha = 16;
-  float dropout = 0;  // only 0 is implemented
+  float dropout = 0;  // lora_dropout, in [0, 1)
   std::vector<std::string> target_modules = {"q_proj", "k_proj", "v_proj", "o_proj"};
   std::string base_model_name_or_path;  // written to adapter_config.json as is
 
   double scale() const { return double(alpha) / double(rank); }
   bool Targets(LoraModule module) const;
-  // rank positive, alpha positive and finite, dropout 0, target_modules a
+  // rank positive, alpha positive and finite, dropout in [0, 1), target_modules a
   // non-empty list of distinct names from the seven above.
   Status Validate() const;
 };
@@ -111,12 +114,19 @@ class LoraLlama {
   // So the adapted model starts equal to the base.
   void Initialize(uint64_t seed);
 
+  // Dropout masks from now on are those of (seed, step 0, 1, ...): each
+  // ForwardBackward advances the step. A new model has seed 0 at step 0.
+  void SeedDropout(uint64_t seed) {
+    dropout_seed_ = seed;
+    dropout_step_ = 0;
+  }
+
   // As Llama's, with the same checks; fills gradients() (overwrites, or adds
   // with accumulate; grad_scale as there). Step hooks are not supported yet
   // (InvalidArgument): DDP over the adapter buffer is a later step.
   Result<float> ForwardBackward(const int32_t* tokens, const int32_t* targets, int batch, int seq,
                                 const BackwardOptions& options = {});
-  // Writes logits [batch, seq, vocab_size] of the adapted model.
+  // Writes logits [batch, seq, vocab_size] of the adapted model (no dropout).
   Status Forward(const int32_t* tokens, int batch, int seq, float* logits);
 
   // The base with every adapter folded in, W' = W + (alpha/rank)·B·A: a plain
@@ -125,7 +135,13 @@ class LoraLlama {
 
  private:
   LoraLlama(Llama base, const LoraConfig& config);
-  void RunForward(const int32_t* tokens, int batch, int seq, float* logits);
+  // With train and dropout > 0, each adapter reads its dropped input.
+  void RunForward(const int32_t* tokens, int batch, int seq, float* logits, bool train);
+  // The dropout mask of module m in layer l this step: element i is kept
+  // when a uniform draw from SplitMix64(stream + i) is at least p.
+  uint64_t MaskStream(int layer, LoraModule m) const;
+  // dropout(x) of module m in layer l, kept for backward: [max rows, in].
+  float* Dropped(int layer, LoraModule m) { return xd_.data() + xd_at_[size_t(layer) * kLoraModules + size_t(m)]; }
   // x·Aᵀ of module m in layer l, kept for backward: [max rows, rank].
   float* Xa(int layer, LoraModule m) {
     return xa_.data() + (size_t(layer) * kLoraModules + size_t(m)) * size_t(xa_rows_) * size_t(lora_config_.rank);
@@ -138,6 +154,11 @@ class LoraLlama {
   std::vector<std::array<LoraLinear, kLoraModules>> layers_;  // a == nullptr: not adapted
   int64_t xa_rows_ = 0;
   std::vector<float> xa_, t_, dnorm_;  // kept products, backward scratch [rows, rank], frozen norms' dw [D]
+  // With dropout only: the dropped inputs (offsets per layer and module), and
+  // [rows, max in] scratch for the adapter's input gradient before the mask.
+  std::vector<float> xd_, dxd_;
+  std::vector<size_t> xd_at_;
+  uint64_t dropout_seed_ = 0, dropout_step_ = 0;
 };
 
 // A PEFT adapter directory: adapter_model.safetensors (fp32, manifest()'s
@@ -153,7 +174,7 @@ Status SaveLoraAdapter(const std::filesystem::path& dir, const LoraLlama& model)
 Result<LoraConfig> ReadLoraConfig(const std::filesystem::path& dir);
 
 // Loads such a directory's adapters into `model`. Its adapter_config.json must
-// describe model's LoraConfig (rank, alpha, dropout, targets); every tensor's
+// describe model's adapters (rank, alpha, targets; dropout may differ); every tensor's
 // name, shape and dtype is checked, and the first mismatch is reported, in one
 // line, with the file and the tensor's name. On error the model is untouched.
 Status LoadLoraAdapter(const std::filesystem::path& dir, LoraLlama& model);

@@ -13,6 +13,7 @@
 #include <fstream>
 #include <functional>
 #include <new>
+#include <random>
 #include <nlohmann/json.hpp>
 
 #include "models/checkpoint.h"
@@ -389,8 +390,7 @@ TEST(LoraLlama, BadConfigsAndInputsAreErrors) {
   };
   EXPECT_EQ(message([](LoraConfig& c) { c.rank = 0; }), "lora config: r is 0; it must be positive");
   EXPECT_EQ(message([](LoraConfig& c) { c.alpha = -1; }), "lora config: lora_alpha -1 must be positive and finite");
-  EXPECT_EQ(message([](LoraConfig& c) { c.dropout = 0.1f; }),
-            "lora config: lora_dropout is 0.1; dropout is not implemented, only 0 is supported");
+  EXPECT_EQ(message([](LoraConfig& c) { c.dropout = 1; }), "lora config: lora_dropout is 1; it must be in [0, 1)");
   EXPECT_EQ(message([](LoraConfig& c) { c.target_modules = {"q_proj", "lm_head"}; }),
             "lora config: target module 'lm_head' is not one of q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, "
             "down_proj");
@@ -411,6 +411,80 @@ TEST(LoraLlama, BadConfigsAndInputsAreErrors) {
   ASSERT_FALSE(hooked.ok());
   EXPECT_EQ(hooked.status().message(), "lora llama: step hooks (DDP, ZeRO) are not supported yet");
   EXPECT_TRUE(model.ForwardBackward(tokens.data(), targets.data(), 2, 6).ok());
+}
+
+// Dropout cannot be checked against torch (torch draws its masks from its own
+// generator), so the torch comparisons above run with p = 0. With p = 0.3:
+// inference ignores dropout; a step's masks follow from the seed (the same
+// seed gives the same step bit for bit, the next step other masks); and a
+// step's gradient is the derivative of that step's loss, by central
+// differences with the masks held (reseeding), along the whole gradient and
+// along each tensor's part of it.
+TEST(LoraLlama, DropoutIsSeededAndItsGradientIsTheStepsLossDerivative) {
+  LoraConfig config;
+  config.rank = 4;
+  config.alpha = 8;
+  config.dropout = 0.3f;
+  config.target_modules = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+  LoraLlama model = SmallLora(config);
+  LoraConfig plain_config = config;
+  plain_config.dropout = 0;
+  LoraLlama plain = SmallLora(plain_config);
+  std::mt19937 rng(4);
+  std::uniform_real_distribution<float> uniform(-0.25f, 0.25f);
+  for (float& p : model.parameters()) p = uniform(rng);  // B too: the adapters matter
+  std::copy(model.parameters().begin(), model.parameters().end(), plain.parameters().begin());
+  Ids tokens = {1, 5, 9, 2, 33, 7, 4, 4, 0, 39, 12, 6}, targets = {5, 9, 2, 33, 7, 1, 4, 0, 39, 12, 6, 3};
+
+  Values logits(12 * 40), plain_logits(12 * 40);
+  ASSERT_TRUE(model.Forward(tokens.data(), 2, 6, logits.data()).ok());
+  ASSERT_TRUE(plain.Forward(tokens.data(), 2, 6, plain_logits.data()).ok());
+  EXPECT_EQ(logits, plain_logits);
+
+  auto step = [&](uint64_t seed) {
+    model.SeedDropout(seed);
+    auto loss = model.ForwardBackward(tokens.data(), targets.data(), 2, 6);
+    EXPECT_TRUE(loss.ok());
+    return loss.ok() ? double(*loss) : NAN;
+  };
+  const double loss = step(7);
+  const Values grad(model.gradients().begin(), model.gradients().end());
+  EXPECT_EQ(step(7), loss);
+  EXPECT_TRUE(SameBits(grad, model.gradients()));
+  auto next = model.ForwardBackward(tokens.data(), targets.data(), 2, 6);  // step 1 of seed 7: other masks
+  ASSERT_TRUE(next.ok());
+  EXPECT_NE(*next, loss);
+  auto undropped = plain.ForwardBackward(tokens.data(), targets.data(), 2, 6);
+  ASSERT_TRUE(undropped.ok());
+  EXPECT_NE(*undropped, loss);
+
+  // Central differences along d (unit length) against grad·d = |grad restricted|.
+  const Values theta(model.parameters().begin(), model.parameters().end());
+  auto slope_error = [&](uint64_t begin, uint64_t end) {
+    double norm = 0;
+    for (uint64_t i = begin; i < end; ++i) norm += double(grad[i]) * grad[i];
+    norm = std::sqrt(norm);
+    const double eps = 3e-3;
+    auto loss_at = [&](double t) {
+      for (uint64_t i = 0; i < theta.size(); ++i) {
+        model.parameters()[i] = i >= begin && i < end ? float(theta[i] + t * grad[i] / norm) : theta[i];
+      }
+      return step(7);
+    };
+    const double slope = (loss_at(eps) - loss_at(-eps)) / (2 * eps);
+    std::copy(theta.begin(), theta.end(), model.parameters().begin());
+    return std::abs(slope - norm) / norm;
+  };
+  const double whole = slope_error(0, theta.size());
+  EXPECT_LE(whole, 1e-2);
+  double worst = 0;
+  for (const TensorSpec& t : model.manifest().tensors) {
+    const double error = slope_error(t.offset, t.offset + t.numel());
+    EXPECT_LE(error, 3e-2) << t.name;
+    worst = std::max(worst, error);
+  }
+  std::printf("[ measured ] dropout 0.3: directional derivative vs gradient, whole %.2e, worst tensor %.2e\n",
+              whole, worst);
 }
 
 // Writes dir/adapter_model.safetensors from the model's tensors, edited.
@@ -489,12 +563,12 @@ TEST(LoraFiles, BadAdapterFilesGetOneLineNamingFileAndTensor) {
   EditConfig(dir.path(), "use_dora", true);
   EXPECT_EQ(load_error(), config_file + ": 'use_dora' is true; only false is supported");
   EditConfig(dir.path(), "use_dora", false);
-  EditConfig(dir.path(), "lora_dropout", 0.05);
-  EXPECT_EQ(load_error(), config_file +
-                              ": lora config: lora_dropout is 0.05; dropout is not implemented, only 0 is supported");
-  EditConfig(dir.path(), "lora_dropout", 0.0);
+  EditConfig(dir.path(), "lora_dropout", 1.5);
+  EXPECT_EQ(load_error(), config_file + ": lora config: lora_dropout is 1.5; it must be in [0, 1)");
+  EditConfig(dir.path(), "lora_dropout", 0.05);  // dropout does not change the weights: loads
   EXPECT_TRUE(SameBits(before, model.parameters()));  // nothing loaded by a failed load
   EXPECT_TRUE(LoadLoraAdapter(dir.path(), model).ok());
+  EditConfig(dir.path(), "lora_dropout", 0.0);
 
   fs::remove(dir / "adapter_config.json");
   EXPECT_NE(load_error().find("adapter_config.json: cannot open"), std::string::npos);
