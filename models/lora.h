@@ -89,7 +89,8 @@ struct LoraLinear {
 class LoraLlama {
  public:
   // Adapters on `base` (its weights as they are; A and B zero until
-  // Initialize or a load). Fails on an invalid config.
+  // Initialize or a load), for batches up to base.max_batch(). Fails on an
+  // invalid config.
   static Result<LoraLlama> Create(Llama base, const LoraConfig& config);
 
   LoraLlama(LoraLlama&&) = default;
