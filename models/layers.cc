@@ -17,8 +17,10 @@ void Linear::Forward(const float* x, int n, float* y) const {
 }
 
 void Linear::Backward(const float* x, const float* dy, int n, float* dx, bool accumulate) const {
-  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, out, in, n, 1.0f, dy, out, x, in, accumulate ? 1.0f : 0.0f,
-              dw, in);
+  if (dw) {
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, out, in, n, 1.0f, dy, out, x, in,
+                accumulate ? 1.0f : 0.0f, dw, in);
+  }
   if (db) {
     for (int o = 0; !accumulate && o < out; ++o) db[o] = 0;
     for (int i = 0; i < n; ++i) {

@@ -20,7 +20,8 @@ struct Linear {
 
   void Forward(const float* x, int n, float* y) const;
   // dW = dy^T · x, db = Σ_n dy (or dW += ..., db += ... with accumulate), and
-  // dx = dy · W when dx is not null; W is read only for dx.
+  // dx = dy · W when dx is not null; W is read only for dx. A frozen layer
+  // (dw and db null, as LoRA's base weights) forms only dx: no dW GEMM.
   void Backward(const float* x, const float* dy, int n, float* dx, bool accumulate = false) const;
   // Plain SGD fused into backward: dx = dy · W with the old W, then
   // W = (1 - lr·wd)·W - lr·dy^T·x in the same GEMM, so dW never exists.

@@ -117,6 +117,10 @@ class Llama {
   Status Forward(const int32_t* tokens, int batch, int seq, float* logits);
 
  private:
+  // The adapted model runs this model's own arena and ops, with adapters
+  // added around the projections and a frozen backward (models/lora.h).
+  friend class LoraLlama;
+
   struct Layer {
     Linear qkv, o, gate_up, down;  // q/k/v and gate/up are adjacent in the buffer: one GEMM each
     float *input_norm = nullptr, *d_input_norm = nullptr, *post_norm = nullptr, *d_post_norm = nullptr;

@@ -13,6 +13,10 @@ fixtures the C++ tests compare against.
                                    would (config.json keys, strict state_dict),
                                    runs DIR/tokens.json through it and writes
                                    DIR/logits.json
+  torch_llama.py --check-lora DIR  the same for DIR/base with the PEFT adapter
+                                   directory DIR/adapter applied (PEFT's names,
+                                   shapes and config keys; peft itself is not
+                                   a Debian package)
 
 Inputs and weights are drawn in fp32 (so C++ holds them exactly); the oracle
 then computes in fp64, so a C++ error is C++'s own.
@@ -195,6 +199,75 @@ class LlamaForCausalLM(nn.Module):
 
     def forward(self, input_ids):
         return self.lm_head(self.model(input_ids))
+
+
+# ----------------------------------------------------------------------------
+# LoRA, as PEFT's LoraLayer (lora.Linear) computes it with lora_dropout 0:
+# y = base_layer(x) + lora_B(lora_A(x)) * (lora_alpha / r). The names follow
+# PEFT's: the wrapped Linear becomes base_layer, and PEFT saves the adapters
+# as "base_model.model." + "<module>.lora_A.weight" (the adapter name
+# "default" removed).
+
+LORA_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+PEFT_PREFIX = "base_model.model."
+
+
+class LoraLinear(nn.Module):
+    def __init__(self, base_layer, r, lora_alpha):
+        super().__init__()
+        self.base_layer = base_layer
+        self.lora_A = nn.Linear(base_layer.in_features, r, bias=False)
+        self.lora_B = nn.Linear(r, base_layer.out_features, bias=False)
+        self.scaling = lora_alpha / r
+
+    def forward(self, x):
+        return self.base_layer(x) + self.lora_B(self.lora_A(x)) * self.scaling
+
+
+def add_lora(model, r, lora_alpha, target_modules):
+    """Wraps the targeted projections of every block (in place, as PEFT's
+    inject_adapter does) and freezes every base weight. Returns the adapters'
+    parameters by PEFT's saved names, in the model's module order."""
+    for p in model.parameters():
+        p.requires_grad_(False)
+    for layer in model.model.layers:
+        for parent in (layer.self_attn, layer.mlp):
+            for name in LORA_MODULES:
+                if name in target_modules and hasattr(parent, name):
+                    setattr(parent, name, LoraLinear(getattr(parent, name), r, lora_alpha))
+    return {PEFT_PREFIX + k: p for k, p in model.named_parameters() if ".lora_" in k}
+
+
+def check_lora(work_dir):
+    """Loads WORK_DIR/base (a Hugging Face directory) and WORK_DIR/adapter (a
+    PEFT adapter directory) the way PeftModel.from_pretrained does for these
+    keys (strict names and shapes), runs WORK_DIR/tokens.json and writes
+    WORK_DIR/logits.json."""
+    base_dir, adapter_dir = os.path.join(work_dir, "base"), os.path.join(work_dir, "adapter")
+    config = config_from_hf_json(os.path.join(base_dir, "config.json"))
+    tensors, _ = read_safetensors(os.path.join(base_dir, "model.safetensors"))
+    model = LlamaForCausalLM(config)
+    model.load_state_dict(tensors, strict=not config.tie_word_embeddings)
+    with open(os.path.join(adapter_dir, "adapter_config.json")) as f:
+        ac = json.load(f)
+    assert ac["peft_type"] == "LORA" and ac["task_type"] == "CAUSAL_LM" and ac["bias"] == "none", ac
+    assert not ac.get("use_rslora") and not ac.get("use_dora") and not ac.get("fan_in_fan_out"), ac
+    assert isinstance(ac["target_modules"], list), ac
+    adapters = add_lora(model, ac["r"], ac["lora_alpha"], ac["target_modules"])
+    saved, metadata = read_safetensors(os.path.join(adapter_dir, "adapter_model.safetensors"))
+    assert metadata is not None and metadata.get("format") == "pt", metadata
+    assert set(saved) == set(adapters), f"names differ: {sorted(set(saved) ^ set(adapters))}"
+    with torch.no_grad():
+        for name, p in adapters.items():
+            assert tuple(saved[name].shape) == tuple(p.shape), f"{name}: {saved[name].shape} vs {p.shape}"
+            p.copy_(saved[name])
+    model.to(COMPUTE)
+    with open(os.path.join(work_dir, "tokens.json")) as f:
+        tokens = torch.tensor(json.load(f)["tokens"])
+    with torch.no_grad():
+        logits = model(tokens)
+    with open(os.path.join(work_dir, "logits.json"), "w") as f:
+        json.dump({"logits": flat(logits)}, f)
 
 
 # ----------------------------------------------------------------------------
@@ -424,16 +497,77 @@ def write_decoder_fixtures(out_dir):
             json.dump(hf_config, f, indent=2)
 
 
+# LoRA on both decoders: every projection of the untied one (rank 4, alpha 8),
+# the attention of the tied one (rank 3, alpha 5: a scale that is not a power
+# of two). A and B are both random and non-zero, so the adapter path matters.
+LORA = {
+    "untied_gqa": dict(r=4, lora_alpha=8.0, target_modules=list(LORA_MODULES)),
+    "tied_mqa": dict(r=3, lora_alpha=5.0, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]),
+}
+LORA_ADAMW = dict(lr=1e-2, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+
+
+def make_lora_model(config, name, index):
+    model = make_model(config, seed=100 + index)
+    weights = {k: v.detach().clone() for k, v in model.named_parameters()}
+    spec = LORA[name]
+    adapters = add_lora(model, spec["r"], spec["lora_alpha"], spec["target_modules"])
+    torch.manual_seed(300 + index)
+    with torch.no_grad():
+        for p in adapters.values():
+            p.copy_((0.2 * torch.randn(p.shape)).to(torch.float32))
+    model.to(COMPUTE)
+    return model, weights, adapters
+
+
+def write_lora_fixtures(out_dir):
+    for index, (name, (config, batch, seq)) in enumerate(DECODERS.items()):
+        model, weights, adapters = make_lora_model(config, name, index)
+        g = torch.Generator().manual_seed(200 + index)  # the decoder fixture's tokens
+        tokens = torch.randint(0, config.vocab_size, (batch, seq), generator=g)
+        targets = torch.randint(0, config.vocab_size, (batch, seq), generator=g)
+        start = {k: v.detach().clone() for k, v in adapters.items()}
+        logits = model(tokens)
+        loss = F.cross_entropy(logits.reshape(-1, config.vocab_size), targets.reshape(-1))
+        loss.backward()
+        frozen_grads = [k for k, p in model.named_parameters() if p.grad is not None and ".lora_" not in k]
+        assert not frozen_grads, frozen_grads
+        grads = {k + ".grad": p.grad.detach().clone() for k, p in adapters.items()}  # zero_grad may reuse them
+
+        # Five AdamW steps over the adapters only.
+        opt = torch.optim.AdamW(list(adapters.values()), **LORA_ADAMW)
+        losses = []
+        for _ in range(5):
+            opt.zero_grad()
+            step_loss = F.cross_entropy(model(tokens).reshape(-1, config.vocab_size), targets.reshape(-1))
+            step_loss.backward()
+            opt.step()
+            losses.append(float(step_loss))
+        after = {k + ".after": p for k, p in adapters.items()}
+        spec = LORA[name]
+        save(out_dir, "lora_" + name, config=config.to_json(), batch=batch, seq=seq, tokens=flat(tokens),
+             targets=flat(targets), r=spec["r"], lora_alpha=spec["lora_alpha"],
+             target_modules=spec["target_modules"], adapter_names=list(adapters),
+             adapter_shapes=[list(p.shape) for p in adapters.values()], logits=logits, loss=[float(loss)],
+             lr=LORA_ADAMW["lr"], beta1=LORA_ADAMW["betas"][0], beta2=LORA_ADAMW["betas"][1],
+             eps=LORA_ADAMW["eps"], weight_decay=LORA_ADAMW["weight_decay"], losses=losses,
+             **weights, **start, **grads, **after)
+
+
 def main():
     if len(sys.argv) == 3 and sys.argv[1] == "--check-hf":
         check_hf(sys.argv[2])
         return
+    if len(sys.argv) == 3 and sys.argv[1] == "--check-lora":
+        check_lora(sys.argv[2])
+        return
     if len(sys.argv) != 2:
-        sys.exit("usage: torch_llama.py OUT_DIR | --check-hf MODEL_DIR")
+        sys.exit("usage: torch_llama.py OUT_DIR | --check-hf MODEL_DIR | --check-lora WORK_DIR")
     out_dir = sys.argv[1]
     os.makedirs(out_dir, exist_ok=True)
     write_op_fixtures(out_dir)
     write_decoder_fixtures(out_dir)
+    write_lora_fixtures(out_dir)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,507 @@
+#include "models/lora.h"
+
+#include <cblas.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <set>
+
+#include "base/seed.h"
+#include "models/checkpoint.h"
+#include "models/transformer_ops.h"
+
+namespace estuary::models {
+
+namespace {
+
+constexpr LoraModule kAllModules[kLoraModules] = {LoraModule::kQ,    LoraModule::kK,  LoraModule::kV,
+                                                  LoraModule::kO,    LoraModule::kGate, LoraModule::kUp,
+                                                  LoraModule::kDown};
+
+// "self_attn.q_proj", ...: the module's path inside a block.
+std::string ModulePath(LoraModule m) {
+  const bool attention = m == LoraModule::kQ || m == LoraModule::kK || m == LoraModule::kV || m == LoraModule::kO;
+  return fmt::format("{}.{}", attention ? "self_attn" : "mlp", LoraModuleName(m));
+}
+
+// PEFT saves a LoraModel's adapters under its wrapper's prefix, without the
+// adapter's name ("default").
+constexpr const char* kPeftPrefix = "base_model.model.";
+
+}  // namespace
+
+std::string_view LoraModuleName(LoraModule module) {
+  switch (module) {
+    case LoraModule::kQ: return "q_proj";
+    case LoraModule::kK: return "k_proj";
+    case LoraModule::kV: return "v_proj";
+    case LoraModule::kO: return "o_proj";
+    case LoraModule::kGate: return "gate_proj";
+    case LoraModule::kUp: return "up_proj";
+    case LoraModule::kDown: return "down_proj";
+  }
+  return "?";
+}
+
+bool LoraConfig::Targets(LoraModule module) const {
+  return std::find(target_modules.begin(), target_modules.end(), LoraModuleName(module)) != target_modules.end();
+}
+
+Status LoraConfig::Validate() const {
+  if (rank <= 0) return InvalidArgument("lora config: r is {}; it must be positive", rank);
+  if (!(alpha > 0) || !std::isfinite(alpha)) {
+    return InvalidArgument("lora config: lora_alpha {} must be positive and finite", alpha);
+  }
+  if (!(dropout >= 0 && dropout < 1)) {
+    return InvalidArgument("lora config: lora_dropout is {}; it must be in [0, 1)", dropout);
+  }
+  if (target_modules.empty()) return InvalidArgument("lora config: target_modules is empty");
+  std::set<std::string> seen;
+  for (const std::string& name : target_modules) {
+    const bool known = std::any_of(std::begin(kAllModules), std::end(kAllModules),
+                                   [&](LoraModule m) { return LoraModuleName(m) == name; });
+    if (!known) {
+      return InvalidArgument(
+          "lora config: target module '{}' is not one of q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, "
+          "down_proj",
+          name);
+    }
+    if (!seen.insert(name).second) return InvalidArgument("lora config: target module '{}' is listed twice", name);
+  }
+  return Status::Ok();
+}
+
+// ------------------------------------------------------------ one adapter
+
+void LoraLinear::Forward(const float* x, int n, float* xa, float* y, int64_t ldy) const {
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, rank, in, 1.0f, x, in, a, in, 0.0f, xa, rank);
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, out, rank, scale, xa, rank, b, rank, 1.0f, y, int(ldy));
+}
+
+void LoraLinear::Backward(const float* x, const float* xa, const float* dy, int64_t ldy, int n, float* t,
+                          float* dx, bool accumulate) const {
+  const float beta = accumulate ? 1.0f : 0.0f;
+  // dB [out, rank] = scale · dyᵀ · xa
+  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, out, rank, n, scale, dy, int(ldy), xa, rank, beta, db, rank);
+  // t [n, rank] = scale · dy · B: the gradient at x·Aᵀ, shared by dA and dx.
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, rank, out, scale, dy, int(ldy), b, rank, 0.0f, t, rank);
+  // dA [rank, in] = tᵀ · x
+  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, rank, in, n, 1.0f, t, rank, x, in, beta, da, in);
+  // dx += t · A
+  if (dx) cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, in, rank, 1.0f, t, rank, a, in, 1.0f, dx, in);
+}
+
+// ------------------------------------------------------------------ model
+
+LoraLlama::LoraLlama(Llama base, const LoraConfig& config) : base_(std::move(base)), lora_config_(config) {
+  const LlamaConfig& c = base_.config();
+  const int D = c.hidden_size, I = c.intermediate_size, r = config.rank;
+  const int q_rows = c.num_heads * c.head_dim(), kv_rows = c.num_kv_heads * c.head_dim();
+  // (in, out) of each module, in kAllModules order.
+  const std::pair<int, int> dims[kLoraModules] = {{D, q_rows}, {D, kv_rows}, {D, kv_rows}, {q_rows, D},
+                                                 {D, I},      {D, I},       {I, D}};
+  struct Placed {
+    int layer;
+    LoraModule module;
+    uint64_t a, b;
+  };
+  std::vector<Placed> placed;
+  auto add = [&](std::string name, std::vector<int64_t> shape) {
+    TensorSpec spec{std::move(name), std::move(shape), DType::kF32, manifest_.total_elements};
+    manifest_.total_elements += spec.numel();
+    manifest_.tensors.push_back(std::move(spec));
+    return manifest_.tensors.back().offset;
+  };
+  for (int l = 0; l < c.num_layers; ++l) {
+    for (LoraModule m : kAllModules) {
+      if (!config.Targets(m)) continue;
+      const auto [in, out] = dims[int(m)];
+      const std::string p = fmt::format("{}model.layers.{}.{}.", kPeftPrefix, l, ModulePath(m));
+      const uint64_t a = add(p + "lora_A.weight", {r, in});
+      const uint64_t b = add(p + "lora_B.weight", {out, r});
+      placed.push_back({l, m, a, b});
+    }
+  }
+  params_ = FlatBuffer<float>(manifest_.total_elements);
+  grads_ = FlatBuffer<float>(manifest_.total_elements);
+  layers_.resize(c.num_layers);
+  for (const Placed& p : placed) {
+    const auto [in, out] = dims[int(p.module)];
+    layers_[p.layer][int(p.module)] = LoraLinear{in,
+                                                 out,
+                                                 r,
+                                                 float(config.scale()),
+                                                 params_.data() + p.a,
+                                                 params_.data() + p.b,
+                                                 grads_.data() + p.a,
+                                                 grads_.data() + p.b};
+  }
+  xa_rows_ = int64_t(base_.max_batch()) * c.max_seq_len;
+  xa_.resize(size_t(c.num_layers) * kLoraModules * size_t(xa_rows_) * size_t(r));
+  t_.resize(size_t(xa_rows_) * size_t(r));
+  dnorm_.resize(size_t(D));
+  if (config.dropout > 0) {
+    size_t total = 0, widest = 0;
+    xd_at_.resize(size_t(c.num_layers) * kLoraModules);
+    for (const Placed& p : placed) {
+      const size_t in = size_t(dims[int(p.module)].first);
+      xd_at_[size_t(p.layer) * kLoraModules + size_t(p.module)] = total;
+      total += size_t(xa_rows_) * in;
+      widest = std::max(widest, in);
+    }
+    xd_.resize(total);
+    dxd_.resize(size_t(xa_rows_) * widest);
+  }
+}
+
+Result<LoraLlama> LoraLlama::Create(Llama base, const LoraConfig& config) {
+  ESTUARY_RETURN_IF_ERROR(config.Validate());
+  return LoraLlama(std::move(base), config);
+}
+
+void LoraLlama::Initialize(uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  for (const auto& layer : layers_) {
+    for (const LoraLinear& m : layer) {
+      if (!m.a) continue;
+      // kaiming_uniform_(a=√5): gain √(2/(1+5)), bound = gain·√3/√fan_in = 1/√in.
+      const double bound = 1.0 / std::sqrt(double(m.in));
+      for (int64_t i = 0; i < int64_t(m.rank) * m.in; ++i) {
+        const double u = double(rng() >> 11) * 0x1.0p-53;  // [0, 1)
+        m.a[i] = float((2 * u - 1) * bound);
+      }
+      std::fill(m.b, m.b + int64_t(m.out) * m.rank, 0.0f);
+    }
+  }
+}
+
+// Counter-based (base/seed.h's mixing): a mask is a pure function of its
+// coordinates, so backward redraws it instead of storing it.
+uint64_t LoraLlama::MaskStream(int layer, LoraModule m) const {
+  return MixSeed(MixSeed(dropout_seed_, dropout_step_), uint64_t(layer) * kLoraModules + uint64_t(m));
+}
+
+static bool Kept(uint64_t stream, int64_t i, double p) {
+  return double(SplitMix64(stream + uint64_t(i)) >> 11) * 0x1.0p-53 >= p;  // uniform [0, 1) >= p
+}
+
+// The base decoder's forward (Llama::RunForward) with each adapter added to
+// its projection's output before anything reads it (q and k before RoPE).
+void LoraLlama::RunForward(const int32_t* tokens, int batch, int seq, float* logits, bool train) {
+  const LlamaConfig& c = base_.config();
+  const int n = batch * seq, D = c.hidden_size, I = c.intermediate_size, hd = c.head_dim();
+  const int H = c.num_heads, KV = c.num_kv_heads;
+  const int64_t qkv_width = int64_t(H + 2 * KV) * hd;
+  const float eps = float(c.rms_norm_eps);
+  const float *cos = base_.rope_cos_.data(), *sin = base_.rope_sin_.data();
+  const Llama::Activations& acts = base_.acts_;
+  // Column offsets of q, k, v in the fused qkv output, and of gate, up in gate_up.
+  const int64_t q_at = 0, k_at = int64_t(H) * hd, v_at = int64_t(H + KV) * hd;
+  const bool dropout = train && lora_config_.dropout > 0;
+  const float keep_scale = float(1.0 / (1.0 - double(lora_config_.dropout)));
+  auto adapt = [&](int l, LoraModule m, const float* x, float* y, int64_t ldy) {
+    const LoraLinear& adapter = layers_[l][int(m)];
+    if (!adapter.a) return;
+    if (dropout) {
+      // Inverted dropout, as nn.Dropout: kept elements scaled by 1/(1-p).
+      float* xd = Dropped(l, m);
+      const uint64_t stream = MaskStream(l, m);
+      const double p = lora_config_.dropout;
+      for (int64_t i = 0; i < int64_t(n) * adapter.in; ++i) xd[i] = Kept(stream, i, p) ? x[i] * keep_scale : 0.0f;
+      x = xd;
+    }
+    adapter.Forward(x, n, Xa(l, m), y, ldy);
+  };
+  EmbeddingForward(tokens, n, base_.embed_, D, acts.resid);
+  for (int l = 0; l < c.num_layers; ++l) {
+    const Llama::Layer& layer = base_.layers_[l];
+    const Llama::LayerActivations& a = acts.layers[l];
+    const float* x = acts.resid + l * acts.resid_stride;
+    float* out = acts.resid + (l + 1) * acts.resid_stride;
+    RmsNormForward(x, layer.input_norm, n, D, eps, a.xn1, a.rstd1);
+    layer.qkv.Forward(a.xn1, n, a.qkv);
+    adapt(l, LoraModule::kQ, a.xn1, a.qkv + q_at, qkv_width);
+    adapt(l, LoraModule::kK, a.xn1, a.qkv + k_at, qkv_width);
+    adapt(l, LoraModule::kV, a.xn1, a.qkv + v_at, qkv_width);
+    RopeForward(a.qkv, batch, seq, H, hd, qkv_width, cos, sin);
+    RopeForward(a.qkv + k_at, batch, seq, KV, hd, qkv_width, cos, sin);
+    AttentionForward(a.qkv, batch, seq, H, KV, hd, a.probs, a.attn);
+    layer.o.Forward(a.attn, n, a.h);
+    adapt(l, LoraModule::kO, a.attn, a.h, D);
+    ResidualAdd(x, int64_t(n) * D, a.h);
+    RmsNormForward(a.h, layer.post_norm, n, D, eps, a.xn2, a.rstd2);
+    layer.gate_up.Forward(a.xn2, n, a.gate_up);
+    adapt(l, LoraModule::kGate, a.xn2, a.gate_up, 2 * I);
+    adapt(l, LoraModule::kUp, a.xn2, a.gate_up + I, 2 * I);
+    SwiGluForward(a.gate_up, n, I, a.act);
+    layer.down.Forward(a.act, n, out);
+    adapt(l, LoraModule::kDown, a.act, out, D);
+    ResidualAdd(a.h, int64_t(n) * D, out);
+  }
+  RmsNormForward(acts.resid + c.num_layers * acts.resid_stride, base_.final_norm_, n, D, eps, acts.xn_final,
+                 acts.rstd_final);
+  base_.lm_head_.Forward(acts.xn_final, n, logits);
+}
+
+Status LoraLlama::Forward(const int32_t* tokens, int batch, int seq, float* logits) {
+  ESTUARY_RETURN_IF_ERROR(base_.CheckInput(tokens, nullptr, batch, seq));
+  if (!logits) return InvalidArgument("lora llama: no logits buffer given");
+  base_.Carve(batch, seq, base_.arena_.data());
+  RunForward(tokens, batch, seq, logits, /*train=*/false);
+  return Status::Ok();
+}
+
+Result<float> LoraLlama::ForwardBackward(const int32_t* tokens, const int32_t* targets, int batch, int seq,
+                                         const BackwardOptions& options) {
+  if (!targets) return InvalidArgument("lora llama: no target ids given");
+  ESTUARY_RETURN_IF_ERROR(base_.CheckInput(tokens, targets, batch, seq));
+  if (!std::isfinite(options.grad_scale)) {
+    return InvalidArgument("lora llama: grad_scale {} is not finite", options.grad_scale);
+  }
+  if (options.hooks) return InvalidArgument("lora llama: step hooks (DDP, ZeRO) are not supported yet");
+  const bool accumulate = options.accumulate;
+  const LlamaConfig& c = base_.config();
+  const int n = batch * seq, D = c.hidden_size, I = c.intermediate_size, hd = c.head_dim();
+  const int H = c.num_heads, KV = c.num_kv_heads;
+  const int64_t qkv_width = int64_t(H + 2 * KV) * hd;
+  const int64_t q_at = 0, k_at = int64_t(H) * hd, v_at = int64_t(H + KV) * hd;
+  const float *cos = base_.rope_cos_.data(), *sin = base_.rope_sin_.data();
+  base_.Carve(batch, seq, base_.arena_.data());
+  const Llama::Activations& a = base_.acts_;
+  RunForward(tokens, batch, seq, a.logits, /*train=*/true);
+  float* dlogits = a.logits;  // in place, as in Llama
+  const float loss = CrossEntropyForwardBackward(a.logits, targets, n, c.vocab_size, dlogits, options.grad_scale);
+
+  // Frozen weights: each base projection forms only its input gradient, and
+  // the norms' weight gradients go to a scratch row nobody reads (one
+  // multiply-add per element, against a GEMM per projection saved).
+  auto frozen = [](Linear l) {
+    l.dw = nullptr;
+    return l;
+  };
+  const bool dropout = lora_config_.dropout > 0;
+  const float keep_scale = float(1.0 / (1.0 - double(lora_config_.dropout)));
+  auto adapt = [&](int l, LoraModule m, const float* x, const float* dy, int64_t ldy, float* dx) {
+    const LoraLinear& adapter = layers_[l][int(m)];
+    if (!adapter.a) return;
+    if (!dropout) {
+      adapter.Backward(x, Xa(l, m), dy, ldy, n, t_.data(), dx, accumulate);
+      return;
+    }
+    // dA reads the dropped input; the input gradient goes back through the
+    // same mask (redrawn: the hash gives the forward's bits).
+    adapter.Backward(Dropped(l, m), Xa(l, m), dy, ldy, n, t_.data(), nullptr, accumulate);
+    if (!dx) return;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, adapter.in, adapter.rank, 1.0f, t_.data(),
+                adapter.rank, adapter.a, adapter.in, 0.0f, dxd_.data(), adapter.in);
+    const uint64_t stream = MaskStream(l, m);
+    const double p = lora_config_.dropout;
+    for (int64_t i = 0; i < int64_t(n) * adapter.in; ++i) {
+      if (Kept(stream, i, p)) dx[i] += dxd_[i] * keep_scale;
+    }
+  };
+  frozen(base_.lm_head_).Backward(a.xn_final, dlogits, n, a.dxn);
+  std::memset(a.dresid, 0, sizeof(float) * n * D);
+  RmsNormBackward(a.resid + c.num_layers * a.resid_stride, base_.final_norm_, a.rstd_final, a.dxn, n, D, a.dresid,
+                  dnorm_.data());
+  // dresid holds dL/d(output of block l) on entry and dL/d(its input) on exit,
+  // except for block 0, whose input (the frozen embedding) needs none.
+  for (int l = c.num_layers - 1; l >= 0; --l) {
+    const Llama::Layer& layer = base_.layers_[l];
+    const Llama::LayerActivations& s = a.layers[l];
+    frozen(layer.down).Backward(s.act, a.dresid, n, a.dact);
+    adapt(l, LoraModule::kDown, s.act, a.dresid, D, a.dact);
+    SwiGluBackward(s.gate_up, a.dact, n, I, a.dgate_up);
+    frozen(layer.gate_up).Backward(s.xn2, a.dgate_up, n, a.dxn);
+    adapt(l, LoraModule::kGate, s.xn2, a.dgate_up, 2 * I, a.dxn);
+    adapt(l, LoraModule::kUp, s.xn2, a.dgate_up + I, 2 * I, a.dxn);
+    RmsNormBackward(s.h, layer.post_norm, s.rstd2, a.dxn, n, D, a.dresid, dnorm_.data());
+    frozen(layer.o).Backward(s.attn, a.dresid, n, a.dattn);
+    adapt(l, LoraModule::kO, s.attn, a.dresid, D, a.dattn);
+    AttentionBackward(s.qkv, s.probs, a.dattn, batch, seq, H, KV, hd, a.dscores, a.dqkv);
+    RopeBackward(a.dqkv, batch, seq, H, hd, qkv_width, cos, sin);
+    RopeBackward(a.dqkv + k_at, batch, seq, KV, hd, qkv_width, cos, sin);
+    float* dxn = l > 0 ? a.dxn : nullptr;
+    frozen(layer.qkv).Backward(s.xn1, a.dqkv, n, dxn);
+    adapt(l, LoraModule::kQ, s.xn1, a.dqkv + q_at, qkv_width, dxn);
+    adapt(l, LoraModule::kK, s.xn1, a.dqkv + k_at, qkv_width, dxn);
+    adapt(l, LoraModule::kV, s.xn1, a.dqkv + v_at, qkv_width, dxn);
+    if (l > 0) {
+      RmsNormBackward(a.resid + l * a.resid_stride, layer.input_norm, s.rstd1, a.dxn, n, D, a.dresid,
+                      dnorm_.data());
+    }
+  }
+  ++dropout_step_;
+  return loss;
+}
+
+Result<Llama> LoraLlama::Merged(int max_batch) const {
+  ESTUARY_ASSIGN_OR_RETURN(Llama merged, Llama::Create(base_.config(), max_batch));
+  std::copy(base_.parameters().begin(), base_.parameters().end(), merged.parameters().begin());
+  for (int l = 0; l < int(layers_.size()); ++l) {
+    for (LoraModule m : kAllModules) {
+      const LoraLinear& adapter = layers_[l][int(m)];
+      if (!adapter.a) continue;
+      const TensorSpec* w = merged.manifest().Find(fmt::format("model.layers.{}.{}.weight", l, ModulePath(m)));
+      if (!w) return Internal("lora llama: the base has no weight for layer {} {}", l, LoraModuleName(m));
+      // W [out, in] += scale · B [out, rank] · A [rank, in]
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, adapter.out, adapter.in, adapter.rank, adapter.scale,
+                  adapter.b, adapter.rank, adapter.a, adapter.in, 1.0f, merged.parameters().data() + w->offset,
+                  adapter.in);
+    }
+  }
+  return merged;
+}
+
+// ------------------------------------------------------------ PEFT files
+
+namespace fs = std::filesystem;
+
+Status SaveLoraAdapter(const fs::path& dir, const LoraLlama& model) {
+  std::error_code error;
+  fs::create_directories(dir, error);
+  if (error) return IoError("{}: cannot create the directory: {}", dir.string(), error.message());
+  ESTUARY_RETURN_IF_ERROR(SaveCheckpoint(dir / "adapter_model.safetensors", model.manifest(), model.parameters(),
+                                         {{"format", "pt"}}));
+  const LoraConfig& c = model.lora_config();
+  // The keys PEFT's LoraConfig writes, with the values this implementation
+  // means (the rest take PEFT's defaults when read).
+  nlohmann::ordered_json json = {
+      {"peft_type", "LORA"},
+      {"task_type", "CAUSAL_LM"},
+      {"base_model_name_or_path", c.base_model_name_or_path},
+      {"r", c.rank},
+      {"lora_alpha", c.alpha},
+      {"lora_dropout", c.dropout},
+      {"target_modules", c.target_modules},
+      {"bias", "none"},
+      {"fan_in_fan_out", false},
+      {"use_rslora", false},
+      {"use_dora", false},
+      {"init_lora_weights", true},
+      {"inference_mode", true},
+      {"modules_to_save", nullptr},
+      {"layers_to_transform", nullptr},
+      {"layers_pattern", nullptr},
+      {"rank_pattern", nlohmann::json::object()},
+      {"alpha_pattern", nlohmann::json::object()},
+      {"revision", nullptr},
+  };
+  return WriteFileAtomically(dir / "adapter_config.json", json.dump(2) + "\n");
+}
+
+Result<LoraConfig> ReadLoraConfig(const fs::path& dir) {
+  const fs::path path = dir / "adapter_config.json";
+  std::ifstream in(path);
+  if (!in) return NotFound("{}: cannot open: {}", path.string(), std::strerror(errno));
+  const auto json = nlohmann::json::parse(in, nullptr, false);
+  if (json.is_discarded() || !json.is_object()) return InvalidArgument("{}: not a JSON object", path.string());
+  // A key that, when present, must hold the one value this implementation supports.
+  auto only = [&](const char* key, const nlohmann::json& supported) -> Status {
+    if (json.contains(key) && !json[key].is_null() && json[key] != supported) {
+      return InvalidArgument("{}: '{}' is {}; only {} is supported", path.string(), key, json[key].dump(),
+                             supported.dump());
+    }
+    return Status::Ok();
+  };
+  ESTUARY_RETURN_IF_ERROR(only("peft_type", "LORA"));
+  ESTUARY_RETURN_IF_ERROR(only("bias", "none"));
+  ESTUARY_RETURN_IF_ERROR(only("fan_in_fan_out", false));
+  ESTUARY_RETURN_IF_ERROR(only("use_rslora", false));
+  ESTUARY_RETURN_IF_ERROR(only("use_dora", false));
+  ESTUARY_RETURN_IF_ERROR(only("rank_pattern", nlohmann::json::object()));
+  ESTUARY_RETURN_IF_ERROR(only("alpha_pattern", nlohmann::json::object()));
+  ESTUARY_RETURN_IF_ERROR(only("layers_to_transform", nullptr));
+  ESTUARY_RETURN_IF_ERROR(only("modules_to_save", nullptr));
+  auto need = [&](const char* key) -> Status {
+    if (!json.contains(key)) return InvalidArgument("{}: '{}' is missing", path.string(), key);
+    return Status::Ok();
+  };
+  LoraConfig c;
+  ESTUARY_RETURN_IF_ERROR(need("r"));
+  if (!json["r"].is_number_integer() || json["r"].get<int64_t>() <= 0 || json["r"].get<int64_t>() > INT_MAX) {
+    return InvalidArgument("{}: 'r' is {}; expected a positive integer", path.string(), json["r"].dump());
+  }
+  c.rank = json["r"].get<int>();
+  ESTUARY_RETURN_IF_ERROR(need("lora_alpha"));
+  if (!json["lora_alpha"].is_number()) {
+    return InvalidArgument("{}: 'lora_alpha' is {}; expected a number", path.string(), json["lora_alpha"].dump());
+  }
+  c.alpha = json["lora_alpha"].get<float>();
+  if (json.contains("lora_dropout")) {
+    if (!json["lora_dropout"].is_number()) {
+      return InvalidArgument("{}: 'lora_dropout' is {}; expected a number", path.string(), json["lora_dropout"].dump());
+    }
+    c.dropout = json["lora_dropout"].get<float>();
+  }
+  ESTUARY_RETURN_IF_ERROR(need("target_modules"));
+  const auto& targets = json["target_modules"];
+  const auto is_string = [](const nlohmann::json& t) { return t.is_string(); };
+  if (!targets.is_array() || !std::all_of(targets.begin(), targets.end(), is_string)) {
+    return InvalidArgument("{}: 'target_modules' is {}; only a list of module names is supported", path.string(),
+                           targets.dump());
+  }
+  c.target_modules = targets.get<std::vector<std::string>>();
+  if (json.contains("base_model_name_or_path") && json["base_model_name_or_path"].is_string()) {
+    c.base_model_name_or_path = json["base_model_name_or_path"].get<std::string>();
+  }
+  Status valid = c.Validate();
+  if (!valid.ok()) return InvalidArgument("{}: {}", path.string(), valid.message());
+  return c;
+}
+
+Status LoadLoraAdapter(const fs::path& dir, LoraLlama& model) {
+  ESTUARY_ASSIGN_OR_RETURN(LoraConfig config, ReadLoraConfig(dir));
+  const fs::path config_path = dir / "adapter_config.json";
+  const LoraConfig& want_config = model.lora_config();
+  if (config.rank != want_config.rank) {
+    return InvalidArgument("{}: 'r' is {}, but the model's adapters have rank {}", config_path.string(), config.rank,
+                           want_config.rank);
+  }
+  if (config.alpha != want_config.alpha) {
+    return InvalidArgument("{}: 'lora_alpha' is {}, but the model's is {}", config_path.string(), config.alpha,
+                           want_config.alpha);
+  }
+  for (LoraModule m : kAllModules) {
+    if (config.Targets(m) != want_config.Targets(m)) {
+      return InvalidArgument("{}: 'target_modules' is [{}], but the model adapts [{}] ({} differs)",
+                             config_path.string(), fmt::join(config.target_modules, ", "),
+                             fmt::join(want_config.target_modules, ", "), LoraModuleName(m));
+    }
+  }
+  const fs::path file = dir / "adapter_model.safetensors";
+  ESTUARY_ASSIGN_OR_RETURN(Checkpoint checkpoint, LoadCheckpoint(file));  // checks every dtype is F32
+  // Check everything before copying anything: a bad file leaves the model as it was.
+  for (const TensorSpec& want : model.manifest().tensors) {
+    const TensorSpec* got = checkpoint.manifest.Find(want.name);
+    if (!got) return InvalidArgument("{}: tensor '{}' is missing", file.string(), want.name);
+    if (got->shape != want.shape) {
+      return InvalidArgument("{}: tensor '{}' has shape [{}], but adapter_config.json and the base imply [{}]",
+                             file.string(), want.name, fmt::join(got->shape, ", "), fmt::join(want.shape, ", "));
+    }
+  }
+  for (const TensorSpec& got : checkpoint.manifest.tensors) {
+    if (!model.manifest().Find(got.name)) {
+      return InvalidArgument("{}: unexpected tensor '{}' (not an adapter of this model)", file.string(), got.name);
+    }
+  }
+  for (const TensorSpec& want : model.manifest().tensors) {
+    const TensorSpec* got = checkpoint.manifest.Find(want.name);
+    std::memcpy(model.parameters().data() + want.offset, checkpoint.data.data() + got->offset,
+                sizeof(float) * want.numel());
+  }
+  return Status::Ok();
+}
+
+Status SaveMergedHfCheckpoint(const fs::path& dir, const LoraLlama& model) {
+  ESTUARY_ASSIGN_OR_RETURN(Llama merged, model.Merged(1));
+  return SaveHfCheckpoint(dir, merged);
+}
+
+}  // namespace estuary::models

@@ -1,0 +1,186 @@
+// LoRA adapters on the CPU LLaMA decoder (models/llama.h): the model side of
+// federated LoRA fine-tuning.
+//
+// Each adapted projection W [out, in] (q, k, v, o and optionally gate, up,
+// down) gains two factors, A [rank, in] and B [out, rank], and computes
+//   y = x·Wᵀ + (alpha / rank) · dropout(x)·Aᵀ·Bᵀ
+// as Hugging Face PEFT's LoraLayer does: dropout (inverted, p = lora_dropout)
+// on the adapter's input only, one independent mask per module, in training
+// steps only (Forward is inference, PEFT's eval mode). The masks are a hash
+// of (dropout seed, step, layer, module, element), so a run is reproducible
+// and a mask can be redrawn for backward instead of stored.
+//
+// The base model is frozen. A LoraLlama owns its base Llama and two flat
+// buffers of its own: the adapter parameters and their gradients, of one
+// layout whose manifest() names the tensors as PEFT saves them
+// ("base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"), per
+// layer and module in the order q, k, v, o, gate, up, down, lora_A before
+// lora_B. Only that buffer is trained:
+//   auto loss = lora.ForwardBackward(tokens, targets, batch, seq);  // fills gradients()
+//   optimizer.Step(lora.parameters(), lora.gradients());
+// Backward forms no gradient of a frozen weight: the base projections compute
+// only their input gradient (no dW GEMM), the embedding's backward is skipped
+// and the first block's input gradient is not formed. The base model's
+// gradient buffer is never written.
+//
+// The fused q/k/v (and gate/up) GEMM of the base model is kept; the adapters
+// are per projection and add into their column slice of the fused output.
+// The step runs on the base model's activation arena (it is the base's
+// forward with the adapters added in), plus a small arena of its own for the
+// [n, rank] products x·Aᵀ kept for backward: a step allocates nothing.
+//
+// Why a wrapper and not a flag inside Llama: the plain decoder's hot loop
+// stays as it is (its results are pinned bit for bit), and the frozen
+// backward, which differs in what it forms, reads top to bottom here.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <filesystem>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+#include "models/flat_buffer.h"
+#include "models/llama.h"
+#include "models/step_hooks.h"
+#include "models/tensor.h"
+
+namespace estuary::models {
+
+// The projections an adapter can sit on, in buffer order within a block.
+enum class LoraModule { kQ, kK, kV, kO, kGate, kUp, kDown };
+inline constexpr int kLoraModules = 7;
+// PEFT's target_modules names: "q_proj", ..., "down_proj".
+std::string_view LoraModuleName(LoraModule module);
+
+// What PEFT's LoraConfig calls r, lora_alpha, lora_dropout, target_modules.
+struct LoraConfig {
+  int rank = 8;
+  float alpha = 16;
+  float dropout = 0;  // lora_dropout, in [0, 1)
+  std::vector<std::string> target_modules = {"q_proj", "k_proj", "v_proj", "o_proj"};
+  std::string base_model_name_or_path;  // written to adapter_config.json as is
+
+  double scale() const { return double(alpha) / double(rank); }
+  bool Targets(LoraModule module) const;
+  // rank positive, alpha positive and finite, dropout in [0, 1), target_modules a
+  // non-empty list of distinct names from the seven above.
+  Status Validate() const;
+};
+
+// One adapted projection: pointers into the adapter buffers.
+struct LoraLinear {
+  int in = 0, out = 0, rank = 0;
+  float scale = 0;  // alpha / rank
+  float *a = nullptr, *b = nullptr, *da = nullptr, *db = nullptr;
+
+  // y[n, out] (rows ldy apart, so a slice of a fused output) += scale · xa·Bᵀ
+  // with xa [n, rank] = x·Aᵀ, kept for backward.
+  void Forward(const float* x, int n, float* xa, float* y, int64_t ldy) const;
+  // From dy [n, out] (rows ldy apart): dB = scale · dyᵀ·xa, dA = tᵀ·x with
+  // t [n, rank] = scale · dy·B (scratch), and dx += t·A when dx is not null.
+  // dA and dB are overwritten, or added to with accumulate.
+  void Backward(const float* x, const float* xa, const float* dy, int64_t ldy, int n, float* t, float* dx,
+                bool accumulate) const;
+};
+
+class LoraLlama {
+ public:
+  // Adapters on `base` (its weights as they are; A and B zero until
+  // Initialize or a load), for batches up to base.max_batch(). Fails on an
+  // invalid config.
+  static Result<LoraLlama> Create(Llama base, const LoraConfig& config);
+
+  LoraLlama(LoraLlama&&) = default;
+  LoraLlama& operator=(LoraLlama&&) = default;
+  LoraLlama(const LoraLlama&) = delete;  // the adapters point into this object's buffers
+  LoraLlama& operator=(const LoraLlama&) = delete;
+
+  const LoraConfig& lora_config() const { return lora_config_; }
+  const Llama& base() const { return base_; }
+  // Writable to load or replace base weights; training never changes them.
+  Llama& base() { return base_; }
+
+  // The adapter buffers (PEFT names, see above).
+  const Manifest& manifest() const { return manifest_; }
+  std::span<float> parameters() { return params_; }
+  std::span<const float> parameters() const { return params_; }
+  std::span<float> gradients() { return grads_; }
+  std::span<const float> gradients() const { return grads_; }
+
+  // PEFT's default init: B = 0, and A by nn.init.kaiming_uniform_(A, a=√5),
+  // which is uniform(-1/√in, 1/√in); from one generator seeded with `seed`.
+  // So the adapted model starts equal to the base.
+  void Initialize(uint64_t seed);
+
+  // Dropout masks from now on are those of (seed, step 0, 1, ...): each
+  // ForwardBackward advances the step. A new model has seed 0 at step 0.
+  void SeedDropout(uint64_t seed) {
+    dropout_seed_ = seed;
+    dropout_step_ = 0;
+  }
+
+  // As Llama's, with the same checks; fills gradients() (overwrites, or adds
+  // with accumulate; grad_scale as there). Step hooks are not supported yet
+  // (InvalidArgument): DDP over the adapter buffer is a later step.
+  Result<float> ForwardBackward(const int32_t* tokens, const int32_t* targets, int batch, int seq,
+                                const BackwardOptions& options = {});
+  // Writes logits [batch, seq, vocab_size] of the adapted model (no dropout).
+  Status Forward(const int32_t* tokens, int batch, int seq, float* logits);
+
+  // The base with every adapter folded in, W' = W + (alpha/rank)·B·A: a plain
+  // Llama (arena for max_batch) with the adapted model's outputs.
+  Result<Llama> Merged(int max_batch = 1) const;
+
+ private:
+  LoraLlama(Llama base, const LoraConfig& config);
+  // With train and dropout > 0, each adapter reads its dropped input.
+  void RunForward(const int32_t* tokens, int batch, int seq, float* logits, bool train);
+  // The dropout mask of module m in layer l this step: element i is kept
+  // when a uniform draw from SplitMix64(stream + i) is at least p.
+  uint64_t MaskStream(int layer, LoraModule m) const;
+  // dropout(x) of module m in layer l, kept for backward: [max rows, in].
+  float* Dropped(int layer, LoraModule m) { return xd_.data() + xd_at_[size_t(layer) * kLoraModules + size_t(m)]; }
+  // x·Aᵀ of module m in layer l, kept for backward: [max rows, rank].
+  float* Xa(int layer, LoraModule m) {
+    return xa_.data() + (size_t(layer) * kLoraModules + size_t(m)) * size_t(xa_rows_) * size_t(lora_config_.rank);
+  }
+
+  Llama base_;
+  LoraConfig lora_config_;
+  Manifest manifest_;
+  FlatBuffer<float> params_, grads_;
+  std::vector<std::array<LoraLinear, kLoraModules>> layers_;  // a == nullptr: not adapted
+  int64_t xa_rows_ = 0;
+  std::vector<float> xa_, t_, dnorm_;  // kept products, backward scratch [rows, rank], frozen norms' dw [D]
+  // With dropout only: the dropped inputs (offsets per layer and module), and
+  // [rows, max in] scratch for the adapter's input gradient before the mask.
+  std::vector<float> xd_, dxd_;
+  std::vector<size_t> xd_at_;
+  uint64_t dropout_seed_ = 0, dropout_step_ = 0;
+};
+
+// A PEFT adapter directory: adapter_model.safetensors (fp32, manifest()'s
+// names and shapes, metadata format "pt") and adapter_config.json (peft_type
+// LORA, task_type CAUSAL_LM, r, lora_alpha, lora_dropout, target_modules,
+// bias "none", base_model_name_or_path), each written atomically; the
+// directory is created if needed.
+Status SaveLoraAdapter(const std::filesystem::path& dir, const LoraLlama& model);
+
+// Reads dir/adapter_config.json. Rejects what this implementation does not
+// do (bias other than "none", use_dora, use_rslora, fan_in_fan_out, a regex
+// target_modules, a per-module rank or alpha pattern), naming the key.
+Result<LoraConfig> ReadLoraConfig(const std::filesystem::path& dir);
+
+// Loads such a directory's adapters into `model`. Its adapter_config.json must
+// describe model's adapters (rank, alpha, targets; dropout may differ); every tensor's
+// name, shape and dtype is checked, and the first mismatch is reported, in one
+// line, with the file and the tensor's name. On error the model is untouched.
+Status LoadLoraAdapter(const std::filesystem::path& dir, LoraLlama& model);
+
+// model.Merged() written as a Hugging Face model directory (SaveHfCheckpoint).
+Status SaveMergedHfCheckpoint(const std::filesystem::path& dir, const LoraLlama& model);
+
+}  // namespace estuary::models
