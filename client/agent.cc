@@ -392,7 +392,10 @@ void Agent::Disconnected(const std::string& reason) {
     error_code ignored;
     stream_->lowest_layer().close(ignored);
   }
-  spdlog::info("{}: disconnected: {}", name_.empty() ? options_.label : name_, reason);
+  // One drop is routine (a restarted server); a site that keeps failing to
+  // get through says so even at the simulator's default warn level.
+  spdlog::log(failures_ >= 3 ? spdlog::level::warn : spdlog::level::info, "{}: disconnected ({} in a row): {}",
+              name_.empty() ? options_.label : name_, failures_ + 1, reason);
   ScheduleReconnect();
 }
 
