@@ -10,8 +10,6 @@
 //   build/bench/data_parallel [--steps 10] [--model cnn|decoder|all] [--cnn-batch 32] [--decoder-batch 8]
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -23,6 +21,7 @@
 #include <vector>
 
 #include "client/data_parallel.h"
+#include "client/rendezvous.h"
 #include "client/gloo_communicator.h"
 #include "models/llama.h"
 #include "models/model.h"
@@ -162,15 +161,12 @@ Figures RunRank(const std::string& model, int kind, int n, int rank, int global_
 }
 
 std::string FreeTcpAddress() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return fmt::format("tcp://127.0.0.1:{}", ntohs(addr.sin_port));
+  auto address = client::FreeLoopbackRendezvous();
+  if (!address.ok()) {
+    std::fprintf(stderr, "FreeTcpAddress: %s\n", address.status().ToString().c_str());
+    std::abort();
+  }
+  return *address;
 }
 
 // Runs n ranks as child processes; rank 0's figures come back through a pipe.

@@ -19,8 +19,6 @@
 //   build/bench/zero_memory [--ranks 1,2,4] [--stages 0,1,2,3] [--steps 2] [--seq 64]
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -33,6 +31,7 @@
 #include <vector>
 
 #include "client/data_parallel.h"
+#include "client/rendezvous.h"
 #include "client/gloo_communicator.h"
 #include "models/language_model.h"
 #include "models/llama.h"
@@ -123,15 +122,12 @@ RankFigures RunRank(client::ZeroStage stage, int n, int rank, int steps, int seq
 namespace {
 
 std::string FreeTcpAddress() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return fmt::format("tcp://127.0.0.1:{}", ntohs(addr.sin_port));
+  auto address = client::FreeLoopbackRendezvous();
+  if (!address.ok()) {
+    std::fprintf(stderr, "FreeTcpAddress: %s\n", address.status().ToString().c_str());
+    std::abort();
+  }
+  return *address;
 }
 
 // Runs n ranks as child processes (forked before any model exists, so each

@@ -1,10 +1,7 @@
 #include "client/launch.h"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <signal.h>
 #include <sys/prctl.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -93,21 +90,6 @@ Result<SiteLayout> MakeSiteLayout(const SiteFlags& flags, const std::function<Re
   layout.rendezvous = flags.rendezvous;
   layout.timeout = std::chrono::milliseconds(int64_t(flags.rank_timeout_s * 1000));
   return layout;
-}
-
-Result<std::string> FreeLoopbackRendezvous() {
-  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return IoError("rendezvous: socket: {}", std::strerror(errno));
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
-  const bool ok = bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
-                  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0;
-  const int error = errno;
-  close(fd);
-  if (!ok) return IoError("rendezvous: no free port on 127.0.0.1: {}", std::strerror(error));
-  return fmt::format("tcp://127.0.0.1:{}", ntohs(addr.sin_port));
 }
 
 Result<pid_t> SpawnRank(const std::vector<std::string>& args) {

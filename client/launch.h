@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "base/status.h"
+#include "client/rendezvous.h"
 #include "client/data_parallel.h"
 
 namespace estuary::client {
@@ -59,9 +60,6 @@ struct SiteLayout {
 // "--zero 4: expected 0 (DDP), 1, 2 or 3". gpu_count is asked only for
 // --gpus all and to check a GPU list; it fails in a build without CUDA.
 Result<SiteLayout> MakeSiteLayout(const SiteFlags& flags, const std::function<Result<int>()>& gpu_count);
-
-// tcp://127.0.0.1:PORT with a port the kernel just handed out (free a moment ago).
-Result<std::string> FreeLoopbackRendezvous();
 
 // Starts a child running /proc/self/exe with args (args[0] is its argv[0]);
 // it gets SIGKILL when this thread's process dies.

@@ -1,6 +1,9 @@
 #include "client/rendezvous.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 // Plain Asio, without base/asio.h's SSL: <utility> first for Boost 1.74 (see there).
@@ -468,6 +471,21 @@ Status AwaitRanks(Store& store, const RendezvousOptions& options, std::string_vi
                    options.timeout.count(), options.rank);
   }
   return Status::Ok();
+}
+
+Result<std::string> FreeLoopbackRendezvous() {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return IoError("rendezvous: socket: {}", std::strerror(errno));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  const bool ok = bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+                  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0;
+  const int error = errno;
+  close(fd);
+  if (!ok) return IoError("rendezvous: no free port on 127.0.0.1: {}", std::strerror(error));
+  return fmt::format("tcp://127.0.0.1:{}", ntohs(addr.sin_port));
 }
 
 }  // namespace estuary::client

@@ -37,6 +37,10 @@ class Store {
   virtual const std::string& address() const = 0;
 };
 
+// tcp://127.0.0.1:PORT with a port the kernel just handed out (free a moment
+// ago: another process could take it first). A single node's default.
+Result<std::string> FreeLoopbackRendezvous();
+
 // Rank 0 of a tcp:// address starts serving here; the others connect. The
 // server lives as long as rank 0's Store, so keep it until every rank is done
 // with rendezvous (the communicators hold theirs for their whole life).

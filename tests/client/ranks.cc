@@ -1,9 +1,8 @@
 #include "tests/client/ranks.h"
+#include "client/rendezvous.h"
 
-#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -96,19 +95,12 @@ std::vector<RankOutcome> RunRanks(int size, const std::function<Status(int)>& bo
 }
 
 std::string FreeTcpAddress() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  socklen_t len = sizeof(addr);
-  if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
-      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-    std::perror("FreeTcpAddress");
+  auto address = FreeLoopbackRendezvous();
+  if (!address.ok()) {
+    std::fprintf(stderr, "FreeTcpAddress: %s\n", address.status().ToString().c_str());
     std::abort();
   }
-  close(fd);
-  return fmt::format("tcp://127.0.0.1:{}", ntohs(addr.sin_port));
+  return *address;
 }
 
 std::string FreshDirAddress() {
