@@ -21,6 +21,7 @@
 #include "models/lora.h"
 #include "models/optimizer.h"
 #include "tests/e2e/harness.h"
+#include "tests/models/llama_fixture.h"
 
 // Counts operator new, to show that a training step allocates nothing.
 static std::atomic<int64_t> g_allocations{0};
@@ -35,50 +36,11 @@ __attribute__((noinline)) void operator delete(void* p, size_t) noexcept { std::
 namespace estuary::models {
 namespace {
 
-using Values = std::vector<float>;
-using Ids = std::vector<int32_t>;
+using namespace fixture;  // the fixture readers (llama_fixture.h)
 namespace fs = std::filesystem;
 
-const fs::path kReference = fs::path(ESTUARY_BINARY_DIR) / "tests/models/llama_reference";
 constexpr double kModelTolerance = 1e-4;
 constexpr double kMergedTolerance = 1e-5;
-
-nlohmann::json Fixture(const std::string& name) {
-  std::ifstream in(kReference / (name + ".json"));
-  EXPECT_TRUE(in.good()) << "missing fixture " << name << " (the models_torch_llama step writes it)";
-  return nlohmann::json::parse(in, nullptr, false);
-}
-
-Values Get(const nlohmann::json& f, const std::string& key) { return f.at(key).get<Values>(); }
-Ids GetIds(const nlohmann::json& f, const std::string& key) {
-  Ids ids;
-  for (double v : f.at(key)) ids.push_back(int32_t(v));
-  return ids;
-}
-
-double RelativeError(const float* a, const Values& b) {
-  double diff = 0, scale = 1e-30;
-  for (size_t i = 0; i < b.size(); ++i) {
-    diff = std::max(diff, double(std::abs(a[i] - b[i])));
-    scale = std::max(scale, double(std::abs(b[i])));
-  }
-  return diff / scale;
-}
-
-LlamaConfig ConfigFrom(const nlohmann::json& j) {
-  LlamaConfig c;
-  c.vocab_size = j["vocab_size"];
-  c.hidden_size = j["hidden_size"];
-  c.intermediate_size = j["intermediate_size"];
-  c.num_layers = j["num_hidden_layers"];
-  c.num_heads = j["num_attention_heads"];
-  c.num_kv_heads = j["num_key_value_heads"];
-  c.max_seq_len = j["max_position_embeddings"];
-  c.rms_norm_eps = j["rms_norm_eps"];
-  c.rope_theta = j["rope_theta"];
-  c.tie_embeddings = j["tie_word_embeddings"];
-  return c;
-}
 
 LoraConfig LoraConfigFrom(const nlohmann::json& f) {
   LoraConfig c;
@@ -89,16 +51,7 @@ LoraConfig LoraConfigFrom(const nlohmann::json& f) {
   return c;
 }
 
-Llama LoadBase(const nlohmann::json& f, int max_batch) {
-  auto model = Llama::Create(ConfigFrom(f["config"]), max_batch);
-  EXPECT_TRUE(model.ok()) << model.status().ToString();
-  for (const TensorSpec& t : model->manifest().tensors) {
-    Values v = Get(f, t.name);
-    EXPECT_EQ(v.size(), t.numel()) << t.name;
-    std::copy(v.begin(), v.end(), model->parameters().begin() + t.offset);
-  }
-  return std::move(model).value();
-}
+Llama LoadBase(const nlohmann::json& f, int max_batch) { return LoadFixtureDecoder(f, max_batch); }
 
 // The fixture's base weights with its adapters (values before training).
 LoraLlama LoadFixtureModel(const nlohmann::json& f, int max_batch) {

@@ -1,0 +1,78 @@
+// Reading the PyTorch references torch_llama.py writes (the models_torch_llama
+// ctest fixture) for the decoder's tests: the JSON files, their tensors, the
+// model they describe, and the error metric every comparison uses,
+// max|a - b| / max|b| over a tensor.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "models/llama.h"
+
+namespace estuary::models::fixture {
+
+using Values = std::vector<float>;
+using Ids = std::vector<int32_t>;
+
+inline const std::filesystem::path kReference =
+    std::filesystem::path(ESTUARY_BINARY_DIR) / "tests/models/llama_reference";
+
+inline nlohmann::json Fixture(const std::string& name) {
+  std::ifstream in(kReference / (name + ".json"));
+  EXPECT_TRUE(in.good()) << "missing fixture " << name << " (the models_torch_llama step writes it)";
+  return nlohmann::json::parse(in, nullptr, false);
+}
+
+inline Values Get(const nlohmann::json& f, const std::string& key) { return f.at(key).get<Values>(); }
+
+inline Ids GetIds(const nlohmann::json& f, const std::string& key) {
+  Ids ids;
+  for (double v : f.at(key)) ids.push_back(int32_t(v));
+  return ids;
+}
+
+inline double RelativeError(const float* a, const Values& b) {
+  double diff = 0, scale = 1e-30;
+  for (size_t i = 0; i < b.size(); ++i) {
+    diff = std::max(diff, double(std::abs(a[i] - b[i])));
+    scale = std::max(scale, double(std::abs(b[i])));
+  }
+  return diff / scale;
+}
+
+// A Hugging Face config.json's keys, as the fixture stores them.
+inline LlamaConfig ConfigFrom(const nlohmann::json& j) {
+  LlamaConfig c;
+  c.vocab_size = j["vocab_size"];
+  c.hidden_size = j["hidden_size"];
+  c.intermediate_size = j["intermediate_size"];
+  c.num_layers = j["num_hidden_layers"];
+  c.num_heads = j["num_attention_heads"];
+  c.num_kv_heads = j["num_key_value_heads"];
+  c.max_seq_len = j["max_position_embeddings"];
+  c.rms_norm_eps = j["rms_norm_eps"];
+  c.rope_theta = j["rope_theta"];
+  c.tie_embeddings = j["tie_word_embeddings"];
+  return c;
+}
+
+// The fixture's decoder: its config, with its weights loaded by name.
+inline Llama LoadFixtureDecoder(const nlohmann::json& f, int max_batch) {
+  auto model = Llama::Create(ConfigFrom(f["config"]), max_batch);
+  EXPECT_TRUE(model.ok()) << model.status().ToString();
+  for (const TensorSpec& t : model->manifest().tensors) {
+    Values v = Get(f, t.name);
+    EXPECT_EQ(v.size(), t.numel()) << t.name;
+    std::copy(v.begin(), v.end(), model->parameters().begin() + t.offset);
+  }
+  return std::move(model).value();
+}
+
+}  // namespace estuary::models::fixture
