@@ -10,6 +10,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <span>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -63,15 +64,36 @@ inline LlamaConfig ConfigFrom(const nlohmann::json& j) {
   return c;
 }
 
+// Copies the fixture's tensors, by the manifest's names, into a flat buffer.
+inline void LoadTensors(const nlohmann::json& f, const Manifest& manifest, std::span<float> flat) {
+  for (const TensorSpec& t : manifest.tensors) {
+    Values v = Get(f, t.name);
+    EXPECT_EQ(v.size(), t.numel()) << t.name;
+    std::copy(v.begin(), v.end(), flat.begin() + t.offset);
+  }
+}
+
+// The manifest names and shapes the fixture's tensors in torch's order, and
+// the flat buffers are exactly its size.
+inline void ExpectManifestMatches(const Manifest& manifest, const nlohmann::json& names_json,
+                                  const nlohmann::json& shapes_json, size_t parameters, size_t gradients) {
+  const auto names = names_json.get<std::vector<std::string>>();
+  const auto shapes = shapes_json.get<std::vector<std::vector<int64_t>>>();
+  ASSERT_EQ(manifest.tensors.size(), names.size());
+  for (size_t i = 0; i < names.size(); ++i) {
+    EXPECT_EQ(manifest.tensors[i].name, names[i]);
+    EXPECT_EQ(manifest.tensors[i].shape, shapes[i]) << names[i];
+  }
+  EXPECT_TRUE(manifest.Validate().ok());
+  EXPECT_EQ(parameters, manifest.total_elements);
+  EXPECT_EQ(gradients, manifest.total_elements);
+}
+
 // The fixture's decoder: its config, with its weights loaded by name.
 inline Llama LoadFixtureDecoder(const nlohmann::json& f, int max_batch) {
   auto model = Llama::Create(ConfigFrom(f["config"]), max_batch);
   EXPECT_TRUE(model.ok()) << model.status().ToString();
-  for (const TensorSpec& t : model->manifest().tensors) {
-    Values v = Get(f, t.name);
-    EXPECT_EQ(v.size(), t.numel()) << t.name;
-    std::copy(v.begin(), v.end(), model->parameters().begin() + t.offset);
-  }
+  LoadTensors(f, model->manifest(), model->parameters());
   return std::move(model).value();
 }
 

@@ -146,17 +146,8 @@ class LlamaDecoder : public ::testing::TestWithParam<const char*> {};
 TEST_P(LlamaDecoder, ManifestIsHuggingFacesStateDict) {
   auto f = Fixture(std::string("decoder_") + GetParam());
   Llama model = LoadFixtureModel(f, 1);
-  const auto names = f["names"].get<std::vector<std::string>>();
-  const auto shapes = f["shapes"].get<std::vector<std::vector<int64_t>>>();
-  const auto& tensors = model.manifest().tensors;
-  ASSERT_EQ(tensors.size(), names.size());
-  for (size_t i = 0; i < names.size(); ++i) {
-    EXPECT_EQ(tensors[i].name, names[i]);
-    EXPECT_EQ(tensors[i].shape, shapes[i]) << names[i];
-  }
-  EXPECT_TRUE(model.manifest().Validate().ok());
-  EXPECT_EQ(model.parameters().size(), model.manifest().total_elements);
-  EXPECT_EQ(model.gradients().size(), model.manifest().total_elements);
+  ExpectManifestMatches(model.manifest(), f["names"], f["shapes"], model.parameters().size(),
+                        model.gradients().size());
 }
 
 TEST_P(LlamaDecoder, LogitsLossAndEveryGradientMatchTorch) {

@@ -57,11 +57,7 @@ Llama LoadBase(const nlohmann::json& f, int max_batch) { return LoadFixtureDecod
 LoraLlama LoadFixtureModel(const nlohmann::json& f, int max_batch) {
   auto model = LoraLlama::Create(LoadBase(f, max_batch), LoraConfigFrom(f));
   EXPECT_TRUE(model.ok()) << model.status().ToString();
-  for (const TensorSpec& t : model->manifest().tensors) {
-    Values v = Get(f, t.name);
-    EXPECT_EQ(v.size(), t.numel()) << t.name;
-    std::copy(v.begin(), v.end(), model->parameters().begin() + t.offset);
-  }
+  LoadTensors(f, model->manifest(), model->parameters());
   return std::move(model).value();
 }
 
@@ -74,17 +70,8 @@ class LoraDecoder : public ::testing::TestWithParam<const char*> {};
 TEST_P(LoraDecoder, ManifestIsPeftsSavedNames) {
   auto f = Fixture(std::string("lora_") + GetParam());
   LoraLlama model = LoadFixtureModel(f, 1);
-  const auto names = f["adapter_names"].get<std::vector<std::string>>();
-  const auto shapes = f["adapter_shapes"].get<std::vector<std::vector<int64_t>>>();
-  const auto& tensors = model.manifest().tensors;
-  ASSERT_EQ(tensors.size(), names.size());
-  for (size_t i = 0; i < names.size(); ++i) {
-    EXPECT_EQ(tensors[i].name, names[i]);
-    EXPECT_EQ(tensors[i].shape, shapes[i]) << names[i];
-  }
-  EXPECT_TRUE(model.manifest().Validate().ok());
-  EXPECT_EQ(model.parameters().size(), model.manifest().total_elements);
-  EXPECT_EQ(model.gradients().size(), model.manifest().total_elements);
+  ExpectManifestMatches(model.manifest(), f["adapter_names"], f["adapter_shapes"], model.parameters().size(),
+                        model.gradients().size());
 }
 
 TEST_P(LoraDecoder, LogitsLossAndEveryAdapterGradientMatchTorch) {
