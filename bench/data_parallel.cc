@@ -10,8 +10,6 @@
 //   build/bench/data_parallel [--steps 10] [--model cnn|decoder|all] [--cnn-batch 32] [--decoder-batch 8]
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -21,7 +19,7 @@
 #include <vector>
 
 #include "client/data_parallel.h"
-#include "client/rendezvous.h"
+#include "bench/rank_processes.h"
 #include "client/gloo_communicator.h"
 #include "models/llama.h"
 #include "models/model.h"
@@ -160,46 +158,11 @@ Figures RunRank(const std::string& model, int kind, int n, int rank, int global_
   return f;
 }
 
-std::string FreeTcpAddress() {
-  auto address = client::FreeLoopbackRendezvous();
-  if (!address.ok()) {
-    std::fprintf(stderr, "FreeTcpAddress: %s\n", address.status().ToString().c_str());
-    std::abort();
-  }
-  return *address;
-}
-
-// Runs n ranks as child processes; rank 0's figures come back through a pipe.
+// Runs n ranks as child processes; the figures reported are rank 0's.
 Figures Launch(const std::string& model, int kind, int n, int global_batch, int steps) {
-  const std::string address = FreeTcpAddress();
-  int fds[2];
-  if (pipe(fds) != 0) std::abort();
-  std::vector<pid_t> pids;
-  for (int rank = 0; rank < n; ++rank) {
-    const pid_t pid = fork();
-    if (pid == 0) {
-      close(fds[0]);
-      const Figures f = RunRank(model, kind, n, rank, global_batch, steps, address);
-      if (rank == 0 && write(fds[1], &f, sizeof(f)) != ssize_t(sizeof(f))) _exit(1);
-      _exit(0);
-    }
-    pids.push_back(pid);
-  }
-  close(fds[1]);
-  Figures f;
-  const bool got = read(fds[0], &f, sizeof(f)) == ssize_t(sizeof(f));
-  close(fds[0]);
-  bool ok = got;
-  for (pid_t pid : pids) {
-    int status = 0;
-    waitpid(pid, &status, 0);
-    ok = ok && WIFEXITED(status) && WEXITSTATUS(status) == 0;
-  }
-  if (!ok) {
-    std::fprintf(stderr, "data_parallel: a rank failed (its message is above)\n");
-    std::exit(1);
-  }
-  return f;
+  return bench::RunRanks<Figures>("data_parallel", n, [&](int rank, const std::string& address) {
+    return RunRank(model, kind, n, rank, global_batch, steps, address);
+  })[0];
 }
 
 }  // namespace

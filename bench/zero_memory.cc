@@ -19,8 +19,6 @@
 //   build/bench/zero_memory [--ranks 1,2,4] [--stages 0,1,2,3] [--steps 2] [--seq 64]
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -31,7 +29,7 @@
 #include <vector>
 
 #include "client/data_parallel.h"
-#include "client/rendezvous.h"
+#include "bench/rank_processes.h"
 #include "client/gloo_communicator.h"
 #include "models/language_model.h"
 #include "models/llama.h"
@@ -121,47 +119,11 @@ RankFigures RunRank(client::ZeroStage stage, int n, int rank, int steps, int seq
 
 namespace {
 
-std::string FreeTcpAddress() {
-  auto address = client::FreeLoopbackRendezvous();
-  if (!address.ok()) {
-    std::fprintf(stderr, "FreeTcpAddress: %s\n", address.status().ToString().c_str());
-    std::abort();
-  }
-  return *address;
-}
-
-// Runs n ranks as child processes (forked before any model exists, so each
-// starts small) and collects every rank's figures through one pipe.
+// Runs n ranks as child processes and collects every rank's figures.
 std::vector<RankFigures> Launch(client::ZeroStage stage, int n, int steps, int seq) {
-  const std::string address = FreeTcpAddress();
-  int fds[2];
-  if (pipe(fds) != 0) std::abort();
-  std::vector<pid_t> pids;
-  for (int rank = 0; rank < n; ++rank) {
-    const pid_t pid = fork();
-    if (pid == 0) {
-      close(fds[0]);
-      const RankFigures f = RunRank(stage, n, rank, steps, seq, address);
-      _exit(write(fds[1], &f, sizeof(f)) == ssize_t(sizeof(f)) ? 0 : 1);
-    }
-    pids.push_back(pid);
-  }
-  close(fds[1]);
-  std::vector<RankFigures> out(n);
-  size_t got = 0;
-  while (got < out.size() && read(fds[0], &out[got], sizeof(RankFigures)) == ssize_t(sizeof(RankFigures))) ++got;
-  close(fds[0]);
-  bool ok = got == out.size();
-  for (pid_t pid : pids) {
-    int status = 0;
-    waitpid(pid, &status, 0);
-    ok = ok && WIFEXITED(status) && WEXITSTATUS(status) == 0;
-  }
-  if (!ok) {
-    std::fprintf(stderr, "zero_memory: a rank failed (its message is above)\n");
-    std::exit(1);
-  }
-  return out;
+  return bench::RunRanks<RankFigures>("zero_memory", n, [&](int rank, const std::string& address) {
+    return RunRank(stage, n, rank, steps, seq, address);
+  });
 }
 
 double Formula(client::ZeroStage stage, int n, double P) {
