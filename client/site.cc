@@ -50,6 +50,34 @@ class RoundOptimizer {
   std::optional<models::AdamW> adamw_;
 };
 
+// Loads a round's global weights into this rank's model and starts its
+// DataParallel. Collective.
+template <typename M>
+Result<std::unique_ptr<DataParallel>> StartRound(Communicator& comm, M& model, std::span<const float> global,
+                                                 const TaskConfig& task, const DataParallelOptions& options) {
+  if (global.size() != model.parameters().size()) {
+    return InvalidArgument("site: {} global values for model '{}' of {}", global.size(), task.model,
+                           model.parameters().size());
+  }
+  std::copy(global.begin(), global.end(), model.parameters().begin());
+  return DataParallel::Create(comm, model, options);
+}
+
+// This rank's part of a global batch: the items it computes and the weight
+// of its gradient (its examples over the batch's). An empty share still runs
+// the step, on the batch's first item at weight 0: every rank's collectives
+// must match.
+struct RankRows {
+  std::span<const uint32_t> items;
+  uint64_t examples = 0;  // 0 for an empty share
+  double weight = 0;
+};
+RankRows RowsOf(std::span<const uint32_t> batch, const Communicator& comm) {
+  const BatchShare share = ShareOfBatch(batch.size(), comm.size(), comm.rank());
+  if (share.count == 0) return {batch.first(1), 0, 0.0};
+  return {batch.subspan(share.begin, share.count), share.count, double(share.count) / double(batch.size())};
+}
+
 // What every RankTrainer keeps between TrainRound and ReadOut: the round's
 // DataParallel (under ZeRO-3 the trained parameters live only in its shards).
 class RoundState {
@@ -106,12 +134,7 @@ class ClassifierRankTrainer : public RankTrainer {
   Result<double> TrainRound(std::span<const float> global, const TaskConfig& task, uint64_t round,
                             std::string_view client_name) override {
     ESTUARY_ASSIGN_OR_RETURN(models::Model * model, ModelFor(task.model));
-    if (global.size() != model->parameters().size()) {
-      return InvalidArgument("site: {} global values for model '{}' of {}", global.size(), task.model,
-                             model->parameters().size());
-    }
-    std::copy(global.begin(), global.end(), model->parameters().begin());
-    ESTUARY_ASSIGN_OR_RETURN(auto dp, DataParallel::Create(comm_, *model, options_));
+    ESTUARY_ASSIGN_OR_RETURN(auto dp, StartRound(comm_, *model, global, task, options_));
     RoundOptimizer optimizer(task);
 
     const int features = data_->feature_size;
@@ -125,22 +148,17 @@ class ClassifierRankTrainer : public RankTrainer {
     BatchSchedule schedule(std::move(order), task, round, client_name);  // ClassifierTrainer's, on every rank
     while (schedule.Next()) {
       if (schedule.starts_epoch()) epoch_loss = 0, epoch_examples = 0;
-      const std::span<const uint32_t> batch = schedule.batch();
-      const uint64_t n = batch.size();
-      const BatchShare share = ShareOfBatch(n, comm_.size(), comm_.rank());
-      // An empty share still runs the step, on one example at weight 0.
-      const uint64_t rows = std::max<uint64_t>(share.count, 1);
-      const uint64_t first = share.count > 0 ? share.begin : 0;
-      for (uint64_t i = 0; i < rows; ++i) {
-        std::memcpy(x.data() + i * features, data_->row(batch[first + i]), features * sizeof(float));
-        y[i] = data_->labels[batch[first + i]];
+      const RankRows rows = RowsOf(schedule.batch(), comm_);
+      for (size_t i = 0; i < rows.items.size(); ++i) {
+        std::memcpy(x.data() + i * features, data_->row(rows.items[i]), features * sizeof(float));
+        y[i] = data_->labels[rows.items[i]];
       }
-      const float loss =
-          model->ForwardBackward(x.data(), y.data(), int(rows), dp->MicroBatch(double(share.count) / double(n), true));
+      const float loss = model->ForwardBackward(x.data(), y.data(), int(rows.items.size()),
+                                                dp->MicroBatch(rows.weight, true));
       ESTUARY_RETURN_IF_ERROR(dp->Step([&](std::span<float> p, std::span<const float> g) { optimizer.Step(p, g); })
                                   .status());
-      if (share.count > 0) epoch_loss += double(loss) * double(share.count);
-      epoch_examples += n;  // the whole global batch: every rank counts the same
+      epoch_loss += double(loss) * double(rows.examples);
+      epoch_examples += schedule.batch().size();  // the whole global batch: every rank counts the same
     }
     return state_.Finish(std::move(dp), epoch_loss, double(epoch_examples));
   }
@@ -197,12 +215,7 @@ class TextRankTrainer : public RankTrainer {
   Result<double> TrainRound(std::span<const float> global, const TaskConfig& task, uint64_t round,
                             std::string_view client_name) override {
     ESTUARY_ASSIGN_OR_RETURN(models::Llama * model, ModelFor(task));
-    if (global.size() != model->parameters().size()) {
-      return InvalidArgument("site: {} global values for model '{}' of {}", global.size(), task.model,
-                             model->parameters().size());
-    }
-    std::copy(global.begin(), global.end(), model->parameters().begin());
-    ESTUARY_ASSIGN_OR_RETURN(auto dp, DataParallel::Create(comm_, *model, options_));
+    ESTUARY_ASSIGN_OR_RETURN(auto dp, StartRound(comm_, *model, global, task, options_));
     RoundOptimizer optimizer(task);
 
     const int seq = int(task.seq_len);
@@ -215,23 +228,19 @@ class TextRankTrainer : public RankTrainer {
     BatchSchedule schedule(std::move(order), task, round, client_name);  // TextTrainer's, on every rank
     while (schedule.Next()) {
       if (schedule.starts_epoch()) loss_sum = 0, loss_tokens = 0;
-      const std::span<const uint32_t> batch = schedule.batch();
-      const uint64_t n = batch.size();
-      const BatchShare share = ShareOfBatch(n, comm_.size(), comm_.rank());
-      const uint64_t rows = std::max<uint64_t>(share.count, 1);
-      const uint64_t first = share.count > 0 ? share.begin : 0;
-      for (uint64_t b = 0; b < rows; ++b) {
-        const int32_t* window = tokens_->data() + size_t(batch[first + b]) * seq;
+      const RankRows rows = RowsOf(schedule.batch(), comm_);
+      for (size_t b = 0; b < rows.items.size(); ++b) {
+        const int32_t* window = tokens_->data() + size_t(rows.items[b]) * seq;
         std::memcpy(inputs.data() + b * seq, window, seq * sizeof(int32_t));
         std::memcpy(targets.data() + b * seq, window + 1, seq * sizeof(int32_t));
       }
-      ESTUARY_ASSIGN_OR_RETURN(
-          const float loss, model->ForwardBackward(inputs.data(), targets.data(), int(rows), seq,
-                                                   dp->MicroBatch(double(share.count) / double(n), true)));
+      ESTUARY_ASSIGN_OR_RETURN(const float loss,
+                               model->ForwardBackward(inputs.data(), targets.data(), int(rows.items.size()), seq,
+                                                      dp->MicroBatch(rows.weight, true)));
       ESTUARY_RETURN_IF_ERROR(dp->Step([&](std::span<float> p, std::span<const float> g) { optimizer.Step(p, g); })
                                   .status());
-      if (share.count > 0) loss_sum += double(loss) * double(share.count) * seq;
-      loss_tokens += n * seq;  // the whole global batch: every rank counts the same
+      loss_sum += double(loss) * double(rows.examples) * seq;
+      loss_tokens += schedule.batch().size() * seq;  // the whole global batch: every rank counts the same
     }
     return state_.Finish(std::move(dp), loss_sum, double(loss_tokens));
   }
