@@ -454,6 +454,21 @@ Result<LlamaConfig> ReadHfConfig(const fs::path& path) {
   ESTUARY_RETURN_IF_ERROR(integer("max_position_embeddings", 2048, &c.max_seq_len));
   ESTUARY_RETURN_IF_ERROR(number("rms_norm_eps", 1e-6, &c.rms_norm_eps));
   ESTUARY_RETURN_IF_ERROR(number("rope_theta", 10000.0, &c.rope_theta));
+  // transformers 5 writes RoPE's settings as one object in place of rope_theta and rope_scaling.
+  if (json.contains("rope_parameters") && !json["rope_parameters"].is_null()) {
+    const auto& rope = json["rope_parameters"];
+    if (!rope.is_object() || rope.value("rope_type", std::string("default")) != "default") {
+      return InvalidArgument("{}: 'rope_parameters' is {}; only rope_type \"default\" is supported", path.string(),
+                             rope.dump());
+    }
+    if (rope.contains("rope_theta")) {
+      if (!rope["rope_theta"].is_number()) {
+        return InvalidArgument("{}: 'rope_parameters.rope_theta' is {}; expected a number", path.string(),
+                               rope["rope_theta"].dump());
+      }
+      c.rope_theta = rope["rope_theta"].get<double>();
+    }
+  }
   if (json.contains("tie_word_embeddings")) {
     if (!json["tie_word_embeddings"].is_boolean()) {
       return InvalidArgument("{}: 'tie_word_embeddings' is {}; expected true or false", path.string(),

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <span>
@@ -18,6 +19,13 @@
 #include "models/llama.h"
 
 namespace estuary::models::fixture {
+
+// The Python that runs the torch oracle: ESTUARY_TORCH_PYTHON from the
+// environment (a machine whose torch lives elsewhere), else the one CMake found.
+inline std::string TorchPython() {
+  const char* from_env = std::getenv("ESTUARY_TORCH_PYTHON");
+  return from_env && *from_env ? from_env : ESTUARY_TORCH_PYTHON;
+}
 
 using Values = std::vector<float>;
 using Ids = std::vector<int32_t>;

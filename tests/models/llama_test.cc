@@ -487,7 +487,7 @@ TEST(LlamaHfCheckpoint, TorchLoadsWhatWeSave) {
     nlohmann::json request = {{"tokens", nlohmann::json::array()}};
     for (int b = 0; b < batch; ++b) request["tokens"].push_back(Ids(tokens.begin() + b * seq, tokens.begin() + (b + 1) * seq));
     std::ofstream(dir / "tokens.json") << request.dump();
-    auto run = testing::RunCommand(std::string(ESTUARY_TORCH_PYTHON) + " " + ESTUARY_SOURCE_DIR +
+    auto run = testing::RunCommand(fixture::TorchPython() + " " + ESTUARY_SOURCE_DIR +
                                    "/tests/models/torch_llama.py --check-hf " + dir.path().string());
     ASSERT_EQ(run.exit_code, 0) << run.output;
     std::ifstream in(dir / "logits.json");
@@ -539,6 +539,16 @@ TEST(LlamaHfCheckpoint, MismatchesNameTheFileAndTensor) {
   EXPECT_EQ(load_error(), (dir / "config.json").string() + ": llama config: num_kv_heads 3 does not divide num_heads 4");
   EditConfig(dir.path(), "num_key_value_heads", 2);
   ASSERT_TRUE(LoadHfCheckpoint(dir.path()).ok());
+  // transformers 5's form of the RoPE settings.
+  EditConfig(dir.path(), "rope_parameters", {{"rope_type", "default"}, {"rope_theta", 500000.0}});
+  auto with_rope = LoadHfCheckpoint(dir.path());
+  ASSERT_TRUE(with_rope.ok()) << with_rope.status().ToString();
+  EXPECT_EQ(with_rope->config().rope_theta, 500000.0);
+  EditConfig(dir.path(), "rope_parameters", {{"rope_type", "yarn"}, {"rope_theta", 10000.0}});
+  EXPECT_EQ(load_error(), (dir / "config.json").string() +
+                              ": 'rope_parameters' is {\"rope_theta\":10000.0,\"rope_type\":\"yarn\"}; only rope_type "
+                              "\"default\" is supported");
+  EditConfig(dir.path(), "rope_parameters", nullptr);
 
   // A half-precision tensor: same header length, so only the dtype differs.
   std::string bytes;

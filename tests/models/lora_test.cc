@@ -243,7 +243,7 @@ TEST_P(LoraDecoder, AdapterFilesRoundTripAndTorchLoadsThem) {
     request["tokens"].push_back(Ids(tokens.begin() + b * seq, tokens.begin() + (b + 1) * seq));
   }
   std::ofstream(dir / "tokens.json") << request.dump();
-  auto run = testing::RunCommand(std::string(ESTUARY_TORCH_PYTHON) + " " + ESTUARY_SOURCE_DIR +
+  auto run = testing::RunCommand(fixture::TorchPython() + " " + ESTUARY_SOURCE_DIR +
                                  "/tests/models/torch_llama.py --check-lora " + dir.path().string());
   ASSERT_EQ(run.exit_code, 0) << run.output;
   std::ifstream logits_in(dir / "logits.json");

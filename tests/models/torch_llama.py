@@ -15,8 +15,14 @@ fixtures the C++ tests compare against.
                                    DIR/logits.json
   torch_llama.py --check-lora DIR  the same for DIR/base with the PEFT adapter
                                    directory DIR/adapter applied (PEFT's names,
-                                   shapes and config keys; peft itself is not
-                                   a Debian package)
+                                   shapes and config keys)
+
+Where Hugging Face's `transformers` and `peft` are importable (they are not
+Debian packages; the GPU machine has them), --check-hf loads the directory with
+LlamaForCausalLM.from_pretrained, --check-lora with PeftModel.from_pretrained,
+and the fixture's model directories are written by save_pretrained: the real
+libraries are then the oracle. ESTUARY_REQUIRE_HF=1 makes their absence an
+error, so a run that must use them cannot fall back silently.
 
 Inputs and weights are drawn in fp32 (so C++ holds them exactly); the oracle
 then computes in fp64, so a C++ error is C++'s own.
@@ -36,6 +42,23 @@ except ImportError as e:  # fail loudly: these tests are the numerics oracle
     sys.exit(f"torch_llama.py: PyTorch and numpy are required (python3-torch, python3-numpy): {e}")
 
 COMPUTE = torch.float64
+
+
+def hugging_face():
+    """(transformers, peft) where both import, else None (or exit, under ESTUARY_REQUIRE_HF=1)."""
+    try:
+        import peft
+        import transformers
+        return transformers, peft
+    except ImportError as e:
+        if os.environ.get("ESTUARY_REQUIRE_HF") == "1":
+            sys.exit(f"torch_llama.py: ESTUARY_REQUIRE_HF=1 but transformers/peft do not import: {e}")
+        return None
+
+
+def hf_logits(model, tokens):
+    with torch.no_grad():
+        return model(input_ids=tokens).logits
 
 
 # ----------------------------------------------------------------------------
@@ -244,6 +267,19 @@ def check_lora(work_dir):
     keys (strict names and shapes), runs WORK_DIR/tokens.json and writes
     WORK_DIR/logits.json."""
     base_dir, adapter_dir = os.path.join(work_dir, "base"), os.path.join(work_dir, "adapter")
+    hf = hugging_face()
+    if hf is not None:
+        transformers, peft = hf
+        base = transformers.LlamaForCausalLM.from_pretrained(base_dir, torch_dtype=COMPUTE,
+                                                             attn_implementation="eager")
+        model = peft.PeftModel.from_pretrained(base, adapter_dir, torch_dtype=COMPUTE).eval()
+        print(f"torch_llama.py: loaded with peft {peft.__version__}, transformers {transformers.__version__}",
+              file=sys.stderr)
+        with open(os.path.join(work_dir, "tokens.json")) as f:
+            tokens = torch.tensor(json.load(f)["tokens"])
+        with open(os.path.join(work_dir, "logits.json"), "w") as f:
+            json.dump({"logits": flat(hf_logits(model, tokens))}, f)
+        return
     config = config_from_hf_json(os.path.join(base_dir, "config.json"))
     tensors, _ = read_safetensors(os.path.join(base_dir, "model.safetensors"))
     model = LlamaForCausalLM(config)
@@ -319,6 +355,17 @@ def config_from_hf_json(path):
 
 
 def check_hf(model_dir):
+    hf = hugging_face()
+    if hf is not None:
+        transformers = hf[0]
+        model = transformers.LlamaForCausalLM.from_pretrained(model_dir, torch_dtype=COMPUTE,
+                                                              attn_implementation="eager").eval()
+        print(f"torch_llama.py: loaded with transformers {transformers.__version__}", file=sys.stderr)
+        with open(os.path.join(model_dir, "tokens.json")) as f:
+            tokens = torch.tensor(json.load(f)["tokens"])
+        with open(os.path.join(model_dir, "logits.json"), "w") as f:
+            json.dump({"logits": flat(hf_logits(model, tokens))}, f)
+        return
     config = config_from_hf_json(os.path.join(model_dir, "config.json"))
     tensors, metadata = read_safetensors(os.path.join(model_dir, "model.safetensors"))
     assert metadata is not None and metadata.get("format") == "pt", f"from_pretrained needs format=pt: {metadata}"
@@ -495,6 +542,13 @@ def write_decoder_fixtures(out_dir):
                      "vocab_size": config.vocab_size}
         with open(os.path.join(hf_dir, "config.json"), "w") as f:
             json.dump(hf_config, f, indent=2)
+        hf = hugging_face()
+        if hf is not None:  # the real save_pretrained overwrites both files
+            transformers = hf[0]
+            hf_model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**{
+                k: v for k, v in hf_config.items() if k not in ("architectures", "transformers_version")}))
+            hf_model.load_state_dict(weights, strict=not config.tie_word_embeddings)
+            hf_model.save_pretrained(hf_dir, safe_serialization=True)
 
 
 # LoRA on both decoders: every projection of the untied one (rank 4, alpha 8),
