@@ -1,10 +1,13 @@
 #!/usr/bin/python3
 """The PyTorch side of bench/llama_gpu: the plain-torch LLaMA of
 tests/models/torch_llama.py on the GPU, trained with bf16 autocast (fp32
-master weights, as the Estuary engine) and fused torch.optim.AdamW; first in
-eager mode, then under torch.compile, in this one process. Prints tokens/s
-for each, their ratio, and last a line "RESULT <eager tok/s> <compiled tok/s>"
-for bench/llama_gpu to read (0 for a mode that could not run)."""
+master weights, as the Estuary engine) and fused torch.optim.AdamW, in this
+one process: eager with modeling_llama's eager attention (it forms the
+seq x seq scores, as the Estuary engine does), eager with
+F.scaled_dot_product_attention (flash attention: transformers' default, the
+baseline), and that under torch.compile. Prints tokens/s for each and last a
+line "RESULT <eager sdpa tok/s> <compiled tok/s> <eager math tok/s>" for
+bench/llama_gpu to read (0 for a mode that could not run)."""
 import argparse
 import os
 import sys
@@ -14,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "models"))
+import torch_llama  # noqa: E402
 from torch_llama import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
 parser = argparse.ArgumentParser()
@@ -58,11 +62,14 @@ def measure(compiled):
     torch.cuda.synchronize()
     seconds = time.perf_counter() - start
     tps = a.steps * a.batch * a.seq / seconds
-    print(f"pytorch {'torch.compile' if compiled else 'eager'}: {tps:,.0f} tokens/s "
+    print(f"pytorch {'torch.compile' if compiled else 'eager'} ({torch_llama.ATTENTION} attention): {tps:,.0f} tokens/s "
           f"({seconds / a.steps * 1e3:.1f} ms/step, final loss {loss.item():.4f})")
     return tps
 
 
+torch_llama.ATTENTION = "eager"
+eager_math = measure(False)
+torch_llama.ATTENTION = "sdpa"
 eager = measure(False)
 try:
     compiled = measure(True)
@@ -72,4 +79,4 @@ except Exception as e:  # torch.compile needs triton and a working toolchain; re
     compiled = 0.0
 if compiled > 0:
     print(f"ratio (torch.compile / eager): {compiled / eager:.2f}")
-print(f"RESULT {eager:.1f} {compiled:.1f}")
+print(f"RESULT {eager:.1f} {compiled:.1f} {eager_math:.1f}")

@@ -138,12 +138,21 @@ def repeat_kv(hidden_states, n_rep):
     return hidden_states.reshape(batch, num_key_value_heads * n_rep, slen, head_dim)
 
 
+# "eager" is modeling_llama's eager attention (the oracle's); the GPU benchmark
+# sets "sdpa", transformers' default, F.scaled_dot_product_attention (fused
+# flash attention on a GPU), the strongest baseline plain PyTorch offers.
+ATTENTION = "eager"
+
+
 def causal_attention(query, key, value, n_rep):
-    """The eager attention of modeling_llama on [b, heads, t, head_dim] tensors."""
+    """The attention of modeling_llama on [b, heads, t, head_dim] tensors
+    (probs is None under sdpa, which never forms them)."""
     key, value = repeat_kv(key, n_rep), repeat_kv(value, n_rep)
+    if ATTENTION == "sdpa":
+        return F.scaled_dot_product_attention(query, key, value, is_causal=True), None
     t = query.shape[2]
     scores = torch.matmul(query, key.transpose(2, 3)) / math.sqrt(query.shape[-1])
-    mask = torch.full((t, t), torch.finfo(scores.dtype).min, dtype=scores.dtype).triu(1)
+    mask = torch.full((t, t), torch.finfo(scores.dtype).min, dtype=scores.dtype, device=scores.device).triu(1)
     probs = F.softmax(upcast(scores + mask), dim=-1).to(query.dtype)
     return torch.matmul(probs, value), probs
 
@@ -204,7 +213,7 @@ class LlamaModel(nn.Module):
 
     def forward(self, input_ids):
         hidden_states = self.embed_tokens(input_ids)
-        position_ids = torch.arange(input_ids.shape[1])[None, :].expand(input_ids.shape[0], -1)
+        position_ids = torch.arange(input_ids.shape[1], device=input_ids.device)[None, :].expand(input_ids.shape[0], -1)
         position_embeddings = self.rotary_emb(hidden_states, position_ids)
         for layer in self.layers:
             hidden_states = layer(hidden_states, position_embeddings)
