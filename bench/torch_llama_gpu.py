@@ -38,6 +38,10 @@ def measure(compiled):
     config = LlamaConfig(a.vocab, a.hidden, a.intermediate, a.layers, a.heads, a.kv_heads, a.seq, 1e-5,
                          tie_word_embeddings=not a.untied)
     model = LlamaForCausalLM(config).cuda().float()
+    with torch.no_grad():  # transformers' _init_weights (initializer_range 0.02), as the engine initializes
+        for module in model.modules():
+            if isinstance(module, (torch.nn.Linear, torch.nn.Embedding)):
+                module.weight.normal_(0.0, 0.02)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.01,
                             **({"fused": True} if "fused" in torch.optim.AdamW.__init__.__code__.co_varnames else {}))
     step_model = torch.compile(model) if compiled else model
