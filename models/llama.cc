@@ -74,6 +74,13 @@ LlamaLayout LayoutOf(const LlamaConfig& config) {
   }
   layout.final_norm = add("model.norm.weight", {D});
   layout.lm_head = config.tie_embeddings ? layout.embed : add("lm_head.weight", {V, D});
+  layout.units.push_back({"model.embed_tokens", layout.embed, layout.embed + uint64_t(V * D)});
+  for (size_t l = 0; l < layout.layers.size(); ++l) {
+    const uint64_t end = l + 1 < layout.layers.size() ? layout.layers[l + 1].qkv : layout.final_norm;
+    layout.units.push_back({fmt::format("model.layers.{}", l), layout.layers[l].qkv, end});
+  }
+  layout.units.push_back({config.tie_embeddings ? "model.norm" : "model.norm+lm_head", layout.final_norm,
+                          layout.manifest.total_elements});
   return layout;
 }
 
@@ -112,15 +119,7 @@ Llama::Llama(const LlamaConfig& config, int max_batch) : config_(config), max_ba
   d_final_norm_ = G + final_norm;
   lm_head_ = linear(int(D), int(V), lm_head);
 
-  // Units in buffer order: the embedding, each block (its tensors up to the
-  // next block's), then the final norm and the LM head when untied.
-  units_.push_back({"model.embed_tokens", embed, embed + uint64_t(V * D)});
-  for (size_t l = 0; l < layout.layers.size(); ++l) {
-    const uint64_t end = l + 1 < layout.layers.size() ? layout.layers[l + 1].qkv : final_norm;
-    units_.push_back({fmt::format("model.layers.{}", l), layout.layers[l].qkv, end});
-  }
-  units_.push_back({config.tie_embeddings ? "model.norm" : "model.norm+lm_head", final_norm,
-                    manifest_.total_elements});
+  units_ = layout.units;
 
   rope_cos_.resize(size_t(config.max_seq_len) * config.head_dim() / 2);
   rope_sin_.resize(rope_cos_.size());

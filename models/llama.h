@@ -74,6 +74,10 @@ struct LlamaLayout {
   Manifest manifest;
   std::vector<Layer> layers;
   uint64_t embed = 0, final_norm = 0, lm_head = 0;  // lm_head == embed when tied
+  // models/step_hooks.h's units in buffer order: the embedding, each block
+  // (its tensors up to the next block's), then the final norm and the LM head
+  // when untied.
+  std::vector<ParameterUnit> units;
 };
 LlamaLayout LayoutOf(const LlamaConfig& config);
 

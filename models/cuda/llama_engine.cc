@@ -60,6 +60,7 @@ struct LlamaEngine::Impl {
   Manifest manifest;
   std::vector<LayerOffsets> offsets;
   uint64_t embed = 0, final_norm = 0, lm_head = 0;
+  std::vector<ParameterUnit> units;
 
   // Declared before blas: destroyed after it.
   Stream stream;
@@ -74,7 +75,7 @@ struct LlamaEngine::Impl {
 
   DType act() const { return options.precision; }
   bool low() const { return options.precision != DType::kF32; }
-  cudaStream_t s() const { return stream.get(); }
+  cudaStream_t s() const { return options.stream ? options.stream : stream.get(); }
   float* P() const { return params.as<float>(); }
   float* G() const { return grads.as<float>(); }
   // What the GEMMs read: the master weights under f32, else the working copy.
@@ -101,7 +102,7 @@ struct LlamaEngine::Impl {
   Status CheckInput(const int32_t* tokens, const int32_t* targets, int batch, int seq) const;
   Status Upload(const int32_t* tokens, const int32_t* targets, int batch, int seq);
   Status RunForward(int batch, int seq);
-  Status RunBackward(int batch, int seq);
+  Status RunBackward(int batch, int seq, const BackwardOptions& options);
 };
 
 // The layout of models::Llama, from the same LayoutOf.
@@ -112,6 +113,7 @@ void LlamaEngine::Impl::BuildManifest() {
   embed = layout.embed;
   final_norm = layout.final_norm;
   lm_head = layout.lm_head;
+  units = std::move(layout.units);
 }
 
 size_t LlamaEngine::Impl::Carve(int batch, int seq, char* base) {
@@ -173,8 +175,10 @@ Result<LlamaEngine> LlamaEngine::Create(const LlamaConfig& config, int max_batch
   const int64_t count = int64_t(m.manifest.total_elements);
   const int64_t max_n = int64_t(max_batch) * config.max_seq_len;
 
-  ESTUARY_ASSIGN_OR_RETURN(m.stream, Stream::Create());
-  ESTUARY_ASSIGN_OR_RETURN(m.blas, Blas::Create(m.stream.get()));
+  if (!options.stream) {
+    ESTUARY_ASSIGN_OR_RETURN(m.stream, Stream::Create());
+  }
+  ESTUARY_ASSIGN_OR_RETURN(m.blas, Blas::Create(m.s()));
   ESTUARY_ASSIGN_OR_RETURN(m.params, DeviceBuffer::Allocate(size_t(count) * sizeof(float)));
   ESTUARY_ASSIGN_OR_RETURN(m.grads, DeviceBuffer::Allocate(size_t(count) * sizeof(float)));
   ESTUARY_RETURN_IF_ERROR(FillBytes(m.params.data(), 0, m.params.size(), m.s()));
@@ -205,7 +209,8 @@ Result<LlamaEngine> LlamaEngine::Create(const LlamaConfig& config, int max_batch
                 size_t(max_n) * sizeof(float), size_t(8) << 10 /* clip: 1024 doubles and a float */}) +
       (size_t(64) << 10);
   ESTUARY_ASSIGN_OR_RETURN(m.scratch, Arena::Create(scratch_bytes));
-  ESTUARY_RETURN_IF_ERROR(m.stream.Synchronize());  // surfaces any error from the setup above here
+  // Surfaces any error from the setup above here.
+  ESTUARY_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(m.s()));
   return LlamaEngine(std::move(impl));
 }
 
@@ -224,6 +229,7 @@ size_t LlamaEngine::activation_bytes() const { return impl_->activation_buffer.s
 float* LlamaEngine::parameters() { return impl_->P(); }
 float* LlamaEngine::gradients() { return impl_->G(); }
 const void* LlamaEngine::working_parameters() const { return impl_->low() ? impl_->working.data() : nullptr; }
+std::vector<ParameterUnit> LlamaEngine::units() const { return impl_->units; }
 const float* LlamaEngine::device_loss() const { return impl_->loss_d(); }
 LossScaler& LlamaEngine::loss_scaler() { return impl_->scaler; }
 
@@ -356,13 +362,15 @@ Status LlamaEngine::Impl::RunForward(int batch, int seq) {
   return Gemm(blas, false, true, n, V, D, 1.0f, acts.xn_final, D, W(lm_head), D, 0.0f, acts.logits, V, ToF32());
 }
 
-Status LlamaEngine::Impl::RunBackward(int batch, int seq) {
+Status LlamaEngine::Impl::RunBackward(int batch, int seq, const BackwardOptions& options) {
+  StepHooks& hooks = options.hooks ? *options.hooks : StepHooks::None();
+  const int final_unit = int(units.size()) - 1;
   const LlamaConfig& c = config;
   const int n = batch * seq, D = c.hidden_size, I = c.intermediate_size, hd = c.head_dim(), V = c.vocab_size;
   const int H = c.num_heads, KV = c.num_kv_heads;
   const int64_t qkv_width = int64_t(H + 2 * KV) * hd, attn_width = int64_t(H) * hd;
   const Activations& a = acts;
-  const float grad_scale = act() == DType::kF16 ? scaler.scale() : 1.0f;
+  const float grad_scale = options.grad_scale * (act() == DType::kF16 ? scaler.scale() : 1.0f);
   ESTUARY_RETURN_IF_ERROR(CrossEntropyForwardBackward(a.logits, targets_d(), n, V, a.dlogits, act(), grad_scale,
                                                       loss_d(), Scratch(), s()));
   // The LM head first: when tied it writes the embedding's gradient, to which
@@ -377,6 +385,9 @@ Status LlamaEngine::Impl::RunBackward(int batch, int seq) {
   ESTUARY_RETURN_IF_ERROR(RmsNormBackward(a.resid + c.num_layers * a.resid_stride, P() + final_norm, a.rstd_final,
                                           a.dxn, n, D, a.dresid, G() + final_norm, Scratch(), s(), a.dresid_low,
                                           act()));
+  // Untied, the final unit (norm and LM head) is done; tied, the embedding's
+  // gradient still waits for the lookup's share, but the final norm is done.
+  hooks.GradientsFinal(units[final_unit].begin);
   const void* dres = low() ? a.dresid_low : static_cast<const void*>(a.dresid);
   for (int l = c.num_layers - 1; l >= 0; --l) {
     const LayerOffsets& o = offsets[l];
@@ -407,20 +418,35 @@ Status LlamaEngine::Impl::RunBackward(int batch, int seq) {
         Gemm(blas, false, false, n, D, qkv_width, 1.0f, a.dqkv, qkv_width, W(o.qkv), D, 0.0f, a.dxn, D, ToF32()));
     ESTUARY_RETURN_IF_ERROR(RmsNormBackward(a.resid + l * a.resid_stride, P() + o.input_norm, L.rstd1, a.dxn, n, D,
                                             a.dresid, G() + o.input_norm, Scratch(), s(), a.dresid_low, act()));
+    hooks.GradientsFinal(units[1 + l].begin);
   }
   if (!c.tie_embeddings) {
     ESTUARY_RETURN_IF_ERROR(FillBytes(G() + embed, 0, size_t(V) * D * sizeof(float), s()));
   }
-  return EmbeddingBackward(tokens_d(), n, a.dresid, V, D, G() + embed, Scratch(), s());
+  ESTUARY_RETURN_IF_ERROR(EmbeddingBackward(tokens_d(), n, a.dresid, V, D, G() + embed, Scratch(), s()));
+  hooks.GradientsFinal(0);
+  return Status::Ok();
 }
 
 Status LlamaEngine::ForwardBackwardAsync(const int32_t* tokens, const int32_t* targets, int batch, int seq) {
+  return ForwardBackwardAsync(tokens, targets, batch, seq, BackwardOptions{});
+}
+
+Status LlamaEngine::ForwardBackwardAsync(const int32_t* tokens, const int32_t* targets, int batch, int seq,
+                                         const BackwardOptions& options) {
   Impl& m = *impl_;
   if (!targets) return InvalidArgument("cuda llama: no target ids given");
+  if (options.accumulate) {
+    return InvalidArgument("cuda llama: gradient accumulation (BackwardOptions.accumulate) is not supported; "
+                           "every step overwrites the gradients");
+  }
+  if (!(options.grad_scale >= 0) || !std::isfinite(options.grad_scale)) {
+    return InvalidArgument("cuda llama: grad_scale {} must be finite and >= 0", options.grad_scale);
+  }
   ESTUARY_RETURN_IF_ERROR(m.CheckInput(tokens, targets, batch, seq));
   ESTUARY_RETURN_IF_ERROR(m.Upload(tokens, targets, batch, seq));
   ESTUARY_RETURN_IF_ERROR(m.RunForward(batch, seq));
-  return m.RunBackward(batch, seq);
+  return m.RunBackward(batch, seq, options);
 }
 
 Result<float> LlamaEngine::ReadLoss() {

@@ -42,6 +42,7 @@
 #include "models/cuda/optimizer.h"
 #include "models/llama.h"
 #include "models/loss_scaler.h"
+#include "models/step_hooks.h"
 #include "models/tensor.h"
 
 namespace estuary::models::cuda {
@@ -52,6 +53,10 @@ struct LlamaEngineOptions {
   bool allow_tf32 = false;
   // f16 only.
   LossScalerOptions loss_scaler;
+  // Run on this stream (owned by the caller, who keeps it alive) instead of
+  // one of the engine's own: a data-parallel rank hands the same stream to its
+  // NCCL communicator, whose collectives then follow this engine's kernels.
+  cudaStream_t stream = nullptr;
 };
 
 class LlamaEngine {
@@ -78,6 +83,8 @@ class LlamaEngine {
   float* gradients();
   // The bf16/f16 copy of the parameters the GEMMs read; null under f32.
   const void* working_parameters() const;
+  // models::Llama's units (models/step_hooks.h) for the same config.
+  std::vector<ParameterUnit> units() const;
 
   // models::Llama::Initialize's draws (the same seed gives the same bits).
   Status Initialize(uint64_t seed);
@@ -92,6 +99,15 @@ class LlamaEngine {
   // gradients() (scaled by the loss scale under f16) and leaves the mean
   // cross-entropy in device_loss(), without waiting.
   Status ForwardBackwardAsync(const int32_t* tokens, const int32_t* targets, int batch, int seq);
+  // With data-parallel options (models/step_hooks.h): the gradient formed is
+  // that of options.grad_scale x the mean loss (times the f16 loss scale), and
+  // options.hooks->GradientsFinal(offset) is called as each unit's backward
+  // is enqueued, so a collective issued from it on a communicator that
+  // follows stream() starts as soon as those kernels are done. BeforeUnit and
+  // AfterUnit are not called (the parameters are never sharded on a GPU), and
+  // accumulate is refused: every step overwrites the gradients.
+  Status ForwardBackwardAsync(const int32_t* tokens, const int32_t* targets, int batch, int seq,
+                              const BackwardOptions& options);
   // The same, then waits for the loss.
   Result<float> ForwardBackward(const int32_t* tokens, const int32_t* targets, int batch, int seq);
   const float* device_loss() const;

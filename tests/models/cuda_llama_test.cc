@@ -14,6 +14,10 @@
 #include <random>
 #include <vector>
 
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+
 #include "models/cuda/device.h"
 #include "models/cuda/llama_engine.h"
 #include "models/cuda/optimizer.h"
@@ -304,6 +308,72 @@ TEST_F(CudaLlama, SaveReloadContinueIsBitIdentical) {
       EXPECT_EQ(std::memcmp(&loss, &continued[step - 3], sizeof loss), 0)
           << DTypeName(precision) << " step " << step << ": " << loss << " vs " << continued[step - 3];
     }
+  }
+}
+
+// What DDP relies on (models/step_hooks.h): the units are the CPU model's;
+// GradientsFinal reports each unit's start as its backward is enqueued, in
+// decreasing order and ending at 0, exactly where the CPU model reports
+// them; grad_scale scales every gradient and not the loss; accumulate is
+// refused with one line; and an engine on a caller's stream runs there.
+TEST_F(CudaLlama, DataParallelOptionsFollowTheCpuModel) {
+  struct Recorder : StepHooks {
+    std::vector<uint64_t> offsets;
+    void GradientsFinal(uint64_t offset) override { offsets.push_back(offset); }
+  };
+  for (const LlamaConfig& config : {GqaUntied(), MhaTied()}) {
+    struct OwnedStream {
+      cudaStream_t stream = nullptr;
+      ~OwnedStream() { cudaStreamDestroy(stream); }
+    } owned;  // declared before the engine, so destroyed after it
+    ASSERT_EQ(cudaStreamCreateWithFlags(&owned.stream, cudaStreamNonBlocking), cudaSuccess);
+    const cudaStream_t stream = owned.stream;
+    cuda::LlamaEngineOptions options;
+    options.stream = stream;
+    auto pair = MakePair(config, 2, options);
+    ASSERT_TRUE(pair.ok()) << pair.status().ToString();
+    EXPECT_EQ(pair->gpu.stream(), stream);
+    const auto cpu_units = pair->cpu.units(), gpu_units = pair->gpu.units();
+    ASSERT_EQ(gpu_units.size(), cpu_units.size());
+    for (size_t u = 0; u < cpu_units.size(); ++u) {
+      EXPECT_EQ(gpu_units[u].name, cpu_units[u].name);
+      EXPECT_EQ(gpu_units[u].begin, cpu_units[u].begin);
+      EXPECT_EQ(gpu_units[u].end, cpu_units[u].end);
+    }
+    const Batch b = MakeBatch(config, 2, config.max_seq_len, 41);
+    ASSERT_OK(pair->gpu.ForwardBackwardAsync(b.tokens.data(), b.targets.data(), b.batch, b.seq));
+    auto plain_loss = pair->gpu.ReadLoss();
+    ASSERT_TRUE(plain_loss.ok());
+    Values plain(pair->gpu.parameter_count()), scaled(plain.size());
+    ASSERT_OK(pair->gpu.CopyGradientsTo(plain));
+
+    Recorder gpu_hooks, cpu_hooks;
+    BackwardOptions quarter{.grad_scale = 0.25f, .hooks = &gpu_hooks};
+    ASSERT_OK(pair->gpu.ForwardBackwardAsync(b.tokens.data(), b.targets.data(), b.batch, b.seq, quarter));
+    auto loss = pair->gpu.ReadLoss();
+    ASSERT_TRUE(loss.ok());
+    EXPECT_EQ(*loss, *plain_loss);  // the loss is the plain mean
+    ASSERT_OK(pair->gpu.CopyGradientsTo(scaled));
+    for (size_t i = 0; i < plain.size(); ++i) {
+      ASSERT_NEAR(scaled[i], 0.25f * plain[i], 1e-6f * std::abs(plain[i]) + 1e-12f) << "gradient element " << i;
+    }
+    (void)pair->cpu.ForwardBackward(b.tokens.data(), b.targets.data(), b.batch, b.seq,
+                                    BackwardOptions{.hooks = &cpu_hooks});
+    ASSERT_FALSE(gpu_hooks.offsets.empty());
+    EXPECT_EQ(gpu_hooks.offsets.back(), 0u);
+    for (size_t i = 1; i < gpu_hooks.offsets.size(); ++i) EXPECT_LT(gpu_hooks.offsets[i], gpu_hooks.offsets[i - 1]);
+    // Every offset the engine reports, the CPU model reports too (it may
+    // report more: the untied LM head apart from the final norm).
+    for (uint64_t offset : gpu_hooks.offsets) {
+      EXPECT_NE(std::find(cpu_hooks.offsets.begin(), cpu_hooks.offsets.end(), offset), cpu_hooks.offsets.end())
+          << "offset " << offset;
+    }
+    EXPECT_EQ(gpu_hooks.offsets.size(), size_t(config.num_layers) + 2);
+
+    const Status refused = pair->gpu.ForwardBackwardAsync(b.tokens.data(), b.targets.data(), b.batch, b.seq,
+                                                          BackwardOptions{.accumulate = true});
+    EXPECT_FALSE(refused.ok());
+    EXPECT_NE(refused.message().find("accumulate"), std::string::npos) << refused.message();
   }
 }
 
