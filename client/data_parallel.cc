@@ -85,6 +85,20 @@ Result<std::unique_ptr<DataParallel>> DataParallel::Create(Communicator& comm, s
   if (options.max_grad_norm < 0 || !std::isfinite(options.max_grad_norm)) {
     return InvalidArgument("data parallel: max_grad_norm {} must be finite and >= 0", options.max_grad_norm);
   }
+  if (comm.device() != models::Device::kCpu) {
+    // Besides the collectives, the ZeRO stages, the loss scaler and clipping
+    // touch the buffers on the host (shard copies, page release, unscale, norm).
+    if (options.stage != ZeroStage::kDdp) {
+      return InvalidArgument("data parallel: {} steps its shards in host memory; buffers on the {} device run DDP only "
+                             "(--zero 0)",
+                             ZeroStageName(options.stage), comm.backend());
+    }
+    if (options.loss_scaler || options.max_grad_norm > 0) {
+      return InvalidArgument("data parallel: with buffers on the {} device the engine's own step unscales and clips; "
+                             "pass no loss scaler and max_grad_norm 0 here",
+                             comm.backend());
+    }
+  }
   if (units.empty()) units.push_back({"all", 0, parameters.size()});
   uint64_t at = 0;
   for (const auto& u : units) {
@@ -425,6 +439,10 @@ Result<double> DataParallel::SumOverRanks(double value) {
 }
 
 Result<MemoryUse> DataParallel::Memory(size_t optimizer_state_bytes) const {
+  if (comm_.device() != models::Device::kCpu) {
+    return FailedPrecondition("data parallel: Memory counts resident host pages; these buffers are on the {} device",
+                              comm_.backend());
+  }
   MemoryUse m;
   auto params = models::ResidentBytes(std::span<const float>(params_));
   if (!params.ok()) return params.status();

@@ -42,9 +42,12 @@
 // the step and leaves every weight bit unchanged — clips and calls the
 // optimizer step on the full buffer (DDP) or the shard (ZeRO).
 //
-// Host memory only, for now: besides the collectives, the engine touches the
-// buffers itself on the CPU (unscale and norm, the shard's accumulation, the
-// remainders, page release), so NCCL on device buffers is not wired yet.
+// Buffers on a GPU (an NCCL communicator): DDP only, with no loss scaler and
+// no clipping here. The collectives are all that touch the buffers then; the
+// GPU engine's own step unscales, clips and skips on inf/NaN, which under DDP
+// every rank decides alike. The ZeRO stages, the scaler and clipping work on
+// host memory (unscale and norm, the shard's accumulation, the remainders,
+// page release), and Create refuses them for device buffers.
 //
 // Failure: hooks cannot stop a pass, so the first collective failure is kept
 // and returned by Step (or the next call); the communicator fails every later

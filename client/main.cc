@@ -91,27 +91,53 @@ Result<int> GpuCount() {
 #endif
 }
 
+// An NCCL rank's compute stream: its engine runs there, and its
+// communicator's collectives follow it (so a bucket's all-reduce starts when
+// the backward kernels before it are done). Lives as long as the process.
+void* rank_stream = nullptr;
+
 Result<std::unique_ptr<client::Communicator>> ConnectRanks(const client::SiteLayout& site) {
   client::RendezvousOptions options{site.rendezvous, site.global_rank(), site.world(), site.timeout};
   if (site.backend == "gloo") return client::ConnectGloo(options);
 #ifdef ESTUARY_HAVE_NCCL
-  return client::ConnectNccl(options, site.gpus[site.local_rank]);
+  const int gpu = site.gpus[site.local_rank];
+  cudaStream_t stream = nullptr;
+  if (cudaError_t e = cudaSetDevice(gpu); e != cudaSuccess) {
+    return FailedPrecondition("rank {}: cudaSetDevice({}) failed: {}", site.global_rank(), gpu, cudaGetErrorString(e));
+  }
+  if (cudaError_t e = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking); e != cudaSuccess) {
+    return FailedPrecondition("rank {}: cudaStreamCreate on GPU {} failed: {}", site.global_rank(), gpu,
+                              cudaGetErrorString(e));
+  }
+  rank_stream = stream;
+  return client::ConnectNccl(options, gpu, stream);
 #else
   return FailedPrecondition("--backend nccl: this build has no NCCL");
 #endif
 }
 
 Result<std::unique_ptr<client::RankTrainer>> MakeRankTrainer(client::Communicator& comm, const SiteData& data,
-                                                             const client::SiteLayout& site) {
-  if (comm.device() != models::Device::kCpu) {
-    // DataParallel needs a model whose step takes BackwardOptions over device
-    // buffers; the CUDA engines (models/cuda/) do not yet.
-    return FailedPrecondition("--gpus: rank {} joined NCCL, but no CUDA engine takes data-parallel hooks yet "
-                              "(models/step_hooks.h); train a multi-rank site with --ranks N --backend gloo",
-                              site.global_rank());
-  }
+                                                             const client::SiteLayout& site,
+                                                             const std::string& precision) {
   client::DataParallelOptions options;
   options.stage = site.zero;
+  if (comm.device() != models::Device::kCpu) {
+    if (!data.text) {
+      return FailedPrecondition("--gpus: rank {}: the image models do not train on GPU ranks yet (the decoders do); "
+                                "train images with --ranks N --backend gloo or one --device cuda process",
+                                site.global_rank());
+    }
+    if (site.zero != client::ZeroStage::kDdp) {
+      return InvalidArgument("--gpus with --zero {}: GPU ranks run DDP (--zero 0); the ZeRO stages step their shards "
+                             "in host memory and run on --ranks N --backend gloo",
+                             int(site.zero));
+    }
+    ESTUARY_ASSIGN_OR_RETURN(const client::Compute compute,
+                             client::ParseCompute(fmt::format("cuda:{}", site.gpus[site.local_rank]), precision));
+    return client::MakeTextRankTrainer(comm, data.text, options, [compute](const std::string& model, int batch) {
+      return client::MakeCudaRankDecoder(model, batch, compute, rank_stream);
+    });
+  }
   if (data.text) return client::MakeTextRankTrainer(comm, data.text, options);
   return client::MakeClassifierRankTrainer(comm, data.images, options);
 }
@@ -317,7 +343,8 @@ int main(int argc, char** argv) {
   uint16_t port = 0;
   if (Status s = ParseHostPort(server, &host, &port); !s.ok()) return Fail(InvalidArgument("--server: {}", s.message()));
 
-  auto compute = client::ParseCompute(device, precision);
+  // GPU ranks take their device from --gpus and their precision from --precision.
+  auto compute = client::ParseCompute(device, site->backend == "nccl" ? "fp32" : precision);
   if (!compute.ok()) return Fail(compute.status());
   if (site->multi_rank() && site->backend == "gloo" && compute->device != models::Device::kCpu) {
     return Fail(InvalidArgument("--device {} with {} ranks: gloo ranks train on the CPU; use --gpus for GPUs", device,
@@ -372,7 +399,7 @@ int main(int argc, char** argv) {
   };
   auto comm = ConnectRanks(*site);
   if (!comm.ok()) return fail(comm.status());
-  auto rank_trainer = MakeRankTrainer(**comm, *site_data, *site);
+  auto rank_trainer = MakeRankTrainer(**comm, *site_data, *site, precision);
   if (!rank_trainer.ok()) return fail(rank_trainer.status());
   spdlog::info("rank {} of {} (pid {}, {}, {}) joined at {}", site->global_rank(), site->world(), getpid(), site->backend,
                site->zero == client::ZeroStage::kDdp ? "DDP" : fmt::format("ZeRO-{}", int(site->zero)),

@@ -89,8 +89,12 @@ class RoundState {
     return total / loss_count;
   }
   Status ReadOut(const std::function<Status(uint64_t, std::span<const float>)>& fn) {
+    return ReadOut([&](DataParallel& dp) { return dp.ForEachSlice(fn); });
+  }
+  // The same, through a reader of the round's DataParallel.
+  Status ReadOut(const std::function<Status(DataParallel&)>& read) {
     if (!dp_) return FailedPrecondition("site: ReadOut without a trained round");
-    Status s = dp_->ForEachSlice(fn);
+    Status s = read(*dp_);
     dp_.reset();
     return s;
   }
@@ -180,14 +184,15 @@ class ClassifierRankTrainer : public RankTrainer {
 
 class TextRankTrainer : public RankTrainer {
  public:
-  TextRankTrainer(Communicator& comm, std::shared_ptr<const std::vector<int32_t>> tokens, DataParallelOptions options)
-      : comm_(comm), tokens_(std::move(tokens)), options_(options) {
+  TextRankTrainer(Communicator& comm, std::shared_ptr<const std::vector<int32_t>> tokens, DataParallelOptions options,
+                  RankDecoderFactory make_decoder)
+      : comm_(comm), tokens_(std::move(tokens)), options_(options), make_decoder_(std::move(make_decoder)) {
     options_.broadcast_parameters = false;
   }
 
   uint64_t num_examples() const override { return tokens_->size(); }
   Status ReadOut(const std::function<Status(uint64_t, std::span<const float>)>& fn) override {
-    return state_.ReadOut(fn);
+    return state_.ReadOut([&](DataParallel& dp) { return decoder_->ReadOut(dp, fn); });
   }
 
   Status Check(const TaskConfig& task, const models::Manifest& manifest, size_t global_size) override {
@@ -201,22 +206,21 @@ class TextRankTrainer : public RankTrainer {
     if (Windows(task) == 0) {
       return FailedPrecondition("trainer: {} local tokens hold no window of {} + 1", tokens_->size(), task.seq_len);
     }
-    ESTUARY_ASSIGN_OR_RETURN(models::Llama * model, ModelFor(task));
-    if (!(model->manifest() == manifest) || global_size != manifest.total_elements) {
+    ESTUARY_ASSIGN_OR_RETURN(RankDecoder * decoder, DecoderFor(task));
+    if (!(decoder->manifest() == manifest) || global_size != manifest.total_elements) {
       return InvalidArgument("trainer: the global model's manifest does not match model '{}'", task.model);
     }
-    if (int(task.seq_len) > model->config().max_seq_len) {
+    if (int(task.seq_len) > decoder->max_seq_len()) {
       return InvalidArgument("task: seq_len {} exceeds {}'s context of {}", task.seq_len, task.model,
-                             model->config().max_seq_len);
+                             decoder->max_seq_len());
     }
     return Status::Ok();
   }
 
   Result<double> TrainRound(std::span<const float> global, const TaskConfig& task, uint64_t round,
                             std::string_view client_name) override {
-    ESTUARY_ASSIGN_OR_RETURN(models::Llama * model, ModelFor(task));
-    ESTUARY_ASSIGN_OR_RETURN(auto dp, StartRound(comm_, *model, global, task, options_));
-    RoundOptimizer optimizer(task);
+    ESTUARY_ASSIGN_OR_RETURN(RankDecoder * decoder, DecoderFor(task));
+    ESTUARY_ASSIGN_OR_RETURN(auto dp, decoder->StartRound(comm_, global, task, options_));
 
     const int seq = int(task.seq_len);
     std::vector<int32_t> inputs(size_t(task.batch_size) * seq), targets(inputs.size());
@@ -235,10 +239,11 @@ class TextRankTrainer : public RankTrainer {
         std::memcpy(targets.data() + b * seq, window + 1, seq * sizeof(int32_t));
       }
       ESTUARY_ASSIGN_OR_RETURN(const float loss,
-                               model->ForwardBackward(inputs.data(), targets.data(), int(rows.items.size()), seq,
-                                                      dp->MicroBatch(rows.weight, true)));
-      ESTUARY_RETURN_IF_ERROR(dp->Step([&](std::span<float> p, std::span<const float> g) { optimizer.Step(p, g); })
-                                  .status());
+                               decoder->ForwardBackward(inputs.data(), targets.data(), int(rows.items.size()), seq,
+                                                        dp->MicroBatch(rows.weight, true)));
+      ESTUARY_RETURN_IF_ERROR(
+          dp->Step([&](std::span<float> p, std::span<const float> g) { decoder->OptimizerStep(p, g); }).status());
+      ESTUARY_RETURN_IF_ERROR(decoder->TakeError());
       loss_sum += double(loss) * double(rows.examples) * seq;
       loss_tokens += schedule.batch().size() * seq;  // the whole global batch: every rank counts the same
     }
@@ -249,25 +254,51 @@ class TextRankTrainer : public RankTrainer {
   uint64_t Windows(const TaskConfig& task) const {
     return tokens_->empty() ? 0 : (tokens_->size() - 1) / uint64_t(task.seq_len);
   }
-  Result<models::Llama*> ModelFor(const TaskConfig& task) {
-    if (!model_ || model_name_ != task.model || model_batch_ != int(task.batch_size)) {
-      model_.reset();
-      ESTUARY_ASSIGN_OR_RETURN(auto config, models::LlamaPreset(task.model));
-      ESTUARY_ASSIGN_OR_RETURN(auto llama, models::Llama::Create(config, int(task.batch_size)));
-      model_.emplace(std::move(llama));
+  Result<RankDecoder*> DecoderFor(const TaskConfig& task) {
+    if (!decoder_ || model_name_ != task.model || model_batch_ != int(task.batch_size)) {
+      decoder_.reset();
+      ESTUARY_ASSIGN_OR_RETURN(decoder_, make_decoder_(task.model, int(task.batch_size)));
       model_name_ = task.model;
       model_batch_ = int(task.batch_size);
     }
-    return &*model_;
+    return decoder_.get();
   }
 
   Communicator& comm_;
   std::shared_ptr<const std::vector<int32_t>> tokens_;
   DataParallelOptions options_;
-  std::optional<models::Llama> model_;
+  RankDecoderFactory make_decoder_;
+  std::unique_ptr<RankDecoder> decoder_;
   std::string model_name_;
   int model_batch_ = 0;
   RoundState state_;
+};
+
+// The CPU decoder: models::Llama, with the site's host optimizers.
+class CpuRankDecoder : public RankDecoder {
+ public:
+  explicit CpuRankDecoder(models::Llama model) : model_(std::move(model)) {}
+  const models::Manifest& manifest() const override { return model_.manifest(); }
+  int max_seq_len() const override { return model_.config().max_seq_len; }
+  Result<std::unique_ptr<DataParallel>> StartRound(Communicator& comm, std::span<const float> global,
+                                                   const TaskConfig& task,
+                                                   const DataParallelOptions& options) override {
+    optimizer_.emplace(task);
+    return client::StartRound(comm, model_, global, task, options);
+  }
+  Result<float> ForwardBackward(const int32_t* tokens, const int32_t* targets, int batch, int seq,
+                                const models::BackwardOptions& options) override {
+    return model_.ForwardBackward(tokens, targets, batch, seq, options);
+  }
+  void OptimizerStep(std::span<float> params, std::span<const float> grads) override { optimizer_->Step(params, grads); }
+  Status TakeError() override { return Status::Ok(); }
+  Status ReadOut(DataParallel& dp, const std::function<Status(uint64_t, std::span<const float>)>& fn) override {
+    return dp.ForEachSlice(fn);
+  }
+
+ private:
+  models::Llama model_;
+  std::optional<RoundOptimizer> optimizer_;
 };
 
 // ---- what rank 0 tells the others -------------------------------------------
@@ -377,9 +408,23 @@ std::unique_ptr<RankTrainer> MakeClassifierRankTrainer(Communicator& comm, std::
 }
 
 std::unique_ptr<RankTrainer> MakeTextRankTrainer(Communicator& comm, std::shared_ptr<const std::vector<int32_t>> tokens,
-                                                 DataParallelOptions options) {
-  return std::make_unique<TextRankTrainer>(comm, std::move(tokens), options);
+                                                 DataParallelOptions options, RankDecoderFactory make_decoder) {
+  if (!make_decoder) make_decoder = MakeCpuRankDecoder;
+  return std::make_unique<TextRankTrainer>(comm, std::move(tokens), options, std::move(make_decoder));
 }
+
+Result<std::unique_ptr<RankDecoder>> MakeCpuRankDecoder(const std::string& model, int max_batch) {
+  ESTUARY_ASSIGN_OR_RETURN(auto config, models::LlamaPreset(model));
+  ESTUARY_ASSIGN_OR_RETURN(auto llama, models::Llama::Create(config, max_batch));
+  return std::unique_ptr<RankDecoder>(std::make_unique<CpuRankDecoder>(std::move(llama)));
+}
+
+#ifndef ESTUARY_HAVE_CUDA
+Result<std::unique_ptr<RankDecoder>> MakeCudaRankDecoder(const std::string& model, int, const Compute& compute,
+                                                         void*) {
+  return FailedPrecondition("site: {} on {}: this build has no CUDA backend", model, compute.ToString());
+}
+#endif
 
 // ---- rank 0 -------------------------------------------------------------------
 

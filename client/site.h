@@ -37,6 +37,7 @@
 #include "base/status.h"
 #include "client/communicator.h"
 #include "client/data_parallel.h"
+#include "client/rank_decoder.h"
 #include "client/trainer.h"
 #include "models/dataset.h"
 
@@ -76,7 +77,8 @@ std::unique_ptr<RankTrainer> MakeClassifierRankTrainer(Communicator& comm, std::
                                                        DataParallelOptions options);
 // The decoders (models::Llama) with SGD or AdamW.
 std::unique_ptr<RankTrainer> MakeTextRankTrainer(Communicator& comm, std::shared_ptr<const std::vector<int32_t>> tokens,
-                                                 DataParallelOptions options);
+                                                 DataParallelOptions options,
+                                                 RankDecoderFactory make_decoder = MakeCpuRankDecoder);
 
 // Rank 0's Trainer, driven by the Agent on its training thread. Train,
 // KeepAlive, Finish and the update's stream must all run on that one thread

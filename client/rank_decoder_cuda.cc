@@ -1,0 +1,95 @@
+// The GPU RankDecoder: models::cuda::LlamaEngine under DDP over NCCL.
+#include <cuda_runtime_api.h>
+
+#include <optional>
+
+#include "client/rank_decoder.h"
+#include "models/cuda/llama_engine.h"
+#include "models/cuda/optimizer.h"
+#include "models/language_model.h"
+
+namespace estuary::client {
+
+namespace {
+
+class CudaRankDecoder : public RankDecoder {
+ public:
+  explicit CudaRankDecoder(models::cuda::LlamaEngine engine) : engine_(std::move(engine)) {}
+
+  const models::Manifest& manifest() const override { return engine_.manifest(); }
+  int max_seq_len() const override { return engine_.config().max_seq_len; }
+
+  Result<std::unique_ptr<DataParallel>> StartRound(Communicator& comm, std::span<const float> global,
+                                                   const TaskConfig& task,
+                                                   const DataParallelOptions& options) override {
+    if (global.size() != manifest().total_elements) {
+      return InvalidArgument("site: {} global values for model '{}' of {}", global.size(), task.model,
+                             manifest().total_elements);
+    }
+    ESTUARY_RETURN_IF_ERROR(engine_.CopyParametersFrom(global));
+    const int64_t count = engine_.parameter_count();
+    adamw_.reset();
+    sgd_.reset();
+    if (task.optimizer == OptimizerKind::kAdamW) {
+      ESTUARY_ASSIGN_OR_RETURN(auto adamw, models::cuda::AdamW::Create(
+                                               count, {.lr = task.learning_rate, .weight_decay = task.weight_decay},
+                                               engine_.stream()));
+      adamw_.emplace(std::move(adamw));
+    } else {
+      ESTUARY_ASSIGN_OR_RETURN(auto sgd,
+                               models::cuda::Sgd::Create(count, task.learning_rate, task.momentum, task.weight_decay));
+      sgd_.emplace(std::move(sgd));
+    }
+    const size_t n = size_t(count);
+    return DataParallel::Create(comm, std::span<float>(engine_.parameters(), n),
+                                std::span<float>(engine_.gradients(), n), engine_.units(), options);
+  }
+
+  Result<float> ForwardBackward(const int32_t* tokens, const int32_t* targets, int batch, int seq,
+                                const models::BackwardOptions& options) override {
+    ESTUARY_RETURN_IF_ERROR(engine_.ForwardBackwardAsync(tokens, targets, batch, seq, options));
+    return engine_.ReadLoss();
+  }
+
+  void OptimizerStep(std::span<float>, std::span<const float>) override {
+    // The spans are the engine's own device buffers (DDP): its fused step
+    // reads them, and writes the working copy the GEMMs use.
+    auto stepped = adamw_ ? engine_.Step(*adamw_) : engine_.Step(*sgd_);
+    if (!stepped.ok() && error_.ok()) error_ = stepped.status();
+  }
+
+  Status TakeError() override { return std::exchange(error_, Status::Ok()); }
+
+  Status ReadOut(DataParallel&, const std::function<Status(uint64_t, std::span<const float>)>& fn) override {
+    host_.resize(size_t(engine_.parameter_count()));
+    ESTUARY_RETURN_IF_ERROR(engine_.CopyParametersTo(host_));
+    return fn(0, host_);
+  }
+
+ private:
+  models::cuda::LlamaEngine engine_;
+  std::optional<models::cuda::AdamW> adamw_;
+  std::optional<models::cuda::Sgd> sgd_;
+  Status error_;
+  std::vector<float> host_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<RankDecoder>> MakeCudaRankDecoder(const std::string& model, int max_batch,
+                                                         const Compute& compute, void* stream) {
+  if (compute.device != models::Device::kCuda) {
+    return InvalidArgument("site: a GPU rank needs a cuda device, not {}", compute.ToString());
+  }
+  if (cudaError_t e = cudaSetDevice(compute.device_index); e != cudaSuccess) {
+    return FailedPrecondition("site: cudaSetDevice({}) failed: {}", compute.device_index, cudaGetErrorString(e));
+  }
+  ESTUARY_ASSIGN_OR_RETURN(const models::LlamaConfig config, models::LlamaPreset(model));
+  models::cuda::LlamaEngineOptions options;
+  options.precision = compute.precision;
+  options.stream = static_cast<cudaStream_t>(stream);
+  ESTUARY_ASSIGN_OR_RETURN(auto engine, models::cuda::LlamaEngine::Create(config, max_batch, options));
+  return std::unique_ptr<RankDecoder>(std::make_unique<CudaRankDecoder>(std::move(engine)));
+}
+
+}  // namespace estuary::client
