@@ -1,10 +1,14 @@
-// The NCCL engine on every visible GPU, one process per GPU. It skips, with
-// the reason, in builds without NCCL and on machines without a CUDA device.
+// The NCCL engine on every visible GPU, one process per GPU, and DDP over the
+// GPU decoder engine through it. It skips, with the reason, in builds without
+// NCCL and on machines without a CUDA device.
 // Nothing in this process touches CUDA before the ranks fork: a CUDA context
 // does not survive fork, so even counting the devices happens in a child.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cmath>
+#include <random>
 #include <vector>
 
 #include "tests/client/ranks.h"
@@ -12,7 +16,10 @@
 #ifdef ESTUARY_HAVE_NCCL
 #include <cuda_runtime_api.h>
 
+#include "client/data_parallel.h"
 #include "client/nccl_communicator.h"
+#include "models/cuda/llama_engine.h"
+#include "models/cuda/optimizer.h"
 #endif
 
 namespace estuary::client {
@@ -148,7 +155,97 @@ Status RunRank(const std::string& address, int rank, int size) {
   CHECK_OR_RETURN(!c->Barrier()->Wait().ok(), "a call after a failure succeeded");
   return Status::Ok();
 }
+
+// DDP over cuda::LlamaEngine's device buffers (what a --gpus site runs): each
+// rank trains its share of every global batch with buckets of a few KB, so
+// many all-reduces follow backward on the engine's stream; after every AdamW
+// step the parameters equal one engine's on the whole batch, on the same GPU
+// (fp32, within 1e-5). The ZeRO stages are refused on device buffers.
+Status RunDdpRank(const std::string& address, int rank, int size) {
+  CUDA_OR_RETURN(cudaSetDevice(rank));
+  cudaStream_t stream = nullptr;
+  CUDA_OR_RETURN(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  ESTUARY_ASSIGN_OR_RETURN(auto c, ConnectNccl({.address = address, .rank = rank, .size = size, .timeout = 60s},
+                                               rank, stream));
+  models::LlamaConfig config;
+  config.vocab_size = 61;
+  config.hidden_size = 32;
+  config.intermediate_size = 48;
+  config.num_layers = 3;
+  config.num_heads = 4;
+  config.num_kv_heads = 2;
+  config.max_seq_len = 16;
+  const int per_rank = 2, global = per_rank * size, seq = 16;
+  models::cuda::LlamaEngineOptions on_stream;
+  on_stream.stream = stream;
+  ESTUARY_ASSIGN_OR_RETURN(auto engine, models::cuda::LlamaEngine::Create(config, per_rank, on_stream));
+  ESTUARY_ASSIGN_OR_RETURN(auto whole, models::cuda::LlamaEngine::Create(config, global));
+  ESTUARY_RETURN_IF_ERROR(engine.Initialize(7));
+  ESTUARY_RETURN_IF_ERROR(whole.Initialize(7));
+  const size_t count = size_t(engine.parameter_count());
+  const std::span<float> params(engine.parameters(), count), grads(engine.gradients(), count);
+
+  DataParallelOptions zero1;
+  zero1.stage = ZeroStage::kZero1;
+  auto refused = DataParallel::Create(*c, params, grads, engine.units(), zero1);
+  CHECK_OR_RETURN(!refused.ok() && refused.status().message().find("DDP only") != std::string::npos,
+                  "ZeRO-1 on device buffers: {}", refused.ok() ? "accepted" : refused.status().message());
+
+  DataParallelOptions ddp;
+  ddp.bucket_bytes = 4096;
+  ddp.first_bucket_bytes = 1024;
+  ESTUARY_ASSIGN_OR_RETURN(auto dp, DataParallel::Create(*c, params, grads, engine.units(), ddp));
+  CHECK_OR_RETURN(dp->buckets().size() > 10, "only {} buckets", dp->buckets().size());
+  const models::AdamWOptions adamw{.lr = 1e-2f, .weight_decay = 0.1f};
+  ESTUARY_ASSIGN_OR_RETURN(auto opt, models::cuda::AdamW::Create(int64_t(count), adamw, stream));
+  ESTUARY_ASSIGN_OR_RETURN(auto whole_opt, models::cuda::AdamW::Create(int64_t(count), adamw, whole.stream()));
+
+  std::mt19937 rng(11);
+  std::vector<float> mine(count), want(count);
+  for (int step = 0; step < 3; ++step) {
+    std::vector<int32_t> tokens(size_t(global) * seq), targets(tokens.size());
+    for (auto& t : tokens) t = int32_t(rng() % 61);
+    for (auto& t : targets) t = int32_t(rng() % 61);
+    const size_t at = size_t(rank) * per_rank * seq;
+    ESTUARY_RETURN_IF_ERROR(engine.ForwardBackwardAsync(tokens.data() + at, targets.data() + at, per_rank, seq,
+                                                        dp->MicroBatch(double(per_rank) / global, true)));
+    Status stepped;
+    ESTUARY_RETURN_IF_ERROR(dp->Step([&](std::span<float>, std::span<const float>) {
+                                stepped = engine.Step(opt).status();
+                              }).status());
+    ESTUARY_RETURN_IF_ERROR(stepped);
+    ESTUARY_RETURN_IF_ERROR(whole.ForwardBackward(tokens.data(), targets.data(), global, seq).status());
+    ESTUARY_RETURN_IF_ERROR(whole.Step(whole_opt).status());
+    ESTUARY_RETURN_IF_ERROR(engine.CopyParametersTo(mine));
+    ESTUARY_RETURN_IF_ERROR(whole.CopyParametersTo(want));
+    double diff = 0, scale = 1e-30;
+    for (size_t i = 0; i < count; ++i) {
+      diff = std::max(diff, std::abs(double(mine[i]) - want[i]));
+      scale = std::max(scale, std::abs(double(want[i])));
+    }
+    CHECK_OR_RETURN(diff / scale <= 1e-5, "step {}: DDP parameters {} off the whole batch's (relative)", step,
+                    diff / scale);
+  }
+  dp.reset();
+  c.reset();
+  CUDA_OR_RETURN(cudaStreamDestroy(stream));
+  return Status::Ok();
+}
 #endif
+
+TEST(NcclCommunicator, DdpOverTheGpuEngineEqualsOneGpuOnTheWholeBatch) {
+#ifndef ESTUARY_HAVE_NCCL
+  GTEST_SKIP() << "this build has no NCCL engine (CUDA or NCCL not found by CMake)";
+#else
+  std::string why;
+  const int gpus = CountDevices(&why);
+  if (gpus <= 0) GTEST_SKIP() << why;
+  const std::string address = testing::FreeTcpAddress();
+  for (const auto& o : testing::RunRanks(gpus, [&](int rank) { return RunDdpRank(address, rank, gpus); })) {
+    EXPECT_TRUE(o.ok()) << o.Describe();
+  }
+#endif
+}
 
 TEST(NcclCommunicator, EveryOperationOnEveryGpu) {
 #ifndef ESTUARY_HAVE_NCCL

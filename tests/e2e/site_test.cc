@@ -9,6 +9,7 @@
 #include <regex>
 #include <thread>
 
+#include "client/compute.h"
 #include "client/launch.h"
 #include "tests/e2e/federation.h"
 #include "tests/e2e/harness.h"
@@ -116,44 +117,66 @@ TEST(Site, RanksTrainTheUpdateOneProcessWould) {
   }
 }
 
+// Two rounds of the server's language model (AdamW) trained by one text site
+// started with `flags`; the train loss the server logged for it per round.
+std::vector<double> TextSiteLosses(const std::vector<std::string>& flags) {
+  Federation f;
+  f.Issue("library");
+  const fs::path text = f.dir() / "text";
+  fs::create_directories(text);
+  {
+    std::ofstream out(text / "proverbs");
+    for (int i = 0; i < 200; ++i) out << "a stitch in time saves nine, number " << i << "\n%\n";
+  }
+  const uint16_t port = f.StartServer(2, 1, {"--model", "llama-tiny", "--eval-data", text.string(), "--optimizer",
+                                             "adamw", "--lr", "0.003", "--batch", "5", "--seq-len", "32",
+                                             "--max-local-steps", "3", "--eval-windows", "8"});
+  auto site = f.StartClient("library", port, text, flags);
+  EXPECT_EQ(site->Wait(), 0) << f.ClientLog("library");
+  EXPECT_EQ(f.WaitServer(), 0) << f.ServerLog();
+  std::vector<double> losses;
+  auto store = f.OpenStore();
+  if (!store) return losses;
+  for (uint64_t round = 1; round <= 2; ++round) {
+    auto p = ParticipationsByName(*store, round);
+    EXPECT_EQ(p["library"].status, "committed");
+    losses.push_back(p["library"].train_loss);
+  }
+  return losses;
+}
+
 // A text site on two ranks under ZeRO-2 trains the server's language model
 // (AdamW) as it does on one: the logged train loss per round agrees to 1e-4
 // (AdamW turns the ranks' different summation order into visible steps on a
 // few weights; see tests/client/site_test.cc).
 TEST(Site, ATextSiteOnTwoRanksTrainsTheLanguageModelAsOnOne) {
-  auto run = [](const std::vector<std::string>& flags) {
-    Federation f;
-    f.Issue("library");
-    const fs::path text = f.dir() / "text";
-    fs::create_directories(text);
-    {
-      std::ofstream out(text / "proverbs");
-      for (int i = 0; i < 200; ++i) out << "a stitch in time saves nine, number " << i << "\n%\n";
-    }
-    const uint16_t port = f.StartServer(2, 1, {"--model", "llama-tiny", "--eval-data", text.string(), "--optimizer",
-                                               "adamw", "--lr", "0.003", "--batch", "5", "--seq-len", "32",
-                                               "--max-local-steps", "3", "--eval-windows", "8"});
-    auto site = f.StartClient("library", port, text, flags);
-    EXPECT_EQ(site->Wait(), 0) << f.ClientLog("library");
-    EXPECT_EQ(f.WaitServer(), 0) << f.ServerLog();
-    std::vector<double> losses;
-    auto store = f.OpenStore();
-    if (!store) return losses;
-    for (uint64_t round = 1; round <= 2; ++round) {
-      auto p = ParticipationsByName(*store, round);
-      EXPECT_EQ(p["library"].status, "committed");
-      losses.push_back(p["library"].train_loss);
-    }
-    return losses;
-  };
-  const auto one = run({"--ranks", "1"});
-  const auto two = run({"--ranks", "2", "--zero", "2"});
+  const auto one = TextSiteLosses({"--ranks", "1"});
+  const auto two = TextSiteLosses({"--ranks", "2", "--zero", "2"});
   ASSERT_EQ(one.size(), 2u);
   ASSERT_EQ(two.size(), 2u);
   for (size_t i = 0; i < 2; ++i) {
     std::printf("round %zu: text site loss %.9g on 2 ranks, %.9g on one\n", i + 1, two[i], one[i]);
     EXPECT_NEAR(two[i], one[i], 1e-4 * one[i]) << "round " << i + 1;
   }
+}
+
+// The whole --gpus path on one GPU: NCCL, DDP over the GPU engine's buffers
+// (client/rank_decoder.h), the site's broadcast and upload. It trains what
+// one --device cuda process trains: the logged losses agree to 1e-5.
+TEST(Site, ATextSiteOnAGpuOverNcclTrainsAsOneCudaProcess) {
+#ifndef ESTUARY_HAVE_NCCL
+  GTEST_SKIP() << "this build has no NCCL engine (CUDA or NCCL not found by CMake)";
+#else
+  if (auto usable = client::ParseCompute("cuda", "fp32"); !usable.ok()) GTEST_SKIP() << usable.status().message();
+  const auto one = TextSiteLosses({"--device", "cuda"});
+  const auto nccl = TextSiteLosses({"--gpus", "0"});
+  ASSERT_EQ(one.size(), 2u);
+  ASSERT_EQ(nccl.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    std::printf("round %zu: text site loss %.9g over NCCL, %.9g in one cuda process\n", i + 1, nccl[i], one[i]);
+    EXPECT_NEAR(nccl[i], one[i], 1e-5 * one[i]) << "round " << i + 1;
+  }
+#endif
 }
 
 // Polls `read` until `pattern` matches, for up to `limit`; returns the match.
