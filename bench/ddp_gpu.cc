@@ -1,0 +1,131 @@
+// bench/ddp_gpu: what the data-parallel wrapper costs on one GPU. The same
+// engine (the ~124M decoder of bench/llama_gpu, bf16, AdamW) trains plain
+// (ForwardBackwardAsync + Step, no host wait) and as rank 0 of a one-GPU NCCL
+// site under DDP (client/data_parallel.h: 25 MB buckets all-reduced from the
+// backward hooks on the communicator's stream, a host wait for them, then the
+// engine's step), in alternating blocks of steps in this one process; prints
+// the median ms/step of each and their ratio (goal <= 1.03).
+//   build/bench/ddp_gpu [--batch 8] [--steps 20] [--blocks 3] [--precision bf16]
+#include <CLI/CLI.hpp>
+#include <cuda_runtime_api.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <random>
+#include <vector>
+
+#include "client/data_parallel.h"
+#include "client/nccl_communicator.h"
+#include "models/cuda/device.h"
+#include "models/cuda/llama_engine.h"
+#include "models/cuda/optimizer.h"
+
+int main(int argc, char** argv) {
+  using namespace estuary;
+  using namespace estuary::models;
+  CLI::App app{"the DDP wrapper's overhead against plain training on one GPU"};
+  LlamaConfig c;
+  c.vocab_size = 50304;
+  c.hidden_size = 768;
+  c.intermediate_size = 2048;
+  c.num_layers = 12;
+  c.num_heads = 12;
+  c.num_kv_heads = 12;
+  c.max_seq_len = 1024;
+  c.tie_embeddings = true;
+  int batch = 8, steps = 20, blocks = 3;
+  std::string precision = "bf16";
+  app.add_option("--batch", batch);
+  app.add_option("--steps", steps, "steps per timed block");
+  app.add_option("--blocks", blocks, "blocks of each, alternating");
+  app.add_option("--precision", precision, "f32, bf16 or f16");
+  CLI11_PARSE(app, argc, argv);
+  auto fail = [](const Status& s) {
+    std::fprintf(stderr, "ddp_gpu: %s\n", s.ToString().c_str());
+    return 1;
+  };
+  if (Status usable = cuda::CudaUsable(); !usable.ok()) {
+    std::printf("ddp_gpu: no usable GPU, nothing measured: %s\n", usable.message().c_str());
+    return 0;
+  }
+  auto dtype = ParseDType(precision);
+  if (!dtype.ok()) return fail(dtype.status());
+
+  cudaStream_t stream = nullptr;
+  if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) return fail(Internal("stream"));
+  const auto dir = std::filesystem::temp_directory_path() / fmt::format("ddp_gpu.{}", getpid());
+  std::filesystem::create_directories(dir);
+  auto comm = client::ConnectNccl({.address = "file://" + dir.string(), .rank = 0, .size = 1}, 0, stream);
+  std::filesystem::remove_all(dir);
+  if (!comm.ok()) return fail(comm.status());
+
+  cuda::LlamaEngineOptions options;
+  options.precision = *dtype;
+  options.stream = stream;
+  auto engine = cuda::LlamaEngine::Create(c, batch, options);
+  if (!engine.ok()) return fail(engine.status());
+  if (Status s = engine->Initialize(1); !s.ok()) return fail(s);
+  AdamWOptions adamw;
+  adamw.lr = 3e-4f;
+  auto opt = cuda::AdamW::Create(engine->parameter_count(), adamw, stream);
+  if (!opt.ok()) return fail(opt.status());
+  const size_t count = size_t(engine->parameter_count());
+  auto dp = client::DataParallel::Create(**comm, std::span<float>(engine->parameters(), count),
+                                         std::span<float>(engine->gradients(), count), engine->units(), {});
+  if (!dp.ok()) return fail(dp.status());
+
+  const int seq = c.max_seq_len;
+  std::vector<int32_t> tokens(size_t(batch) * seq), targets(tokens.size());
+  std::mt19937 rng(7);
+  for (auto& t : tokens) t = int32_t(rng() % uint32_t(c.vocab_size));
+  for (auto& t : targets) t = int32_t(rng() % uint32_t(c.vocab_size));
+
+  auto plain_step = [&]() -> Status {
+    ESTUARY_RETURN_IF_ERROR(engine->ForwardBackwardAsync(tokens.data(), targets.data(), batch, seq));
+    return engine->Step(*opt).status();
+  };
+  auto ddp_step = [&]() -> Status {
+    ESTUARY_RETURN_IF_ERROR(engine->ForwardBackwardAsync(tokens.data(), targets.data(), batch, seq,
+                                                         (*dp)->MicroBatch(1.0, true)));
+    Status stepped;
+    ESTUARY_RETURN_IF_ERROR(
+        (*dp)->Step([&](std::span<float>, std::span<const float>) { stepped = engine->Step(*opt).status(); })
+            .status());
+    return stepped;
+  };
+  // ms per step over a block, the stream drained before and after.
+  auto time_block = [&](const std::function<Status()>& step) -> Result<double> {
+    ESTUARY_RETURN_IF_ERROR(engine->ReadLoss().status());
+    const auto start = std::chrono::steady_clock::now();
+    for (int i = 0; i < steps; ++i) ESTUARY_RETURN_IF_ERROR(step());
+    ESTUARY_RETURN_IF_ERROR(engine->ReadLoss().status());
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count() / steps;
+  };
+  for (int i = 0; i < 3; ++i) {  // warm-up: cuBLAS heuristics, NCCL's first launch
+    if (Status s = plain_step(); !s.ok()) return fail(s);
+    if (Status s = ddp_step(); !s.ok()) return fail(s);
+  }
+  std::vector<double> plain, ddp;
+  for (int b = 0; b < blocks; ++b) {
+    auto p = time_block(plain_step);
+    if (!p.ok()) return fail(p.status());
+    auto d = time_block(ddp_step);
+    if (!d.ok()) return fail(d.status());
+    plain.push_back(*p);
+    ddp.push_back(*d);
+    std::printf("block %d: plain %.2f ms/step, DDP %.2f ms/step\n", b, *p, *d);
+  }
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  const double mp = median(plain), md = median(ddp);
+  std::printf("%s, batch %d x %d, %zu buckets: plain %.2f ms/step, DDP over NCCL (1 GPU) %.2f ms/step\n",
+              precision.c_str(), batch, seq, (*dp)->buckets().size(), mp, md);
+  std::printf("ratio (DDP / plain): %.3f\n", md / mp);
+  dp->reset();
+  return 0;
+}
