@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "client/buffer_ops.h"
 #include "models/flat_buffer.h"
 
 namespace estuary::client {
@@ -42,7 +43,9 @@ struct DataParallel::Bucket {
   uint64_t begin = 0, end = 0;
   uint64_t piece = 0, remainder = 0;
   uint64_t shard = 0;
-  std::vector<float> reduce_tail, gather_tail;  // size() floats each, when remainder > 0
+  std::shared_ptr<float> tails;                  // reduce_tail then gather_tail, when remainder > 0
+  float* reduce_tail = nullptr;                  // size() floats each
+  float* gather_tail = nullptr;
   std::unique_ptr<Work> reduce, reduce_rest, gather, gather_rest;
   bool present = true;  // ZeRO-3: the parameters are in the flat buffer
 
@@ -85,19 +88,18 @@ Result<std::unique_ptr<DataParallel>> DataParallel::Create(Communicator& comm, s
   if (options.max_grad_norm < 0 || !std::isfinite(options.max_grad_norm)) {
     return InvalidArgument("data parallel: max_grad_norm {} must be finite and >= 0", options.max_grad_norm);
   }
-  if (comm.device() != models::Device::kCpu) {
-    // Besides the collectives, the ZeRO stages, the loss scaler and clipping
-    // touch the buffers on the host (shard copies, page release, unscale, norm).
-    if (options.stage != ZeroStage::kDdp) {
-      return InvalidArgument("data parallel: {} steps its shards in host memory; buffers on the {} device run DDP only "
-                             "(--zero 0)",
+  std::unique_ptr<BufferOps> ops;
+  if (comm.device() == models::Device::kCpu) {
+    ops = MakeHostBufferOps();
+  } else {
+    // ZeRO-2 and -3 hand pages of the flat buffers back to the OS between
+    // uses; one cudaMalloc'd buffer cannot give back part of itself.
+    if (options.stage == ZeroStage::kZero2 || options.stage == ZeroStage::kZero3) {
+      return InvalidArgument("data parallel: {} releases pages of the flat buffers, which device ({}) buffers cannot; "
+                             "GPU buffers run DDP or ZeRO-1 only (--zero 0|1)",
                              ZeroStageName(options.stage), comm.backend());
     }
-    if (options.loss_scaler || options.max_grad_norm > 0) {
-      return InvalidArgument("data parallel: with buffers on the {} device the engine's own step unscales and clips; "
-                             "pass no loss scaler and max_grad_norm 0 here",
-                             comm.backend());
-    }
+    ESTUARY_ASSIGN_OR_RETURN(ops, MakeCudaBufferOps(options.device_stream));
   }
   if (units.empty()) units.push_back({"all", 0, parameters.size()});
   uint64_t at = 0;
@@ -112,6 +114,7 @@ Result<std::unique_ptr<DataParallel>> DataParallel::Create(Communicator& comm, s
     return InvalidArgument("data parallel: units end at {}, the buffer at {}", at, parameters.size());
   }
   std::unique_ptr<DataParallel> dp(new DataParallel(comm, parameters, gradients, std::move(units), options));
+  dp->ops_ = std::move(ops);
   ESTUARY_RETURN_IF_ERROR(dp->Init());
   return dp;
 }
@@ -147,13 +150,17 @@ Status DataParallel::Init() {
       b.shard = shard;
       shard += b.shard_size();
       if (b.remainder > 0) {
-        b.reduce_tail.assign(size_, 0.0f);
-        b.gather_tail.assign(size_, 0.0f);
+        ESTUARY_ASSIGN_OR_RETURN(b.tails, ops_->Allocate(2 * size_t(size_)));
+        b.reduce_tail = b.tails.get();
+        b.gather_tail = b.tails.get() + size_;
       }
     }
-    shard_params_.assign(shard, 0.0f);
-    shard_grads_.assign(shard, 0.0f);
+    ESTUARY_ASSIGN_OR_RETURN(shard_params_owner_, ops_->Allocate(shard));
+    ESTUARY_ASSIGN_OR_RETURN(shard_grads_owner_, ops_->Allocate(shard));
+    shard_params_ = {shard_params_owner_.get(), shard};
+    shard_grads_ = {shard_grads_owner_.get(), shard};
   }
+  ESTUARY_ASSIGN_OR_RETURN(agreed_, ops_->AllocateDoubles(2));
 
   if (options_.broadcast_parameters && size_ > 1) {
     auto work = comm_.Broadcast(params_, 0);
@@ -163,8 +170,10 @@ Status DataParallel::Init() {
 
   // This rank's pieces become its master copy of the parameters.
   for (const Bucket& b : buckets_) {
-    std::memcpy(&shard_params_[b.shard], &params_[b.begin + rank_ * b.piece], b.piece * sizeof(float));
-    if (uint64_t(rank_) < b.remainder) shard_params_[b.shard + b.piece] = params_[b.begin + size_ * b.piece + rank_];
+    ESTUARY_RETURN_IF_ERROR(ops_->Copy(&shard_params_[b.shard], &params_[b.begin + rank_ * b.piece], b.piece));
+    if (uint64_t(rank_) < b.remainder) {
+      ESTUARY_RETURN_IF_ERROR(ops_->Copy(&shard_params_[b.shard + b.piece], &params_[b.begin + size_ * b.piece + rank_], 1));
+    }
   }
   if (options_.stage >= ZeroStage::kZero2) {
     auto released = models::ReleasePages(grads_);
@@ -216,17 +225,16 @@ void DataParallel::LaunchReduction(Bucket& b) {
   const uint64_t whole = b.piece * size_;
   if (b.piece > 0) {
     float* mine = &grads_[b.begin + rank_ * b.piece];
-    if (add_shard) {
-      const float* s = &shard_grads_[b.shard];
-      for (uint64_t i = 0; i < b.piece; ++i) mine[i] += s[i];
-    }
-    b.reduce = comm_.ReduceScatter(grads_.subspan(b.begin, whole), std::span(shard_grads_).subspan(b.shard, b.piece),
+    if (add_shard) Keep(ops_->Add(mine, &shard_grads_[b.shard], b.piece));
+    b.reduce = comm_.ReduceScatter(grads_.subspan(b.begin, whole), shard_grads_.subspan(b.shard, b.piece),
                                    ReduceOp::kSum);
   }
   if (b.remainder > 0) {
-    for (uint64_t i = 0; i < uint64_t(size_); ++i) b.reduce_tail[i] = i < b.remainder ? grads_[b.begin + whole + i] : 0;
-    if (add_shard) b.reduce_tail[rank_] += shard_grads_[b.shard + b.piece];
-    b.reduce_rest = comm_.ReduceScatter(b.reduce_tail, std::span(shard_grads_).subspan(b.shard + b.piece, 1),
+    Keep(ops_->Copy(b.reduce_tail, &grads_[b.begin + whole], b.remainder));
+    Keep(ops_->Fill(b.reduce_tail + b.remainder, size_t(size_) - b.remainder, 0.0f));
+    if (add_shard) Keep(ops_->Add(b.reduce_tail + rank_, &shard_grads_[b.shard + b.piece], 1));
+    b.reduce_rest = comm_.ReduceScatter(std::span<const float>(b.reduce_tail, size_t(size_)),
+                                        shard_grads_.subspan(b.shard + b.piece, 1),
                                         ReduceOp::kSum);
   }
 }
@@ -262,7 +270,8 @@ void DataParallel::LaunchGather(Bucket& b) {
                                params_.subspan(b.begin, b.piece * size_));
   }
   if (b.remainder > 0) {
-    b.gather_rest = comm_.AllGather(std::span<const float>(shard_params_).subspan(b.shard + b.piece, 1), b.gather_tail);
+    b.gather_rest = comm_.AllGather(std::span<const float>(shard_params_).subspan(b.shard + b.piece, 1),
+                                    std::span<float>(b.gather_tail, size_t(size_)));
   }
 }
 
@@ -271,7 +280,7 @@ void DataParallel::FinishGather(Bucket& b) {
   (void)Wait(b.gather);
   (void)Wait(b.gather_rest);
   if (rest && error_.ok()) {
-    std::memcpy(&params_[b.begin + b.piece * size_], b.gather_tail.data(), b.remainder * sizeof(float));
+    Keep(ops_->Copy(&params_[b.begin + b.piece * size_], b.gather_tail, b.remainder));
   }
   b.present = true;
 }
@@ -357,21 +366,26 @@ Result<StepResult> DataParallel::Step(const OptimizerStep& optimizer_step) {
   if (!error_.ok()) return error_;
 
   const bool zero = options_.stage != ZeroStage::kDdp;
-  std::span<float> params = zero ? std::span<float>(shard_params_) : params_;
-  std::span<float> grads = zero ? std::span<float>(shard_grads_) : grads_;
+  std::span<float> params = zero ? shard_params_ : params_;
+  std::span<float> grads = zero ? shard_grads_ : grads_;
 
   // Under DDP every rank holds the same reduced gradients, so found-inf and
   // the norm agree by construction; a shard sees only its part of them.
   double agreed[2] = {0, 0};  // found inf (as a count), norm²
-  if (scaler_) agreed[0] = models::UnscaleAndCheckFinite(grads, scaler_->inv_scale()) ? 1 : 0;
+  if (scaler_) {
+    ESTUARY_ASSIGN_OR_RETURN(const bool found_inf,
+                             ops_->UnscaleAndCheckFinite(grads.data(), grads.size(), scaler_->inv_scale()));
+    agreed[0] = found_inf ? 1 : 0;
+  }
   if (options_.max_grad_norm > 0) {
-    double sum = 0;
-    for (float g : grads) sum += double(g) * g;
-    agreed[1] = sum;
+    ESTUARY_ASSIGN_OR_RETURN(agreed[1], ops_->SumSquares(grads.data(), grads.size()));
   }
   if (zero && (scaler_ || options_.max_grad_norm > 0) && size_ > 1) {
-    auto work = comm_.AllReduce(std::span<double>(agreed), ReduceOp::kSum);
+    // Through agreed_, which lives where the communicator's buffers do.
+    ESTUARY_RETURN_IF_ERROR(ops_->CopyDoubles(agreed_.get(), agreed, 2));
+    auto work = comm_.AllReduce(std::span<double>(agreed_.get(), 2), ReduceOp::kSum);
     ESTUARY_RETURN_IF_ERROR(Wait(work));
+    ESTUARY_RETURN_IF_ERROR(ops_->CopyDoubles(agreed, agreed_.get(), 2));
   }
   if (scaler_) {
     const bool found_inf = agreed[0] > 0;
@@ -385,10 +399,7 @@ Result<StepResult> DataParallel::Step(const OptimizerStep& optimizer_step) {
   if (options_.max_grad_norm > 0) {
     result.grad_norm = std::sqrt(agreed[1]);
     const double coef = options_.max_grad_norm / (result.grad_norm + 1e-6);
-    if (coef < 1.0) {
-      const float c = float(coef);
-      for (float& g : grads) g *= c;
-    }
+    if (coef < 1.0) ESTUARY_RETURN_IF_ERROR(ops_->Scale(grads.data(), grads.size(), float(coef)));
   }
   optimizer_step(params, grads);
 
@@ -450,10 +461,10 @@ Result<MemoryUse> DataParallel::Memory(size_t optimizer_state_bytes) const {
   if (!grads.ok()) return grads.status();
   m.parameters = *params;
   m.gradients = *grads;
-  m.shard_parameters = shard_params_.capacity() * sizeof(float);
-  m.shard_gradients = shard_grads_.capacity() * sizeof(float);
+  m.shard_parameters = shard_params_.size() * sizeof(float);
+  m.shard_gradients = shard_grads_.size() * sizeof(float);
   m.optimizer_state = optimizer_state_bytes;
-  for (const Bucket& b : buckets_) m.staging += (b.reduce_tail.capacity() + b.gather_tail.capacity()) * sizeof(float);
+  for (const Bucket& b : buckets_) m.staging += b.tails ? 2 * size_t(size_) * sizeof(float) : 0;
   return m;
 }
 

@@ -42,12 +42,12 @@
 // the step and leaves every weight bit unchanged — clips and calls the
 // optimizer step on the full buffer (DDP) or the shard (ZeRO).
 //
-// Buffers on a GPU (an NCCL communicator): DDP only, with no loss scaler and
-// no clipping here. The collectives are all that touch the buffers then; the
-// GPU engine's own step unscales, clips and skips on inf/NaN, which under DDP
-// every rank decides alike. The ZeRO stages, the scaler and clipping work on
-// host memory (unscale and norm, the shard's accumulation, the remainders,
-// page release), and Create refuses them for device buffers.
+// Buffers on a GPU (an NCCL communicator; options.device_stream names the
+// model's stream): DDP and ZeRO-1. Everything DataParallel does to the buffers
+// besides the collectives (client/buffer_ops.h: shard copies, the remainders'
+// staging, unscale, norm, clipping) runs as kernels on that stream. ZeRO-2/3
+// give pages of the flat buffers back to the OS between uses, which one
+// cudaMalloc'd buffer cannot do, so Create refuses them for device buffers.
 //
 // Failure: hooks cannot stop a pass, so the first collective failure is kept
 // and returned by Step (or the next call); the communicator fails every later
@@ -65,6 +65,7 @@
 #include <vector>
 
 #include "base/status.h"
+#include "client/buffer_ops.h"
 #include "client/communicator.h"
 #include "models/loss_scaler.h"
 #include "models/step_hooks.h"
@@ -86,6 +87,9 @@ struct DataParallelOptions {
   double max_grad_norm = 0;
   // Dynamic loss scaling (models::LossScaler's semantics); none: off.
   std::optional<models::LossScalerOptions> loss_scaler = std::nullopt;
+  // Buffers on a GPU: the stream (a cudaStream_t) the model's kernels run on
+  // and the communicator follows; DataParallel's own buffer work runs there.
+  void* device_stream = nullptr;
 };
 
 struct StepResult {
@@ -187,7 +191,10 @@ class DataParallel : private models::StepHooks {
 
   std::vector<Bucket> buckets_;           // launch order: descending offsets
   std::vector<int> unit_bucket_;          // ZeRO-3: unit -> bucket
-  std::vector<float> shard_params_, shard_grads_;
+  std::unique_ptr<BufferOps> ops_;            // how this engine touches its buffers (host or GPU)
+  std::shared_ptr<float> shard_params_owner_, shard_grads_owner_;
+  std::span<float> shard_params_, shard_grads_;
+  std::shared_ptr<double> agreed_;           // found-inf and norm², where collectives can take them
 
   // The micro-batch in flight.
   int micro_ = 0;                // micro-batches run since the last step

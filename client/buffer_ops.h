@@ -1,0 +1,41 @@
+// BufferOps: how DataParallel touches memory beyond the collectives — its
+// shard buffers, the remainders' staging, the shard's accumulation, unscale,
+// norm and clipping, and the doubles it agrees on across ranks — on the device
+// its buffers live on. Host loops for CPU ranks; for GPU ranks, kernels and
+// copies on the model's stream, so they are ordered with the model's own work
+// and, through it, with the collectives (which follow that stream). Calls that
+// hand a value to the host (a norm, found-inf) wait for the stream; the rest
+// only enqueue.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+
+#include "base/status.h"
+
+namespace estuary::client {
+
+class BufferOps {
+ public:
+  virtual ~BufferOps() = default;
+  // n zeroed floats (doubles) on this device, freed with the last owner.
+  virtual Result<std::shared_ptr<float>> Allocate(size_t n) = 0;
+  virtual Result<std::shared_ptr<double>> AllocateDoubles(size_t n) = 0;
+  virtual Status Copy(float* dst, const float* src, size_t n) = 0;
+  virtual Status Fill(float* dst, size_t n, float value) = 0;
+  virtual Status Add(float* dst, const float* src, size_t n) = 0;  // dst += src
+  virtual Status Scale(float* x, size_t n, float c) = 0;           // x *= c
+  // The sum of x², accumulated in double.
+  virtual Result<double> SumSquares(const float* x, size_t n) = 0;
+  // models::UnscaleAndCheckFinite: x *= inv_scale; true when some x was inf or NaN.
+  virtual Result<bool> UnscaleAndCheckFinite(float* x, size_t n, float inv_scale) = 0;
+  // Doubles between the host and this device's buffers (either way), waiting.
+  virtual Status CopyDoubles(double* dst, const double* src, size_t n) = 0;
+};
+
+std::unique_ptr<BufferOps> MakeHostBufferOps();
+// Kernels on `stream` (a cudaStream_t) of the current device; an error naming
+// the reason in a build without CUDA.
+Result<std::unique_ptr<BufferOps>> MakeCudaBufferOps(void* stream);
+
+}  // namespace estuary::client
