@@ -1,10 +1,12 @@
 // bench/ddp_gpu: what the data-parallel wrapper costs on one GPU. The same
 // engine (the ~124M decoder of bench/llama_gpu, bf16, AdamW) trains plain
 // (ForwardBackwardAsync + Step, no host wait) and as rank 0 of a one-GPU NCCL
-// site under DDP (client/data_parallel.h: 25 MB buckets all-reduced from the
+// site (client/data_parallel.h) under DDP (25 MB buckets all-reduced from the
 // backward hooks on the communicator's stream, a host wait for them, then the
-// engine's step), in alternating blocks of steps in this one process; prints
-// the median ms/step of each and their ratio (goal <= 1.03).
+// engine's step) and under ZeRO-1 (the buckets reduce-scattered into the
+// shard, AdamW on the shard, the parameters all-gathered, the bf16 working
+// copy refreshed), in alternating blocks of steps in this one process; prints
+// the median ms/step of each and the ratios (goal <= 1.03).
 //   build/bench/ddp_gpu [--batch 8] [--steps 20] [--blocks 3] [--precision bf16]
 #include <CLI/CLI.hpp>
 #include <cuda_runtime_api.h>
@@ -73,9 +75,16 @@ int main(int argc, char** argv) {
   auto opt = cuda::AdamW::Create(engine->parameter_count(), adamw, stream);
   if (!opt.ok()) return fail(opt.status());
   const size_t count = size_t(engine->parameter_count());
-  auto dp = client::DataParallel::Create(**comm, std::span<float>(engine->parameters(), count),
-                                         std::span<float>(engine->gradients(), count), engine->units(), {});
+  client::DataParallelOptions ddp_options, zero1_options;
+  ddp_options.device_stream = zero1_options.device_stream = stream;
+  zero1_options.stage = client::ZeroStage::kZero1;
+  const std::span<float> params(engine->parameters(), count), grads(engine->gradients(), count);
+  auto dp = client::DataParallel::Create(**comm, params, grads, engine->units(), ddp_options);
   if (!dp.ok()) return fail(dp.status());
+  auto zero1 = client::DataParallel::Create(**comm, params, grads, engine->units(), zero1_options);
+  if (!zero1.ok()) return fail(zero1.status());
+  auto shard_opt = cuda::AdamW::Create(int64_t((*zero1)->shard_size()), adamw, stream);
+  if (!shard_opt.ok()) return fail(shard_opt.status());
 
   const int seq = c.max_seq_len;
   std::vector<int32_t> tokens(size_t(batch) * seq), targets(tokens.size());
@@ -96,6 +105,21 @@ int main(int argc, char** argv) {
             .status());
     return stepped;
   };
+  // The three share one engine. ZeRO-1's shard is its own master copy, so
+  // the weights each kind of block trains drift apart; the work a step does,
+  // which is what is timed, does not depend on them.
+  auto zero1_step = [&]() -> Status {
+    ESTUARY_RETURN_IF_ERROR(engine->ForwardBackwardAsync(tokens.data(), targets.data(), batch, seq,
+                                                         (*zero1)->MicroBatch(1.0, true)));
+    Status stepped;
+    ESTUARY_RETURN_IF_ERROR((*zero1)
+                                ->Step([&](std::span<float> p, std::span<const float> g) {
+                                  stepped = shard_opt->Step(p.data(), g.data(), stream);
+                                })
+                                .status());
+    ESTUARY_RETURN_IF_ERROR(stepped);
+    return engine->RefreshWorkingCopy();
+  };
   // ms per step over a block, the stream drained before and after.
   auto time_block = [&](const std::function<Status()>& step) -> Result<double> {
     ESTUARY_RETURN_IF_ERROR(engine->ReadLoss().status());
@@ -107,25 +131,31 @@ int main(int argc, char** argv) {
   for (int i = 0; i < 3; ++i) {  // warm-up: cuBLAS heuristics, NCCL's first launch
     if (Status s = plain_step(); !s.ok()) return fail(s);
     if (Status s = ddp_step(); !s.ok()) return fail(s);
+    if (Status s = zero1_step(); !s.ok()) return fail(s);
   }
-  std::vector<double> plain, ddp;
+  std::vector<double> plain, ddp, z1;
   for (int b = 0; b < blocks; ++b) {
     auto p = time_block(plain_step);
     if (!p.ok()) return fail(p.status());
     auto d = time_block(ddp_step);
     if (!d.ok()) return fail(d.status());
+    auto z = time_block(zero1_step);
+    if (!z.ok()) return fail(z.status());
     plain.push_back(*p);
     ddp.push_back(*d);
-    std::printf("block %d: plain %.2f ms/step, DDP %.2f ms/step\n", b, *p, *d);
+    z1.push_back(*z);
+    std::printf("block %d: plain %.2f ms/step, DDP %.2f ms/step, ZeRO-1 %.2f ms/step\n", b, *p, *d, *z);
   }
   auto median = [](std::vector<double> v) {
     std::sort(v.begin(), v.end());
     return v[v.size() / 2];
   };
-  const double mp = median(plain), md = median(ddp);
-  std::printf("%s, batch %d x %d, %zu buckets: plain %.2f ms/step, DDP over NCCL (1 GPU) %.2f ms/step\n",
-              precision.c_str(), batch, seq, (*dp)->buckets().size(), mp, md);
+  const double mp = median(plain), md = median(ddp), mz = median(z1);
+  std::printf("%s, batch %d x %d, %zu buckets: plain %.2f ms/step, over NCCL (1 GPU): DDP %.2f, ZeRO-1 %.2f ms/step\n",
+              precision.c_str(), batch, seq, (*dp)->buckets().size(), mp, md, mz);
   std::printf("ratio (DDP / plain): %.3f\n", md / mp);
+  std::printf("ratio (ZeRO-1 / plain): %.3f\n", mz / mp);
   dp->reset();
+  zero1->reset();
   return 0;
 }

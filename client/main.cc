@@ -127,9 +127,10 @@ Result<std::unique_ptr<client::RankTrainer>> MakeRankTrainer(client::Communicato
                                 "train images with --ranks N --backend gloo or one --device cuda process",
                                 site.global_rank());
     }
-    if (site.zero != client::ZeroStage::kDdp) {
-      return InvalidArgument("--gpus with --zero {}: GPU ranks run DDP (--zero 0); the ZeRO stages step their shards "
-                             "in host memory and run on --ranks N --backend gloo",
+    if (site.zero == client::ZeroStage::kZero2 || site.zero == client::ZeroStage::kZero3) {
+      return InvalidArgument("--gpus with --zero {}: GPU ranks run DDP or ZeRO-1 (--zero 0|1); ZeRO-2/3 give pages "
+                             "of the flat buffers back between uses, which a GPU buffer cannot (they run on "
+                             "--ranks N --backend gloo)",
                              int(site.zero));
     }
     ESTUARY_ASSIGN_OR_RETURN(const client::Compute compute,

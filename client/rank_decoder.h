@@ -6,14 +6,15 @@
 //   auto dp = decoder->StartRound(comm, global, task, options);  // collective
 //   loss = decoder->ForwardBackward(tokens, targets, b, seq, dp->MicroBatch(w, true));
 //   dp->Step([&](auto p, auto g) { decoder->OptimizerStep(p, g); });
-//   ESTUARY_RETURN_IF_ERROR(decoder->TakeError());
+//   ESTUARY_RETURN_IF_ERROR(decoder->FinishStep());
 //   decoder->ReadOut(*dp, fn);                                    // host values, unit by unit
 //
-// On a GPU the flat buffers are device memory: DataParallel runs DDP over
-// them (its ZeRO stages step host loops and refuse device buffers), and the
-// engine's own optimizer step clips and, under fp16, unscales and skips on
-// inf/NaN — correct under DDP, where every rank holds the same reduced
-// gradients and so reaches the same decision.
+// On a GPU the flat buffers are device memory and DataParallel runs DDP or
+// ZeRO-1 over them on the engine's stream. Under DDP the engine's own fused
+// step updates the whole buffer (clipping and the fp16 scaler see the same
+// reduced gradients on every rank, so every rank decides alike); under ZeRO-1
+// a device optimizer of 1/N the state steps the rank's shard, and the
+// all-gathered parameters refresh the engine's bf16 working copy.
 #pragma once
 
 #include <cstdint>
@@ -45,10 +46,12 @@ class RankDecoder {
   // The mean loss over this rank's tokens; the gradient as options say.
   virtual Result<float> ForwardBackward(const int32_t* tokens, const int32_t* targets, int batch, int seq,
                                         const models::BackwardOptions& options) = 0;
-  // The step DataParallel::Step calls back; a failure is kept for TakeError.
+  // The step DataParallel::Step calls back; a failure is kept for FinishStep.
   virtual void OptimizerStep(std::span<float> params, std::span<const float> grads) = 0;
-  // The first failure of OptimizerStep since the last call, then Ok.
-  virtual Status TakeError() = 0;
+  // After DataParallel::Step: whatever the decoder still owes the step (a
+  // GPU's working copy after a ZeRO all-gather), and the first failure of
+  // OptimizerStep since the last call.
+  virtual Status FinishStep() = 0;
   // Hands out the trained parameters in host memory, as ForEachSlice does.
   virtual Status ReadOut(DataParallel& dp, const std::function<Status(uint64_t, std::span<const float>)>& fn) = 0;
 };

@@ -26,8 +26,23 @@ class CudaRankDecoder : public RankDecoder {
       return InvalidArgument("site: {} global values for model '{}' of {}", global.size(), task.model,
                              manifest().total_elements);
     }
+    if (options.stage != ZeroStage::kDdp && engine_.precision() == models::DType::kF16) {
+      // The engine scales an fp16 loss by its own scaler, which sees all of
+      // the gradients; under ZeRO a rank steps only its shard.
+      return InvalidArgument("site: fp16 with {} on a GPU: the fp16 loss scaler runs with DDP only; use bf16 or "
+                             "--zero 0",
+                             ZeroStageName(options.stage));
+    }
     ESTUARY_RETURN_IF_ERROR(engine_.CopyParametersFrom(global));
-    const int64_t count = engine_.parameter_count();
+    const size_t n = size_t(engine_.parameter_count());
+    DataParallelOptions on_stream = options;
+    on_stream.device_stream = engine_.stream();
+    ESTUARY_ASSIGN_OR_RETURN(auto dp, DataParallel::Create(comm, std::span<float>(engine_.parameters(), n),
+                                                           std::span<float>(engine_.gradients(), n), engine_.units(),
+                                                           on_stream));
+    // Under ZeRO the optimizer steps this rank's shard only: its state is 1/N.
+    sharded_ = dp->stage() != ZeroStage::kDdp;
+    const int64_t count = sharded_ ? int64_t(dp->shard_size()) : int64_t(n);
     adamw_.reset();
     sgd_.reset();
     if (task.optimizer == OptimizerKind::kAdamW) {
@@ -40,9 +55,7 @@ class CudaRankDecoder : public RankDecoder {
                                models::cuda::Sgd::Create(count, task.learning_rate, task.momentum, task.weight_decay));
       sgd_.emplace(std::move(sgd));
     }
-    const size_t n = size_t(count);
-    return DataParallel::Create(comm, std::span<float>(engine_.parameters(), n),
-                                std::span<float>(engine_.gradients(), n), engine_.units(), options);
+    return dp;
   }
 
   Result<float> ForwardBackward(const int32_t* tokens, const int32_t* targets, int batch, int seq,
@@ -51,14 +64,25 @@ class CudaRankDecoder : public RankDecoder {
     return engine_.ReadLoss();
   }
 
-  void OptimizerStep(std::span<float>, std::span<const float>) override {
-    // The spans are the engine's own device buffers (DDP): its fused step
-    // reads them, and writes the working copy the GEMMs use.
-    auto stepped = adamw_ ? engine_.Step(*adamw_) : engine_.Step(*sgd_);
-    if (!stepped.ok() && error_.ok()) error_ = stepped.status();
+  void OptimizerStep(std::span<float> params, std::span<const float> grads) override {
+    if (!sharded_) {
+      // DDP: the spans are the engine's own buffers; its fused step also
+      // writes the working copy the GEMMs read.
+      auto stepped = adamw_ ? engine_.Step(*adamw_) : engine_.Step(*sgd_);
+      if (!stepped.ok() && error_.ok()) error_ = stepped.status();
+      return;
+    }
+    // ZeRO-1: this rank's shard, on the engine's stream; the all-gather
+    // that follows writes the flat buffer, and FinishStep the working copy.
+    Status s = adamw_ ? adamw_->Step(params.data(), grads.data(), engine_.stream())
+                      : sgd_->Step(params.data(), grads.data(), engine_.stream());
+    if (!s.ok() && error_.ok()) error_ = s;
   }
 
-  Status TakeError() override { return std::exchange(error_, Status::Ok()); }
+  Status FinishStep() override {
+    if (sharded_ && error_.ok()) error_ = engine_.RefreshWorkingCopy();
+    return std::exchange(error_, Status::Ok());
+  }
 
   Status ReadOut(DataParallel&, const std::function<Status(uint64_t, std::span<const float>)>& fn) override {
     host_.resize(size_t(engine_.parameter_count()));
@@ -70,6 +94,7 @@ class CudaRankDecoder : public RankDecoder {
   models::cuda::LlamaEngine engine_;
   std::optional<models::cuda::AdamW> adamw_;
   std::optional<models::cuda::Sgd> sgd_;
+  bool sharded_ = false;  // ZeRO-1: the optimizer steps the shard
   Status error_;
   std::vector<float> host_;
 };

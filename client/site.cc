@@ -243,7 +243,7 @@ class TextRankTrainer : public RankTrainer {
                                                         dp->MicroBatch(rows.weight, true)));
       ESTUARY_RETURN_IF_ERROR(
           dp->Step([&](std::span<float> p, std::span<const float> g) { decoder->OptimizerStep(p, g); }).status());
-      ESTUARY_RETURN_IF_ERROR(decoder->TakeError());
+      ESTUARY_RETURN_IF_ERROR(decoder->FinishStep());
       loss_sum += double(loss) * double(rows.examples) * seq;
       loss_tokens += schedule.batch().size() * seq;  // the whole global batch: every rank counts the same
     }
@@ -291,7 +291,7 @@ class CpuRankDecoder : public RankDecoder {
     return model_.ForwardBackward(tokens, targets, batch, seq, options);
   }
   void OptimizerStep(std::span<float> params, std::span<const float> grads) override { optimizer_->Step(params, grads); }
-  Status TakeError() override { return Status::Ok(); }
+  Status FinishStep() override { return Status::Ok(); }
   Status ReadOut(DataParallel& dp, const std::function<Status(uint64_t, std::span<const float>)>& fn) override {
     return dp.ForEachSlice(fn);
   }

@@ -268,6 +268,12 @@ Status LlamaEngine::CopyParametersFrom(std::span<const float> host) {
   return Status::Ok();
 }
 
+Status LlamaEngine::RefreshWorkingCopy() {
+  Impl& m = *impl_;
+  if (!m.low()) return Status::Ok();
+  return Convert(m.P(), DType::kF32, m.working.data(), m.act(), parameter_count(), m.s());
+}
+
 Status LlamaEngine::CopyParametersTo(std::span<float> host) {
   if (host.size() != impl_->manifest.total_elements) {
     return InvalidArgument("cuda llama: room for {} parameters given, the model has {}", host.size(),

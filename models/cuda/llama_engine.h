@@ -92,6 +92,10 @@ class LlamaEngine {
   // refreshes the working copy; To waits for the stream.
   Status CopyParametersFrom(std::span<const float> host);
   Status CopyParametersTo(std::span<float> host);
+  // Rewrites the bf16/f16 working copy from parameters() after something
+  // other than Step changed them on the device (a ZeRO all-gather); nothing
+  // to do under f32.
+  Status RefreshWorkingCopy();
   Status CopyGradientsTo(std::span<float> host);
 
   // tokens and targets are host arrays of [batch, seq] ids (targets[i] is the

@@ -156,12 +156,14 @@ Status RunRank(const std::string& address, int rank, int size) {
   return Status::Ok();
 }
 
-// DDP over cuda::LlamaEngine's device buffers (what a --gpus site runs): each
-// rank trains its share of every global batch with buckets of a few KB, so
-// many all-reduces follow backward on the engine's stream; after every AdamW
-// step the parameters equal one engine's on the whole batch, on the same GPU
-// (fp32, within 1e-5). The ZeRO stages are refused on device buffers.
-Status RunDdpRank(const std::string& address, int rank, int size) {
+// DDP and ZeRO-1 over cuda::LlamaEngine's device buffers (what a --gpus site
+// runs): each rank trains its share of every global batch with buckets of a
+// few KB, so many collectives follow backward on the engine's stream; after
+// every AdamW step the parameters equal one engine's on the whole batch, on
+// the same GPU (fp32, within 1e-5). ZeRO-1 clips to a norm the steps exceed,
+// agreed across ranks (the whole-batch engine clips its own). ZeRO-2/3 are
+// refused on device buffers.
+Status RunDataParallelRank(const std::string& address, int rank, int size, ZeroStage stage) {
   CUDA_OR_RETURN(cudaSetDevice(rank));
   cudaStream_t stream = nullptr;
   CUDA_OR_RETURN(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -185,19 +187,25 @@ Status RunDdpRank(const std::string& address, int rank, int size) {
   const size_t count = size_t(engine.parameter_count());
   const std::span<float> params(engine.parameters(), count), grads(engine.gradients(), count);
 
-  DataParallelOptions zero1;
-  zero1.stage = ZeroStage::kZero1;
-  auto refused = DataParallel::Create(*c, params, grads, engine.units(), zero1);
-  CHECK_OR_RETURN(!refused.ok() && refused.status().message().find("DDP only") != std::string::npos,
-                  "ZeRO-1 on device buffers: {}", refused.ok() ? "accepted" : refused.status().message());
+  DataParallelOptions zero2;
+  zero2.stage = ZeroStage::kZero2;
+  zero2.device_stream = stream;
+  auto refused = DataParallel::Create(*c, params, grads, engine.units(), zero2);
+  CHECK_OR_RETURN(!refused.ok() && refused.status().message().find("DDP or ZeRO-1 only") != std::string::npos,
+                  "ZeRO-2 on device buffers: {}", refused.ok() ? "accepted" : refused.status().message());
 
-  DataParallelOptions ddp;
-  ddp.bucket_bytes = 4096;
-  ddp.first_bucket_bytes = 1024;
-  ESTUARY_ASSIGN_OR_RETURN(auto dp, DataParallel::Create(*c, params, grads, engine.units(), ddp));
+  DataParallelOptions options;
+  options.stage = stage;
+  options.bucket_bytes = 4096;
+  options.first_bucket_bytes = 1028;  // buckets whose sizes do not split evenly: remainders too
+  options.device_stream = stream;
+  const double max_norm = stage == ZeroStage::kZero1 ? 0.5 : 0.0;
+  options.max_grad_norm = max_norm;
+  ESTUARY_ASSIGN_OR_RETURN(auto dp, DataParallel::Create(*c, params, grads, engine.units(), options));
   CHECK_OR_RETURN(dp->buckets().size() > 10, "only {} buckets", dp->buckets().size());
+  const size_t stepped = stage == ZeroStage::kDdp ? count : dp->shard_size();
   const models::AdamWOptions adamw{.lr = 1e-2f, .weight_decay = 0.1f};
-  ESTUARY_ASSIGN_OR_RETURN(auto opt, models::cuda::AdamW::Create(int64_t(count), adamw, stream));
+  ESTUARY_ASSIGN_OR_RETURN(auto opt, models::cuda::AdamW::Create(int64_t(stepped), adamw, stream));
   ESTUARY_ASSIGN_OR_RETURN(auto whole_opt, models::cuda::AdamW::Create(int64_t(count), adamw, whole.stream()));
 
   std::mt19937 rng(11);
@@ -209,13 +217,17 @@ Status RunDdpRank(const std::string& address, int rank, int size) {
     const size_t at = size_t(rank) * per_rank * seq;
     ESTUARY_RETURN_IF_ERROR(engine.ForwardBackwardAsync(tokens.data() + at, targets.data() + at, per_rank, seq,
                                                         dp->MicroBatch(double(per_rank) / global, true)));
-    Status stepped;
-    ESTUARY_RETURN_IF_ERROR(dp->Step([&](std::span<float>, std::span<const float>) {
-                                stepped = engine.Step(opt).status();
-                              }).status());
-    ESTUARY_RETURN_IF_ERROR(stepped);
+    Status step_status;
+    ESTUARY_ASSIGN_OR_RETURN(const StepResult result, dp->Step([&](std::span<float> p, std::span<const float> g) {
+      // DDP: the engine's own step over its buffers; ZeRO-1: the shard.
+      step_status = stage == ZeroStage::kDdp ? engine.Step(opt).status() : opt.Step(p.data(), g.data(), stream);
+    }));
+    ESTUARY_RETURN_IF_ERROR(step_status);
+    if (stage != ZeroStage::kDdp) ESTUARY_RETURN_IF_ERROR(engine.RefreshWorkingCopy());
+    CHECK_OR_RETURN(max_norm == 0 || result.grad_norm > max_norm, "step {}: norm {} does not exceed the clip {}", step,
+                    result.grad_norm, max_norm);
     ESTUARY_RETURN_IF_ERROR(whole.ForwardBackward(tokens.data(), targets.data(), global, seq).status());
-    ESTUARY_RETURN_IF_ERROR(whole.Step(whole_opt).status());
+    ESTUARY_RETURN_IF_ERROR(whole.Step(whole_opt, max_norm).status());
     ESTUARY_RETURN_IF_ERROR(engine.CopyParametersTo(mine));
     ESTUARY_RETURN_IF_ERROR(whole.CopyParametersTo(want));
     double diff = 0, scale = 1e-30;
@@ -223,8 +235,8 @@ Status RunDdpRank(const std::string& address, int rank, int size) {
       diff = std::max(diff, std::abs(double(mine[i]) - want[i]));
       scale = std::max(scale, std::abs(double(want[i])));
     }
-    CHECK_OR_RETURN(diff / scale <= 1e-5, "step {}: DDP parameters {} off the whole batch's (relative)", step,
-                    diff / scale);
+    CHECK_OR_RETURN(diff / scale <= 1e-5, "{} step {}: parameters {} off the whole batch's (relative)",
+                    ZeroStageName(stage), step, diff / scale);
   }
   dp.reset();
   c.reset();
@@ -233,16 +245,20 @@ Status RunDdpRank(const std::string& address, int rank, int size) {
 }
 #endif
 
-TEST(NcclCommunicator, DdpOverTheGpuEngineEqualsOneGpuOnTheWholeBatch) {
+TEST(NcclCommunicator, DdpAndZero1OverTheGpuEngineEqualOneGpuOnTheWholeBatch) {
 #ifndef ESTUARY_HAVE_NCCL
   GTEST_SKIP() << "this build has no NCCL engine (CUDA or NCCL not found by CMake)";
 #else
   std::string why;
   const int gpus = CountDevices(&why);
   if (gpus <= 0) GTEST_SKIP() << why;
-  const std::string address = testing::FreeTcpAddress();
-  for (const auto& o : testing::RunRanks(gpus, [&](int rank) { return RunDdpRank(address, rank, gpus); })) {
-    EXPECT_TRUE(o.ok()) << o.Describe();
+  for (ZeroStage stage : {ZeroStage::kDdp, ZeroStage::kZero1}) {
+    SCOPED_TRACE(std::string(ZeroStageName(stage)));
+    const std::string address = testing::FreeTcpAddress();
+    for (const auto& o :
+         testing::RunRanks(gpus, [&](int rank) { return RunDataParallelRank(address, rank, gpus, stage); })) {
+      EXPECT_TRUE(o.ok()) << o.Describe();
+    }
   }
 #endif
 }

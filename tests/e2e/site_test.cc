@@ -160,21 +160,25 @@ TEST(Site, ATextSiteOnTwoRanksTrainsTheLanguageModelAsOnOne) {
   }
 }
 
-// The whole --gpus path on one GPU: NCCL, DDP over the GPU engine's buffers
-// (client/rank_decoder.h), the site's broadcast and upload. It trains what
-// one --device cuda process trains: the logged losses agree to 1e-5.
+// The whole --gpus path on one GPU: NCCL, DDP and ZeRO-1 over the GPU
+// engine's buffers (client/rank_decoder.h), the site's broadcast and upload.
+// It trains what one --device cuda process trains: the logged losses agree to
+// 1e-5.
 TEST(Site, ATextSiteOnAGpuOverNcclTrainsAsOneCudaProcess) {
 #ifndef ESTUARY_HAVE_NCCL
   GTEST_SKIP() << "this build has no NCCL engine (CUDA or NCCL not found by CMake)";
 #else
   if (auto usable = client::ParseCompute("cuda", "fp32"); !usable.ok()) GTEST_SKIP() << usable.status().message();
   const auto one = TextSiteLosses({"--device", "cuda"});
-  const auto nccl = TextSiteLosses({"--gpus", "0"});
-  ASSERT_EQ(one.size(), 2u);
-  ASSERT_EQ(nccl.size(), 2u);
-  for (size_t i = 0; i < 2; ++i) {
-    std::printf("round %zu: text site loss %.9g over NCCL, %.9g in one cuda process\n", i + 1, nccl[i], one[i]);
-    EXPECT_NEAR(nccl[i], one[i], 1e-5 * one[i]) << "round " << i + 1;
+  for (const char* zero : {"0", "1"}) {
+    const auto nccl = TextSiteLosses({"--gpus", "0", "--zero", zero});
+    ASSERT_EQ(one.size(), 2u);
+    ASSERT_EQ(nccl.size(), 2u);
+    for (size_t i = 0; i < 2; ++i) {
+      std::printf("round %zu: text site loss %.9g over NCCL (--zero %s), %.9g in one cuda process\n", i + 1,
+                  nccl[i], zero, one[i]);
+      EXPECT_NEAR(nccl[i], one[i], 1e-5 * one[i]) << "round " << i + 1 << ", --zero " << zero;
+    }
   }
 #endif
 }
