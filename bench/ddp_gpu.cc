@@ -22,6 +22,7 @@
 #include "client/data_parallel.h"
 #include "client/nccl_communicator.h"
 #include "models/cuda/device.h"
+#include "models/language_model.h"
 #include "models/cuda/llama_engine.h"
 #include "models/cuda/optimizer.h"
 
@@ -29,15 +30,7 @@ int main(int argc, char** argv) {
   using namespace estuary;
   using namespace estuary::models;
   CLI::App app{"the DDP wrapper's overhead against plain training on one GPU"};
-  LlamaConfig c;
-  c.vocab_size = 50304;
-  c.hidden_size = 768;
-  c.intermediate_size = 2048;
-  c.num_layers = 12;
-  c.num_heads = 12;
-  c.num_kv_heads = 12;
-  c.max_seq_len = 1024;
-  c.tie_embeddings = true;
+  LlamaConfig c = *LlamaPreset("llama-124m");
   int batch = 8, steps = 20, blocks = 3;
   std::string precision = "bf16";
   app.add_option("--batch", batch);

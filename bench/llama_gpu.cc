@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "models/cuda/device.h"
+#include "models/language_model.h"
 #include "models/cuda/llama_engine.h"
 #include "models/cuda/optimizer.h"
 
@@ -34,15 +35,7 @@ int main(int argc, char** argv) {
   using namespace estuary;
   using namespace estuary::models;
   CLI::App app{"LlamaEngine training throughput on one GPU vs PyTorch"};
-  LlamaConfig c;
-  c.vocab_size = 50304;
-  c.hidden_size = 768;
-  c.intermediate_size = 2048;
-  c.num_layers = 12;
-  c.num_heads = 12;
-  c.num_kv_heads = 12;
-  c.max_seq_len = 1024;
-  c.tie_embeddings = true;
+  LlamaConfig c = *LlamaPreset("llama-124m");
   int batch = 8, steps = 50, warmup = 3;
   double peak_tflops = kPeakBf16 / 1e12;
   std::string precision = "bf16", python = "/usr/bin/python3";

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <functional>
 #include <cmath>
 #include <random>
 #include <vector>
@@ -245,35 +246,43 @@ Status RunDataParallelRank(const std::string& address, int rank, int size, ZeroS
 }
 #endif
 
-TEST(NcclCommunicator, DdpAndZero1OverTheGpuEngineEqualOneGpuOnTheWholeBatch) {
-#ifndef ESTUARY_HAVE_NCCL
-  GTEST_SKIP() << "this build has no NCCL engine (CUDA or NCCL not found by CMake)";
+// Runs body(address, rank, size) in one process per visible GPU, meeting at
+// a fresh address; skips, with the reason, without NCCL or a GPU.
+#ifdef ESTUARY_HAVE_NCCL
+#define SKIP_WITHOUT_GPUS(gpus)                           \
+  std::string why;                                        \
+  const int gpus = CountDevices(&why);                    \
+  if (gpus <= 0) GTEST_SKIP() << why
 #else
-  std::string why;
-  const int gpus = CountDevices(&why);
-  if (gpus <= 0) GTEST_SKIP() << why;
+#define SKIP_WITHOUT_GPUS(gpus) \
+  GTEST_SKIP() << "this build has no NCCL engine (CUDA or NCCL not found by CMake)"
+#endif
+
+#ifdef ESTUARY_HAVE_NCCL
+void ExpectEveryRankOk(int gpus, const std::function<Status(const std::string&, int, int)>& body) {
+  const std::string address = testing::FreeTcpAddress();
+  for (const auto& o : testing::RunRanks(gpus, [&](int rank) { return body(address, rank, gpus); })) {
+    EXPECT_TRUE(o.ok()) << o.Describe();
+  }
+}
+#endif
+
+TEST(NcclCommunicator, DdpAndZero1OverTheGpuEngineEqualOneGpuOnTheWholeBatch) {
+  SKIP_WITHOUT_GPUS(gpus);
+#ifdef ESTUARY_HAVE_NCCL
   for (ZeroStage stage : {ZeroStage::kDdp, ZeroStage::kZero1}) {
     SCOPED_TRACE(std::string(ZeroStageName(stage)));
-    const std::string address = testing::FreeTcpAddress();
-    for (const auto& o :
-         testing::RunRanks(gpus, [&](int rank) { return RunDataParallelRank(address, rank, gpus, stage); })) {
-      EXPECT_TRUE(o.ok()) << o.Describe();
-    }
+    ExpectEveryRankOk(gpus, [stage](const std::string& address, int rank, int size) {
+      return RunDataParallelRank(address, rank, size, stage);
+    });
   }
 #endif
 }
 
 TEST(NcclCommunicator, EveryOperationOnEveryGpu) {
-#ifndef ESTUARY_HAVE_NCCL
-  GTEST_SKIP() << "this build has no NCCL engine (CUDA or NCCL not found by CMake)";
-#else
-  std::string why;
-  const int gpus = CountDevices(&why);
-  if (gpus <= 0) GTEST_SKIP() << why;
-  const std::string address = testing::FreeTcpAddress();
-  for (const auto& o : testing::RunRanks(gpus, [&](int rank) { return RunRank(address, rank, gpus); })) {
-    EXPECT_TRUE(o.ok()) << o.Describe();
-  }
+  SKIP_WITHOUT_GPUS(gpus);
+#ifdef ESTUARY_HAVE_NCCL
+  ExpectEveryRankOk(gpus, RunRank);
 #endif
 }
 
