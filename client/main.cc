@@ -122,11 +122,6 @@ Result<std::unique_ptr<client::RankTrainer>> MakeRankTrainer(client::Communicato
   client::DataParallelOptions options;
   options.stage = site.zero;
   if (comm.device() != models::Device::kCpu) {
-    if (!data.text) {
-      return FailedPrecondition("--gpus: rank {}: the image models do not train on GPU ranks yet (the decoders do); "
-                                "train images with --ranks N --backend gloo or one --device cuda process",
-                                site.global_rank());
-    }
     if (site.zero == client::ZeroStage::kZero2 || site.zero == client::ZeroStage::kZero3) {
       return InvalidArgument("--gpus with --zero {}: GPU ranks run DDP or ZeRO-1 (--zero 0|1); ZeRO-2/3 give pages "
                              "of the flat buffers back between uses, which a GPU buffer cannot (they run on "
@@ -135,9 +130,16 @@ Result<std::unique_ptr<client::RankTrainer>> MakeRankTrainer(client::Communicato
     }
     ESTUARY_ASSIGN_OR_RETURN(const client::Compute compute,
                              client::ParseCompute(fmt::format("cuda:{}", site.gpus[site.local_rank]), precision));
-    return client::MakeTextRankTrainer(comm, data.text, options, [compute](const std::string& model, int batch) {
-      return client::MakeCudaRankDecoder(model, batch, compute, rank_stream);
-    });
+    if (data.text) {
+      return client::MakeTextRankTrainer(comm, data.text, options, [compute](const std::string& model, int batch) {
+        return client::MakeCudaRankDecoder(model, batch, compute, rank_stream);
+      });
+    }
+    return client::MakeClassifierRankTrainer(comm, data.images, options,
+                                             [compute](const std::string& model, int batch) {
+                                               return client::MakeCudaRankClassifier(model, batch, compute,
+                                                                                     rank_stream);
+                                             });
   }
   if (data.text) return client::MakeTextRankTrainer(comm, data.text, options);
   return client::MakeClassifierRankTrainer(comm, data.images, options);

@@ -105,14 +105,15 @@ class RoundState {
 
 class ClassifierRankTrainer : public RankTrainer {
  public:
-  ClassifierRankTrainer(Communicator& comm, std::shared_ptr<const models::Dataset> data, DataParallelOptions options)
-      : comm_(comm), data_(std::move(data)), options_(options) {
+  ClassifierRankTrainer(Communicator& comm, std::shared_ptr<const models::Dataset> data, DataParallelOptions options,
+                        RankClassifierFactory make_model)
+      : comm_(comm), data_(std::move(data)), options_(options), make_model_(std::move(make_model)) {
     options_.broadcast_parameters = false;  // every rank starts from the same global weights
   }
 
   uint64_t num_examples() const override { return data_->size(); }
   Status ReadOut(const std::function<Status(uint64_t, std::span<const float>)>& fn) override {
-    return state_.ReadOut(fn);
+    return state_.ReadOut([&](DataParallel& dp) { return model_->ReadOut(dp, fn); });
   }
 
   Status Check(const TaskConfig& task, const models::Manifest& manifest, size_t global_size) override {
@@ -124,7 +125,7 @@ class ClassifierRankTrainer : public RankTrainer {
       return InvalidArgument("task: update kind lora needs a model with adapters; '{}' has none", task.model);
     }
     if (data_->size() == 0) return FailedPrecondition("trainer: no local examples");
-    ESTUARY_ASSIGN_OR_RETURN(models::Model * model, ModelFor(task.model));
+    ESTUARY_ASSIGN_OR_RETURN(RankClassifier * model, ModelFor(task));
     if (!(model->manifest() == manifest) || global_size != manifest.total_elements) {
       return InvalidArgument("trainer: the global model's manifest does not match model '{}'", task.model);
     }
@@ -137,9 +138,8 @@ class ClassifierRankTrainer : public RankTrainer {
 
   Result<double> TrainRound(std::span<const float> global, const TaskConfig& task, uint64_t round,
                             std::string_view client_name) override {
-    ESTUARY_ASSIGN_OR_RETURN(models::Model * model, ModelFor(task.model));
-    ESTUARY_ASSIGN_OR_RETURN(auto dp, StartRound(comm_, *model, global, task, options_));
-    RoundOptimizer optimizer(task);
+    ESTUARY_ASSIGN_OR_RETURN(RankClassifier * model, ModelFor(task));
+    ESTUARY_ASSIGN_OR_RETURN(auto dp, model->StartRound(comm_, global, task, options_));
 
     const int features = data_->feature_size;
     std::vector<float> x(size_t(task.batch_size) * features);
@@ -157,10 +157,11 @@ class ClassifierRankTrainer : public RankTrainer {
         std::memcpy(x.data() + i * features, data_->row(rows.items[i]), features * sizeof(float));
         y[i] = data_->labels[rows.items[i]];
       }
-      const float loss = model->ForwardBackward(x.data(), y.data(), int(rows.items.size()),
-                                                dp->MicroBatch(rows.weight, true));
-      ESTUARY_RETURN_IF_ERROR(dp->Step([&](std::span<float> p, std::span<const float> g) { optimizer.Step(p, g); })
-                                  .status());
+      ESTUARY_ASSIGN_OR_RETURN(const float loss, model->ForwardBackward(x.data(), y.data(), int(rows.items.size()),
+                                                                        dp->MicroBatch(rows.weight, true)));
+      ESTUARY_RETURN_IF_ERROR(
+          dp->Step([&](std::span<float> p, std::span<const float> g) { model->OptimizerStep(p, g); }).status());
+      ESTUARY_RETURN_IF_ERROR(model->FinishStep());
       epoch_loss += double(loss) * double(rows.examples);
       epoch_examples += schedule.batch().size();  // the whole global batch: every rank counts the same
     }
@@ -168,9 +169,12 @@ class ClassifierRankTrainer : public RankTrainer {
   }
 
  private:
-  Result<models::Model*> ModelFor(const std::string& name) {
-    if (!model_ || model_->name() != name) {
-      ESTUARY_ASSIGN_OR_RETURN(model_, models::MakeModel(name));
+  Result<RankClassifier*> ModelFor(const TaskConfig& task) {
+    if (!model_ || model_name_ != task.model || model_batch_ != int(task.batch_size)) {
+      model_.reset();
+      ESTUARY_ASSIGN_OR_RETURN(model_, make_model_(task.model, int(task.batch_size)));
+      model_name_ = task.model;
+      model_batch_ = int(task.batch_size);
     }
     return model_.get();
   }
@@ -178,7 +182,10 @@ class ClassifierRankTrainer : public RankTrainer {
   Communicator& comm_;
   std::shared_ptr<const models::Dataset> data_;
   DataParallelOptions options_;
-  std::unique_ptr<models::Model> model_;  // reused across rounds, as ClassifierTrainer's thread backend
+  RankClassifierFactory make_model_;
+  std::unique_ptr<RankClassifier> model_;
+  std::string model_name_;
+  int model_batch_ = 0;
   RoundState state_;
 };
 
@@ -274,21 +281,17 @@ class TextRankTrainer : public RankTrainer {
   RoundState state_;
 };
 
-// The CPU decoder: models::Llama, with the site's host optimizers.
-class CpuRankDecoder : public RankDecoder {
+// A CPU rank's model (models::Llama, models::Model) with the site's host
+// optimizers, stepping whatever span DataParallel hands them.
+template <typename Model, typename Base>
+class CpuRankModel : public Base {
  public:
-  explicit CpuRankDecoder(models::Llama model) : model_(std::move(model)) {}
-  const models::Manifest& manifest() const override { return model_.manifest(); }
-  int max_seq_len() const override { return model_.config().max_seq_len; }
+  const models::Manifest& manifest() const override { return model().manifest(); }
   Result<std::unique_ptr<DataParallel>> StartRound(Communicator& comm, std::span<const float> global,
                                                    const TaskConfig& task,
                                                    const DataParallelOptions& options) override {
     optimizer_.emplace(task);
-    return client::StartRound(comm, model_, global, task, options);
-  }
-  Result<float> ForwardBackward(const int32_t* tokens, const int32_t* targets, int batch, int seq,
-                                const models::BackwardOptions& options) override {
-    return model_.ForwardBackward(tokens, targets, batch, seq, options);
+    return client::StartRound(comm, model(), global, task, options);
   }
   void OptimizerStep(std::span<float> params, std::span<const float> grads) override { optimizer_->Step(params, grads); }
   Status FinishStep() override { return Status::Ok(); }
@@ -296,9 +299,42 @@ class CpuRankDecoder : public RankDecoder {
     return dp.ForEachSlice(fn);
   }
 
+ protected:
+  virtual Model& model() = 0;
+  virtual const Model& model() const = 0;
+
  private:
-  models::Llama model_;
   std::optional<RoundOptimizer> optimizer_;
+};
+
+class CpuRankDecoder : public CpuRankModel<models::Llama, RankDecoder> {
+ public:
+  explicit CpuRankDecoder(models::Llama model) : model_(std::move(model)) {}
+  int max_seq_len() const override { return model_.config().max_seq_len; }
+  Result<float> ForwardBackward(const int32_t* tokens, const int32_t* targets, int batch, int seq,
+                                const models::BackwardOptions& options) override {
+    return model_.ForwardBackward(tokens, targets, batch, seq, options);
+  }
+
+ private:
+  models::Llama& model() override { return model_; }
+  const models::Llama& model() const override { return model_; }
+  models::Llama model_;
+};
+
+class CpuRankClassifier : public CpuRankModel<models::Model, RankClassifier> {
+ public:
+  explicit CpuRankClassifier(std::unique_ptr<models::Model> model) : model_(std::move(model)) {}
+  int input_size() const override { return model_->input_size(); }
+  Result<float> ForwardBackward(const float* x, const int32_t* y, int n,
+                                const models::BackwardOptions& options) override {
+    return model_->ForwardBackward(x, y, n, options);
+  }
+
+ private:
+  models::Model& model() override { return *model_; }
+  const models::Model& model() const override { return *model_; }
+  std::unique_ptr<models::Model> model_;
 };
 
 // ---- what rank 0 tells the others -------------------------------------------
@@ -403,8 +439,9 @@ Result<RoundMessage> Decode(std::span<const std::byte> bytes) {
 }  // namespace
 
 std::unique_ptr<RankTrainer> MakeClassifierRankTrainer(Communicator& comm, std::shared_ptr<const models::Dataset> data,
-                                                       DataParallelOptions options) {
-  return std::make_unique<ClassifierRankTrainer>(comm, std::move(data), options);
+                                                       DataParallelOptions options, RankClassifierFactory make_model) {
+  if (!make_model) make_model = MakeCpuRankClassifier;
+  return std::make_unique<ClassifierRankTrainer>(comm, std::move(data), options, std::move(make_model));
 }
 
 std::unique_ptr<RankTrainer> MakeTextRankTrainer(Communicator& comm, std::shared_ptr<const std::vector<int32_t>> tokens,
@@ -419,9 +456,18 @@ Result<std::unique_ptr<RankDecoder>> MakeCpuRankDecoder(const std::string& model
   return std::unique_ptr<RankDecoder>(std::make_unique<CpuRankDecoder>(std::move(llama)));
 }
 
+Result<std::unique_ptr<RankClassifier>> MakeCpuRankClassifier(const std::string& model, int) {
+  ESTUARY_ASSIGN_OR_RETURN(auto cpu, models::MakeModel(model));
+  return std::unique_ptr<RankClassifier>(std::make_unique<CpuRankClassifier>(std::move(cpu)));
+}
+
 #ifndef ESTUARY_HAVE_CUDA
 Result<std::unique_ptr<RankDecoder>> MakeCudaRankDecoder(const std::string& model, int, const Compute& compute,
                                                          void*) {
+  return FailedPrecondition("site: {} on {}: this build has no CUDA backend", model, compute.ToString());
+}
+Result<std::unique_ptr<RankClassifier>> MakeCudaRankClassifier(const std::string& model, int,
+                                                               const Compute& compute, void*) {
   return FailedPrecondition("site: {} on {}: this build has no CUDA backend", model, compute.ToString());
 }
 #endif

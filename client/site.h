@@ -37,7 +37,7 @@
 #include "base/status.h"
 #include "client/communicator.h"
 #include "client/data_parallel.h"
-#include "client/rank_decoder.h"
+#include "client/rank_model.h"
 #include "client/trainer.h"
 #include "models/dataset.h"
 
@@ -72,10 +72,13 @@ class RankTrainer {
   virtual Status ReadOut(const std::function<Status(uint64_t offset, std::span<const float> values)>& fn) = 0;
 };
 
-// The image models (MLP, CNN) through models::Model::ForwardBackward and models::Sgd.
+// The image models (MLP, CNN) with SGD: models::Model on the CPU, or what
+// make_model makes (the GPU engine).
 std::unique_ptr<RankTrainer> MakeClassifierRankTrainer(Communicator& comm, std::shared_ptr<const models::Dataset> data,
-                                                       DataParallelOptions options);
-// The decoders (models::Llama) with SGD or AdamW.
+                                                       DataParallelOptions options,
+                                                       RankClassifierFactory make_model = MakeCpuRankClassifier);
+// The decoders with SGD or AdamW: models::Llama on the CPU, or what
+// make_decoder makes (the GPU engine).
 std::unique_ptr<RankTrainer> MakeTextRankTrainer(Communicator& comm, std::shared_ptr<const std::vector<int32_t>> tokens,
                                                  DataParallelOptions options,
                                                  RankDecoderFactory make_decoder = MakeCpuRankDecoder);

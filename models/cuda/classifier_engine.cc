@@ -1,6 +1,7 @@
 #include "models/cuda/classifier_engine.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -83,7 +84,7 @@ struct ClassifierEngine::Impl {
 
   bool low() const { return options.precision != DType::kF32; }
   DType act() const { return options.precision; }
-  cudaStream_t s() const { return stream.get(); }
+  cudaStream_t s() const { return options.stream ? options.stream : stream.get(); }
   float* P() const { return params.as<float>(); }
   float* G() const { return grads.as<float>(); }
   float* loss_d() const { return misc.as<float>(); }
@@ -109,7 +110,7 @@ struct ClassifierEngine::Impl {
   Status ConvForward(const ConvLayer& c, const float* x, int n, float* cols, void* cols_lo, float* y);
   Status ConvBackward(const ConvLayer& c, const void* cols, const float* dy, int n, float* dx);
   Status RunForward(int n);
-  Status RunBackward(int n);
+  Status RunBackward(int n, const BackwardOptions& options);
 };
 
 // The layout of models::MakeModel(name) (model.cc), tensor for tensor; the
@@ -220,8 +221,10 @@ Result<ClassifierEngine> ClassifierEngine::Create(std::string_view model, int ma
   m.BuildManifest();
   const int64_t count = int64_t(m.manifest.total_elements);
 
-  ESTUARY_ASSIGN_OR_RETURN(m.stream, Stream::Create());
-  ESTUARY_ASSIGN_OR_RETURN(m.blas, Blas::Create(m.stream.get()));
+  if (!options.stream) {
+    ESTUARY_ASSIGN_OR_RETURN(m.stream, Stream::Create());
+  }
+  ESTUARY_ASSIGN_OR_RETURN(m.blas, Blas::Create(m.s()));
   ESTUARY_ASSIGN_OR_RETURN(m.params, DeviceBuffer::Allocate(size_t(count) * sizeof(float)));
   ESTUARY_ASSIGN_OR_RETURN(m.grads, DeviceBuffer::Allocate(size_t(count) * sizeof(float)));
   ESTUARY_RETURN_IF_ERROR(FillBytes(m.params.data(), 0, m.params.size(), m.s()));
@@ -240,7 +243,8 @@ Result<ClassifierEngine> ClassifierEngine::Create(std::string_view model, int ma
   // The cross-entropy takes a float and an int per row, each rounded up to
   // the arena's 256-byte alignment.
   ESTUARY_ASSIGN_OR_RETURN(m.scratch, Arena::Create(2 * (size_t(max_batch) * 4 + Arena::kAlignment)));
-  ESTUARY_RETURN_IF_ERROR(m.stream.Synchronize());  // surfaces any error from the setup above here
+  // Surfaces any error from the setup above here.
+  ESTUARY_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(m.s()));
   return ClassifierEngine(std::move(impl));
 }
 
@@ -259,6 +263,21 @@ size_t ClassifierEngine::activation_bytes() const { return impl_->activation_buf
 float* ClassifierEngine::parameters() { return impl_->P(); }
 float* ClassifierEngine::gradients() { return impl_->G(); }
 const void* ClassifierEngine::working_parameters() const { return impl_->low() ? impl_->working.data() : nullptr; }
+
+std::vector<ParameterUnit> ClassifierEngine::units() const {
+  const Impl& m = *impl_;
+  std::vector<ParameterUnit> units;
+  auto unit = [&](const char* name, uint64_t begin) {
+    if (!units.empty()) units.back().end = begin;
+    units.push_back({name, begin, m.manifest.total_elements});
+  };
+  if (m.cnn) {
+    unit("conv1", m.conv1.w), unit("conv2", m.conv2.w), unit("fc1", m.fc1.w), unit("fc2", m.fc2.w);
+  } else {
+    unit("fc1", m.fc1.w), unit("fc2", m.fc2.w), unit("fc3", m.fc3.w);
+  }
+  return units;
+}
 
 // ------------------------------------------------------------- parameters
 
@@ -284,7 +303,14 @@ Status ClassifierEngine::CopyParametersFrom(std::span<const float> host) {
   }
   // cudaMemcpyAsync from pageable memory may return before the device has
   // read it; waiting keeps the caller free to reuse `host` at once.
-  return m.stream.Synchronize();
+  ESTUARY_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(m.s()));
+  return Status::Ok();
+}
+
+Status ClassifierEngine::RefreshWorkingCopy() {
+  Impl& m = *impl_;
+  if (!m.low()) return Status::Ok();
+  return Convert(m.P(), DType::kF32, m.working.data(), m.act(), parameter_count(), m.s());
 }
 
 Status ClassifierEngine::CopyParametersTo(std::span<float> host) {
@@ -416,38 +442,63 @@ Status ClassifierEngine::Impl::RunForward(int n) {
   return LinearForward(fc2, In(a.f1, a.f1_lo), n, a.logits);
 }
 
-Status ClassifierEngine::Impl::RunBackward(int n) {
+// Each layer's gradients are final once its backward is enqueued: the hook
+// reports its first offset (the units are the layers, in buffer order).
+Status ClassifierEngine::Impl::RunBackward(int n, const BackwardOptions& options) {
+  StepHooks& hooks = options.hooks ? *options.hooks : StepHooks::None();
   const Activations& a = acts;
   scratch.Reset();  // its last user is on this stream, ahead of this one
-  ESTUARY_RETURN_IF_ERROR(
-      SoftmaxCrossEntropy(a.logits, a.y, n, kClasses, a.dlogits, loss_d(), nullptr, scratch, s()));
+  ESTUARY_RETURN_IF_ERROR(SoftmaxCrossEntropy(a.logits, a.y, n, kClasses, a.dlogits, loss_d(), nullptr, scratch, s(),
+                                              options.grad_scale));
   if (!cnn) {
     ESTUARY_RETURN_IF_ERROR(LinearBackward(fc3, In(a.h2, a.h2_lo), a.dlogits, n, a.dh2));
+    hooks.GradientsFinal(fc3.w);
     ESTUARY_RETURN_IF_ERROR(ReluBackward(a.h2, a.dh2, int64_t(n) * 200, s()));
     ESTUARY_RETURN_IF_ERROR(LinearBackward(fc2, In(a.h1, a.h1_lo), a.dh2, n, a.dh1));
+    hooks.GradientsFinal(fc2.w);
     ESTUARY_RETURN_IF_ERROR(ReluBackward(a.h1, a.dh1, int64_t(n) * 200, s()));
-    return LinearBackward(fc1, In(a.x, a.x_lo), a.dh1, n, nullptr);
+    ESTUARY_RETURN_IF_ERROR(LinearBackward(fc1, In(a.x, a.x_lo), a.dh1, n, nullptr));
+    hooks.GradientsFinal(0);
+    return Status::Ok();
   }
   ESTUARY_RETURN_IF_ERROR(LinearBackward(fc2, In(a.f1, a.f1_lo), a.dlogits, n, a.df1));
+  hooks.GradientsFinal(fc2.w);
   ESTUARY_RETURN_IF_ERROR(ReluBackward(a.f1, a.df1, int64_t(n) * 512, s()));
   ESTUARY_RETURN_IF_ERROR(LinearBackward(fc1, In(a.p2, a.p2_lo), a.df1, n, a.dp2));
+  hooks.GradientsFinal(fc1.w);
   ESTUARY_RETURN_IF_ERROR(MaxPool2Backward(a.dp2, a.arg2, n, 64, 14, 14, a.dc2, s()));
   ESTUARY_RETURN_IF_ERROR(ReluBackward(a.c2, a.dc2, int64_t(n) * 64 * 196, s()));
   ESTUARY_RETURN_IF_ERROR(ConvBackward(conv2, In(a.cols2, a.cols2_lo), a.dc2, n, a.dp1));
+  hooks.GradientsFinal(conv2.w);
   ESTUARY_RETURN_IF_ERROR(MaxPool2Backward(a.dp1, a.arg1, n, 32, 28, 28, a.dc1, s()));
   ESTUARY_RETURN_IF_ERROR(ReluBackward(a.c1, a.dc1, int64_t(n) * 32 * 784, s()));
-  return ConvBackward(conv1, In(a.cols1, a.cols1_lo), a.dc1, n, nullptr);
+  ESTUARY_RETURN_IF_ERROR(ConvBackward(conv1, In(a.cols1, a.cols1_lo), a.dc1, n, nullptr));
+  hooks.GradientsFinal(0);
+  return Status::Ok();
 }
 
 // ---------------------------------------------------------------- training
 
 Status ClassifierEngine::ForwardBackwardAsync(const float* x, const int32_t* y, int n) {
+  return ForwardBackwardAsync(x, y, n, BackwardOptions{});
+}
+
+Status ClassifierEngine::ForwardBackwardAsync(const float* x, const int32_t* y, int n,
+                                              const BackwardOptions& options) {
   Impl& m = *impl_;
   if (!y) return InvalidArgument("cuda classifier {}: no labels given (y is null)", m.name);
+  if (options.accumulate) {
+    return InvalidArgument("cuda classifier {}: gradient accumulation (BackwardOptions.accumulate) is not supported; "
+                           "every step overwrites the gradients",
+                           m.name);
+  }
+  if (!(options.grad_scale >= 0) || !std::isfinite(options.grad_scale)) {
+    return InvalidArgument("cuda classifier {}: grad_scale {} must be finite and >= 0", m.name, options.grad_scale);
+  }
   ESTUARY_RETURN_IF_ERROR(m.CheckInput(x, y, n, true));
   ESTUARY_RETURN_IF_ERROR(m.Upload(x, y, n));
   ESTUARY_RETURN_IF_ERROR(m.RunForward(n));
-  return m.RunBackward(n);
+  return m.RunBackward(n, options);
 }
 
 Result<float> ClassifierEngine::ReadLoss() {

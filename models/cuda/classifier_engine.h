@@ -42,10 +42,12 @@
 #include <memory>
 #include <span>
 #include <string_view>
+#include <vector>
 
 #include "base/status.h"
 #include "models/cuda/optimizer.h"
 #include "models/model.h"
+#include "models/step_hooks.h"
 #include "models/tensor.h"
 
 namespace estuary::models::cuda {
@@ -54,6 +56,9 @@ struct ClassifierEngineOptions {
   DType precision = DType::kF32;  // f32 or bf16
   // f32 only: let cuBLAS round GEMM inputs to TF32 (faster, ~1e-3 relative).
   bool allow_tf32 = false;
+  // Run on this stream (the caller's, kept alive by it) instead of the
+  // engine's own: a data-parallel rank hands it to its NCCL communicator too.
+  cudaStream_t stream = nullptr;
 };
 
 class ClassifierEngine {
@@ -82,6 +87,8 @@ class ClassifierEngine {
   float* gradients();
   // The bf16 copy the GEMMs read under bf16; null under f32.
   const void* working_parameters() const;
+  // models::MakeModel(name())'s units (models/step_hooks.h): one per layer.
+  std::vector<ParameterUnit> units() const;
 
   // models::Model::Initialize(seed)'s bits (drawn by the CPU model itself).
   Status Initialize(uint64_t seed);
@@ -89,11 +96,20 @@ class ClassifierEngine {
   // To waits for the stream.
   Status CopyParametersFrom(std::span<const float> host);
   Status CopyParametersTo(std::span<float> host);
+  // Rewrites the bf16 working copy from parameters() after something other
+  // than Step changed them on the device (a ZeRO all-gather).
+  Status RefreshWorkingCopy();
   Status CopyGradientsTo(std::span<float> host);
 
   // Forward, mean softmax cross-entropy over the n examples, backward:
   // overwrites gradients() and leaves the loss in device memory, no wait.
   Status ForwardBackwardAsync(const float* x, const int32_t* y, int n);
+  // With data-parallel options (models/step_hooks.h): the gradient of
+  // options.grad_scale × the mean loss, and options.hooks->GradientsFinal
+  // called as each layer's backward is enqueued (on stream(), which a
+  // communicator following it orders its collectives after). BeforeUnit and
+  // AfterUnit are not called, and accumulate is refused.
+  Status ForwardBackwardAsync(const float* x, const int32_t* y, int n, const BackwardOptions& options);
   // The same, then waits for the loss.
   Result<float> ForwardBackward(const float* x, const int32_t* y, int n);
   Result<float> ReadLoss();  // the last ForwardBackward's loss; waits

@@ -74,7 +74,7 @@ cudaError_t MaxPool2Backward(const float* dy, const int32_t* argmax, int n, int 
 // Per row: row_loss, row_correct, dlogits (if not null); then one block reduces
 // them into *loss (mean) and adds the correct count to *correct (if not null).
 cudaError_t SoftmaxCrossEntropy(const float* logits, const int32_t* labels, int n, int classes, float* dlogits,
-                                float* row_loss, int32_t* row_correct, float* loss, int64_t* correct,
-                                cudaStream_t s);
+                                float grad_scale, float* row_loss, int32_t* row_correct, float* loss,
+                                int64_t* correct, cudaStream_t s);
 
 }  // namespace estuary::models::cuda::internal

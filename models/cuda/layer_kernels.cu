@@ -115,7 +115,7 @@ __global__ void MaxPool2BackwardKernel(const float* dy, const int32_t* argmax, i
 // so every lane uses the same bits.
 __global__ void __launch_bounds__(kThreads)
     SoftmaxCrossEntropyRowsKernel(const float* logits, const int32_t* labels, int n, int classes, float* dlogits,
-                                  float* row_loss, int32_t* row_correct) {
+                                  float grad_scale, float* row_loss, int32_t* row_correct) {
   const int lane = threadIdx.x & 31;
   const int64_t warps = Stride() / 32;
   for (int64_t row = FirstIndex() / 32; row < n; row += warps) {
@@ -150,7 +150,8 @@ __global__ void __launch_bounds__(kThreads)
       float* d = dlogits + row * classes;
       for (int c = lane; c < classes; c += 32) {
         const float p = expf((z[c] - max) - log_sum);
-        d[c] = valid ? (p - (c == label ? 1.0f : 0.0f)) / float(n) : NAN;
+        // Scaled after the division, so grad_scale 1 gives the same bits as no scale.
+        d[c] = valid ? (p - (c == label ? 1.0f : 0.0f)) / float(n) * grad_scale : NAN;
       }
     }
   }
@@ -229,11 +230,11 @@ cudaError_t MaxPool2Backward(const float* dy, const int32_t* argmax, int n, int 
 }
 
 cudaError_t SoftmaxCrossEntropy(const float* logits, const int32_t* labels, int n, int classes, float* dlogits,
-                                float* row_loss, int32_t* row_correct, float* loss, int64_t* correct,
-                                cudaStream_t s) {
+                                float grad_scale, float* row_loss, int32_t* row_correct, float* loss,
+                                int64_t* correct, cudaStream_t s) {
   if (n <= 0) return cudaSuccess;
   SoftmaxCrossEntropyRowsKernel<<<unsigned(Blocks(int64_t(n) * 32)), kThreads, 0, s>>>(
-      logits, labels, n, classes, dlogits, row_loss, row_correct);
+      logits, labels, n, classes, dlogits, grad_scale, row_loss, row_correct);
   if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   MeanLossKernel<<<1, kReduceThreads, 0, s>>>(row_loss, row_correct, n, loss, correct);
   return cudaGetLastError();

@@ -118,15 +118,15 @@ Status MaxPool2Backward(const float* dy, const int32_t* argmax, int n, int chann
 }
 
 Status SoftmaxCrossEntropy(const float* logits, const int32_t* labels, int n, int classes, float* dlogits,
-                           float* loss, int64_t* correct, Arena& arena, cudaStream_t stream) {
+                           float* loss, int64_t* correct, Arena& arena, cudaStream_t stream, float grad_scale) {
   if (n < 1 || classes < 1 || Product({n, classes}) < 0) {
     return InvalidArgument("cuda cross-entropy: needs n >= 1 rows of classes >= 1, got n={} classes={}", n, classes);
   }
   if (!logits || !labels || !loss) return InvalidArgument("cuda cross-entropy: null buffer");
   ESTUARY_ASSIGN_OR_RETURN(float* row_loss, arena.Allocate<float>(n));
   ESTUARY_ASSIGN_OR_RETURN(int32_t* row_correct, arena.Allocate<int32_t>(n));
-  ESTUARY_CUDA_RETURN_IF_ERROR(internal::SoftmaxCrossEntropy(logits, labels, n, classes, dlogits, row_loss,
-                                                             row_correct, loss, correct, stream));
+  ESTUARY_CUDA_RETURN_IF_ERROR(internal::SoftmaxCrossEntropy(logits, labels, n, classes, dlogits, grad_scale,
+                                                             row_loss, row_correct, loss, correct, stream));
   return Status::Ok();
 }
 

@@ -49,12 +49,13 @@ Status MaxPool2Backward(const float* dy, const int32_t* argmax, int n, int chann
                         cudaStream_t stream);
 
 // models::SoftmaxCrossEntropy, fused: *loss (a device float) = the mean over
-// n rows of `classes` logits; dlogits = (softmax - onehot) / n when not null;
+// n rows of `classes` logits; dlogits = (softmax - onehot) / n × grad_scale
+// when not null;
 // *correct (a device int64) += rows whose first argmax is the label, when not
 // null. A label outside [0, classes) makes its row's loss and gradient NaN
 // rather than read out of bounds (so the step's loss is NaN). Scratch of
 // 8 bytes per row comes from `arena`.
 Status SoftmaxCrossEntropy(const float* logits, const int32_t* labels, int n, int classes, float* dlogits,
-                           float* loss, int64_t* correct, Arena& arena, cudaStream_t stream);
+                           float* loss, int64_t* correct, Arena& arena, cudaStream_t stream, float grad_scale = 1.0f);
 
 }  // namespace estuary::models::cuda

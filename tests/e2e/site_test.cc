@@ -34,7 +34,7 @@ struct SiteRound {
 // second_node: flags of a second node's estuary-client for the same site
 // (started without certificates: only global rank 0 talks to the server).
 std::vector<SiteRound> RunTwoRounds(const std::vector<std::string>& flags,
-                                    const std::vector<std::string>& second_node = {}) {
+                                    const std::vector<std::string>& second_node = {}, bool several_ranks = true) {
   Federation f;
   f.Issue("site-multi");
   f.Issue("site-plain");
@@ -72,7 +72,7 @@ std::vector<SiteRound> RunTwoRounds(const std::vector<std::string>& flags,
     s.clients = participants.size();
     out.push_back(s);
   }
-  if (std::find(flags.begin(), flags.end(), "1") == flags.end()) {
+  if (several_ranks && std::find(flags.begin(), flags.end(), "1") == flags.end()) {
     // Every rank joined the one site.
     const std::string log = f.ClientLog("site-multi");
     EXPECT_NE(log.find("rank 1 of "), std::string::npos) << log;
@@ -160,8 +160,32 @@ TEST(Site, ATextSiteOnTwoRanksTrainsTheLanguageModelAsOnOne) {
   }
 }
 
+// An image site on one GPU over NCCL (DDP and ZeRO-1 over the classifier
+// engine) reports what one --device cuda process trains: the logged train
+// loss and the global model's test loss after each round, within 1e-5.
+TEST(Site, AnImageSiteOnAGpuOverNcclTrainsAsOneCudaProcess) {
+#ifndef ESTUARY_HAVE_NCCL
+  GTEST_SKIP() << "this build has no NCCL engine (CUDA or NCCL not found by CMake)";
+#else
+  if (auto usable = client::ParseCompute("cuda", "fp32"); !usable.ok()) GTEST_SKIP() << usable.status().message();
+  const auto reference = RunTwoRounds({"--device", "cuda"}, {}, false);
+  ASSERT_EQ(reference.size(), 2u);
+  for (const char* zero : {"0", "1"}) {
+    const auto rounds = RunTwoRounds({"--gpus", "0", "--zero", zero}, {}, false);
+    ASSERT_EQ(rounds.size(), reference.size());
+    for (size_t i = 0; i < rounds.size(); ++i) {
+      std::printf("round %zu: image site loss %.9g over NCCL (--zero %s), %.9g in one cuda process\n", i + 1,
+                  rounds[i].site_loss, zero, reference[i].site_loss);
+      EXPECT_EQ(rounds[i].status, "committed");
+      EXPECT_NEAR(rounds[i].site_loss, reference[i].site_loss, 1e-5 * reference[i].site_loss);
+      EXPECT_NEAR(rounds[i].test_loss, reference[i].test_loss, 1e-5 * reference[i].test_loss);
+    }
+  }
+#endif
+}
+
 // The whole --gpus path on one GPU: NCCL, DDP and ZeRO-1 over the GPU
-// engine's buffers (client/rank_decoder.h), the site's broadcast and upload.
+// engine's buffers (client/rank_model.h), the site's broadcast and upload.
 // It trains what one --device cuda process trains: the logged losses agree to
 // 1e-5.
 TEST(Site, ATextSiteOnAGpuOverNcclTrainsAsOneCudaProcess) {

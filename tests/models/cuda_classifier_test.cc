@@ -6,6 +6,7 @@
 // 1e-2; Evaluate's accuracy equal to models::Evaluate's; and bad input
 // rejected with a message naming it. Argument checks that need no device run
 // everywhere; the rest skip, naming the reason, without a GPU.
+#include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -158,6 +159,62 @@ TEST_P(CudaClassifier, Fp32LossLogitsAndGradientsMatchTheCpu) {
     ASSERT_OK(engine.Forward(b.x.data(), n, gpu_logits.data()));
     EXPECT_LE(RelativeError(gpu_logits.data(), cpu_logits.data(), gpu_logits.size()), kF32Tolerance);
   }
+}
+
+// What DDP relies on (models/step_hooks.h): the units are the CPU model's;
+// GradientsFinal reports every layer's start, decreasing, ending at 0, as the
+// CPU model does; grad_scale scales every gradient and not the loss;
+// accumulate is refused with one line; an engine on a caller's stream runs
+// there.
+TEST_P(CudaClassifier, DataParallelOptionsFollowTheCpuModel) {
+  SKIP_WITHOUT_GPU();
+  const std::string name = GetParam();
+  struct Recorder : StepHooks {
+    std::vector<uint64_t> offsets;
+    void GradientsFinal(uint64_t offset) override { offsets.push_back(offset); }
+  };
+  struct OwnedStream {
+    cudaStream_t stream = nullptr;
+    ~OwnedStream() { cudaStreamDestroy(stream); }
+  } owned;  // declared before the engine, so destroyed after it
+  ASSERT_EQ(cudaStreamCreateWithFlags(&owned.stream, cudaStreamNonBlocking), cudaSuccess);
+  cuda::ClassifierEngineOptions options;
+  options.stream = owned.stream;
+  auto made = cuda::ClassifierEngine::Create(name, 6, options);
+  ASSERT_TRUE(made.ok()) << made.status().ToString();
+  cuda::ClassifierEngine& engine = *made;
+  EXPECT_EQ(engine.stream(), owned.stream);
+  ASSERT_OK(engine.Initialize(21));
+  auto cpu = CpuModel(name, 21);
+  const auto cpu_units = cpu->units(), gpu_units = engine.units();
+  ASSERT_EQ(gpu_units.size(), cpu_units.size());
+  for (size_t u = 0; u < cpu_units.size(); ++u) {
+    EXPECT_EQ(gpu_units[u].name, cpu_units[u].name);
+    EXPECT_EQ(gpu_units[u].begin, cpu_units[u].begin);
+    EXPECT_EQ(gpu_units[u].end, cpu_units[u].end);
+  }
+
+  const Batch b = MakeBatch(6, 77);
+  auto plain_loss = engine.ForwardBackward(b.x.data(), b.y.data(), 6);
+  ASSERT_TRUE(plain_loss.ok());
+  std::vector<float> plain(engine.parameter_count()), scaled(plain.size());
+  ASSERT_OK(engine.CopyGradientsTo(plain));
+  Recorder gpu_hooks, cpu_hooks;
+  ASSERT_OK(engine.ForwardBackwardAsync(b.x.data(), b.y.data(), 6, BackwardOptions{.grad_scale = 0.25f,
+                                                                                   .hooks = &gpu_hooks}));
+  auto loss = engine.ReadLoss();
+  ASSERT_TRUE(loss.ok());
+  EXPECT_EQ(*loss, *plain_loss);  // the loss is the plain mean
+  ASSERT_OK(engine.CopyGradientsTo(scaled));
+  for (size_t i = 0; i < plain.size(); ++i) {
+    ASSERT_NEAR(scaled[i], 0.25f * plain[i], 1e-6f * std::abs(plain[i]) + 1e-12f) << "gradient element " << i;
+  }
+  (void)cpu->ForwardBackward(b.x.data(), b.y.data(), 6, BackwardOptions{.hooks = &cpu_hooks});
+  EXPECT_EQ(gpu_hooks.offsets, cpu_hooks.offsets);
+
+  const Status refused = engine.ForwardBackwardAsync(b.x.data(), b.y.data(), 6, BackwardOptions{.accumulate = true});
+  EXPECT_FALSE(refused.ok());
+  EXPECT_NE(refused.message().find("accumulate"), std::string::npos) << refused.message();
 }
 
 // torch.optim.SGD with momentum and weight decay, five steps on fresh

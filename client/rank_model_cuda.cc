@@ -1,9 +1,13 @@
-// The GPU RankDecoder: models::cuda::LlamaEngine under DDP over NCCL.
+// The GPU rank models: cuda::LlamaEngine and cuda::ClassifierEngine under
+// DDP or ZeRO-1 over NCCL (client/rank_model.h).
 #include <cuda_runtime_api.h>
 
 #include <optional>
+#include <utility>
+#include <vector>
 
-#include "client/rank_decoder.h"
+#include "client/rank_model.h"
+#include "models/cuda/classifier_engine.h"
 #include "models/cuda/llama_engine.h"
 #include "models/cuda/optimizer.h"
 #include "models/language_model.h"
@@ -12,12 +16,14 @@ namespace estuary::client {
 
 namespace {
 
-class CudaRankDecoder : public RankDecoder {
+// What both engines share as a rank's model: the round's optimizer (over the
+// whole buffer under DDP, the shard under ZeRO-1), the step, the read-out.
+template <typename Engine, typename Base>
+class CudaRankModel : public Base {
  public:
-  explicit CudaRankDecoder(models::cuda::LlamaEngine engine) : engine_(std::move(engine)) {}
+  explicit CudaRankModel(Engine engine) : engine_(std::move(engine)) {}
 
   const models::Manifest& manifest() const override { return engine_.manifest(); }
-  int max_seq_len() const override { return engine_.config().max_seq_len; }
 
   Result<std::unique_ptr<DataParallel>> StartRound(Communicator& comm, std::span<const float> global,
                                                    const TaskConfig& task,
@@ -58,25 +64,19 @@ class CudaRankDecoder : public RankDecoder {
     return dp;
   }
 
-  Result<float> ForwardBackward(const int32_t* tokens, const int32_t* targets, int batch, int seq,
-                                const models::BackwardOptions& options) override {
-    ESTUARY_RETURN_IF_ERROR(engine_.ForwardBackwardAsync(tokens, targets, batch, seq, options));
-    return engine_.ReadLoss();
-  }
-
   void OptimizerStep(std::span<float> params, std::span<const float> grads) override {
+    Status s;
     if (!sharded_) {
       // DDP: the spans are the engine's own buffers; its fused step also
       // writes the working copy the GEMMs read.
-      auto stepped = adamw_ ? engine_.Step(*adamw_) : engine_.Step(*sgd_);
-      if (!stepped.ok() && error_.ok()) error_ = stepped.status();
-      return;
+      s = Unwrap(adamw_ ? engine_.Step(*adamw_) : engine_.Step(*sgd_));
+    } else {
+      // ZeRO-1: this rank's shard, on the engine's stream; the all-gather
+      // that follows writes the flat buffer, and FinishStep the working copy.
+      s = adamw_ ? adamw_->Step(params.data(), grads.data(), engine_.stream())
+                 : sgd_->Step(params.data(), grads.data(), engine_.stream());
     }
-    // ZeRO-1: this rank's shard, on the engine's stream; the all-gather
-    // that follows writes the flat buffer, and FinishStep the working copy.
-    Status s = adamw_ ? adamw_->Step(params.data(), grads.data(), engine_.stream())
-                      : sgd_->Step(params.data(), grads.data(), engine_.stream());
-    if (!s.ok() && error_.ok()) error_ = s;
+    if (!s.ok() && error_.ok()) error_ = std::move(s);
   }
 
   Status FinishStep() override {
@@ -90,8 +90,12 @@ class CudaRankDecoder : public RankDecoder {
     return fn(0, host_);
   }
 
- private:
-  models::cuda::LlamaEngine engine_;
+ protected:
+  // LlamaEngine::Step says whether an fp16 step ran; ClassifierEngine's has no scaler.
+  static Status Unwrap(const Status& s) { return s; }
+  static Status Unwrap(const Result<bool>& r) { return r.status(); }
+
+  Engine engine_;
   std::optional<models::cuda::AdamW> adamw_;
   std::optional<models::cuda::Sgd> sgd_;
   bool sharded_ = false;  // ZeRO-1: the optimizer steps the shard
@@ -99,22 +103,59 @@ class CudaRankDecoder : public RankDecoder {
   std::vector<float> host_;
 };
 
-}  // namespace
+class CudaRankDecoder : public CudaRankModel<models::cuda::LlamaEngine, RankDecoder> {
+ public:
+  using CudaRankModel::CudaRankModel;
+  int max_seq_len() const override { return engine_.config().max_seq_len; }
+  Result<float> ForwardBackward(const int32_t* tokens, const int32_t* targets, int batch, int seq,
+                                const models::BackwardOptions& options) override {
+    ESTUARY_RETURN_IF_ERROR(engine_.ForwardBackwardAsync(tokens, targets, batch, seq, options));
+    return engine_.ReadLoss();
+  }
+};
 
-Result<std::unique_ptr<RankDecoder>> MakeCudaRankDecoder(const std::string& model, int max_batch,
-                                                         const Compute& compute, void* stream) {
+class CudaRankClassifier : public CudaRankModel<models::cuda::ClassifierEngine, RankClassifier> {
+ public:
+  using CudaRankModel::CudaRankModel;
+  int input_size() const override { return engine_.input_size(); }
+  Result<float> ForwardBackward(const float* x, const int32_t* y, int n,
+                                const models::BackwardOptions& options) override {
+    ESTUARY_RETURN_IF_ERROR(engine_.ForwardBackwardAsync(x, y, n, options));
+    return engine_.ReadLoss();
+  }
+};
+
+Status UseDevice(const Compute& compute) {
   if (compute.device != models::Device::kCuda) {
     return InvalidArgument("site: a GPU rank needs a cuda device, not {}", compute.ToString());
   }
   if (cudaError_t e = cudaSetDevice(compute.device_index); e != cudaSuccess) {
     return FailedPrecondition("site: cudaSetDevice({}) failed: {}", compute.device_index, cudaGetErrorString(e));
   }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<std::unique_ptr<RankDecoder>> MakeCudaRankDecoder(const std::string& model, int max_batch,
+                                                         const Compute& compute, void* stream) {
+  ESTUARY_RETURN_IF_ERROR(UseDevice(compute));
   ESTUARY_ASSIGN_OR_RETURN(const models::LlamaConfig config, models::LlamaPreset(model));
   models::cuda::LlamaEngineOptions options;
   options.precision = compute.precision;
   options.stream = static_cast<cudaStream_t>(stream);
   ESTUARY_ASSIGN_OR_RETURN(auto engine, models::cuda::LlamaEngine::Create(config, max_batch, options));
   return std::unique_ptr<RankDecoder>(std::make_unique<CudaRankDecoder>(std::move(engine)));
+}
+
+Result<std::unique_ptr<RankClassifier>> MakeCudaRankClassifier(const std::string& model, int max_batch,
+                                                               const Compute& compute, void* stream) {
+  ESTUARY_RETURN_IF_ERROR(UseDevice(compute));
+  models::cuda::ClassifierEngineOptions options;
+  options.precision = compute.precision;
+  options.stream = static_cast<cudaStream_t>(stream);
+  ESTUARY_ASSIGN_OR_RETURN(auto engine, models::cuda::ClassifierEngine::Create(model, max_batch, options));
+  return std::unique_ptr<RankClassifier>(std::make_unique<CudaRankClassifier>(std::move(engine)));
 }
 
 }  // namespace estuary::client

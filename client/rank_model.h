@@ -1,0 +1,89 @@
+// RankModel: the model one rank of a site trains, as the site's rank
+// trainers drive it — models::Llama / models::Model on the CPU (Gloo ranks),
+// or cuda::LlamaEngine / cuda::ClassifierEngine on the rank's GPU (NCCL
+// ranks). The training loops, the batch split and DataParallel above it are
+// the same code for both.
+//
+//   auto dp = model->StartRound(comm, global, task, options);  // collective
+//   loss = model->ForwardBackward(..., dp->MicroBatch(w, true));
+//   dp->Step([&](auto p, auto g) { model->OptimizerStep(p, g); });
+//   ESTUARY_RETURN_IF_ERROR(model->FinishStep());
+//   model->ReadOut(*dp, fn);                                    // host values
+//
+// On a GPU the flat buffers are device memory and DataParallel runs DDP or
+// ZeRO-1 over them on the engine's stream. Under DDP the engine's own fused
+// step updates the whole buffer (clipping and the fp16 scaler see the same
+// reduced gradients on every rank, so every rank decides alike); under ZeRO-1
+// a device optimizer of 1/N the state steps the rank's shard, and the
+// all-gathered parameters refresh the engine's bf16 working copy.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "base/status.h"
+#include "client/communicator.h"
+#include "client/compute.h"
+#include "client/data_parallel.h"
+#include "client/trainer.h"
+#include "models/step_hooks.h"
+#include "models/tensor.h"
+
+namespace estuary::client {
+
+class RankModel {
+ public:
+  virtual ~RankModel() = default;
+  virtual const models::Manifest& manifest() const = 0;
+  // Loads the round's global weights, starts a fresh optimizer for the task
+  // and this round's DataParallel over the model's buffers. Collective.
+  virtual Result<std::unique_ptr<DataParallel>> StartRound(Communicator& comm, std::span<const float> global,
+                                                           const TaskConfig& task,
+                                                           const DataParallelOptions& options) = 0;
+  // The step DataParallel::Step calls back; a failure is kept for FinishStep.
+  virtual void OptimizerStep(std::span<float> params, std::span<const float> grads) = 0;
+  // After DataParallel::Step: whatever the model still owes the step (a
+  // GPU's working copy after a ZeRO all-gather), and the first failure of
+  // OptimizerStep since the last call.
+  virtual Status FinishStep() = 0;
+  // Hands out the trained parameters in host memory, as ForEachSlice does.
+  virtual Status ReadOut(DataParallel& dp, const std::function<Status(uint64_t, std::span<const float>)>& fn) = 0;
+};
+
+// The decoders: token windows in, the mean next-token loss out.
+class RankDecoder : public RankModel {
+ public:
+  virtual int max_seq_len() const = 0;
+  virtual Result<float> ForwardBackward(const int32_t* tokens, const int32_t* targets, int batch, int seq,
+                                        const models::BackwardOptions& options) = 0;
+};
+
+// The image models: x [n, input_size()] and labels in, the mean loss out.
+class RankClassifier : public RankModel {
+ public:
+  virtual int input_size() const = 0;
+  virtual Result<float> ForwardBackward(const float* x, const int32_t* y, int n,
+                                        const models::BackwardOptions& options) = 0;
+};
+
+// Makes a rank's model for a model name and batch size; called when a task
+// names a model or batch size the rank does not hold yet.
+template <typename M>
+using RankModelFactory = std::function<Result<std::unique_ptr<M>>(const std::string& model, int max_batch)>;
+using RankDecoderFactory = RankModelFactory<RankDecoder>;
+using RankClassifierFactory = RankModelFactory<RankClassifier>;
+
+// On the CPU: models::Llama, models::MakeModel.
+Result<std::unique_ptr<RankDecoder>> MakeCpuRankDecoder(const std::string& model, int max_batch);
+Result<std::unique_ptr<RankClassifier>> MakeCpuRankClassifier(const std::string& model, int max_batch);
+// On compute's GPU, running on `stream` (a cudaStream_t, the one the rank's
+// NCCL communicator follows). An error naming the reason in a build without CUDA.
+Result<std::unique_ptr<RankDecoder>> MakeCudaRankDecoder(const std::string& model, int max_batch,
+                                                         const Compute& compute, void* stream);
+Result<std::unique_ptr<RankClassifier>> MakeCudaRankClassifier(const std::string& model, int max_batch,
+                                                               const Compute& compute, void* stream);
+
+}  // namespace estuary::client
