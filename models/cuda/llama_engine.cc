@@ -10,6 +10,7 @@
 #include <random>
 
 #include "models/cuda/check.h"
+#include "models/cuda/flash_attention.h"
 #include "models/cuda/precision.h"
 #include "models/cuda/transformer.h"
 
@@ -24,7 +25,8 @@ struct LayerActivations {
   float* rstd1 = nullptr;
   void* xn1 = nullptr;    // [n, D]
   void* qkv = nullptr;    // [n, (H + 2 KV) hd], after RoPE
-  void* probs = nullptr;  // [batch, H, seq, seq]
+  void* probs = nullptr;  // [batch, H, seq, seq]; null with flash attention
+  float* lse = nullptr;   // [batch, H, seq]: flash attention's softmax statistics
   void* attn = nullptr;   // [n, H hd]
   float* h = nullptr;     // residual stream after attention [n, D]
   float* rstd2 = nullptr;
@@ -44,6 +46,8 @@ struct Activations {
   float* scores = nullptr;   // [batch, H, seq, seq] fp32 scratch; null under f32 (each layer's probs serve)
   float* dprobs = nullptr;   // [batch, H, seq, seq] fp32
   void* dscores = nullptr;   // the same in the activation dtype; dprobs under f32
+  float* delta = nullptr;    // [batch, H, seq]: flash attention's backward scratch
+  // With flash attention, scores, dprobs and dscores are null: no seq x seq buffer exists.
   float* dresid = nullptr;   // [n, D] fp32
   void* dresid_low = nullptr;  // its low-precision copy; null under f32
   float* dxn = nullptr;        // [n, D] fp32 (GEMM outputs feeding the norms' backward)
@@ -75,6 +79,9 @@ struct LlamaEngine::Impl {
 
   DType act() const { return options.precision; }
   bool low() const { return options.precision != DType::kF32; }
+  // Fused attention (flash_attention.h) where it is compiled for the shape;
+  // the materialised path otherwise, and always under f32 (exact to 1e-5).
+  bool flash = false;
   cudaStream_t s() const { return options.stream ? options.stream : stream.get(); }
   float* P() const { return params.as<float>(); }
   float* G() const { return grads.as<float>(); }
@@ -130,7 +137,11 @@ size_t LlamaEngine::Impl::Carve(int batch, int seq, char* base) {
     l.rstd1 = carver.Floats(n);
     l.xn1 = carver.Take(n * D, a);
     l.qkv = carver.Take(qkv, a);
-    l.probs = carver.Take(square, a);
+    if (flash) {
+      l.lse = carver.Floats(int64_t(batch) * H * seq);
+    } else {
+      l.probs = carver.Take(square, a);
+    }
     l.attn = carver.Take(n * H * hd, a);
     l.h = carver.Floats(n * D);
     l.rstd2 = carver.Floats(n);
@@ -142,9 +153,13 @@ size_t LlamaEngine::Impl::Carve(int batch, int seq, char* base) {
   acts.xn_final = carver.Take(n * D, a);
   acts.logits = carver.Floats(n * V);
   acts.dlogits = low() ? carver.Take(n * V, a) : static_cast<void*>(acts.logits);
-  acts.scores = low() ? carver.Floats(square) : nullptr;
-  acts.dprobs = carver.Floats(square);
-  acts.dscores = low() ? carver.Take(square, a) : static_cast<void*>(acts.dprobs);
+  if (flash) {
+    acts.delta = carver.Floats(int64_t(batch) * H * seq);
+  } else {
+    acts.scores = low() ? carver.Floats(square) : nullptr;
+    acts.dprobs = carver.Floats(square);
+    acts.dscores = low() ? carver.Take(square, a) : static_cast<void*>(acts.dprobs);
+  }
   acts.dresid = carver.Floats(n * D);
   acts.dresid_low = low() ? carver.Take(n * D, a) : nullptr;
   acts.dxn = carver.Floats(n * D);
@@ -171,6 +186,7 @@ Result<LlamaEngine> LlamaEngine::Create(const LlamaConfig& config, int max_batch
   m.options = options;
   m.max_batch = max_batch;
   m.scaler = LossScaler(options.loss_scaler);
+  m.flash = options.flash_attention && FlashAttentionSupports(options.precision, config.head_dim());
   m.BuildManifest();
   const int64_t count = int64_t(m.manifest.total_elements);
   const int64_t max_n = int64_t(max_batch) * config.max_seq_len;
@@ -350,8 +366,12 @@ Status LlamaEngine::Impl::RunForward(int batch, int seq) {
         Gemm(blas, false, true, n, qkv_width, D, 1.0f, a.xn1, D, W(o.qkv), D, 0.0f, a.qkv, qkv_width, Same()));
     // q and k heads are adjacent at the start of each row: one rotation for both.
     ESTUARY_RETURN_IF_ERROR(RopeForward(a.qkv, act(), batch, seq, H + KV, hd, qkv_width, rope_cos(), rope_sin(), s()));
-    float* scores = low() ? acts.scores : static_cast<float*>(a.probs);
-    ESTUARY_RETURN_IF_ERROR(AttentionForward(blas, act(), a.qkv, batch, seq, H, KV, hd, scores, a.probs, a.attn));
+    if (flash) {
+      ESTUARY_RETURN_IF_ERROR(FlashAttentionForward(act(), a.qkv, batch, seq, H, KV, hd, a.attn, a.lse, s()));
+    } else {
+      float* scores = low() ? acts.scores : static_cast<float*>(a.probs);
+      ESTUARY_RETURN_IF_ERROR(AttentionForward(blas, act(), a.qkv, batch, seq, H, KV, hd, scores, a.probs, a.attn));
+    }
     ESTUARY_RETURN_IF_ERROR(
         Gemm(blas, false, true, n, D, int64_t(H) * hd, 1.0f, a.attn, int64_t(H) * hd, W(o.o), int64_t(H) * hd, 0.0f,
              a.h, D, ToF32()));
@@ -414,8 +434,13 @@ Status LlamaEngine::Impl::RunBackward(int batch, int seq, const BackwardOptions&
     ESTUARY_RETURN_IF_ERROR(
         Gemm(blas, false, false, n, attn_width, D, 1.0f, dres, D, W(o.o), attn_width, 0.0f, a.dattn, attn_width,
              Same()));
-    ESTUARY_RETURN_IF_ERROR(AttentionBackward(blas, act(), L.qkv, L.probs, a.dattn, batch, seq, H, KV, hd, a.dprobs,
-                                              a.dscores, a.dqkv));
+    if (flash) {
+      ESTUARY_RETURN_IF_ERROR(FlashAttentionBackward(act(), L.qkv, L.attn, a.dattn, L.lse, batch, seq, H, KV, hd,
+                                                     a.delta, a.dqkv, s()));
+    } else {
+      ESTUARY_RETURN_IF_ERROR(AttentionBackward(blas, act(), L.qkv, L.probs, a.dattn, batch, seq, H, KV, hd,
+                                                a.dprobs, a.dscores, a.dqkv));
+    }
     ESTUARY_RETURN_IF_ERROR(
         RopeBackward(a.dqkv, act(), batch, seq, H + KV, hd, qkv_width, rope_cos(), rope_sin(), s()));
     ESTUARY_RETURN_IF_ERROR(Gemm(blas, true, false, qkv_width, D, n, 1.0f, a.dqkv, qkv_width, L.xn1, D, 0.0f,

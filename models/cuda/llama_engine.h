@@ -7,6 +7,11 @@
 // from one buffer sized at Create for (max_batch, max_seq_len), so a step
 // never allocates.
 //
+// Attention: under bf16/f16 with head_dim 64, fused flash-attention kernels
+// that keep one log-sum-exp per row instead of the [batch, heads, seq, seq]
+// probabilities; otherwise (and under f32, so that it stays exact) cuBLAS
+// products around a fused softmax.
+//
 // Precision: f32 (fp32 GEMMs; TF32 only if asked), or bf16 / f16: GEMMs take a
 // low-precision working copy of the weights and low-precision activations and
 // accumulate in fp32; the residual stream, norm statistics, softmaxes, logits,
@@ -53,6 +58,9 @@ struct LlamaEngineOptions {
   bool allow_tf32 = false;
   // f16 only.
   LossScalerOptions loss_scaler;
+  // bf16/f16 with head_dim 64: attention without the seq x seq matrix
+  // (flash_attention.h). Off: the materialised path, as under f32.
+  bool flash_attention = true;
   // Run on this stream (owned by the caller, who keeps it alive) instead of
   // one of the engine's own: a data-parallel rank hands the same stream to its
   // NCCL communicator, whose collectives then follow this engine's kernels.

@@ -9,6 +9,7 @@
 // within 1e-2. Tests skip, naming the reason, without a usable device; the
 // argument checks need none and always run.
 #include <cblas.h>
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -19,6 +20,7 @@
 
 #include "models/cuda/blas.h"
 #include "models/cuda/device.h"
+#include "models/cuda/flash_attention.h"
 #include "models/cuda/transformer.h"
 #include "models/precision.h"
 #include "models/transformer_ops.h"
@@ -367,6 +369,74 @@ TEST_F(CudaTransformer, CausalGqaAttentionForwardAndBackwardMatchTheCpu) {
                           dscores.data(), dqkv.data());
       }
       EXPECT_LE(RelativeError(DownloadAs(d_dqkv, dqkv.size(), dtype), dqkv), Tolerance(dtype)) << what;
+    }
+  }
+}
+
+// The fused kernels (flash_attention.h) against the CPU's attention in fp32
+// on the same rounded inputs: out, every element of dqkv, and each row's
+// log-sum-exp; query tiles that end mid-tile, GQA and MQA, a one-token
+// sequence. Their products round the probabilities to bf16/fp16, which the
+// 1e-2 bound covers.
+TEST_F(CudaTransformer, FlashAttentionMatchesTheCpu) {
+  EXPECT_FALSE(cuda::FlashAttentionSupports(DType::kF32, 64));
+  EXPECT_FALSE(cuda::FlashAttentionSupports(DType::kBF16, 32));
+  int dummy = 0;
+  const Status unsupported =
+      cuda::FlashAttentionForward(DType::kBF16, &dummy, 1, 8, 2, 2, 32, &dummy, nullptr, s());
+  EXPECT_NE(unsupported.message().find("head_dim 32"), std::string::npos) << unsupported.message();
+  for (const AttentionCase& c : {AttentionCase{2, 100, 4, 2, 64}, AttentionCase{1, 64, 2, 2, 64},
+                                 AttentionCase{2, 130, 3, 1, 64}, AttentionCase{1, 1, 1, 1, 64}}) {
+    for (const DType dtype : {DType::kBF16, DType::kF16}) {
+      const std::string what = fmt::format("batch {} seq {} heads {}/{} {}", c.batch, c.seq, c.heads, c.kv_heads,
+                                           DTypeName(dtype));
+      const int64_t width = int64_t(c.heads + 2 * c.kv_heads) * c.head_dim, n = int64_t(c.batch) * c.seq;
+      const int64_t out_width = int64_t(c.heads) * c.head_dim;
+      const Values qkv = Rounded(Random(n * width, 70, 2.0f), dtype);
+      const Values dout = Rounded(Random(n * out_width, 71), dtype);
+      Values probs(int64_t(c.batch) * c.heads * c.seq * c.seq), out(n * out_width),
+          dscores(int64_t(c.seq) * c.seq), dqkv(qkv.size());
+      AttentionForward(qkv.data(), c.batch, c.seq, c.heads, c.kv_heads, c.head_dim, probs.data(), out.data());
+      AttentionBackward(qkv.data(), probs.data(), dout.data(), c.batch, c.seq, c.heads, c.kv_heads, c.head_dim,
+                        dscores.data(), dqkv.data());
+      // Each row's log-sum-exp of the scaled scores, in double.
+      Values lse(int64_t(c.batch) * c.heads * c.seq);
+      const int group = c.heads / c.kv_heads;
+      for (int b = 0; b < c.batch; ++b) {
+        for (int h = 0; h < c.heads; ++h) {
+          for (int i = 0; i < c.seq; ++i) {
+            std::vector<double> z(i + 1);
+            for (int j = 0; j <= i; ++j) {
+              double dot = 0;
+              for (int d = 0; d < c.head_dim; ++d) {
+                dot += double(qkv[(int64_t(b) * c.seq + i) * width + h * c.head_dim + d]) *
+                       qkv[(int64_t(b) * c.seq + j) * width + (c.heads + h / group) * c.head_dim + d];
+              }
+              z[j] = dot / std::sqrt(double(c.head_dim));
+            }
+            const double top = *std::max_element(z.begin(), z.end());
+            double sum = 0;
+            for (double v : z) sum += std::exp(v - top);
+            lse[(int64_t(b) * c.heads + h) * c.seq + i] = float(top + std::log(sum));
+          }
+        }
+      }
+
+      const void* d_qkv = UploadAs(qkv, dtype);
+      void* d_out = Poisoned(out.size() * DTypeSize(dtype));
+      float* d_lse = static_cast<float*>(Poisoned(lse.size() * sizeof(float)));
+      ASSERT_OK(cuda::FlashAttentionForward(dtype, d_qkv, c.batch, c.seq, c.heads, c.kv_heads, c.head_dim, d_out,
+                                            d_lse, s()));
+      EXPECT_LE(RelativeError(DownloadAs(d_out, out.size(), dtype), out), kLowTolerance) << what;
+      EXPECT_LE(RelativeError(Download(d_lse, lse.size()), lse), 1e-4) << what;
+
+      float* d_delta = static_cast<float*>(Poisoned(lse.size() * sizeof(float)));
+      void* d_dqkv = Poisoned(qkv.size() * DTypeSize(dtype));
+      ASSERT_OK(cuda::FlashAttentionBackward(dtype, d_qkv, d_out, UploadAs(dout, dtype), d_lse, c.batch, c.seq,
+                                             c.heads, c.kv_heads, c.head_dim, d_delta, d_dqkv, s()));
+      const Values got = DownloadAs(d_dqkv, dqkv.size(), dtype);
+      for (float v : got) ASSERT_TRUE(std::isfinite(v)) << what << ": an element of dqkv was not written";
+      EXPECT_LE(RelativeError(got, dqkv), kLowTolerance) << what;
     }
   }
 }
