@@ -3,7 +3,8 @@
 // weights and the same random, non-zero A and B, fp32 logits, loss and every
 // adapter gradient within 1e-4 relative (per tensor, max|gpu - cpu| /
 // max|cpu|) for an untied GQA decoder with all seven projections adapted and a
-// tied MHA decoder with q, k, v, o; five AdamW steps' losses within 1e-4 of
+// tied MHA decoder with q, k, v, o; with PEFT's init (B = 0) the plain
+// LlamaEngine's logits and loss bit for bit; five AdamW steps' losses within 1e-4 of
 // the CPU's and the base's weights bit for bit unchanged after them; bf16
 // losses within 1e-2; and bad configs and inputs refused with one line naming
 // what was wrong. Every test skips, naming the reason, without a GPU.
@@ -224,6 +225,46 @@ TEST_F(CudaLora, F32LogitsLossAndEveryAdapterGradientMatchTheCpu) {
     ASSERT_OK(gpu.CopyGradientsTo(quarter));
     for (size_t i = 0; i < grads.size(); ++i) {
       ASSERT_NEAR(quarter[i], 0.25f * grads[i], 1e-6f * std::abs(grads[i]) + 1e-12f) << "adapter gradient " << i;
+    }
+  }
+}
+
+// With PEFT's init (B = 0) every adapter adds exact zeros, so the frozen
+// engine with adapters gives the plain LlamaEngine's logits and loss bit for
+// bit, in f32 and bf16: the decoder the adapters hook into is the base's own.
+// And dA is zero (it reads B) while dB is not.
+TEST_F(CudaLora, ZeroBAdaptersGiveThePlainEnginesResultsBitForBit) {
+  for (const DType precision : {DType::kF32, DType::kBF16}) {
+    for (const Case& k : Cases()) {
+      const LlamaConfig& config = k.config;
+      auto plain = cuda::LlamaEngine::Create(config, 2, Options(precision));
+      ASSERT_TRUE(plain.ok()) << plain.status().ToString();
+      ASSERT_OK(plain->Initialize(5));
+      auto lora = cuda::LoraLlamaEngine::Create(config, k.lora, 2, Options(precision));
+      ASSERT_TRUE(lora.ok()) << lora.status().ToString();
+      ASSERT_OK(lora->base().Initialize(5));
+      ASSERT_OK(lora->Initialize(6));
+      const Batch b = MakeBatch(config, 2, config.max_seq_len, 51);
+      const size_t logits_size = size_t(b.batch) * b.seq * config.vocab_size;
+      Values plain_logits(logits_size), lora_logits(logits_size);
+      ASSERT_OK(plain->Forward(b.tokens.data(), b.batch, b.seq, plain_logits.data()));
+      ASSERT_OK(lora->Forward(b.tokens.data(), b.batch, b.seq, lora_logits.data()));
+      EXPECT_EQ(std::memcmp(plain_logits.data(), lora_logits.data(), logits_size * sizeof(float)), 0)
+          << k.name << ", " << DTypeName(precision);
+      const float plain_loss = Unwrap(plain->ForwardBackward(b.tokens.data(), b.targets.data(), b.batch, b.seq));
+      const float lora_loss = Unwrap(lora->ForwardBackward(b.tokens.data(), b.targets.data(), b.batch, b.seq));
+      EXPECT_EQ(std::memcmp(&plain_loss, &lora_loss, sizeof(float)), 0)
+          << k.name << ", " << DTypeName(precision) << ": " << lora_loss << " vs " << plain_loss;
+      Values grads(lora->parameter_count());
+      ASSERT_OK(lora->CopyGradientsTo(grads));
+      for (const TensorSpec& t : lora->manifest().tensors) {
+        const double max = MaxAbs(grads.data() + t.offset, t.numel());
+        if (t.name.find("lora_A") != std::string::npos) {
+          EXPECT_EQ(max, 0.0) << t.name;
+        } else {
+          EXPECT_GT(max, 0.0) << t.name;
+        }
+      }
     }
   }
 }
