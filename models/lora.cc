@@ -99,48 +99,78 @@ void LoraLinear::Backward(const float* x, const float* xa, const float* dy, int6
 
 // ------------------------------------------------------------------ model
 
-LoraLlama::LoraLlama(Llama base, const LoraConfig& config) : base_(std::move(base)), lora_config_(config) {
-  const LlamaConfig& c = base_.config();
+LoraLayout LoraLayoutOf(const LlamaConfig& c, const LoraConfig& config) {
   const int D = c.hidden_size, I = c.intermediate_size, r = config.rank;
   const int q_rows = c.num_heads * c.head_dim(), kv_rows = c.num_kv_heads * c.head_dim();
   // (in, out) of each module, in kAllModules order.
   const std::pair<int, int> dims[kLoraModules] = {{D, q_rows}, {D, kv_rows}, {D, kv_rows}, {q_rows, D},
                                                  {D, I},      {D, I},       {I, D}};
-  struct Placed {
-    int layer;
-    LoraModule module;
-    uint64_t a, b;
-  };
-  std::vector<Placed> placed;
+  LoraLayout layout;
+  Manifest& manifest = layout.manifest;
   auto add = [&](std::string name, std::vector<int64_t> shape) {
-    TensorSpec spec{std::move(name), std::move(shape), DType::kF32, manifest_.total_elements};
-    manifest_.total_elements += spec.numel();
-    manifest_.tensors.push_back(std::move(spec));
-    return manifest_.tensors.back().offset;
+    TensorSpec spec{std::move(name), std::move(shape), DType::kF32, manifest.total_elements};
+    manifest.total_elements += spec.numel();
+    manifest.tensors.push_back(std::move(spec));
+    return manifest.tensors.back().offset;
   };
+  layout.layers.resize(c.num_layers);
   for (int l = 0; l < c.num_layers; ++l) {
     for (LoraModule m : kAllModules) {
       if (!config.Targets(m)) continue;
       const auto [in, out] = dims[int(m)];
       const std::string p = fmt::format("{}model.layers.{}.{}.", kPeftPrefix, l, ModulePath(m));
-      const uint64_t a = add(p + "lora_A.weight", {r, in});
-      const uint64_t b = add(p + "lora_B.weight", {out, r});
-      placed.push_back({l, m, a, b});
+      LoraLayout::Adapter& adapter = layout.layers[l][int(m)];
+      adapter.present = true;
+      adapter.in = in;
+      adapter.out = out;
+      adapter.rank = r;
+      adapter.a = add(p + "lora_A.weight", {r, in});
+      adapter.b = add(p + "lora_B.weight", {out, r});
     }
   }
-  params_ = FlatBuffer<float>(manifest_.total_elements);
-  grads_ = FlatBuffer<float>(manifest_.total_elements);
+  return layout;
+}
+
+void InitializeLoraAdapters(const LoraLayout& layout, uint64_t seed, std::span<float> params) {
+  std::mt19937_64 rng(seed);
+  for (const auto& layer : layout.layers) {
+    for (const LoraLayout::Adapter& m : layer) {
+      if (!m.present) continue;
+      const int64_t rank = m.rank;
+      float* a = params.data() + m.a;
+      float* b = params.data() + m.b;
+      // kaiming_uniform_(a=√5): gain √(2/(1+5)), bound = gain·√3/√fan_in = 1/√in.
+      const double bound = 1.0 / std::sqrt(double(m.in));
+      for (int64_t i = 0; i < rank * m.in; ++i) {
+        const double u = double(rng() >> 11) * 0x1.0p-53;  // [0, 1)
+        a[i] = float((2 * u - 1) * bound);
+      }
+      std::fill(b, b + int64_t(m.out) * rank, 0.0f);
+    }
+  }
+}
+
+LoraLlama::LoraLlama(Llama base, const LoraConfig& config) : base_(std::move(base)), lora_config_(config) {
+  const LlamaConfig& c = base_.config();
+  const int D = c.hidden_size, r = config.rank;
+  layout_ = LoraLayoutOf(c, config);
+  const LoraLayout& layout = layout_;
+  params_ = FlatBuffer<float>(layout.manifest.total_elements);
+  grads_ = FlatBuffer<float>(layout.manifest.total_elements);
   layers_.resize(c.num_layers);
-  for (const Placed& p : placed) {
-    const auto [in, out] = dims[int(p.module)];
-    layers_[p.layer][int(p.module)] = LoraLinear{in,
-                                                 out,
-                                                 r,
-                                                 float(config.scale()),
-                                                 params_.data() + p.a,
-                                                 params_.data() + p.b,
-                                                 grads_.data() + p.a,
-                                                 grads_.data() + p.b};
+  for (int l = 0; l < c.num_layers; ++l) {
+    for (LoraModule m : kAllModules) {
+      const LoraLayout::Adapter& p = layout.layers[l][int(m)];
+      if (!p.present) continue;
+      layers_[l][int(m)] = LoraLinear{p.in,
+                                      p.out,
+                                      r,
+                                      float(config.scale()),
+                                      params_.data() + p.a,
+                                      params_.data() + p.b,
+                                      grads_.data() + p.a,
+                                      grads_.data() + p.b};
+    }
   }
   xa_rows_ = int64_t(base_.max_batch()) * c.max_seq_len;
   xa_.resize(size_t(c.num_layers) * kLoraModules * size_t(xa_rows_) * size_t(r));
@@ -149,11 +179,15 @@ LoraLlama::LoraLlama(Llama base, const LoraConfig& config) : base_(std::move(bas
   if (config.dropout > 0) {
     size_t total = 0, widest = 0;
     xd_at_.resize(size_t(c.num_layers) * kLoraModules);
-    for (const Placed& p : placed) {
-      const size_t in = size_t(dims[int(p.module)].first);
-      xd_at_[size_t(p.layer) * kLoraModules + size_t(p.module)] = total;
-      total += size_t(xa_rows_) * in;
-      widest = std::max(widest, in);
+    for (int l = 0; l < c.num_layers; ++l) {
+      for (LoraModule m : kAllModules) {
+        const LoraLayout::Adapter& p = layout.layers[l][int(m)];
+        if (!p.present) continue;
+        const size_t in = size_t(p.in);
+        xd_at_[size_t(l) * kLoraModules + size_t(m)] = total;
+        total += size_t(xa_rows_) * in;
+        widest = std::max(widest, in);
+      }
     }
     xd_.resize(total);
     dxd_.resize(size_t(xa_rows_) * widest);
@@ -165,21 +199,7 @@ Result<LoraLlama> LoraLlama::Create(Llama base, const LoraConfig& config) {
   return LoraLlama(std::move(base), config);
 }
 
-void LoraLlama::Initialize(uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  for (const auto& layer : layers_) {
-    for (const LoraLinear& m : layer) {
-      if (!m.a) continue;
-      // kaiming_uniform_(a=√5): gain √(2/(1+5)), bound = gain·√3/√fan_in = 1/√in.
-      const double bound = 1.0 / std::sqrt(double(m.in));
-      for (int64_t i = 0; i < int64_t(m.rank) * m.in; ++i) {
-        const double u = double(rng() >> 11) * 0x1.0p-53;  // [0, 1)
-        m.a[i] = float((2 * u - 1) * bound);
-      }
-      std::fill(m.b, m.b + int64_t(m.out) * m.rank, 0.0f);
-    }
-  }
-}
+void LoraLlama::Initialize(uint64_t seed) { InitializeLoraAdapters(layout_, seed, params_); }
 
 // Counter-based (base/seed.h's mixing): a mask is a pure function of its
 // coordinates, so backward redraws it instead of storing it.

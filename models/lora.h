@@ -86,6 +86,30 @@ struct LoraLinear {
                 bool accumulate) const;
 };
 
+// Where the adapters of a decoder live in the adapter buffer: the manifest
+// (PEFT's names; per layer and module in the order q, k, v, o, gate, up,
+// down, lora_A before lora_B) and, per layer and module, A's and B's offsets
+// (elements) with the projection's (in, out). The CPU LoraLlama and the GPU
+// cuda::LoraLlamaEngine both lay out their buffers from this, so adapter
+// buffers copy one to one between them.
+struct LoraLayout {
+  struct Adapter {
+    bool present = false;  // false: the module is not targeted
+    int in = 0, out = 0, rank = 0;
+    uint64_t a = 0, b = 0;
+  };
+  Manifest manifest;
+  std::vector<std::array<Adapter, kLoraModules>> layers;
+};
+// `config` must be valid (LoraConfig::Validate), `base` too.
+LoraLayout LoraLayoutOf(const LlamaConfig& base, const LoraConfig& config);
+
+// PEFT's default init into a buffer of layout.manifest.total_elements floats:
+// B = 0 and A uniform(-1/sqrt(in), 1/sqrt(in)) (kaiming_uniform_, a = sqrt(5)),
+// drawn in layout order from one generator seeded with `seed`. LoraLlama's and
+// the GPU engine's Initialize both call it: the same seed, the same bits.
+void InitializeLoraAdapters(const LoraLayout& layout, uint64_t seed, std::span<float> params);
+
 class LoraLlama {
  public:
   // Adapters on `base` (its weights as they are; A and B zero until
@@ -104,7 +128,7 @@ class LoraLlama {
   Llama& base() { return base_; }
 
   // The adapter buffers (PEFT names, see above).
-  const Manifest& manifest() const { return manifest_; }
+  const Manifest& manifest() const { return layout_.manifest; }
   std::span<float> parameters() { return params_; }
   std::span<const float> parameters() const { return params_; }
   std::span<float> gradients() { return grads_; }
@@ -150,7 +174,7 @@ class LoraLlama {
 
   Llama base_;
   LoraConfig lora_config_;
-  Manifest manifest_;
+  LoraLayout layout_;  // its manifest is manifest()
   FlatBuffer<float> params_, grads_;
   std::vector<std::array<LoraLinear, kLoraModules>> layers_;  // a == nullptr: not adapted
   int64_t xa_rows_ = 0;

@@ -70,6 +70,10 @@ struct LlamaEngine::Impl {
   Stream stream;
   Blas blas;
   DeviceBuffer params, grads, working, rope, ids, misc, activation_buffer;
+  // Frozen base only: where the norms' weight gradients go, overwritten and
+  // never read (the backward kernel forms dx and dweight in one pass; a
+  // variant without dweight would save only a [D] reduction per norm).
+  DeviceBuffer frozen_dnorm;
   Arena scratch;  // per-op scratch (norm partials, sort, row losses, clip), reset before each op
   PinnedBuffer staging;
   Event staging_free;  // recorded after the staging buffer's upload
@@ -82,6 +86,16 @@ struct LlamaEngine::Impl {
   // Fused attention (flash_attention.h) where it is compiled for the shape;
   // the materialised path otherwise, and always under f32 (exact to 1e-5).
   bool flash = false;
+  bool frozen() const { return !options.train_base; }
+  // Where a norm's weight gradient goes: its slot in the gradient buffer, or
+  // the discarded scratch when the base is frozen.
+  float* NormGrad(uint64_t offset) const { return frozen() ? frozen_dnorm.as<float>() : G() + offset; }
+  Status AdaptForward(int layer, Projection p, const void* x, int n, void* y, DType y_dtype) {
+    return options.adapters ? options.adapters->Forward(blas, layer, p, x, n, y, y_dtype) : Status::Ok();
+  }
+  Status AdaptBackward(int layer, Projection p, const void* x, const void* dy, int n, void* dx, DType dx_dtype) {
+    return options.adapters ? options.adapters->Backward(blas, layer, p, x, dy, n, dx, dx_dtype) : Status::Ok();
+  }
   cudaStream_t s() const { return options.stream ? options.stream : stream.get(); }
   float* P() const { return params.as<float>(); }
   float* G() const { return grads.as<float>(); }
@@ -196,9 +210,14 @@ Result<LlamaEngine> LlamaEngine::Create(const LlamaConfig& config, int max_batch
   }
   ESTUARY_ASSIGN_OR_RETURN(m.blas, Blas::Create(m.s()));
   ESTUARY_ASSIGN_OR_RETURN(m.params, DeviceBuffer::Allocate(size_t(count) * sizeof(float)));
-  ESTUARY_ASSIGN_OR_RETURN(m.grads, DeviceBuffer::Allocate(size_t(count) * sizeof(float)));
   ESTUARY_RETURN_IF_ERROR(FillBytes(m.params.data(), 0, m.params.size(), m.s()));
-  ESTUARY_RETURN_IF_ERROR(FillBytes(m.grads.data(), 0, m.grads.size(), m.s()));
+  if (m.frozen()) {
+    // No base gradient exists: that memory (4 bytes per parameter) is what a frozen base saves.
+    ESTUARY_ASSIGN_OR_RETURN(m.frozen_dnorm, DeviceBuffer::Allocate(size_t(config.hidden_size) * sizeof(float)));
+  } else {
+    ESTUARY_ASSIGN_OR_RETURN(m.grads, DeviceBuffer::Allocate(size_t(count) * sizeof(float)));
+    ESTUARY_RETURN_IF_ERROR(FillBytes(m.grads.data(), 0, m.grads.size(), m.s()));
+  }
   if (m.low()) {
     ESTUARY_ASSIGN_OR_RETURN(m.working, DeviceBuffer::Allocate(size_t(count) * DTypeSize(options.precision)));
     ESTUARY_RETURN_IF_ERROR(FillBytes(m.working.data(), 0, m.working.size(), m.s()));
@@ -299,6 +318,7 @@ Status LlamaEngine::CopyParametersTo(std::span<float> host) {
 }
 
 Status LlamaEngine::CopyGradientsTo(std::span<float> host) {
+  if (impl_->frozen()) return FailedPrecondition("cuda llama: the base is frozen (train_base false): it has no gradients");
   if (host.size() != impl_->manifest.total_elements) {
     return InvalidArgument("cuda llama: room for {} gradients given, the model has {}", host.size(),
                            impl_->manifest.total_elements);
@@ -364,6 +384,7 @@ Status LlamaEngine::Impl::RunForward(int batch, int seq) {
     ESTUARY_RETURN_IF_ERROR(RmsNormForward(x, P() + o.input_norm, n, D, eps, a.xn1, act(), a.rstd1, s()));
     ESTUARY_RETURN_IF_ERROR(
         Gemm(blas, false, true, n, qkv_width, D, 1.0f, a.xn1, D, W(o.qkv), D, 0.0f, a.qkv, qkv_width, Same()));
+    ESTUARY_RETURN_IF_ERROR(AdaptForward(l, Projection::kQkv, a.xn1, n, a.qkv, act()));
     // q and k heads are adjacent at the start of each row: one rotation for both.
     ESTUARY_RETURN_IF_ERROR(RopeForward(a.qkv, act(), batch, seq, H + KV, hd, qkv_width, rope_cos(), rope_sin(), s()));
     if (flash) {
@@ -375,12 +396,15 @@ Status LlamaEngine::Impl::RunForward(int batch, int seq) {
     ESTUARY_RETURN_IF_ERROR(
         Gemm(blas, false, true, n, D, int64_t(H) * hd, 1.0f, a.attn, int64_t(H) * hd, W(o.o), int64_t(H) * hd, 0.0f,
              a.h, D, ToF32()));
+    ESTUARY_RETURN_IF_ERROR(AdaptForward(l, Projection::kO, a.attn, n, a.h, DType::kF32));
     ESTUARY_RETURN_IF_ERROR(ResidualAdd(x, int64_t(n) * D, a.h, s()));
     ESTUARY_RETURN_IF_ERROR(RmsNormForward(a.h, P() + o.post_norm, n, D, eps, a.xn2, act(), a.rstd2, s()));
     ESTUARY_RETURN_IF_ERROR(
         Gemm(blas, false, true, n, 2 * int64_t(I), D, 1.0f, a.xn2, D, W(o.gate_up), D, 0.0f, a.gate_up, 2 * I, Same()));
+    ESTUARY_RETURN_IF_ERROR(AdaptForward(l, Projection::kGateUp, a.xn2, n, a.gate_up, act()));
     ESTUARY_RETURN_IF_ERROR(SwiGluForward(a.gate_up, n, I, a.act, act(), s()));
     ESTUARY_RETURN_IF_ERROR(Gemm(blas, false, true, n, D, I, 1.0f, a.act, I, W(o.down), I, 0.0f, out, D, ToF32()));
+    ESTUARY_RETURN_IF_ERROR(AdaptForward(l, Projection::kDown, a.act, n, out, DType::kF32));
     ESTUARY_RETURN_IF_ERROR(ResidualAdd(a.h, int64_t(n) * D, out, s()));
   }
   ESTUARY_RETURN_IF_ERROR(RmsNormForward(acts.resid + c.num_layers * acts.resid_stride, P() + final_norm, n, D, eps,
@@ -396,20 +420,25 @@ Status LlamaEngine::Impl::RunBackward(int batch, int seq, const BackwardOptions&
   const int H = c.num_heads, KV = c.num_kv_heads;
   const int64_t qkv_width = int64_t(H + 2 * KV) * hd, attn_width = int64_t(H) * hd;
   const Activations& a = acts;
+  // A frozen base forms no weight gradient: each projection computes only its
+  // input gradient (one GEMM instead of two).
+  const bool train = !frozen();
   const float grad_scale = options.grad_scale * (act() == DType::kF16 ? scaler.scale() : 1.0f);
   ESTUARY_RETURN_IF_ERROR(CrossEntropyForwardBackward(a.logits, targets_d(), n, V, a.dlogits, act(), grad_scale,
                                                       loss_d(), Scratch(), s()));
   // The LM head first: when tied it writes the embedding's gradient, to which
   // the input side is added last.
-  ESTUARY_RETURN_IF_ERROR(
-      Gemm(blas, true, false, V, D, n, 1.0f, a.dlogits, V, a.xn_final, D, 0.0f, G() + lm_head, D, ToF32()));
+  if (train) {
+    ESTUARY_RETURN_IF_ERROR(
+        Gemm(blas, true, false, V, D, n, 1.0f, a.dlogits, V, a.xn_final, D, 0.0f, G() + lm_head, D, ToF32()));
+  }
   ESTUARY_RETURN_IF_ERROR(Gemm(blas, false, false, n, D, V, 1.0f, a.dlogits, V, W(lm_head), D, 0.0f, a.dxn, D, ToF32()));
   ESTUARY_RETURN_IF_ERROR(FillBytes(a.dresid, 0, size_t(n) * D * sizeof(float), s()));
   // dresid holds dL/d(output of block l) on entry and dL/d(its input) on exit;
   // under bf16/f16 every norm backward also leaves its low-precision copy,
   // which the next GEMMs read.
   ESTUARY_RETURN_IF_ERROR(RmsNormBackward(a.resid + c.num_layers * a.resid_stride, P() + final_norm, a.rstd_final,
-                                          a.dxn, n, D, a.dresid, G() + final_norm, Scratch(), s(), a.dresid_low,
+                                          a.dxn, n, D, a.dresid, NormGrad(final_norm), Scratch(), s(), a.dresid_low,
                                           act()));
   // Untied, the final unit (norm and LM head) is done; tied, the embedding's
   // gradient still waits for the lookup's share, but the final norm is done.
@@ -418,22 +447,31 @@ Status LlamaEngine::Impl::RunBackward(int batch, int seq, const BackwardOptions&
   for (int l = c.num_layers - 1; l >= 0; --l) {
     const LayerOffsets& o = offsets[l];
     const LayerActivations& L = a.layers[l];
-    ESTUARY_RETURN_IF_ERROR(Gemm(blas, true, false, D, I, n, 1.0f, dres, D, L.act, I, 0.0f, G() + o.down, I, ToF32()));
+    if (train) {
+      ESTUARY_RETURN_IF_ERROR(Gemm(blas, true, false, D, I, n, 1.0f, dres, D, L.act, I, 0.0f, G() + o.down, I, ToF32()));
+    }
     ESTUARY_RETURN_IF_ERROR(Gemm(blas, false, false, n, I, D, 1.0f, dres, D, W(o.down), I, 0.0f, a.dact, I, Same()));
+    ESTUARY_RETURN_IF_ERROR(AdaptBackward(l, Projection::kDown, L.act, dres, n, a.dact, act()));
     ESTUARY_RETURN_IF_ERROR(SwiGluBackward(L.gate_up, a.dact, n, I, a.dgate_up, act(), s()));
-    ESTUARY_RETURN_IF_ERROR(Gemm(blas, true, false, 2 * int64_t(I), D, n, 1.0f, a.dgate_up, 2 * I, L.xn2, D, 0.0f,
-                                 G() + o.gate_up, D, ToF32()));
+    if (train) {
+      ESTUARY_RETURN_IF_ERROR(Gemm(blas, true, false, 2 * int64_t(I), D, n, 1.0f, a.dgate_up, 2 * I, L.xn2, D, 0.0f,
+                                   G() + o.gate_up, D, ToF32()));
+    }
     ESTUARY_RETURN_IF_ERROR(
         Gemm(blas, false, false, n, D, 2 * int64_t(I), 1.0f, a.dgate_up, 2 * I, W(o.gate_up), D, 0.0f, a.dxn, D,
              ToF32()));
-    ESTUARY_RETURN_IF_ERROR(RmsNormBackward(L.h, P() + o.post_norm, L.rstd2, a.dxn, n, D, a.dresid, G() + o.post_norm,
-                                            Scratch(), s(), a.dresid_low, act()));
-    ESTUARY_RETURN_IF_ERROR(
-        Gemm(blas, true, false, D, attn_width, n, 1.0f, dres, D, L.attn, attn_width, 0.0f, G() + o.o, attn_width,
-             ToF32()));
+    ESTUARY_RETURN_IF_ERROR(AdaptBackward(l, Projection::kGateUp, L.xn2, a.dgate_up, n, a.dxn, DType::kF32));
+    ESTUARY_RETURN_IF_ERROR(RmsNormBackward(L.h, P() + o.post_norm, L.rstd2, a.dxn, n, D, a.dresid,
+                                            NormGrad(o.post_norm), Scratch(), s(), a.dresid_low, act()));
+    if (train) {
+      ESTUARY_RETURN_IF_ERROR(
+          Gemm(blas, true, false, D, attn_width, n, 1.0f, dres, D, L.attn, attn_width, 0.0f, G() + o.o, attn_width,
+               ToF32()));
+    }
     ESTUARY_RETURN_IF_ERROR(
         Gemm(blas, false, false, n, attn_width, D, 1.0f, dres, D, W(o.o), attn_width, 0.0f, a.dattn, attn_width,
              Same()));
+    ESTUARY_RETURN_IF_ERROR(AdaptBackward(l, Projection::kO, L.attn, dres, n, a.dattn, act()));
     if (flash) {
       ESTUARY_RETURN_IF_ERROR(FlashAttentionBackward(act(), L.qkv, L.attn, a.dattn, L.lse, batch, seq, H, KV, hd,
                                                      a.delta, a.dqkv, s()));
@@ -443,14 +481,26 @@ Status LlamaEngine::Impl::RunBackward(int batch, int seq, const BackwardOptions&
     }
     ESTUARY_RETURN_IF_ERROR(
         RopeBackward(a.dqkv, act(), batch, seq, H + KV, hd, qkv_width, rope_cos(), rope_sin(), s()));
-    ESTUARY_RETURN_IF_ERROR(Gemm(blas, true, false, qkv_width, D, n, 1.0f, a.dqkv, qkv_width, L.xn1, D, 0.0f,
-                                 G() + o.qkv, D, ToF32()));
+    if (train) {
+      ESTUARY_RETURN_IF_ERROR(Gemm(blas, true, false, qkv_width, D, n, 1.0f, a.dqkv, qkv_width, L.xn1, D, 0.0f,
+                                   G() + o.qkv, D, ToF32()));
+    }
+    // The first block's input is the (frozen) embedding: with nothing to
+    // train below it, a frozen base needs no input gradient there.
+    const bool need_dx = train || l > 0;
+    if (need_dx) {
+      ESTUARY_RETURN_IF_ERROR(
+          Gemm(blas, false, false, n, D, qkv_width, 1.0f, a.dqkv, qkv_width, W(o.qkv), D, 0.0f, a.dxn, D, ToF32()));
+    }
     ESTUARY_RETURN_IF_ERROR(
-        Gemm(blas, false, false, n, D, qkv_width, 1.0f, a.dqkv, qkv_width, W(o.qkv), D, 0.0f, a.dxn, D, ToF32()));
-    ESTUARY_RETURN_IF_ERROR(RmsNormBackward(a.resid + l * a.resid_stride, P() + o.input_norm, L.rstd1, a.dxn, n, D,
-                                            a.dresid, G() + o.input_norm, Scratch(), s(), a.dresid_low, act()));
+        AdaptBackward(l, Projection::kQkv, L.xn1, a.dqkv, n, need_dx ? a.dxn : nullptr, DType::kF32));
+    if (need_dx) {
+      ESTUARY_RETURN_IF_ERROR(RmsNormBackward(a.resid + l * a.resid_stride, P() + o.input_norm, L.rstd1, a.dxn, n, D,
+                                              a.dresid, NormGrad(o.input_norm), Scratch(), s(), a.dresid_low, act()));
+    }
     hooks.GradientsFinal(units[1 + l].begin);
   }
+  if (!train) return Status::Ok();
   if (!c.tie_embeddings) {
     ESTUARY_RETURN_IF_ERROR(FillBytes(G() + embed, 0, size_t(V) * D * sizeof(float), s()));
   }
@@ -473,6 +523,10 @@ Status LlamaEngine::ForwardBackwardAsync(const int32_t* tokens, const int32_t* t
   }
   if (!(options.grad_scale >= 0) || !std::isfinite(options.grad_scale)) {
     return InvalidArgument("cuda llama: grad_scale {} must be finite and >= 0", options.grad_scale);
+  }
+  if (options.hooks && m.frozen()) {
+    return InvalidArgument("cuda llama: step hooks (DDP, ZeRO) over a frozen base are not supported: it has no "
+                           "gradient buffer to reduce");
   }
   ESTUARY_RETURN_IF_ERROR(m.CheckInput(tokens, targets, batch, seq));
   ESTUARY_RETURN_IF_ERROR(m.Upload(tokens, targets, batch, seq));
@@ -503,6 +557,9 @@ Status LlamaEngine::Forward(const int32_t* tokens, int batch, int seq, float* lo
 template <typename Optimizer>
 Result<bool> LlamaEngine::StepWith(Optimizer& optimizer, double max_grad_norm) {
   Impl& m = *impl_;
+  if (m.frozen()) {
+    return FailedPrecondition("cuda llama: the base is frozen (train_base false); step the adapters' optimizer instead");
+  }
   const int64_t count = parameter_count();
   if (optimizer.size() != count) {
     return InvalidArgument("cuda llama: the optimizer holds state for {} parameters, the model has {}",

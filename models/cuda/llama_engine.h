@@ -52,6 +52,32 @@
 
 namespace estuary::models::cuda {
 
+// The four weight products of a block, as fused in the flat buffer
+// (models::LlamaLayout): q/k/v in one [(H + 2 KV) hd, D] matrix, gate/up in
+// one [2 I, D] matrix.
+enum class Projection { kQkv, kO, kGateUp, kDown };
+
+// Extra terms on the projections' outputs, run by the engine on its stream
+// with its Blas: what cuda::LoraLlamaEngine (models/cuda/lora_engine.h) plugs
+// in, so that LoRA reuses the decoder's forward and backward instead of
+// copying them. For block `layer`'s projection p on n = batch * seq rows:
+//   Forward:  y [n, fused out] (y_dtype, rows contiguous) += f(x), x [n, in]
+//             in the activation dtype; called right after the base GEMM,
+//             before anything reads y (q and k before RoPE).
+//   Backward: from dy [n, fused out] (activation dtype; RoPE already undone
+//             for q and k), the adapter's own gradients, and dx [n, in]
+//             (dx_dtype) += f's input gradient; dx is null where the engine
+//             needs no input gradient (the first block of a frozen base).
+//             Called right after the base's dx GEMM wrote dx.
+class ProjectionAdapters {
+ public:
+  virtual ~ProjectionAdapters() = default;
+  virtual Status Forward(const Blas& blas, int layer, Projection p, const void* x, int n, void* y,
+                         DType y_dtype) = 0;
+  virtual Status Backward(const Blas& blas, int layer, Projection p, const void* x, const void* dy, int n, void* dx,
+                          DType dx_dtype) = 0;
+};
+
 struct LlamaEngineOptions {
   DType precision = DType::kF32;
   // f32 only: let cuBLAS round GEMM inputs to TF32 (faster, ~1e-3 relative).
@@ -65,6 +91,13 @@ struct LlamaEngineOptions {
   // one of the engine's own: a data-parallel rank hands the same stream to its
   // NCCL communicator, whose collectives then follow this engine's kernels.
   cudaStream_t stream = nullptr;
+  // false: the base is frozen (LoRA). No gradient buffer is allocated
+  // (gradients() is null), backward forms no weight gradient (no dW GEMM, no
+  // embedding or norm-weight gradient kept) and no input gradient of the
+  // first block, and Step is refused: only the adapters train.
+  bool train_base = true;
+  // Owned by the caller, alive as long as the engine; see ProjectionAdapters.
+  ProjectionAdapters* adapters = nullptr;
 };
 
 class LlamaEngine {
@@ -86,7 +119,8 @@ class LlamaEngine {
   // Bytes of the activation buffer allocated at Create.
   size_t activation_bytes() const;
 
-  // Device buffers of parameter_count() elements in manifest order.
+  // Device buffers of parameter_count() elements in manifest order;
+  // gradients() is null when the base is frozen (train_base false).
   float* parameters();
   float* gradients();
   // The bf16/f16 copy of the parameters the GEMMs read; null under f32.

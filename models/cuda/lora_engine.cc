@@ -1,0 +1,303 @@
+#include "models/cuda/lora_engine.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <optional>
+#include <vector>
+
+#include "models/cuda/check.h"
+#include "models/cuda/precision.h"
+
+namespace estuary::models::cuda {
+namespace {
+
+// p advanced by `elements` elements of dtype.
+const void* Advance(const void* p, int64_t elements, DType dtype) {
+  return static_cast<const char*>(p) + elements * int64_t(DTypeSize(dtype));
+}
+void* Advance(void* p, int64_t elements, DType dtype) {
+  return static_cast<char*>(p) + elements * int64_t(DTypeSize(dtype));
+}
+
+// An adapted module's place in its fused projection's output: the column its
+// block starts at.
+struct Slot {
+  LoraModule module;
+  int64_t column;
+};
+// The modules of one fused projection (at most q, k, v): a fixed array, so a
+// step allocates nothing.
+struct Slots {
+  Slot slot[3];
+  int count = 0;
+  const Slot* begin() const { return slot; }
+  const Slot* end() const { return slot + count; }
+};
+
+}  // namespace
+
+struct LoraLlamaEngine::Impl final : ProjectionAdapters {
+  LlamaConfig config;
+  LoraConfig lora;
+  DType precision = DType::kF32;
+  bool allow_tf32 = false;
+  LoraLayout layout;
+  int64_t count = 0;  // adapter parameters
+  int64_t max_n = 0;  // max_batch * max_seq_len rows
+  float scale = 0;    // alpha / rank
+  // Per (layer, module): where its kept x·Aᵀ [max_n, rank] starts in `kept`
+  // (elements of the activation dtype); -1 when not adapted.
+  std::vector<int64_t> kept_at;
+
+  // The base is declared last, so it is destroyed first: nothing is enqueued
+  // after that, and the buffers below go through cudaFree, which waits for
+  // the device, so no kernel of a last step still reads them.
+  DeviceBuffer params, grads, working, kept, scratch_u, misc;
+  Arena scratch;  // ClipGradNorm's partial sums
+  std::optional<LlamaEngine> base;
+
+  bool low() const { return precision != DType::kF32; }
+  cudaStream_t s() const { return base->stream(); }
+  float* P() const { return params.as<float>(); }
+  float* G() const { return grads.as<float>(); }
+  // What the adapter GEMMs read: the fp32 master under f32, else the bf16 copy.
+  const void* W(uint64_t offset) const {
+    return low() ? static_cast<const void*>(working.as<char>() + offset * DTypeSize(precision))
+                 : static_cast<const void*>(P() + offset);
+  }
+  void* Kept(int layer, LoraModule m) const {
+    return kept.as<char>() + kept_at[size_t(layer) * kLoraModules + size_t(m)] * int64_t(DTypeSize(precision));
+  }
+  double* norm_d() const { return misc.as<double>(); }
+  GemmTypes Types(DType output) const { return {precision, output, allow_tf32 && !low()}; }
+
+  // The modules adapted on projection p and its fused output width.
+  int64_t Width(Projection p) const {
+    const int64_t hd = config.head_dim();
+    switch (p) {
+      case Projection::kQkv: return int64_t(config.num_heads + 2 * config.num_kv_heads) * hd;
+      case Projection::kO: return config.hidden_size;
+      case Projection::kGateUp: return 2 * int64_t(config.intermediate_size);
+      case Projection::kDown: return config.hidden_size;
+    }
+    return 0;
+  }
+  Slots SlotsOf(Projection p) const {
+    const int64_t hd = config.head_dim(), H = config.num_heads, KV = config.num_kv_heads;
+    switch (p) {
+      case Projection::kQkv:
+        return {{{LoraModule::kQ, 0}, {LoraModule::kK, H * hd}, {LoraModule::kV, (H + KV) * hd}}, 3};
+      case Projection::kO: return {{{LoraModule::kO, 0}}, 1};
+      case Projection::kGateUp: return {{{LoraModule::kGate, 0}, {LoraModule::kUp, config.intermediate_size}}, 2};
+      case Projection::kDown: return {{{LoraModule::kDown, 0}}, 1};
+    }
+    return {};
+  }
+
+  Status CheckCall(const char* what, int layer, int n) const {
+    if (layer < 0 || layer >= config.num_layers || n < 1 || n > max_n) {
+      return InvalidArgument("cuda lora: {} for layer {} with {} rows; expected a layer in [0, {}) and rows in [1, {}]",
+                             what, layer, n, config.num_layers, max_n);
+    }
+    return Status::Ok();
+  }
+
+  // y[:, column block] += scale · (x·Aᵀ)·Bᵀ, keeping x·Aᵀ for backward.
+  Status Forward(const Blas& blas, int layer, Projection p, const void* x, int n, void* y, DType y_dtype) override {
+    ESTUARY_RETURN_IF_ERROR(CheckCall("forward", layer, n));
+    const int64_t ld = Width(p), r = lora.rank;
+    for (const Slot& slot : SlotsOf(p)) {
+      const LoraLayout::Adapter& ad = layout.layers[layer][int(slot.module)];
+      if (!ad.present) continue;
+      void* xa = Kept(layer, slot.module);
+      ESTUARY_RETURN_IF_ERROR(
+          Gemm(blas, false, true, n, r, ad.in, 1.0f, x, ad.in, W(ad.a), ad.in, 0.0f, xa, r, Types(precision)));
+      ESTUARY_RETURN_IF_ERROR(Gemm(blas, false, true, n, ad.out, r, scale, xa, r, W(ad.b), r, 1.0f,
+                                   Advance(y, slot.column, y_dtype), ld, Types(y_dtype)));
+    }
+    return Status::Ok();
+  }
+
+  // From dy's column block: dB = scale · dyᵀ·xa, u = scale · dy·B (the
+  // gradient at x·Aᵀ), dA = uᵀ·x, and dx += u·A — models::LoraLinear::Backward.
+  Status Backward(const Blas& blas, int layer, Projection p, const void* x, const void* dy, int n, void* dx,
+                  DType dx_dtype) override {
+    ESTUARY_RETURN_IF_ERROR(CheckCall("backward", layer, n));
+    const int64_t ld = Width(p), r = lora.rank;
+    void* u = scratch_u.data();
+    for (const Slot& slot : SlotsOf(p)) {
+      const LoraLayout::Adapter& ad = layout.layers[layer][int(slot.module)];
+      if (!ad.present) continue;
+      const void* dy_block = Advance(dy, slot.column, precision);
+      const void* xa = Kept(layer, slot.module);
+      ESTUARY_RETURN_IF_ERROR(Gemm(blas, true, false, ad.out, r, n, scale, dy_block, ld, xa, r, 0.0f, G() + ad.b, r,
+                                   Types(DType::kF32)));
+      ESTUARY_RETURN_IF_ERROR(
+          Gemm(blas, false, false, n, r, ad.out, scale, dy_block, ld, W(ad.b), r, 0.0f, u, r, Types(precision)));
+      ESTUARY_RETURN_IF_ERROR(
+          Gemm(blas, true, false, r, ad.in, n, 1.0f, u, r, x, ad.in, 0.0f, G() + ad.a, ad.in, Types(DType::kF32)));
+      if (dx) {
+        ESTUARY_RETURN_IF_ERROR(
+            Gemm(blas, false, false, n, ad.in, r, 1.0f, u, r, W(ad.a), ad.in, 1.0f, dx, ad.in, Types(dx_dtype)));
+      }
+    }
+    return Status::Ok();
+  }
+};
+
+Result<LoraLlamaEngine> LoraLlamaEngine::Create(const LlamaConfig& config, const LoraConfig& lora, int max_batch,
+                                                LlamaEngineOptions options) {
+  ESTUARY_RETURN_IF_ERROR(config.Validate());
+  ESTUARY_RETURN_IF_ERROR(lora.Validate());
+  if (lora.dropout > 0) {
+    return InvalidArgument("cuda lora: lora_dropout {} is not implemented on the GPU (only on the CPU LoraLlama); "
+                           "use 0", lora.dropout);
+  }
+  if (options.precision == DType::kF16) {
+    return InvalidArgument("cuda lora: f16 is not supported (the loss scaler does not unscale the adapter "
+                           "gradients yet); use bf16 or f32");
+  }
+  if (options.adapters) {
+    return InvalidArgument("cuda lora: options.adapters must be null: the LoRA engine is the base's adapter");
+  }
+  if (max_batch <= 0 || int64_t(max_batch) * config.max_seq_len > INT_MAX / 2) {
+    return InvalidArgument("cuda lora: max_batch {} with max_seq_len {} is out of range", max_batch,
+                           config.max_seq_len);
+  }
+  auto impl = std::make_unique<Impl>();
+  Impl& m = *impl;
+  m.config = config;
+  m.lora = lora;
+  m.precision = options.precision;
+  m.allow_tf32 = options.allow_tf32;
+  m.layout = LoraLayoutOf(config, lora);
+  m.count = int64_t(m.layout.manifest.total_elements);
+  m.max_n = int64_t(max_batch) * config.max_seq_len;
+  m.scale = float(lora.scale());
+
+  options.train_base = false;
+  options.adapters = &m;  // stable: Impl lives on the heap, and moves of the engine move the pointer to it
+  ESTUARY_ASSIGN_OR_RETURN(LlamaEngine base, LlamaEngine::Create(config, max_batch, options));
+  m.base.emplace(std::move(base));
+
+  const size_t a = DTypeSize(m.precision);
+  ESTUARY_ASSIGN_OR_RETURN(m.params, DeviceBuffer::Allocate(size_t(m.count) * sizeof(float)));
+  ESTUARY_ASSIGN_OR_RETURN(m.grads, DeviceBuffer::Allocate(size_t(m.count) * sizeof(float)));
+  ESTUARY_RETURN_IF_ERROR(FillBytes(m.params.data(), 0, m.params.size(), m.s()));
+  ESTUARY_RETURN_IF_ERROR(FillBytes(m.grads.data(), 0, m.grads.size(), m.s()));
+  if (m.low()) {
+    ESTUARY_ASSIGN_OR_RETURN(m.working, DeviceBuffer::Allocate(size_t(m.count) * a));
+    ESTUARY_RETURN_IF_ERROR(FillBytes(m.working.data(), 0, m.working.size(), m.s()));
+  }
+  // One [max_n, rank] block per adapted module, each 256-byte aligned (the
+  // alignment cuBLAS's fastest kernels want).
+  m.kept_at.assign(size_t(config.num_layers) * kLoraModules, -1);
+  const int64_t block = m.max_n * lora.rank;
+  const int64_t aligned = (block * int64_t(a) + 255) / 256 * 256 / int64_t(a);
+  int64_t kept = 0;
+  for (int l = 0; l < config.num_layers; ++l) {
+    for (int mod = 0; mod < kLoraModules; ++mod) {
+      if (!m.layout.layers[l][mod].present) continue;
+      m.kept_at[size_t(l) * kLoraModules + size_t(mod)] = kept;
+      kept += aligned;
+    }
+  }
+  ESTUARY_ASSIGN_OR_RETURN(m.kept, DeviceBuffer::Allocate(size_t(kept) * a));
+  ESTUARY_ASSIGN_OR_RETURN(m.scratch_u, DeviceBuffer::Allocate(size_t(block) * a));
+  ESTUARY_ASSIGN_OR_RETURN(m.misc, DeviceBuffer::Allocate(256));  // the clipping norm (a double)
+  ESTUARY_RETURN_IF_ERROR(FillBytes(m.misc.data(), 0, m.misc.size(), m.s()));
+  ESTUARY_ASSIGN_OR_RETURN(m.scratch, Arena::Create((size_t(8) << 10) + (size_t(64) << 10)));  // as LlamaEngine's clip
+  ESTUARY_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(m.s()));
+  return LoraLlamaEngine(std::move(impl));
+}
+
+LoraLlamaEngine::LoraLlamaEngine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+LoraLlamaEngine::LoraLlamaEngine(LoraLlamaEngine&&) noexcept = default;
+LoraLlamaEngine& LoraLlamaEngine::operator=(LoraLlamaEngine&&) noexcept = default;
+LoraLlamaEngine::~LoraLlamaEngine() = default;
+
+const LoraConfig& LoraLlamaEngine::lora_config() const { return impl_->lora; }
+LlamaEngine& LoraLlamaEngine::base() { return *impl_->base; }
+const LlamaEngine& LoraLlamaEngine::base() const { return *impl_->base; }
+cudaStream_t LoraLlamaEngine::stream() const { return impl_->s(); }
+const Manifest& LoraLlamaEngine::manifest() const { return impl_->layout.manifest; }
+int64_t LoraLlamaEngine::parameter_count() const { return impl_->count; }
+float* LoraLlamaEngine::parameters() { return impl_->P(); }
+float* LoraLlamaEngine::gradients() { return impl_->G(); }
+const void* LoraLlamaEngine::working_parameters() const { return impl_->low() ? impl_->working.data() : nullptr; }
+size_t LoraLlamaEngine::adapter_activation_bytes() const { return impl_->kept.size() + impl_->scratch_u.size(); }
+
+Status LoraLlamaEngine::Initialize(uint64_t seed) {
+  std::vector<float> host(size_t(impl_->count));
+  InitializeLoraAdapters(impl_->layout, seed, host);
+  return CopyParametersFrom(host);
+}
+
+Status LoraLlamaEngine::CopyParametersFrom(std::span<const float> host) {
+  Impl& m = *impl_;
+  if (int64_t(host.size()) != m.count) {
+    return InvalidArgument("cuda lora: {} adapter parameters given, the adapters have {}", host.size(), m.count);
+  }
+  ESTUARY_RETURN_IF_ERROR(CopyToDevice(m.P(), host.data(), host.size_bytes(), m.s()));
+  if (m.low()) ESTUARY_RETURN_IF_ERROR(Convert(m.P(), DType::kF32, m.working.data(), m.precision, m.count, m.s()));
+  return Status::Ok();
+}
+
+Status LoraLlamaEngine::CopyParametersTo(std::span<float> host) {
+  if (int64_t(host.size()) != impl_->count) {
+    return InvalidArgument("cuda lora: room for {} adapter parameters given, the adapters have {}", host.size(),
+                           impl_->count);
+  }
+  return CopyToHost(host.data(), impl_->P(), host.size_bytes(), impl_->s());
+}
+
+Status LoraLlamaEngine::CopyGradientsTo(std::span<float> host) {
+  if (int64_t(host.size()) != impl_->count) {
+    return InvalidArgument("cuda lora: room for {} adapter gradients given, the adapters have {}", host.size(),
+                           impl_->count);
+  }
+  return CopyToHost(host.data(), impl_->G(), host.size_bytes(), impl_->s());
+}
+
+Status LoraLlamaEngine::ForwardBackwardAsync(const int32_t* tokens, const int32_t* targets, int batch, int seq,
+                                             const BackwardOptions& options) {
+  if (options.hooks) return InvalidArgument("cuda lora: step hooks (DDP, ZeRO) are not supported yet");
+  // The base checks the ids, sizes, grad_scale and accumulate, then runs the
+  // frozen decoder with this engine's adapters (Impl::Forward, Impl::Backward).
+  return impl_->base->ForwardBackwardAsync(tokens, targets, batch, seq, options);
+}
+
+Result<float> LoraLlamaEngine::ForwardBackward(const int32_t* tokens, const int32_t* targets, int batch, int seq) {
+  ESTUARY_RETURN_IF_ERROR(ForwardBackwardAsync(tokens, targets, batch, seq));
+  return ReadLoss();
+}
+
+Result<float> LoraLlamaEngine::ReadLoss() { return impl_->base->ReadLoss(); }
+
+Status LoraLlamaEngine::Forward(const int32_t* tokens, int batch, int seq, float* logits) {
+  return impl_->base->Forward(tokens, batch, seq, logits);
+}
+
+Result<bool> LoraLlamaEngine::Step(AdamW& optimizer, double max_grad_norm) {
+  Impl& m = *impl_;
+  if (optimizer.size() != m.count) {
+    return InvalidArgument("cuda lora: the optimizer holds state for {} parameters, the adapters have {}",
+                           optimizer.size(), m.count);
+  }
+  if (!(max_grad_norm >= 0) || !std::isfinite(max_grad_norm)) {
+    return InvalidArgument("cuda lora: max_grad_norm {} must be finite and >= 0 (0: no clipping)", max_grad_norm);
+  }
+  if (max_grad_norm > 0) {
+    m.scratch.Reset();  // safe: its only users are earlier clips on this stream
+    ESTUARY_RETURN_IF_ERROR(ClipGradNorm(m.G(), m.count, max_grad_norm, m.norm_d(), m.scratch, m.s()));
+  }
+  WorkingCopy working;
+  if (m.low()) working = {m.working.data(), m.precision};
+  ESTUARY_RETURN_IF_ERROR(optimizer.Step(m.P(), m.G(), m.s(), working));
+  return true;
+}
+
+}  // namespace estuary::models::cuda
