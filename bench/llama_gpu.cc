@@ -13,7 +13,7 @@
 // seq x seq products forward and backward (counted over the full square,
 // which is what the engine computes). kPeakBf16 is the H100 SXM's dense bf16
 // tensor-core peak from NVIDIA's datasheet; on another GPU pass --peak-tflops.
-//   build/bench/llama_gpu [--batch 8] [--steps 50] [--precision bf16] [--no-torch] [--no-flash]
+//   build/bench/llama_gpu [--batch 8] [--steps 50] [--precision bf16] [--no-torch] [--flash]
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
@@ -54,8 +54,8 @@ int main(int argc, char** argv) {
   app.add_option("--peak-tflops", peak_tflops, "the GPU's dense peak for the chosen precision");
   app.add_option("--python", python);
   app.add_flag("--no-torch", no_torch, "skip the PyTorch comparison");
-  bool no_flash = false;
-  app.add_flag("--no-flash", no_flash, "the materialised attention path instead of the fused kernels");
+  bool flash = false;
+  app.add_flag("--flash", flash, "the fused flash-attention kernels instead of the materialised path");
   CLI11_PARSE(app, argc, argv);
 
   if (Status usable = cuda::CudaUsable(); !usable.ok()) {
@@ -73,7 +73,7 @@ int main(int argc, char** argv) {
   };
   cuda::LlamaEngineOptions options;
   options.precision = *dtype;
-  options.flash_attention = !no_flash;
+  options.flash_attention = flash;
   auto engine = cuda::LlamaEngine::Create(c, batch, options);
   if (!engine.ok()) return fail(engine.status());
   if (Status s = engine->Initialize(1); !s.ok()) return fail(s);

@@ -83,8 +83,8 @@ struct LlamaEngine::Impl {
 
   DType act() const { return options.precision; }
   bool low() const { return options.precision != DType::kF32; }
-  // Fused attention (flash_attention.h) where it is compiled for the shape;
-  // the materialised path otherwise, and always under f32 (exact to 1e-5).
+  // Fused attention (flash_attention.h) when asked for and compiled for the
+  // shape; the materialised path otherwise, and always under f32.
   bool flash = false;
   bool frozen() const { return !options.train_base; }
   // Where a norm's weight gradient goes: its slot in the gradient buffer, or

@@ -378,8 +378,8 @@ TEST_F(CudaLlama, DataParallelOptionsFollowTheCpuModel) {
   }
 }
 
-// Under bf16 with head_dim 64 the engine attends with the fused kernels
-// (flash_attention.h): the loss stays within 1e-2 of the fp32 CPU model's,
+// Asked to, under bf16 with head_dim 64, the engine attends with the fused
+// kernels (flash_attention.h): the loss stays within 1e-2 of the fp32 CPU model's,
 // and loss and gradients follow the engine's materialised path; three AdamW
 // steps later the losses still agree.
 TEST_F(CudaLlama, FlashAttentionFollowsTheMaterialisedPath) {
@@ -394,7 +394,7 @@ TEST_F(CudaLlama, FlashAttentionFollowsTheMaterialisedPath) {
   ASSERT_EQ(config.head_dim(), 64);
   ASSERT_TRUE(cuda::FlashAttentionSupports(DType::kBF16, config.head_dim()));
   cuda::LlamaEngineOptions flash = Options(DType::kBF16), plain = Options(DType::kBF16);
-  plain.flash_attention = false;
+  flash.flash_attention = true;
   auto fused = MakePair(config, 3, flash);
   ASSERT_TRUE(fused.ok()) << fused.status().ToString();
   auto materialised = cuda::LlamaEngine::Create(config, 3, plain);
