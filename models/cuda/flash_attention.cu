@@ -20,9 +20,18 @@ constexpr int kTile = 64;     // query rows and key rows per tile
 constexpr int kWarps = 4;     // each warp owns 16 rows of a tile
 constexpr int kThreads = kWarps * 32;
 constexpr int kFrag = 16;     // WMMA's m = n = k
-// The softmax loops give each of two lanes 32 columns of a 64-wide row, for
-// the score tile and the output tile alike.
+// The row loops give each lane columns `lane` and `lane + 32` of a 64-wide
+// row, for the score tiles and the output tiles alike.
 static_assert(kTile == kHeadDim && kTile == 64, "the row loops assume 64-wide tiles");
+// Row strides of the shared tiles, padded so that a warp's accesses down a
+// column (WMMA's loads and stores) spread over the banks: 16-bit tiles 72
+// elements (144 bytes), fp32 tiles 68 (272 bytes). Both keep every fragment's
+// first element 32-byte aligned and the strides multiples of 8 and 4, as WMMA
+// requires, and a 16-bit row 16-byte aligned for vector copies.
+constexpr int kLd = 72;
+constexpr int kLdF = 68;
+constexpr int kTileElems = kTile * kLd;    // one 16-bit tile
+constexpr int kTileFloats = kTile * kLdF;  // one fp32 tile
 
 template <typename T>
 __device__ inline float ToF(T v);
@@ -38,17 +47,21 @@ template <>
 __device__ inline __half FromF<__half>(float v) { return __float2half_rn(v); }
 
 // Copies rows [row0, row0 + kTile) of one head (kHeadDim columns at `column`)
-// of a [n, width] matrix into a dense tile; rows past seq become zero.
+// of a [n, width] matrix into a padded tile, 16 bytes at a time (width and
+// column are multiples of 8 elements); rows past seq become zero.
 template <typename T>
 __device__ void LoadTile(const T* base, int64_t width, int64_t column, int row0, int seq, T* tile) {
-  for (int i = threadIdx.x; i < kTile * kHeadDim; i += kThreads) {
-    const int r = i / kHeadDim, c = i % kHeadDim;
-    tile[i] = row0 + r < seq ? base[int64_t(row0 + r) * width + column + c] : FromF<T>(0.0f);
+  constexpr int kVectors = kHeadDim * sizeof(T) / 16;  // per row
+  for (int i = threadIdx.x; i < kTile * kVectors; i += kThreads) {
+    const int r = i / kVectors, v = i % kVectors;
+    uint4 value = make_uint4(0, 0, 0, 0);
+    if (row0 + r < seq) value = *reinterpret_cast<const uint4*>(base + int64_t(row0 + r) * width + column + v * 8);
+    *reinterpret_cast<uint4*>(tile + r * kLd + v * 8) = value;
   }
 }
 
 // C[16 x 64] (fp32, row-major, ldc) = or += A[16 x 64] · B[64 x 64], one warp.
-// A is row-major with lda; B is row-major (b_row_major) or its transpose
+// A is row-major with lda; B is row-major (kBRowMajor) or its transpose
 // stored row-major (B[k][n] = stored[n][k]), ldb either way.
 template <typename T, bool kBRowMajor, bool kAccumulate>
 __device__ void WarpGemm16x64(const T* a, int lda, const T* b, int ldb, float* c, int ldc) {
@@ -67,9 +80,9 @@ __device__ void WarpGemm16x64(const T* a, int lda, const T* b, int ldb, float* c
       wmma::fragment<wmma::matrix_b, kFrag, kFrag, kFrag, T, BLayout> fb;
       wmma::load_matrix_sync(fa, a + kt * kFrag, lda);
       if constexpr (kBRowMajor) {
-        wmma::load_matrix_sync(fb, b + int64_t(kt) * kFrag * ldb + nt * kFrag, ldb);
+        wmma::load_matrix_sync(fb, b + kt * kFrag * ldb + nt * kFrag, ldb);
       } else {
-        wmma::load_matrix_sync(fb, b + int64_t(nt) * kFrag * ldb + kt * kFrag, ldb);
+        wmma::load_matrix_sync(fb, b + nt * kFrag * ldb + kt * kFrag, ldb);
       }
       wmma::mma_sync(acc, fa, fb, acc);
     }
@@ -89,12 +102,23 @@ __device__ void WarpGemmTransA16x64(const T* a, int lda, const T* b, int ldb, fl
     for (int kt = 0; kt < kTile / kFrag; ++kt) {
       wmma::fragment<wmma::matrix_a, kFrag, kFrag, kFrag, T, wmma::col_major> fa;
       wmma::fragment<wmma::matrix_b, kFrag, kFrag, kFrag, T, wmma::row_major> fb;
-      wmma::load_matrix_sync(fa, a + int64_t(kt) * kFrag * lda, lda);
-      wmma::load_matrix_sync(fb, b + int64_t(kt) * kFrag * ldb + nt * kFrag, ldb);
+      wmma::load_matrix_sync(fa, a + kt * kFrag * lda, lda);
+      wmma::load_matrix_sync(fb, b + kt * kFrag * ldb + nt * kFrag, ldb);
       wmma::mma_sync(acc, fa, fb, acc);
     }
     wmma::store_matrix_sync(c + nt * kFrag, acc, ldc, wmma::mem_row_major);
   }
+}
+
+__device__ inline float WarpMax(float v) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  return v;
+}
+__device__ inline float WarpSum(float v) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
 }
 
 struct Shape {
@@ -105,77 +129,79 @@ struct Shape {
 
 // ---------------------------------------------------------------- forward
 
-constexpr size_t kForwardSmem = 3 * kTile * kHeadDim * 2 /* Q, K, V */ + kTile * kTile * 4 /* S */ +
-                                kTile * kTile * 2 /* P */ + kTile * kHeadDim * 4 /* O */ + 2 * kTile * 4 /* m, l */;
+constexpr size_t kForwardSmem = (3 * kTileElems + kTileElems /* Q, K, V, P */) * 2 +
+                                2 * kTileFloats * 4 /* S, O */ + 2 * kTile * 4 /* m, l */;
 
 template <typename T>
 __global__ void __launch_bounds__(kThreads) FlashForwardKernel(const T* qkv, Shape s, T* out, float* lse) {
   extern __shared__ __align__(128) unsigned char smem[];
   T* q = reinterpret_cast<T*>(smem);
-  T* k = q + kTile * kHeadDim;
-  T* v = k + kTile * kHeadDim;
-  float* scores = reinterpret_cast<float*>(v + kTile * kHeadDim);
-  T* p = reinterpret_cast<T*>(scores + kTile * kTile);
-  float* o = reinterpret_cast<float*>(p + kTile * kTile);
-  float* row_max = o + kTile * kHeadDim;
+  T* k = q + kTileElems;
+  T* v = k + kTileElems;
+  T* p = v + kTileElems;
+  float* scores = reinterpret_cast<float*>(p + kTileElems);
+  float* o = scores + kTileFloats;
+  float* row_max = o + kTileFloats;
   float* row_sum = row_max + kTile;
 
   const int q0 = blockIdx.x * kTile;
   const int b = blockIdx.y / s.heads, h = blockIdx.y % s.heads, g = h / (s.heads / s.kv_heads);
   const T* base = qkv + int64_t(b) * s.seq * s.width;
   LoadTile(base, s.width, int64_t(h) * kHeadDim, q0, s.seq, q);
-  for (int i = threadIdx.x; i < kTile * kHeadDim; i += kThreads) o[i] = 0.0f;
+  for (int i = threadIdx.x; i < kTileFloats; i += kThreads) o[i] = 0.0f;
   for (int i = threadIdx.x; i < kTile; i += kThreads) row_max[i] = -INFINITY, row_sum[i] = 0.0f;
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int row = warp * kFrag + lane / 2, half = lane % 2;  // two lanes per row, 32 columns each
-  const int qi = q0 + row;
-  const int tiles = min((s.seq + kTile - 1) / kTile, blockIdx.x + 1);  // up to the diagonal
+  const int tiles = min((s.seq + kTile - 1) / kTile, int(blockIdx.x) + 1);  // up to the diagonal
   for (int t = 0; t < tiles; ++t) {
     const int k0 = t * kTile;
     __syncthreads();  // the previous tile's K and V are no longer read
     LoadTile(base, s.width, int64_t(s.heads + g) * kHeadDim, k0, s.seq, k);
     LoadTile(base, s.width, int64_t(s.heads + s.kv_heads + g) * kHeadDim, k0, s.seq, v);
     __syncthreads();
-    WarpGemm16x64<T, false, false>(q + warp * kFrag * kHeadDim, kHeadDim, k, kHeadDim,
-                                   scores + warp * kFrag * kTile, kTile);
+    WarpGemm16x64<T, false, false>(q + warp * kFrag * kLd, kLd, k, kLd, scores + warp * kFrag * kLdF, kLdF);
     __syncwarp();
-    // Online softmax over this tile's columns of the row.
-    float* srow = scores + row * kTile;
-    float tile_max = -INFINITY;
-    for (int c = half * 32; c < half * 32 + 32; ++c) {
-      const int kj = k0 + c;
-      const float x = kj <= qi && kj < s.seq ? srow[c] * s.scale : -INFINITY;
-      srow[c] = x;
-      tile_max = fmaxf(tile_max, x);
+    // Online softmax, row by row over the warp's 16 rows, two columns a lane.
+    for (int r = warp * kFrag; r < (warp + 1) * kFrag; ++r) {
+      const int qi = q0 + r;
+      float* srow = scores + r * kLdF;
+      float x[2];
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int c = lane + 32 * j, kj = k0 + c;
+        x[j] = kj <= qi && kj < s.seq ? srow[c] * s.scale : -INFINITY;
+      }
+      const float old_max = row_max[r];
+      const float new_max = fmaxf(old_max, WarpMax(fmaxf(x[0], x[1])));
+      // A row with nothing unmasked yet (padding past seq) keeps its zeros.
+      const float alpha = new_max == -INFINITY ? 1.0f : __expf(old_max - new_max);
+      float sum = 0.0f;
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int c = lane + 32 * j;
+        const float e = x[j] == -INFINITY ? 0.0f : __expf(x[j] - new_max);
+        p[r * kLd + c] = FromF<T>(e);
+        sum += e;
+        o[r * kLdF + c] *= alpha;
+      }
+      sum = WarpSum(sum);
+      if (lane == 0) {
+        row_sum[r] = row_sum[r] * alpha + sum;
+        row_max[r] = new_max;
+      }
     }
-    tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
-    const float old_max = row_max[row];
-    const float new_max = fmaxf(old_max, tile_max);
-    // A row with nothing unmasked yet (padding past seq) keeps its zeros.
-    const float alpha = new_max == -INFINITY ? 1.0f : __expf(old_max - new_max);
-    float sum = 0.0f;
-    for (int c = half * 32; c < half * 32 + 32; ++c) {
-      const float e = srow[c] == -INFINITY ? 0.0f : __expf(srow[c] - new_max);
-      p[row * kTile + c] = FromF<T>(e);
-      sum += e;
-      o[row * kHeadDim + c] *= alpha;
-    }
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
     __syncwarp();
-    if (half == 0) {
-      row_sum[row] = row_sum[row] * alpha + sum;
-      row_max[row] = new_max;
-    }
-    WarpGemm16x64<T, true, true>(p + warp * kFrag * kTile, kTile, v, kHeadDim, o + warp * kFrag * kHeadDim,
-                                 kHeadDim);
+    WarpGemm16x64<T, true, true>(p + warp * kFrag * kLd, kLd, v, kLd, o + warp * kFrag * kLdF, kLdF);
     __syncwarp();
   }
-  if (qi < s.seq) {
-    const float inv = 1.0f / row_sum[row];
+  for (int r = warp * kFrag; r < (warp + 1) * kFrag; ++r) {
+    const int qi = q0 + r;
+    if (qi >= s.seq) break;
+    const float inv = 1.0f / row_sum[r];
     T* dst = out + (int64_t(b) * s.seq + qi) * s.out_width + int64_t(h) * kHeadDim;
-    for (int c = half * 32; c < half * 32 + 32; ++c) dst[c] = FromF<T>(o[row * kHeadDim + c] * inv);
-    if (half == 0) lse[(int64_t(b) * s.heads + h) * s.seq + qi] = row_max[row] + logf(row_sum[row]);
+    dst[lane] = FromF<T>(o[r * kLdF + lane] * inv);
+    dst[lane + 32] = FromF<T>(o[r * kLdF + lane + 32] * inv);
+    if (lane == 0) lse[(int64_t(b) * s.heads + h) * s.seq + qi] = row_max[r] + logf(row_sum[r]);
   }
 }
 
@@ -191,9 +217,7 @@ __global__ void DeltaKernel(const T* out, const T* dout, Shape s, int rows, floa
     const int64_t token = r / s.heads;  // b * seq + i
     const T* o = out + token * s.out_width + int64_t(h) * kHeadDim;
     const T* d = dout + token * s.out_width + int64_t(h) * kHeadDim;
-    float sum = 0.0f;
-    for (int c = lane; c < kHeadDim; c += 32) sum += ToF(o[c]) * ToF(d[c]);
-    for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_down_sync(0xffffffffu, sum, offset);
+    const float sum = WarpSum(ToF(o[lane]) * ToF(d[lane]) + ToF(o[lane + 32]) * ToF(d[lane + 32]));
     if (lane == 0) {
       const int64_t b = token / s.seq, i = token % s.seq;
       delta[(b * s.heads + h) * s.seq + i] = sum;
@@ -202,26 +226,28 @@ __global__ void DeltaKernel(const T* out, const T* dout, Shape s, int rows, floa
 }
 
 // For one warp's 16 rows of a (query tile, key tile) pair, with S = Q Kᵀ and
-// dP = dO Vᵀ already in `scores` and `dprobs`: P (fp32 into scores, and the
-// low-precision copy into p) and dS = P (dP - delta) into ds.
+// dP = dO Vᵀ already in `scores` and `dprobs`: P (the low-precision copy into
+// p, when given) and dS = P (dP - delta) into ds. Two columns a lane.
 template <typename T>
 __device__ void ProbsAndScoreGradients(const Shape& s, int q0, int k0, const float* lse_rows,
-                                       const float* delta_rows, float* scores, const float* dprobs, T* p, T* ds) {
+                                       const float* delta_rows, const float* scores, const float* dprobs, T* p,
+                                       T* ds) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int row = warp * kFrag + lane / 2, half = lane % 2;
-  const int qi = q0 + row;
-  for (int c = half * 32; c < half * 32 + 32; ++c) {
-    const int kj = k0 + c;
-    const bool live = qi < s.seq && kj < s.seq && kj <= qi;
-    const float prob = live ? __expf(scores[row * kTile + c] * s.scale - lse_rows[row]) : 0.0f;
-    const float grad = prob * (dprobs[row * kTile + c] - delta_rows[row]);
-    if (p) p[row * kTile + c] = FromF<T>(prob);
-    ds[row * kTile + c] = FromF<T>(grad);
+  for (int r = warp * kFrag; r < (warp + 1) * kFrag; ++r) {
+    const int qi = q0 + r;
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int c = lane + 32 * j, kj = k0 + c;
+      const bool live = qi < s.seq && kj < s.seq && kj <= qi;
+      const float prob = live ? __expf(scores[r * kLdF + c] * s.scale - lse_rows[r]) : 0.0f;
+      const float grad = prob * (dprobs[r * kLdF + c] - delta_rows[r]);
+      if (p) p[r * kLd + c] = FromF<T>(prob);
+      ds[r * kLd + c] = FromF<T>(grad);
+    }
   }
 }
 
-constexpr size_t kDkvSmem = 4 * kTile * kHeadDim * 2 /* K, V, Q, dO */ + 2 * kTile * kHeadDim * 4 /* dK, dV */ +
-                            2 * kTile * kTile * 4 /* S, dP */ + 2 * kTile * kTile * 2 /* P, dS */ +
+constexpr size_t kDkvSmem = 6 * kTileElems * 2 /* K, V, Q, dO, P, dS */ + 4 * kTileFloats * 4 /* dK, dV, S, dP */ +
                             2 * kTile * 4 /* lse, delta */;
 
 // One key tile of one kv head: dK and dV summed over the head's query heads
@@ -231,16 +257,16 @@ __global__ void __launch_bounds__(kThreads)
     FlashBackwardKvKernel(const T* qkv, const T* dout, const float* lse, const float* delta, Shape s, T* dqkv) {
   extern __shared__ __align__(128) unsigned char smem[];
   T* k = reinterpret_cast<T*>(smem);
-  T* v = k + kTile * kHeadDim;
-  T* q = v + kTile * kHeadDim;
-  T* d_o = q + kTile * kHeadDim;
-  float* dk = reinterpret_cast<float*>(d_o + kTile * kHeadDim);
-  float* dv = dk + kTile * kHeadDim;
-  float* scores = dv + kTile * kHeadDim;
-  float* dprobs = scores + kTile * kTile;
-  T* p = reinterpret_cast<T*>(dprobs + kTile * kTile);
-  T* ds = p + kTile * kTile;
-  float* lse_rows = reinterpret_cast<float*>(ds + kTile * kTile);
+  T* v = k + kTileElems;
+  T* q = v + kTileElems;
+  T* d_o = q + kTileElems;
+  T* p = d_o + kTileElems;
+  T* ds = p + kTileElems;
+  float* dk = reinterpret_cast<float*>(ds + kTileElems);
+  float* dv = dk + kTileFloats;
+  float* scores = dv + kTileFloats;
+  float* dprobs = scores + kTileFloats;
+  float* lse_rows = dprobs + kTileFloats;
   float* delta_rows = lse_rows + kTile;
 
   const int k0 = blockIdx.x * kTile;
@@ -249,8 +275,8 @@ __global__ void __launch_bounds__(kThreads)
   const T* dout_base = dout + int64_t(b) * s.seq * s.out_width;
   LoadTile(base, s.width, int64_t(s.heads + g) * kHeadDim, k0, s.seq, k);
   LoadTile(base, s.width, int64_t(s.heads + s.kv_heads + g) * kHeadDim, k0, s.seq, v);
-  for (int i = threadIdx.x; i < kTile * kHeadDim; i += kThreads) dk[i] = 0.0f, dv[i] = 0.0f;
-  const int warp = threadIdx.x / 32;
+  for (int i = threadIdx.x; i < kTileFloats; i += kThreads) dk[i] = 0.0f, dv[i] = 0.0f;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int tiles = (s.seq + kTile - 1) / kTile;
   for (int h = g * group; h < (g + 1) * group; ++h) {
     const float* lse_h = lse + (int64_t(b) * s.heads + h) * s.seq;
@@ -266,31 +292,32 @@ __global__ void __launch_bounds__(kThreads)
       }
       __syncthreads();
       // Each warp: its 16 query rows of S = Q Kᵀ and dP = dO Vᵀ, then P and dS.
-      WarpGemm16x64<T, false, false>(q + warp * kFrag * kHeadDim, kHeadDim, k, kHeadDim,
-                                     scores + warp * kFrag * kTile, kTile);
-      WarpGemm16x64<T, false, false>(d_o + warp * kFrag * kHeadDim, kHeadDim, v, kHeadDim,
-                                     dprobs + warp * kFrag * kTile, kTile);
+      WarpGemm16x64<T, false, false>(q + warp * kFrag * kLd, kLd, k, kLd, scores + warp * kFrag * kLdF, kLdF);
+      WarpGemm16x64<T, false, false>(d_o + warp * kFrag * kLd, kLd, v, kLd, dprobs + warp * kFrag * kLdF, kLdF);
       __syncwarp();
       ProbsAndScoreGradients(s, q0, k0, lse_rows, delta_rows, scores, dprobs, p, ds);
       __syncthreads();
       // Each warp: its 16 key rows of dV += Pᵀ dO and dK += dSᵀ Q.
-      WarpGemmTransA16x64(p + warp * kFrag, kTile, d_o, kHeadDim, dv + warp * kFrag * kHeadDim, kHeadDim);
-      WarpGemmTransA16x64(ds + warp * kFrag, kTile, q, kHeadDim, dk + warp * kFrag * kHeadDim, kHeadDim);
+      WarpGemmTransA16x64(p + warp * kFrag, kLd, d_o, kLd, dv + warp * kFrag * kLdF, kLdF);
+      WarpGemmTransA16x64(ds + warp * kFrag, kLd, q, kLd, dk + warp * kFrag * kLdF, kLdF);
     }
   }
   __syncthreads();
   T* dbase = dqkv + int64_t(b) * s.seq * s.width;
-  for (int i = threadIdx.x; i < kTile * kHeadDim; i += kThreads) {
-    const int r = i / kHeadDim, c = i % kHeadDim;
-    if (k0 + r >= s.seq) continue;
+  for (int r = warp * kFrag; r < (warp + 1) * kFrag; ++r) {
+    if (k0 + r >= s.seq) break;
     T* row = dbase + int64_t(k0 + r) * s.width;
-    row[int64_t(s.heads + g) * kHeadDim + c] = FromF<T>(dk[i] * s.scale);
-    row[int64_t(s.heads + s.kv_heads + g) * kHeadDim + c] = FromF<T>(dv[i]);
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int c = lane + 32 * j;
+      row[int64_t(s.heads + g) * kHeadDim + c] = FromF<T>(dk[r * kLdF + c] * s.scale);
+      row[int64_t(s.heads + s.kv_heads + g) * kHeadDim + c] = FromF<T>(dv[r * kLdF + c]);
+    }
   }
 }
 
-constexpr size_t kDqSmem = 4 * kTile * kHeadDim * 2 /* Q, dO, K, V */ + kTile * kHeadDim * 4 /* dQ */ +
-                           2 * kTile * kTile * 4 /* S, dP */ + kTile * kTile * 2 /* dS */ + 2 * kTile * 4;
+constexpr size_t kDqSmem = 5 * kTileElems * 2 /* Q, dO, K, V, dS */ + 3 * kTileFloats * 4 /* dQ, S, dP */ +
+                           2 * kTile * 4 /* lse, delta */;
 
 // One query tile of one head: dQ summed over the key tiles up to the diagonal.
 template <typename T>
@@ -298,14 +325,14 @@ __global__ void __launch_bounds__(kThreads)
     FlashBackwardQKernel(const T* qkv, const T* dout, const float* lse, const float* delta, Shape s, T* dqkv) {
   extern __shared__ __align__(128) unsigned char smem[];
   T* q = reinterpret_cast<T*>(smem);
-  T* d_o = q + kTile * kHeadDim;
-  T* k = d_o + kTile * kHeadDim;
-  T* v = k + kTile * kHeadDim;
-  float* dq = reinterpret_cast<float*>(v + kTile * kHeadDim);
-  float* scores = dq + kTile * kHeadDim;
-  float* dprobs = scores + kTile * kTile;
-  T* ds = reinterpret_cast<T*>(dprobs + kTile * kTile);
-  float* lse_rows = reinterpret_cast<float*>(ds + kTile * kTile);
+  T* d_o = q + kTileElems;
+  T* k = d_o + kTileElems;
+  T* v = k + kTileElems;
+  T* ds = v + kTileElems;
+  float* dq = reinterpret_cast<float*>(ds + kTileElems);
+  float* scores = dq + kTileFloats;
+  float* dprobs = scores + kTileFloats;
+  float* lse_rows = dprobs + kTileFloats;
   float* delta_rows = lse_rows + kTile;
 
   const int q0 = blockIdx.x * kTile;
@@ -319,30 +346,29 @@ __global__ void __launch_bounds__(kThreads)
     lse_rows[i] = q0 + i < s.seq ? lse_h[q0 + i] : 0.0f;
     delta_rows[i] = q0 + i < s.seq ? delta_h[q0 + i] : 0.0f;
   }
-  for (int i = threadIdx.x; i < kTile * kHeadDim; i += kThreads) dq[i] = 0.0f;
-  const int warp = threadIdx.x / 32;
+  for (int i = threadIdx.x; i < kTileFloats; i += kThreads) dq[i] = 0.0f;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   for (int t = 0; t <= int(blockIdx.x); ++t) {
     const int k0 = t * kTile;
     __syncthreads();
     LoadTile(base, s.width, int64_t(s.heads + g) * kHeadDim, k0, s.seq, k);
     LoadTile(base, s.width, int64_t(s.heads + s.kv_heads + g) * kHeadDim, k0, s.seq, v);
     __syncthreads();
-    WarpGemm16x64<T, false, false>(q + warp * kFrag * kHeadDim, kHeadDim, k, kHeadDim,
-                                   scores + warp * kFrag * kTile, kTile);
-    WarpGemm16x64<T, false, false>(d_o + warp * kFrag * kHeadDim, kHeadDim, v, kHeadDim,
-                                   dprobs + warp * kFrag * kTile, kTile);
+    WarpGemm16x64<T, false, false>(q + warp * kFrag * kLd, kLd, k, kLd, scores + warp * kFrag * kLdF, kLdF);
+    WarpGemm16x64<T, false, false>(d_o + warp * kFrag * kLd, kLd, v, kLd, dprobs + warp * kFrag * kLdF, kLdF);
     __syncwarp();
     ProbsAndScoreGradients<T>(s, q0, k0, lse_rows, delta_rows, scores, dprobs, nullptr, ds);
     __syncwarp();
     // The warp's 16 rows of dQ += dS K: only its own rows of dS are read.
-    WarpGemm16x64<T, true, true>(ds + warp * kFrag * kTile, kTile, k, kHeadDim, dq + warp * kFrag * kHeadDim,
-                                 kHeadDim);
+    WarpGemm16x64<T, true, true>(ds + warp * kFrag * kLd, kLd, k, kLd, dq + warp * kFrag * kLdF, kLdF);
   }
   __syncthreads();
   T* dbase = dqkv + int64_t(b) * s.seq * s.width;
-  for (int i = threadIdx.x; i < kTile * kHeadDim; i += kThreads) {
-    const int r = i / kHeadDim, c = i % kHeadDim;
-    if (q0 + r < s.seq) dbase[int64_t(q0 + r) * s.width + int64_t(h) * kHeadDim + c] = FromF<T>(dq[i] * s.scale);
+  for (int r = warp * kFrag; r < (warp + 1) * kFrag; ++r) {
+    if (q0 + r >= s.seq) break;
+    T* row = dbase + int64_t(q0 + r) * s.width + int64_t(h) * kHeadDim;
+    row[lane] = FromF<T>(dq[r * kLdF + lane] * s.scale);
+    row[lane + 32] = FromF<T>(dq[r * kLdF + lane + 32] * s.scale);
   }
 }
 
