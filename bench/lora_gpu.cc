@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "models/cuda/device.h"
+#include "models/language_model.h"
 #include "models/cuda/llama_engine.h"
 #include "models/cuda/lora_engine.h"
 #include "models/cuda/optimizer.h"
@@ -150,14 +151,7 @@ int main(int argc, char** argv) {
   CLI::App app{"LoRA fine-tuning against full fine-tuning on one GPU (tokens/s and device memory)"};
   Setup s;
   LlamaConfig& c = s.config;
-  c.vocab_size = 50304;
-  c.hidden_size = 768;
-  c.intermediate_size = 2048;
-  c.num_layers = 12;
-  c.num_heads = 12;
-  c.num_kv_heads = 12;
-  c.max_seq_len = 1024;
-  c.tie_embeddings = true;
+  c = *LlamaPreset("llama-124m");
   int rank = 8;
   float alpha = 16;
   std::string precision = "bf16";

@@ -225,6 +225,15 @@ __global__ void DeltaKernel(const T* out, const T* dout, Shape s, int rows, floa
   }
 }
 
+// A query tile's rows of the forward's log-sum-exp and of delta (0 past seq).
+__device__ void LoadRowStats(const float* lse_h, const float* delta_h, int q0, int seq, float* lse_rows,
+                             float* delta_rows) {
+  for (int i = threadIdx.x; i < kTile; i += kThreads) {
+    lse_rows[i] = q0 + i < seq ? lse_h[q0 + i] : 0.0f;
+    delta_rows[i] = q0 + i < seq ? delta_h[q0 + i] : 0.0f;
+  }
+}
+
 // For one warp's 16 rows of a (query tile, key tile) pair, with S = Q Kᵀ and
 // dP = dO Vᵀ already in `scores` and `dprobs`: P (the low-precision copy into
 // p, when given) and dS = P (dP - delta) into ds. Two columns a lane.
@@ -286,10 +295,7 @@ __global__ void __launch_bounds__(kThreads)
       __syncthreads();  // the previous tile's Q, dO, P, dS are no longer read
       LoadTile(base, s.width, int64_t(h) * kHeadDim, q0, s.seq, q);
       LoadTile(dout_base, s.out_width, int64_t(h) * kHeadDim, q0, s.seq, d_o);
-      for (int i = threadIdx.x; i < kTile; i += kThreads) {
-        lse_rows[i] = q0 + i < s.seq ? lse_h[q0 + i] : 0.0f;
-        delta_rows[i] = q0 + i < s.seq ? delta_h[q0 + i] : 0.0f;
-      }
+      LoadRowStats(lse_h, delta_h, q0, s.seq, lse_rows, delta_rows);
       __syncthreads();
       // Each warp: its 16 query rows of S = Q Kᵀ and dP = dO Vᵀ, then P and dS.
       WarpGemm16x64<T, false, false>(q + warp * kFrag * kLd, kLd, k, kLd, scores + warp * kFrag * kLdF, kLdF);
@@ -342,10 +348,7 @@ __global__ void __launch_bounds__(kThreads)
   LoadTile(dout + int64_t(b) * s.seq * s.out_width, s.out_width, int64_t(h) * kHeadDim, q0, s.seq, d_o);
   const float* lse_h = lse + (int64_t(b) * s.heads + h) * s.seq;
   const float* delta_h = delta + (int64_t(b) * s.heads + h) * s.seq;
-  for (int i = threadIdx.x; i < kTile; i += kThreads) {
-    lse_rows[i] = q0 + i < s.seq ? lse_h[q0 + i] : 0.0f;
-    delta_rows[i] = q0 + i < s.seq ? delta_h[q0 + i] : 0.0f;
-  }
+  LoadRowStats(lse_h, delta_h, q0, s.seq, lse_rows, delta_rows);
   for (int i = threadIdx.x; i < kTileFloats; i += kThreads) dq[i] = 0.0f;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   for (int t = 0; t <= int(blockIdx.x); ++t) {

@@ -19,6 +19,7 @@
 
 #include "models/cuda/classifier_engine.h"
 #include "models/cuda/device.h"
+#include "tests/models/cuda_test_util.h"
 #include "models/cuda/optimizer.h"
 #include "models/model.h"
 #include "models/optimizer.h"
@@ -26,11 +27,7 @@
 namespace estuary::models {
 namespace {
 
-#define ASSERT_OK(expr)                              \
-  do {                                               \
-    const ::estuary::Status status_ = (expr);        \
-    ASSERT_TRUE(status_.ok()) << status_.ToString(); \
-  } while (0)
+using namespace cuda_test;
 
 #define SKIP_WITHOUT_GPU()                                          \
   do {                                                              \
@@ -42,17 +39,6 @@ namespace {
 constexpr double kF32Tolerance = 1e-5;
 // A max-pool tie broken differently (see FiveSgdMomentumStepsFollowTheCpu).
 constexpr double kPoolTieTolerance = 1e-2;
-
-double RelativeError(const float* a, const float* b, size_t n) {
-  double diff = 0, scale = 1e-30;
-  for (size_t i = 0; i < n; ++i) {
-    const double d = std::abs(double(a[i]) - double(b[i]));
-    if (!std::isfinite(d)) return std::numeric_limits<double>::infinity();
-    diff = std::max(diff, d);
-    scale = std::max(scale, double(std::abs(b[i])));
-  }
-  return diff / scale;
-}
 
 struct Batch {
   std::vector<float> x;
