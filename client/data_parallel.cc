@@ -348,7 +348,12 @@ Status DataParallel::FinishMicroBatch() {
       if (b.gather || b.gather_rest) FinishGather(b);  // a prefetch nobody used
       if (b.present) ReleaseParameters(b);
     }
-    if (!unit_order_.empty()) recording_ = false;
+    if (unit_order_.empty()) {
+      // Its parameters were released and never gathered: what it computed is wrong.
+      Keep(FailedPrecondition("data parallel: ZeRO-3 needs a model that brackets its parameter reads "
+                              "(BeforeUnit/AfterUnit); this one opened no unit"));
+    }
+    recording_ = false;
   }
   communicating_ = false;
   return error_;

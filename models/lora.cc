@@ -124,10 +124,15 @@ LoraLayout LoraLayoutOf(const LlamaConfig& c, const LoraConfig& config) {
       adapter.in = in;
       adapter.out = out;
       adapter.rank = r;
+      if (layout.units.size() == size_t(l)) {  // the layer's first adapter opens its unit
+        if (!layout.units.empty()) layout.units.back().end = manifest.total_elements;
+        layout.units.push_back({fmt::format("model.layers.{}", l), manifest.total_elements, 0});
+      }
       adapter.a = add(p + "lora_A.weight", {r, in});
       adapter.b = add(p + "lora_B.weight", {out, r});
     }
   }
+  if (!layout.units.empty()) layout.units.back().end = manifest.total_elements;
   return layout;
 }
 
@@ -284,7 +289,7 @@ Result<float> LoraLlama::ForwardBackward(const int32_t* tokens, const int32_t* t
   if (!std::isfinite(options.grad_scale)) {
     return InvalidArgument("lora llama: grad_scale {} is not finite", options.grad_scale);
   }
-  if (options.hooks) return InvalidArgument("lora llama: step hooks (DDP, ZeRO) are not supported yet");
+  StepHooks& hooks = options.hooks ? *options.hooks : StepHooks::None();
   const bool accumulate = options.accumulate;
   const LlamaConfig& c = base_.config();
   const int n = batch * seq, D = c.hidden_size, I = c.intermediate_size, hd = c.head_dim();
@@ -356,6 +361,7 @@ Result<float> LoraLlama::ForwardBackward(const int32_t* tokens, const int32_t* t
       RmsNormBackward(a.resid + l * a.resid_stride, layer.input_norm, s.rstd1, a.dxn, n, D, a.dresid,
                       dnorm_.data());
     }
+    hooks.GradientsFinal(layout_.units[l].begin);  // layer 0's is 0: the last call
   }
   ++dropout_step_;
   return loss;

@@ -100,6 +100,9 @@ struct LoraLayout {
   };
   Manifest manifest;
   std::vector<std::array<Adapter, kLoraModules>> layers;
+  // models/step_hooks.h's units: one per layer (the layout is layer-major),
+  // from its first adapter to the next layer's.
+  std::vector<ParameterUnit> units;
 };
 // `config` must be valid (LoraConfig::Validate), `base` too.
 LoraLayout LoraLayoutOf(const LlamaConfig& base, const LoraConfig& config);
@@ -133,6 +136,9 @@ class LoraLlama {
   std::span<const float> parameters() const { return params_; }
   std::span<float> gradients() { return grads_; }
   std::span<const float> gradients() const { return grads_; }
+  // The adapter buffer's units (models/step_hooks.h): one per layer, its
+  // adapters' A and B.
+  std::vector<ParameterUnit> units() const { return layout_.units; }
 
   // PEFT's default init: B = 0, and A by nn.init.kaiming_uniform_(A, a=√5),
   // which is uniform(-1/√in, 1/√in); from one generator seeded with `seed`.
@@ -147,8 +153,11 @@ class LoraLlama {
   }
 
   // As Llama's, with the same checks; fills gradients() (overwrites, or adds
-  // with accumulate; grad_scale as there). Step hooks are not supported yet
-  // (InvalidArgument): DDP over the adapter buffer is a later step.
+  // with accumulate; grad_scale as there). With hooks, GradientsFinal
+  // reports each layer's adapters as their backward completes, so DDP and
+  // ZeRO-1/2 reduce the adapter buffer while backward goes on. BeforeUnit and
+  // AfterUnit are not called: ZeRO-3, which needs them to gather parameters,
+  // does not apply (DataParallel refuses a model that never brackets).
   Result<float> ForwardBackward(const int32_t* tokens, const int32_t* targets, int batch, int seq,
                                 const BackwardOptions& options = {});
   // Writes logits [batch, seq, vocab_size] of the adapted model (no dropout).

@@ -254,6 +254,8 @@ Status LoraLlamaEngine::CopyParametersTo(std::span<float> host) {
   return CopyToHost(host.data(), impl_->P(), host.size_bytes(), impl_->s());
 }
 
+std::vector<ParameterUnit> LoraLlamaEngine::units() const { return impl_->layout.units; }
+
 Status LoraLlamaEngine::CopyGradientsTo(std::span<float> host) {
   if (int64_t(host.size()) != impl_->count) {
     return InvalidArgument("cuda lora: room for {} adapter gradients given, the adapters have {}", host.size(),
@@ -264,10 +266,16 @@ Status LoraLlamaEngine::CopyGradientsTo(std::span<float> host) {
 
 Status LoraLlamaEngine::ForwardBackwardAsync(const int32_t* tokens, const int32_t* targets, int batch, int seq,
                                              const BackwardOptions& options) {
-  if (options.hooks) return InvalidArgument("cuda lora: step hooks (DDP, ZeRO) are not supported yet");
   // The base checks the ids, sizes, grad_scale and accumulate, then runs the
   // frozen decoder with this engine's adapters (Impl::Forward, Impl::Backward).
-  return impl_->base->ForwardBackwardAsync(tokens, targets, batch, seq, options);
+  // Its own hooks would speak of base offsets: the adapters report here.
+  BackwardOptions base_options = options;
+  base_options.hooks = nullptr;
+  ESTUARY_RETURN_IF_ERROR(impl_->base->ForwardBackwardAsync(tokens, targets, batch, seq, base_options));
+  // Every adapter gradient is final once backward is enqueued: one report, so
+  // DDP reduces the (small) adapter buffer after backward, not during it.
+  if (options.hooks) options.hooks->GradientsFinal(0);
+  return Status::Ok();
 }
 
 Result<float> LoraLlamaEngine::ForwardBackward(const int32_t* tokens, const int32_t* targets, int batch, int seq) {

@@ -84,6 +84,8 @@ class LoraLlamaEngine {
   int64_t parameter_count() const;
   float* parameters();
   float* gradients();
+  // The adapter buffer's units, LoraLlama's (one per layer).
+  std::vector<ParameterUnit> units() const;
   // The bf16 copy of the adapters their GEMMs read; null under f32.
   const void* working_parameters() const;
   // Device bytes of the kept products x·Aᵀ and the backward scratch.
@@ -99,8 +101,9 @@ class LoraLlamaEngine {
 
   // As LlamaEngine's, checked as there: overwrites gradients() (every adapter
   // gradient, scaled by options.grad_scale) and leaves the mean loss on the
-  // device. Step hooks are refused (DDP over the adapter buffer is not done),
-  // as is accumulate.
+  // device. With hooks, GradientsFinal(0) once backward is enqueued (DDP and
+  // ZeRO-1/2 over the adapter buffer; ZeRO-3 does not apply: no unit is
+  // opened). Accumulate is refused.
   Status ForwardBackwardAsync(const int32_t* tokens, const int32_t* targets, int batch, int seq,
                               const BackwardOptions& options = {});
   Result<float> ForwardBackward(const int32_t* tokens, const int32_t* targets, int batch, int seq);

@@ -33,6 +33,7 @@
 #include "client/data_parallel.h"
 #include "client/gloo_communicator.h"
 #include "models/llama.h"
+#include "models/lora.h"
 #include "models/model.h"
 #include "models/optimizer.h"
 #include "tests/client/ranks.h"
@@ -95,9 +96,27 @@ models::LlamaConfig SmallLlama(bool tied, int scale = 1) {
 
 class Net {
  public:
-  // "mlp", "cnn", "llama" (untied), "llama-tied", "llama-big" (for memory).
+  // "mlp", "cnn", "llama" (untied), "llama-tied", "llama-big" (for memory),
+  // "lora" (adapters on all seven projections of the untied decoder, A and B
+  // drawn non-zero so that both get gradients).
   static Result<Net> Make(const std::string& name, uint64_t seed, int max_batch) {
     Net net;
+    if (name == "lora") {
+      auto base = models::Llama::Create(SmallLlama(false), max_batch);
+      if (!base.ok()) return base.status();
+      base->Initialize(1);  // the shared pretrained base: the same on every rank (Create broadcasts adapters only)
+      models::LoraConfig config;
+      config.rank = 3;
+      config.alpha = 5;
+      config.target_modules = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+      auto lora = models::LoraLlama::Create(std::move(base).value(), config);
+      if (!lora.ok()) return lora.status();
+      net.lora_.emplace(std::move(lora).value());
+      std::mt19937 gen{uint32_t(seed + 1)};
+      std::uniform_real_distribution<float> value(-0.3f, 0.3f);
+      for (float& p : net.lora_->parameters()) p = value(gen);
+      return net;
+    }
     if (name.rfind("llama", 0) == 0) {
       const bool big = name == "llama-big";
       auto llama = models::Llama::Create(SmallLlama(name == "llama-tied", big ? 4 : 1), max_batch);
@@ -113,16 +132,20 @@ class Net {
     return net;
   }
 
-  std::span<float> parameters() { return llama_ ? llama_->parameters() : model_->parameters(); }
-  std::span<float> gradients() { return llama_ ? llama_->gradients() : model_->gradients(); }
-  std::vector<models::ParameterUnit> units() const { return llama_ ? llama_->units() : model_->units(); }
+  std::span<float> parameters() {
+    return lora_ ? lora_->parameters() : llama_ ? llama_->parameters() : model_->parameters();
+  }
+  std::span<float> gradients() { return lora_ ? lora_->gradients() : llama_ ? llama_->gradients() : model_->gradients(); }
+  std::vector<models::ParameterUnit> units() const {
+    return lora_ ? lora_->units() : llama_ ? llama_->units() : model_->units();
+  }
 
   Batch MakeBatch(int n, uint64_t seed) const {
     std::mt19937 gen{uint32_t(seed)};
     Batch b;
     b.n = n;
-    if (llama_) {
-      std::uniform_int_distribution<int32_t> tok(0, llama_->config().vocab_size - 1);
+    if (llama_ || lora_) {
+      std::uniform_int_distribution<int32_t> tok(0, Decoder().config().vocab_size - 1);
       b.tokens.resize(size_t(n) * kSeq);
       b.targets.resize(size_t(n) * kSeq);
       for (auto& t : b.tokens) t = tok(gen);
@@ -140,6 +163,9 @@ class Net {
 
   // Forward and backward over examples [lo, hi) of b.
   Result<float> Run(const Batch& b, int lo, int hi, const models::BackwardOptions& o) {
+    if (lora_) {
+      return lora_->ForwardBackward(&b.tokens[size_t(lo) * kSeq], &b.targets[size_t(lo) * kSeq], hi - lo, kSeq, o);
+    }
     if (llama_) {
       return llama_->ForwardBackward(&b.tokens[size_t(lo) * kSeq], &b.targets[size_t(lo) * kSeq], hi - lo, kSeq, o);
     }
@@ -147,8 +173,11 @@ class Net {
   }
 
  private:
+  const models::Llama& Decoder() const { return lora_ ? lora_->base() : *llama_; }
+
   std::unique_ptr<models::Model> model_;
   std::optional<models::Llama> llama_;
+  std::optional<models::LoraLlama> lora_;
 };
 
 // One optimizer of either kind, stepping any span it is given.
@@ -393,6 +422,10 @@ std::vector<Scenario> DdpScenarios() {
     // Accumulation: k micro-batches equal one batch k times larger.
     out.push_back({.model = "mlp", .ranks = n, .bucket_bytes = 64000, .first_bucket_bytes = 1000, .micro = 3});
     out.push_back({.model = "llama", .ranks = n, .micro = 2, .batch = 6});
+    // LoRA: DDP over the adapter buffer, buckets cutting through adapters, and with accumulation.
+    out.push_back({.model = "lora", .ranks = n, .bucket_bytes = 800, .first_bucket_bytes = 300, .batch = 6,
+                   .adamw = true});
+    out.push_back({.model = "lora", .ranks = n, .micro = 2, .batch = 6, .adamw = true});
   }
   return out;
 }
@@ -416,6 +449,11 @@ std::vector<Scenario> ZeroScenarios() {
       out.push_back(micro);
       Scenario llama_micro{.model = "llama-tied", .ranks = n, .stage = stage, .micro = 2, .batch = 6, .adamw = true};
       out.push_back(llama_micro);
+      if (stage != ZeroStage::kZero3) {  // LoRA reads its adapters outside unit brackets: no ZeRO-3
+        Scenario lora{.model = "lora", .ranks = n, .stage = stage, .bucket_bytes = 800, .first_bucket_bytes = 300,
+                      .batch = 6, .adamw = true, .clip = 0.5};
+        out.push_back(lora);
+      }
     }
   }
   return out;
@@ -779,6 +817,24 @@ TEST(DataParallelSchedule, ZeroThreePrefetchesTheNextUnit) {
 }
 
 // ---- one process -------------------------------------------------------------
+
+// A model that reads its parameters without opening units (LoraLlama) cannot
+// run under ZeRO-3, whose parameters are released between units: the step
+// fails with one line instead of stepping on what it computed from zeros.
+TEST(DataParallelLocal, ZeroThreeRefusesAModelThatOpensNoUnit) {
+  const std::string address = FreeTcpAddress();
+  ExpectAllOk(RunRanks(1, [&](int) -> Status {
+    ESTUARY_ASSIGN_OR_RETURN(auto comm, ConnectGloo({.address = address, .rank = 0, .size = 1}, {.host = "127.0.0.1"}));
+    ESTUARY_ASSIGN_OR_RETURN(Net net, Net::Make("lora", 1, 2));
+    ESTUARY_ASSIGN_OR_RETURN(auto dp, DataParallel::Create(*comm, net, {.stage = ZeroStage::kZero3}));
+    const Batch b = net.MakeBatch(2, 7);
+    ESTUARY_RETURN_IF_ERROR(net.Run(b, 0, 2, dp->MicroBatch(1.0, true)).status());
+    auto step = dp->Step([](std::span<float>, std::span<const float>) {});
+    CHECK_OR_RETURN(!step.ok() && step.status().message().find("opened no unit") != std::string::npos,
+                    "ZeRO-3 over LoraLlama: {}", step.ok() ? "stepped" : step.status().message());
+    return Status::Ok();
+  }));
+}
 
 TEST(DataParallelLocal, BucketsAreSlicesFromTheEnd) {
   const std::string address = FreeTcpAddress();

@@ -346,11 +346,27 @@ TEST(LoraLlama, BadConfigsAndInputsAreErrors) {
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("token id 40"), std::string::npos) << r.status().message();
   tokens[7] = 3;
-  StepHooks hooks;
-  auto hooked = model.ForwardBackward(tokens.data(), targets.data(), 2, 6, {.hooks = &hooks});
-  ASSERT_FALSE(hooked.ok());
-  EXPECT_EQ(hooked.status().message(), "lora llama: step hooks (DDP, ZeRO) are not supported yet");
   EXPECT_TRUE(model.ForwardBackward(tokens.data(), targets.data(), 2, 6).ok());
+
+  // For DDP: one unit per layer tiling the adapter buffer, and each layer's
+  // gradients reported final as its backward ends, last layer first, 0 last.
+  const auto units = model.units();
+  ASSERT_EQ(units.size(), size_t(model.base().config().num_layers));
+  uint64_t at = 0;
+  for (size_t l = 0; l < units.size(); ++l) {
+    EXPECT_EQ(units[l].name, "model.layers." + std::to_string(l));
+    EXPECT_EQ(units[l].begin, at);
+    at = units[l].end;
+  }
+  EXPECT_EQ(at, model.manifest().total_elements);
+  struct Recorder : StepHooks {
+    std::vector<uint64_t> offsets;
+    void GradientsFinal(uint64_t offset) override { offsets.push_back(offset); }
+  } hooks;
+  ASSERT_TRUE(model.ForwardBackward(tokens.data(), targets.data(), 2, 6, {.hooks = &hooks}).ok());
+  std::vector<uint64_t> want;
+  for (size_t l = units.size(); l-- > 0;) want.push_back(units[l].begin);
+  EXPECT_EQ(hooks.offsets, want);
 }
 
 // Dropout cannot be checked against torch (torch draws its masks from its own
