@@ -392,8 +392,11 @@ class GlooCommunicator final : public Communicator {
 
 }  // namespace
 
-Result<std::unique_ptr<Communicator>> ConnectGloo(const RendezvousOptions& options, const GlooOptions& gloo_options) {
-  ESTUARY_ASSIGN_OR_RETURN(auto store, OpenStore(options));
+Result<std::unique_ptr<Communicator>> ConnectGloo(const RendezvousOptions& options, const GlooOptions& gloo_options,
+                                                  std::unique_ptr<Store> store) {
+  if (!store) {
+    ESTUARY_ASSIGN_OR_RETURN(store, OpenStore(options));
+  }
   ESTUARY_RETURN_IF_ERROR(AwaitRanks(*store, options, "gloo"));
 
   gloo::transport::tcp::attr attr;

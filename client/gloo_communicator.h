@@ -18,6 +18,7 @@
 
 #include "base/status.h"
 #include "client/communicator.h"
+#include "client/rendezvous.h"
 
 namespace estuary::client {
 
@@ -31,6 +32,9 @@ struct GlooOptions {
 // Rendezvous, then a TCP connection to every other rank. All ranks call it
 // with the same address and size; it fails after options.timeout naming the
 // ranks that never arrived.
-Result<std::unique_ptr<Communicator>> ConnectGloo(const RendezvousOptions& options, const GlooOptions& gloo = {});
+// store: rank 0's store already serving (ServeLoopbackStore), or null to
+// open options.address.
+Result<std::unique_ptr<Communicator>> ConnectGloo(const RendezvousOptions& options, const GlooOptions& gloo = {},
+                                                  std::unique_ptr<Store> store = nullptr);
 
 }  // namespace estuary::client

@@ -96,9 +96,11 @@ Result<int> GpuCount() {
 // the backward kernels before it are done). Lives as long as the process.
 void* rank_stream = nullptr;
 
-Result<std::unique_ptr<client::Communicator>> ConnectRanks(const client::SiteLayout& site) {
+// served: rank 0's store when it already serves (a single node's default).
+Result<std::unique_ptr<client::Communicator>> ConnectRanks(const client::SiteLayout& site,
+                                                          std::unique_ptr<client::Store> served) {
   client::RendezvousOptions options{site.rendezvous, site.global_rank(), site.world(), site.timeout};
-  if (site.backend == "gloo") return client::ConnectGloo(options);
+  if (site.backend == "gloo") return client::ConnectGloo(options, {}, std::move(served));
 #ifdef ESTUARY_HAVE_NCCL
   const int gpu = site.gpus[site.local_rank];
   cudaStream_t stream = nullptr;
@@ -110,7 +112,7 @@ Result<std::unique_ptr<client::Communicator>> ConnectRanks(const client::SiteLay
                               cudaGetErrorString(e));
   }
   rank_stream = stream;
-  return client::ConnectNccl(options, gpu, stream);
+  return client::ConnectNccl(options, gpu, stream, std::move(served));
 #else
   return FailedPrecondition("--backend nccl: this build has no NCCL");
 #endif
@@ -377,13 +379,16 @@ int main(int argc, char** argv) {
 
   // A site of several ranks. Local rank 0 starts the others of its node.
   LocalRanks children;
+  std::unique_ptr<client::Store> served;
   if (site->local_rank == 0) {
     std::vector<std::string> extra;
     if (site->rendezvous.empty()) {
-      auto address = client::FreeLoopbackRendezvous();
-      if (!address.ok()) return Fail(address.status());
-      site->rendezvous = *address;
-      extra = {"--rendezvous", *address};
+      // Serving before the others start: they are told a port already held.
+      auto store = client::ServeLoopbackStore();
+      if (!store.ok()) return Fail(store.status());
+      served = std::move(store).value();
+      site->rendezvous = served->address();
+      extra = {"--rendezvous", site->rendezvous};
     }
     if (Status s = children.Start(*site, argc, argv, extra); !s.ok()) {
       (void)children.WaitAll(true);
@@ -400,7 +405,7 @@ int main(int argc, char** argv) {
     (void)children.WaitAll(true);
     return Fail(s);
   };
-  auto comm = ConnectRanks(*site);
+  auto comm = ConnectRanks(*site, std::move(served));
   if (!comm.ok()) return fail(comm.status());
   auto rank_trainer = MakeRankTrainer(**comm, *site_data, *site, precision);
   if (!rank_trainer.ok()) return fail(rank_trainer.status());

@@ -401,14 +401,16 @@ class NcclCommunicator final : public Communicator {
 }  // namespace
 
 Result<std::unique_ptr<Communicator>> ConnectNccl(const RendezvousOptions& options, int device,
-                                                  cudaStream_t compute) {
+                                                  cudaStream_t compute, std::unique_ptr<Store> store) {
   int devices = 0;
   ESTUARY_CUDA_RETURN_IF_ERROR(cudaGetDeviceCount(&devices));
   if (device < 0 || device >= devices) {
     return InvalidArgument("nccl: rank {}: no GPU {} (this machine has {})", options.rank, device, devices);
   }
   ESTUARY_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
-  ESTUARY_ASSIGN_OR_RETURN(auto store, OpenStore(options));
+  if (!store) {
+    ESTUARY_ASSIGN_OR_RETURN(store, OpenStore(options));
+  }
   ESTUARY_RETURN_IF_ERROR(AwaitRanks(*store, options, "nccl"));
   ncclUniqueId id;
   if (options.rank == 0) {

@@ -21,11 +21,14 @@
 
 #include "base/status.h"
 #include "client/communicator.h"
+#include "client/rendezvous.h"
 
 namespace estuary::client {
 
 // compute: the stream the caller's kernels run on (nullptr: the legacy default stream).
+// store: rank 0's store already serving (ServeLoopbackStore), or null to
+// open options.address.
 Result<std::unique_ptr<Communicator>> ConnectNccl(const RendezvousOptions& options, int device,
-                                                  cudaStream_t compute = nullptr);
+                                                  cudaStream_t compute = nullptr, std::unique_ptr<Store> store = nullptr);
 
 }  // namespace estuary::client

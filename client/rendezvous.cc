@@ -199,6 +199,9 @@ class ServingStore final : public Store {
     if (!ec) acceptor_.bind(endpoint, ec);
     if (!ec) acceptor_.listen(asio::socket_base::max_listen_connections, ec);
     if (ec) return IoError("rendezvous {}: rank 0 cannot serve the store there: {}", address_, ec.message());
+    if (port == 0) {  // the kernel's choice, now held: the address says it
+      address_ = fmt::format("tcp://{}:{}", host, acceptor_.local_endpoint().port());
+    }
     Accept();
     thread_ = std::thread([this] { io_.run(); });
     return Status::Ok();
@@ -226,7 +229,7 @@ class ServingStore final : public Store {
     });
   }
 
-  const std::string address_;
+  std::string address_;  // set once, in the constructor or by Listen on port 0
   asio::io_context io_;
   tcp::acceptor acceptor_;
   Table table_;
@@ -444,6 +447,12 @@ Result<std::unique_ptr<Store>> OpenStore(const RendezvousOptions& options) {
     return std::unique_ptr<Store>(std::move(store));
   }
   return InvalidArgument("rendezvous address '{}': expected tcp://HOST:PORT or file:///dir", address);
+}
+
+Result<std::unique_ptr<Store>> ServeLoopbackStore() {
+  auto store = std::make_unique<ServingStore>("tcp://127.0.0.1:0");
+  ESTUARY_RETURN_IF_ERROR(store->Listen("127.0.0.1", 0));
+  return std::unique_ptr<Store>(std::move(store));
 }
 
 Status AwaitRanks(Store& store, const RendezvousOptions& options, std::string_view scope) {

@@ -38,8 +38,14 @@ class Store {
 };
 
 // tcp://127.0.0.1:PORT with a port the kernel just handed out (free a moment
-// ago: another process could take it first). A single node's default.
+// ago: another process could take it first). For tests that fork their ranks.
 Result<std::string> FreeLoopbackRendezvous();
+
+// Rank 0's store of a single node, already serving on a port of 127.0.0.1
+// that the kernel chose and it holds (address() names it), so no other
+// process can take the port between choosing and serving: estuary-client's
+// default for a node of several ranks.
+Result<std::unique_ptr<Store>> ServeLoopbackStore();
 
 // Rank 0 of a tcp:// address starts serving here; the others connect. The
 // server lives as long as rank 0's Store, so keep it until every rank is done

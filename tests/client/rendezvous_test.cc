@@ -66,6 +66,25 @@ TEST(Rendezvous, AwaitRanksNamesEveryMissingRank) {
       << status.ToString();
 }
 
+// The single-node default serves before anyone is told the port: the port
+// it names is held (a second server there fails), and a rank that connects
+// to that address reaches this store.
+TEST(Rendezvous, LoopbackStoreServesThePortItNames) {
+  auto served = ServeLoopbackStore();
+  ASSERT_TRUE(served.ok()) << served.status().ToString();
+  const std::string address = (*served)->address();
+  ASSERT_TRUE(address.starts_with("tcp://127.0.0.1:")) << address;
+  EXPECT_NE(address, "tcp://127.0.0.1:0");
+  auto second = OpenStore({.address = address, .rank = 0, .size = 2});
+  EXPECT_EQ(second.status().code(), Code::kIo) << second.status().ToString();
+  auto client = OpenStore({.address = address, .rank = 1, .size = 2, .timeout = 5s});
+  ASSERT_TRUE(client.ok()) << client.status().ToString();
+  ASSERT_TRUE((*served)->Set("k", "v").ok());
+  auto got = (*client)->Get("k", 1s);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ(*got, "v");
+}
+
 TEST(Rendezvous, TcpPortAlreadyServedIsAnError) {
   const std::string address = testing::FreeTcpAddress();
   auto first = OpenStore({.address = address, .rank = 0, .size = 2});
