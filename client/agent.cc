@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -33,6 +34,15 @@ static Result<TaskConfig> FromProto(const v1::TaskConfig& t) {
   }
   if (t.seq_len() != 0) task.seq_len = t.seq_len();
   task.max_local_steps = t.max_local_steps();
+  if (task.update_kind == UpdateKind::kLora) {
+    const v1::LoraTask& l = t.lora();
+    task.lora.config.rank = int(std::min<uint32_t>(l.rank(), 1u << 20));
+    task.lora.config.alpha = l.alpha();
+    task.lora.config.dropout = l.dropout();
+    task.lora.config.target_modules.assign(l.target_modules().begin(), l.target_modules().end());
+    task.lora.merge = l.merge();
+    task.lora.mixed_ranks = l.mixed_ranks();
+  }
   return task;
 }
 
@@ -248,7 +258,7 @@ void Agent::OnTrained(uint64_t round, Result<Update> update) {
   v1::Envelope envelope;
   auto* begin = envelope.mutable_update_begin();
   begin->set_round(round);
-  begin->set_kind(v1::UPDATE_FULL);
+  begin->set_kind(payload->kind == UpdateKind::kLora ? v1::UPDATE_LORA : v1::UPDATE_FULL);
   begin->set_num_examples(payload->num_examples);
   begin->set_train_loss(payload->train_loss);
   *begin->mutable_manifest() = proto::ToProto(payload->manifest);

@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "aggregation/lora_strategy.h"
 #include "aggregation/strategy.h"
 #include "models/dataset.h"
 #include "models/federated_model.h"
@@ -61,6 +62,7 @@ class Coordinator {
     std::unique_ptr<StagedUpdate> staged;
     bool waiting_for_slot = false;
     v1::UpdateBegin begin;
+    models::Manifest layout;  // the upload's: the global model's, or a LoRA site's adapter factors
     std::chrono::steady_clock::time_point started;
     bool resolved() const { return record.status != "selected" && record.status != "folding"; }
   };
@@ -82,7 +84,7 @@ class Coordinator {
   void MaybeFinishRound();
   void Aggregate();
   void OnAggregated(Status status, std::shared_ptr<std::vector<float>> global, std::optional<models::EvalResult> eval,
-                    std::string checkpoint, std::string checksum);
+                    std::string checkpoint, std::string checksum, uint64_t changed_bytes);
   void FailRound(const std::string& reason);
   void Transition(RoundState to, const std::string& detail = {});
   void Broadcast(const v1::Envelope& envelope);
@@ -98,6 +100,7 @@ class Coordinator {
   boost::asio::steady_timer retry_;
 
   std::unique_ptr<aggregation::Strategy> strategy_;  // touched only on worker_
+  std::optional<aggregation::LoraStrategyOptions> lora_;  // set in a federation of update kind lora
   std::unique_ptr<models::Evaluator> evaluator_;  // null without eval data; touched only on worker_
   models::Manifest manifest_;
   std::shared_ptr<const std::vector<float>> global_;

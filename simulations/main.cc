@@ -64,6 +64,13 @@ int main(int argc, char** argv) {
   app.add_option("--precision", s.precision, "fp32 | bf16 | fp16 (bf16 and fp16 need cuda)");
   app.add_option("--strategy", s.strategy.name, "fedavg | fedadam");
   app.add_option("--server-lr", s.strategy.server_lr, "FedAdam server learning rate");
+  app.add_option("--update-kind", s.update_kind, "full (weight deltas) | lora (adapter factors; llama-* models)");
+  app.add_option("--lora-rank", s.lora_rank, "lora: adapter rank r");
+  app.add_option("--lora-alpha", s.lora_alpha, "lora: lora_alpha (the update is alpha/r * B A)");
+  app.add_option("--lora-dropout", s.lora_dropout, "lora: dropout on the adapters' input, in [0, 1)");
+  app.add_option("--lora-targets", s.lora_targets, "lora: comma-separated q_proj,...,down_proj");
+  app.add_option("--lora-merge", s.lora_merge, "lora: naive | exact | frozen-a");
+  app.add_option("--base-model", s.base_model, "lora: the base model's safetensors (default: the preset from --seed)");
   app.add_option("--seed", s.seed, "one seed for partitioning, init, sampling and shuffling");
   app.add_option("--mode", s.mode, "inproc | loopback");
   app.add_option("--data", s.data_dir, "MNIST IDX directory (scripts/fetch-mnist makes it), or for text models a fortunes directory");
@@ -88,7 +95,11 @@ int main(int argc, char** argv) {
   if (!quiet) {
     std::printf("estuary-sim: %s, %u clients (%s), %g per round, %llu rounds, %u epochs, batch %u, lr %g, %s, %s\n",
                 s.model.c_str(), s.clients, s.partition.c_str(), s.per_round, (unsigned long long)s.rounds, s.epochs,
-                s.batch, s.lr, s.strategy.name.c_str(), s.mode.c_str());
+                s.batch, s.lr,
+                s.update_kind == "lora"
+                    ? fmt::format("lora r={} alpha={} {} merge", s.lora_rank, s.lora_alpha, s.lora_merge).c_str()
+                    : s.strategy.name.c_str(),
+                s.mode.c_str());
     std::fputs(simulations::RenderRoundTableHeader().c_str(), stdout);
     std::fflush(stdout);
   }

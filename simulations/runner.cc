@@ -11,6 +11,7 @@
 #include <set>
 #include <thread>
 
+#include "aggregation/lora_strategy.h"
 #include "aggregation/sampling.h"
 #include "base/host_port.h"
 #include "base/seed.h"
@@ -24,6 +25,7 @@
 #include "models/dataset.h"
 #include "models/federated_model.h"
 #include "models/language_model.h"
+#include "models/lora_federation.h"
 #include "models/model.h"
 #include "models/text_corpus.h"
 #include "simulations/partition.h"
@@ -43,7 +45,30 @@ nlohmann::json ScenarioJson(const Scenario& s) {
           {"server_lr", s.strategy.server_lr}, {"seed", s.seed}, {"mode", s.mode}, {"threads", s.threads},
           {"data", s.data_dir.string()}, {"optimizer", s.optimizer}, {"seq_len", s.seq_len},
           {"max_local_steps", s.max_local_steps}, {"eval_windows", s.eval_windows}, {"device", s.device},
-          {"precision", s.precision}};
+          {"precision", s.precision}, {"update_kind", s.update_kind}, {"lora_rank", s.lora_rank},
+          {"lora_alpha", s.lora_alpha}, {"lora_dropout", s.lora_dropout}, {"lora_targets", s.lora_targets},
+          {"lora_merge", s.lora_merge}, {"base_model", s.base_model.string()}};
+}
+
+static std::vector<std::string> SplitCommas(std::string_view text) {
+  std::vector<std::string> parts;
+  while (!text.empty()) {
+    const size_t comma = text.find(',');
+    parts.emplace_back(text.substr(0, comma));
+    text = comma == std::string_view::npos ? std::string_view() : text.substr(comma + 1);
+  }
+  return parts;
+}
+
+Result<models::LoraConfig> LoraConfigOf(const Scenario& s) {
+  models::LoraConfig lora;
+  lora.rank = int(s.lora_rank);
+  lora.alpha = s.lora_alpha;
+  lora.dropout = s.lora_dropout;
+  lora.target_modules = SplitCommas(s.lora_targets);
+  lora.base_model_name_or_path = s.base_model.empty() ? s.model : s.base_model.string();
+  ESTUARY_RETURN_IF_ERROR(lora.Validate());
+  return lora;
 }
 
 static std::vector<std::string> ClientNames(uint32_t n) {
@@ -64,6 +89,11 @@ static client::TaskConfig TaskOf(const Scenario& s) {
   if (auto optimizer = client::ParseOptimizer(s.optimizer); optimizer.ok()) task.optimizer = *optimizer;
   task.seq_len = s.seq_len;
   task.max_local_steps = s.max_local_steps;
+  if (s.update_kind == "lora") {
+    task.update_kind = client::UpdateKind::kLora;
+    if (auto lora = LoraConfigOf(s); lora.ok()) task.lora.config = *lora;
+    task.lora.merge = s.lora_merge;
+  }
   return task;
 }
 
@@ -88,6 +118,18 @@ static Status CheckScenario(const Scenario& s) {
   if (s.threads == 0) return InvalidArgument("sim: --threads must be >= 1");
   ESTUARY_RETURN_IF_ERROR(client::ParseOptimizer(s.optimizer).status());
   ESTUARY_RETURN_IF_ERROR(client::ParseCompute(s.device, s.precision).status());
+  if (s.update_kind != "full" && s.update_kind != "lora") {
+    return InvalidArgument("sim: --update-kind '{}': expected full or lora", s.update_kind);
+  }
+  if (s.update_kind == "lora") {
+    if (!models::IsLanguageModel(s.model)) {
+      return InvalidArgument("sim: --update-kind lora needs a language model (llama-*), not '{}'", s.model);
+    }
+    ESTUARY_RETURN_IF_ERROR(LoraConfigOf(s).status());
+    ESTUARY_RETURN_IF_ERROR(aggregation::ParseLoraMergeRule(s.lora_merge).status());
+  } else if (!s.base_model.empty()) {
+    return InvalidArgument("sim: --base-model is for --update-kind lora (a full federation starts from the seed)");
+  }
   return client::ValidateTask(TaskOf(s));
 }
 
@@ -149,22 +191,45 @@ static Result<Workload> ClientsOf(const Scenario& s) {
 // (models/federated_model.h).
 static Result<Workload> MakeWorkload(const Scenario& s) {
   ESTUARY_ASSIGN_OR_RETURN(Workload w, ClientsOf(s));
-  ESTUARY_ASSIGN_OR_RETURN(models::InitialWeights initial, models::InitialModel(s.model, s.seed));
-  w.manifest = std::move(initial.manifest);
-  w.global = std::move(initial.values);
   ESTUARY_ASSIGN_OR_RETURN(w.evaluator, models::MakeEvaluator(s.model, s.data_dir,
                                                               {.threads = int(s.threads),
                                                                .seq_len = int(s.seq_len),
                                                                .max_windows = s.eval_windows,
                                                                .seed = s.seed}));
+  if (s.update_kind == "lora") {
+    ESTUARY_ASSIGN_OR_RETURN(const models::LoraConfig lora, LoraConfigOf(s));
+    ESTUARY_ASSIGN_OR_RETURN(models::InitialWeights initial,
+                             models::LoraInitialModel(s.model, lora, s.seed, s.base_model));
+    ESTUARY_ASSIGN_OR_RETURN(const models::LlamaConfig config, models::LlamaPreset(s.model));
+    ESTUARY_ASSIGN_OR_RETURN(models::LoraGlobalLayout layout, models::MakeLoraGlobalLayout(config, lora));
+    w.manifest = std::move(initial.manifest);
+    w.global = std::move(initial.values);
+    w.evaluator = models::MakeLoraEvaluator(std::move(w.evaluator), std::move(layout), lora.alpha);
+    return w;
+  }
+  ESTUARY_ASSIGN_OR_RETURN(models::InitialWeights initial, models::InitialModel(s.model, s.seed));
+  w.manifest = std::move(initial.manifest);
+  w.global = std::move(initial.values);
   return w;
+}
+
+static Result<std::unique_ptr<aggregation::Strategy>> StrategyOf(const Scenario& s) {
+  if (s.update_kind != "lora") return aggregation::MakeStrategy(s.strategy);
+  ESTUARY_ASSIGN_OR_RETURN(const models::LoraConfig lora, LoraConfigOf(s));
+  ESTUARY_ASSIGN_OR_RETURN(const models::LlamaConfig config, models::LlamaPreset(s.model));
+  aggregation::LoraStrategyOptions options;
+  ESTUARY_ASSIGN_OR_RETURN(options.layout, models::MakeLoraGlobalLayout(config, lora));
+  ESTUARY_ASSIGN_OR_RETURN(options.merge.rule, aggregation::ParseLoraMergeRule(s.lora_merge));
+  options.merge.rank = size_t(lora.rank);
+  options.merge.alpha = lora.alpha;
+  return aggregation::LoraStrategy::Make(std::move(options));
 }
 
 Result<Report> RunInproc(const Scenario& s, const RoundCallback& on_round) {
   ESTUARY_RETURN_IF_ERROR(CheckScenario(s));
   const auto start = Clock::now();
   ESTUARY_ASSIGN_OR_RETURN(Workload workload, MakeWorkload(s));
-  ESTUARY_ASSIGN_OR_RETURN(auto strategy, aggregation::MakeStrategy(s.strategy));
+  ESTUARY_ASSIGN_OR_RETURN(auto strategy, StrategyOf(s));
   const models::Manifest& manifest = workload.manifest;
   std::vector<float>& global = workload.global;
   const auto& names = workload.names;
@@ -200,15 +265,18 @@ Result<Report> RunInproc(const Scenario& s, const RoundCallback& on_round) {
     for (size_t i = 0; i < k; ++i) {
       if (!updates[i]->ok()) return updates[i]->status();
       const client::Update& update = updates[i]->value();
-      ESTUARY_RETURN_IF_ERROR(strategy->Fold(update.payload, double(update.num_examples)));
+      ESTUARY_RETURN_IF_ERROR(
+          strategy->FoldUpdate(selected[i], update.manifest, update.payload, double(update.num_examples)));
       ++row.updates_received;
       row.bytes_up += update.payload.size() * sizeof(float);
+      row.bytes_per_update = update.payload.size() * sizeof(float);
       row.bytes_down += manifest.byte_size();
       loss_sum += update.train_loss * double(update.num_examples);
       examples += double(update.num_examples);
     }
     updates.clear();
     ESTUARY_RETURN_IF_ERROR(strategy->Finish(global));
+    row.merge_bytes_down = strategy->changed_bytes();
     ESTUARY_ASSIGN_OR_RETURN(const models::EvalResult eval, workload.evaluator->Evaluate(global));
     row.train_loss = loss_sum / examples;
     row.test_accuracy = eval.accuracy;
@@ -264,9 +332,15 @@ Result<Report> RunLoopback(const Scenario& s, const RoundCallback& on_round) {
         "--seed", std::to_string(s.seed), "--strategy", s.strategy.name, "--server-lr",
         fmt::format("{}", s.strategy.server_lr), "--optimizer", s.optimizer, "--seq-len", std::to_string(s.seq_len),
         "--max-local-steps", std::to_string(s.max_local_steps), "--eval-windows", std::to_string(s.eval_windows),
-        "--exit-when-done", "true", "--log-level",
+        "--update-kind", s.update_kind, "--lora-rank", std::to_string(s.lora_rank), "--lora-alpha",
+        fmt::format("{}", s.lora_alpha), "--lora-dropout", fmt::format("{}", s.lora_dropout), "--lora-targets",
+        s.lora_targets, "--lora-merge", s.lora_merge, "--exit-when-done", "true", "--log-level",
         // The server logs at this process's level, but never below info: its log file is the round's record.
         fmt::to_string(spdlog::level::to_string_view(std::min(spdlog::get_level(), spdlog::level::info)))};
+    if (!s.base_model.empty()) {
+      args.push_back("--base-model");
+      args.push_back(fs::absolute(s.base_model).string());
+    }
     const fs::path log = s.workdir / "server.log";
     // The server starts while this process loads its data and certificates.
     ESTUARY_RETURN_IF_ERROR(server.Spawn(binary, args, log));
@@ -337,6 +411,8 @@ Result<Report> RunLoopback(const Scenario& s, const RoundCallback& on_round) {
       row.seconds = closed.seconds();
       row.bytes_up = closed.bytes_up();
       row.bytes_down = closed.bytes_down();
+      row.bytes_per_update = closed.bytes_per_update();
+      row.merge_bytes_down = closed.merge_bytes_down();
       row.global_checksum = closed.model_checksum();
       report.rounds.push_back(row);
       if (on_round) on_round(row, s.rounds);

@@ -17,6 +17,7 @@
 
 #include "aggregation/strategy.h"
 #include "base/status.h"
+#include "models/lora.h"
 #include "simulations/report.h"
 
 namespace estuary::simulations {
@@ -39,6 +40,15 @@ struct Scenario {
   std::string device = "cpu";         // where the clients train: cpu | cuda | cuda:N
   std::string precision = "fp32";     // fp32 | bf16 | fp16 (cuda only)
   aggregation::StrategyOptions strategy;
+  // What clients send: "full" (the weight delta) or "lora" (adapter factors
+  // on a language model; the strategy is then the LoRA merge, lora_merge).
+  std::string update_kind = "full";
+  uint32_t lora_rank = 8;
+  float lora_alpha = 16;
+  float lora_dropout = 0;
+  std::string lora_targets = "q_proj,k_proj,v_proj,o_proj";  // comma-separated
+  std::string lora_merge = "exact";                          // naive | exact | frozen-a
+  std::filesystem::path base_model;  // lora: the base's safetensors; empty: the preset from the seed
   uint64_t seed = 2017;
   std::string mode = "inproc";
   std::filesystem::path data_dir = "data/mnist";  // text models: a fortunes directory
@@ -51,6 +61,9 @@ struct Scenario {
 };
 
 nlohmann::json ScenarioJson(const Scenario& scenario);
+
+// The scenario's LoRA config (rank, alpha, dropout, targets), validated.
+Result<models::LoraConfig> LoraConfigOf(const Scenario& scenario);
 
 // Called after every round, on the thread that runs the simulation.
 using RoundCallback = std::function<void(const RoundReport&, uint64_t rounds_total)>;
