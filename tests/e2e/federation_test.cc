@@ -10,6 +10,9 @@
 
 #include "crypto/certs.h"
 #include "models/checkpoint.h"
+#include "models/language_model.h"
+#include "models/lora_federation.h"
+#include "proto/wire.h"
 #include "server/store.h"
 #include "simulations/server_process.h"
 #include "tests/e2e/federation.h"
@@ -338,6 +341,107 @@ TEST(Federation, UploadViolationsAreRejectedAndTheRoundCarriesOn) {
   for (size_t i = 0; i < n; ++i) max_change = std::max(max_change, std::abs(checkpoint->data[i] - global[i]));
   EXPECT_GT(max_change, 0.0f);
   EXPECT_LT(max_change, 10.0f);
+}
+
+// A lora federation with the real binaries: a text site trains and uploads
+// its adapter factors; a site whose adapters have another rank, and one that
+// sends a full delta, are refused with one line naming site, module and
+// field, and neither reaches the aggregate.
+TEST(Federation, ALoraFederationRefusesUploadsThatDoNotFitItsAdapters) {
+  Federation f;
+  for (const char* name : {"library", "site-rank", "site-full"}) f.Issue(name);
+  const fs::path text = f.dir() / "text";
+  fs::create_directories(text);
+  {
+    std::ofstream out(text / "proverbs");
+    for (int i = 0; i < 200; ++i) out << "a stitch in time saves nine, number " << i << "\n%\n";
+  }
+  const uint16_t port = f.StartServer(
+      1, 3, {"--model", "llama-tiny", "--eval-data", text.string(), "--optimizer", "adamw", "--lr", "0.003", "--batch",
+             "4", "--seq-len", "32", "--max-local-steps", "3", "--eval-windows", "8", "--update-kind", "lora",
+             "--lora-rank", "8", "--lora-alpha", "16", "--lora-merge", "exact"});
+  ASSERT_NE(port, 0) << f.ServerLog();
+  std::map<std::string, std::unique_ptr<RawClient>> raw;
+  for (const char* name : {"site-rank", "site-full"}) {
+    auto client = RawClient::Connect(port, f.Files(name));
+    ASSERT_TRUE(client.ok()) << client.status().ToString();
+    ASSERT_TRUE((*client)->Handshake().ok());
+    raw[name] = std::move(client).value();
+  }
+  auto good = f.StartClient("library", port, text);
+  std::vector<float> global;
+  auto start = raw["site-rank"]->AwaitRound(&global);
+  ASSERT_TRUE(start.ok()) << start.status().ToString();
+  auto full_start = raw["site-full"]->AwaitRound(&global);
+  ASSERT_TRUE(full_start.ok());
+  EXPECT_EQ(start->task().update_kind(), v1::UPDATE_LORA);
+  EXPECT_EQ(start->task().lora().rank(), 8u);
+  auto config = models::LlamaPreset("llama-tiny");
+  ASSERT_TRUE(config.ok());
+  auto layout = models::MakeLoraGlobalLayout(*config, {.rank = 8, .alpha = 16});
+  ASSERT_TRUE(layout.ok());
+  ASSERT_EQ(global.size(), layout->global.total_elements);  // base + adapter travel as one model
+
+  {  // Rank-4 adapters where the federation trains rank 8.
+    auto rank4 = models::MakeLoraGlobalLayout(*config, {.rank = 4, .alpha = 16});
+    ASSERT_TRUE(rank4.ok());
+    v1::Envelope envelope;
+    auto* begin = envelope.mutable_update_begin();
+    begin->set_round(start->round());
+    begin->set_kind(v1::UPDATE_LORA);
+    begin->set_num_examples(100000);
+    begin->set_train_loss(1.0);
+    *begin->mutable_manifest() = proto::ToProto(rank4->adapter);
+    auto& c = *raw["site-rank"];
+    ASSERT_TRUE(c.Send(envelope).ok());
+    auto reply = c.Receive();
+    ASSERT_TRUE(reply.ok() && reply->has_error()) << reply.status().ToString();
+    EXPECT_EQ(reply->error().code(), v1::Error::BAD_MESSAGE);
+    EXPECT_EQ(reply->error().message(),
+              "lora update from site-rank: module base_model.model.model.layers.0.self_attn.q_proj: lora_A rank 4, "
+              "the federation's is 8");
+    EXPECT_TRUE(c.Closed());
+  }
+  {  // A full delta in a lora federation.
+    auto& c = *raw["site-full"];
+    ASSERT_TRUE(c.Send(MakeUpdateBegin(*full_start, std::vector<float>(global.size(), 1e6f), 100000)).ok());
+    auto reply = c.Receive();
+    ASSERT_TRUE(reply.ok() && reply->has_error());
+    EXPECT_EQ(reply->error().message(), "update kind full from site-full, but this federation takes lora");
+    EXPECT_TRUE(c.Closed());
+  }
+  EXPECT_EQ(good->Wait(), 0) << f.ClientLog("library");
+  ASSERT_EQ(f.WaitServer(), 0) << f.ServerLog();
+
+  auto store = f.OpenStore();
+  ASSERT_TRUE(store);
+  auto round = store->GetRound(1);
+  ASSERT_TRUE(round.ok() && round->has_value());
+  EXPECT_EQ((*round)->state, server::RoundState::kCommitted);
+  EXPECT_EQ((*round)->updates_received, 1u);
+  const uint64_t adapter_bytes = layout->adapter.byte_size();
+  EXPECT_EQ((*round)->bytes_up, adapter_bytes);
+  EXPECT_NE((*round)->detail.find(fmt::format("update kind lora (lora-exact): {} bytes per update", adapter_bytes)),
+            std::string::npos)
+      << (*round)->detail;
+  auto p = ParticipationsByName(*store, 1);
+  EXPECT_EQ(p["library"].status, "committed");
+  EXPECT_EQ(p["library"].bytes_up, adapter_bytes);
+  EXPECT_EQ(p["site-rank"].status, "rejected");
+  EXPECT_NE(p["site-rank"].detail.find("lora_A rank 4"), std::string::npos) << p["site-rank"].detail;
+  EXPECT_EQ(p["site-full"].status, "rejected");
+
+  // One rank-8 site under exact: nothing to truncate, so the base is kept bit
+  // for bit and only the adapter moved.
+  auto path = store->CheckpointFor(1);
+  ASSERT_TRUE(path.ok() && path->has_value());
+  auto checkpoint = models::LoadCheckpoint(**path);
+  ASSERT_TRUE(checkpoint.ok());
+  ASSERT_EQ(checkpoint->data.size(), global.size());
+  const size_t base = layout->base.total_elements;
+  EXPECT_TRUE(std::equal(global.begin(), global.begin() + base, checkpoint->data.begin()));
+  EXPECT_FALSE(std::equal(global.begin() + base, global.end(), checkpoint->data.begin() + base));
+  for (float v : checkpoint->data) ASSERT_LT(std::abs(v), 100.0f);  // nothing of the 1e6 delta
 }
 
 TEST(Federation, ARestartedServerResumesAfterTheLastCommittedRound) {
