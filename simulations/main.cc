@@ -13,6 +13,8 @@
 
 #include "base/config_file.h"
 #include "base/memory.h"
+#include "models/checkpoint.h"
+#include "simulations/lora_fortunes.h"
 #include "simulations/runner.h"
 
 extern "C" void openblas_set_num_threads(int);
@@ -35,6 +37,47 @@ void DrawProgress(uint64_t done, uint64_t total, double accuracy) {
   std::fflush(stderr);
 }
 
+// --scenario lora-fortunes: the flags it shares with a plain run keep their
+// meaning (--data, --topics, --model, --rounds, --batch, --seq-len, --lr,
+// --lora-*, --seed, --threads, --workdir, --report); unset ones take the
+// scenario's defaults, not a plain run's.
+int RunLoraFortunesScenario(const CLI::App& app, const simulations::Scenario& s, simulations::LoraFortunesOptions lf,
+                            const std::string& report_path, bool quiet) {
+  auto given = [&](const char* flag) { return app.get_option(flag)->count() > 0; };
+  if (given("--data")) lf.data_dir = s.data_dir;
+  if (given("--topics")) lf.topics = s.topics;
+  if (given("--model")) lf.model = s.model;
+  if (given("--rounds")) lf.rounds = uint32_t(s.rounds);
+  if (given("--batch")) lf.batch = s.batch;
+  if (given("--seq-len")) lf.seq_len = s.seq_len;
+  if (given("--lr")) lf.lr = s.lr;
+  if (given("--lora-rank")) lf.rank = s.lora_rank;
+  if (given("--lora-alpha")) lf.alpha = s.lora_alpha;
+  if (given("--lora-targets")) lf.targets = s.lora_targets;
+  if (given("--lora-merge")) lf.merges = {s.lora_merge};
+  if (given("--eval-windows")) lf.eval_windows = s.eval_windows;
+  if (given("--workdir")) lf.workdir = s.workdir;
+  lf.seed = s.seed;
+  lf.threads = s.threads;
+  auto progress = [&](const std::string& what) {
+    if (!quiet) std::fprintf(stderr, "lora-fortunes: %s\n", what.c_str());
+  };
+  auto report = simulations::RunLoraFortunes(lf, progress);
+  if (!report.ok()) return Fail(report.status());
+  const std::string json = simulations::ToJson(*report).dump(2) + "\n";
+  if (const auto parent = std::filesystem::path(report_path).parent_path(); !parent.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(parent, ec);
+  }
+  if (Status st = models::WriteFileAtomically(report_path, json); !st.ok()) return Fail(st);
+  std::printf("%s\nheld-out perplexity per byte; %llu pretraining bytes, %u rounds x %zu sites x %u steps = %llu "
+              "centralised steps; %.1f s\nreport: %s\n",
+              simulations::RenderLoraFortunes(*report).c_str(), (unsigned long long)report->pretrain_tokens, lf.rounds,
+              report->sites.size(), lf.local_steps, (unsigned long long)report->central_steps, report->total_seconds,
+              report_path.c_str());
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -45,7 +88,14 @@ int main(int argc, char** argv) {
   simulations::Scenario s;
   std::string config, report_path = "run/report.json", plot_path, log_level = "warn";
   bool quiet = false;
+  std::string scenario;
+  simulations::LoraFortunesOptions lf;
   app.add_option("--config", config, "TOML file with the same keys as these flags");
+  app.add_option("--scenario", scenario,
+                 "a built-in study instead of one run: lora-fortunes (pretrain a base on some fortunes topics, "
+                 "then LoRA-federate the others under naive, exact and frozen-a, against centralised LoRA)");
+  app.add_option("--pretrain-steps", lf.pretrain_steps, "lora-fortunes: central pretraining steps of the base");
+  app.add_option("--local-steps", lf.local_steps, "lora-fortunes: local steps per site per round");
   app.add_option("--clients", s.clients, "number of clients");
   app.add_option("--per-round", s.per_round, "clients per round: count (>= 1) or fraction (< 1)");
   app.add_option("--rounds", s.rounds, "federated rounds");
@@ -56,6 +106,7 @@ int main(int argc, char** argv) {
   app.add_option("--weight-decay", s.weight_decay, "local SGD weight decay");
   app.add_option("--model", s.model, "mlp | cnn | llama-tiny | llama-small");
   app.add_option("--partition", s.partition, "iid | shards | dirichlet:ALPHA (images); topic (text)");
+  app.add_option("--topics", s.topics, "text: comma-separated topics the clients hold (default: the first --clients)");
   app.add_option("--optimizer", s.optimizer, "local optimizer: sgd | adamw");
   app.add_option("--seq-len", s.seq_len, "language models: tokens per training window");
   app.add_option("--max-local-steps", s.max_local_steps, "cap on local optimizer steps per round (0: none)");
@@ -89,6 +140,10 @@ int main(int argc, char** argv) {
   }
   spdlog::set_default_logger(spdlog::stderr_color_mt("estuary-sim"));
   spdlog::set_level(spdlog::level::from_str(log_level));
+  if (!scenario.empty()) {
+    if (scenario != "lora-fortunes") return Fail(InvalidArgument("--scenario '{}': expected lora-fortunes", scenario));
+    return RunLoraFortunesScenario(app, s, lf, report_path, quiet);
+  }
   if (s.mode != "inproc" && s.mode != "loopback") {
     return Fail(InvalidArgument("--mode '{}': expected inproc or loopback", s.mode));
   }

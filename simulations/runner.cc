@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <atomic>
 #include <optional>
 #include "base/asio.h"
@@ -41,7 +42,7 @@ static double Since(Clock::time_point t) { return std::chrono::duration<double>(
 nlohmann::json ScenarioJson(const Scenario& s) {
   return {{"clients", s.clients}, {"per_round", s.per_round}, {"rounds", s.rounds}, {"epochs", s.epochs},
           {"batch", s.batch}, {"lr", s.lr}, {"momentum", s.momentum}, {"weight_decay", s.weight_decay},
-          {"model", s.model}, {"partition", s.partition}, {"strategy", s.strategy.name},
+          {"model", s.model}, {"partition", s.partition}, {"topics", s.topics}, {"strategy", s.strategy.name},
           {"server_lr", s.strategy.server_lr}, {"seed", s.seed}, {"mode", s.mode}, {"threads", s.threads},
           {"data", s.data_dir.string()}, {"optimizer", s.optimizer}, {"seq_len", s.seq_len},
           {"max_local_steps", s.max_local_steps}, {"eval_windows", s.eval_windows}, {"device", s.device},
@@ -168,6 +169,22 @@ static Result<Workload> TextWorkload(const Scenario& s) {
   ESTUARY_ASSIGN_OR_RETURN(auto sources, models::LoadFortunes(s.data_dir, {.test_fraction = 0.1,
                                                                            .seed = s.seed,
                                                                            .min_tokens = s.seq_len + 1}));
+  if (!s.topics.empty()) {
+    // The named topics, in the order given: client i holds topics[i].
+    std::vector<models::TextSource> chosen;
+    for (const std::string& topic : SplitCommas(s.topics)) {
+      auto it = std::find_if(sources.begin(), sources.end(), [&](const auto& source) { return source.name == topic; });
+      if (it == sources.end()) {
+        return InvalidArgument("sim: --topics: {} has no topic '{}' with enough text", s.data_dir.string(), topic);
+      }
+      chosen.push_back(std::move(*it));
+      sources.erase(it);
+    }
+    sources = std::move(chosen);
+    if (s.clients != sources.size()) {
+      return InvalidArgument("sim: --clients {} but --topics names {}", s.clients, sources.size());
+    }
+  }
   if (s.clients > sources.size()) {
     return InvalidArgument("sim: --clients {} but {} has {} topics with enough text; use --clients {} or fewer",
                            s.clients, s.data_dir.string(), sources.size(), sources.size());
@@ -225,7 +242,7 @@ static Result<std::unique_ptr<aggregation::Strategy>> StrategyOf(const Scenario&
   return aggregation::LoraStrategy::Make(std::move(options));
 }
 
-Result<Report> RunInproc(const Scenario& s, const RoundCallback& on_round) {
+Result<Report> RunInproc(const Scenario& s, const RoundCallback& on_round, std::vector<float>* final_global) {
   ESTUARY_RETURN_IF_ERROR(CheckScenario(s));
   const auto start = Clock::now();
   ESTUARY_ASSIGN_OR_RETURN(Workload workload, MakeWorkload(s));
@@ -288,6 +305,7 @@ Result<Report> RunInproc(const Scenario& s, const RoundCallback& on_round) {
   }
   report.total_seconds = Since(start);
   report.final_accuracy = report.rounds.back().test_accuracy;
+  if (final_global) *final_global = std::move(global);
   return report;
 }
 

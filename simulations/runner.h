@@ -33,6 +33,7 @@ struct Scenario {
   float weight_decay = 0;
   std::string model = "mlp";          // mlp | cnn | llama-tiny | llama-small | llama-124m
   std::string partition = "iid";      // images: iid | shards | dirichlet:ALPHA; text: topic
+  std::string topics;                 // text: comma-separated topics the clients hold (empty: the first `clients`)
   std::string optimizer = "sgd";      // local optimizer: sgd | adamw
   uint32_t seq_len = 128;             // language models: tokens per window
   uint32_t max_local_steps = 0;       // 0: every batch of every epoch
@@ -68,7 +69,10 @@ Result<models::LoraConfig> LoraConfigOf(const Scenario& scenario);
 // Called after every round, on the thread that runs the simulation.
 using RoundCallback = std::function<void(const RoundReport&, uint64_t rounds_total)>;
 
-Result<Report> RunInproc(const Scenario& scenario, const RoundCallback& on_round);
+// With final_global, the global model after the last round is written there
+// (for a lora federation: base, then adapter; models/lora_federation.h).
+Result<Report> RunInproc(const Scenario& scenario, const RoundCallback& on_round,
+                         std::vector<float>* final_global = nullptr);
 Result<Report> RunLoopback(const Scenario& scenario, const RoundCallback& on_round);
 
 }  // namespace estuary::simulations
