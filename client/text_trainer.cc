@@ -78,6 +78,40 @@ void ReviveDeadRanks(models::LoraLlama& model, uint64_t seed) {
   }
 }
 
+// What a site of rank r_i uploads: its model is base + s·B·A (the global
+// adapter, rank r, s = alpha/r) + s_i·B_i·A_i (its own, s_i = alpha/r_i), one
+// adapter of rank R = r + r_i with scale s' = alpha/R represents both
+// exactly: A' = [A; A_i], B' = [(s/s')·B, (s_i/s')·B_i]. An exact merge then
+// averages the sites' models as they are, whatever their ranks.
+models::Manifest StackedAdapters(const models::Manifest& global_adapter, std::span<const float> global_values,
+                                 const models::LoraLlama& site, const models::LoraConfig& federation,
+                                 std::vector<float>* payload) {
+  const int r = federation.rank, ri = site.lora_config().rank, R = r + ri;
+  const double s = double(federation.alpha) / r, si = double(federation.alpha) / ri, sR = double(federation.alpha) / R;
+  models::Manifest m;
+  payload->clear();
+  for (const models::TensorSpec& g : global_adapter.tensors) {
+    const models::TensorSpec* own = site.manifest().Find(g.name);
+    const float* gv = global_values.data() + g.offset;
+    const float* ov = site.parameters().data() + own->offset;
+    models::TensorSpec spec{g.name, g.shape, models::DType::kF32, m.total_elements};
+    if (models::IsLoraA(g.name)) {  // [r, in] over [r_i, in]: rows stack
+      spec.shape = {R, g.shape[1]};
+      payload->insert(payload->end(), gv, gv + g.numel());
+      payload->insert(payload->end(), ov, ov + own->numel());
+    } else {  // [out, r] beside [out, r_i]: columns stack, rescaled
+      spec.shape = {g.shape[0], R};
+      for (int64_t o = 0; o < g.shape[0]; ++o) {
+        for (int j = 0; j < r; ++j) payload->push_back(float(s / sR * gv[o * r + j]));
+        for (int j = 0; j < ri; ++j) payload->push_back(float(si / sR * ov[o * ri + j]));
+      }
+    }
+    m.total_elements += spec.numel();
+    m.tensors.push_back(std::move(spec));
+  }
+  return m;
+}
+
 }  // namespace
 
 double TextTrainer::RunSchedule(const TaskConfig& task, uint64_t round, std::string_view client_name, int seq,
@@ -169,18 +203,38 @@ Result<Update> TextTrainer::TrainLora(std::span<const float> global, const model
     return InvalidArgument("trainer: the global model's manifest is not model '{}' with rank-{} adapters on {}",
                            task.model, task.lora.config.rank, fmt::join(task.lora.config.target_modules, ", "));
   }
+  const models::LoraGlobalLayout& layout = w->layout;
+  const bool own_rank = lora_rank_ != 0 && lora_rank_ != task.lora.config.rank;
+  if (own_rank && !task.lora.mixed_ranks) {
+    return FailedPrecondition("trainer: this site trains rank {}, but the federation (rank {}, merge {}) takes its "
+                              "own rank only",
+                              lora_rank_, task.lora.config.rank, task.lora.merge);
+  }
+  if (own_rank) {
+    // A site of another rank trains its own adapter on the global model
+    // with the global adapter folded into its base (below).
+    models::LoraConfig site = task.lora.config;
+    site.rank = lora_rank_;
+    ESTUARY_ASSIGN_OR_RETURN(w, ThreadLoraWorkspace(task.model, int(task.batch_size), site));
+  }
   models::LoraLlama& model = *w->model;
   if (seq > model.base().config().max_seq_len) {
     return InvalidArgument("task: seq_len {} exceeds {}'s context of {}", seq, task.model,
                            model.base().config().max_seq_len);
   }
   const auto start = std::chrono::steady_clock::now();
-  const uint64_t base_size = w->layout.base.total_elements;
+  const uint64_t base_size = layout.base.total_elements;
   std::memcpy(model.base().parameters().data(), global.data(), base_size * sizeof(float));
-  std::memcpy(model.parameters().data(), global.data() + base_size, model.parameters().size_bytes());
   const bool frozen_a = task.lora.merge == "frozen-a";
   const uint64_t seed = MixSeed(MixSeed(task.seed, round), client_name);
-  if (!frozen_a) ReviveDeadRanks(model, MixSeed(seed, std::string_view("revive")));
+  if (own_rank) {
+    ESTUARY_RETURN_IF_ERROR(models::AddLoraToBase(layout.base, model.base().parameters(), layout.adapter,
+                                                  global.subspan(base_size), task.lora.config.alpha));
+    model.Initialize(MixSeed(seed, std::string_view("site adapter")));
+  } else {
+    std::memcpy(model.parameters().data(), global.data() + base_size, model.parameters().size_bytes());
+    if (!frozen_a) ReviveDeadRanks(model, MixSeed(seed, std::string_view("revive")));
+  }
   model.SeedDropout(MixSeed(seed, std::string_view("dropout")));
   // Under frozen-a A is the federation's and must not move: restored after
   // every step (AdamW's decay would move it even with a zero gradient).
@@ -216,6 +270,12 @@ Result<Update> TextTrainer::TrainLora(std::span<const float> global, const model
   update.kind = UpdateKind::kLora;
   update.num_examples = num_examples();
   update.train_loss = loss;
+  if (own_rank) {
+    update.manifest = StackedAdapters(layout.adapter, global.subspan(base_size), model, task.lora.config,
+                                      &update.payload);
+    update.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    return update;
+  }
   update.manifest = models::LoraUploadManifest(model.manifest(), frozen_a);
   update.payload.reserve(update.manifest.total_elements);
   for (const models::TensorSpec& spec : update.manifest.tensors) {

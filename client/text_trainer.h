@@ -11,6 +11,11 @@
 // adapter into a LoraLlama, trains only the adapter (under frozen-a only B;
 // A is restored after every step) and uploads the adapter factors, named as
 // PEFT saves them (under frozen-a the B factors alone). CPU only so far.
+// A site may train its own rank (set_lora_rank) where the federation takes
+// mixed ranks (exact only): it folds the global adapter into its base,
+// trains a fresh adapter of its rank, and uploads both as one stacked adapter
+// of rank r + r_i that represents its model exactly (StackedAdapters in the
+// .cc).
 // The model is a per-thread workspace on the site's device (lm_backend.h):
 // the CPU, or a CUDA GPU in fp32, bf16 or fp16.
 #pragma once
@@ -29,6 +34,8 @@ class TextTrainer : public Trainer {
   explicit TextTrainer(std::shared_ptr<const std::vector<int32_t>> tokens, Compute compute = {});
 
   uint64_t num_examples() const override { return tokens_->size(); }
+  // This site's adapter rank in a lora federation (0: the federation's).
+  void set_lora_rank(int rank) { lora_rank_ = rank; }
   Result<Update> Train(std::span<const float> global, const models::Manifest& manifest, const TaskConfig& task,
                        uint64_t round, std::string_view client_name) override;
 
@@ -43,6 +50,7 @@ class TextTrainer : public Trainer {
 
   std::shared_ptr<const std::vector<int32_t>> tokens_;
   Compute compute_;
+  int lora_rank_ = 0;
 };
 
 // The LoRA part of a task: a valid LoraConfig, a known merge rule, mixed

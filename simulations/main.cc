@@ -121,6 +121,7 @@ int main(int argc, char** argv) {
   app.add_option("--lora-dropout", s.lora_dropout, "lora: dropout on the adapters' input, in [0, 1)");
   app.add_option("--lora-targets", s.lora_targets, "lora: comma-separated q_proj,...,down_proj");
   app.add_option("--lora-merge", s.lora_merge, "lora: naive | exact | frozen-a");
+  app.add_option("--lora-site-ranks", s.lora_site_ranks, "lora, exact only: the sites' own ranks, e.g. 4,8,16 (client i takes entry i mod n)");
   app.add_option("--base-model", s.base_model, "lora: the base model's safetensors (default: the preset from --seed)");
   app.add_option("--seed", s.seed, "one seed for partitioning, init, sampling and shuffling");
   app.add_option("--mode", s.mode, "inproc | loopback");

@@ -48,7 +48,7 @@ nlohmann::json ScenarioJson(const Scenario& s) {
           {"max_local_steps", s.max_local_steps}, {"eval_windows", s.eval_windows}, {"device", s.device},
           {"precision", s.precision}, {"update_kind", s.update_kind}, {"lora_rank", s.lora_rank},
           {"lora_alpha", s.lora_alpha}, {"lora_dropout", s.lora_dropout}, {"lora_targets", s.lora_targets},
-          {"lora_merge", s.lora_merge}, {"base_model", s.base_model.string()}};
+          {"lora_merge", s.lora_merge}, {"lora_site_ranks", s.lora_site_ranks}, {"base_model", s.base_model.string()}};
 }
 
 static std::vector<std::string> SplitCommas(std::string_view text) {
@@ -94,6 +94,7 @@ static client::TaskConfig TaskOf(const Scenario& s) {
     task.update_kind = client::UpdateKind::kLora;
     if (auto lora = LoraConfigOf(s); lora.ok()) task.lora.config = *lora;
     task.lora.merge = s.lora_merge;
+    task.lora.mixed_ranks = !s.lora_site_ranks.empty();
   }
   return task;
 }
@@ -112,6 +113,21 @@ static Result<std::vector<std::unique_ptr<client::Trainer>>> MakeTrainers(
   return trainers;
 }
 
+// --lora-site-ranks as numbers; empty when not given.
+static Result<std::vector<int>> SiteRanks(const Scenario& s) {
+  std::vector<int> ranks;
+  if (s.lora_site_ranks.empty()) return ranks;
+  for (const std::string& part : SplitCommas(s.lora_site_ranks)) {
+    char* end = nullptr;
+    const long rank = std::strtol(part.c_str(), &end, 10);
+    if (part.empty() || *end != '\0' || rank <= 0 || rank > 4096) {
+      return InvalidArgument("sim: --lora-site-ranks '{}': '{}' is not a rank in [1, 4096]", s.lora_site_ranks, part);
+    }
+    ranks.push_back(int(rank));
+  }
+  return ranks;
+}
+
 static Status CheckScenario(const Scenario& s) {
   if (s.clients == 0) return InvalidArgument("sim: --clients must be >= 1");
   if (!(s.per_round > 0)) return InvalidArgument("sim: --per-round {} must be > 0", s.per_round);
@@ -128,6 +144,11 @@ static Status CheckScenario(const Scenario& s) {
     }
     ESTUARY_RETURN_IF_ERROR(LoraConfigOf(s).status());
     ESTUARY_RETURN_IF_ERROR(aggregation::ParseLoraMergeRule(s.lora_merge).status());
+    ESTUARY_RETURN_IF_ERROR(SiteRanks(s).status());
+    if (!s.lora_site_ranks.empty() && s.lora_merge != "exact") {
+      return InvalidArgument("sim: --lora-site-ranks needs --lora-merge exact (only exact merges mixed ranks), not {}",
+                             s.lora_merge);
+    }
   } else if (!s.base_model.empty()) {
     return InvalidArgument("sim: --base-model is for --update-kind lora (a full federation starts from the seed)");
   }
@@ -190,11 +211,14 @@ static Result<Workload> TextWorkload(const Scenario& s) {
                            s.clients, s.data_dir.string(), sources.size(), sources.size());
   }
   ESTUARY_ASSIGN_OR_RETURN(const client::Compute compute, client::ParseCompute(s.device, s.precision));
+  ESTUARY_ASSIGN_OR_RETURN(const std::vector<int> site_ranks, SiteRanks(s));
   Workload w;
   for (uint32_t i = 0; i < s.clients; ++i) {
     w.names.push_back(sources[i].name);
-    w.trainers.push_back(std::make_unique<client::TextTrainer>(
-        std::make_shared<const std::vector<int32_t>>(std::move(sources[i].train)), compute));
+    auto trainer = std::make_unique<client::TextTrainer>(
+        std::make_shared<const std::vector<int32_t>>(std::move(sources[i].train)), compute);
+    if (!site_ranks.empty()) trainer->set_lora_rank(site_ranks[i % site_ranks.size()]);
+    w.trainers.push_back(std::move(trainer));
   }
   return w;
 }
@@ -239,6 +263,7 @@ static Result<std::unique_ptr<aggregation::Strategy>> StrategyOf(const Scenario&
   ESTUARY_ASSIGN_OR_RETURN(options.merge.rule, aggregation::ParseLoraMergeRule(s.lora_merge));
   options.merge.rank = size_t(lora.rank);
   options.merge.alpha = lora.alpha;
+  options.mixed_ranks = !s.lora_site_ranks.empty();
   return aggregation::LoraStrategy::Make(std::move(options));
 }
 
@@ -352,7 +377,8 @@ Result<Report> RunLoopback(const Scenario& s, const RoundCallback& on_round) {
         "--max-local-steps", std::to_string(s.max_local_steps), "--eval-windows", std::to_string(s.eval_windows),
         "--update-kind", s.update_kind, "--lora-rank", std::to_string(s.lora_rank), "--lora-alpha",
         fmt::format("{}", s.lora_alpha), "--lora-dropout", fmt::format("{}", s.lora_dropout), "--lora-targets",
-        s.lora_targets, "--lora-merge", s.lora_merge, "--exit-when-done", "true", "--log-level",
+        s.lora_targets, "--lora-merge", s.lora_merge, "--lora-mixed-ranks", s.lora_site_ranks.empty() ? "false" : "true",
+        "--exit-when-done", "true", "--log-level",
         // The server logs at this process's level, but never below info: its log file is the round's record.
         fmt::to_string(spdlog::level::to_string_view(std::min(spdlog::get_level(), spdlog::level::info)))};
     if (!s.base_model.empty()) {

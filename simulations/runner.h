@@ -49,6 +49,9 @@ struct Scenario {
   float lora_dropout = 0;
   std::string lora_targets = "q_proj,k_proj,v_proj,o_proj";  // comma-separated
   std::string lora_merge = "exact";                          // naive | exact | frozen-a
+  // exact only: the sites' own ranks, comma-separated, client i taking entry
+  // i mod n (e.g. "4,8,16"); empty: every site trains lora_rank.
+  std::string lora_site_ranks;
   std::filesystem::path base_model;  // lora: the base's safetensors; empty: the preset from the seed
   uint64_t seed = 2017;
   std::string mode = "inproc";

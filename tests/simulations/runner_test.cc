@@ -2,6 +2,7 @@
 // in process, and agreement between the in-process and loopback modes.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <fstream>
 #include <map>
 
@@ -10,6 +11,7 @@
 #include "client/compute.h"
 #include "client/text_trainer.h"
 #include "crypto/sha256.h"
+#include "models/language_model.h"
 #include "models/lora_federation.h"
 #include "models/text_corpus.h"
 #include "simulations/lora_fortunes.h"
@@ -454,6 +456,133 @@ TEST(LoraSimulation, TheLoraFortunesStudyReportsEverySiteUnderEveryRule) {
   auto bad = RunLoraFortunes(o, nullptr);
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("'poetry'"), std::string::npos) << bad.status().message();
+}
+
+// Sites of ranks 2, 4 and 8 in an exact federation of rank 4: a site of
+// another rank uploads its model as one stacked adapter of rank 4 + r_i, and
+// the merged global model is the weighted mean of the sites' models.
+TEST(LoraSimulation, SitesOfOtherRanksJoinAnExactFederation) {
+  testing::TempDir dir;
+  Scenario s = Lora(WriteTopics(dir), "exact");
+  s.lora_site_ranks = "2,4,8";
+  s.rounds = 1;
+  std::vector<float> g1, g2;
+  auto one = RunInproc(s, nullptr, &g1);
+  ASSERT_TRUE(one.ok()) << one.status().ToString();
+  s.rounds = 2;
+  auto two = RunInproc(s, nullptr, &g2);
+  ASSERT_TRUE(two.ok()) << two.status().ToString();
+  EXPECT_EQ(one->rounds[0].global_checksum, two->rounds[0].global_checksum);
+
+  auto lora = LoraConfigOf(s);
+  ASSERT_TRUE(lora.ok());
+  auto config = models::LlamaPreset(s.model);
+  ASSERT_TRUE(config.ok());
+  auto layout = models::MakeLoraGlobalLayout(*config, *lora);
+  ASSERT_TRUE(layout.ok());
+  auto initial = models::LoraInitialModel(s.model, *lora, s.seed, {});
+  ASSERT_TRUE(initial.ok());
+  ASSERT_EQ(g1.size(), initial->values.size());
+  auto sources = models::LoadFortunes(s.data_dir, {.test_fraction = 0.1, .seed = s.seed, .min_tokens = s.seq_len + 1});
+  ASSERT_TRUE(sources.ok());
+  client::TaskConfig task;
+  task.model = s.model;
+  task.epochs = s.epochs;
+  task.batch_size = s.batch;
+  task.learning_rate = s.lr;
+  task.seed = s.seed;
+  task.optimizer = client::OptimizerKind::kAdamW;
+  task.seq_len = s.seq_len;
+  task.max_local_steps = s.max_local_steps;
+  task.update_kind = client::UpdateKind::kLora;
+  task.lora.config = *lora;
+  task.lora.merge = "exact";
+  task.lora.mixed_ranks = true;
+
+  // Round 2 by hand from the global of round 1.
+  const size_t base_size = layout->base.total_elements;
+  const std::span<const float> g1_adapter = std::span<const float>(g1).subspan(base_size);
+  std::vector<double> mean(base_size, 0.0);
+  double total = 0;
+  const int ranks[] = {2, 4, 8};
+  for (size_t i = 0; i < sources->size(); ++i) {
+    const auto& source = (*sources)[i];
+    client::TextTrainer trainer(std::make_shared<const std::vector<int32_t>>(source.train));
+    trainer.set_lora_rank(ranks[i]);
+    auto update = trainer.Train(g1, initial->manifest, task, 2, source.name);
+    ASSERT_TRUE(update.ok()) << update.status().ToString();
+    const int64_t uploaded_rank = update->manifest.tensors[0].shape[0];
+    EXPECT_EQ(uploaded_rank, ranks[i] == 4 ? 4 : 4 + ranks[i]) << source.name;
+    // The site's model from its upload ...
+    std::vector<float> model(g1.begin(), g1.begin() + base_size);
+    ASSERT_TRUE(models::AddLoraToBase(layout->base, model, update->manifest, update->payload, lora->alpha).ok());
+    if (ranks[i] != 4) {
+      // ... equals the global adapted model plus its own rank-r_i adapter,
+      // read back out of the stack (rows 4.. of A, columns 4.. of B undone).
+      models::Manifest own;
+      std::vector<float> own_values;
+      const double unscale = (double(lora->alpha) / double(4 + ranks[i])) / (double(lora->alpha) / ranks[i]);
+      for (const auto& spec : update->manifest.tensors) {
+        models::TensorSpec o{spec.name, spec.shape, models::DType::kF32, own.total_elements};
+        const float* v = update->payload.data() + spec.offset;
+        if (models::IsLoraA(spec.name)) {
+          o.shape = {ranks[i], spec.shape[1]};
+          own_values.insert(own_values.end(), v + 4 * spec.shape[1], v + spec.numel());
+        } else {
+          o.shape = {spec.shape[0], ranks[i]};
+          for (int64_t r = 0; r < spec.shape[0]; ++r) {
+            for (int j = 4; j < 4 + ranks[i]; ++j) own_values.push_back(float(unscale * v[r * (4 + ranks[i]) + j]));
+          }
+        }
+        own.total_elements += o.numel();
+        own.tensors.push_back(o);
+      }
+      std::vector<float> direct(g1.begin(), g1.begin() + base_size);
+      ASSERT_TRUE(models::AddLoraToBase(layout->base, direct, layout->adapter, g1_adapter, lora->alpha).ok());
+      ASSERT_TRUE(models::AddLoraToBase(layout->base, direct, own, own_values, lora->alpha).ok());
+      double err = 0, norm = 0;
+      for (size_t j = 0; j < base_size; ++j) {
+        err += std::pow(double(direct[j]) - double(model[j]), 2);
+        norm += std::pow(double(direct[j]) - double(g1[j]), 2);
+      }
+      EXPECT_LT(std::sqrt(err / norm), 1e-5) << source.name;
+    }
+    const double w = double(update->num_examples);
+    for (size_t j = 0; j < base_size; ++j) mean[j] += w * double(model[j]);
+    total += w;
+  }
+  std::vector<float> merged(g2.begin(), g2.begin() + base_size);
+  ASSERT_TRUE(models::AddLoraToBase(layout->base, merged, layout->adapter, std::span<const float>(g2).subspan(base_size),
+                                    lora->alpha)
+                  .ok());
+  double err = 0, norm = 0;
+  for (size_t j = 0; j < base_size; ++j) {
+    const double want = mean[j] / total;
+    err += std::pow(double(merged[j]) - want, 2);
+    norm += std::pow(want - double(g1[j]), 2);
+  }
+  EXPECT_GT(norm, 0);
+  EXPECT_LT(std::sqrt(err / norm), 1e-5);
+
+  // Over TLS the server takes the stacked uploads too (--lora-mixed-ranks).
+  Scenario loop = s;
+  loop.mode = "loopback";
+  loop.workdir = dir / "run";
+  loop.server_binary = testing::BinaryPath("estuary-server");
+  auto loopback = RunLoopback(loop, nullptr);
+  ASSERT_TRUE(loopback.ok()) << loopback.status().ToString();
+  ASSERT_EQ(loopback->rounds.size(), 2u);
+  for (size_t r = 0; r < 2; ++r) {
+    EXPECT_EQ(loopback->rounds[r].updates_received, 3u);
+    EXPECT_NEAR(loopback->rounds[r].test_loss, two->rounds[r].test_loss, 1e-4 * two->rounds[r].test_loss);
+  }
+
+  // Mixed ranks are exact's alone.
+  s.lora_merge = "naive";
+  auto refused = RunInproc(s, nullptr);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("needs --lora-merge exact"), std::string::npos)
+      << refused.status().message();
 }
 
 }  // namespace
