@@ -94,7 +94,7 @@ Status AddLoraToBase(const Manifest& base_manifest, std::span<float> base, const
   for (const TensorSpec& a : adapter.tensors) {
     if (!IsLoraA(a.name)) continue;
     const std::string module = LoraModuleOf(a.name);
-    const TensorSpec* b = adapter.Find(module + std::string(kB));
+    const TensorSpec* b = adapter.Find(fmt::format("{}{}", module, kB));
     if (!module.starts_with(kPeftPrefix) || b == nullptr) {
       return InvalidArgument("lora: adapter tensor {} has no lora_B beside it", a.name);
     }
@@ -112,7 +112,7 @@ Status AddLoraToBase(const Manifest& base_manifest, std::span<float> base, const
                 rank, adapter_values.data() + a.offset, in, 1.0f, base.data() + w->offset, in);
   }
   for (const TensorSpec& t : adapter.tensors) {
-    if (!IsLoraA(t.name) && adapter.Find(LoraModuleOf(t.name) + std::string(kA)) == nullptr) {
+    if (!IsLoraA(t.name) && adapter.Find(fmt::format("{}{}", LoraModuleOf(t.name), kA)) == nullptr) {
       return InvalidArgument("lora: adapter tensor {} has no lora_A beside it (a B-only upload cannot be applied)",
                              t.name);
     }
@@ -123,10 +123,6 @@ Status AddLoraToBase(const Manifest& base_manifest, std::span<float> base, const
 Result<std::vector<float>> LoadBaseWeights(const std::filesystem::path& path, const LlamaConfig& config) {
   ESTUARY_ASSIGN_OR_RETURN(Checkpoint file, LoadCheckpoint(path));
   const Manifest layout = LayoutOf(config).manifest;
-  if (file.manifest.tensors.size() != layout.tensors.size()) {
-    return InvalidArgument("base model {}: {} tensors, the model wants {}", path.string(),
-                           file.manifest.tensors.size(), layout.tensors.size());
-  }
   std::vector<float> values(layout.total_elements);
   for (const TensorSpec& spec : layout.tensors) {
     const TensorSpec* found = file.manifest.Find(spec.name);
@@ -136,6 +132,12 @@ Result<std::vector<float>> LoadBaseWeights(const std::filesystem::path& path, co
                              DTypeName(found->dtype), fmt::join(found->shape, ", "), fmt::join(spec.shape, ", "));
     }
     std::memcpy(values.data() + spec.offset, file.data.data() + found->offset, spec.numel() * sizeof(float));
+  }
+  for (const TensorSpec& spec : file.manifest.tensors) {
+    if (layout.Find(spec.name) == nullptr) {
+      return InvalidArgument("base model {}: tensor {} is not one of the model's {}", path.string(), spec.name,
+                             layout.tensors.size());
+    }
   }
   return values;
 }

@@ -67,7 +67,8 @@ Result<LoraFortunesReport> RunLoraFortunes(const LoraFortunesOptions& o, const L
                     {"seq_len", o.seq_len},        {"batch", o.batch},           {"pretrain_steps", o.pretrain_steps},
                     {"pretrain_lr", o.pretrain_lr}, {"rounds", o.rounds},        {"local_steps", o.local_steps},
                     {"lr", o.lr},                  {"rank", o.rank},             {"alpha", o.alpha},
-                    {"targets", o.targets},        {"merges", o.merges},         {"seed", o.seed}};
+                    {"targets", o.targets},        {"merges", o.merges},         {"seed", o.seed},
+                    {"base_model", o.base_model.string()}};
   ESTUARY_ASSIGN_OR_RETURN(const models::LlamaConfig config, models::LlamaPreset(o.model));
   if (config.vocab_size != models::ByteTokenizer::kVocabSize) {
     return InvalidArgument("lora-fortunes: {} is not a byte-level model", o.model);
@@ -93,18 +94,13 @@ Result<LoraFortunesReport> RunLoraFortunes(const LoraFortunesOptions& o, const L
       return InvalidArgument("lora-fortunes: {} has no topic '{}' with enough text", o.data_dir.string(), topic);
     }
   }
-  if (pretrain.size() < size_t(o.seq_len + 1)) {
+  if (o.base_model.empty() && pretrain.size() < size_t(o.seq_len + 1)) {
     return InvalidArgument("lora-fortunes: the topics outside --topics hold {} tokens: nothing to pretrain on",
                            pretrain.size());
   }
-  report.pretrain_tokens = pretrain.size();
-
-  // 1. The base: the preset from the seed, trained centrally by the trainer a site runs.
   std::error_code ec;
   fs::create_directories(o.workdir, ec);
   if (ec) return IoError("lora-fortunes: {}: {}", o.workdir.string(), ec.message());
-  say(fmt::format("pretraining {} on {} bytes of the other topics for {} steps", o.model, pretrain.size(),
-                  o.pretrain_steps));
   ESTUARY_ASSIGN_OR_RETURN(models::InitialWeights initial, models::InitialModel(o.model, o.seed));
   client::TaskConfig task;
   task.model = o.model;
@@ -112,22 +108,34 @@ Result<LoraFortunesReport> RunLoraFortunes(const LoraFortunesOptions& o, const L
   task.seq_len = o.seq_len;
   task.seed = o.seed;
   task.optimizer = client::OptimizerKind::kAdamW;
-  task.learning_rate = o.pretrain_lr;
-  task.max_local_steps = o.pretrain_steps;
-  task.epochs = EpochsFor(o.pretrain_steps, (pretrain.size() - 1) / o.seq_len, o.batch);
-  const size_t pretrain_tokens = pretrain.size();
-  client::TextTrainer pretrainer(std::make_shared<const std::vector<int32_t>>(std::move(pretrain)));
-  ESTUARY_ASSIGN_OR_RETURN(client::Update pretrained,
-                           pretrainer.Train(initial.values, initial.manifest, task, 0, "pretraining"));
-  std::vector<float> base = initial.values;
-  for (size_t i = 0; i < base.size(); ++i) base[i] += pretrained.payload[i];
-  report.pretrain_loss = pretrained.train_loss;
-  report.full_bytes_per_update = base.size() * sizeof(float);
-  const fs::path base_path = o.workdir / "base.safetensors";
-  ESTUARY_RETURN_IF_ERROR(models::SaveCheckpoint(base_path, initial.manifest, base,
-                                                 {{"model", o.model}, {"pretrain_tokens", std::to_string(pretrain_tokens)},
-                                                  {"pretrain_steps", std::to_string(o.pretrain_steps)}}));
-  say(fmt::format("base saved to {} (train loss {:.3f} nats/byte)", base_path.string(), pretrained.train_loss));
+  std::vector<float> base;
+  fs::path base_path = o.base_model;
+  report.full_bytes_per_update = initial.values.size() * sizeof(float);
+  if (!o.base_model.empty()) {
+    ESTUARY_ASSIGN_OR_RETURN(base, models::LoadBaseWeights(o.base_model, config));
+    say(fmt::format("base loaded from {}", o.base_model.string()));
+  } else {
+    // 1. The base: the preset from the seed, trained centrally by the trainer a site runs.
+    report.pretrain_tokens = pretrain.size();
+    say(fmt::format("pretraining {} on {} bytes of the other topics for {} steps", o.model, pretrain.size(),
+                    o.pretrain_steps));
+    task.learning_rate = o.pretrain_lr;
+    task.max_local_steps = o.pretrain_steps;
+    task.epochs = EpochsFor(o.pretrain_steps, (pretrain.size() - 1) / o.seq_len, o.batch);
+    const size_t pretrain_tokens = pretrain.size();
+    client::TextTrainer pretrainer(std::make_shared<const std::vector<int32_t>>(std::move(pretrain)));
+    ESTUARY_ASSIGN_OR_RETURN(client::Update pretrained,
+                             pretrainer.Train(initial.values, initial.manifest, task, 0, "pretraining"));
+    base = initial.values;
+    for (size_t i = 0; i < base.size(); ++i) base[i] += pretrained.payload[i];
+    report.pretrain_loss = pretrained.train_loss;
+    base_path = o.workdir / "base.safetensors";
+    ESTUARY_RETURN_IF_ERROR(models::SaveCheckpoint(
+        base_path, initial.manifest, base,
+        {{"model", o.model}, {"pretrain_tokens", std::to_string(pretrain_tokens)},
+         {"pretrain_steps", std::to_string(o.pretrain_steps)}}));
+    say(fmt::format("base saved to {} (train loss {:.3f} nats/byte)", base_path.string(), pretrained.train_loss));
+  }
 
   ESTUARY_ASSIGN_OR_RETURN(models::Llama scorer, models::Llama::Create(config, 8));
   for (const auto& topic : topics) {

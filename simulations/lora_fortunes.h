@@ -48,6 +48,8 @@ struct LoraFortunesOptions {
   uint64_t seed = 2017;
   uint32_t threads = 2;
   std::filesystem::path workdir = "run/lora-fortunes";  // base.safetensors and the PEFT adapters land here
+  // A base saved by an earlier run (its base.safetensors): step 1 is skipped.
+  std::filesystem::path base_model;
 };
 
 struct LoraFortunesSite {
@@ -66,8 +68,8 @@ struct LoraFortunesRun {
 
 struct LoraFortunesReport {
   nlohmann::json options;
-  uint64_t pretrain_tokens = 0;
-  double pretrain_loss = 0;  // mean over the pretraining's last epoch (a single partial one here)
+  uint64_t pretrain_tokens = 0;  // 0 when the base was given
+  double pretrain_loss = 0;      // mean over the pretraining's last epoch (a single partial one here)
   uint64_t full_bytes_per_update = 0;  // what a full delta of the same decoder would be
   std::vector<LoraFortunesRun> runs;
   uint64_t central_steps = 0;

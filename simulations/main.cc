@@ -57,6 +57,7 @@ int RunLoraFortunesScenario(const CLI::App& app, const simulations::Scenario& s,
   if (given("--lora-merge")) lf.merges = {s.lora_merge};
   if (given("--eval-windows")) lf.eval_windows = s.eval_windows;
   if (given("--workdir")) lf.workdir = s.workdir;
+  if (given("--base-model")) lf.base_model = s.base_model;
   lf.seed = s.seed;
   lf.threads = s.threads;
   auto progress = [&](const std::string& what) {
@@ -70,7 +71,7 @@ int RunLoraFortunesScenario(const CLI::App& app, const simulations::Scenario& s,
     std::filesystem::create_directories(parent, ec);
   }
   if (Status st = models::WriteFileAtomically(report_path, json); !st.ok()) return Fail(st);
-  std::printf("%s\nheld-out perplexity per byte; %llu pretraining bytes, %u rounds x %zu sites x %u steps = %llu "
+  std::printf("%s\nheld-out perplexity per byte; %llu pretraining bytes (0: --base-model), %u rounds x %zu sites x %u steps = %llu "
               "centralised steps; %.1f s\nreport: %s\n",
               simulations::RenderLoraFortunes(*report).c_str(), (unsigned long long)report->pretrain_tokens, lf.rounds,
               report->sites.size(), lf.local_steps, (unsigned long long)report->central_steps, report->total_seconds,

@@ -10,6 +10,7 @@
 
 #include "crypto/certs.h"
 #include "models/checkpoint.h"
+#include "models/federated_model.h"
 #include "models/language_model.h"
 #include "models/lora_federation.h"
 #include "proto/wire.h"
@@ -442,6 +443,39 @@ TEST(Federation, ALoraFederationRefusesUploadsThatDoNotFitItsAdapters) {
   EXPECT_TRUE(std::equal(global.begin(), global.begin() + base, checkpoint->data.begin()));
   EXPECT_FALSE(std::equal(global.begin() + base, global.end(), checkpoint->data.begin() + base));
   for (float v : checkpoint->data) ASSERT_LT(std::abs(v), 100.0f);  // nothing of the 1e6 delta
+}
+
+// A lora federation's configuration: each mistake is one line naming the key
+// (or the base model's file and tensor), and the server does not start.
+TEST(Federation, BadLoraConfigurationGetsOneLineNamingTheKey) {
+  Federation f;
+  const std::string server = BinaryPath("estuary-server").string();
+  const std::string common = fmt::format("{} serve --listen 127.0.0.1:0 --cert {} --key {} --ca {} --db {}", server,
+                                         f.Files("server").cert.string(), f.Files("server").key.string(),
+                                         f.Files("server").ca.string(), (f.dir() / "x.db").string());
+  // A base checkpoint of another size: llama-small's tensors under llama-tiny's names.
+  const fs::path wrong_base = f.dir() / "small.safetensors";
+  auto small = models::InitialModel("llama-small", 1);
+  ASSERT_TRUE(small.ok());
+  ASSERT_TRUE(models::SaveCheckpoint(wrong_base, small->manifest, small->values).ok());
+  const std::pair<std::string, std::string> cases[] = {
+      {"--model mlp --update-kind lora", "update_kind = lora needs a language model (llama-*), not 'mlp'"},
+      {"--model llama-tiny --update-kind lora --lora-merge median", "lora_merge = 'median'"},
+      {"--model llama-tiny --update-kind lora --lora-merge naive --lora-mixed-ranks true",
+       "mixed ranks need the exact merge"},
+      {"--model llama-tiny --update-kind lora --lora-targets q_proj,qkv", "target module 'qkv'"},
+      {"--model llama-tiny --update-kind lora --lora-rank 0", "r is 0"},
+      {"--model llama-tiny --update-kind delta", "--update-kind 'delta'"},
+      {"--model llama-tiny --base-model " + wrong_base.string(), "only a lora federation starts from a base model"},
+      {"--model llama-tiny --update-kind lora --base-model " + wrong_base.string(),
+       wrong_base.string() + ": tensor model.embed_tokens.weight is f32 [256, 384], the model wants f32 [256, 128]"},
+  };
+  for (const auto& [flags, expected] : cases) {
+    auto r = RunCommand(common + " " + flags);
+    EXPECT_NE(r.exit_code, 0) << flags;
+    EXPECT_NE(r.output.find(expected), std::string::npos) << flags << ": " << r.output;
+    EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << flags << ": " << r.output;
+  }
 }
 
 TEST(Federation, ARestartedServerResumesAfterTheLastCommittedRound) {

@@ -451,6 +451,21 @@ TEST(LoraSimulation, TheLoraFortunesStudyReportsEverySiteUnderEveryRule) {
   const std::string table = RenderLoraFortunes(*report);
   EXPECT_NE(table.find("| cats ("), std::string::npos) << table;
   EXPECT_NE(table.find("centralised LoRA"), std::string::npos) << table;
+  // From the saved base: no pretraining, and the same figures bit for bit.
+  LoraFortunesOptions again = o;
+  again.base_model = dir / "study" / "base.safetensors";
+  again.workdir = dir / "again";
+  again.merges = {"exact"};
+  auto second = RunLoraFortunes(again, nullptr);
+  ASSERT_TRUE(second.ok()) << second.status().ToString();
+  EXPECT_EQ(second->pretrain_tokens, 0u);
+  EXPECT_GT(report->pretrain_tokens, 0u);
+  ASSERT_EQ(second->sites.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(second->sites[i].base_ppl, report->sites[i].base_ppl);
+    EXPECT_EQ(second->sites[i].ppl.at("exact"), report->sites[i].ppl.at("exact"));
+    EXPECT_EQ(second->sites[i].ppl.at("central"), report->sites[i].ppl.at("central"));
+  }
   // A topic that is not there is named.
   o.topics = "cats,poetry";
   auto bad = RunLoraFortunes(o, nullptr);
