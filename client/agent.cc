@@ -109,6 +109,7 @@ void Agent::OnConnected() {
   hello->set_num_examples(trainer_.num_examples());
   hello->set_model_version_held(model_version_);
   hello->set_model_checksum_held(model_checksum_);
+  hello->set_keeps_model(options_.keep_model);
   Send(envelope);
   ReadHeader();
 }
@@ -172,6 +173,20 @@ void Agent::OnRoundStart(const v1::RoundStart& start) {
   round_ = start;
   round_connection_ = connection_;
   manifest_ = std::move(manifest).value();
+  if (start.model_follows() && start.patch_from() > 0) {
+    // Only the tail (the adapter) follows: the rest is the model we hold.
+    if (!model_ || model_version_ != start.patch_base_version() || model_->size() != manifest_.total_elements ||
+        start.patch_from() >= manifest_.total_elements) {
+      return Disconnected(fmt::format("round {}: a patch from element {} on version {}, but we hold version {}",
+                                      start.round(), start.patch_from(), start.patch_base_version(),
+                                      model_ ? model_version_ : 0));
+    }
+    incoming_.assign(model_->begin(), model_->end());
+    incoming_offset_ = start.patch_from() * sizeof(float);
+    download_hasher_ = std::make_unique<crypto::Sha256>();
+    download_hasher_->Update(incoming_.data(), incoming_offset_);
+    return;
+  }
   if (start.model_follows()) {
     incoming_.assign(manifest_.total_elements, 0.0f);
     incoming_offset_ = 0;

@@ -7,7 +7,10 @@
 // heartbeats keep flowing), streams the update back as chunks encoded one at
 // a time, and commits it. An update that comes as an UpdateStream (a ZeRO-3
 // site's) is run on the training executor and its slices are encoded as the
-// socket drains, so the delta is never whole in this process. When the connection drops it reconnects with
+// socket drains, so the delta is never whole in this process. A RoundStart
+// with patch_from > 0 (a lora federation whose base was kept) sends only the
+// tail of the model; the rest comes from the model held, and the checksum is
+// checked over the whole. When the connection drops it reconnects with
 // exponential backoff, until the server announces the federation complete.
 // Everything except training runs on the io_context given to it; many agents
 // may share one io_context (the loopback simulator does).

@@ -150,6 +150,11 @@ void Coordinator::OnHello(const std::shared_ptr<Session>& session, const v1::Hel
   }
   connected_[name] = session;
   held_[name] = {hello.model_version_held(), hello.model_checksum_held()};
+  if (hello.keeps_model()) {
+    keeps_model_.insert(name);
+  } else {
+    keeps_model_.erase(name);
+  }
   LogIfError(store_.ClientSeen(name, session->address(), NowMs()), "store");
   spdlog::info("client {} connected from {} ({} connected)", name, session->address(), connected_.size());
 
@@ -233,20 +238,31 @@ void Coordinator::StartRound() {
   start->mutable_task()->set_seed(config_.seed);
   start->set_deadline_unix_ms(deadline_ms);
   const uint64_t model_bytes = manifest_.byte_size();
+  // In a lora federation whose last merge left the base as it was (naive,
+  // frozen-a, or exact without a residual), a site holding the previous
+  // global model needs only the adapter.
+  const bool base_kept = lora_ && previous_global_ && model_version_ > 0 &&
+                         std::memcmp(previous_global_->data(), global_->data(),
+                                     lora_->layout.base.total_elements * sizeof(float)) == 0;
   for (const auto& name : selected) {
     auto session = connected_.at(name);
     const bool holds_model = held_[name].first == model_version_ && held_[name].second == global_checksum_;
+    const bool patch = !holds_model && base_kept && keeps_model_.contains(name) &&
+                       held_[name].first == model_version_ - 1 && held_[name].second == previous_checksum_;
     start->set_model_follows(!holds_model);
+    start->set_patch_from(patch ? lora_->layout.adapter_offset() : 0);
+    start->set_patch_base_version(patch ? model_version_ - 1 : 0);
     session->Send(envelope);
     if (!holds_model) download_queue_.push_back(session);
     held_[name] = {model_version_, global_checksum_};
     Participant& p = participants_[name];
+    p.download_from = patch ? lora_->layout.adapter_offset() * sizeof(float) : 0;
     p.session = session;
     p.started = Clock::now();
     p.record.round = round_;
     p.record.client = name;
     p.record.status = "selected";
-    p.record.bytes_down = holds_model ? 0 : model_bytes;
+    p.record.bytes_down = holds_model ? 0 : model_bytes - p.download_from;
     record_.bytes_down += p.record.bytes_down;
     LogIfError(store_.UpsertParticipation(p.record), "store");
   }
@@ -324,13 +340,18 @@ void Coordinator::StreamModels() {
     download_queue_.pop_front();
     if (!session || session->closed()) continue;
     ++downloads_in_flight_;
+    auto p = participants_.find(session->name());
+    const uint64_t from = p != participants_.end() ? p->second.download_from : 0;
     // A session that closes mid-stream never calls back; its slot is
     // returned by OnClosed through the same counter.
-    session->SendModel(round_, global_, [this, attempt = attempt_] {
-      if (attempt != attempt_) return;
-      --downloads_in_flight_;
-      StreamModels();
-    });
+    session->SendModel(
+        round_, global_,
+        [this, attempt = attempt_] {
+          if (attempt != attempt_) return;
+          --downloads_in_flight_;
+          StreamModels();
+        },
+        from);
   }
 }
 
@@ -585,6 +606,8 @@ void Coordinator::OnAggregated(Status status, std::shared_ptr<std::vector<float>
   Status committed = store_.CommitRound(record_, checkpoint, NowMs());
   if (!committed.ok()) return FailRound(fmt::format("cannot commit to the round log: {}", committed.ToString()));
   state_ = RoundState::kCommitted;
+  previous_global_ = std::move(global_);
+  previous_checksum_ = std::move(global_checksum_);
   global_ = std::move(global);
   global_checksum_ = checksum;
   model_version_ = record_.model_version;

@@ -63,6 +63,7 @@ class Coordinator {
     bool waiting_for_slot = false;
     v1::UpdateBegin begin;
     models::Manifest layout;  // the upload's: the global model's, or a LoRA site's adapter factors
+    uint64_t download_from = 0;  // bytes: > 0 when only the adapter is sent (a patch)
     std::chrono::steady_clock::time_point started;
     bool resolved() const { return record.status != "selected" && record.status != "folding"; }
   };
@@ -105,6 +106,11 @@ class Coordinator {
   models::Manifest manifest_;
   std::shared_ptr<const std::vector<float>> global_;
   std::string global_checksum_;
+  // The global model before the last commit: a lora site that holds it and
+  // keeps models gets only the adapter when the base did not change.
+  std::shared_ptr<const std::vector<float>> previous_global_;
+  std::string previous_checksum_;
+  std::set<std::string> keeps_model_;  // sites whose Hello said they keep the model
   uint64_t model_version_ = 0;
 
   std::map<std::string, std::shared_ptr<Session>> connected_;  // by certificate name

@@ -118,10 +118,10 @@ void Session::Send(const v1::Envelope& envelope) {
 }
 
 void Session::SendModel(uint64_t round, std::shared_ptr<const std::vector<float>> model,
-                        std::function<void()> on_sent) {
+                        std::function<void()> on_sent, uint64_t from) {
   model_ = std::move(model);
   model_round_ = round;
-  model_offset_ = 0;
+  model_offset_ = std::min<uint64_t>(from, model_->size() * sizeof(float) - 1);
   on_model_sent_ = std::move(on_sent);
   model_last_chunk_queued_ = false;
   WriteNext();

@@ -34,7 +34,10 @@ class Session : public std::enable_shared_from_this<Session> {
   void Send(const v1::Envelope& envelope);
   // Streams `model` as ModelChunk frames for `round` after what is queued;
   // `on_sent` runs once: when the last chunk is written or the session closes.
-  void SendModel(uint64_t round, std::shared_ptr<const std::vector<float>> model, std::function<void()> on_sent = {});
+  // Streams `model` as ModelChunks from byte `from` (0: all of it; more: a
+  // patch over a model the client holds).
+  void SendModel(uint64_t round, std::shared_ptr<const std::vector<float>> model, std::function<void()> on_sent = {},
+                 uint64_t from = 0);
   // Sends an Error and closes once it is written.
   void SendErrorAndClose(v1::Error::Code code, const std::string& message);
   // Closes after everything queued is written.

@@ -140,7 +140,10 @@ Result<LoraFortunesReport> RunLoraFortunes(const LoraFortunesOptions& o, const L
   ESTUARY_ASSIGN_OR_RETURN(models::Llama scorer, models::Llama::Create(config, 8));
   for (const auto& topic : topics) {
     const models::TextSource& source = *by_name.at(topic);
-    LoraFortunesSite site{.topic = topic, .train_tokens = source.train.size(), .test_tokens = source.test.size()};
+    LoraFortunesSite site;
+    site.topic = topic;
+    site.train_tokens = source.train.size();
+    site.test_tokens = source.test.size();
     ESTUARY_ASSIGN_OR_RETURN(site.base_ppl, Perplexity(scorer, base, source.test, int(o.seq_len)));
     report.sites.push_back(std::move(site));
   }

@@ -21,7 +21,10 @@ models::LlamaConfig TinyConfig() {
 
 LoraStrategyOptions Options(LoraMergeRule rule, int rank = 4, bool mixed = false,
                             std::vector<std::string> targets = {"q_proj", "v_proj", "down_proj"}) {
-  models::LoraConfig lora{.rank = rank, .alpha = 8, .target_modules = std::move(targets)};
+  models::LoraConfig lora;
+  lora.rank = rank;
+  lora.alpha = 8;
+  lora.target_modules = std::move(targets);
   auto layout = models::MakeLoraGlobalLayout(TinyConfig(), lora);
   EXPECT_TRUE(layout.ok()) << layout.status().ToString();
   LoraStrategyOptions options;

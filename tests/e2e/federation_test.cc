@@ -344,6 +344,14 @@ TEST(Federation, UploadViolationsAreRejectedAndTheRoundCarriesOn) {
   EXPECT_LT(max_change, 10.0f);
 }
 
+// A rank-r adapter on q, k, v, o with alpha 16, as the tests' federations train.
+models::LoraConfig LoraOf(int rank) {
+  models::LoraConfig lora;
+  lora.rank = rank;
+  lora.alpha = 16;
+  return lora;
+}
+
 // A lora federation with the real binaries: a text site trains and uploads
 // its adapter factors; a site whose adapters have another rank, and one that
 // sends a full delta, are refused with one line naming site, module and
@@ -379,12 +387,12 @@ TEST(Federation, ALoraFederationRefusesUploadsThatDoNotFitItsAdapters) {
   EXPECT_EQ(start->task().lora().rank(), 8u);
   auto config = models::LlamaPreset("llama-tiny");
   ASSERT_TRUE(config.ok());
-  auto layout = models::MakeLoraGlobalLayout(*config, {.rank = 8, .alpha = 16});
+  auto layout = models::MakeLoraGlobalLayout(*config, LoraOf(8));
   ASSERT_TRUE(layout.ok());
   ASSERT_EQ(global.size(), layout->global.total_elements);  // base + adapter travel as one model
 
   {  // Rank-4 adapters where the federation trains rank 8.
-    auto rank4 = models::MakeLoraGlobalLayout(*config, {.rank = 4, .alpha = 16});
+    auto rank4 = models::MakeLoraGlobalLayout(*config, LoraOf(4));
     ASSERT_TRUE(rank4.ok());
     v1::Envelope envelope;
     auto* begin = envelope.mutable_update_begin();
@@ -475,6 +483,51 @@ TEST(Federation, BadLoraConfigurationGetsOneLineNamingTheKey) {
     EXPECT_NE(r.exit_code, 0) << flags;
     EXPECT_NE(r.output.find(expected), std::string::npos) << flags << ": " << r.output;
     EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << flags << ": " << r.output;
+  }
+}
+
+// Sites that keep the global model they trained from: while the base is
+// kept (naive), a round sends them only the adapter, which they patch into
+// the model they hold and check against the whole buffer's checksum; when an
+// exact merge folds a residual into the base, the whole model travels again.
+TEST(Federation, LoraSitesDownloadOnlyTheAdapterWhileTheBaseIsKept) {
+  auto config = models::LlamaPreset("llama-tiny");
+  ASSERT_TRUE(config.ok());
+  auto layout = models::MakeLoraGlobalLayout(*config, LoraOf(8));
+  ASSERT_TRUE(layout.ok());
+  const uint64_t full = layout->global.byte_size(), adapter = layout->adapter.byte_size();
+  for (const std::string merge : {"naive", "exact"}) {
+    Federation f;
+    f.Issue("site-a");
+    f.Issue("site-b");
+    const fs::path text = f.dir() / "text";
+    fs::create_directories(text);
+    {
+      std::ofstream out(text / "proverbs");
+      for (int i = 0; i < 200; ++i) out << "a stitch in time saves nine, number " << i << "\n%\n";
+    }
+    const uint16_t port = f.StartServer(
+        3, 2, {"--model", "llama-tiny", "--eval-data", text.string(), "--optimizer", "adamw", "--lr", "0.003",
+               "--batch", "4", "--seq-len", "32", "--max-local-steps", "2", "--eval-windows", "4", "--update-kind",
+               "lora", "--lora-rank", "8", "--lora-alpha", "16", "--lora-merge", merge});
+    ASSERT_NE(port, 0) << f.ServerLog();
+    auto a = f.StartClient("site-a", port, text);
+    auto b = f.StartClient("site-b", port, text);
+    EXPECT_EQ(a->Wait(), 0) << f.ClientLog("site-a");
+    EXPECT_EQ(b->Wait(), 0) << f.ClientLog("site-b");
+    ASSERT_EQ(f.WaitServer(), 0) << f.ServerLog();
+    auto store = f.OpenStore();
+    ASSERT_TRUE(store);
+    auto rounds = store->Rounds();
+    ASSERT_TRUE(rounds.ok());
+    ASSERT_EQ(rounds->size(), 3u) << merge;
+    EXPECT_EQ((*rounds)[0].bytes_down, 2 * full) << merge;
+    for (size_t r = 1; r < 3; ++r) {
+      EXPECT_EQ((*rounds)[r].state, server::RoundState::kCommitted) << merge;
+      EXPECT_EQ((*rounds)[r].updates_received, 2u) << merge << " round " << r + 1;
+      // Two rank-8 sites: exact's K = 16 > 8 leaves a residual in the base every round.
+      EXPECT_EQ((*rounds)[r].bytes_down, merge == "naive" ? 2 * adapter : 2 * full) << merge << " round " << r + 1;
+    }
   }
 }
 
