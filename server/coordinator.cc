@@ -588,12 +588,12 @@ void Coordinator::OnAggregated(Status status, std::shared_ptr<std::vector<float>
                                uint64_t changed_bytes) {
   if (!status.ok()) return FailRound(status.ToString());
   const uint64_t per_update = record_.updates_received > 0 ? record_.bytes_up / record_.updates_received : 0;
-  if (lora_) {
-    // The round log says what LoRA saved: one update's bytes, and what the
-    // merge changed per client (exact: adapters plus residuals).
-    record_.detail = fmt::format("update kind lora ({}): {} bytes per update; the merge changed {} bytes per client",
-                                 strategy_->name(), per_update, changed_bytes);
-  }
+  // The round log says what an update cost, for either kind; for lora also
+  // what the merge changed per client (exact: adapters plus residuals).
+  record_.detail = lora_ ? fmt::format("update kind lora ({}): {} bytes per update; the merge changed {} bytes per "
+                                       "client",
+                                       strategy_->name(), per_update, changed_bytes)
+                         : fmt::format("update kind full ({}): {} bytes per update", strategy_->name(), per_update);
   record_.ended_ms = NowMs();
   record_.model_version = model_version_ + 1;
   record_.global_checksum = checksum;

@@ -75,6 +75,11 @@ TEST(Federation, TwoSitesTrainTwoRoundsAndTheOperatorReadsTheLog) {
   ASSERT_EQ(show.exit_code, 0) << show.output;
   EXPECT_NE(show.output.find("site-a"), std::string::npos) << show.output;
   EXPECT_NE(show.output.find((*rounds)[0].global_checksum), std::string::npos) << show.output;
+  // The operator sees what one update cost.
+  EXPECT_NE(show.output.find(fmt::format("update kind full (fedavg): {} bytes per update",
+                                         (*rounds)[0].bytes_up / (*rounds)[0].updates_received)),
+            std::string::npos)
+      << show.output;
   auto clients = RunCommand(fmt::format("{} clients --db {}", server_bin, f.db().string()));
   ASSERT_EQ(clients.exit_code, 0) << clients.output;
   EXPECT_NE(clients.output.find("site-b"), std::string::npos);
