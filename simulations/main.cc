@@ -9,6 +9,7 @@
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 
 #include "base/config_file.h"
@@ -139,6 +140,10 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   if (!config.empty()) {
     if (Status st = ApplyConfigFile(app, config); !st.ok()) return Fail(st);
+  }
+  if (!s.topics.empty() && app.get_option("--clients")->count() == 0) {
+    // One client per named topic unless --clients says otherwise.
+    s.clients = uint32_t(std::count(s.topics.begin(), s.topics.end(), ',') + 1);
   }
   spdlog::set_default_logger(spdlog::stderr_color_mt("estuary-sim"));
   spdlog::set_level(spdlog::level::from_str(log_level));

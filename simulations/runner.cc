@@ -311,12 +311,13 @@ Result<Report> RunInproc(const Scenario& s, const RoundCallback& on_round, std::
           strategy->FoldUpdate(selected[i], update.manifest, update.payload, double(update.num_examples)));
       ++row.updates_received;
       row.bytes_up += update.payload.size() * sizeof(float);
-      row.bytes_per_update = update.payload.size() * sizeof(float);
       row.bytes_down += manifest.byte_size();
       loss_sum += update.train_loss * double(update.num_examples);
       examples += double(update.num_examples);
     }
     updates.clear();
+    // The mean, as the server reports it: sites of other ranks upload more.
+    row.bytes_per_update = row.bytes_up / row.updates_received;
     ESTUARY_RETURN_IF_ERROR(strategy->Finish(global));
     row.merge_bytes_down = strategy->changed_bytes();
     ESTUARY_ASSIGN_OR_RETURN(const models::EvalResult eval, workload.evaluator->Evaluate(global));
