@@ -238,31 +238,35 @@ void Coordinator::StartRound() {
   start->mutable_task()->set_seed(config_.seed);
   start->set_deadline_unix_ms(deadline_ms);
   const uint64_t model_bytes = manifest_.byte_size();
-  // In a lora federation whose last merge left the base as it was (naive,
-  // frozen-a, or exact without a residual), a site holding the previous
-  // global model needs only the adapter.
-  const bool base_kept = lora_ && previous_global_ && model_version_ > 0 &&
-                         std::memcmp(previous_global_->data(), global_->data(),
-                                     lora_->layout.base.total_elements * sizeof(float)) == 0;
+  FindChangedTensors();
   for (const auto& name : selected) {
     auto session = connected_.at(name);
     const bool holds_model = held_[name].first == model_version_ && held_[name].second == global_checksum_;
-    const bool patch = !holds_model && base_kept && keeps_model_.contains(name) &&
-                       held_[name].first == model_version_ - 1 && held_[name].second == previous_checksum_;
+    // A site that kept the previous version gets only what changed since.
+    const bool patch = !holds_model && !changed_ranges_.empty() && keeps_model_.contains(name) &&
+                       model_version_ > 0 && held_[name].first == model_version_ - 1 &&
+                       held_[name].second == previous_checksum_;
     start->set_model_follows(!holds_model);
-    start->set_patch_from(patch ? lora_->layout.adapter_offset() : 0);
+    start->clear_patch();
+    if (patch) {
+      for (const auto& [offset, count] : changed_ranges_) {
+        auto* range = start->add_patch();
+        range->set_offset(offset);
+        range->set_count(count);
+      }
+    }
     start->set_patch_base_version(patch ? model_version_ - 1 : 0);
     session->Send(envelope);
     if (!holds_model) download_queue_.push_back(session);
     held_[name] = {model_version_, global_checksum_};
     Participant& p = participants_[name];
-    p.download_from = patch ? lora_->layout.adapter_offset() * sizeof(float) : 0;
+    p.patch = patch;
     p.session = session;
     p.started = Clock::now();
     p.record.round = round_;
     p.record.client = name;
     p.record.status = "selected";
-    p.record.bytes_down = holds_model ? 0 : model_bytes - p.download_from;
+    p.record.bytes_down = holds_model ? 0 : patch ? changed_elements_ * sizeof(float) : model_bytes;
     record_.bytes_down += p.record.bytes_down;
     LogIfError(store_.UpsertParticipation(p.record), "store");
   }
@@ -341,7 +345,12 @@ void Coordinator::StreamModels() {
     if (!session || session->closed()) continue;
     ++downloads_in_flight_;
     auto p = participants_.find(session->name());
-    const uint64_t from = p != participants_.end() ? p->second.download_from : 0;
+    std::vector<std::pair<uint64_t, uint64_t>> bytes;  // empty: the whole model
+    if (p != participants_.end() && p->second.patch) {
+      for (const auto& [offset, count] : changed_ranges_) {
+        bytes.emplace_back(offset * sizeof(float), (offset + count) * sizeof(float));
+      }
+    }
     // A session that closes mid-stream never calls back; its slot is
     // returned by OnClosed through the same counter.
     session->SendModel(
@@ -351,8 +360,26 @@ void Coordinator::StreamModels() {
           --downloads_in_flight_;
           StreamModels();
         },
-        from);
+        std::move(bytes));
   }
+}
+
+void Coordinator::FindChangedTensors() {
+  changed_ranges_.clear();
+  changed_elements_ = 0;
+  if (!previous_global_ || previous_global_->size() != global_->size()) return;
+  for (const models::TensorSpec& spec : manifest_.tensors) {
+    const size_t bytes = spec.numel() * sizeof(float);
+    if (std::memcmp(previous_global_->data() + spec.offset, global_->data() + spec.offset, bytes) == 0) continue;
+    if (!changed_ranges_.empty() && changed_ranges_.back().first + changed_ranges_.back().second == spec.offset) {
+      changed_ranges_.back().second += spec.numel();  // adjacent tensors: one range
+    } else {
+      changed_ranges_.emplace_back(spec.offset, spec.numel());
+    }
+    changed_elements_ += spec.numel();
+  }
+  // Everything changed (a full delta's round): a patch would be the whole model.
+  if (changed_elements_ == manifest_.total_elements) changed_ranges_.clear();
 }
 
 void Coordinator::GrantSlots() {

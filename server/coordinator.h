@@ -63,7 +63,7 @@ class Coordinator {
     bool waiting_for_slot = false;
     v1::UpdateBegin begin;
     models::Manifest layout;  // the upload's: the global model's, or a LoRA site's adapter factors
-    uint64_t download_from = 0;  // bytes: > 0 when only the adapter is sent (a patch)
+    bool patch = false;  // the download is changed_ranges_ only
     std::chrono::steady_clock::time_point started;
     bool resolved() const { return record.status != "selected" && record.status != "folding"; }
   };
@@ -79,6 +79,8 @@ class Coordinator {
   // kConcurrentDownloads streams are running: clients then receive it one
   // after another and start training early, instead of all at the end.
   void StreamModels();
+  // Fills changed_ranges_ for this round (previous_global_ against global_).
+  void FindChangedTensors();
   void ReleaseSlot(Participant& p);
   void OnFolded(const std::string& name, Status status);
   void OnDeadline();
@@ -106,11 +108,17 @@ class Coordinator {
   models::Manifest manifest_;
   std::shared_ptr<const std::vector<float>> global_;
   std::string global_checksum_;
-  // The global model before the last commit: a lora site that holds it and
-  // keeps models gets only the adapter when the base did not change.
+  // The global model before the last commit: a site that holds it and keeps
+  // models gets only the tensors that changed since (a lora federation's
+  // adapter, and the base weights exact folded residuals into).
   std::shared_ptr<const std::vector<float>> previous_global_;
   std::string previous_checksum_;
   std::set<std::string> keeps_model_;  // sites whose Hello said they keep the model
+  // This round: the tensors of the global model that differ from the
+  // previous version's, as merged element ranges (empty: no previous version,
+  // or everything changed).
+  std::vector<std::pair<uint64_t, uint64_t>> changed_ranges_;
+  uint64_t changed_elements_ = 0;
   uint64_t model_version_ = 0;
 
   std::map<std::string, std::shared_ptr<Session>> connected_;  // by certificate name
