@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "base/status.h"
+#include "models/tensor.h"
 
 namespace estuary::aggregation {
 
@@ -33,11 +34,25 @@ class Strategy {
   // Adds one client's delta with its weight (its number of examples).
   // Fails, touching nothing, if the size is wrong or the weight is not > 0.
   virtual Status Fold(std::span<const float> delta, double weight) = 0;
+  // Adds one client's update whose layout is `layout` rather than the global
+  // model's: a LoRA site's adapter factors (lora_strategy.h). `client` names
+  // the sender in errors. Strategies over full deltas take only the global
+  // layout, so by default this is Fold.
+  virtual Status FoldUpdate(std::string_view client, const models::Manifest& layout, std::span<const float> values,
+                            double weight) {
+    return Fold(values, weight);
+  }
   // Number of updates folded since Begin.
   virtual uint64_t folded() const = 0;
   // Writes the new global model into `global` (the same span given to Begin,
   // or another of the same size). Fails if nothing was folded.
   virtual Status Finish(std::span<float> global) = 0;
+
+  // After Finish: the bytes a client that holds the previous global model
+  // needs to form the new one, for strategies that change only part of it
+  // (LoRA: the merged adapters, plus the residuals `exact` folds into the
+  // base). 0 means the whole model changed.
+  virtual uint64_t changed_bytes() const { return 0; }
 
   // Cross-round state as named flat tensors (empty for stateless strategies).
   virtual std::map<std::string, std::vector<float>> SaveState() const { return {}; }

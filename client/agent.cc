@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -33,6 +34,15 @@ static Result<TaskConfig> FromProto(const v1::TaskConfig& t) {
   }
   if (t.seq_len() != 0) task.seq_len = t.seq_len();
   task.max_local_steps = t.max_local_steps();
+  if (task.update_kind == UpdateKind::kLora) {
+    const v1::LoraTask& l = t.lora();
+    task.lora.config.rank = int(std::min<uint32_t>(l.rank(), 1u << 20));
+    task.lora.config.alpha = l.alpha();
+    task.lora.config.dropout = l.dropout();
+    task.lora.config.target_modules.assign(l.target_modules().begin(), l.target_modules().end());
+    task.lora.merge = l.merge();
+    task.lora.mixed_ranks = l.mixed_ranks();
+  }
   return task;
 }
 
@@ -99,6 +109,7 @@ void Agent::OnConnected() {
   hello->set_num_examples(trainer_.num_examples());
   hello->set_model_version_held(model_version_);
   hello->set_model_checksum_held(model_checksum_);
+  hello->set_keeps_model(options_.keep_model);
   Send(envelope);
   ReadHeader();
 }
@@ -162,10 +173,32 @@ void Agent::OnRoundStart(const v1::RoundStart& start) {
   round_ = start;
   round_connection_ = connection_;
   manifest_ = std::move(manifest).value();
-  if (start.model_follows()) {
+  if (start.model_follows() && start.patch_size() > 0) {
+    // Only the changed ranges follow: the rest is the model we hold.
+    if (!model_ || model_version_ != start.patch_base_version() || model_->size() != manifest_.total_elements) {
+      return Disconnected(fmt::format("round {}: a patch on version {}, but we hold version {}", start.round(),
+                                      start.patch_base_version(), model_ ? model_version_ : 0));
+    }
+    incoming_ranges_.clear();
+    uint64_t end = 0;
+    for (const auto& range : start.patch()) {
+      if (range.count() == 0 || range.offset() < end || range.offset() + range.count() > manifest_.total_elements) {
+        return Disconnected(fmt::format("round {}: patch range {} (+{}) is not ascending within the model's {}",
+                                        start.round(), range.offset(), range.count(), manifest_.total_elements));
+      }
+      end = range.offset() + range.count();
+      incoming_ranges_.emplace_back(range.offset() * sizeof(float), end * sizeof(float));
+    }
+    incoming_.assign(model_->begin(), model_->end());
+  } else if (start.model_follows()) {
     incoming_.assign(manifest_.total_elements, 0.0f);
-    incoming_offset_ = 0;
+    incoming_ranges_ = {{0, manifest_.total_elements * sizeof(float)}};
+  }
+  if (start.model_follows()) {
+    incoming_range_ = 0;
+    incoming_offset_ = incoming_ranges_[0].first;
     download_hasher_ = std::make_unique<crypto::Sha256>();
+    download_hasher_->Update(incoming_.data(), incoming_offset_);  // held bytes before the first range
     return;
   }
   if (!model_ || model_version_ != start.model_version() || model_checksum_ != start.model_checksum()) {
@@ -177,16 +210,22 @@ void Agent::OnRoundStart(const v1::RoundStart& start) {
 void Agent::OnModelChunk(const v1::ModelChunk& chunk) {
   if (!round_ || chunk.round() != round_->round() || incoming_.empty()) return;  // a stale stream; ignore
   const uint64_t total = incoming_.size() * sizeof(float);
-  if (chunk.offset() != incoming_offset_ || chunk.data().size() > total - incoming_offset_) {
-    return Disconnected(fmt::format("model chunk at {} (+{}) does not continue at {}", chunk.offset(),
+  const uint64_t range_end = incoming_ranges_[incoming_range_].second;
+  if (chunk.offset() != incoming_offset_ || chunk.data().size() > range_end - incoming_offset_) {
+    return Disconnected(fmt::format("model chunk at {} (+{}) does not continue at {} within its range", chunk.offset(),
                                     chunk.data().size(), incoming_offset_));
   }
-  char* destination = reinterpret_cast<char*>(incoming_.data()) + incoming_offset_;
-  std::memcpy(destination, chunk.data().data(), chunk.data().size());
+  char* bytes = reinterpret_cast<char*>(incoming_.data());
+  std::memcpy(bytes + incoming_offset_, chunk.data().data(), chunk.data().size());
   // Hashed chunk by chunk while the bytes are still in cache.
-  download_hasher_->Update(destination, chunk.data().size());
+  download_hasher_->Update(bytes + incoming_offset_, chunk.data().size());
   incoming_offset_ += chunk.data().size();
-  if (incoming_offset_ < total) return;
+  if (incoming_offset_ < range_end) return;
+  // The held bytes up to the next range (or the end) count in the checksum too.
+  const uint64_t next = ++incoming_range_ < incoming_ranges_.size() ? incoming_ranges_[incoming_range_].first : total;
+  download_hasher_->Update(bytes + incoming_offset_, next - incoming_offset_);
+  incoming_offset_ = next;
+  if (incoming_range_ < incoming_ranges_.size()) return;
   const std::string checksum = crypto::ToHex(download_hasher_->Final());
   download_hasher_.reset();
   if (checksum != round_->model_checksum()) {
@@ -248,7 +287,7 @@ void Agent::OnTrained(uint64_t round, Result<Update> update) {
   v1::Envelope envelope;
   auto* begin = envelope.mutable_update_begin();
   begin->set_round(round);
-  begin->set_kind(v1::UPDATE_FULL);
+  begin->set_kind(payload->kind == UpdateKind::kLora ? v1::UPDATE_LORA : v1::UPDATE_FULL);
   begin->set_num_examples(payload->num_examples);
   begin->set_train_loss(payload->train_loss);
   *begin->mutable_manifest() = proto::ToProto(payload->manifest);

@@ -7,7 +7,11 @@
 // heartbeats keep flowing), streams the update back as chunks encoded one at
 // a time, and commits it. An update that comes as an UpdateStream (a ZeRO-3
 // site's) is run on the training executor and its slices are encoded as the
-// socket drains, so the delta is never whole in this process. When the connection drops it reconnects with
+// socket drains, so the delta is never whole in this process. A RoundStart
+// with a patch sends only the ranges that changed since the version held
+// (a lora federation's adapter and the base weights a merge changed); the
+// rest comes from the model held, and the checksum is checked over the whole.
+// When the connection drops it reconnects with
 // exponential backoff, until the server announces the federation complete.
 // Everything except training runs on the io_context given to it; many agents
 // may share one io_context (the loopback simulator does).
@@ -125,7 +129,11 @@ class Agent : public std::enable_shared_from_this<Agent> {
   uint64_t round_connection_ = 0;  // the connection round_ arrived on; an update goes back on the same one
   models::Manifest manifest_;
   std::vector<float> incoming_;
-  uint64_t incoming_offset_ = 0;
+  uint64_t incoming_offset_ = 0;  // bytes: where the next chunk must start
+  // The byte ranges [begin, end) still to come: the whole model, or a patch's
+  // ranges over the model held (the bytes between them are hashed as held).
+  std::vector<std::pair<uint64_t, uint64_t>> incoming_ranges_;
+  size_t incoming_range_ = 0;
   bool busy_training_ = false;
   bool train_again_ = false;
   uint64_t rounds_trained_ = 0;

@@ -75,8 +75,12 @@ Result<SiteData> LoadSiteData(const std::filesystem::path& dir, const std::strin
 }
 
 // The single-process trainer: the one estuary-client always had.
-std::unique_ptr<client::Trainer> MakeTrainer(const SiteData& data, const client::Compute& compute) {
-  if (data.text) return std::make_unique<client::TextTrainer>(data.text, compute);
+std::unique_ptr<client::Trainer> MakeTrainer(const SiteData& data, const client::Compute& compute, int lora_rank) {
+  if (data.text) {
+    auto trainer = std::make_unique<client::TextTrainer>(data.text, compute);
+    trainer->set_lora_rank(lora_rank);
+    return trainer;
+  }
   std::vector<uint32_t> all(data.images->size());
   std::iota(all.begin(), all.end(), 0u);
   return std::make_unique<client::ClassifierTrainer>(data.images, std::move(all), compute);
@@ -305,6 +309,7 @@ int main(int argc, char** argv) {
   std::string data, data_kind = "auto", device = "cpu", precision = "fp32";
   double max_backoff = 30;
   std::string log_level = "info";
+  int lora_rank = 0;
   client::SiteFlags site_flags;
   app.add_option("--config", config, "TOML file with the same keys as these flags");
   app.add_option("--server", server, "aggregation server HOST:PORT");
@@ -317,6 +322,8 @@ int main(int argc, char** argv) {
   app.add_option("--precision", precision, "fp32 | bf16 | fp16 (bf16 and fp16 need cuda)");
   app.add_option("--max-backoff", max_backoff, "longest wait between reconnection attempts, seconds");
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error");
+  app.add_option("--lora-rank", lora_rank,
+                 "lora federations that take mixed ranks: this site's adapter rank (0: the federation's)");
   int blas_threads = 1;
   app.add_option("--blas-threads", blas_threads, "OpenBLAS threads for local training (small batches: 1 is fastest)");
   app.add_option("--ranks", site_flags.ranks, "train on N CPU processes (ranks) of this node");
@@ -369,7 +376,7 @@ int main(int argc, char** argv) {
   }
 
   if (!site->multi_rank()) {
-    auto trainer = MakeTrainer(*site_data, *compute);
+    auto trainer = MakeTrainer(*site_data, *compute, lora_rank);
     uint64_t rounds = 0;
     Status outcome = RunAgent(options, *trainer, nullptr, nullptr, site->timeout, &rounds);
     if (!outcome.ok()) return Fail(outcome);

@@ -5,10 +5,22 @@
 // them in an order seeded by (task seed, round, client name), batch_size
 // windows per step, with a fresh SGD or AdamW each round. The update is the
 // weight delta, weighted in the average by the number of training tokens.
+//
+// With update kind lora the global buffer is a LoRA global layout
+// (models/lora_federation.h): the trainer loads the base and the global
+// adapter into a LoraLlama, trains only the adapter (under frozen-a only B;
+// A is restored after every step) and uploads the adapter factors, named as
+// PEFT saves them (under frozen-a the B factors alone). CPU only so far.
+// A site may train its own rank (set_lora_rank) where the federation takes
+// mixed ranks (exact only): it folds the global adapter into its base,
+// trains a fresh adapter of its rank, and uploads both as one stacked adapter
+// of rank r + r_i that represents its model exactly (StackedAdapters in the
+// .cc).
 // The model is a per-thread workspace on the site's device (lm_backend.h):
 // the CPU, or a CUDA GPU in fp32, bf16 or fp16.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -22,12 +34,27 @@ class TextTrainer : public Trainer {
   explicit TextTrainer(std::shared_ptr<const std::vector<int32_t>> tokens, Compute compute = {});
 
   uint64_t num_examples() const override { return tokens_->size(); }
+  // This site's adapter rank in a lora federation (0: the federation's).
+  void set_lora_rank(int rank) { lora_rank_ = rank; }
   Result<Update> Train(std::span<const float> global, const models::Manifest& manifest, const TaskConfig& task,
                        uint64_t round, std::string_view client_name) override;
 
  private:
+  Result<Update> TrainLora(std::span<const float> global, const models::Manifest& manifest, const TaskConfig& task,
+                           uint64_t round, std::string_view client_name);
+  // Walks the round's BatchSchedule, calling step(inputs, targets, batch) per
+  // batch; returns the mean loss over the last epoch's tokens.
+  double RunSchedule(const TaskConfig& task, uint64_t round, std::string_view client_name, int seq,
+                     const std::function<Result<float>(const int32_t*, const int32_t*, int)>& step,
+                     Status* status) const;
+
   std::shared_ptr<const std::vector<int32_t>> tokens_;
   Compute compute_;
+  int lora_rank_ = 0;
 };
+
+// The LoRA part of a task: a valid LoraConfig, a known merge rule, mixed
+// ranks only under exact.
+Status ValidateLoraTask(const LoraTask& lora);
 
 }  // namespace estuary::client

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <string>
 
+#include "aggregation/lora_strategy.h"
 #include "aggregation/strategy.h"
 #include "base/host_port.h"
 #include "crypto/tls.h"
@@ -30,6 +31,9 @@ struct ServerConfig {
   uint64_t seed = 2017;
   aggregation::StrategyOptions strategy;
   v1::TaskConfig task;             // what every selected client trains
+  // Update kind lora: the base decoder's safetensors (Hugging Face names);
+  // empty: the preset initialised from the seed.
+  std::filesystem::path base_model;
 
   uint64_t max_frame_bytes = proto::kDefaultMaxFrameBytes;
   uint32_t chunk_bytes = proto::kDefaultChunkBytes;
@@ -45,6 +49,11 @@ struct ServerConfig {
   // name the key ("config: clients_per_round = 0: must be > 0").
   Status Finalize();
 };
+
+// With update kind lora: the federation's LoRA strategy options (the global
+// layout of the model and its adapters, the merge rule, rank and alpha,
+// mixed ranks), validated; errors name the config key.
+Result<aggregation::LoraStrategyOptions> LoraOptionsOf(const v1::TaskConfig& task);
 
 
 }  // namespace estuary::server

@@ -10,6 +10,7 @@
 #include "aggregation/sampling.h"
 #include "crypto/sha256.h"
 #include "models/checkpoint.h"
+#include "models/lora_federation.h"
 #include "proto/frame.h"
 #include "proto/wire.h"
 #include "server/session.h"
@@ -39,9 +40,27 @@ void Coordinator::LogIfError(const Status& status, const char* what) {
 }
 
 Status Coordinator::Recover() {
-  ESTUARY_ASSIGN_OR_RETURN(models::InitialWeights initial, models::InitialModel(config_.task.model(), config_.seed));
+  models::InitialWeights initial;
+  if (config_.task.update_kind() == v1::UPDATE_LORA) {
+    // The global model is the base followed by the global adapter
+    // (models/lora_federation.h); the strategy merges the sites' adapters.
+    ESTUARY_ASSIGN_OR_RETURN(lora_, LoraOptionsOf(config_.task));
+    models::LoraConfig lora;
+    lora.rank = int(lora_->merge.rank);
+    lora.alpha = lora_->merge.alpha;
+    lora.target_modules.assign(config_.task.lora().target_modules().begin(),
+                               config_.task.lora().target_modules().end());
+    ESTUARY_ASSIGN_OR_RETURN(initial,
+                             models::LoraInitialModel(config_.task.model(), lora, config_.seed, config_.base_model));
+    if (!(initial.manifest == lora_->layout.global)) {
+      return Internal("server: the LoRA initial model's layout differs from the strategy's");
+    }
+    ESTUARY_ASSIGN_OR_RETURN(strategy_, aggregation::LoraStrategy::Make(*lora_));
+  } else {
+    ESTUARY_ASSIGN_OR_RETURN(initial, models::InitialModel(config_.task.model(), config_.seed));
+    ESTUARY_ASSIGN_OR_RETURN(strategy_, aggregation::MakeStrategy(config_.strategy));
+  }
   manifest_ = initial.manifest;
-  ESTUARY_ASSIGN_OR_RETURN(strategy_, aggregation::MakeStrategy(config_.strategy));
   if (!config_.eval_data.empty()) {
     // Evaluation runs between rounds, when the clients are idle: two threads.
     ESTUARY_ASSIGN_OR_RETURN(evaluator_, models::MakeEvaluator(config_.task.model(), config_.eval_data,
@@ -49,6 +68,7 @@ Status Coordinator::Recover() {
                                                                 .seq_len = int(config_.task.seq_len()),
                                                                 .max_windows = config_.eval_windows,
                                                                 .seed = config_.seed}));
+    if (lora_) evaluator_ = models::MakeLoraEvaluator(std::move(evaluator_), lora_->layout, lora_->merge.alpha);
   }
   std::error_code ec;
   std::filesystem::create_directories(config_.checkpoint_dir, ec);
@@ -130,6 +150,11 @@ void Coordinator::OnHello(const std::shared_ptr<Session>& session, const v1::Hel
   }
   connected_[name] = session;
   held_[name] = {hello.model_version_held(), hello.model_checksum_held()};
+  if (hello.keeps_model()) {
+    keeps_model_.insert(name);
+  } else {
+    keeps_model_.erase(name);
+  }
   LogIfError(store_.ClientSeen(name, session->address(), NowMs()), "store");
   spdlog::info("client {} connected from {} ({} connected)", name, session->address(), connected_.size());
 
@@ -213,20 +238,35 @@ void Coordinator::StartRound() {
   start->mutable_task()->set_seed(config_.seed);
   start->set_deadline_unix_ms(deadline_ms);
   const uint64_t model_bytes = manifest_.byte_size();
+  FindChangedTensors();
   for (const auto& name : selected) {
     auto session = connected_.at(name);
     const bool holds_model = held_[name].first == model_version_ && held_[name].second == global_checksum_;
+    // A site that kept the previous version gets only what changed since.
+    const bool patch = !holds_model && !changed_ranges_.empty() && keeps_model_.contains(name) &&
+                       model_version_ > 0 && held_[name].first == model_version_ - 1 &&
+                       held_[name].second == previous_checksum_;
     start->set_model_follows(!holds_model);
+    start->clear_patch();
+    if (patch) {
+      for (const auto& [offset, count] : changed_ranges_) {
+        auto* range = start->add_patch();
+        range->set_offset(offset);
+        range->set_count(count);
+      }
+    }
+    start->set_patch_base_version(patch ? model_version_ - 1 : 0);
     session->Send(envelope);
     if (!holds_model) download_queue_.push_back(session);
     held_[name] = {model_version_, global_checksum_};
     Participant& p = participants_[name];
+    p.patch = patch;
     p.session = session;
     p.started = Clock::now();
     p.record.round = round_;
     p.record.client = name;
     p.record.status = "selected";
-    p.record.bytes_down = holds_model ? 0 : model_bytes;
+    p.record.bytes_down = holds_model ? 0 : patch ? changed_elements_ * sizeof(float) : model_bytes;
     record_.bytes_down += p.record.bytes_down;
     LogIfError(store_.UpsertParticipation(p.record), "store");
   }
@@ -261,8 +301,10 @@ void Coordinator::OnUpdateBegin(const std::shared_ptr<Session>& session, const v
     return Reject(session, v1::Error::DUPLICATE_UPDATE,
                   fmt::format("second update from {} in round {}", name, round_));
   }
-  if (begin.kind() != v1::UPDATE_FULL) {
-    return Reject(session, v1::Error::BAD_MESSAGE, "update kind lora is not configured for this federation");
+  if (begin.kind() != config_.task.update_kind()) {
+    return Reject(session, v1::Error::BAD_MESSAGE,
+                  fmt::format("update kind {} from {}, but this federation takes {}",
+                              begin.kind() == v1::UPDATE_LORA ? "lora" : "full", name, lora_ ? "lora" : "full"));
   }
   if (begin.num_examples() == 0 || begin.num_examples() > (uint64_t{1} << 40)) {
     return Reject(session, v1::Error::BAD_MESSAGE, fmt::format("num_examples {} out of range", begin.num_examples()));
@@ -272,17 +314,23 @@ void Coordinator::OnUpdateBegin(const std::shared_ptr<Session>& session, const v
   }
   auto manifest = proto::FromProto(begin.manifest(), manifest_.total_elements);
   if (!manifest.ok()) return Reject(session, v1::Error::BAD_MESSAGE, manifest.status().message());
-  if (!(*manifest == manifest_)) {
+  if (lora_) {
+    // Names, ranks and shapes against the federation's LoRA config, before
+    // a byte is staged: a bad adapter never reaches the aggregate.
+    Status fits = aggregation::CheckLoraUpload(name, *manifest, *lora_);
+    if (!fits.ok()) return Reject(session, v1::Error::BAD_MESSAGE, fits.message());
+  } else if (!(*manifest == manifest_)) {
     return Reject(session, v1::Error::BAD_MESSAGE, "update manifest does not match the global model's");
   }
   p.begin = begin;
+  p.layout = std::move(manifest).value();
   if (staging_in_use_ >= config_.staging_slots) {
     p.waiting_for_slot = true;
     slot_queue_.push_back(name);
     session->Pause();  // backpressure: its chunks wait in the socket until a slot frees
     return;
   }
-  auto staged = StagedUpdate::Create(manifest_, config_.staging_memory_bytes, config_.spill_dir);
+  auto staged = StagedUpdate::Create(p.layout, config_.staging_memory_bytes, config_.spill_dir);
   if (!staged.ok()) return Reject(session, v1::Error::SERVER_BUSY, staged.status().message());
   p.staged = std::move(staged).value();
   ++staging_in_use_;
@@ -296,14 +344,42 @@ void Coordinator::StreamModels() {
     download_queue_.pop_front();
     if (!session || session->closed()) continue;
     ++downloads_in_flight_;
+    auto p = participants_.find(session->name());
+    std::vector<std::pair<uint64_t, uint64_t>> bytes;  // empty: the whole model
+    if (p != participants_.end() && p->second.patch) {
+      for (const auto& [offset, count] : changed_ranges_) {
+        bytes.emplace_back(offset * sizeof(float), (offset + count) * sizeof(float));
+      }
+    }
     // A session that closes mid-stream never calls back; its slot is
     // returned by OnClosed through the same counter.
-    session->SendModel(round_, global_, [this, attempt = attempt_] {
-      if (attempt != attempt_) return;
-      --downloads_in_flight_;
-      StreamModels();
-    });
+    session->SendModel(
+        round_, global_,
+        [this, attempt = attempt_] {
+          if (attempt != attempt_) return;
+          --downloads_in_flight_;
+          StreamModels();
+        },
+        std::move(bytes));
   }
+}
+
+void Coordinator::FindChangedTensors() {
+  changed_ranges_.clear();
+  changed_elements_ = 0;
+  if (!previous_global_ || previous_global_->size() != global_->size()) return;
+  for (const models::TensorSpec& spec : manifest_.tensors) {
+    const size_t bytes = spec.numel() * sizeof(float);
+    if (std::memcmp(previous_global_->data() + spec.offset, global_->data() + spec.offset, bytes) == 0) continue;
+    if (!changed_ranges_.empty() && changed_ranges_.back().first + changed_ranges_.back().second == spec.offset) {
+      changed_ranges_.back().second += spec.numel();  // adjacent tensors: one range
+    } else {
+      changed_ranges_.emplace_back(spec.offset, spec.numel());
+    }
+    changed_elements_ += spec.numel();
+  }
+  // Everything changed (a full delta's round): a patch would be the whole model.
+  if (changed_elements_ == manifest_.total_elements) changed_ranges_.clear();
 }
 
 void Coordinator::GrantSlots() {
@@ -316,7 +392,7 @@ void Coordinator::GrantSlots() {
     p.waiting_for_slot = false;
     auto session = p.session.lock();
     if (!session || session->closed()) continue;
-    auto staged = StagedUpdate::Create(manifest_, config_.staging_memory_bytes, config_.spill_dir);
+    auto staged = StagedUpdate::Create(p.layout, config_.staging_memory_bytes, config_.spill_dir);
     if (!staged.ok()) {
       Reject(session, v1::Error::SERVER_BUSY, staged.status().message());
       continue;
@@ -374,8 +450,8 @@ void Coordinator::OnUpdateCommit(const std::shared_ptr<Session>& session, const 
   ++folds_in_flight_;
   std::shared_ptr<StagedUpdate> staged = std::move(p.staged);
   const double weight = double(p.begin.num_examples());
-  asio::post(worker_, [this, staged, weight, name = session->name()] {
-    Status folded = strategy_->Fold(staged->values(), weight);
+  asio::post(worker_, [this, staged, weight, name = session->name(), layout = p.layout] {
+    Status folded = strategy_->FoldUpdate(name, layout, staged->values(), weight);
     asio::post(io_, [this, name, folded] { OnFolded(name, folded); });
   });
 }
@@ -483,6 +559,7 @@ void Coordinator::Aggregate() {
     Status status = strategy_->Finish(*global);
     std::optional<models::EvalResult> eval;
     std::string path, checksum;
+    const uint64_t changed = status.ok() ? strategy_->changed_bytes() : 0;
     if (status.ok()) {
       checksum = ChecksumOf(*global);
       const auto finished = Clock::now();
@@ -506,7 +583,7 @@ void Coordinator::Aggregate() {
       spdlog::debug("round {}: finished in {:.2f} ms, then evaluated in {:.2f} ms and checkpointed in {:.2f} ms",
                     round, Millis(finished - start), Millis(evaluated - finished), Millis(written_at - finished));
     }
-    asio::post(io_, [=, this] { OnAggregated(status, global, eval, path, checksum); });
+    asio::post(io_, [=, this] { OnAggregated(status, global, eval, path, checksum, changed); });
   });
 }
 
@@ -534,8 +611,16 @@ Status Coordinator::WriteCheckpoint(uint64_t round, const std::vector<float>& gl
 }
 
 void Coordinator::OnAggregated(Status status, std::shared_ptr<std::vector<float>> global,
-                               std::optional<models::EvalResult> eval, std::string checkpoint, std::string checksum) {
+                               std::optional<models::EvalResult> eval, std::string checkpoint, std::string checksum,
+                               uint64_t changed_bytes) {
   if (!status.ok()) return FailRound(status.ToString());
+  const uint64_t per_update = record_.updates_received > 0 ? record_.bytes_up / record_.updates_received : 0;
+  // The round log says what an update cost, for either kind; for lora also
+  // what the merge changed per client (exact: adapters plus residuals).
+  record_.detail = lora_ ? fmt::format("update kind lora ({}): {} bytes per update; the merge changed {} bytes per "
+                                       "client",
+                                       strategy_->name(), per_update, changed_bytes)
+                         : fmt::format("update kind full ({}): {} bytes per update", strategy_->name(), per_update);
   record_.ended_ms = NowMs();
   record_.model_version = model_version_ + 1;
   record_.global_checksum = checksum;
@@ -548,6 +633,8 @@ void Coordinator::OnAggregated(Status status, std::shared_ptr<std::vector<float>
   Status committed = store_.CommitRound(record_, checkpoint, NowMs());
   if (!committed.ok()) return FailRound(fmt::format("cannot commit to the round log: {}", committed.ToString()));
   state_ = RoundState::kCommitted;
+  previous_global_ = std::move(global_);
+  previous_checksum_ = std::move(global_checksum_);
   global_ = std::move(global);
   global_checksum_ = checksum;
   model_version_ = record_.model_version;
@@ -573,6 +660,8 @@ void Coordinator::OnAggregated(Status status, std::shared_ptr<std::vector<float>
   closed->set_seconds(seconds);
   closed->set_bytes_up(record_.bytes_up);
   closed->set_bytes_down(record_.bytes_down);
+  closed->set_bytes_per_update(per_update);
+  closed->set_merge_bytes_down(changed_bytes);
   closed->set_federation_complete(round_ == config_.rounds);
   Broadcast(envelope);
 

@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "aggregation/lora_strategy.h"
 #include "aggregation/strategy.h"
 #include "models/dataset.h"
 #include "models/federated_model.h"
@@ -61,6 +62,8 @@ class Coordinator {
     std::unique_ptr<StagedUpdate> staged;
     bool waiting_for_slot = false;
     v1::UpdateBegin begin;
+    models::Manifest layout;  // the upload's: the global model's, or a LoRA site's adapter factors
+    bool patch = false;  // the download is changed_ranges_ only
     std::chrono::steady_clock::time_point started;
     bool resolved() const { return record.status != "selected" && record.status != "folding"; }
   };
@@ -76,13 +79,15 @@ class Coordinator {
   // kConcurrentDownloads streams are running: clients then receive it one
   // after another and start training early, instead of all at the end.
   void StreamModels();
+  // Fills changed_ranges_ for this round (previous_global_ against global_).
+  void FindChangedTensors();
   void ReleaseSlot(Participant& p);
   void OnFolded(const std::string& name, Status status);
   void OnDeadline();
   void MaybeFinishRound();
   void Aggregate();
   void OnAggregated(Status status, std::shared_ptr<std::vector<float>> global, std::optional<models::EvalResult> eval,
-                    std::string checkpoint, std::string checksum);
+                    std::string checkpoint, std::string checksum, uint64_t changed_bytes);
   void FailRound(const std::string& reason);
   void Transition(RoundState to, const std::string& detail = {});
   void Broadcast(const v1::Envelope& envelope);
@@ -98,10 +103,22 @@ class Coordinator {
   boost::asio::steady_timer retry_;
 
   std::unique_ptr<aggregation::Strategy> strategy_;  // touched only on worker_
+  std::optional<aggregation::LoraStrategyOptions> lora_;  // set in a federation of update kind lora
   std::unique_ptr<models::Evaluator> evaluator_;  // null without eval data; touched only on worker_
   models::Manifest manifest_;
   std::shared_ptr<const std::vector<float>> global_;
   std::string global_checksum_;
+  // The global model before the last commit: a site that holds it and keeps
+  // models gets only the tensors that changed since (a lora federation's
+  // adapter, and the base weights exact folded residuals into).
+  std::shared_ptr<const std::vector<float>> previous_global_;
+  std::string previous_checksum_;
+  std::set<std::string> keeps_model_;  // sites whose Hello said they keep the model
+  // This round: the tensors of the global model that differ from the
+  // previous version's, as merged element ranges (empty: no previous version,
+  // or everything changed).
+  std::vector<std::pair<uint64_t, uint64_t>> changed_ranges_;
+  uint64_t changed_elements_ = 0;
   uint64_t model_version_ = 0;
 
   std::map<std::string, std::shared_ptr<Session>> connected_;  // by certificate name

@@ -64,6 +64,10 @@ int main(int argc, char** argv) {
   float lr = 0.05f, momentum = 0, weight_decay = 0;
   std::string optimizer = "sgd";
   uint32_t seq_len = 128, max_local_steps = 0;
+  uint32_t lora_rank = 8;
+  float lora_alpha = 16, lora_dropout = 0;
+  std::string lora_targets = "q_proj,k_proj,v_proj,o_proj", lora_merge = "exact";
+  bool lora_mixed_ranks = false;
   serve->add_option("--config", config_file, "TOML file with the same keys as these flags");
   serve->add_option("--listen", config.listen, "HOST:PORT to listen on (port 0: any free port)");
   serve->add_option("--cert", config.tls.cert, "server certificate (PEM)");
@@ -90,7 +94,14 @@ int main(int argc, char** argv) {
   serve->add_option("--optimizer", optimizer, "local optimizer: sgd | adamw");
   serve->add_option("--seq-len", seq_len, "language models: tokens per training window");
   serve->add_option("--max-local-steps", max_local_steps, "cap on local optimizer steps per round (0: none)");
-  serve->add_option("--update-kind", update_kind, "full");
+  serve->add_option("--update-kind", update_kind, "full (weight deltas) | lora (adapter factors; language models)");
+  serve->add_option("--lora-rank", lora_rank, "lora: adapter rank r");
+  serve->add_option("--lora-alpha", lora_alpha, "lora: lora_alpha (the update is alpha/r * B A)");
+  serve->add_option("--lora-dropout", lora_dropout, "lora: dropout on the adapters' input, in [0, 1)");
+  serve->add_option("--lora-targets", lora_targets, "lora: comma-separated q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj");
+  serve->add_option("--lora-merge", lora_merge, "lora: naive | exact | frozen-a");
+  serve->add_option("--lora-mixed-ranks", lora_mixed_ranks, "lora, exact only: accept adapters of other ranks (true|false)");
+  serve->add_option("--base-model", config.base_model, "lora: the base model's safetensors (default: the preset from --seed)");
   serve->add_option("--max-frame", config.max_frame_bytes, "largest frame accepted, bytes");
   serve->add_option("--chunk-bytes", config.chunk_bytes, "tensor chunk size, bytes");
   serve->add_option("--staging-slots", config.staging_slots, "uploads staged at once");
@@ -147,14 +158,29 @@ int main(int argc, char** argv) {
   if (config.tls.cert.empty() || config.tls.key.empty() || config.tls.ca.empty()) {
     return Fail(InvalidArgument("serve: --cert, --key and --ca are required (mutual TLS is not optional)"));
   }
-  if (update_kind != "full") return Fail(InvalidArgument("serve: --update-kind '{}': only 'full' is available", update_kind));
+  if (update_kind != "full" && update_kind != "lora") {
+    return Fail(InvalidArgument("serve: --update-kind '{}': expected full or lora", update_kind));
+  }
   config.task.set_model(model);
   config.task.set_epochs(epochs);
   config.task.set_batch_size(batch);
   config.task.set_learning_rate(lr);
   config.task.set_momentum(momentum);
   config.task.set_weight_decay(weight_decay);
-  config.task.set_update_kind(v1::UPDATE_FULL);
+  config.task.set_update_kind(update_kind == "lora" ? v1::UPDATE_LORA : v1::UPDATE_FULL);
+  if (update_kind == "lora") {
+    v1::LoraTask* lora = config.task.mutable_lora();
+    lora->set_rank(lora_rank);
+    lora->set_alpha(lora_alpha);
+    lora->set_dropout(lora_dropout);
+    for (std::string_view rest = lora_targets; !rest.empty();) {
+      const size_t comma = rest.find(',');
+      lora->add_target_modules(std::string(rest.substr(0, comma)));
+      rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
+    }
+    lora->set_merge(lora_merge);
+    lora->set_mixed_ranks(lora_mixed_ranks);
+  }
   config.task.set_optimizer(optimizer);
   config.task.set_seq_len(seq_len);
   config.task.set_max_local_steps(max_local_steps);

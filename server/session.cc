@@ -118,10 +118,13 @@ void Session::Send(const v1::Envelope& envelope) {
 }
 
 void Session::SendModel(uint64_t round, std::shared_ptr<const std::vector<float>> model,
-                        std::function<void()> on_sent) {
+                        std::function<void()> on_sent, std::vector<std::pair<uint64_t, uint64_t>> ranges) {
   model_ = std::move(model);
   model_round_ = round;
-  model_offset_ = 0;
+  if (ranges.empty()) ranges = {{0, model_->size() * sizeof(float)}};
+  model_ranges_ = std::move(ranges);
+  model_range_ = 0;
+  model_offset_ = model_ranges_[0].first;
   on_model_sent_ = std::move(on_sent);
   model_last_chunk_queued_ = false;
   WriteNext();
@@ -145,12 +148,13 @@ void Session::CloseAfterWrites() {
 void Session::WriteNext() {
   if (writing_ || closed_) return;
   if (outbox_.empty() && model_) {
-    const uint64_t total = model_->size() * sizeof(float);
-    const uint64_t size = std::min<uint64_t>(config_.chunk_bytes, total - model_offset_);
+    const uint64_t end = model_ranges_[model_range_].second;
+    const uint64_t size = std::min<uint64_t>(config_.chunk_bytes, end - model_offset_);
     outbox_.push_back(std::make_shared<const proto::Frame>(proto::EncodeModelChunk(
         model_round_, model_offset_, reinterpret_cast<const char*>(model_->data()) + model_offset_, size)));
     model_offset_ += size;
-    if (model_offset_ == total) {
+    if (model_offset_ == end && ++model_range_ < model_ranges_.size()) model_offset_ = model_ranges_[model_range_].first;
+    if (model_range_ == model_ranges_.size()) {
       model_.reset();
       model_last_chunk_queued_ = true;
     }

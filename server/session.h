@@ -34,7 +34,11 @@ class Session : public std::enable_shared_from_this<Session> {
   void Send(const v1::Envelope& envelope);
   // Streams `model` as ModelChunk frames for `round` after what is queued;
   // `on_sent` runs once: when the last chunk is written or the session closes.
-  void SendModel(uint64_t round, std::shared_ptr<const std::vector<float>> model, std::function<void()> on_sent = {});
+  // Streams `model` as ModelChunks: all of it, or only the byte ranges
+  // [begin, end) of `ranges` (a patch over a model the client holds;
+  // ascending, disjoint, non-empty), no chunk crossing a range.
+  void SendModel(uint64_t round, std::shared_ptr<const std::vector<float>> model, std::function<void()> on_sent = {},
+                 std::vector<std::pair<uint64_t, uint64_t>> ranges = {});
   // Sends an Error and closes once it is written.
   void SendErrorAndClose(v1::Error::Code code, const std::string& message);
   // Closes after everything queued is written.
@@ -76,6 +80,8 @@ class Session : public std::enable_shared_from_this<Session> {
   std::shared_ptr<const std::vector<float>> model_;
   uint64_t model_round_ = 0;
   uint64_t model_offset_ = 0;  // bytes
+  std::vector<std::pair<uint64_t, uint64_t>> model_ranges_;  // bytes [begin, end) still to send, in order
+  size_t model_range_ = 0;
   std::function<void()> on_model_sent_;
   bool model_last_chunk_queued_ = false;
 };

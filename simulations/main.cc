@@ -9,10 +9,13 @@
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 
 #include "base/config_file.h"
 #include "base/memory.h"
+#include "models/checkpoint.h"
+#include "simulations/lora_fortunes.h"
 #include "simulations/runner.h"
 
 extern "C" void openblas_set_num_threads(int);
@@ -35,6 +38,48 @@ void DrawProgress(uint64_t done, uint64_t total, double accuracy) {
   std::fflush(stderr);
 }
 
+// --scenario lora-fortunes: the flags it shares with a plain run keep their
+// meaning (--data, --topics, --model, --rounds, --batch, --seq-len, --lr,
+// --lora-*, --seed, --threads, --workdir, --report); unset ones take the
+// scenario's defaults, not a plain run's.
+int RunLoraFortunesScenario(const CLI::App& app, const simulations::Scenario& s, simulations::LoraFortunesOptions lf,
+                            const std::string& report_path, bool quiet) {
+  auto given = [&](const char* flag) { return app.get_option(flag)->count() > 0; };
+  if (given("--data")) lf.data_dir = s.data_dir;
+  if (given("--topics")) lf.topics = s.topics;
+  if (given("--model")) lf.model = s.model;
+  if (given("--rounds")) lf.rounds = uint32_t(s.rounds);
+  if (given("--batch")) lf.batch = s.batch;
+  if (given("--seq-len")) lf.seq_len = s.seq_len;
+  if (given("--lr")) lf.lr = s.lr;
+  if (given("--lora-rank")) lf.rank = s.lora_rank;
+  if (given("--lora-alpha")) lf.alpha = s.lora_alpha;
+  if (given("--lora-targets")) lf.targets = s.lora_targets;
+  if (given("--lora-merge")) lf.merges = {s.lora_merge};
+  if (given("--eval-windows")) lf.eval_windows = s.eval_windows;
+  if (given("--workdir")) lf.workdir = s.workdir;
+  if (given("--base-model")) lf.base_model = s.base_model;
+  lf.seed = s.seed;
+  lf.threads = s.threads;
+  auto progress = [&](const std::string& what) {
+    if (!quiet) std::fprintf(stderr, "lora-fortunes: %s\n", what.c_str());
+  };
+  auto report = simulations::RunLoraFortunes(lf, progress);
+  if (!report.ok()) return Fail(report.status());
+  const std::string json = simulations::ToJson(*report).dump(2) + "\n";
+  if (const auto parent = std::filesystem::path(report_path).parent_path(); !parent.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(parent, ec);
+  }
+  if (Status st = models::WriteFileAtomically(report_path, json); !st.ok()) return Fail(st);
+  std::printf("%s\nheld-out perplexity per byte; %llu pretraining bytes (0: --base-model), %u rounds x %zu sites x %u steps = %llu "
+              "centralised steps; %.1f s\nreport: %s\n",
+              simulations::RenderLoraFortunes(*report).c_str(), (unsigned long long)report->pretrain_tokens, lf.rounds,
+              report->sites.size(), lf.local_steps, (unsigned long long)report->central_steps, report->total_seconds,
+              report_path.c_str());
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -45,7 +90,14 @@ int main(int argc, char** argv) {
   simulations::Scenario s;
   std::string config, report_path = "run/report.json", plot_path, log_level = "warn";
   bool quiet = false;
+  std::string scenario;
+  simulations::LoraFortunesOptions lf;
   app.add_option("--config", config, "TOML file with the same keys as these flags");
+  app.add_option("--scenario", scenario,
+                 "a built-in study instead of one run: lora-fortunes (pretrain a base on some fortunes topics, "
+                 "then LoRA-federate the others under naive, exact and frozen-a, against centralised LoRA)");
+  app.add_option("--pretrain-steps", lf.pretrain_steps, "lora-fortunes: central pretraining steps of the base");
+  app.add_option("--local-steps", lf.local_steps, "lora-fortunes: local steps per site per round");
   app.add_option("--clients", s.clients, "number of clients");
   app.add_option("--per-round", s.per_round, "clients per round: count (>= 1) or fraction (< 1)");
   app.add_option("--rounds", s.rounds, "federated rounds");
@@ -56,6 +108,7 @@ int main(int argc, char** argv) {
   app.add_option("--weight-decay", s.weight_decay, "local SGD weight decay");
   app.add_option("--model", s.model, "mlp | cnn | llama-tiny | llama-small");
   app.add_option("--partition", s.partition, "iid | shards | dirichlet:ALPHA (images); topic (text)");
+  app.add_option("--topics", s.topics, "text: comma-separated topics the clients hold (default: the first --clients)");
   app.add_option("--optimizer", s.optimizer, "local optimizer: sgd | adamw");
   app.add_option("--seq-len", s.seq_len, "language models: tokens per training window");
   app.add_option("--max-local-steps", s.max_local_steps, "cap on local optimizer steps per round (0: none)");
@@ -64,6 +117,14 @@ int main(int argc, char** argv) {
   app.add_option("--precision", s.precision, "fp32 | bf16 | fp16 (bf16 and fp16 need cuda)");
   app.add_option("--strategy", s.strategy.name, "fedavg | fedadam");
   app.add_option("--server-lr", s.strategy.server_lr, "FedAdam server learning rate");
+  app.add_option("--update-kind", s.update_kind, "full (weight deltas) | lora (adapter factors; llama-* models)");
+  app.add_option("--lora-rank", s.lora_rank, "lora: adapter rank r");
+  app.add_option("--lora-alpha", s.lora_alpha, "lora: lora_alpha (the update is alpha/r * B A)");
+  app.add_option("--lora-dropout", s.lora_dropout, "lora: dropout on the adapters' input, in [0, 1)");
+  app.add_option("--lora-targets", s.lora_targets, "lora: comma-separated q_proj,...,down_proj");
+  app.add_option("--lora-merge", s.lora_merge, "lora: naive | exact | frozen-a");
+  app.add_option("--lora-site-ranks", s.lora_site_ranks, "lora, exact only: the sites' own ranks, e.g. 4,8,16 (client i takes entry i mod n)");
+  app.add_option("--base-model", s.base_model, "lora: the base model's safetensors (default: the preset from --seed)");
   app.add_option("--seed", s.seed, "one seed for partitioning, init, sampling and shuffling");
   app.add_option("--mode", s.mode, "inproc | loopback");
   app.add_option("--data", s.data_dir, "MNIST IDX directory (scripts/fetch-mnist makes it), or for text models a fortunes directory");
@@ -80,15 +141,27 @@ int main(int argc, char** argv) {
   if (!config.empty()) {
     if (Status st = ApplyConfigFile(app, config); !st.ok()) return Fail(st);
   }
+  if (!s.topics.empty() && app.get_option("--clients")->count() == 0) {
+    // One client per named topic unless --clients says otherwise.
+    s.clients = uint32_t(std::count(s.topics.begin(), s.topics.end(), ',') + 1);
+  }
   spdlog::set_default_logger(spdlog::stderr_color_mt("estuary-sim"));
   spdlog::set_level(spdlog::level::from_str(log_level));
+  if (!scenario.empty()) {
+    if (scenario != "lora-fortunes") return Fail(InvalidArgument("--scenario '{}': expected lora-fortunes", scenario));
+    return RunLoraFortunesScenario(app, s, lf, report_path, quiet);
+  }
   if (s.mode != "inproc" && s.mode != "loopback") {
     return Fail(InvalidArgument("--mode '{}': expected inproc or loopback", s.mode));
   }
   if (!quiet) {
     std::printf("estuary-sim: %s, %u clients (%s), %g per round, %llu rounds, %u epochs, batch %u, lr %g, %s, %s\n",
                 s.model.c_str(), s.clients, s.partition.c_str(), s.per_round, (unsigned long long)s.rounds, s.epochs,
-                s.batch, s.lr, s.strategy.name.c_str(), s.mode.c_str());
+                s.batch, s.lr,
+                s.update_kind == "lora"
+                    ? fmt::format("lora r={} alpha={} {} merge", s.lora_rank, s.lora_alpha, s.lora_merge).c_str()
+                    : s.strategy.name.c_str(),
+                s.mode.c_str());
     std::fputs(simulations::RenderRoundTableHeader().c_str(), stdout);
     std::fflush(stdout);
   }

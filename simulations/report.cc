@@ -14,6 +14,8 @@
 
 #include <fmt/format.h>
 
+#include <span>
+
 namespace estuary::simulations {
 namespace {
 
@@ -23,6 +25,8 @@ constexpr const char* kRoundKeys[] = {"round",      "clients_selected", "updates
                                       "test_accuracy", "test_loss",     "train_loss",
                                       "seconds",    "bytes_up",         "bytes_down",
                                       "global_checksum"};
+// Round keys added later: written always, read when present.
+constexpr const char* kOptionalRoundKeys[] = {"bytes_per_update", "merge_bytes_down"};
 constexpr const char* kReportKeys[] = {"scenario", "mode",          "round_log",
                                        "rounds",   "total_seconds", "final_accuracy"};
 
@@ -32,14 +36,16 @@ json NumberOrNull(double value) { return std::isfinite(value) ? json(value) : js
 // ---- Validation -------------------------------------------------------------
 
 template <size_t N>
-Status CheckKeys(const json& object, const char* const (&expected)[N], std::string_view where) {
+Status CheckKeys(const json& object, const char* const (&expected)[N], std::string_view where,
+                 std::span<const char* const> optional = {}) {
   if (!object.is_object()) return InvalidArgument("{}: expected an object", where);
   for (const char* key : expected) {
     if (!object.contains(key)) return InvalidArgument("{}: missing key \"{}\"", where, key);
   }
   for (const auto& [key, value] : object.items()) {
     if (std::find_if(std::begin(expected), std::end(expected),
-                     [&](const char* k) { return key == k; }) == std::end(expected)) {
+                     [&](const char* k) { return key == k; }) == std::end(expected) &&
+        std::find_if(optional.begin(), optional.end(), [&](const char* k) { return key == k; }) == optional.end()) {
       return InvalidArgument("{}: unknown key \"{}\"", where, key);
     }
   }
@@ -98,7 +104,7 @@ Status ReadString(const json& object, const char* key, std::string_view where, s
 }
 
 Result<RoundReport> RoundFromJson(const json& object, std::string_view where) {
-  ESTUARY_RETURN_IF_ERROR(CheckKeys(object, kRoundKeys, where));
+  ESTUARY_RETURN_IF_ERROR(CheckKeys(object, kRoundKeys, where, kOptionalRoundKeys));
   RoundReport round;
   uint64_t selected = 0, received = 0;
   constexpr uint64_t kMaxU32 = std::numeric_limits<uint32_t>::max();
@@ -115,6 +121,12 @@ Result<RoundReport> RoundFromJson(const json& object, std::string_view where) {
   ESTUARY_RETURN_IF_ERROR(ReadUnsigned(object, "bytes_up", kMaxU64, where, round.bytes_up));
   ESTUARY_RETURN_IF_ERROR(ReadUnsigned(object, "bytes_down", kMaxU64, where, round.bytes_down));
   ESTUARY_RETURN_IF_ERROR(ReadString(object, "global_checksum", where, round.global_checksum));
+  if (object.contains("bytes_per_update")) {
+    ESTUARY_RETURN_IF_ERROR(ReadUnsigned(object, "bytes_per_update", kMaxU64, where, round.bytes_per_update));
+  }
+  if (object.contains("merge_bytes_down")) {
+    ESTUARY_RETURN_IF_ERROR(ReadUnsigned(object, "merge_bytes_down", kMaxU64, where, round.merge_bytes_down));
+  }
   return round;
 }
 
@@ -219,7 +231,7 @@ constexpr const char* kPalette[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", 
                                     "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"};
 
 // Column layout shared by the header and the rows so they always line up.
-constexpr const char* kRowFormat = "{:>6} {:>9} {:>9} {:>10} {:>10} {:>8} {:>11} {:>11}  {:<12}\n";
+constexpr const char* kRowFormat = "{:>6} {:>9} {:>9} {:>10} {:>10} {:>8} {:>11} {:>11} {:>11}  {:<12}\n";
 
 }  // namespace
 
@@ -235,6 +247,8 @@ nlohmann::json ToJson(const Report& report) {
                       {"seconds", NumberOrNull(r.seconds)},
                       {"bytes_up", r.bytes_up},
                       {"bytes_down", r.bytes_down},
+                      {"bytes_per_update", r.bytes_per_update},
+                      {"merge_bytes_down", r.merge_bytes_down},
                       {"global_checksum", r.global_checksum}});
   }
   return {{"scenario", report.scenario},
@@ -399,7 +413,7 @@ std::string RenderSvgPlot(const std::vector<Report>& runs,
 
 std::string RenderRoundTableHeader() {
   std::string names = fmt::format(kRowFormat, "round", "clients", "accuracy", "test loss",
-                                  "train loss", "seconds", "up", "down", "checksum");
+                                  "train loss", "seconds", "up", "per update", "down", "checksum");
   return names + std::string(names.size() - 1, '-') + "\n";
 }
 
@@ -411,7 +425,7 @@ std::string RenderRoundTable(const std::vector<RoundReport>& rounds) {
                          fmt::format("{:.2f}%", 100 * r.test_accuracy),
                          fmt::format("{:.4f}", r.test_loss), fmt::format("{:.4f}", r.train_loss),
                          fmt::format("{:.2f}", r.seconds), FormatBytes(r.bytes_up),
-                         FormatBytes(r.bytes_down), r.global_checksum.substr(0, 12));
+                         FormatBytes(r.bytes_per_update), FormatBytes(r.bytes_down), r.global_checksum.substr(0, 12));
   }
   return table;
 }

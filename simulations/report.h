@@ -7,7 +7,9 @@
 //     "rounds": [ { "round": 1, "clients_selected": 10, "updates_received": 10,
 //                   "test_accuracy": 0.91, "test_loss": 0.31, "train_loss": 0.42,
 //                   "seconds": 1.2, "bytes_up": 123, "bytes_down": 456,
+//                   "bytes_per_update": 12, "merge_bytes_down": 0,
 //                   "global_checksum": "..." }, ... ],
+// (bytes_per_update and merge_bytes_down may be absent in older reports: 0.)
 //     "total_seconds": 12.5, "final_accuracy": 0.97 }
 // JSON has no NaN or infinity; a non-finite metric (a diverged loss) is written
 // as null and read back as NaN, so such a run still leaves a readable report.
@@ -34,6 +36,10 @@ struct RoundReport {
   double seconds = 0;             // wall time of the round
   uint64_t bytes_up = 0;          // clients -> server
   uint64_t bytes_down = 0;        // server -> clients
+  uint64_t bytes_per_update = 0;  // one client's upload: the delta (full) or the adapter factors (lora)
+  // lora: what the merge changed, per client (merged adapters, plus the
+  // residuals exact folds into the base); 0 when the whole model changed.
+  uint64_t merge_bytes_down = 0;
   std::string global_checksum;    // of the global model after the round
 
   bool operator==(const RoundReport&) const = default;

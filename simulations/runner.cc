@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <atomic>
 #include <optional>
 #include "base/asio.h"
@@ -11,6 +12,7 @@
 #include <set>
 #include <thread>
 
+#include "aggregation/lora_strategy.h"
 #include "aggregation/sampling.h"
 #include "base/host_port.h"
 #include "base/seed.h"
@@ -24,6 +26,7 @@
 #include "models/dataset.h"
 #include "models/federated_model.h"
 #include "models/language_model.h"
+#include "models/lora_federation.h"
 #include "models/model.h"
 #include "models/text_corpus.h"
 #include "simulations/partition.h"
@@ -39,11 +42,34 @@ static double Since(Clock::time_point t) { return std::chrono::duration<double>(
 nlohmann::json ScenarioJson(const Scenario& s) {
   return {{"clients", s.clients}, {"per_round", s.per_round}, {"rounds", s.rounds}, {"epochs", s.epochs},
           {"batch", s.batch}, {"lr", s.lr}, {"momentum", s.momentum}, {"weight_decay", s.weight_decay},
-          {"model", s.model}, {"partition", s.partition}, {"strategy", s.strategy.name},
+          {"model", s.model}, {"partition", s.partition}, {"topics", s.topics}, {"strategy", s.strategy.name},
           {"server_lr", s.strategy.server_lr}, {"seed", s.seed}, {"mode", s.mode}, {"threads", s.threads},
           {"data", s.data_dir.string()}, {"optimizer", s.optimizer}, {"seq_len", s.seq_len},
           {"max_local_steps", s.max_local_steps}, {"eval_windows", s.eval_windows}, {"device", s.device},
-          {"precision", s.precision}};
+          {"precision", s.precision}, {"update_kind", s.update_kind}, {"lora_rank", s.lora_rank},
+          {"lora_alpha", s.lora_alpha}, {"lora_dropout", s.lora_dropout}, {"lora_targets", s.lora_targets},
+          {"lora_merge", s.lora_merge}, {"lora_site_ranks", s.lora_site_ranks}, {"base_model", s.base_model.string()}};
+}
+
+static std::vector<std::string> SplitCommas(std::string_view text) {
+  std::vector<std::string> parts;
+  while (!text.empty()) {
+    const size_t comma = text.find(',');
+    parts.emplace_back(text.substr(0, comma));
+    text = comma == std::string_view::npos ? std::string_view() : text.substr(comma + 1);
+  }
+  return parts;
+}
+
+Result<models::LoraConfig> LoraConfigOf(const Scenario& s) {
+  models::LoraConfig lora;
+  lora.rank = int(s.lora_rank);
+  lora.alpha = s.lora_alpha;
+  lora.dropout = s.lora_dropout;
+  lora.target_modules = SplitCommas(s.lora_targets);
+  lora.base_model_name_or_path = s.base_model.empty() ? s.model : s.base_model.string();
+  ESTUARY_RETURN_IF_ERROR(lora.Validate());
+  return lora;
 }
 
 static std::vector<std::string> ClientNames(uint32_t n) {
@@ -64,6 +90,12 @@ static client::TaskConfig TaskOf(const Scenario& s) {
   if (auto optimizer = client::ParseOptimizer(s.optimizer); optimizer.ok()) task.optimizer = *optimizer;
   task.seq_len = s.seq_len;
   task.max_local_steps = s.max_local_steps;
+  if (s.update_kind == "lora") {
+    task.update_kind = client::UpdateKind::kLora;
+    if (auto lora = LoraConfigOf(s); lora.ok()) task.lora.config = *lora;
+    task.lora.merge = s.lora_merge;
+    task.lora.mixed_ranks = !s.lora_site_ranks.empty();
+  }
   return task;
 }
 
@@ -81,6 +113,21 @@ static Result<std::vector<std::unique_ptr<client::Trainer>>> MakeTrainers(
   return trainers;
 }
 
+// --lora-site-ranks as numbers; empty when not given.
+static Result<std::vector<int>> SiteRanks(const Scenario& s) {
+  std::vector<int> ranks;
+  if (s.lora_site_ranks.empty()) return ranks;
+  for (const std::string& part : SplitCommas(s.lora_site_ranks)) {
+    char* end = nullptr;
+    const long rank = std::strtol(part.c_str(), &end, 10);
+    if (part.empty() || *end != '\0' || rank <= 0 || rank > 4096) {
+      return InvalidArgument("sim: --lora-site-ranks '{}': '{}' is not a rank in [1, 4096]", s.lora_site_ranks, part);
+    }
+    ranks.push_back(int(rank));
+  }
+  return ranks;
+}
+
 static Status CheckScenario(const Scenario& s) {
   if (s.clients == 0) return InvalidArgument("sim: --clients must be >= 1");
   if (!(s.per_round > 0)) return InvalidArgument("sim: --per-round {} must be > 0", s.per_round);
@@ -88,6 +135,23 @@ static Status CheckScenario(const Scenario& s) {
   if (s.threads == 0) return InvalidArgument("sim: --threads must be >= 1");
   ESTUARY_RETURN_IF_ERROR(client::ParseOptimizer(s.optimizer).status());
   ESTUARY_RETURN_IF_ERROR(client::ParseCompute(s.device, s.precision).status());
+  if (s.update_kind != "full" && s.update_kind != "lora") {
+    return InvalidArgument("sim: --update-kind '{}': expected full or lora", s.update_kind);
+  }
+  if (s.update_kind == "lora") {
+    if (!models::IsLanguageModel(s.model)) {
+      return InvalidArgument("sim: --update-kind lora needs a language model (llama-*), not '{}'", s.model);
+    }
+    ESTUARY_RETURN_IF_ERROR(LoraConfigOf(s).status());
+    ESTUARY_RETURN_IF_ERROR(aggregation::ParseLoraMergeRule(s.lora_merge).status());
+    ESTUARY_RETURN_IF_ERROR(SiteRanks(s).status());
+    if (!s.lora_site_ranks.empty() && s.lora_merge != "exact") {
+      return InvalidArgument("sim: --lora-site-ranks needs --lora-merge exact (only exact merges mixed ranks), not {}",
+                             s.lora_merge);
+    }
+  } else if (!s.base_model.empty()) {
+    return InvalidArgument("sim: --base-model is for --update-kind lora (a full federation starts from the seed)");
+  }
   return client::ValidateTask(TaskOf(s));
 }
 
@@ -126,16 +190,35 @@ static Result<Workload> TextWorkload(const Scenario& s) {
   ESTUARY_ASSIGN_OR_RETURN(auto sources, models::LoadFortunes(s.data_dir, {.test_fraction = 0.1,
                                                                            .seed = s.seed,
                                                                            .min_tokens = s.seq_len + 1}));
+  if (!s.topics.empty()) {
+    // The named topics, in the order given: client i holds topics[i].
+    std::vector<models::TextSource> chosen;
+    for (const std::string& topic : SplitCommas(s.topics)) {
+      auto it = std::find_if(sources.begin(), sources.end(), [&](const auto& source) { return source.name == topic; });
+      if (it == sources.end()) {
+        return InvalidArgument("sim: --topics: {} has no topic '{}' with enough text", s.data_dir.string(), topic);
+      }
+      chosen.push_back(std::move(*it));
+      sources.erase(it);
+    }
+    sources = std::move(chosen);
+    if (s.clients != sources.size()) {
+      return InvalidArgument("sim: --clients {} but --topics names {}", s.clients, sources.size());
+    }
+  }
   if (s.clients > sources.size()) {
     return InvalidArgument("sim: --clients {} but {} has {} topics with enough text; use --clients {} or fewer",
                            s.clients, s.data_dir.string(), sources.size(), sources.size());
   }
   ESTUARY_ASSIGN_OR_RETURN(const client::Compute compute, client::ParseCompute(s.device, s.precision));
+  ESTUARY_ASSIGN_OR_RETURN(const std::vector<int> site_ranks, SiteRanks(s));
   Workload w;
   for (uint32_t i = 0; i < s.clients; ++i) {
     w.names.push_back(sources[i].name);
-    w.trainers.push_back(std::make_unique<client::TextTrainer>(
-        std::make_shared<const std::vector<int32_t>>(std::move(sources[i].train)), compute));
+    auto trainer = std::make_unique<client::TextTrainer>(
+        std::make_shared<const std::vector<int32_t>>(std::move(sources[i].train)), compute);
+    if (!site_ranks.empty()) trainer->set_lora_rank(site_ranks[i % site_ranks.size()]);
+    w.trainers.push_back(std::move(trainer));
   }
   return w;
 }
@@ -149,22 +232,46 @@ static Result<Workload> ClientsOf(const Scenario& s) {
 // (models/federated_model.h).
 static Result<Workload> MakeWorkload(const Scenario& s) {
   ESTUARY_ASSIGN_OR_RETURN(Workload w, ClientsOf(s));
-  ESTUARY_ASSIGN_OR_RETURN(models::InitialWeights initial, models::InitialModel(s.model, s.seed));
-  w.manifest = std::move(initial.manifest);
-  w.global = std::move(initial.values);
   ESTUARY_ASSIGN_OR_RETURN(w.evaluator, models::MakeEvaluator(s.model, s.data_dir,
                                                               {.threads = int(s.threads),
                                                                .seq_len = int(s.seq_len),
                                                                .max_windows = s.eval_windows,
                                                                .seed = s.seed}));
+  if (s.update_kind == "lora") {
+    ESTUARY_ASSIGN_OR_RETURN(const models::LoraConfig lora, LoraConfigOf(s));
+    ESTUARY_ASSIGN_OR_RETURN(models::InitialWeights initial,
+                             models::LoraInitialModel(s.model, lora, s.seed, s.base_model));
+    ESTUARY_ASSIGN_OR_RETURN(const models::LlamaConfig config, models::LlamaPreset(s.model));
+    ESTUARY_ASSIGN_OR_RETURN(models::LoraGlobalLayout layout, models::MakeLoraGlobalLayout(config, lora));
+    w.manifest = std::move(initial.manifest);
+    w.global = std::move(initial.values);
+    w.evaluator = models::MakeLoraEvaluator(std::move(w.evaluator), std::move(layout), lora.alpha);
+    return w;
+  }
+  ESTUARY_ASSIGN_OR_RETURN(models::InitialWeights initial, models::InitialModel(s.model, s.seed));
+  w.manifest = std::move(initial.manifest);
+  w.global = std::move(initial.values);
   return w;
 }
 
-Result<Report> RunInproc(const Scenario& s, const RoundCallback& on_round) {
+static Result<std::unique_ptr<aggregation::Strategy>> StrategyOf(const Scenario& s) {
+  if (s.update_kind != "lora") return aggregation::MakeStrategy(s.strategy);
+  ESTUARY_ASSIGN_OR_RETURN(const models::LoraConfig lora, LoraConfigOf(s));
+  ESTUARY_ASSIGN_OR_RETURN(const models::LlamaConfig config, models::LlamaPreset(s.model));
+  aggregation::LoraStrategyOptions options;
+  ESTUARY_ASSIGN_OR_RETURN(options.layout, models::MakeLoraGlobalLayout(config, lora));
+  ESTUARY_ASSIGN_OR_RETURN(options.merge.rule, aggregation::ParseLoraMergeRule(s.lora_merge));
+  options.merge.rank = size_t(lora.rank);
+  options.merge.alpha = lora.alpha;
+  options.mixed_ranks = !s.lora_site_ranks.empty();
+  return aggregation::LoraStrategy::Make(std::move(options));
+}
+
+Result<Report> RunInproc(const Scenario& s, const RoundCallback& on_round, std::vector<float>* final_global) {
   ESTUARY_RETURN_IF_ERROR(CheckScenario(s));
   const auto start = Clock::now();
   ESTUARY_ASSIGN_OR_RETURN(Workload workload, MakeWorkload(s));
-  ESTUARY_ASSIGN_OR_RETURN(auto strategy, aggregation::MakeStrategy(s.strategy));
+  ESTUARY_ASSIGN_OR_RETURN(auto strategy, StrategyOf(s));
   const models::Manifest& manifest = workload.manifest;
   std::vector<float>& global = workload.global;
   const auto& names = workload.names;
@@ -200,7 +307,8 @@ Result<Report> RunInproc(const Scenario& s, const RoundCallback& on_round) {
     for (size_t i = 0; i < k; ++i) {
       if (!updates[i]->ok()) return updates[i]->status();
       const client::Update& update = updates[i]->value();
-      ESTUARY_RETURN_IF_ERROR(strategy->Fold(update.payload, double(update.num_examples)));
+      ESTUARY_RETURN_IF_ERROR(
+          strategy->FoldUpdate(selected[i], update.manifest, update.payload, double(update.num_examples)));
       ++row.updates_received;
       row.bytes_up += update.payload.size() * sizeof(float);
       row.bytes_down += manifest.byte_size();
@@ -208,7 +316,10 @@ Result<Report> RunInproc(const Scenario& s, const RoundCallback& on_round) {
       examples += double(update.num_examples);
     }
     updates.clear();
+    // The mean, as the server reports it: sites of other ranks upload more.
+    row.bytes_per_update = row.bytes_up / row.updates_received;
     ESTUARY_RETURN_IF_ERROR(strategy->Finish(global));
+    row.merge_bytes_down = strategy->changed_bytes();
     ESTUARY_ASSIGN_OR_RETURN(const models::EvalResult eval, workload.evaluator->Evaluate(global));
     row.train_loss = loss_sum / examples;
     row.test_accuracy = eval.accuracy;
@@ -220,6 +331,7 @@ Result<Report> RunInproc(const Scenario& s, const RoundCallback& on_round) {
   }
   report.total_seconds = Since(start);
   report.final_accuracy = report.rounds.back().test_accuracy;
+  if (final_global) *final_global = std::move(global);
   return report;
 }
 
@@ -264,9 +376,16 @@ Result<Report> RunLoopback(const Scenario& s, const RoundCallback& on_round) {
         "--seed", std::to_string(s.seed), "--strategy", s.strategy.name, "--server-lr",
         fmt::format("{}", s.strategy.server_lr), "--optimizer", s.optimizer, "--seq-len", std::to_string(s.seq_len),
         "--max-local-steps", std::to_string(s.max_local_steps), "--eval-windows", std::to_string(s.eval_windows),
+        "--update-kind", s.update_kind, "--lora-rank", std::to_string(s.lora_rank), "--lora-alpha",
+        fmt::format("{}", s.lora_alpha), "--lora-dropout", fmt::format("{}", s.lora_dropout), "--lora-targets",
+        s.lora_targets, "--lora-merge", s.lora_merge, "--lora-mixed-ranks", s.lora_site_ranks.empty() ? "false" : "true",
         "--exit-when-done", "true", "--log-level",
         // The server logs at this process's level, but never below info: its log file is the round's record.
         fmt::to_string(spdlog::level::to_string_view(std::min(spdlog::get_level(), spdlog::level::info)))};
+    if (!s.base_model.empty()) {
+      args.push_back("--base-model");
+      args.push_back(fs::absolute(s.base_model).string());
+    }
     const fs::path log = s.workdir / "server.log";
     // The server starts while this process loads its data and certificates.
     ESTUARY_RETURN_IF_ERROR(server.Spawn(binary, args, log));
@@ -337,6 +456,8 @@ Result<Report> RunLoopback(const Scenario& s, const RoundCallback& on_round) {
       row.seconds = closed.seconds();
       row.bytes_up = closed.bytes_up();
       row.bytes_down = closed.bytes_down();
+      row.bytes_per_update = closed.bytes_per_update();
+      row.merge_bytes_down = closed.merge_bytes_down();
       row.global_checksum = closed.model_checksum();
       report.rounds.push_back(row);
       if (on_round) on_round(row, s.rounds);

@@ -17,6 +17,7 @@
 
 #include "aggregation/strategy.h"
 #include "base/status.h"
+#include "models/lora.h"
 #include "simulations/report.h"
 
 namespace estuary::simulations {
@@ -32,6 +33,7 @@ struct Scenario {
   float weight_decay = 0;
   std::string model = "mlp";          // mlp | cnn | llama-tiny | llama-small | llama-124m
   std::string partition = "iid";      // images: iid | shards | dirichlet:ALPHA; text: topic
+  std::string topics;                 // text: comma-separated topics the clients hold (empty: the first `clients`)
   std::string optimizer = "sgd";      // local optimizer: sgd | adamw
   uint32_t seq_len = 128;             // language models: tokens per window
   uint32_t max_local_steps = 0;       // 0: every batch of every epoch
@@ -39,6 +41,18 @@ struct Scenario {
   std::string device = "cpu";         // where the clients train: cpu | cuda | cuda:N
   std::string precision = "fp32";     // fp32 | bf16 | fp16 (cuda only)
   aggregation::StrategyOptions strategy;
+  // What clients send: "full" (the weight delta) or "lora" (adapter factors
+  // on a language model; the strategy is then the LoRA merge, lora_merge).
+  std::string update_kind = "full";
+  uint32_t lora_rank = 8;
+  float lora_alpha = 16;
+  float lora_dropout = 0;
+  std::string lora_targets = "q_proj,k_proj,v_proj,o_proj";  // comma-separated
+  std::string lora_merge = "exact";                          // naive | exact | frozen-a
+  // exact only: the sites' own ranks, comma-separated, client i taking entry
+  // i mod n (e.g. "4,8,16"); empty: every site trains lora_rank.
+  std::string lora_site_ranks;
+  std::filesystem::path base_model;  // lora: the base's safetensors; empty: the preset from the seed
   uint64_t seed = 2017;
   std::string mode = "inproc";
   std::filesystem::path data_dir = "data/mnist";  // text models: a fortunes directory
@@ -52,10 +66,16 @@ struct Scenario {
 
 nlohmann::json ScenarioJson(const Scenario& scenario);
 
+// The scenario's LoRA config (rank, alpha, dropout, targets), validated.
+Result<models::LoraConfig> LoraConfigOf(const Scenario& scenario);
+
 // Called after every round, on the thread that runs the simulation.
 using RoundCallback = std::function<void(const RoundReport&, uint64_t rounds_total)>;
 
-Result<Report> RunInproc(const Scenario& scenario, const RoundCallback& on_round);
+// With final_global, the global model after the last round is written there
+// (for a lora federation: base, then adapter; models/lora_federation.h).
+Result<Report> RunInproc(const Scenario& scenario, const RoundCallback& on_round,
+                         std::vector<float>* final_global = nullptr);
 Result<Report> RunLoopback(const Scenario& scenario, const RoundCallback& on_round);
 
 }  // namespace estuary::simulations

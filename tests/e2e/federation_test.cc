@@ -10,6 +10,10 @@
 
 #include "crypto/certs.h"
 #include "models/checkpoint.h"
+#include "models/federated_model.h"
+#include "models/language_model.h"
+#include "models/lora_federation.h"
+#include "proto/wire.h"
 #include "server/store.h"
 #include "simulations/server_process.h"
 #include "tests/e2e/federation.h"
@@ -71,6 +75,11 @@ TEST(Federation, TwoSitesTrainTwoRoundsAndTheOperatorReadsTheLog) {
   ASSERT_EQ(show.exit_code, 0) << show.output;
   EXPECT_NE(show.output.find("site-a"), std::string::npos) << show.output;
   EXPECT_NE(show.output.find((*rounds)[0].global_checksum), std::string::npos) << show.output;
+  // The operator sees what one update cost.
+  EXPECT_NE(show.output.find(fmt::format("update kind full (fedavg): {} bytes per update",
+                                         (*rounds)[0].bytes_up / (*rounds)[0].updates_received)),
+            std::string::npos)
+      << show.output;
   auto clients = RunCommand(fmt::format("{} clients --db {}", server_bin, f.db().string()));
   ASSERT_EQ(clients.exit_code, 0) << clients.output;
   EXPECT_NE(clients.output.find("site-b"), std::string::npos);
@@ -338,6 +347,205 @@ TEST(Federation, UploadViolationsAreRejectedAndTheRoundCarriesOn) {
   for (size_t i = 0; i < n; ++i) max_change = std::max(max_change, std::abs(checkpoint->data[i] - global[i]));
   EXPECT_GT(max_change, 0.0f);
   EXPECT_LT(max_change, 10.0f);
+}
+
+// A rank-r adapter on q, k, v, o with alpha 16, as the tests' federations train.
+models::LoraConfig LoraOf(int rank) {
+  models::LoraConfig lora;
+  lora.rank = rank;
+  lora.alpha = 16;
+  return lora;
+}
+
+// A lora federation with the real binaries: a text site trains and uploads
+// its adapter factors; a site whose adapters have another rank, and one that
+// sends a full delta, are refused with one line naming site, module and
+// field, and neither reaches the aggregate.
+TEST(Federation, ALoraFederationRefusesUploadsThatDoNotFitItsAdapters) {
+  Federation f;
+  for (const char* name : {"library", "site-rank", "site-full"}) f.Issue(name);
+  const fs::path text = f.dir() / "text";
+  fs::create_directories(text);
+  {
+    std::ofstream out(text / "proverbs");
+    for (int i = 0; i < 200; ++i) out << "a stitch in time saves nine, number " << i << "\n%\n";
+  }
+  const uint16_t port = f.StartServer(
+      1, 3, {"--model", "llama-tiny", "--eval-data", text.string(), "--optimizer", "adamw", "--lr", "0.003", "--batch",
+             "4", "--seq-len", "32", "--max-local-steps", "3", "--eval-windows", "8", "--update-kind", "lora",
+             "--lora-rank", "8", "--lora-alpha", "16", "--lora-merge", "exact"});
+  ASSERT_NE(port, 0) << f.ServerLog();
+  std::map<std::string, std::unique_ptr<RawClient>> raw;
+  for (const char* name : {"site-rank", "site-full"}) {
+    auto client = RawClient::Connect(port, f.Files(name));
+    ASSERT_TRUE(client.ok()) << client.status().ToString();
+    ASSERT_TRUE((*client)->Handshake().ok());
+    raw[name] = std::move(client).value();
+  }
+  auto good = f.StartClient("library", port, text);
+  std::vector<float> global;
+  auto start = raw["site-rank"]->AwaitRound(&global);
+  ASSERT_TRUE(start.ok()) << start.status().ToString();
+  auto full_start = raw["site-full"]->AwaitRound(&global);
+  ASSERT_TRUE(full_start.ok());
+  EXPECT_EQ(start->task().update_kind(), v1::UPDATE_LORA);
+  EXPECT_EQ(start->task().lora().rank(), 8u);
+  auto config = models::LlamaPreset("llama-tiny");
+  ASSERT_TRUE(config.ok());
+  auto layout = models::MakeLoraGlobalLayout(*config, LoraOf(8));
+  ASSERT_TRUE(layout.ok());
+  ASSERT_EQ(global.size(), layout->global.total_elements);  // base + adapter travel as one model
+
+  {  // Rank-4 adapters where the federation trains rank 8.
+    auto rank4 = models::MakeLoraGlobalLayout(*config, LoraOf(4));
+    ASSERT_TRUE(rank4.ok());
+    v1::Envelope envelope;
+    auto* begin = envelope.mutable_update_begin();
+    begin->set_round(start->round());
+    begin->set_kind(v1::UPDATE_LORA);
+    begin->set_num_examples(100000);
+    begin->set_train_loss(1.0);
+    *begin->mutable_manifest() = proto::ToProto(rank4->adapter);
+    auto& c = *raw["site-rank"];
+    ASSERT_TRUE(c.Send(envelope).ok());
+    auto reply = c.Receive();
+    ASSERT_TRUE(reply.ok() && reply->has_error()) << reply.status().ToString();
+    EXPECT_EQ(reply->error().code(), v1::Error::BAD_MESSAGE);
+    EXPECT_EQ(reply->error().message(),
+              "lora update from site-rank: module base_model.model.model.layers.0.self_attn.q_proj: lora_A rank 4, "
+              "the federation's is 8");
+    EXPECT_TRUE(c.Closed());
+  }
+  {  // A full delta in a lora federation.
+    auto& c = *raw["site-full"];
+    ASSERT_TRUE(c.Send(MakeUpdateBegin(*full_start, std::vector<float>(global.size(), 1e6f), 100000)).ok());
+    auto reply = c.Receive();
+    ASSERT_TRUE(reply.ok() && reply->has_error());
+    EXPECT_EQ(reply->error().message(), "update kind full from site-full, but this federation takes lora");
+    EXPECT_TRUE(c.Closed());
+  }
+  EXPECT_EQ(good->Wait(), 0) << f.ClientLog("library");
+  ASSERT_EQ(f.WaitServer(), 0) << f.ServerLog();
+
+  auto store = f.OpenStore();
+  ASSERT_TRUE(store);
+  auto round = store->GetRound(1);
+  ASSERT_TRUE(round.ok() && round->has_value());
+  EXPECT_EQ((*round)->state, server::RoundState::kCommitted);
+  EXPECT_EQ((*round)->updates_received, 1u);
+  const uint64_t adapter_bytes = layout->adapter.byte_size();
+  EXPECT_EQ((*round)->bytes_up, adapter_bytes);
+  EXPECT_NE((*round)->detail.find(fmt::format("update kind lora (lora-exact): {} bytes per update", adapter_bytes)),
+            std::string::npos)
+      << (*round)->detail;
+  auto p = ParticipationsByName(*store, 1);
+  EXPECT_EQ(p["library"].status, "committed");
+  EXPECT_EQ(p["library"].bytes_up, adapter_bytes);
+  EXPECT_EQ(p["site-rank"].status, "rejected");
+  EXPECT_NE(p["site-rank"].detail.find("lora_A rank 4"), std::string::npos) << p["site-rank"].detail;
+  EXPECT_EQ(p["site-full"].status, "rejected");
+
+  // One rank-8 site under exact: nothing to truncate, so the base is kept bit
+  // for bit and only the adapter moved.
+  auto path = store->CheckpointFor(1);
+  ASSERT_TRUE(path.ok() && path->has_value());
+  auto checkpoint = models::LoadCheckpoint(**path);
+  ASSERT_TRUE(checkpoint.ok());
+  ASSERT_EQ(checkpoint->data.size(), global.size());
+  const size_t base = layout->base.total_elements;
+  EXPECT_TRUE(std::equal(global.begin(), global.begin() + base, checkpoint->data.begin()));
+  EXPECT_FALSE(std::equal(global.begin() + base, global.end(), checkpoint->data.begin() + base));
+  for (float v : checkpoint->data) ASSERT_LT(std::abs(v), 100.0f);  // nothing of the 1e6 delta
+}
+
+// A lora federation's configuration: each mistake is one line naming the key
+// (or the base model's file and tensor), and the server does not start.
+TEST(Federation, BadLoraConfigurationGetsOneLineNamingTheKey) {
+  Federation f;
+  const std::string server = BinaryPath("estuary-server").string();
+  const std::string common = fmt::format("{} serve --listen 127.0.0.1:0 --cert {} --key {} --ca {} --db {}", server,
+                                         f.Files("server").cert.string(), f.Files("server").key.string(),
+                                         f.Files("server").ca.string(), (f.dir() / "x.db").string());
+  // A base checkpoint of another size: llama-small's tensors under llama-tiny's names.
+  const fs::path wrong_base = f.dir() / "small.safetensors";
+  auto small = models::InitialModel("llama-small", 1);
+  ASSERT_TRUE(small.ok());
+  ASSERT_TRUE(models::SaveCheckpoint(wrong_base, small->manifest, small->values).ok());
+  const std::pair<std::string, std::string> cases[] = {
+      {"--model mlp --update-kind lora", "update_kind = lora needs a language model (llama-*), not 'mlp'"},
+      {"--model llama-tiny --update-kind lora --lora-merge median", "lora_merge = 'median'"},
+      {"--model llama-tiny --update-kind lora --lora-merge naive --lora-mixed-ranks true",
+       "mixed ranks need the exact merge"},
+      {"--model llama-tiny --update-kind lora --lora-targets q_proj,qkv", "target module 'qkv'"},
+      {"--model llama-tiny --update-kind lora --lora-rank 0", "r is 0"},
+      {"--model llama-tiny --update-kind delta", "--update-kind 'delta'"},
+      {"--model llama-tiny --base-model " + wrong_base.string(), "only a lora federation starts from a base model"},
+      {"--model llama-tiny --update-kind lora --base-model " + wrong_base.string(),
+       wrong_base.string() + ": tensor model.embed_tokens.weight is f32 [256, 384], the model wants f32 [256, 128]"},
+  };
+  for (const auto& [flags, expected] : cases) {
+    auto r = RunCommand(common + " " + flags);
+    EXPECT_NE(r.exit_code, 0) << flags;
+    EXPECT_NE(r.output.find(expected), std::string::npos) << flags << ": " << r.output;
+    EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << flags << ": " << r.output;
+  }
+}
+
+// Sites that keep the global model they trained from get, after round 1,
+// only the tensors that changed, patch them into the model they hold and
+// check the whole buffer's checksum: under naive the adapter; under exact
+// also the q/k/v/o weights the residual was folded into; under frozen-a the
+// B factors alone.
+TEST(Federation, LoraSitesDownloadOnlyTheTensorsThatChanged) {
+  auto config = models::LlamaPreset("llama-tiny");
+  ASSERT_TRUE(config.ok());
+  auto layout = models::MakeLoraGlobalLayout(*config, LoraOf(8));
+  ASSERT_TRUE(layout.ok());
+  const uint64_t full = layout->global.byte_size(), adapter = layout->adapter.byte_size();
+  uint64_t adapted = 0;  // the base weights under the adapters
+  for (const auto& spec : layout->base.tensors) {
+    for (const char* m : {"q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight"}) {
+      if (spec.name.ends_with(m)) adapted += spec.numel() * sizeof(float);
+    }
+  }
+  EXPECT_EQ(adapted, 786432u);
+  const uint64_t b_only = models::LoraUploadManifest(layout->adapter, true).byte_size();
+  for (const std::string merge : {"naive", "exact", "frozen-a"}) {
+    Federation f;
+    f.Issue("site-a");
+    f.Issue("site-b");
+    const fs::path text = f.dir() / "text";
+    fs::create_directories(text);
+    {
+      std::ofstream out(text / "proverbs");
+      for (int i = 0; i < 200; ++i) out << "a stitch in time saves nine, number " << i << "\n%\n";
+    }
+    const uint16_t port = f.StartServer(
+        3, 2, {"--model", "llama-tiny", "--eval-data", text.string(), "--optimizer", "adamw", "--lr", "0.003",
+               "--batch", "4", "--seq-len", "32", "--max-local-steps", "2", "--eval-windows", "4", "--update-kind",
+               "lora", "--lora-rank", "8", "--lora-alpha", "16", "--lora-merge", merge});
+    ASSERT_NE(port, 0) << f.ServerLog();
+    auto a = f.StartClient("site-a", port, text);
+    auto b = f.StartClient("site-b", port, text);
+    EXPECT_EQ(a->Wait(), 0) << f.ClientLog("site-a");
+    EXPECT_EQ(b->Wait(), 0) << f.ClientLog("site-b");
+    ASSERT_EQ(f.WaitServer(), 0) << f.ServerLog();
+    auto store = f.OpenStore();
+    ASSERT_TRUE(store);
+    auto rounds = store->Rounds();
+    ASSERT_TRUE(rounds.ok());
+    ASSERT_EQ(rounds->size(), 3u) << merge;
+    EXPECT_EQ((*rounds)[0].bytes_down, 2 * full) << merge;
+    for (size_t r = 1; r < 3; ++r) {
+      EXPECT_EQ((*rounds)[r].state, server::RoundState::kCommitted) << merge;
+      EXPECT_EQ((*rounds)[r].updates_received, 2u) << merge << " round " << r + 1;
+      // Two rank-8 sites: exact's K = 16 > 8 leaves a residual in the base every round.
+      // Frozen-a: A never changes, so only the B factors travel.
+      const uint64_t per_site = merge == "naive" ? adapter : merge == "exact" ? adapter + adapted : b_only;
+      EXPECT_EQ((*rounds)[r].bytes_down, 2 * per_site) << merge << " round " << r + 1;
+      EXPECT_LT((*rounds)[r].bytes_down, full) << merge;
+    }
+  }
 }
 
 TEST(Federation, ARestartedServerResumesAfterTheLastCommittedRound) {

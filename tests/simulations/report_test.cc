@@ -29,6 +29,8 @@ RoundReport MakeRound(uint64_t round, double accuracy) {
   r.seconds = 1.25 * double(round);
   r.bytes_up = 3'000'000'000ull + round;  // past 32 bits on purpose
   r.bytes_down = 1536 * round;
+  r.bytes_per_update = 333'333'333ull + round;
+  r.merge_bytes_down = 4096 * round;
   r.global_checksum = fmt::format("{:064x}", round * 0x9e3779b97f4a7c15ull);
   return r;
 }
@@ -104,7 +106,8 @@ TEST(simulations_report_json, HasExactlyTheDocumentedKeys) {
     for (const auto& [key, value] : round.items()) keys.insert(key);
     EXPECT_EQ(keys, (std::set<std::string>{"round", "clients_selected", "updates_received",
                                            "test_accuracy", "test_loss", "train_loss", "seconds",
-                                           "bytes_up", "bytes_down", "global_checksum"}));
+                                           "bytes_up", "bytes_down", "bytes_per_update", "merge_bytes_down",
+                                           "global_checksum"}));
   }
   EXPECT_EQ(j["rounds"][2]["round"], 3);
   EXPECT_EQ(j["rounds"][0]["bytes_up"].get<uint64_t>(), 3'000'000'001ull);

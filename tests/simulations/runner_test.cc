@@ -2,9 +2,19 @@
 // in process, and agreement between the in-process and loopback modes.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <fstream>
+#include <map>
 
+#include "aggregation/lora_merge.h"
+#include "aggregation/sampling.h"
 #include "client/compute.h"
+#include "client/text_trainer.h"
+#include "crypto/sha256.h"
+#include "models/language_model.h"
+#include "models/lora_federation.h"
+#include "models/text_corpus.h"
+#include "simulations/lora_fortunes.h"
 #include "simulations/runner.h"
 #include "tests/e2e/harness.h"
 
@@ -234,6 +244,360 @@ TEST(TextSimulation, BadScenariosNameTheProblem) {
   r = RunInproc(long_windows, nullptr);
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("4096"), std::string::npos) << r.status().message();
+}
+
+// ---- LoRA: adapters on the wire, merged by the strategy ---------------------
+
+Scenario Lora(const std::filesystem::path& data, const std::string& merge) {
+  Scenario s = Text(data);
+  s.update_kind = "lora";
+  s.lora_rank = 4;
+  s.lora_alpha = 8;
+  s.lora_merge = merge;
+  s.per_round = 3;  // every topic every round
+  s.lr = 1e-2f;
+  return s;
+}
+
+// The simulator's round against one computed here by hand from the same
+// sites: the same initial model and trainers, their adapters merged by
+// MergeLoraUpdates, the merged factors written over the global adapter and the
+// residuals added to the base weights. Bit for bit.
+TEST(LoraSimulation, TheInprocGlobalIsMergeLoraUpdatesOfTheSitesAdapters) {
+  testing::TempDir dir;
+  Scenario s = Lora(WriteTopics(dir), "exact");
+  s.rounds = 1;
+  auto run = RunInproc(s, nullptr);
+  ASSERT_TRUE(run.ok()) << run.status().ToString();
+  ASSERT_EQ(run->rounds.size(), 1u);
+
+  auto lora = LoraConfigOf(s);
+  ASSERT_TRUE(lora.ok());
+  auto initial = models::LoraInitialModel(s.model, *lora, s.seed, {});
+  ASSERT_TRUE(initial.ok()) << initial.status().ToString();
+  auto sources = models::LoadFortunes(s.data_dir, {.test_fraction = 0.1, .seed = s.seed, .min_tokens = s.seq_len + 1});
+  ASSERT_TRUE(sources.ok());
+  client::TaskConfig task;
+  task.model = s.model;
+  task.epochs = s.epochs;
+  task.batch_size = s.batch;
+  task.learning_rate = s.lr;
+  task.seed = s.seed;
+  task.optimizer = client::OptimizerKind::kAdamW;
+  task.seq_len = s.seq_len;
+  task.max_local_steps = s.max_local_steps;
+  task.update_kind = client::UpdateKind::kLora;
+  task.lora.config = *lora;
+  task.lora.merge = "exact";
+  std::map<std::string, std::vector<int32_t>> text;
+  std::vector<std::string> names;
+  for (auto& source : *sources) {
+    names.push_back(source.name);
+    text[source.name] = source.train;
+  }
+  const auto order = aggregation::SampleClients(names, names.size(), s.seed, 1);
+  std::vector<aggregation::LoraUpdate> updates;
+  std::vector<double> weights;
+  for (const std::string& name : order) {
+    client::TextTrainer trainer(std::make_shared<const std::vector<int32_t>>(text[name]));
+    auto update = trainer.Train(initial->values, initial->manifest, task, 1, name);
+    ASSERT_TRUE(update.ok()) << update.status().ToString();
+    EXPECT_EQ(update->kind, client::UpdateKind::kLora);
+    EXPECT_EQ(run->rounds[0].bytes_per_update, update->payload.size() * sizeof(float));
+    aggregation::LoraUpdate parsed;
+    for (const auto& spec : update->manifest.tensors) {
+      EXPECT_TRUE(spec.name.starts_with("base_model.model.model.layers.")) << spec.name;  // PEFT's names
+      auto& adapter = parsed.modules[models::LoraModuleOf(spec.name)];
+      adapter.alpha = s.lora_alpha;
+      const float* v = update->payload.data() + spec.offset;
+      if (models::IsLoraA(spec.name)) {
+        adapter.rank = size_t(spec.shape[0]), adapter.in = size_t(spec.shape[1]);
+        adapter.a.assign(v, v + spec.numel());
+      } else {
+        adapter.out = size_t(spec.shape[0]);
+        adapter.b.assign(v, v + spec.numel());
+      }
+    }
+    updates.push_back(std::move(parsed));
+    weights.push_back(double(update->num_examples));
+  }
+  auto merged = aggregation::MergeLoraUpdates(
+      updates, weights, {.rule = aggregation::LoraMergeRule::kExact, .rank = 4, .alpha = s.lora_alpha});
+  ASSERT_TRUE(merged.ok()) << merged.status().ToString();
+  EXPECT_GT(merged->residual_bytes, 0u);  // three rank-4 adapters: the residual is folded into the base
+  EXPECT_EQ(run->rounds[0].merge_bytes_down, merged->adapter_bytes + merged->residual_bytes);
+  std::vector<float> expected = initial->values;
+  for (const auto& spec : initial->manifest.tensors) {
+    const std::string module = models::LoraModuleOf(spec.name);
+    if (module.empty()) continue;
+    const auto& m = merged->modules.at(module);
+    const auto& factor = models::IsLoraA(spec.name) ? m.adapter.a : m.adapter.b;
+    ASSERT_EQ(factor.size(), spec.numel());
+    std::copy(factor.begin(), factor.end(), expected.begin() + spec.offset);
+    if (models::IsLoraA(spec.name) && !m.residual.empty()) {
+      const auto* w = initial->manifest.Find(module.substr(std::string("base_model.model.").size()) + ".weight");
+      ASSERT_NE(w, nullptr);
+      for (size_t i = 0; i < m.residual.size(); ++i) expected[w->offset + i] += m.residual[i];
+    }
+  }
+  EXPECT_EQ(crypto::Sha256Hex(expected.data(), expected.size() * sizeof(float)), run->rounds[0].global_checksum);
+}
+
+TEST(LoraSimulation, AdaptersAreAFractionOfAFullUpdateAndLearn) {
+  testing::TempDir dir;
+  const auto data = WriteTopics(dir);
+  Scenario full = Text(data);
+  full.rounds = 1;
+  auto full_run = RunInproc(full, nullptr);
+  ASSERT_TRUE(full_run.ok()) << full_run.status().ToString();
+  const uint64_t full_bytes = full_run->rounds[0].bytes_per_update;
+  EXPECT_EQ(full_run->rounds[0].merge_bytes_down, 0u);  // a full round changes the whole model
+  for (const char* merge : {"naive", "exact", "frozen-a"}) {
+    Scenario s = Lora(data, merge);
+    auto run = RunInproc(s, nullptr);
+    ASSERT_TRUE(run.ok()) << merge << ": " << run.status().ToString();
+    ASSERT_EQ(run->rounds.size(), 3u);
+    const uint64_t lora_bytes = run->rounds[0].bytes_per_update;
+    // llama-tiny, rank 4 on q, k, v, o: 4 layers x (4 x 128 + 4 x (128 + 64 + 64 + 128)) floats = 3 % of a delta.
+    EXPECT_LT(lora_bytes * 20, full_bytes) << merge;
+    EXPECT_GT(lora_bytes, 0u);
+    if (std::string(merge) == "frozen-a") {
+      EXPECT_LT(lora_bytes, 4u * 4 * 4 * (128 + 64 + 64 + 128) + 1) << "frozen-a sends B alone";
+    }
+    // From ln(256) at the base, the adapted model's held-out loss falls.
+    EXPECT_LT(run->rounds[2].test_loss, run->rounds[0].test_loss) << merge;
+    EXPECT_GT(run->rounds[0].merge_bytes_down, 0u);
+  }
+}
+
+// The real server and TLS connections: the server validates, stages and
+// merges the same adapters, so the rounds agree with the in-process run.
+TEST(LoraSimulation, LoopbackAgreesWithInproc) {
+  testing::TempDir dir;
+  Scenario s = Lora(WriteTopics(dir), "exact");
+  s.rounds = 2;
+  s.workdir = dir / "run";
+  s.server_binary = testing::BinaryPath("estuary-server");
+  auto inproc = RunInproc(s, nullptr);
+  ASSERT_TRUE(inproc.ok()) << inproc.status().ToString();
+  s.mode = "loopback";
+  auto loopback = RunLoopback(s, nullptr);
+  ASSERT_TRUE(loopback.ok()) << loopback.status().ToString();
+  ASSERT_EQ(loopback->rounds.size(), inproc->rounds.size());
+  for (size_t r = 0; r < inproc->rounds.size(); ++r) {
+    EXPECT_EQ(loopback->rounds[r].updates_received, 3u);
+    EXPECT_EQ(loopback->rounds[r].bytes_per_update, inproc->rounds[r].bytes_per_update);
+    EXPECT_EQ(loopback->rounds[r].merge_bytes_down, inproc->rounds[r].merge_bytes_down);
+    EXPECT_NEAR(loopback->rounds[r].test_loss, inproc->rounds[r].test_loss, 1e-4 * inproc->rounds[r].test_loss)
+        << "round " << r + 1;
+  }
+}
+
+TEST(LoraSimulation, BadLoraScenariosNameTheProblem) {
+  testing::TempDir dir;
+  const auto data = WriteTopics(dir);
+  Scenario s = Lora(data, "median");
+  auto r = RunInproc(s, nullptr);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("median"), std::string::npos) << r.status().message();
+  s = Lora(data, "exact");
+  s.lora_targets = "q_proj,qkv";
+  r = RunInproc(s, nullptr);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("'qkv'"), std::string::npos) << r.status().message();
+  s = Lora(data, "exact");
+  s.model = "mlp";
+  r = RunInproc(s, nullptr);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("needs a language model"), std::string::npos) << r.status().message();
+}
+
+// The lora-fortunes study end to end on the synthetic topics: a base
+// pretrained on one topic, two sites fine-tuning theirs under each rule,
+// against centralised LoRA; every fine-tuned model beats the base on every
+// site's held-out text, and the rules' bytes are as configured.
+TEST(LoraSimulation, TheLoraFortunesStudyReportsEverySiteUnderEveryRule) {
+  testing::TempDir dir;
+  LoraFortunesOptions o;
+  o.data_dir = WriteTopics(dir);
+  o.topics = "cats,numbers";  // "plays" pretrains the base
+  o.seq_len = 32;
+  o.batch = 4;
+  o.pretrain_steps = 20;
+  o.rounds = 2;
+  o.local_steps = 4;
+  o.rank = 4;
+  o.alpha = 8;
+  o.eval_windows = 8;
+  o.workdir = dir / "study";
+  std::vector<std::string> said;
+  auto report = RunLoraFortunes(o, [&](const std::string& what) { said.push_back(what); });
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  EXPECT_TRUE(std::filesystem::exists(dir / "study" / "base.safetensors"));
+  EXPECT_TRUE(std::filesystem::exists(dir / "study" / "exact-adapter" / "adapter_config.json"));
+  EXPECT_EQ(report->central_steps, 2u * 2 * 4);
+  ASSERT_EQ(report->sites.size(), 2u);
+  for (const auto& site : report->sites) {
+    for (const char* rule : {"naive", "exact", "frozen-a", "central"}) {
+      ASSERT_TRUE(site.ppl.contains(rule)) << site.topic << " " << rule;
+      EXPECT_LT(site.ppl.at(rule), site.base_ppl) << site.topic << " " << rule;
+      EXPECT_GT(site.ppl.at(rule), 1.0) << site.topic << " " << rule;
+    }
+  }
+  ASSERT_EQ(report->runs.size(), 3u);
+  EXPECT_EQ(report->runs[0].bytes_per_update, report->runs[1].bytes_per_update);  // naive and exact: A and B
+  EXPECT_LT(report->runs[2].bytes_per_update, report->runs[0].bytes_per_update);  // frozen-a: B alone
+  EXPECT_GT(report->runs[1].merge_bytes_down, report->runs[0].merge_bytes_down);  // exact sends residuals back
+  const std::string table = RenderLoraFortunes(*report);
+  EXPECT_NE(table.find("| cats ("), std::string::npos) << table;
+  EXPECT_NE(table.find("centralised LoRA"), std::string::npos) << table;
+  // From the saved base: no pretraining, and the same figures bit for bit.
+  LoraFortunesOptions again = o;
+  again.base_model = dir / "study" / "base.safetensors";
+  again.workdir = dir / "again";
+  again.merges = {"exact"};
+  auto second = RunLoraFortunes(again, nullptr);
+  ASSERT_TRUE(second.ok()) << second.status().ToString();
+  EXPECT_EQ(second->pretrain_tokens, 0u);
+  EXPECT_GT(report->pretrain_tokens, 0u);
+  ASSERT_EQ(second->sites.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(second->sites[i].base_ppl, report->sites[i].base_ppl);
+    EXPECT_EQ(second->sites[i].ppl.at("exact"), report->sites[i].ppl.at("exact"));
+    EXPECT_EQ(second->sites[i].ppl.at("central"), report->sites[i].ppl.at("central"));
+  }
+  // A topic that is not there is named.
+  o.topics = "cats,poetry";
+  auto bad = RunLoraFortunes(o, nullptr);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("'poetry'"), std::string::npos) << bad.status().message();
+}
+
+// Sites of ranks 2, 4 and 8 in an exact federation of rank 4: a site of
+// another rank uploads its model as one stacked adapter of rank 4 + r_i, and
+// the merged global model is the weighted mean of the sites' models.
+TEST(LoraSimulation, SitesOfOtherRanksJoinAnExactFederation) {
+  testing::TempDir dir;
+  Scenario s = Lora(WriteTopics(dir), "exact");
+  s.lora_site_ranks = "2,4,8";
+  s.rounds = 1;
+  std::vector<float> g1, g2;
+  auto one = RunInproc(s, nullptr, &g1);
+  ASSERT_TRUE(one.ok()) << one.status().ToString();
+  s.rounds = 2;
+  auto two = RunInproc(s, nullptr, &g2);
+  ASSERT_TRUE(two.ok()) << two.status().ToString();
+  EXPECT_EQ(one->rounds[0].global_checksum, two->rounds[0].global_checksum);
+
+  auto lora = LoraConfigOf(s);
+  ASSERT_TRUE(lora.ok());
+  auto config = models::LlamaPreset(s.model);
+  ASSERT_TRUE(config.ok());
+  auto layout = models::MakeLoraGlobalLayout(*config, *lora);
+  ASSERT_TRUE(layout.ok());
+  auto initial = models::LoraInitialModel(s.model, *lora, s.seed, {});
+  ASSERT_TRUE(initial.ok());
+  ASSERT_EQ(g1.size(), initial->values.size());
+  auto sources = models::LoadFortunes(s.data_dir, {.test_fraction = 0.1, .seed = s.seed, .min_tokens = s.seq_len + 1});
+  ASSERT_TRUE(sources.ok());
+  client::TaskConfig task;
+  task.model = s.model;
+  task.epochs = s.epochs;
+  task.batch_size = s.batch;
+  task.learning_rate = s.lr;
+  task.seed = s.seed;
+  task.optimizer = client::OptimizerKind::kAdamW;
+  task.seq_len = s.seq_len;
+  task.max_local_steps = s.max_local_steps;
+  task.update_kind = client::UpdateKind::kLora;
+  task.lora.config = *lora;
+  task.lora.merge = "exact";
+  task.lora.mixed_ranks = true;
+
+  // Round 2 by hand from the global of round 1.
+  const size_t base_size = layout->base.total_elements;
+  const std::span<const float> g1_adapter = std::span<const float>(g1).subspan(base_size);
+  std::vector<double> mean(base_size, 0.0);
+  double total = 0;
+  const int ranks[] = {2, 4, 8};
+  for (size_t i = 0; i < sources->size(); ++i) {
+    const auto& source = (*sources)[i];
+    client::TextTrainer trainer(std::make_shared<const std::vector<int32_t>>(source.train));
+    trainer.set_lora_rank(ranks[i]);
+    auto update = trainer.Train(g1, initial->manifest, task, 2, source.name);
+    ASSERT_TRUE(update.ok()) << update.status().ToString();
+    const int64_t uploaded_rank = update->manifest.tensors[0].shape[0];
+    EXPECT_EQ(uploaded_rank, ranks[i] == 4 ? 4 : 4 + ranks[i]) << source.name;
+    // The site's model from its upload ...
+    std::vector<float> model(g1.begin(), g1.begin() + base_size);
+    ASSERT_TRUE(models::AddLoraToBase(layout->base, model, update->manifest, update->payload, lora->alpha).ok());
+    if (ranks[i] != 4) {
+      // ... equals the global adapted model plus its own rank-r_i adapter,
+      // read back out of the stack (rows 4.. of A, columns 4.. of B undone).
+      models::Manifest own;
+      std::vector<float> own_values;
+      const double unscale = (double(lora->alpha) / double(4 + ranks[i])) / (double(lora->alpha) / ranks[i]);
+      for (const auto& spec : update->manifest.tensors) {
+        models::TensorSpec o{spec.name, spec.shape, models::DType::kF32, own.total_elements};
+        const float* v = update->payload.data() + spec.offset;
+        if (models::IsLoraA(spec.name)) {
+          o.shape = {ranks[i], spec.shape[1]};
+          own_values.insert(own_values.end(), v + 4 * spec.shape[1], v + spec.numel());
+        } else {
+          o.shape = {spec.shape[0], ranks[i]};
+          for (int64_t r = 0; r < spec.shape[0]; ++r) {
+            for (int j = 4; j < 4 + ranks[i]; ++j) own_values.push_back(float(unscale * v[r * (4 + ranks[i]) + j]));
+          }
+        }
+        own.total_elements += o.numel();
+        own.tensors.push_back(o);
+      }
+      std::vector<float> direct(g1.begin(), g1.begin() + base_size);
+      ASSERT_TRUE(models::AddLoraToBase(layout->base, direct, layout->adapter, g1_adapter, lora->alpha).ok());
+      ASSERT_TRUE(models::AddLoraToBase(layout->base, direct, own, own_values, lora->alpha).ok());
+      double err = 0, norm = 0;
+      for (size_t j = 0; j < base_size; ++j) {
+        err += std::pow(double(direct[j]) - double(model[j]), 2);
+        norm += std::pow(double(direct[j]) - double(g1[j]), 2);
+      }
+      EXPECT_LT(std::sqrt(err / norm), 1e-5) << source.name;
+    }
+    const double w = double(update->num_examples);
+    for (size_t j = 0; j < base_size; ++j) mean[j] += w * double(model[j]);
+    total += w;
+  }
+  std::vector<float> merged(g2.begin(), g2.begin() + base_size);
+  ASSERT_TRUE(models::AddLoraToBase(layout->base, merged, layout->adapter, std::span<const float>(g2).subspan(base_size),
+                                    lora->alpha)
+                  .ok());
+  double err = 0, norm = 0;
+  for (size_t j = 0; j < base_size; ++j) {
+    const double want = mean[j] / total;
+    err += std::pow(double(merged[j]) - want, 2);
+    norm += std::pow(want - double(g1[j]), 2);
+  }
+  EXPECT_GT(norm, 0);
+  EXPECT_LT(std::sqrt(err / norm), 1e-5);
+
+  // Over TLS the server takes the stacked uploads too (--lora-mixed-ranks).
+  Scenario loop = s;
+  loop.mode = "loopback";
+  loop.workdir = dir / "run";
+  loop.server_binary = testing::BinaryPath("estuary-server");
+  auto loopback = RunLoopback(loop, nullptr);
+  ASSERT_TRUE(loopback.ok()) << loopback.status().ToString();
+  ASSERT_EQ(loopback->rounds.size(), 2u);
+  for (size_t r = 0; r < 2; ++r) {
+    EXPECT_EQ(loopback->rounds[r].updates_received, 3u);
+    EXPECT_NEAR(loopback->rounds[r].test_loss, two->rounds[r].test_loss, 1e-4 * two->rounds[r].test_loss);
+  }
+
+  // Mixed ranks are exact's alone.
+  s.lora_merge = "naive";
+  auto refused = RunInproc(s, nullptr);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("needs --lora-merge exact"), std::string::npos)
+      << refused.status().message();
 }
 
 }  // namespace

@@ -1,0 +1,279 @@
+#include "simulations/lora_fortunes.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <set>
+
+#include "client/text_trainer.h"
+#include "models/checkpoint.h"
+#include "models/language_model.h"
+#include "models/lora_federation.h"
+#include "models/text_corpus.h"
+#include "simulations/runner.h"
+
+namespace estuary::simulations {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double Since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+std::vector<std::string> Split(std::string_view text) {
+  std::vector<std::string> parts;
+  while (!text.empty()) {
+    const size_t comma = text.find(',');
+    parts.emplace_back(text.substr(0, comma));
+    text = comma == std::string_view::npos ? std::string_view() : text.substr(comma + 1);
+  }
+  return parts;
+}
+
+// Held-out perplexity per byte of `params` (a base decoder's weights) on a
+// site's test tokens: every window of seq_len, up to 4096 of them.
+Result<double> Perplexity(models::Llama& model, std::span<const float> params, std::span<const int32_t> tokens,
+                          int seq) {
+  ESTUARY_ASSIGN_OR_RETURN(const models::EvalResult eval, models::EvaluateLanguageModel(model, params, tokens, seq, 4096));
+  return std::exp(eval.loss);
+}
+
+// base + (alpha/r)·B·A of a LoRA global buffer.
+Result<std::vector<float>> Adapted(const models::LoraGlobalLayout& layout, std::span<const float> global, float alpha) {
+  std::vector<float> merged(global.begin(), global.begin() + layout.base.total_elements);
+  ESTUARY_RETURN_IF_ERROR(
+      models::AddLoraToBase(layout.base, merged, layout.adapter, global.subspan(layout.adapter_offset()), alpha));
+  return merged;
+}
+
+// An epoch count large enough that `steps` batches fit: the step cap ends the round.
+uint32_t EpochsFor(uint64_t steps, uint64_t windows, uint32_t batch) {
+  const uint64_t per_epoch = std::max<uint64_t>(1, (windows + batch - 1) / batch);
+  return uint32_t(std::min<uint64_t>(1000, steps / per_epoch + 1));
+}
+
+}  // namespace
+
+Result<LoraFortunesReport> RunLoraFortunes(const LoraFortunesOptions& o, const LoraFortunesProgress& progress) {
+  const auto start = Clock::now();
+  auto say = [&](const std::string& what) {
+    if (progress) progress(what);
+  };
+  LoraFortunesReport report;
+  report.options = {{"data", o.data_dir.string()}, {"topics", o.topics},         {"model", o.model},
+                    {"seq_len", o.seq_len},        {"batch", o.batch},           {"pretrain_steps", o.pretrain_steps},
+                    {"pretrain_lr", o.pretrain_lr}, {"rounds", o.rounds},        {"local_steps", o.local_steps},
+                    {"lr", o.lr},                  {"rank", o.rank},             {"alpha", o.alpha},
+                    {"targets", o.targets},        {"merges", o.merges},         {"seed", o.seed},
+                    {"base_model", o.base_model.string()}};
+  ESTUARY_ASSIGN_OR_RETURN(const models::LlamaConfig config, models::LlamaPreset(o.model));
+  if (config.vocab_size != models::ByteTokenizer::kVocabSize) {
+    return InvalidArgument("lora-fortunes: {} is not a byte-level model", o.model);
+  }
+  // The split the simulator's text workload makes (runner.cc), so the sites
+  // below train on exactly these train streams.
+  ESTUARY_ASSIGN_OR_RETURN(auto sources, models::LoadFortunes(o.data_dir, {.test_fraction = 0.1,
+                                                                           .seed = o.seed,
+                                                                           .min_tokens = o.seq_len + 1}));
+  const std::vector<std::string> topics = Split(o.topics);
+  const std::set<std::string> held(topics.begin(), topics.end());
+  if (held.size() != topics.size() || topics.empty()) {
+    return InvalidArgument("lora-fortunes: --topics '{}' must name distinct topics", o.topics);
+  }
+  std::vector<int32_t> pretrain;
+  std::map<std::string, const models::TextSource*> by_name;
+  for (const auto& source : sources) {
+    by_name[source.name] = &source;
+    if (!held.contains(source.name)) pretrain.insert(pretrain.end(), source.train.begin(), source.train.end());
+  }
+  for (const auto& topic : topics) {
+    if (!by_name.contains(topic)) {
+      return InvalidArgument("lora-fortunes: {} has no topic '{}' with enough text", o.data_dir.string(), topic);
+    }
+  }
+  if (o.base_model.empty() && pretrain.size() < size_t(o.seq_len + 1)) {
+    return InvalidArgument("lora-fortunes: the topics outside --topics hold {} tokens: nothing to pretrain on",
+                           pretrain.size());
+  }
+  std::error_code ec;
+  fs::create_directories(o.workdir, ec);
+  if (ec) return IoError("lora-fortunes: {}: {}", o.workdir.string(), ec.message());
+  ESTUARY_ASSIGN_OR_RETURN(models::InitialWeights initial, models::InitialModel(o.model, o.seed));
+  client::TaskConfig task;
+  task.model = o.model;
+  task.batch_size = o.batch;
+  task.seq_len = o.seq_len;
+  task.seed = o.seed;
+  task.optimizer = client::OptimizerKind::kAdamW;
+  std::vector<float> base;
+  fs::path base_path = o.base_model;
+  report.full_bytes_per_update = initial.values.size() * sizeof(float);
+  if (!o.base_model.empty()) {
+    ESTUARY_ASSIGN_OR_RETURN(base, models::LoadBaseWeights(o.base_model, config));
+    say(fmt::format("base loaded from {}", o.base_model.string()));
+  } else {
+    // 1. The base: the preset from the seed, trained centrally by the trainer a site runs.
+    report.pretrain_tokens = pretrain.size();
+    say(fmt::format("pretraining {} on {} bytes of the other topics for {} steps", o.model, pretrain.size(),
+                    o.pretrain_steps));
+    task.learning_rate = o.pretrain_lr;
+    task.max_local_steps = o.pretrain_steps;
+    task.epochs = EpochsFor(o.pretrain_steps, (pretrain.size() - 1) / o.seq_len, o.batch);
+    const size_t pretrain_tokens = pretrain.size();
+    client::TextTrainer pretrainer(std::make_shared<const std::vector<int32_t>>(std::move(pretrain)));
+    ESTUARY_ASSIGN_OR_RETURN(client::Update pretrained,
+                             pretrainer.Train(initial.values, initial.manifest, task, 0, "pretraining"));
+    base = initial.values;
+    for (size_t i = 0; i < base.size(); ++i) base[i] += pretrained.payload[i];
+    report.pretrain_loss = pretrained.train_loss;
+    base_path = o.workdir / "base.safetensors";
+    ESTUARY_RETURN_IF_ERROR(models::SaveCheckpoint(
+        base_path, initial.manifest, base,
+        {{"model", o.model}, {"pretrain_tokens", std::to_string(pretrain_tokens)},
+         {"pretrain_steps", std::to_string(o.pretrain_steps)}}));
+    say(fmt::format("base saved to {} (train loss {:.3f} nats/byte)", base_path.string(), pretrained.train_loss));
+  }
+
+  ESTUARY_ASSIGN_OR_RETURN(models::Llama scorer, models::Llama::Create(config, 8));
+  for (const auto& topic : topics) {
+    const models::TextSource& source = *by_name.at(topic);
+    LoraFortunesSite site;
+    site.topic = topic;
+    site.train_tokens = source.train.size();
+    site.test_tokens = source.test.size();
+    ESTUARY_ASSIGN_OR_RETURN(site.base_ppl, Perplexity(scorer, base, source.test, int(o.seq_len)));
+    report.sites.push_back(std::move(site));
+  }
+
+  // 2. One LoRA federation per merge rule, from the saved base.
+  Scenario s;
+  s.model = o.model;
+  s.partition = "topic";
+  s.topics = o.topics;
+  s.clients = uint32_t(topics.size());
+  s.per_round = double(topics.size());
+  s.rounds = o.rounds;
+  s.batch = o.batch;
+  s.seq_len = o.seq_len;
+  s.max_local_steps = o.local_steps;
+  s.lr = o.lr;
+  s.optimizer = "adamw";
+  s.update_kind = "lora";
+  s.lora_rank = o.rank;
+  s.lora_alpha = o.alpha;
+  s.lora_targets = o.targets;
+  s.base_model = base_path;
+  s.data_dir = o.data_dir;
+  s.eval_windows = o.eval_windows;
+  s.seed = o.seed;
+  s.threads = o.threads;
+  uint64_t fewest_windows = UINT64_MAX;
+  for (const auto& topic : topics) fewest_windows = std::min<uint64_t>(fewest_windows, (by_name.at(topic)->train.size() - 1) / o.seq_len);
+  s.epochs = EpochsFor(o.local_steps, fewest_windows, o.batch);
+  ESTUARY_ASSIGN_OR_RETURN(const models::LoraConfig lora, LoraConfigOf(s));
+  ESTUARY_ASSIGN_OR_RETURN(const models::LoraGlobalLayout layout, models::MakeLoraGlobalLayout(config, lora));
+  for (const std::string& merge : o.merges) {
+    s.lora_merge = merge;
+    say(fmt::format("federation: {} sites, {} rounds of {} local steps, rank {}, merge {}", topics.size(), o.rounds,
+                    o.local_steps, o.rank, merge));
+    std::vector<float> global;
+    ESTUARY_ASSIGN_OR_RETURN(Report run, RunInproc(s, nullptr, &global));
+    report.runs.push_back({.merge = merge,
+                           .bytes_per_update = run.rounds.back().bytes_per_update,
+                           .merge_bytes_down = run.rounds.back().merge_bytes_down,
+                           .seconds = run.total_seconds});
+    ESTUARY_ASSIGN_OR_RETURN(const std::vector<float> adapted, Adapted(layout, global, o.alpha));
+    for (auto& site : report.sites) {
+      ESTUARY_ASSIGN_OR_RETURN(site.ppl[merge], Perplexity(scorer, adapted, by_name.at(site.topic)->test, int(o.seq_len)));
+    }
+    if (merge == "exact") {
+      // The federation's adapter as PEFT saves it, beside the base it adapts.
+      ESTUARY_ASSIGN_OR_RETURN(models::Llama b, models::Llama::Create(config, 1));
+      std::copy(global.begin(), global.begin() + layout.base.total_elements, b.parameters().begin());
+      ESTUARY_ASSIGN_OR_RETURN(models::LoraLlama adapter, models::LoraLlama::Create(std::move(b), lora));
+      std::copy(global.begin() + layout.adapter_offset(), global.end(), adapter.parameters().begin());
+      ESTUARY_RETURN_IF_ERROR(models::SaveLoraAdapter(o.workdir / "exact-adapter", adapter));
+    }
+  }
+
+  // 3. Centralised LoRA on the pooled train text, the same number of steps.
+  std::vector<int32_t> pooled;
+  for (const auto& topic : topics) {
+    const auto& train = by_name.at(topic)->train;
+    pooled.insert(pooled.end(), train.begin(), train.end());
+  }
+  report.central_steps = uint64_t(o.rounds) * topics.size() * o.local_steps;
+  say(fmt::format("centralised LoRA: {} steps on the {} pooled bytes", report.central_steps, pooled.size()));
+  ESTUARY_ASSIGN_OR_RETURN(models::InitialWeights start_model, models::LoraInitialModel(o.model, lora, o.seed, base_path));
+  client::TaskConfig central = task;
+  central.learning_rate = o.lr;
+  central.update_kind = client::UpdateKind::kLora;
+  central.lora.config = lora;
+  central.lora.merge = "exact";
+  central.max_local_steps = uint32_t(report.central_steps);
+  central.epochs = EpochsFor(report.central_steps, (pooled.size() - 1) / o.seq_len, o.batch);
+  client::TextTrainer pooled_trainer(std::make_shared<const std::vector<int32_t>>(std::move(pooled)));
+  ESTUARY_ASSIGN_OR_RETURN(client::Update adapter,
+                           pooled_trainer.Train(start_model.values, start_model.manifest, central, 1, "central"));
+  std::vector<float> central_model = base;
+  ESTUARY_RETURN_IF_ERROR(models::AddLoraToBase(layout.base, central_model, adapter.manifest, adapter.payload, o.alpha));
+  for (auto& site : report.sites) {
+    ESTUARY_ASSIGN_OR_RETURN(site.ppl["central"],
+                             Perplexity(scorer, central_model, by_name.at(site.topic)->test, int(o.seq_len)));
+  }
+  report.total_seconds = Since(start);
+  return report;
+}
+
+nlohmann::json ToJson(const LoraFortunesReport& r) {
+  nlohmann::json sites = nlohmann::json::array(), runs = nlohmann::json::array();
+  for (const auto& site : r.sites) {
+    sites.push_back({{"topic", site.topic}, {"train_tokens", site.train_tokens}, {"test_tokens", site.test_tokens},
+                     {"base_ppl", site.base_ppl}, {"ppl", site.ppl}});
+  }
+  for (const auto& run : r.runs) {
+    runs.push_back({{"merge", run.merge}, {"bytes_per_update", run.bytes_per_update},
+                    {"merge_bytes_down", run.merge_bytes_down}, {"seconds", run.seconds}});
+  }
+  return {{"scenario", "lora-fortunes"},          {"options", r.options},     {"pretrain_tokens", r.pretrain_tokens},
+          {"pretrain_loss", r.pretrain_loss},     {"full_bytes_per_update", r.full_bytes_per_update},
+          {"runs", runs},                         {"central_steps", r.central_steps},
+          {"sites", sites},                       {"total_seconds", r.total_seconds}};
+}
+
+std::string RenderLoraFortunes(const LoraFortunesReport& r) {
+  std::vector<std::string> columns;
+  for (const auto& run : r.runs) columns.push_back(run.merge);
+  columns.push_back("central");
+  std::string out = "| site (held-out bytes) | base |";
+  for (const auto& c : columns) out += fmt::format(" {} |", c == "central" ? "centralised LoRA" : c);
+  out += "\n|---|---:|";
+  for (size_t i = 0; i < columns.size(); ++i) out += "---:|";
+  out += "\n";
+  std::map<std::string, double> log_sum;
+  double base_log_sum = 0;
+  for (const auto& site : r.sites) {
+    out += fmt::format("| {} ({}) | {:.3f} |", site.topic, site.test_tokens, site.base_ppl);
+    base_log_sum += std::log(site.base_ppl);
+    for (const auto& c : columns) {
+      out += fmt::format(" {:.3f} |", site.ppl.at(c));
+      log_sum[c] += std::log(site.ppl.at(c));
+    }
+    out += "\n";
+  }
+  const double n = double(r.sites.size());
+  out += fmt::format("| geometric mean | {:.3f} |", std::exp(base_log_sum / n));
+  for (const auto& c : columns) out += fmt::format(" {:.3f} |", std::exp(log_sum[c] / n));
+  out += "\n\n| update | bytes per update | merge sends back per site per round |\n|---|---:|---:|\n";
+  out += fmt::format("| full delta (for scale) | {} | {} (the model) |\n", r.full_bytes_per_update,
+                     r.full_bytes_per_update);
+  for (const auto& run : r.runs) {
+    out += fmt::format("| lora, {} | {} | {} |\n", run.merge, run.bytes_per_update, run.merge_bytes_down);
+  }
+  return out;
+}
+
+}  // namespace estuary::simulations
