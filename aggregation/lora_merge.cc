@@ -324,7 +324,9 @@ Result<LoraMergeResult> MergeLoraUpdates(std::span<const LoraUpdate> clients, st
     // factors are small next to the out x in products merging does.
     for (size_t i = 0; i < clients.size(); ++i) column[i] = clients[i].modules.at(name);
     ESTUARY_ASSIGN_OR_RETURN(MergedLoraModule merged, MergeLoraModule(name, column, weights, options));
-    result.adapter_bytes += merged.adapter.bytes();
+    // Under frozen-a the shared A never changes: only B goes back.
+    const LoraAdapter& a = merged.adapter;
+    result.adapter_bytes += options.rule == LoraMergeRule::kFrozenA ? uint64_t(4) * a.rank * a.out : a.bytes();
     result.residual_bytes += merged.residual_bytes();
     result.modules.emplace(name, std::move(merged));
   }

@@ -92,7 +92,7 @@ Status CheckLoraUpdates(std::span<const LoraUpdate> clients, LoraMergeRule rule)
 
 struct LoraMergeResult {
   std::map<std::string, MergedLoraModule> modules;
-  uint64_t adapter_bytes = 0;   // the merged adapters the server sends back
+  uint64_t adapter_bytes = 0;   // the merged adapters the server sends back (frozen-a: the B factors)
   uint64_t residual_bytes = 0;  // exact: the residuals sent back for the base
 };
 
