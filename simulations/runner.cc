@@ -78,7 +78,7 @@ static std::vector<std::string> ClientNames(uint32_t n) {
   return names;
 }
 
-static client::TaskConfig TaskOf(const Scenario& s) {
+client::TaskConfig TaskConfigOf(const Scenario& s) {
   client::TaskConfig task;
   task.model = s.model;
   task.epochs = s.epochs;
@@ -152,7 +152,7 @@ static Status CheckScenario(const Scenario& s) {
   } else if (!s.base_model.empty()) {
     return InvalidArgument("sim: --base-model is for --update-kind lora (a full federation starts from the seed)");
   }
-  return client::ValidateTask(TaskOf(s));
+  return client::ValidateTask(TaskConfigOf(s));
 }
 
 // What a simulation trains: the clients' trainers (by name), the initial
@@ -277,7 +277,7 @@ Result<Report> RunInproc(const Scenario& s, const RoundCallback& on_round, std::
   const auto& names = workload.names;
   std::map<std::string, size_t> index_of;
   for (size_t i = 0; i < names.size(); ++i) index_of[names[i]] = i;
-  const client::TaskConfig task = TaskOf(s);
+  const client::TaskConfig task = TaskConfigOf(s);
 
   Report report;
   report.scenario = ScenarioJson(s);

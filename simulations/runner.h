@@ -17,6 +17,7 @@
 
 #include "aggregation/strategy.h"
 #include "base/status.h"
+#include "client/trainer.h"
 #include "models/lora.h"
 #include "simulations/report.h"
 
@@ -68,6 +69,8 @@ nlohmann::json ScenarioJson(const Scenario& scenario);
 
 // The scenario's LoRA config (rank, alpha, dropout, targets), validated.
 Result<models::LoraConfig> LoraConfigOf(const Scenario& scenario);
+// The task every client of the scenario trains (what the server would send).
+client::TaskConfig TaskConfigOf(const Scenario& scenario);
 
 // Called after every round, on the thread that runs the simulation.
 using RoundCallback = std::function<void(const RoundReport&, uint64_t rounds_total)>;

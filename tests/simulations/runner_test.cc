@@ -277,18 +277,7 @@ TEST(LoraSimulation, TheInprocGlobalIsMergeLoraUpdatesOfTheSitesAdapters) {
   ASSERT_TRUE(initial.ok()) << initial.status().ToString();
   auto sources = models::LoadFortunes(s.data_dir, {.test_fraction = 0.1, .seed = s.seed, .min_tokens = s.seq_len + 1});
   ASSERT_TRUE(sources.ok());
-  client::TaskConfig task;
-  task.model = s.model;
-  task.epochs = s.epochs;
-  task.batch_size = s.batch;
-  task.learning_rate = s.lr;
-  task.seed = s.seed;
-  task.optimizer = client::OptimizerKind::kAdamW;
-  task.seq_len = s.seq_len;
-  task.max_local_steps = s.max_local_steps;
-  task.update_kind = client::UpdateKind::kLora;
-  task.lora.config = *lora;
-  task.lora.merge = "exact";
+  const client::TaskConfig task = TaskConfigOf(s);  // what the simulator sent its sites
   std::map<std::string, std::vector<int32_t>> text;
   std::vector<std::string> names;
   for (auto& source : *sources) {
@@ -500,19 +489,8 @@ TEST(LoraSimulation, SitesOfOtherRanksJoinAnExactFederation) {
   ASSERT_EQ(g1.size(), initial->values.size());
   auto sources = models::LoadFortunes(s.data_dir, {.test_fraction = 0.1, .seed = s.seed, .min_tokens = s.seq_len + 1});
   ASSERT_TRUE(sources.ok());
-  client::TaskConfig task;
-  task.model = s.model;
-  task.epochs = s.epochs;
-  task.batch_size = s.batch;
-  task.learning_rate = s.lr;
-  task.seed = s.seed;
-  task.optimizer = client::OptimizerKind::kAdamW;
-  task.seq_len = s.seq_len;
-  task.max_local_steps = s.max_local_steps;
-  task.update_kind = client::UpdateKind::kLora;
-  task.lora.config = *lora;
-  task.lora.merge = "exact";
-  task.lora.mixed_ranks = true;
+  const client::TaskConfig task = TaskConfigOf(s);  // what the simulator sent its sites
+  ASSERT_TRUE(task.lora.mixed_ranks);
 
   // Round 2 by hand from the global of round 1.
   const size_t base_size = layout->base.total_elements;
