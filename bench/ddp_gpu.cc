@@ -22,9 +22,9 @@
 #include "client/data_parallel.h"
 #include "client/nccl_communicator.h"
 #include "models/cuda/device.h"
-#include "models/language_model.h"
 #include "models/cuda/llama_engine.h"
 #include "models/cuda/optimizer.h"
+#include "models/language_model.h"
 
 int main(int argc, char** argv) {
   using namespace estuary;

@@ -22,10 +22,11 @@
 #include <random>
 #include <vector>
 
+#include "bench/decoder_options.h"
 #include "models/cuda/device.h"
-#include "models/language_model.h"
 #include "models/cuda/llama_engine.h"
 #include "models/cuda/optimizer.h"
+#include "models/language_model.h"
 
 namespace {
 constexpr double kPeakBf16 = 989.4e12;  // H100 SXM5, dense bf16, FLOP/s
@@ -40,13 +41,7 @@ int main(int argc, char** argv) {
   double peak_tflops = kPeakBf16 / 1e12;
   std::string precision = "bf16", python = "/usr/bin/python3";
   bool no_torch = false;
-  app.add_option("--vocab", c.vocab_size);
-  app.add_option("--hidden", c.hidden_size);
-  app.add_option("--intermediate", c.intermediate_size);
-  app.add_option("--layers", c.num_layers);
-  app.add_option("--heads", c.num_heads);
-  app.add_option("--kv-heads", c.num_kv_heads);
-  app.add_option("--seq", c.max_seq_len);
+  estuary::bench::AddDecoderOptions(app, c);
   app.add_option("--batch", batch);
   app.add_option("--steps", steps);
   app.add_option("--warmup", warmup);

@@ -12,6 +12,7 @@
 #include <random>
 #include <vector>
 
+#include "bench/decoder_options.h"
 #include "models/llama.h"
 
 extern "C" void openblas_set_num_threads(int);
@@ -28,13 +29,7 @@ int main(int argc, char** argv) {
   c.max_seq_len = 128;
   int batch = 4, steps = 10, threads = 1;
   std::string python = "/usr/bin/python3";
-  app.add_option("--vocab", c.vocab_size);
-  app.add_option("--hidden", c.hidden_size);
-  app.add_option("--intermediate", c.intermediate_size);
-  app.add_option("--layers", c.num_layers);
-  app.add_option("--heads", c.num_heads);
-  app.add_option("--kv-heads", c.num_kv_heads);
-  app.add_option("--seq", c.max_seq_len);
+  estuary::bench::AddDecoderOptions(app, c);
   app.add_option("--batch", batch);
   app.add_option("--steps", steps);
   app.add_option("--threads", threads);

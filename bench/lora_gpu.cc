@@ -28,11 +28,12 @@
 #include <string>
 #include <vector>
 
+#include "bench/decoder_options.h"
 #include "models/cuda/device.h"
-#include "models/language_model.h"
 #include "models/cuda/llama_engine.h"
 #include "models/cuda/lora_engine.h"
 #include "models/cuda/optimizer.h"
+#include "models/language_model.h"
 
 namespace {
 
@@ -155,13 +156,7 @@ int main(int argc, char** argv) {
   int rank = 8;
   float alpha = 16;
   std::string precision = "bf16";
-  app.add_option("--vocab", c.vocab_size);
-  app.add_option("--hidden", c.hidden_size);
-  app.add_option("--intermediate", c.intermediate_size);
-  app.add_option("--layers", c.num_layers);
-  app.add_option("--heads", c.num_heads);
-  app.add_option("--kv-heads", c.num_kv_heads);
-  app.add_option("--seq", c.max_seq_len);
+  estuary::bench::AddDecoderOptions(app, c);
   app.add_option("--batch", s.batch);
   app.add_option("--steps", s.steps);
   app.add_option("--warmup", s.warmup);
