@@ -95,16 +95,22 @@ Result<int> GpuCount() {
 #endif
 }
 
-// An NCCL rank's compute stream: its engine runs there, and its
-// communicator's collectives follow it (so a bucket's all-reduce starts when
-// the backward kernels before it are done). Lives as long as the process.
-void* rank_stream = nullptr;
+// A rank's communicator and, for an NCCL rank, its compute stream (a
+// cudaStream_t): the rank's engine runs there and the communicator's
+// collectives follow it, so a bucket's all-reduce starts when the backward
+// kernels before it are done. The stream lives as long as the process.
+struct RankLink {
+  std::unique_ptr<client::Communicator> comm;
+  void* stream = nullptr;
+};
 
 // served: rank 0's store when it already serves (a single node's default).
-Result<std::unique_ptr<client::Communicator>> ConnectRanks(const client::SiteLayout& site,
-                                                          std::unique_ptr<client::Store> served) {
+Result<RankLink> ConnectRanks(const client::SiteLayout& site, std::unique_ptr<client::Store> served) {
   client::RendezvousOptions options{site.rendezvous, site.global_rank(), site.world(), site.timeout};
-  if (site.backend == "gloo") return client::ConnectGloo(options, {}, std::move(served));
+  if (site.backend == "gloo") {
+    ESTUARY_ASSIGN_OR_RETURN(auto comm, client::ConnectGloo(options, {}, std::move(served)));
+    return RankLink{std::move(comm)};
+  }
 #ifdef ESTUARY_HAVE_NCCL
   const int gpu = site.gpus[site.local_rank];
   cudaStream_t stream = nullptr;
@@ -115,16 +121,17 @@ Result<std::unique_ptr<client::Communicator>> ConnectRanks(const client::SiteLay
     return FailedPrecondition("rank {}: cudaStreamCreate on GPU {} failed: {}", site.global_rank(), gpu,
                               cudaGetErrorString(e));
   }
-  rank_stream = stream;
-  return client::ConnectNccl(options, gpu, stream, std::move(served));
+  ESTUARY_ASSIGN_OR_RETURN(auto comm, client::ConnectNccl(options, gpu, stream, std::move(served)));
+  return RankLink{std::move(comm), stream};
 #else
   return FailedPrecondition("--backend nccl: this build has no NCCL");
 #endif
 }
 
-Result<std::unique_ptr<client::RankTrainer>> MakeRankTrainer(client::Communicator& comm, const SiteData& data,
+Result<std::unique_ptr<client::RankTrainer>> MakeRankTrainer(const RankLink& link, const SiteData& data,
                                                              const client::SiteLayout& site,
                                                              const std::string& precision) {
+  client::Communicator& comm = *link.comm;
   client::DataParallelOptions options;
   options.stage = site.zero;
   if (comm.device() != models::Device::kCpu) {
@@ -137,14 +144,14 @@ Result<std::unique_ptr<client::RankTrainer>> MakeRankTrainer(client::Communicato
     ESTUARY_ASSIGN_OR_RETURN(const client::Compute compute,
                              client::ParseCompute(fmt::format("cuda:{}", site.gpus[site.local_rank]), precision));
     if (data.text) {
-      return client::MakeTextRankTrainer(comm, data.text, options, [compute](const std::string& model, int batch) {
-        return client::MakeCudaRankDecoder(model, batch, compute, rank_stream);
-      });
+      return client::MakeTextRankTrainer(comm, data.text, options,
+                                         [compute, stream = link.stream](const std::string& model, int batch) {
+                                           return client::MakeCudaRankDecoder(model, batch, compute, stream);
+                                         });
     }
     return client::MakeClassifierRankTrainer(comm, data.images, options,
-                                             [compute](const std::string& model, int batch) {
-                                               return client::MakeCudaRankClassifier(model, batch, compute,
-                                                                                     rank_stream);
+                                             [compute, stream = link.stream](const std::string& model, int batch) {
+                                               return client::MakeCudaRankClassifier(model, batch, compute, stream);
                                              });
   }
   if (data.text) return client::MakeTextRankTrainer(comm, data.text, options);
@@ -412,20 +419,21 @@ int main(int argc, char** argv) {
     (void)children.WaitAll(true);
     return Fail(s);
   };
-  auto comm = ConnectRanks(*site, std::move(served));
-  if (!comm.ok()) return fail(comm.status());
-  auto rank_trainer = MakeRankTrainer(**comm, *site_data, *site, precision);
+  auto link = ConnectRanks(*site, std::move(served));
+  if (!link.ok()) return fail(link.status());
+  client::Communicator& comm = *link->comm;
+  auto rank_trainer = MakeRankTrainer(*link, *site_data, *site, precision);
   if (!rank_trainer.ok()) return fail(rank_trainer.status());
   spdlog::info("rank {} of {} (pid {}, {}, {}) joined at {}", site->global_rank(), site->world(), getpid(), site->backend,
                site->zero == client::ZeroStage::kDdp ? "DDP" : fmt::format("ZeRO-{}", int(site->zero)),
                site->rendezvous);
 
   if (!agent_rank) {
-    if (Status s = client::RunFollower(**comm, **rank_trainer); !s.ok()) return fail(s);
+    if (Status s = client::RunFollower(comm, **rank_trainer); !s.ok()) return fail(s);
     if (Status s = children.WaitAll(false); !s.ok()) return Fail(s);
     return 0;
   }
-  client::SiteTrainer trainer(**comm, std::move(*rank_trainer), site->zero);
+  client::SiteTrainer trainer(comm, std::move(*rank_trainer), site->zero);
   uint64_t rounds = 0;
   Status outcome = RunAgent(options, trainer, &trainer, &children, site->timeout, &rounds);
   if (!outcome.ok()) return fail(outcome);
