@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -103,6 +104,21 @@ inline Llama LoadFixtureDecoder(const nlohmann::json& f, int max_batch) {
   EXPECT_TRUE(model.ok()) << model.status().ToString();
   LoadTensors(f, model->manifest(), model->parameters());
   return std::move(model).value();
+}
+
+// After one step at (batch, seq), three at smaller shapes allocate nothing:
+// arenas and scratch are sized once. `allocations` counts operator new calls
+// (each test binary replaces operator new to count them).
+template <typename Model>
+void ExpectStepsDoNotAllocate(Model& model, const Ids& tokens, const Ids& targets, int batch, int seq,
+                              const std::atomic<int64_t>& allocations) {
+  ASSERT_TRUE(model.ForwardBackward(tokens.data(), targets.data(), batch, seq).ok());
+  const int64_t before = allocations.load();
+  for (int i = 0; i < 3; ++i) {
+    auto loss = model.ForwardBackward(tokens.data(), targets.data(), batch - 1 > 0 ? batch - 1 : 1, seq - i);
+    if (!loss.ok()) FAIL() << loss.status().ToString();
+  }
+  EXPECT_EQ(allocations.load(), before);
 }
 
 }  // namespace estuary::models::fixture

@@ -154,14 +154,7 @@ TEST_P(LoraDecoder, TrainingStepsDoNotAllocate) {
   auto f = Fixture(std::string("lora_") + GetParam());
   const int batch = f["batch"], seq = f["seq"];
   LoraLlama model = LoadFixtureModel(f, batch);
-  Ids tokens = GetIds(f, "tokens"), targets = GetIds(f, "targets");
-  ASSERT_TRUE(model.ForwardBackward(tokens.data(), targets.data(), batch, seq).ok());
-  const int64_t before = g_allocations.load();
-  for (int i = 0; i < 3; ++i) {
-    auto loss = model.ForwardBackward(tokens.data(), targets.data(), batch - 1 > 0 ? batch - 1 : 1, seq - i);
-    if (!loss.ok()) FAIL() << loss.status().ToString();
-  }
-  EXPECT_EQ(g_allocations.load(), before);
+  ExpectStepsDoNotAllocate(model, GetIds(f, "tokens"), GetIds(f, "targets"), batch, seq, g_allocations);
 }
 
 // W' = W + (alpha/r)·B·A: the merged plain model gives the adapted logits, in
