@@ -39,6 +39,9 @@ Result<std::unique_ptr<Server>> Server::Create(ServerConfig config) {
 Server::~Server() = default;
 
 Status Server::Run() {
+  // Read before anything can Stop (and so close) the acceptor: a server
+  // resumed after the federation's last round stops at once, below.
+  const auto endpoint = acceptor_->local_endpoint();
   signals_ = std::make_unique<asio::signal_set>(io_, SIGINT, SIGTERM);
   signals_->async_wait([this](const boost::system::error_code& ec, int signal) {
     if (!ec) {
@@ -50,7 +53,6 @@ Status Server::Run() {
     coordinator_->set_on_complete([this] { Stop(); });
     if (coordinator_->complete()) Stop();
   }
-  const auto endpoint = acceptor_->local_endpoint();
   fmt::print("listening on {}:{}\n", endpoint.address().to_string(), endpoint.port());
   std::fflush(stdout);
   if (!stopping_) Accept();

@@ -576,6 +576,15 @@ TEST(Federation, ARestartedServerResumesAfterTheLastCommittedRound) {
   ASSERT_EQ(rounds->size(), 3u);
   EXPECT_EQ((*rounds)[0].global_checksum, checksum_after_round_1);
   EXPECT_EQ((*rounds)[2].model_version, 3u);
+
+  // Started again with nothing left to run, it says where it resumed and
+  // exits cleanly (it used to stop before reading its own address and die of
+  // the exception; a client that outlived the kill in
+  // AClientReconnectsAfterTheServerCrashes met it under load).
+  ASSERT_NE(f.StartServer(3, 1), 0);
+  ASSERT_EQ(f.WaitServer(), 0) << f.ServerLog();
+  EXPECT_NE(f.ServerLog().find("resumed after round 3"), std::string::npos) << f.ServerLog();
+  EXPECT_EQ(f.ServerLog().find("terminate called"), std::string::npos) << f.ServerLog();
 }
 
 // FedAdam's moments live in the strategy and go into every checkpoint. A
