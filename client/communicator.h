@@ -67,6 +67,13 @@ class Communicator {
   virtual std::unique_ptr<Work> Barrier() = 0;
 };
 
+// The communicator of a site of one rank: every collective over one rank
+// leaves its data as it is, and completes at once. It lets a single process
+// run the same DataParallel (DDP) loop as the ranks of a site. On a GPU
+// (device kCuda) only the in-place collectives apply: ReduceScatter and
+// AllGather, which would copy device memory, fail.
+std::unique_ptr<Communicator> MakeSoloCommunicator(models::Device device);
+
 // Where ranks find each other: "tcp://HOST:PORT" (rank 0 serves a small
 // key-value store there) or "file:///path/to/dir" (a shared directory).
 struct RendezvousOptions {

@@ -238,7 +238,8 @@ void LoraLlama::RunForward(const int32_t* tokens, int batch, int seq, float* log
       float* xd = Dropped(l, m);
       const uint64_t stream = MaskStream(l, m);
       const double p = lora_config_.dropout;
-      for (int64_t i = 0; i < int64_t(n) * adapter.in; ++i) xd[i] = Kept(stream, i, p) ? x[i] * keep_scale : 0.0f;
+      const int64_t first = dropout_first_row_ * adapter.in;
+      for (int64_t i = 0; i < int64_t(n) * adapter.in; ++i) xd[i] = Kept(stream, first + i, p) ? x[i] * keep_scale : 0.0f;
       x = xd;
     }
     adapter.Forward(x, n, Xa(l, m), y, ldy);
@@ -327,8 +328,9 @@ Result<float> LoraLlama::ForwardBackward(const int32_t* tokens, const int32_t* t
                 adapter.rank, adapter.a, adapter.in, 0.0f, dxd_.data(), adapter.in);
     const uint64_t stream = MaskStream(l, m);
     const double p = lora_config_.dropout;
+    const int64_t first = dropout_first_row_ * adapter.in;
     for (int64_t i = 0; i < int64_t(n) * adapter.in; ++i) {
-      if (Kept(stream, i, p)) dx[i] += dxd_[i] * keep_scale;
+      if (Kept(stream, first + i, p)) dx[i] += dxd_[i] * keep_scale;
     }
   };
   frozen(base_.lm_head_).Backward(a.xn_final, dlogits, n, a.dxn);

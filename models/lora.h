@@ -151,6 +151,10 @@ class LoraLlama {
     dropout_seed_ = seed;
     dropout_step_ = 0;
   }
+  // The next batches' token rows are rows first_row, first_row + 1, ... of a
+  // larger batch (0 by default): they draw that batch's masks. So ranks that
+  // each compute a share of a batch drop what one process would.
+  void SetDropoutFirstRow(int64_t first_row) { dropout_first_row_ = first_row; }
 
   // As Llama's, with the same checks; fills gradients() (overwrites, or adds
   // with accumulate; grad_scale as there). With hooks, GradientsFinal
@@ -193,6 +197,7 @@ class LoraLlama {
   std::vector<float> xd_, dxd_;
   std::vector<size_t> xd_at_;
   uint64_t dropout_seed_ = 0, dropout_step_ = 0;
+  int64_t dropout_first_row_ = 0;
 };
 
 // A PEFT adapter directory: adapter_model.safetensors (fp32, manifest()'s

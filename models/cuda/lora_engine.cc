@@ -246,6 +246,21 @@ Status LoraLlamaEngine::CopyParametersFrom(std::span<const float> host) {
   return Status::Ok();
 }
 
+Status LoraLlamaEngine::CopyParametersFrom(uint64_t offset, std::span<const float> host) {
+  Impl& m = *impl_;
+  if (offset > uint64_t(m.count) || host.size() > uint64_t(m.count) - offset) {
+    return InvalidArgument("cuda lora: {} adapter parameters at offset {} overrun the adapters' {}", host.size(),
+                           offset, m.count);
+  }
+  return CopyToDevice(m.P() + offset, host.data(), host.size_bytes(), m.s());
+}
+
+Status LoraLlamaEngine::RefreshWorkingCopy() {
+  Impl& m = *impl_;
+  if (!m.low()) return Status::Ok();
+  return Convert(m.P(), DType::kF32, m.working.data(), m.precision, m.count, m.s());
+}
+
 Status LoraLlamaEngine::CopyParametersTo(std::span<float> host) {
   if (int64_t(host.size()) != impl_->count) {
     return InvalidArgument("cuda lora: room for {} adapter parameters given, the adapters have {}", host.size(),

@@ -98,6 +98,14 @@ class LoraLlamaEngine {
   Status CopyParametersFrom(std::span<const float> host);
   Status CopyParametersTo(std::span<float> host);
   Status CopyGradientsTo(std::span<float> host);
+  // Host values into [offset, offset + host.size()) of the adapter buffer
+  // (bounds checked), leaving the working copy as it was: for a few tensors
+  // at a time, followed by RefreshWorkingCopy.
+  Status CopyParametersFrom(uint64_t offset, std::span<const float> host);
+  // Rewrites the bf16 working copy from the fp32 adapters, after their buffer
+  // was written from outside (a ZeRO all-gather, an optimizer stepping a
+  // shard, the copy above); nothing to do under f32.
+  Status RefreshWorkingCopy();
 
   // As LlamaEngine's, checked as there: overwrites gradients() (every adapter
   // gradient, scaled by options.grad_scale) and leaves the mean loss on the

@@ -836,6 +836,42 @@ TEST(DataParallelLocal, ZeroThreeRefusesAModelThatOpensNoUnit) {
   }));
 }
 
+// Over a communicator of one rank (what a single-process LoRA site trains
+// over) DataParallel is the plain step: after three AdamW steps under DDP and
+// ZeRO-1 the parameters are bit for bit those of the optimizer stepping the
+// model directly.
+TEST(DataParallelLocal, OverASoloCommunicatorItIsThePlainStep) {
+  auto comm = MakeSoloCommunicator(models::Device::kCpu);
+  for (const char* name : {"lora", "mlp"}) {
+    for (ZeroStage stage : {ZeroStage::kDdp, ZeroStage::kZero1}) {
+      SCOPED_TRACE(fmt::format("{} under {}", name, ZeroStageName(stage)));
+      auto plain = Net::Make(name, 4, 3);
+      auto wrapped = Net::Make(name, 4, 3);
+      ASSERT_TRUE(plain.ok() && wrapped.ok());
+      const DataParallelOptions options{.stage = stage, .first_bucket_bytes = 4096, .broadcast_parameters = false};
+      auto dp = DataParallel::Create(*comm, *wrapped, options);
+      ASSERT_TRUE(dp.ok()) << dp.status().ToString();
+      Optimizer direct(true), through(true);
+      for (int step = 0; step < 3; ++step) {
+        const Batch b = plain->MakeBatch(3, 10 + step);
+        ASSERT_TRUE(plain->Run(b, 0, 3, {}).ok());
+        direct.Step(plain->parameters(), plain->gradients());
+        ASSERT_TRUE(wrapped->Run(b, 0, 3, (*dp)->MicroBatch(1.0, true)).ok());
+        auto stepped = (*dp)->Step([&](std::span<float> p, std::span<const float> g) { through.Step(p, g); });
+        ASSERT_TRUE(stepped.ok()) << stepped.status().ToString();
+      }
+      const std::span<const float> want = plain->parameters(), got = wrapped->parameters();
+      EXPECT_TRUE(std::equal(want.begin(), want.end(), got.begin(), got.end()));
+    }
+  }
+  // Its copies are host copies; on a GPU only the in-place collectives apply.
+  std::vector<float> in = {1, 2, 3}, out(3);
+  EXPECT_TRUE(comm->ReduceScatter(in, out, ReduceOp::kSum)->Wait().ok());
+  EXPECT_EQ(out, in);
+  Status refused = MakeSoloCommunicator(models::Device::kCuda)->AllGather(in, out)->Wait();
+  EXPECT_NE(refused.message().find("solo all-gather: one rank on a GPU"), std::string::npos) << refused.ToString();
+}
+
 TEST(DataParallelLocal, BucketsAreSlicesFromTheEnd) {
   const std::string address = FreeTcpAddress();
   ExpectAllOk(RunRanks(1, [&](int) -> Status {
