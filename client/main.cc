@@ -130,7 +130,7 @@ Result<RankLink> ConnectRanks(const client::SiteLayout& site, std::unique_ptr<cl
 
 Result<std::unique_ptr<client::RankTrainer>> MakeRankTrainer(const RankLink& link, const SiteData& data,
                                                              const client::SiteLayout& site,
-                                                             const std::string& precision) {
+                                                             const std::string& precision, int lora_rank) {
   client::Communicator& comm = *link.comm;
   client::DataParallelOptions options;
   options.stage = site.zero;
@@ -144,17 +144,23 @@ Result<std::unique_ptr<client::RankTrainer>> MakeRankTrainer(const RankLink& lin
     ESTUARY_ASSIGN_OR_RETURN(const client::Compute compute,
                              client::ParseCompute(fmt::format("cuda:{}", site.gpus[site.local_rank]), precision));
     if (data.text) {
-      return client::MakeTextRankTrainer(comm, data.text, options,
-                                         [compute, stream = link.stream](const std::string& model, int batch) {
-                                           return client::MakeCudaRankDecoder(model, batch, compute, stream);
-                                         });
+      client::TextRankModels models;
+      models.decoder = [compute, stream = link.stream](const std::string& model, int batch) {
+        return client::MakeCudaRankDecoder(model, batch, compute, stream);
+      };
+      models.lora_decoder = [compute, stream = link.stream](const std::string& model, int batch,
+                                                            const models::LoraConfig& lora) {
+        return client::MakeCudaRankLoraDecoder(model, batch, lora, compute, stream);
+      };
+      models.lora_rank = lora_rank;
+      return client::MakeTextRankTrainer(comm, data.text, options, std::move(models));
     }
     return client::MakeClassifierRankTrainer(comm, data.images, options,
                                              [compute, stream = link.stream](const std::string& model, int batch) {
                                                return client::MakeCudaRankClassifier(model, batch, compute, stream);
                                              });
   }
-  if (data.text) return client::MakeTextRankTrainer(comm, data.text, options);
+  if (data.text) return client::MakeTextRankTrainer(comm, data.text, options, {.lora_rank = lora_rank});
   return client::MakeClassifierRankTrainer(comm, data.images, options);
 }
 
@@ -422,7 +428,7 @@ int main(int argc, char** argv) {
   auto link = ConnectRanks(*site, std::move(served));
   if (!link.ok()) return fail(link.status());
   client::Communicator& comm = *link->comm;
-  auto rank_trainer = MakeRankTrainer(*link, *site_data, *site, precision);
+  auto rank_trainer = MakeRankTrainer(*link, *site_data, *site, precision, lora_rank);
   if (!rank_trainer.ok()) return fail(rank_trainer.status());
   spdlog::info("rank {} of {} (pid {}, {}, {}) joined at {}", site->global_rank(), site->world(), getpid(), site->backend,
                site->zero == client::ZeroStage::kDdp ? "DDP" : fmt::format("ZeRO-{}", int(site->zero)),

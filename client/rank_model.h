@@ -29,6 +29,7 @@
 #include "client/compute.h"
 #include "client/data_parallel.h"
 #include "client/trainer.h"
+#include "models/lora.h"
 #include "models/step_hooks.h"
 #include "models/tensor.h"
 
@@ -69,6 +70,24 @@ class RankClassifier : public RankModel {
                                         const models::BackwardOptions& options) = 0;
 };
 
+// A decoder with LoRA adapters (models::LoraLlama on the CPU,
+// cuda::LoraLlamaEngine on a GPU). Its frozen base is loaded apart
+// (LoadBase); its buffers — what StartRound loads from `global`, what
+// DataParallel trains and ReadOut hands out — are the adapter's, and
+// manifest() is the adapter's. When the task's merge is frozen-a, FinishStep
+// puts A back as StartRound loaded it: A is the federation's and must not
+// move (AdamW's decay would move it even with a zero gradient).
+class RankLoraDecoder : public RankDecoder {
+ public:
+  virtual const models::LoraConfig& lora_config() const = 0;
+  // The frozen base's weights (the preset's layout) and the seed of this
+  // round's dropout masks.
+  virtual Status LoadBase(std::span<const float> base, uint64_t dropout_seed) = 0;
+  // The token row of the whole global batch that this rank's next batch
+  // starts at: its dropout masks are those one process draws for those rows.
+  virtual void SetFirstRow(int64_t row) = 0;
+};
+
 // Makes a rank's model for a model name and batch size; called when a task
 // names a model or batch size the rank does not hold yet.
 template <typename M>
@@ -76,14 +95,25 @@ using RankModelFactory = std::function<Result<std::unique_ptr<M>>(const std::str
 using RankDecoderFactory = RankModelFactory<RankDecoder>;
 using RankClassifierFactory = RankModelFactory<RankClassifier>;
 
-// On the CPU: models::Llama, models::MakeModel.
+// A LoRA decoder for (model, max_batch, adapter config).
+using RankLoraDecoderFactory = std::function<Result<std::unique_ptr<RankLoraDecoder>>(
+    const std::string& model, int max_batch, const models::LoraConfig& lora)>;
+
+// On the CPU: models::Llama, models::MakeModel, models::LoraLlama.
 Result<std::unique_ptr<RankDecoder>> MakeCpuRankDecoder(const std::string& model, int max_batch);
 Result<std::unique_ptr<RankClassifier>> MakeCpuRankClassifier(const std::string& model, int max_batch);
+Result<std::unique_ptr<RankLoraDecoder>> MakeCpuRankLoraDecoder(const std::string& model, int max_batch,
+                                                                const models::LoraConfig& lora);
 // On compute's GPU, running on `stream` (a cudaStream_t, the one the rank's
 // NCCL communicator follows). An error naming the reason in a build without CUDA.
 Result<std::unique_ptr<RankDecoder>> MakeCudaRankDecoder(const std::string& model, int max_batch,
                                                          const Compute& compute, void* stream);
 Result<std::unique_ptr<RankClassifier>> MakeCudaRankClassifier(const std::string& model, int max_batch,
                                                                const Compute& compute, void* stream);
+// The adapters train in fp32 (their GEMMs read a bf16 copy under bf16);
+// fp16 and dropout are refused, as cuda::LoraLlamaEngine refuses them.
+Result<std::unique_ptr<RankLoraDecoder>> MakeCudaRankLoraDecoder(const std::string& model, int max_batch,
+                                                                 const models::LoraConfig& lora,
+                                                                 const Compute& compute, void* stream);
 
 }  // namespace estuary::client

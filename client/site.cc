@@ -1,5 +1,6 @@
 #include "client/site.h"
 
+#include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -10,8 +11,11 @@
 #include <optional>
 
 #include "client/batch_schedule.h"
+#include "client/lora_round.h"
 #include "models/language_model.h"
 #include "models/llama.h"
+#include "models/lora.h"
+#include "models/lora_federation.h"
 #include "models/model.h"
 #include "models/optimizer.h"
 
@@ -69,13 +73,15 @@ Result<std::unique_ptr<DataParallel>> StartRound(Communicator& comm, M& model, s
 // must match.
 struct RankRows {
   std::span<const uint32_t> items;
+  uint64_t first = 0;     // the share's first item in the batch
   uint64_t examples = 0;  // 0 for an empty share
   double weight = 0;
 };
 RankRows RowsOf(std::span<const uint32_t> batch, const Communicator& comm) {
   const BatchShare share = ShareOfBatch(batch.size(), comm.size(), comm.rank());
-  if (share.count == 0) return {batch.first(1), 0, 0.0};
-  return {batch.subspan(share.begin, share.count), share.count, double(share.count) / double(batch.size())};
+  if (share.count == 0) return {batch.first(1), 0, 0, 0.0};
+  return {batch.subspan(share.begin, share.count), share.begin, share.count,
+          double(share.count) / double(batch.size())};
 }
 
 // What every RankTrainer keeps between TrainRound and ReadOut: the round's
@@ -192,14 +198,14 @@ class ClassifierRankTrainer : public RankTrainer {
 class TextRankTrainer : public RankTrainer {
  public:
   TextRankTrainer(Communicator& comm, std::shared_ptr<const std::vector<int32_t>> tokens, DataParallelOptions options,
-                  RankDecoderFactory make_decoder)
-      : comm_(comm), tokens_(std::move(tokens)), options_(options), make_decoder_(std::move(make_decoder)) {
+                  TextRankModels models)
+      : comm_(comm), tokens_(std::move(tokens)), options_(options), models_(std::move(models)) {
     options_.broadcast_parameters = false;
   }
 
   uint64_t num_examples() const override { return tokens_->size(); }
   Status ReadOut(const std::function<Status(uint64_t, std::span<const float>)>& fn) override {
-    return state_.ReadOut([&](DataParallel& dp) { return decoder_->ReadOut(dp, fn); });
+    return state_.ReadOut([&](DataParallel& dp) { return trained_->ReadOut(dp, fn); });
   }
 
   Status Check(const TaskConfig& task, const models::Manifest& manifest, size_t global_size) override {
@@ -207,11 +213,17 @@ class TextRankTrainer : public RankTrainer {
     if (!models::IsLanguageModel(task.model)) {
       return InvalidArgument("task: model '{}' is not a language model; this site holds text", task.model);
     }
-    if (task.update_kind != UpdateKind::kFull) {
-      return InvalidArgument("task: update kind lora is not available for '{}' yet", task.model);
-    }
     if (Windows(task) == 0) {
       return FailedPrecondition("trainer: {} local tokens hold no window of {} + 1", tokens_->size(), task.seq_len);
+    }
+    if (task.update_kind == UpdateKind::kLora) {
+      if (options_.stage == ZeroStage::kZero3) {
+        return InvalidArgument("task: update kind lora on a site under --zero 3: the adapters open no unit to "
+                               "gather; run it with --zero 0, 1 or 2");
+      }
+      ESTUARY_ASSIGN_OR_RETURN(const LoraRound plan, PlanLoraRound(task, models_.lora_rank));
+      ESTUARY_RETURN_IF_ERROR(CheckLoraGlobal(plan, task, manifest, global_size));
+      return LoraDecoderFor(task, plan.site).status();
     }
     ESTUARY_ASSIGN_OR_RETURN(RankDecoder * decoder, DecoderFor(task));
     if (!(decoder->manifest() == manifest) || global_size != manifest.total_elements) {
@@ -226,8 +238,21 @@ class TextRankTrainer : public RankTrainer {
 
   Result<double> TrainRound(std::span<const float> global, const TaskConfig& task, uint64_t round,
                             std::string_view client_name) override {
-    ESTUARY_ASSIGN_OR_RETURN(RankDecoder * decoder, DecoderFor(task));
-    ESTUARY_ASSIGN_OR_RETURN(auto dp, decoder->StartRound(comm_, global, task, options_));
+    RankLoraDecoder* lora = nullptr;  // a lora round's decoder
+    std::unique_ptr<DataParallel> dp;
+    if (task.update_kind == UpdateKind::kLora) {
+      ESTUARY_ASSIGN_OR_RETURN(plan_, PlanLoraRound(task, models_.lora_rank));
+      ESTUARY_ASSIGN_OR_RETURN(const LoraStart start, StartLoraRound(*plan_, global, task, round, client_name));
+      ESTUARY_ASSIGN_OR_RETURN(lora, LoraDecoderFor(task, plan_->site));
+      ESTUARY_RETURN_IF_ERROR(lora->LoadBase(start.base(), start.dropout_seed));
+      ESTUARY_ASSIGN_OR_RETURN(dp, lora->StartRound(comm_, start.adapter, task, options_));
+      trained_ = lora;
+    } else {
+      plan_.reset();
+      ESTUARY_ASSIGN_OR_RETURN(trained_, DecoderFor(task));
+      ESTUARY_ASSIGN_OR_RETURN(dp, trained_->StartRound(comm_, global, task, options_));
+    }
+    RankDecoder& decoder = *trained_;
 
     const int seq = int(task.seq_len);
     std::vector<int32_t> inputs(size_t(task.batch_size) * seq), targets(inputs.size());
@@ -245,16 +270,31 @@ class TextRankTrainer : public RankTrainer {
         std::memcpy(inputs.data() + b * seq, window, seq * sizeof(int32_t));
         std::memcpy(targets.data() + b * seq, window + 1, seq * sizeof(int32_t));
       }
+      if (lora) lora->SetFirstRow(int64_t(rows.first) * seq);
       ESTUARY_ASSIGN_OR_RETURN(const float loss,
-                               decoder->ForwardBackward(inputs.data(), targets.data(), int(rows.items.size()), seq,
-                                                        dp->MicroBatch(rows.weight, true)));
+                               decoder.ForwardBackward(inputs.data(), targets.data(), int(rows.items.size()), seq,
+                                                       dp->MicroBatch(rows.weight, true)));
       ESTUARY_RETURN_IF_ERROR(
-          dp->Step([&](std::span<float> p, std::span<const float> g) { decoder->OptimizerStep(p, g); }).status());
-      ESTUARY_RETURN_IF_ERROR(decoder->FinishStep());
+          dp->Step([&](std::span<float> p, std::span<const float> g) { decoder.OptimizerStep(p, g); }).status());
+      ESTUARY_RETURN_IF_ERROR(decoder.FinishStep());
       loss_sum += double(loss) * double(rows.examples) * seq;
       loss_tokens += schedule.batch().size() * seq;  // the whole global batch: every rank counts the same
     }
     return state_.Finish(std::move(dp), loss_sum, double(loss_tokens));
+  }
+
+  size_t TrainedSize(const TaskConfig& task, size_t global_size) const override {
+    return task.update_kind == UpdateKind::kLora && plan_ ? plan_->site_layout.manifest.total_elements
+                                                          : global_size;
+  }
+  Result<Update> UpdateOf(std::vector<float> trained, std::span<const float> global, const models::Manifest& manifest,
+                          const TaskConfig& task, double train_loss, std::chrono::steady_clock::time_point start,
+                          uint64_t round) override {
+    if (task.update_kind != UpdateKind::kLora) {
+      return RankTrainer::UpdateOf(std::move(trained), global, manifest, task, train_loss, start, round);
+    }
+    if (!plan_) return FailedPrecondition("site: a lora update without a lora round");
+    return LoraUpdateOf(*plan_, global, trained, num_examples(), train_loss, start, round);
   }
 
  private:
@@ -264,20 +304,36 @@ class TextRankTrainer : public RankTrainer {
   Result<RankDecoder*> DecoderFor(const TaskConfig& task) {
     if (!decoder_ || model_name_ != task.model || model_batch_ != int(task.batch_size)) {
       decoder_.reset();
-      ESTUARY_ASSIGN_OR_RETURN(decoder_, make_decoder_(task.model, int(task.batch_size)));
+      ESTUARY_ASSIGN_OR_RETURN(decoder_, models_.decoder(task.model, int(task.batch_size)));
       model_name_ = task.model;
       model_batch_ = int(task.batch_size);
     }
     return decoder_.get();
   }
+  // One adapted model at a time: a new model, batch or adapter config replaces it.
+  Result<RankLoraDecoder*> LoraDecoderFor(const TaskConfig& task, const models::LoraConfig& config) {
+    const std::string key = fmt::format("{}/{}/{}/{}/{}/{}", task.model, task.batch_size, config.rank, config.alpha,
+                                        config.dropout, fmt::join(config.target_modules, ","));
+    if (!lora_decoder_ || lora_key_ != key) {
+      lora_decoder_.reset();
+      lora_key_.clear();
+      ESTUARY_ASSIGN_OR_RETURN(lora_decoder_, models_.lora_decoder(task.model, int(task.batch_size), config));
+      lora_key_ = key;
+    }
+    return lora_decoder_.get();
+  }
 
   Communicator& comm_;
   std::shared_ptr<const std::vector<int32_t>> tokens_;
   DataParallelOptions options_;
-  RankDecoderFactory make_decoder_;
+  TextRankModels models_;
   std::unique_ptr<RankDecoder> decoder_;
   std::string model_name_;
   int model_batch_ = 0;
+  std::unique_ptr<RankLoraDecoder> lora_decoder_;
+  std::string lora_key_;
+  RankDecoder* trained_ = nullptr;  // the round's model: decoder_ or lora_decoder_
+  std::optional<LoraRound> plan_;   // a lora round's
   RoundState state_;
 };
 
@@ -335,6 +391,51 @@ class CpuRankClassifier : public CpuRankModel<models::Model, RankClassifier> {
   models::Model& model() override { return *model_; }
   const models::Model& model() const override { return *model_; }
   std::unique_ptr<models::Model> model_;
+};
+
+class CpuRankLoraDecoder : public CpuRankModel<models::LoraLlama, RankLoraDecoder> {
+ public:
+  explicit CpuRankLoraDecoder(models::LoraLlama model) : model_(std::move(model)) {}
+  int max_seq_len() const override { return model_.base().config().max_seq_len; }
+  const models::LoraConfig& lora_config() const override { return model_.lora_config(); }
+
+  Status LoadBase(std::span<const float> base, uint64_t dropout_seed) override {
+    std::span<float> to = model_.base().parameters();
+    if (base.size() != to.size()) {
+      return InvalidArgument("site: {} base values for a base of {}", base.size(), to.size());
+    }
+    std::copy(base.begin(), base.end(), to.begin());
+    model_.SeedDropout(dropout_seed);
+    return Status::Ok();
+  }
+  void SetFirstRow(int64_t row) override { model_.SetDropoutFirstRow(row); }
+
+  Result<std::unique_ptr<DataParallel>> StartRound(Communicator& comm, std::span<const float> global,
+                                                   const TaskConfig& task,
+                                                   const DataParallelOptions& options) override {
+    ESTUARY_ASSIGN_OR_RETURN(auto dp, CpuRankModel::StartRound(comm, global, task, options));
+    frozen_.clear();
+    if (task.lora.merge == "frozen-a") frozen_.assign(global.begin(), global.end());
+    return dp;
+  }
+  Status FinishStep() override {
+    if (frozen_.empty()) return Status::Ok();
+    for (const models::TensorSpec& spec : model_.manifest().tensors) {
+      if (!models::IsLoraA(spec.name)) continue;
+      std::copy_n(frozen_.begin() + spec.offset, spec.numel(), model_.parameters().begin() + spec.offset);
+    }
+    return Status::Ok();
+  }
+  Result<float> ForwardBackward(const int32_t* tokens, const int32_t* targets, int batch, int seq,
+                                const models::BackwardOptions& options) override {
+    return model_.ForwardBackward(tokens, targets, batch, seq, options);
+  }
+
+ private:
+  models::LoraLlama& model() override { return model_; }
+  const models::LoraLlama& model() const override { return model_; }
+  models::LoraLlama model_;
+  std::vector<float> frozen_;  // frozen-a: the adapter as the round started
 };
 
 // ---- what rank 0 tells the others -------------------------------------------
@@ -417,6 +518,14 @@ std::vector<std::byte> Encode(const RoundMessage& m) {
   w.Put(t.seq_len);
   w.Put(t.max_local_steps);
   w.Put(m.global_size);
+  const LoraTask& l = t.lora;
+  w.Put(int32_t(l.config.rank));
+  w.Put(l.config.alpha);
+  w.Put(l.config.dropout);
+  w.Put(uint64_t(l.config.target_modules.size()));
+  for (const std::string& module : l.config.target_modules) w.Put(std::string_view(module));
+  w.Put(std::string_view(l.merge));
+  w.Put(uint8_t(l.mixed_ranks));
   return std::move(w.bytes());
 }
 
@@ -431,6 +540,19 @@ Result<RoundMessage> Decode(std::span<const std::byte> bytes) {
         r.Get(&m.global_size))) {
     return ProtocolError("site: rank 0's round message of {} bytes is truncated", bytes.size());
   }
+  LoraTask& l = t.lora;
+  int32_t rank = 0;
+  uint64_t modules = 0;
+  uint8_t mixed_ranks = 0;
+  bool ok = r.Get(&rank) && r.Get(&l.config.alpha) && r.Get(&l.config.dropout) && r.Get(&modules) &&
+            modules <= bytes.size();
+  l.config.target_modules.resize(ok ? modules : 0);
+  for (std::string& module : l.config.target_modules) ok = ok && r.Get(&module);
+  if (!(ok && r.Get(&l.merge) && r.Get(&mixed_ranks))) {
+    return ProtocolError("site: rank 0's round message of {} bytes is truncated in its lora task", bytes.size());
+  }
+  l.config.rank = rank;
+  l.mixed_ranks = mixed_ranks != 0;
   t.update_kind = UpdateKind(update_kind);
   t.optimizer = OptimizerKind(optimizer);
   return m;
@@ -445,15 +567,32 @@ std::unique_ptr<RankTrainer> MakeClassifierRankTrainer(Communicator& comm, std::
 }
 
 std::unique_ptr<RankTrainer> MakeTextRankTrainer(Communicator& comm, std::shared_ptr<const std::vector<int32_t>> tokens,
-                                                 DataParallelOptions options, RankDecoderFactory make_decoder) {
-  if (!make_decoder) make_decoder = MakeCpuRankDecoder;
-  return std::make_unique<TextRankTrainer>(comm, std::move(tokens), options, std::move(make_decoder));
+                                                 DataParallelOptions options, TextRankModels models) {
+  if (!models.decoder) models.decoder = MakeCpuRankDecoder;
+  if (!models.lora_decoder) models.lora_decoder = MakeCpuRankLoraDecoder;
+  return std::make_unique<TextRankTrainer>(comm, std::move(tokens), options, std::move(models));
+}
+
+size_t RankTrainer::TrainedSize(const TaskConfig&, size_t global_size) const { return global_size; }
+
+Result<Update> RankTrainer::UpdateOf(std::vector<float> trained, std::span<const float> global,
+                                     const models::Manifest& manifest, const TaskConfig&, double train_loss,
+                                     std::chrono::steady_clock::time_point start, uint64_t round) {
+  return FullUpdate(std::move(trained), global, manifest, num_examples(), train_loss, start, round);
 }
 
 Result<std::unique_ptr<RankDecoder>> MakeCpuRankDecoder(const std::string& model, int max_batch) {
   ESTUARY_ASSIGN_OR_RETURN(auto config, models::LlamaPreset(model));
   ESTUARY_ASSIGN_OR_RETURN(auto llama, models::Llama::Create(config, max_batch));
   return std::unique_ptr<RankDecoder>(std::make_unique<CpuRankDecoder>(std::move(llama)));
+}
+
+Result<std::unique_ptr<RankLoraDecoder>> MakeCpuRankLoraDecoder(const std::string& model, int max_batch,
+                                                                const models::LoraConfig& lora) {
+  ESTUARY_ASSIGN_OR_RETURN(auto config, models::LlamaPreset(model));
+  ESTUARY_ASSIGN_OR_RETURN(auto base, models::Llama::Create(config, max_batch));
+  ESTUARY_ASSIGN_OR_RETURN(auto adapted, models::LoraLlama::Create(std::move(base), lora));
+  return std::unique_ptr<RankLoraDecoder>(std::make_unique<CpuRankLoraDecoder>(std::move(adapted)));
 }
 
 Result<std::unique_ptr<RankClassifier>> MakeCpuRankClassifier(const std::string& model, int) {
@@ -469,6 +608,11 @@ Result<std::unique_ptr<RankDecoder>> MakeCudaRankDecoder(const std::string& mode
 Result<std::unique_ptr<RankClassifier>> MakeCudaRankClassifier(const std::string& model, int,
                                                                const Compute& compute, void*) {
   return FailedPrecondition("site: {} on {}: this build has no CUDA backend", model, compute.ToString());
+}
+Result<std::unique_ptr<RankLoraDecoder>> MakeCudaRankLoraDecoder(const std::string& model, int,
+                                                                 const models::LoraConfig&, const Compute& compute,
+                                                                 void*) {
+  return FailedPrecondition("site: {} with LoRA on {}: this build has no CUDA backend", model, compute.ToString());
 }
 #endif
 
@@ -519,14 +663,18 @@ Result<Update> SiteTrainer::Train(std::span<const float> global, const models::M
   Result<double> loss = rank_->TrainRound(source, task, round, client_name);
   if (!loss.ok()) return Broken(loss.status());
 
-  if (stage_ != ZeroStage::kZero3) {
-    std::vector<float> local(global.size());
+  if (stage_ != ZeroStage::kZero3) {  // a lora round never runs under ZeRO-3 (Check)
+    std::vector<float> trained(rank_->TrainedSize(task, global.size()));
     Status read = rank_->ReadOut([&](uint64_t offset, std::span<const float> values) {
-      std::copy(values.begin(), values.end(), local.begin() + offset);
+      if (offset > trained.size() || values.size() > trained.size() - offset) {
+        return Internal("site: trained values [{}, {}) overrun the {} expected", offset, offset + values.size(),
+                        trained.size());
+      }
+      std::copy(values.begin(), values.end(), trained.begin() + offset);
       return Status::Ok();
     });
     if (!read.ok()) return Broken(read);
-    return FullUpdate(std::move(local), global, manifest, rank_->num_examples(), *loss, start, round);
+    return rank_->UpdateOf(std::move(trained), global, manifest, task, *loss, start, round);
   }
 
   // ZeRO-3: the delta leaves unit by unit, as the Agent uploads it.

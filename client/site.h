@@ -27,6 +27,7 @@
 // timeout: a rank that dies makes every other rank fail, never hang.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -69,7 +70,16 @@ class RankTrainer {
   // Hands out the trained weights in buffer order, unit by unit (under ZeRO-3
   // each unit is gathered for the call and released after it), then ends the
   // round. Collective; fn may fail on one rank, the others still take part.
+  // In a lora round the trained weights are the site's adapter.
   virtual Status ReadOut(const std::function<Status(uint64_t offset, std::span<const float> values)>& fn) = 0;
+
+  // Rank 0, after TrainRound: how many values ReadOut hands out, and the
+  // round's update from them (not collective). By default the trained
+  // weights are the whole model and the update is their delta (FullUpdate).
+  virtual size_t TrainedSize(const TaskConfig& task, size_t global_size) const;
+  virtual Result<Update> UpdateOf(std::vector<float> trained, std::span<const float> global,
+                                  const models::Manifest& manifest, const TaskConfig& task, double train_loss,
+                                  std::chrono::steady_clock::time_point start, uint64_t round);
 };
 
 // The image models (MLP, CNN) with SGD: models::Model on the CPU, or what
@@ -77,11 +87,20 @@ class RankTrainer {
 std::unique_ptr<RankTrainer> MakeClassifierRankTrainer(Communicator& comm, std::shared_ptr<const models::Dataset> data,
                                                        DataParallelOptions options,
                                                        RankClassifierFactory make_model = MakeCpuRankClassifier);
-// The decoders with SGD or AdamW: models::Llama on the CPU, or what
-// make_decoder makes (the GPU engine).
+// How a text site's ranks make their models: the decoder of full rounds,
+// the adapted decoder of lora rounds (client/lora_round.h), and the site's
+// adapter rank in a federation of mixed ranks (0: the federation's).
+struct TextRankModels {
+  RankDecoderFactory decoder = MakeCpuRankDecoder;
+  RankLoraDecoderFactory lora_decoder = MakeCpuRankLoraDecoder;
+  int lora_rank = 0;
+};
+// The decoders with SGD or AdamW, as full or lora rounds: models::Llama and
+// models::LoraLlama on the CPU, or what `models` makes (the GPU engines). A
+// lora round under ZeRO-3 is refused by Check: the adapters open no unit to
+// gather (it runs under DDP, ZeRO-1 and ZeRO-2).
 std::unique_ptr<RankTrainer> MakeTextRankTrainer(Communicator& comm, std::shared_ptr<const std::vector<int32_t>> tokens,
-                                                 DataParallelOptions options,
-                                                 RankDecoderFactory make_decoder = MakeCpuRankDecoder);
+                                                 DataParallelOptions options, TextRankModels models = {});
 
 // Rank 0's Trainer, driven by the Agent on its training thread. Train,
 // KeepAlive, Finish and the update's stream must all run on that one thread

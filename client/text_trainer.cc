@@ -13,6 +13,8 @@
 #include "base/seed.h"
 #include "client/batch_schedule.h"
 #include "client/lm_backend.h"
+#include "client/lora_round.h"
+#include "client/rank_model.h"
 #include "models/language_model.h"
 #include "models/lora_federation.h"
 #include "models/optimizer.h"
@@ -24,92 +26,25 @@ TextTrainer::TextTrainer(std::shared_ptr<const std::vector<int32_t>> tokens, Com
 
 namespace {
 
-// This thread's adapted model for (model, batch, LoRA config), with the
-// global layout it reads: built once, reused by every round and client.
-struct LoraWorkspace {
-  models::LoraGlobalLayout layout;
-  std::unique_ptr<models::LoraLlama> model;
-};
-
-Result<LoraWorkspace*> ThreadLoraWorkspace(const std::string& name, int batch, const models::LoraConfig& lora) {
-  thread_local std::map<std::string, std::unique_ptr<LoraWorkspace>> workspaces;
-  const std::string key = fmt::format("{}/{}/{}/{}/{}/{}", name, batch, lora.rank, lora.alpha, lora.dropout,
-                                      fmt::join(lora.target_modules, ","));
-  auto& slot = workspaces[key];
+// This thread's adapted model for (model, batch, adapter config, device):
+// built once, reused by every round and client it trains on this thread.
+Result<RankLoraDecoder*> ThreadLoraDecoder(const std::string& model, int batch, const models::LoraConfig& lora,
+                                           const Compute& compute) {
+  thread_local std::map<std::string, std::unique_ptr<RankLoraDecoder>> decoders;
+  const std::string key = fmt::format("{}/{}/{}/{}/{}/{}/{}", model, batch, lora.rank, lora.alpha, lora.dropout,
+                                      fmt::join(lora.target_modules, ","), compute.ToString());
+  auto& slot = decoders[key];
   if (!slot) {
-    auto built = [&]() -> Result<std::unique_ptr<LoraWorkspace>> {
-      ESTUARY_ASSIGN_OR_RETURN(const models::LlamaConfig config, models::LlamaPreset(name));
-      auto w = std::make_unique<LoraWorkspace>();
-      ESTUARY_ASSIGN_OR_RETURN(w->layout, models::MakeLoraGlobalLayout(config, lora));
-      ESTUARY_ASSIGN_OR_RETURN(models::Llama base, models::Llama::Create(config, batch));
-      ESTUARY_ASSIGN_OR_RETURN(models::LoraLlama adapted, models::LoraLlama::Create(std::move(base), lora));
-      w->model = std::make_unique<models::LoraLlama>(std::move(adapted));
-      return w;
-    }();
-    if (!built.ok()) {
-      workspaces.erase(key);
-      return built.status();
+    auto made = compute.device == models::Device::kCpu
+                    ? MakeCpuRankLoraDecoder(model, batch, lora)
+                    : MakeCudaRankLoraDecoder(model, batch, lora, compute, /*stream=*/nullptr);
+    if (!made.ok()) {
+      decoders.erase(key);
+      return made.status();
     }
-    slot = std::move(built).value();
+    slot = std::move(made).value();
   }
   return slot.get();
-}
-
-// An exact merge whose average has fewer than r singular values leaves rows
-// of A and columns of B zero; there LoRA's gradients vanish for good
-// (dA = Bᵀ·…, dB = …·A). Such a row of A is drawn afresh, as PEFT initialises
-// A, with B's column left zero: the adapted model does not change.
-void ReviveDeadRanks(models::LoraLlama& model, uint64_t seed) {
-  const models::Manifest& m = model.manifest();
-  std::span<float> p = model.parameters();
-  std::mt19937_64 rng(seed);
-  for (const models::TensorSpec& a : m.tensors) {
-    if (!models::IsLoraA(a.name)) continue;
-    const models::TensorSpec* b = m.Find(models::LoraModuleOf(a.name) + ".lora_B.weight");
-    const int64_t rank = a.shape[0], in = a.shape[1], out = b->shape[0];
-    for (int64_t j = 0; j < rank; ++j) {
-      float* row = p.data() + a.offset + j * in;
-      bool dead = std::all_of(row, row + in, [](float v) { return v == 0.0f; });
-      for (int64_t o = 0; dead && o < out; ++o) dead = p[b->offset + o * rank + j] == 0.0f;
-      if (!dead) continue;
-      const double bound = 1.0 / std::sqrt(double(in));
-      for (int64_t i = 0; i < in; ++i) row[i] = float((2 * (double(rng() >> 11) * 0x1.0p-53) - 1) * bound);
-    }
-  }
-}
-
-// What a site of rank r_i uploads: its model is base + s·B·A (the global
-// adapter, rank r, s = alpha/r) + s_i·B_i·A_i (its own, s_i = alpha/r_i), one
-// adapter of rank R = r + r_i with scale s' = alpha/R represents both
-// exactly: A' = [A; A_i], B' = [(s/s')·B, (s_i/s')·B_i]. An exact merge then
-// averages the sites' models as they are, whatever their ranks.
-models::Manifest StackedAdapters(const models::Manifest& global_adapter, std::span<const float> global_values,
-                                 const models::LoraLlama& site, const models::LoraConfig& federation,
-                                 std::vector<float>* payload) {
-  const int r = federation.rank, ri = site.lora_config().rank, R = r + ri;
-  const double s = double(federation.alpha) / r, si = double(federation.alpha) / ri, sR = double(federation.alpha) / R;
-  models::Manifest m;
-  payload->clear();
-  for (const models::TensorSpec& g : global_adapter.tensors) {
-    const models::TensorSpec* own = site.manifest().Find(g.name);
-    const float* gv = global_values.data() + g.offset;
-    const float* ov = site.parameters().data() + own->offset;
-    models::TensorSpec spec{g.name, g.shape, models::DType::kF32, m.total_elements};
-    if (models::IsLoraA(g.name)) {  // [r, in] over [r_i, in]: rows stack
-      spec.shape = {R, g.shape[1]};
-      payload->insert(payload->end(), gv, gv + g.numel());
-      payload->insert(payload->end(), ov, ov + own->numel());
-    } else {  // [out, r] beside [out, r_i]: columns stack, rescaled
-      spec.shape = {g.shape[0], R};
-      for (int64_t o = 0; o < g.shape[0]; ++o) {
-        for (int j = 0; j < r; ++j) payload->push_back(float(s / sR * gv[o * r + j]));
-        for (int j = 0; j < ri; ++j) payload->push_back(float(si / sR * ov[o * ri + j]));
-      }
-    }
-    m.total_elements += spec.numel();
-    m.tensors.push_back(std::move(spec));
-  }
-  return m;
 }
 
 }  // namespace
@@ -147,17 +82,6 @@ double TextTrainer::RunSchedule(const TaskConfig& task, uint64_t round, std::str
   return loss_sum / double(loss_tokens);
 }
 
-Status ValidateLoraTask(const LoraTask& lora) {
-  ESTUARY_RETURN_IF_ERROR(lora.config.Validate());
-  if (lora.merge != "naive" && lora.merge != "exact" && lora.merge != "frozen-a") {
-    return InvalidArgument("task: lora merge '{}' (expected naive, exact or frozen-a)", lora.merge);
-  }
-  if (lora.mixed_ranks && lora.merge != "exact") {
-    return InvalidArgument("task: lora mixed ranks need the exact merge, not {}", lora.merge);
-  }
-  return Status::Ok();
-}
-
 Result<Update> TextTrainer::Train(std::span<const float> global, const models::Manifest& manifest,
                                   const TaskConfig& task, uint64_t round, std::string_view client_name) {
   ESTUARY_RETURN_IF_ERROR(ValidateTask(task));
@@ -190,101 +114,43 @@ Result<Update> TextTrainer::Train(std::span<const float> global, const models::M
   return FullUpdate(std::move(local), global, manifest, num_examples(), loss, start, round);
 }
 
+// The round a rank of a multi-rank site trains (client/site.cc), on one
+// rank: the same plan, start and upload, and the same DataParallel step over
+// a communicator of one.
 Result<Update> TextTrainer::TrainLora(std::span<const float> global, const models::Manifest& manifest,
                                       const TaskConfig& task, uint64_t round, std::string_view client_name) {
-  ESTUARY_RETURN_IF_ERROR(ValidateLoraTask(task.lora));
-  if (compute_.device != models::Device::kCpu) {
-    return FailedPrecondition("trainer: update kind lora trains on the CPU only so far; this site runs on {}",
-                              compute_.ToString());
-  }
+  ESTUARY_ASSIGN_OR_RETURN(const LoraRound plan, PlanLoraRound(task, lora_rank_));
+  ESTUARY_RETURN_IF_ERROR(CheckLoraGlobal(plan, task, manifest, global.size()));
+  ESTUARY_ASSIGN_OR_RETURN(RankLoraDecoder * model,
+                           ThreadLoraDecoder(task.model, int(task.batch_size), plan.site, compute_));
   const int seq = static_cast<int>(task.seq_len);
-  ESTUARY_ASSIGN_OR_RETURN(LoraWorkspace * w, ThreadLoraWorkspace(task.model, int(task.batch_size), task.lora.config));
-  if (!(w->layout.global == manifest) || global.size() != manifest.total_elements) {
-    return InvalidArgument("trainer: the global model's manifest is not model '{}' with rank-{} adapters on {}",
-                           task.model, task.lora.config.rank, fmt::join(task.lora.config.target_modules, ", "));
-  }
-  const models::LoraGlobalLayout& layout = w->layout;
-  const bool own_rank = lora_rank_ != 0 && lora_rank_ != task.lora.config.rank;
-  if (own_rank && !task.lora.mixed_ranks) {
-    return FailedPrecondition("trainer: this site trains rank {}, but the federation (rank {}, merge {}) takes its "
-                              "own rank only",
-                              lora_rank_, task.lora.config.rank, task.lora.merge);
-  }
-  if (own_rank) {
-    // A site of another rank trains its own adapter on the global model
-    // with the global adapter folded into its base (below).
-    models::LoraConfig site = task.lora.config;
-    site.rank = lora_rank_;
-    ESTUARY_ASSIGN_OR_RETURN(w, ThreadLoraWorkspace(task.model, int(task.batch_size), site));
-  }
-  models::LoraLlama& model = *w->model;
-  if (seq > model.base().config().max_seq_len) {
-    return InvalidArgument("task: seq_len {} exceeds {}'s context of {}", seq, task.model,
-                           model.base().config().max_seq_len);
-  }
   const auto start = std::chrono::steady_clock::now();
-  const uint64_t base_size = layout.base.total_elements;
-  std::memcpy(model.base().parameters().data(), global.data(), base_size * sizeof(float));
-  const bool frozen_a = task.lora.merge == "frozen-a";
-  const uint64_t seed = MixSeed(MixSeed(task.seed, round), client_name);
-  if (own_rank) {
-    ESTUARY_RETURN_IF_ERROR(models::AddLoraToBase(layout.base, model.base().parameters(), layout.adapter,
-                                                  global.subspan(base_size), task.lora.config.alpha));
-    model.Initialize(MixSeed(seed, std::string_view("site adapter")));
-  } else {
-    std::memcpy(model.parameters().data(), global.data() + base_size, model.parameters().size_bytes());
-    if (!frozen_a) ReviveDeadRanks(model, MixSeed(seed, std::string_view("revive")));
-  }
-  model.SeedDropout(MixSeed(seed, std::string_view("dropout")));
-  // Under frozen-a A is the federation's and must not move: restored after
-  // every step (AdamW's decay would move it even with a zero gradient).
-  std::vector<float> frozen;
-  if (frozen_a) frozen.assign(model.parameters().begin(), model.parameters().end());
-  models::Sgd sgd(task.learning_rate, task.momentum, task.weight_decay);
-  models::AdamW adamw(models::AdamWOptions{.lr = task.learning_rate, .weight_decay = task.weight_decay});
+  ESTUARY_ASSIGN_OR_RETURN(const LoraStart from, StartLoraRound(plan, global, task, round, client_name));
+  ESTUARY_RETURN_IF_ERROR(model->LoadBase(from.base(), from.dropout_seed));
+  model->SetFirstRow(0);
+  thread_local std::unique_ptr<Communicator> cpu_solo, gpu_solo;
+  auto& solo = compute_.device == models::Device::kCpu ? cpu_solo : gpu_solo;
+  if (!solo) solo = MakeSoloCommunicator(compute_.device);
+  ESTUARY_ASSIGN_OR_RETURN(auto dp, model->StartRound(*solo, from.adapter, task, {.broadcast_parameters = false}));
   Status status;
   const double loss = RunSchedule(
       task, round, client_name, seq,
       [&](const int32_t* inputs, const int32_t* targets, int n) -> Result<float> {
-        ESTUARY_ASSIGN_OR_RETURN(const float l, model.ForwardBackward(inputs, targets, n, seq));
-        if (task.optimizer == OptimizerKind::kAdamW) {
-          adamw.Step(model.parameters(), model.gradients());
-        } else {
-          sgd.Step(model.parameters(), model.gradients());
-        }
-        if (frozen_a) {
-          for (const models::TensorSpec& spec : model.manifest().tensors) {
-            if (!models::IsLoraA(spec.name)) continue;
-            std::memcpy(model.parameters().data() + spec.offset, frozen.data() + spec.offset,
-                        spec.numel() * sizeof(float));
-          }
-        }
+        ESTUARY_ASSIGN_OR_RETURN(const float l,
+                                 model->ForwardBackward(inputs, targets, n, seq, dp->MicroBatch(1.0, true)));
+        ESTUARY_RETURN_IF_ERROR(
+            dp->Step([&](std::span<float> p, std::span<const float> g) { model->OptimizerStep(p, g); }).status());
+        ESTUARY_RETURN_IF_ERROR(model->FinishStep());
         return l;
       },
       &status);
   ESTUARY_RETURN_IF_ERROR(status);
-  if (!std::isfinite(loss)) {
-    return FailedPrecondition("trainer: local training diverged (loss {}) in round {}", loss, round);
-  }
-  Update update;
-  update.kind = UpdateKind::kLora;
-  update.num_examples = num_examples();
-  update.train_loss = loss;
-  if (own_rank) {
-    update.manifest = StackedAdapters(layout.adapter, global.subspan(base_size), model, task.lora.config,
-                                      &update.payload);
-    update.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    return update;
-  }
-  update.manifest = models::LoraUploadManifest(model.manifest(), frozen_a);
-  update.payload.reserve(update.manifest.total_elements);
-  for (const models::TensorSpec& spec : update.manifest.tensors) {
-    const models::TensorSpec* at = model.manifest().Find(spec.name);
-    update.payload.insert(update.payload.end(), model.parameters().begin() + at->offset,
-                          model.parameters().begin() + at->offset + at->numel());
-  }
-  update.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  return update;
+  std::vector<float> trained(plan.site_layout.manifest.total_elements);
+  ESTUARY_RETURN_IF_ERROR(model->ReadOut(*dp, [&](uint64_t offset, std::span<const float> values) {
+    std::copy(values.begin(), values.end(), trained.begin() + offset);
+    return Status::Ok();
+  }));
+  return LoraUpdateOf(plan, global, trained, num_examples(), loss, start, round);
 }
 
 }  // namespace estuary::client

@@ -10,12 +10,12 @@
 // (models/lora_federation.h): the trainer loads the base and the global
 // adapter into a LoraLlama, trains only the adapter (under frozen-a only B;
 // A is restored after every step) and uploads the adapter factors, named as
-// PEFT saves them (under frozen-a the B factors alone). CPU only so far.
+// PEFT saves them (under frozen-a the B factors alone).
 // A site may train its own rank (set_lora_rank) where the federation takes
-// mixed ranks (exact only): it folds the global adapter into its base,
-// trains a fresh adapter of its rank, and uploads both as one stacked adapter
-// of rank r + r_i that represents its model exactly (StackedAdapters in the
-// .cc).
+// mixed ranks (exact only): client/lora_round.h says what it uploads then.
+// The adapted model is models::LoraLlama on the CPU or
+// cuda::LoraLlamaEngine on a GPU (fp32 or bf16), trained by the same
+// DataParallel step as a rank of a multi-rank site, over one rank.
 // The model is a per-thread workspace on the site's device (lm_backend.h):
 // the CPU, or a CUDA GPU in fp32, bf16 or fp16.
 #pragma once
@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "client/compute.h"
+#include "client/lora_round.h"
 #include "client/trainer.h"
 
 namespace estuary::client {
@@ -52,9 +53,5 @@ class TextTrainer : public Trainer {
   Compute compute_;
   int lora_rank_ = 0;
 };
-
-// The LoRA part of a task: a valid LoraConfig, a known merge rule, mixed
-// ranks only under exact.
-Status ValidateLoraTask(const LoraTask& lora);
 
 }  // namespace estuary::client

@@ -14,6 +14,7 @@
 #include "client/text_trainer.h"
 #include "models/language_model.h"
 #include "models/llama.h"
+#include "models/lora_federation.h"
 #include "models/model.h"
 #include "tests/client/ranks.h"
 
@@ -147,8 +148,12 @@ struct Scenario {
   int ranks = 2;
   ZeroStage stage = ZeroStage::kDdp;
   TaskConfig task;
+  int lora_rank = 0;  // a lora site's own adapter rank (0: the federation's)
 };
-void PrintTo(const Scenario& s, std::ostream* os) { *os << s.model << " on " << s.ranks << " ranks, zero " << int(s.stage); }
+void PrintTo(const Scenario& s, std::ostream* os) {
+  *os << s.model << " on " << s.ranks << " ranks, zero " << int(s.stage);
+  if (s.task.update_kind == UpdateKind::kLora) *os << ", lora " << s.task.lora.merge << " site rank " << s.lora_rank;
+}
 
 // A ZeRO-3 site's update: the producer runs on its own thread (the only one
 // using the communicator meanwhile) while this one consumes, as the Agent does.
@@ -169,6 +174,8 @@ Result<std::vector<float>> Collect(UpdateStream& stream, size_t size) {
   return delta;
 }
 
+TaskConfig LoraTask(std::string merge, bool mixed_ranks = false);
+
 // Rank 0 trains two rounds through SiteTrainer (with idle messages between
 // them) and checks each update against the single-process trainer's; the
 // other ranks follow until rank 0 says the federation is over.
@@ -180,12 +187,18 @@ Status RunSite(const Scenario& s, const std::string& address, int rank) {
   auto images = Images(61);
   auto tokens = Text(4000);
   DataParallelOptions options{.stage = s.stage, .bucket_bytes = 64 << 10, .first_bucket_bytes = 4 << 10};
-  auto rank_trainer = text ? MakeTextRankTrainer(*comm, tokens, options) : MakeClassifierRankTrainer(*comm, images, options);
+  auto rank_trainer = text ? MakeTextRankTrainer(*comm, tokens, options, {.lora_rank = s.lora_rank})
+                           : MakeClassifierRankTrainer(*comm, images, options);
   if (rank != 0) return RunFollower(*comm, *rank_trainer);
 
+  const bool lora = s.task.update_kind == UpdateKind::kLora;
   std::vector<float> global;
   models::Manifest manifest;
-  if (text) {
+  if (lora) {
+    ESTUARY_ASSIGN_OR_RETURN(auto initial, models::LoraInitialModel(s.model, s.task.lora.config, 3, ""));
+    global = std::move(initial.values);
+    manifest = std::move(initial.manifest);
+  } else if (text) {
     ESTUARY_ASSIGN_OR_RETURN(auto config, models::LlamaPreset(s.model));
     ESTUARY_ASSIGN_OR_RETURN(auto llama, models::Llama::Create(config, 1));
     llama.Initialize(3);
@@ -199,7 +212,9 @@ Status RunSite(const Scenario& s, const std::string& address, int rank) {
   }
   std::unique_ptr<Trainer> single;
   if (text) {
-    single = std::make_unique<TextTrainer>(tokens);
+    auto text_trainer = std::make_unique<TextTrainer>(tokens);
+    text_trainer->set_lora_rank(s.lora_rank);
+    single = std::move(text_trainer);
   } else {
     std::vector<uint32_t> all(images->size());
     std::iota(all.begin(), all.end(), 0u);
@@ -230,12 +245,32 @@ Status RunSite(const Scenario& s, const std::string& address, int rank) {
       return Internal("round {}: train loss {} != one process's {}", round, got.train_loss, want.train_loss);
     }
     if (got.num_examples != want.num_examples) return Internal("examples {} != {}", got.num_examples, want.num_examples);
-    for (size_t i = 0; i < global.size(); ++i) global[i] += want.payload[i];  // the next round starts elsewhere
+    if (got.kind != want.kind || !(got.manifest == want.manifest)) {
+      return Internal("round {}: the update's kind or manifest is not one process's", round);
+    }
+    if (lora) {
+      // The next round starts from a global adapter whose B is not zero.
+      std::mt19937 gen{unsigned(round)};
+      std::normal_distribution<float> noise(0.0f, 0.02f);
+      const uint64_t adapter_at = models::MakeLoraGlobalLayout(*models::LlamaPreset(s.model), s.task.lora.config)
+                                      ->adapter_offset();
+      for (size_t i = adapter_at; i < global.size(); ++i) global[i] += noise(gen);
+    } else {
+      for (size_t i = 0; i < global.size(); ++i) global[i] += want.payload[i];  // the next round starts elsewhere
+    }
   }
   // A task rank 0 cannot train fails on rank 0 alone; the site carries on.
-  TaskConfig lora = s.task;
-  lora.update_kind = UpdateKind::kLora;
-  if (site.Train(global, manifest, lora, 3, "site-x").ok()) return Internal("a lora task trained");
+  TaskConfig bad = s.task;
+  bad.update_kind = lora ? UpdateKind::kFull : UpdateKind::kLora;  // the global buffer is the other kind's
+  if (site.Train(global, manifest, bad, 3, "site-x").ok()) return Internal("a task of the wrong kind trained");
+  if (text && s.stage == ZeroStage::kZero3) {  // lora under ZeRO-3: one line, on rank 0 alone
+    TaskConfig lora_task = LoraTask("exact");
+    ESTUARY_ASSIGN_OR_RETURN(auto initial, models::LoraInitialModel(s.model, lora_task.lora.config, 3, ""));
+    auto refused = site.Train(initial.values, initial.manifest, lora_task, 3, "site-x");
+    if (refused.ok() || refused.status().message().find("under --zero 3") == std::string::npos) {
+      return Internal("lora under ZeRO-3: {}", refused.status().ToString());
+    }
+  }
   if (!broken.ok()) return Internal("a refused task broke the site: {}", broken.ToString());
   return site.Finish(Status::Ok());
 }
@@ -275,6 +310,21 @@ TaskConfig TextTask() {
   return t;
 }
 
+// A lora round of the same decoder: rank-4 adapters on q, v and down
+// (dropout 0.1: the ranks draw the masks one process draws for their rows).
+TaskConfig LoraTask(std::string merge, bool mixed_ranks) {
+  TaskConfig t = TextTask();
+  t.update_kind = UpdateKind::kLora;
+  t.learning_rate = 0.01f;
+  t.lora.config.rank = 4;
+  t.lora.config.alpha = 8;
+  t.lora.config.dropout = 0.1f;
+  t.lora.config.target_modules = {"q_proj", "v_proj", "down_proj"};
+  t.lora.merge = std::move(merge);
+  t.lora.mixed_ranks = mixed_ranks;
+  return t;
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Site, SiteMatchesOneProcess,
     ::testing::Values(Scenario{"mlp", 2, ZeroStage::kDdp, ImageTask(0)},  // against the fused single-process SGD
@@ -282,10 +332,19 @@ INSTANTIATE_TEST_SUITE_P(
                       Scenario{"mlp", 2, ZeroStage::kZero2, ImageTask(0.5f)},
                       Scenario{"mlp", 3, ZeroStage::kZero3, ImageTask(0.5f)},
                       Scenario{"llama-tiny", 2, ZeroStage::kDdp, TextTask()},
-                      Scenario{"llama-tiny", 3, ZeroStage::kZero3, TextTask()}),
+                      Scenario{"llama-tiny", 3, ZeroStage::kZero3, TextTask()},
+                      Scenario{"llama-tiny", 2, ZeroStage::kDdp, LoraTask("exact")},
+                      Scenario{"llama-tiny", 3, ZeroStage::kZero1, LoraTask("naive")},
+                      Scenario{"llama-tiny", 2, ZeroStage::kZero2, LoraTask("frozen-a")},
+                      Scenario{"llama-tiny", 3, ZeroStage::kDdp, LoraTask("exact", true), 2}),
     [](const auto& info) {
-      return fmt::format("{}_{}ranks_zero{}", info.param.model == "mlp" ? "mlp" : "llama", info.param.ranks,
-                         int(info.param.stage));
+      const Scenario& s = info.param;
+      std::string name = fmt::format("{}_{}ranks_zero{}", s.model == "mlp" ? "mlp" : "llama", s.ranks, int(s.stage));
+      if (s.task.update_kind == UpdateKind::kLora) {
+        name += fmt::format("_lora_{}", s.task.lora.merge == "frozen-a" ? "frozen_a" : s.task.lora.merge);
+        if (s.lora_rank != 0) name += fmt::format("_site_rank{}", s.lora_rank);
+      }
+      return name;
     });
 
 // Rank 0 ends the federation with an error: every follower returns it.
