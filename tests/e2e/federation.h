@@ -61,6 +61,12 @@ class Federation {
   // extra: more flags for estuary-client (a multi-rank site's --ranks, ...).
   std::unique_ptr<ChildProcess> StartClient(const std::string& name, uint16_t port, fs::path data = {},
                                             const std::vector<std::string>& extra = {}) {
+    if (port == 0) {
+      // StartServer failed (and said why): a client that fails at once, so
+      // the test ends instead of reconnecting to nothing until ctest's timeout.
+      return std::make_unique<ChildProcess>(std::vector<std::string>{"/bin/sh", "-c", "exit 1"},
+                                            dir_ / (name + ".log"));
+    }
     if (data.empty()) data = data_;
     const auto files = Files(name);
     std::vector<std::string> argv = {BinaryPath("estuary-client").string(), "--server", fmt::format("127.0.0.1:{}", port),

@@ -117,9 +117,15 @@ TEST(Site, RanksTrainTheUpdateOneProcessWould) {
   }
 }
 
+struct TextRound {
+  double train_loss = 0;  // the site's, as the server logged it
+  double test_loss = 0;   // the global model's after the round: it depends on every value uploaded
+};
+
 // Two rounds of the server's language model (AdamW) trained by one text site
-// started with `flags`; the train loss the server logged for it per round.
-std::vector<double> TextSiteLosses(const std::vector<std::string>& flags) {
+// started with `flags`; server_flags adds to the server's (a lora federation).
+std::vector<TextRound> TextSiteLosses(const std::vector<std::string>& flags,
+                                      const std::vector<std::string>& server_flags = {}) {
   Federation f;
   f.Issue("library");
   const fs::path text = f.dir() / "text";
@@ -128,21 +134,26 @@ std::vector<double> TextSiteLosses(const std::vector<std::string>& flags) {
     std::ofstream out(text / "proverbs");
     for (int i = 0; i < 200; ++i) out << "a stitch in time saves nine, number " << i << "\n%\n";
   }
-  const uint16_t port = f.StartServer(2, 1, {"--model", "llama-tiny", "--eval-data", text.string(), "--optimizer",
-                                             "adamw", "--lr", "0.003", "--batch", "5", "--seq-len", "32",
-                                             "--max-local-steps", "3", "--eval-windows", "8"});
+  std::vector<std::string> server = {"--model", "llama-tiny", "--eval-data", text.string(), "--optimizer",
+                                     "adamw", "--lr", "0.003", "--batch", "5", "--seq-len", "32",
+                                     "--max-local-steps", "3", "--eval-windows", "8"};
+  server.insert(server.end(), server_flags.begin(), server_flags.end());
+  const uint16_t port = f.StartServer(2, 1, server);
   auto site = f.StartClient("library", port, text, flags);
   EXPECT_EQ(site->Wait(), 0) << f.ClientLog("library");
   EXPECT_EQ(f.WaitServer(), 0) << f.ServerLog();
-  std::vector<double> losses;
+  std::vector<TextRound> out;
   auto store = f.OpenStore();
-  if (!store) return losses;
-  for (uint64_t round = 1; round <= 2; ++round) {
-    auto p = ParticipationsByName(*store, round);
+  if (!store) return out;
+  auto rounds = store->Rounds();
+  EXPECT_TRUE(rounds.ok());
+  if (!rounds.ok() || rounds->size() != 2) return out;
+  for (const auto& r : *rounds) {
+    auto p = ParticipationsByName(*store, r.round);
     EXPECT_EQ(p["library"].status, "committed");
-    losses.push_back(p["library"].train_loss);
+    out.push_back({p["library"].train_loss, r.test_loss.value_or(-1)});
   }
-  return losses;
+  return out;
 }
 
 // A text site on two ranks under ZeRO-2 trains the server's language model
@@ -155,9 +166,30 @@ TEST(Site, ATextSiteOnTwoRanksTrainsTheLanguageModelAsOnOne) {
   ASSERT_EQ(one.size(), 2u);
   ASSERT_EQ(two.size(), 2u);
   for (size_t i = 0; i < 2; ++i) {
-    std::printf("round %zu: text site loss %.9g on 2 ranks, %.9g on one\n", i + 1, two[i], one[i]);
-    EXPECT_NEAR(two[i], one[i], 1e-4 * one[i]) << "round " << i + 1;
+    std::printf("round %zu: text site loss %.9g on 2 ranks, %.9g on one\n", i + 1, two[i].train_loss,
+                one[i].train_loss);
+    EXPECT_NEAR(two[i].train_loss, one[i].train_loss, 1e-4 * one[i].train_loss) << "round " << i + 1;
   }
+}
+
+// A site of a lora federation (rank-4 adapters, dropout 0.1, naive merge)
+// trains its adapters on two ranks under ZeRO-1 as it does on one: the
+// logged train loss, and the test loss of the global model after each round
+// (base plus the merged adapters the site uploaded), agree to 1e-4.
+TEST(Site, ALoraSiteOnTwoRanksTrainsItsAdaptersAsOnOne) {
+  const std::vector<std::string> lora = {"--update-kind", "lora", "--lora-rank",    "4",   "--lora-alpha",
+                                         "8",             "--lora-dropout", "0.1", "--lora-merge", "naive"};
+  const auto one = TextSiteLosses({"--ranks", "1"}, lora);
+  const auto two = TextSiteLosses({"--ranks", "2", "--zero", "1"}, lora);
+  ASSERT_EQ(one.size(), 2u);
+  ASSERT_EQ(two.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    std::printf("round %zu: lora site loss %.9g on 2 ranks, %.9g on one; test loss %.9g, %.9g\n", i + 1,
+                two[i].train_loss, one[i].train_loss, two[i].test_loss, one[i].test_loss);
+    EXPECT_NEAR(two[i].train_loss, one[i].train_loss, 1e-4 * one[i].train_loss) << "round " << i + 1;
+    EXPECT_NEAR(two[i].test_loss, one[i].test_loss, 1e-4 * one[i].test_loss) << "round " << i + 1;
+  }
+  EXPECT_NE(one[0].test_loss, one[1].test_loss);  // the adapters moved the global model
 }
 
 // An image site on one GPU over NCCL (DDP and ZeRO-1 over the classifier
@@ -200,8 +232,42 @@ TEST(Site, ATextSiteOnAGpuOverNcclTrainsAsOneCudaProcess) {
     ASSERT_EQ(nccl.size(), 2u);
     for (size_t i = 0; i < 2; ++i) {
       std::printf("round %zu: text site loss %.9g over NCCL (--zero %s), %.9g in one cuda process\n", i + 1,
-                  nccl[i], zero, one[i]);
-      EXPECT_NEAR(nccl[i], one[i], 1e-5 * one[i]) << "round " << i + 1 << ", --zero " << zero;
+                  nccl[i].train_loss, zero, one[i].train_loss);
+      EXPECT_NEAR(nccl[i].train_loss, one[i].train_loss, 1e-5 * one[i].train_loss)
+          << "round " << i + 1 << ", --zero " << zero;
+    }
+  }
+#endif
+}
+
+// A lora site on one GPU (cuda::LoraLlamaEngine, fp32): in one --device cuda
+// process and over NCCL under DDP and ZeRO-1 it logs the same losses (1e-5),
+// and follows the CPU site within 1e-3.
+TEST(Site, ALoraSiteOnAGpuOverNcclTrainsAsOneCudaProcess) {
+#ifndef ESTUARY_HAVE_NCCL
+  GTEST_SKIP() << "this build has no NCCL engine (CUDA or NCCL not found by CMake)";
+#else
+  if (auto usable = client::ParseCompute("cuda", "fp32"); !usable.ok()) GTEST_SKIP() << usable.status().message();
+  const std::vector<std::string> lora = {"--update-kind", "lora", "--lora-rank", "4", "--lora-alpha", "8",
+                                         "--lora-merge", "exact"};
+  const auto cpu = TextSiteLosses({}, lora);
+  const auto one = TextSiteLosses({"--device", "cuda"}, lora);
+  ASSERT_EQ(cpu.size(), 2u);
+  ASSERT_EQ(one.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_NEAR(one[i].train_loss, cpu[i].train_loss, 1e-3 * cpu[i].train_loss) << "round " << i + 1;
+    EXPECT_NEAR(one[i].test_loss, cpu[i].test_loss, 1e-3 * cpu[i].test_loss) << "round " << i + 1;
+  }
+  for (const char* zero : {"0", "1"}) {
+    const auto nccl = TextSiteLosses({"--gpus", "0", "--zero", zero}, lora);
+    ASSERT_EQ(nccl.size(), 2u);
+    for (size_t i = 0; i < 2; ++i) {
+      std::printf("round %zu: lora site loss %.9g over NCCL (--zero %s), %.9g in one cuda process, %.9g on the CPU\n",
+                  i + 1, nccl[i].train_loss, zero, one[i].train_loss, cpu[i].train_loss);
+      EXPECT_NEAR(nccl[i].train_loss, one[i].train_loss, 1e-5 * one[i].train_loss)
+          << "round " << i + 1 << ", --zero " << zero;
+      EXPECT_NEAR(nccl[i].test_loss, one[i].test_loss, 1e-5 * one[i].test_loss)
+          << "round " << i + 1 << ", --zero " << zero;
     }
   }
 #endif
