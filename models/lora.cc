@@ -14,6 +14,8 @@
 
 #include "base/seed.h"
 #include "models/checkpoint.h"
+#include "models/flat_buffer.h"
+#include "models/precision.h"
 #include "models/transformer_ops.h"
 
 namespace estuary::models {
@@ -206,6 +208,39 @@ Result<LoraLlama> LoraLlama::Create(Llama base, const LoraConfig& config) {
 
 void LoraLlama::Initialize(uint64_t seed) { InitializeLoraAdapters(layout_, seed, params_); }
 
+void LoraLlama::StoreBaseInBf16() {
+  std::span<float> base = base_.parameters();
+  base_bf16_.resize(base.size());
+  FloatToBf16(base, base_bf16_);
+  (void)ReleasePages(base);  // madvise on our own mmap: nothing to report
+}
+
+Status LoraLlama::LoadBase(std::span<const float> weights) {
+  std::span<float> base = base_.parameters();
+  if (weights.size() != base.size()) {
+    return InvalidArgument("lora llama: {} base weights given, the base has {}", weights.size(), base.size());
+  }
+  if (base_in_bf16()) {
+    FloatToBf16(weights, base_bf16_);
+  } else {
+    std::copy(weights.begin(), weights.end(), base.begin());
+  }
+  return Status::Ok();
+}
+
+void LoraLlama::OpenBase(int unit) {
+  if (!base_in_bf16()) return;
+  const ParameterUnit& u = base_.units_[size_t(unit)];
+  Bf16ToFloat(std::span<const uint16_t>(base_bf16_).subspan(u.begin, u.end - u.begin),
+              base_.parameters().subspan(u.begin, u.end - u.begin));
+}
+
+void LoraLlama::CloseBase(int unit) {
+  if (!base_in_bf16()) return;
+  const ParameterUnit& u = base_.units_[size_t(unit)];
+  (void)ReleasePages(base_.parameters().subspan(u.begin, u.end - u.begin));
+}
+
 // Counter-based (base/seed.h's mixing): a mask is a pure function of its
 // coordinates, so backward redraws it instead of storing it.
 uint64_t LoraLlama::MaskStream(int layer, LoraModule m) const {
@@ -244,8 +279,18 @@ void LoraLlama::RunForward(const int32_t* tokens, int batch, int seq, float* log
     }
     adapter.Forward(x, n, Xa(l, m), y, ldy);
   };
-  EmbeddingForward(tokens, n, base_.embed_, D, acts.resid);
+  if (base_in_bf16()) {
+    // The lookup reads n rows: unpack those, not the whole table.
+    const uint64_t embed = base_.units_[0].begin;
+    for (int i = 0; i < n; ++i) {
+      Bf16ToFloat(std::span<const uint16_t>(base_bf16_).subspan(embed + uint64_t(tokens[i]) * D, D),
+                  std::span<float>(acts.resid + int64_t(i) * D, D));
+    }
+  } else {
+    EmbeddingForward(tokens, n, base_.embed_, D, acts.resid);
+  }
   for (int l = 0; l < c.num_layers; ++l) {
+    OpenBase(1 + l);
     const Llama::Layer& layer = base_.layers_[l];
     const Llama::LayerActivations& a = acts.layers[l];
     const float* x = acts.resid + l * acts.resid_stride;
@@ -269,10 +314,21 @@ void LoraLlama::RunForward(const int32_t* tokens, int batch, int seq, float* log
     layer.down.Forward(a.act, n, out);
     adapt(l, LoraModule::kDown, a.act, out, D);
     ResidualAdd(a.h, int64_t(n) * D, out);
+    // A training step's backward starts with the last block: it stays open.
+    if (!train || l + 1 < c.num_layers) CloseBase(1 + l);
   }
+  // The final norm's unit, and the head's: its own when untied, the
+  // embedding's when tied. Backward opens them first, so a training step
+  // leaves them open for it.
+  const int final_unit = c.num_layers + 1, head_unit = c.tie_embeddings ? 0 : final_unit;
+  OpenBase(final_unit);
   RmsNormForward(acts.resid + c.num_layers * acts.resid_stride, base_.final_norm_, n, D, eps, acts.xn_final,
                  acts.rstd_final);
+  if (head_unit != final_unit) OpenBase(head_unit);
   base_.lm_head_.Forward(acts.xn_final, n, logits);
+  if (train) return;
+  if (head_unit != final_unit) CloseBase(head_unit);
+  CloseBase(final_unit);
 }
 
 Status LoraLlama::Forward(const int32_t* tokens, int batch, int seq, float* logits) {
@@ -333,13 +389,18 @@ Result<float> LoraLlama::ForwardBackward(const int32_t* tokens, const int32_t* t
       if (Kept(stream, first + i, p)) dx[i] += dxd_[i] * keep_scale;
     }
   };
+  // RunForward left the final norm, the head and the last block open.
+  const int final_unit = c.num_layers + 1, head_unit = c.tie_embeddings ? 0 : final_unit;
   frozen(base_.lm_head_).Backward(a.xn_final, dlogits, n, a.dxn);
+  if (head_unit != final_unit) CloseBase(head_unit);
   std::memset(a.dresid, 0, sizeof(float) * n * D);
   RmsNormBackward(a.resid + c.num_layers * a.resid_stride, base_.final_norm_, a.rstd_final, a.dxn, n, D, a.dresid,
                   dnorm_.data());
+  CloseBase(final_unit);
   // dresid holds dL/d(output of block l) on entry and dL/d(its input) on exit,
   // except for block 0, whose input (the frozen embedding) needs none.
   for (int l = c.num_layers - 1; l >= 0; --l) {
+    if (l + 1 < c.num_layers) OpenBase(1 + l);
     const Llama::Layer& layer = base_.layers_[l];
     const Llama::LayerActivations& s = a.layers[l];
     frozen(layer.down).Backward(s.act, a.dresid, n, a.dact);
@@ -363,6 +424,7 @@ Result<float> LoraLlama::ForwardBackward(const int32_t* tokens, const int32_t* t
       RmsNormBackward(a.resid + l * a.resid_stride, layer.input_norm, s.rstd1, a.dxn, n, D, a.dresid,
                       dnorm_.data());
     }
+    CloseBase(1 + l);
     hooks.GradientsFinal(layout_.units[l].begin);  // layer 0's is 0: the last call
   }
   ++dropout_step_;
@@ -371,7 +433,11 @@ Result<float> LoraLlama::ForwardBackward(const int32_t* tokens, const int32_t* t
 
 Result<Llama> LoraLlama::Merged(int max_batch) const {
   ESTUARY_ASSIGN_OR_RETURN(Llama merged, Llama::Create(base_.config(), max_batch));
-  std::copy(base_.parameters().begin(), base_.parameters().end(), merged.parameters().begin());
+  if (base_in_bf16()) {
+    Bf16ToFloat(base_bf16_, merged.parameters());
+  } else {
+    std::copy(base_.parameters().begin(), base_.parameters().end(), merged.parameters().begin());
+  }
   for (int l = 0; l < int(layers_.size()); ++l) {
     for (LoraModule m : kAllModules) {
       const LoraLinear& adapter = layers_[l][int(m)];

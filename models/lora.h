@@ -128,7 +128,22 @@ class LoraLlama {
   const LoraConfig& lora_config() const { return lora_config_; }
   const Llama& base() const { return base_; }
   // Writable to load or replace base weights; training never changes them.
+  // With a bf16 base, load through LoadBase instead.
   Llama& base() { return base_; }
+
+  // Keeps the frozen base in bf16 from now on: 2 bytes a weight instead of 4.
+  // The base's current weights are rounded to bf16 (to nearest even) and its
+  // fp32 buffer gives its pages back; each step then unpacks one unit of it
+  // at a time (a block, the final norm and head; the embedding lookup reads
+  // its rows straight from bf16) just before the unit is used and releases
+  // it after, so about one unit's fp32 weights are resident (at the turn from
+  // forward to backward, the last block's and the head's). The model computes in fp32 with the bf16-rounded
+  // base: bit for bit what an fp32 base holding those rounded weights gives.
+  void StoreBaseInBf16();
+  bool base_in_bf16() const { return !base_bf16_.empty(); }
+  // Replaces the base's weights (base().parameters()'s layout); rounded to
+  // bf16 when the base is kept so.
+  Status LoadBase(std::span<const float> weights);
 
   // The adapter buffers (PEFT names, see above).
   const Manifest& manifest() const { return layout_.manifest; }
@@ -173,6 +188,10 @@ class LoraLlama {
 
  private:
   LoraLlama(Llama base, const LoraConfig& config);
+  // A bf16 base's unit `unit` (base().units()): unpacked into the base's
+  // fp32 buffer before use, its pages released after. No-ops for an fp32 base.
+  void OpenBase(int unit);
+  void CloseBase(int unit);
   // With train and dropout > 0, each adapter reads its dropped input.
   void RunForward(const int32_t* tokens, int batch, int seq, float* logits, bool train);
   // The dropout mask of module m in layer l this step: element i is kept
@@ -198,6 +217,7 @@ class LoraLlama {
   std::vector<size_t> xd_at_;
   uint64_t dropout_seed_ = 0, dropout_step_ = 0;
   int64_t dropout_first_row_ = 0;
+  std::vector<uint16_t> base_bf16_;  // the base, when kept in bf16
 };
 
 // A PEFT adapter directory: adapter_model.safetensors (fp32, manifest()'s

@@ -20,6 +20,8 @@
 #include "models/llama.h"
 #include "models/lora.h"
 #include "models/optimizer.h"
+#include "models/precision.h"
+#include "models/flat_buffer.h"
 #include "tests/e2e/harness.h"
 #include "tests/models/llama_fixture.h"
 
@@ -360,6 +362,101 @@ TEST(LoraLlama, BadConfigsAndInputsAreErrors) {
   std::vector<uint64_t> want;
   for (size_t l = units.size(); l-- > 0;) want.push_back(units[l].begin);
   EXPECT_EQ(hooks.offsets, want);
+}
+
+// A base kept in bf16 is the bf16-rounded base: loss, logits, every adapter
+// gradient, two AdamW steps and the merged model bit for bit those of an fp32
+// base holding the rounded weights; loading new weights rounds them too. Its
+// fp32 buffer holds at most one unit while a step runs (checked at every
+// layer's gradient report) and only partial pages at unit edges after.
+TEST(LoraLlama, ABaseKeptInBf16IsTheRoundedBaseAndHoldsOneUnitAtATime) {
+  for (const bool tied : {false, true}) {
+    SCOPED_TRACE(tied ? "tied" : "untied");
+    LlamaConfig c;
+    c.vocab_size = 512;
+    c.hidden_size = 128;
+    c.intermediate_size = 352;
+    c.num_layers = 4;
+    c.num_heads = 4;
+    c.num_kv_heads = 2;
+    c.max_seq_len = 8;
+    c.tie_embeddings = tied;
+    LoraConfig lora;
+    lora.rank = 4;
+    lora.dropout = 0.1f;
+    lora.target_modules = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+    auto make = [&](std::span<const float> base_weights) {
+      auto base = Llama::Create(c, 2);
+      EXPECT_TRUE(base.ok());
+      std::copy(base_weights.begin(), base_weights.end(), base->parameters().begin());
+      auto model = LoraLlama::Create(std::move(base).value(), lora);
+      EXPECT_TRUE(model.ok());
+      std::mt19937 gen(9);
+      std::uniform_real_distribution<float> value(-0.2f, 0.2f);
+      for (float& p : model->parameters()) p = value(gen);  // B not zero: every factor gets a gradient
+      model->SeedDropout(4);
+      return std::move(model).value();
+    };
+    auto init = Llama::Create(c, 1);
+    ASSERT_TRUE(init.ok());
+    init->Initialize(5);
+    Values rounded(init->parameters().size());
+    std::vector<uint16_t> bits(rounded.size());
+    FloatToBf16(init->parameters(), bits);
+    Bf16ToFloat(bits, rounded);
+    EXPECT_FALSE(SameBits(rounded, init->parameters()));  // the rounding is not a no-op
+
+    LoraLlama kept = make(init->parameters()), reference = make(rounded);
+    kept.StoreBaseInBf16();
+    ASSERT_TRUE(kept.base_in_bf16());
+    const std::vector<ParameterUnit> units = kept.base().units();
+    const size_t edges = 2 * units.size() * 4096;  // partial pages at unit edges stay resident
+    size_t largest = 0;
+    for (const ParameterUnit& u : units) largest = std::max<size_t>(largest, (u.end - u.begin) * sizeof(float));
+    auto resident = [&] { return ResidentBytes(kept.base().parameters()).value(); };
+    EXPECT_LE(resident(), edges);
+
+    struct Watch : StepHooks {
+      std::function<size_t()> resident;
+      size_t most = 0;
+      void GradientsFinal(uint64_t) override { most = std::max(most, resident()); }
+    } watch;
+    watch.resident = resident;
+    const Ids tokens = {1, 5, 9, 2, 33, 7, 4, 4, 0, 39, 12, 6, 500, 3, 17, 8};
+    const Ids targets = {5, 9, 2, 33, 7, 4, 4, 0, 39, 12, 6, 500, 3, 17, 8, 1};
+    AdamW kept_opt({.lr = 1e-2f, .weight_decay = 0.1f}), reference_opt({.lr = 1e-2f, .weight_decay = 0.1f});
+    for (int step = 0; step < 2; ++step) {
+      auto got = kept.ForwardBackward(tokens.data(), targets.data(), 2, 8, {.hooks = &watch});
+      auto want = reference.ForwardBackward(tokens.data(), targets.data(), 2, 8);
+      ASSERT_TRUE(got.ok() && want.ok());
+      EXPECT_EQ(*got, *want) << "step " << step;
+      EXPECT_TRUE(SameBits(kept.gradients(), reference.gradients())) << "step " << step;
+      kept_opt.Step(kept.parameters(), kept.gradients());
+      reference_opt.Step(reference.parameters(), reference.gradients());
+    }
+    EXPECT_GT(watch.most, 0u);
+    EXPECT_LE(watch.most, largest + edges);
+    EXPECT_LT(largest + edges, kept.base().parameters().size_bytes() / 2);  // so the bound means something
+    EXPECT_LE(resident(), edges);
+    Values got_logits(16 * 512), want_logits(16 * 512);
+    ASSERT_TRUE(kept.Forward(tokens.data(), 2, 8, got_logits.data()).ok());
+    ASSERT_TRUE(reference.Forward(tokens.data(), 2, 8, want_logits.data()).ok());
+    EXPECT_TRUE(SameBits(got_logits, want_logits));
+    auto merged = kept.Merged(), merged_reference = reference.Merged();
+    ASSERT_TRUE(merged.ok() && merged_reference.ok());
+    EXPECT_TRUE(SameBits(merged->parameters(), merged_reference->parameters()));
+
+    // New weights are rounded as they load.
+    init->Initialize(6);
+    FloatToBf16(init->parameters(), bits);
+    Bf16ToFloat(bits, rounded);
+    ASSERT_TRUE(kept.LoadBase(init->parameters()).ok());
+    ASSERT_TRUE(reference.LoadBase(rounded).ok());
+    ASSERT_TRUE(kept.Forward(tokens.data(), 2, 8, got_logits.data()).ok());
+    ASSERT_TRUE(reference.Forward(tokens.data(), 2, 8, want_logits.data()).ok());
+    EXPECT_TRUE(SameBits(got_logits, want_logits));
+    EXPECT_FALSE(kept.LoadBase(std::span<const float>(rounded).first(10)).ok());
+  }
 }
 
 // Dropout cannot be checked against torch (torch draws its masks from its own
