@@ -1,5 +1,5 @@
-// The GPU rank models: cuda::LlamaEngine and cuda::ClassifierEngine under
-// DDP or ZeRO-1 over NCCL (client/rank_model.h).
+// The GPU rank models: cuda::LlamaEngine, cuda::ClassifierEngine and
+// cuda::LoraLlamaEngine under DDP or ZeRO-1 over NCCL (client/rank_model.h).
 #include <cuda_runtime_api.h>
 
 #include <optional>
@@ -139,6 +139,12 @@ class CudaRankLoraDecoder : public RankLoraDecoder {
   int max_seq_len() const override { return engine_.base().config().max_seq_len; }
   const models::LoraConfig& lora_config() const override { return engine_.lora_config(); }
 
+  Status KeepBaseIn(models::DType dtype) override {
+    if (dtype == models::DType::kF32) return Status::Ok();
+    return InvalidArgument("site: a frozen base kept in {} on a GPU: the engine keeps an fp32 master of the base "
+                           "(with a bf16 working copy under --precision bf16); a {}-only base is not implemented",
+                           models::DTypeName(dtype), models::DTypeName(dtype));
+  }
   Status LoadBase(std::span<const float> base, uint64_t) override {
     // The GPU adapters have no dropout (Create refuses it): no seed to keep.
     return engine_.base().CopyParametersFrom(base);

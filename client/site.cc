@@ -317,7 +317,9 @@ class TextRankTrainer : public RankTrainer {
     if (!lora_decoder_ || lora_key_ != key) {
       lora_decoder_.reset();
       lora_key_.clear();
-      ESTUARY_ASSIGN_OR_RETURN(lora_decoder_, models_.lora_decoder(task.model, int(task.batch_size), config));
+      ESTUARY_ASSIGN_OR_RETURN(auto made, models_.lora_decoder(task.model, int(task.batch_size), config));
+      ESTUARY_RETURN_IF_ERROR(made->KeepBaseIn(models_.lora_base));
+      lora_decoder_ = std::move(made);
       lora_key_ = key;
     }
     return lora_decoder_.get();
@@ -399,12 +401,17 @@ class CpuRankLoraDecoder : public CpuRankModel<models::LoraLlama, RankLoraDecode
   int max_seq_len() const override { return model_.base().config().max_seq_len; }
   const models::LoraConfig& lora_config() const override { return model_.lora_config(); }
 
-  Status LoadBase(std::span<const float> base, uint64_t dropout_seed) override {
-    std::span<float> to = model_.base().parameters();
-    if (base.size() != to.size()) {
-      return InvalidArgument("site: {} base values for a base of {}", base.size(), to.size());
+  Status KeepBaseIn(models::DType dtype) override {
+    if (dtype == models::DType::kF32 && !model_.base_in_bf16()) return Status::Ok();
+    if (dtype == models::DType::kBF16) {
+      if (!model_.base_in_bf16()) model_.StoreBaseInBf16();
+      return Status::Ok();
     }
-    std::copy(base.begin(), base.end(), to.begin());
+    return InvalidArgument("site: a frozen base in {} on the CPU (f32 or bf16, chosen once)",
+                           models::DTypeName(dtype));
+  }
+  Status LoadBase(std::span<const float> base, uint64_t dropout_seed) override {
+    ESTUARY_RETURN_IF_ERROR(model_.LoadBase(base));
     model_.SeedDropout(dropout_seed);
     return Status::Ok();
   }

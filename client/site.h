@@ -94,6 +94,7 @@ struct TextRankModels {
   RankDecoderFactory decoder = MakeCpuRankDecoder;
   RankLoraDecoderFactory lora_decoder = MakeCpuRankLoraDecoder;
   int lora_rank = 0;
+  models::DType lora_base = models::DType::kF32;  // how the frozen base is kept (RankLoraDecoder::KeepBaseIn)
 };
 // The decoders with SGD or AdamW, as full or lora rounds: models::Llama and
 // models::LoraLlama on the CPU, or what `models` makes (the GPU engines). A

@@ -29,18 +29,20 @@ namespace {
 // This thread's adapted model for (model, batch, adapter config, device):
 // built once, reused by every round and client it trains on this thread.
 Result<RankLoraDecoder*> ThreadLoraDecoder(const std::string& model, int batch, const models::LoraConfig& lora,
-                                           const Compute& compute) {
+                                           const Compute& compute, models::DType base) {
   thread_local std::map<std::string, std::unique_ptr<RankLoraDecoder>> decoders;
-  const std::string key = fmt::format("{}/{}/{}/{}/{}/{}/{}", model, batch, lora.rank, lora.alpha, lora.dropout,
-                                      fmt::join(lora.target_modules, ","), compute.ToString());
+  const std::string key =
+      fmt::format("{}/{}/{}/{}/{}/{}/{}/{}", model, batch, lora.rank, lora.alpha, lora.dropout,
+                  fmt::join(lora.target_modules, ","), compute.ToString(), models::DTypeName(base));
   auto& slot = decoders[key];
   if (!slot) {
     auto made = compute.device == models::Device::kCpu
                     ? MakeCpuRankLoraDecoder(model, batch, lora)
                     : MakeCudaRankLoraDecoder(model, batch, lora, compute, /*stream=*/nullptr);
-    if (!made.ok()) {
+    const Status kept = made.ok() ? (*made)->KeepBaseIn(base) : made.status();
+    if (!kept.ok()) {
       decoders.erase(key);
-      return made.status();
+      return kept;
     }
     slot = std::move(made).value();
   }
@@ -122,7 +124,7 @@ Result<Update> TextTrainer::TrainLora(std::span<const float> global, const model
   ESTUARY_ASSIGN_OR_RETURN(const LoraRound plan, PlanLoraRound(task, lora_rank_));
   ESTUARY_RETURN_IF_ERROR(CheckLoraGlobal(plan, task, manifest, global.size()));
   ESTUARY_ASSIGN_OR_RETURN(RankLoraDecoder * model,
-                           ThreadLoraDecoder(task.model, int(task.batch_size), plan.site, compute_));
+                           ThreadLoraDecoder(task.model, int(task.batch_size), plan.site, compute_, lora_base_));
   const int seq = static_cast<int>(task.seq_len);
   const auto start = std::chrono::steady_clock::now();
   ESTUARY_ASSIGN_OR_RETURN(const LoraStart from, StartLoraRound(plan, global, task, round, client_name));

@@ -37,6 +37,9 @@ class TextTrainer : public Trainer {
   uint64_t num_examples() const override { return tokens_->size(); }
   // This site's adapter rank in a lora federation (0: the federation's).
   void set_lora_rank(int rank) { lora_rank_ = rank; }
+  // How a lora round keeps the frozen base: f32, or bf16 on the CPU (half
+  // the memory; the model trains on the bf16-rounded base, models/lora.h).
+  void set_lora_base(models::DType dtype) { lora_base_ = dtype; }
   Result<Update> Train(std::span<const float> global, const models::Manifest& manifest, const TaskConfig& task,
                        uint64_t round, std::string_view client_name) override;
 
@@ -52,6 +55,7 @@ class TextTrainer : public Trainer {
   std::shared_ptr<const std::vector<int32_t>> tokens_;
   Compute compute_;
   int lora_rank_ = 0;
+  models::DType lora_base_ = models::DType::kF32;
 };
 
 }  // namespace estuary::client

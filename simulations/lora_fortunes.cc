@@ -68,7 +68,7 @@ Result<LoraFortunesReport> RunLoraFortunes(const LoraFortunesOptions& o, const L
                     {"pretrain_lr", o.pretrain_lr}, {"rounds", o.rounds},        {"local_steps", o.local_steps},
                     {"lr", o.lr},                  {"rank", o.rank},             {"alpha", o.alpha},
                     {"targets", o.targets},        {"merges", o.merges},         {"seed", o.seed},
-                    {"base_model", o.base_model.string()}};
+                    {"base_model", o.base_model.string()}, {"lora_base_dtype", o.lora_base_dtype}};
   ESTUARY_ASSIGN_OR_RETURN(const models::LlamaConfig config, models::LlamaPreset(o.model));
   if (config.vocab_size != models::ByteTokenizer::kVocabSize) {
     return InvalidArgument("lora-fortunes: {} is not a byte-level model", o.model);
@@ -165,6 +165,7 @@ Result<LoraFortunesReport> RunLoraFortunes(const LoraFortunesOptions& o, const L
   s.lora_rank = o.rank;
   s.lora_alpha = o.alpha;
   s.lora_targets = o.targets;
+  s.lora_base_dtype = o.lora_base_dtype;
   s.base_model = base_path;
   s.data_dir = o.data_dir;
   s.eval_windows = o.eval_windows;

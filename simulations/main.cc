@@ -56,6 +56,7 @@ int RunLoraFortunesScenario(const CLI::App& app, const simulations::Scenario& s,
   if (given("--lora-alpha")) lf.alpha = s.lora_alpha;
   if (given("--lora-targets")) lf.targets = s.lora_targets;
   if (given("--lora-merge")) lf.merges = {s.lora_merge};
+  if (given("--lora-base-dtype")) lf.lora_base_dtype = s.lora_base_dtype;
   if (given("--eval-windows")) lf.eval_windows = s.eval_windows;
   if (given("--workdir")) lf.workdir = s.workdir;
   if (given("--base-model")) lf.base_model = s.base_model;
@@ -124,6 +125,8 @@ int main(int argc, char** argv) {
   app.add_option("--lora-targets", s.lora_targets, "lora: comma-separated q_proj,...,down_proj");
   app.add_option("--lora-merge", s.lora_merge, "lora: naive | exact | frozen-a");
   app.add_option("--lora-site-ranks", s.lora_site_ranks, "lora, exact only: the sites' own ranks, e.g. 4,8,16 (client i takes entry i mod n)");
+  app.add_option("--lora-base-dtype", s.lora_base_dtype,
+                 "lora: the sites keep the frozen base in f32 | bf16 (CPU: half the memory, trains on the rounded base)");
   app.add_option("--base-model", s.base_model, "lora: the base model's safetensors (default: the preset from --seed)");
   app.add_option("--seed", s.seed, "one seed for partitioning, init, sampling and shuffling");
   app.add_option("--mode", s.mode, "inproc | loopback");

@@ -48,7 +48,8 @@ nlohmann::json ScenarioJson(const Scenario& s) {
           {"max_local_steps", s.max_local_steps}, {"eval_windows", s.eval_windows}, {"device", s.device},
           {"precision", s.precision}, {"update_kind", s.update_kind}, {"lora_rank", s.lora_rank},
           {"lora_alpha", s.lora_alpha}, {"lora_dropout", s.lora_dropout}, {"lora_targets", s.lora_targets},
-          {"lora_merge", s.lora_merge}, {"lora_site_ranks", s.lora_site_ranks}, {"base_model", s.base_model.string()}};
+          {"lora_merge", s.lora_merge}, {"lora_site_ranks", s.lora_site_ranks}, {"lora_base_dtype", s.lora_base_dtype},
+          {"base_model", s.base_model.string()}};
 }
 
 static std::vector<std::string> SplitCommas(std::string_view text) {
@@ -145,6 +146,9 @@ static Status CheckScenario(const Scenario& s) {
     ESTUARY_RETURN_IF_ERROR(LoraConfigOf(s).status());
     ESTUARY_RETURN_IF_ERROR(aggregation::ParseLoraMergeRule(s.lora_merge).status());
     ESTUARY_RETURN_IF_ERROR(SiteRanks(s).status());
+    if (s.lora_base_dtype != "f32" && s.lora_base_dtype != "bf16") {
+      return InvalidArgument("sim: --lora-base-dtype '{}': expected f32 or bf16", s.lora_base_dtype);
+    }
     if (!s.lora_site_ranks.empty() && s.lora_merge != "exact") {
       return InvalidArgument("sim: --lora-site-ranks needs --lora-merge exact (only exact merges mixed ranks), not {}",
                              s.lora_merge);
@@ -218,6 +222,7 @@ static Result<Workload> TextWorkload(const Scenario& s) {
     auto trainer = std::make_unique<client::TextTrainer>(
         std::make_shared<const std::vector<int32_t>>(std::move(sources[i].train)), compute);
     if (!site_ranks.empty()) trainer->set_lora_rank(site_ranks[i % site_ranks.size()]);
+    if (s.lora_base_dtype == "bf16") trainer->set_lora_base(models::DType::kBF16);
     w.trainers.push_back(std::move(trainer));
   }
   return w;

@@ -53,6 +53,7 @@ struct Scenario {
   // exact only: the sites' own ranks, comma-separated, client i taking entry
   // i mod n (e.g. "4,8,16"); empty: every site trains lora_rank.
   std::string lora_site_ranks;
+  std::string lora_base_dtype = "f32";  // how the sites keep the frozen base: f32 | bf16 (the CPU's, half the memory)
   std::filesystem::path base_model;  // lora: the base's safetensors; empty: the preset from the seed
   uint64_t seed = 2017;
   std::string mode = "inproc";

@@ -149,10 +149,13 @@ struct Scenario {
   ZeroStage stage = ZeroStage::kDdp;
   TaskConfig task;
   int lora_rank = 0;  // a lora site's own adapter rank (0: the federation's)
+  models::DType lora_base = models::DType::kF32;
 };
 void PrintTo(const Scenario& s, std::ostream* os) {
   *os << s.model << " on " << s.ranks << " ranks, zero " << int(s.stage);
-  if (s.task.update_kind == UpdateKind::kLora) *os << ", lora " << s.task.lora.merge << " site rank " << s.lora_rank;
+  if (s.task.update_kind == UpdateKind::kLora) {
+    *os << ", lora " << s.task.lora.merge << " site rank " << s.lora_rank << " base " << models::DTypeName(s.lora_base);
+  }
 }
 
 // A ZeRO-3 site's update: the producer runs on its own thread (the only one
@@ -187,7 +190,7 @@ Status RunSite(const Scenario& s, const std::string& address, int rank) {
   auto images = Images(61);
   auto tokens = Text(4000);
   DataParallelOptions options{.stage = s.stage, .bucket_bytes = 64 << 10, .first_bucket_bytes = 4 << 10};
-  auto rank_trainer = text ? MakeTextRankTrainer(*comm, tokens, options, {.lora_rank = s.lora_rank})
+  auto rank_trainer = text ? MakeTextRankTrainer(*comm, tokens, options, {.lora_rank = s.lora_rank, .lora_base = s.lora_base})
                            : MakeClassifierRankTrainer(*comm, images, options);
   if (rank != 0) return RunFollower(*comm, *rank_trainer);
 
@@ -214,6 +217,7 @@ Status RunSite(const Scenario& s, const std::string& address, int rank) {
   if (text) {
     auto text_trainer = std::make_unique<TextTrainer>(tokens);
     text_trainer->set_lora_rank(s.lora_rank);
+    text_trainer->set_lora_base(s.lora_base);
     single = std::move(text_trainer);
   } else {
     std::vector<uint32_t> all(images->size());
@@ -247,6 +251,10 @@ Status RunSite(const Scenario& s, const std::string& address, int rank) {
     if (got.num_examples != want.num_examples) return Internal("examples {} != {}", got.num_examples, want.num_examples);
     if (got.kind != want.kind || !(got.manifest == want.manifest)) {
       return Internal("round {}: the update's kind or manifest is not one process's", round);
+    }
+    if (s.lora_base != models::DType::kF32) {  // the base's storage does reach the model: f32 trains otherwise
+      ESTUARY_ASSIGN_OR_RETURN(Update f32, TextTrainer(tokens).Train(global, manifest, s.task, round, "site-x"));
+      if (!(RelError(f32.payload, want.payload) > 1e-6)) return Internal("round {}: a bf16 base trained as f32", round);
     }
     if (lora) {
       // The next round starts from a global adapter whose B is not zero.
@@ -336,13 +344,15 @@ INSTANTIATE_TEST_SUITE_P(
                       Scenario{"llama-tiny", 2, ZeroStage::kDdp, LoraTask("exact")},
                       Scenario{"llama-tiny", 3, ZeroStage::kZero1, LoraTask("naive")},
                       Scenario{"llama-tiny", 2, ZeroStage::kZero2, LoraTask("frozen-a")},
-                      Scenario{"llama-tiny", 3, ZeroStage::kDdp, LoraTask("exact", true), 2}),
+                      Scenario{"llama-tiny", 3, ZeroStage::kDdp, LoraTask("exact", true), 2},
+                      Scenario{"llama-tiny", 2, ZeroStage::kZero1, LoraTask("exact"), 0, models::DType::kBF16}),
     [](const auto& info) {
       const Scenario& s = info.param;
       std::string name = fmt::format("{}_{}ranks_zero{}", s.model == "mlp" ? "mlp" : "llama", s.ranks, int(s.stage));
       if (s.task.update_kind == UpdateKind::kLora) {
         name += fmt::format("_lora_{}", s.task.lora.merge == "frozen-a" ? "frozen_a" : s.task.lora.merge);
         if (s.lora_rank != 0) name += fmt::format("_site_rank{}", s.lora_rank);
+        if (s.lora_base != models::DType::kF32) name += fmt::format("_base_{}", models::DTypeName(s.lora_base));
       }
       return name;
     });

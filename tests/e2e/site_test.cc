@@ -357,6 +357,7 @@ TEST(Site, BadFlagsGetOneLine) {
            {"--nodes 2", "--nodes 2: a multi-node site needs --rendezvous"},
            {"--backend mpi", "--backend 'mpi': expected gloo or nccl"},
            {"--rank-timeout 0", "--rank-timeout 0"},
+           {"--lora-base-dtype f16", "--lora-base-dtype 'f16': expected f32 or bf16"},
        }) {
     auto r = RunCommand(fmt::format("{} --data /nonexistent {}", client, flags));
     EXPECT_NE(r.exit_code, 0) << flags;

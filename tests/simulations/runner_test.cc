@@ -399,6 +399,11 @@ TEST(LoraSimulation, BadLoraScenariosNameTheProblem) {
   r = RunInproc(s, nullptr);
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("needs a language model"), std::string::npos) << r.status().message();
+  s = Lora(data, "exact");
+  s.lora_base_dtype = "f16";
+  r = RunInproc(s, nullptr);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("--lora-base-dtype 'f16'"), std::string::npos) << r.status().message();
 }
 
 // The lora-fortunes study end to end on the synthetic topics: a base
