@@ -143,13 +143,7 @@ Result<LoraStart> StartLoraRound(const LoraRound& plan, std::span<const float> g
 Result<Update> LoraUpdateOf(const LoraRound& plan, std::span<const float> global, std::span<const float> trained,
                             uint64_t num_examples, double train_loss, std::chrono::steady_clock::time_point start,
                             uint64_t round) {
-  if (!std::isfinite(train_loss)) {
-    return FailedPrecondition("trainer: local training diverged (loss {}) in round {}", train_loss, round);
-  }
-  Update update;
-  update.kind = UpdateKind::kLora;
-  update.num_examples = num_examples;
-  update.train_loss = train_loss;
+  ESTUARY_ASSIGN_OR_RETURN(Update update, TrainedUpdate(UpdateKind::kLora, num_examples, train_loss, round));
   const uint64_t base_size = plan.layout.base.total_elements;
   if (plan.own_rank) {
     update.manifest = StackedAdapters(plan.layout.adapter, global.subspan(base_size), plan.site_layout.manifest,

@@ -127,15 +127,12 @@ class CudaRankClassifier : public CudaRankModel<models::cuda::ClassifierEngine, 
   }
 };
 
-// cuda::LoraLlamaEngine: DataParallel runs over the adapter buffer, and the
-// round's optimizer steps whatever span it hands out (the whole adapter
-// under DDP, the shard under ZeRO-1) on the engine's stream; FinishStep then
-// puts frozen-a's A back and rewrites the adapters' bf16 working copy.
-class CudaRankLoraDecoder : public RankLoraDecoder {
+// cuda::LoraLlamaEngine: the same round, optimizer and step over the adapter
+// buffer; FinishStep first puts frozen-a's A back (and then rewrites the
+// adapters' working copy, which the fused step wrote from the moved A).
+class CudaRankLoraDecoder : public CudaRankModel<models::cuda::LoraLlamaEngine, RankLoraDecoder> {
  public:
-  explicit CudaRankLoraDecoder(models::cuda::LoraLlamaEngine engine) : engine_(std::move(engine)) {}
-
-  const models::Manifest& manifest() const override { return engine_.manifest(); }
+  using CudaRankModel::CudaRankModel;
   int max_seq_len() const override { return engine_.base().config().max_seq_len; }
   const models::LoraConfig& lora_config() const override { return engine_.lora_config(); }
 
@@ -154,35 +151,10 @@ class CudaRankLoraDecoder : public RankLoraDecoder {
   Result<std::unique_ptr<DataParallel>> StartRound(Communicator& comm, std::span<const float> global,
                                                    const TaskConfig& task,
                                                    const DataParallelOptions& options) override {
-    ESTUARY_RETURN_IF_ERROR(engine_.CopyParametersFrom(global));
-    const size_t n = size_t(engine_.parameter_count());
-    DataParallelOptions on_stream = options;
-    on_stream.device_stream = engine_.stream();
-    ESTUARY_ASSIGN_OR_RETURN(auto dp, DataParallel::Create(comm, std::span<float>(engine_.parameters(), n),
-                                                           std::span<float>(engine_.gradients(), n), engine_.units(),
-                                                           on_stream));
-    const int64_t count = dp->stage() == ZeroStage::kDdp ? int64_t(n) : int64_t(dp->shard_size());
-    adamw_.reset();
-    sgd_.reset();
-    if (task.optimizer == OptimizerKind::kAdamW) {
-      ESTUARY_ASSIGN_OR_RETURN(auto adamw, models::cuda::AdamW::Create(
-                                               count, {.lr = task.learning_rate, .weight_decay = task.weight_decay},
-                                               engine_.stream()));
-      adamw_.emplace(std::move(adamw));
-    } else {
-      ESTUARY_ASSIGN_OR_RETURN(auto sgd,
-                               models::cuda::Sgd::Create(count, task.learning_rate, task.momentum, task.weight_decay));
-      sgd_.emplace(std::move(sgd));
-    }
+    ESTUARY_ASSIGN_OR_RETURN(auto dp, CudaRankModel::StartRound(comm, global, task, options));
     frozen_.clear();
     if (task.lora.merge == "frozen-a") frozen_.assign(global.begin(), global.end());
     return dp;
-  }
-
-  void OptimizerStep(std::span<float> params, std::span<const float> grads) override {
-    Status s = adamw_ ? adamw_->Step(params.data(), grads.data(), engine_.stream())
-                      : sgd_->Step(params.data(), grads.data(), engine_.stream());
-    if (!s.ok() && error_.ok()) error_ = std::move(s);
   }
 
   Status FinishStep() override {
@@ -192,15 +164,9 @@ class CudaRankLoraDecoder : public RankLoraDecoder {
         error_ = engine_.CopyParametersFrom(spec.offset,
                                             std::span<const float>(frozen_).subspan(spec.offset, spec.numel()));
       }
+      if (error_.ok() && !sharded_) error_ = engine_.RefreshWorkingCopy();  // ZeRO-1's is refreshed below
     }
-    if (error_.ok()) error_ = engine_.RefreshWorkingCopy();
-    return std::exchange(error_, Status::Ok());
-  }
-
-  Status ReadOut(DataParallel&, const std::function<Status(uint64_t, std::span<const float>)>& fn) override {
-    host_.resize(size_t(engine_.parameter_count()));
-    ESTUARY_RETURN_IF_ERROR(engine_.CopyParametersTo(host_));
-    return fn(0, host_);
+    return CudaRankModel::FinishStep();
   }
 
   Result<float> ForwardBackward(const int32_t* tokens, const int32_t* targets, int batch, int seq,
@@ -210,12 +176,7 @@ class CudaRankLoraDecoder : public RankLoraDecoder {
   }
 
  private:
-  models::cuda::LoraLlamaEngine engine_;
-  std::optional<models::cuda::AdamW> adamw_;
-  std::optional<models::cuda::Sgd> sgd_;
   std::vector<float> frozen_;  // frozen-a: the adapter as the round started (host)
-  Status error_;
-  std::vector<float> host_;
 };
 
 Status UseDevice(const Compute& compute) {

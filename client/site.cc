@@ -700,14 +700,12 @@ Result<Update> SiteTrainer::Train(std::span<const float> global, const models::M
         return read;
       });
   pending_ = stream;
-  if (!std::isfinite(*loss)) {
+  Result<Update> trained = TrainedUpdate(UpdateKind::kFull, rank_->num_examples(), *loss, round);
+  if (!trained.ok()) {
     RunPending();  // the other ranks are in the read-out; end it with them
-    return FailedPrecondition("trainer: local training diverged (loss {}) in round {}", *loss, round);
+    return trained.status();
   }
-  Update update;
-  update.kind = UpdateKind::kFull;
-  update.num_examples = rank_->num_examples();
-  update.train_loss = *loss;
+  Update update = std::move(trained).value();
   update.manifest = manifest;
   update.stream = std::move(stream);
   update.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

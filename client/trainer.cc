@@ -19,16 +19,21 @@ Result<OptimizerKind> ParseOptimizer(std::string_view name) {
 
 std::string_view OptimizerName(OptimizerKind kind) { return kind == OptimizerKind::kAdamW ? "adamw" : "sgd"; }
 
-Result<Update> FullUpdate(std::vector<float> local, std::span<const float> global, const models::Manifest& manifest,
-                          uint64_t num_examples, double train_loss, std::chrono::steady_clock::time_point start,
-                          uint64_t round) {
+Result<Update> TrainedUpdate(UpdateKind kind, uint64_t num_examples, double train_loss, uint64_t round) {
   if (!std::isfinite(train_loss)) {
     return FailedPrecondition("trainer: local training diverged (loss {}) in round {}", train_loss, round);
   }
   Update update;
-  update.kind = UpdateKind::kFull;
+  update.kind = kind;
   update.num_examples = num_examples;
   update.train_loss = train_loss;
+  return update;
+}
+
+Result<Update> FullUpdate(std::vector<float> local, std::span<const float> global, const models::Manifest& manifest,
+                          uint64_t num_examples, double train_loss, std::chrono::steady_clock::time_point start,
+                          uint64_t round) {
+  ESTUARY_ASSIGN_OR_RETURN(Update update, TrainedUpdate(UpdateKind::kFull, num_examples, train_loss, round));
   update.manifest = manifest;
   update.payload = std::move(local);
   float* delta = update.payload.data();

@@ -104,6 +104,10 @@ class ClassifierTrainer : public Trainer {
 
 Status ValidateTask(const TaskConfig& task);
 
+// An update's header (kind, weight, loss), or an error when the loss is not
+// finite: the site diverged, and nothing of it should reach the average.
+Result<Update> TrainedUpdate(UpdateKind kind, uint64_t num_examples, double train_loss, uint64_t round);
+
 // The full update of a local training that started at `start` from `global`
 // and ended at `local`: delta = local - global, in place. Fails if the loss
 // is not finite (the site diverged: nothing of it should reach the average).

@@ -304,7 +304,10 @@ Status LoraLlamaEngine::Forward(const int32_t* tokens, int batch, int seq, float
   return impl_->base->Forward(tokens, batch, seq, logits);
 }
 
-Result<bool> LoraLlamaEngine::Step(AdamW& optimizer, double max_grad_norm) {
+DType LoraLlamaEngine::precision() const { return impl_->precision; }
+
+template <typename Optimizer>
+Result<bool> LoraLlamaEngine::StepWith(Optimizer& optimizer, double max_grad_norm) {
   Impl& m = *impl_;
   if (optimizer.size() != m.count) {
     return InvalidArgument("cuda lora: the optimizer holds state for {} parameters, the adapters have {}",
@@ -322,5 +325,8 @@ Result<bool> LoraLlamaEngine::Step(AdamW& optimizer, double max_grad_norm) {
   ESTUARY_RETURN_IF_ERROR(optimizer.Step(m.P(), m.G(), m.s(), working));
   return true;
 }
+
+Result<bool> LoraLlamaEngine::Step(AdamW& optimizer, double max_grad_norm) { return StepWith(optimizer, max_grad_norm); }
+Result<bool> LoraLlamaEngine::Step(Sgd& optimizer, double max_grad_norm) { return StepWith(optimizer, max_grad_norm); }
 
 }  // namespace estuary::models::cuda

@@ -119,15 +119,19 @@ class LoraLlamaEngine {
   // Logits [batch, seq, vocab] of the adapted model, to host memory (waits).
   Status Forward(const int32_t* tokens, int batch, int seq, float* logits);
 
-  // One AdamW step over the adapter buffer (optimizer.size() must be
+  // One AdamW or SGD step over the adapter buffer (optimizer.size() must be
   // parameter_count()), also writing the bf16 working copy; with
   // max_grad_norm > 0 the adapter gradients are first clipped to it. Returns
   // true (the step ran): without f16 there is nothing to skip.
   Result<bool> Step(AdamW& optimizer, double max_grad_norm = 0);
+  Result<bool> Step(Sgd& optimizer, double max_grad_norm = 0);
+  models::DType precision() const;
 
  private:
   struct Impl;
   explicit LoraLlamaEngine(std::unique_ptr<Impl> impl);
+  template <typename Optimizer>
+  Result<bool> StepWith(Optimizer& optimizer, double max_grad_norm);
   std::unique_ptr<Impl> impl_;
 };
 
