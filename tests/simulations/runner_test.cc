@@ -259,6 +259,34 @@ Scenario Lora(const std::filesystem::path& data, const std::string& merge) {
   return s;
 }
 
+// A lora federation with its sites on a GPU (cuda::LoraLlamaEngine through
+// the site's DataParallel step over one rank): fp32 follows the CPU run,
+// bf16 within its precision, under each merge rule.
+TEST(LoraSimulation, CudaClientsFollowTheCpuRun) {
+  if (auto usable = client::ParseCompute("cuda", "fp32"); !usable.ok()) {
+    GTEST_SKIP() << usable.status().message();
+  }
+  testing::TempDir dir;
+  const auto data = WriteTopics(dir);
+  for (const char* merge : {"naive", "exact", "frozen-a"}) {
+    const Scenario s = Lora(data, merge);
+    auto cpu = RunInproc(s, nullptr);
+    ASSERT_TRUE(cpu.ok()) << cpu.status().ToString();
+    for (const char* precision : {"fp32", "bf16"}) {
+      Scenario gpu = s;
+      gpu.device = "cuda";
+      gpu.precision = precision;
+      auto run = RunInproc(gpu, nullptr);
+      ASSERT_TRUE(run.ok()) << run.status().ToString();
+      const double tolerance = std::string(precision) == "fp32" ? 1e-3 : 2e-2;
+      for (size_t r = 0; r < cpu->rounds.size(); ++r) {
+        EXPECT_NEAR(run->rounds[r].test_loss, cpu->rounds[r].test_loss, tolerance * cpu->rounds[r].test_loss)
+            << merge << " " << precision << " round " << r + 1;
+      }
+    }
+  }
+}
+
 // The simulator's round against one computed here by hand from the same
 // sites: the same initial model and trainers, their adapters merged by
 // MergeLoraUpdates, the merged factors written over the global adapter and the
