@@ -71,6 +71,10 @@ models::Manifest StackedAdapters(const models::Manifest& global_adapter, std::sp
 
 }  // namespace
 
+std::string LoraConfigKey(const models::LoraConfig& lora) {
+  return fmt::format("{}/{}/{}/{}", lora.rank, lora.alpha, lora.dropout, fmt::join(lora.target_modules, ","));
+}
+
 Status ValidateLoraTask(const LoraTask& lora) {
   ESTUARY_RETURN_IF_ERROR(lora.config.Validate());
   if (lora.merge != "naive" && lora.merge != "exact" && lora.merge != "frozen-a") {

@@ -15,6 +15,7 @@
 #include <chrono>
 #include <cstdint>
 #include <span>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -29,6 +30,10 @@ namespace estuary::client {
 // The LoRA part of a task: a valid LoraConfig, a known merge rule, mixed
 // ranks only under exact.
 Status ValidateLoraTask(const LoraTask& lora);
+
+// "rank/alpha/dropout/targets": what tells adapted models apart, for the
+// caches of them (one per model, batch and adapter config).
+std::string LoraConfigKey(const models::LoraConfig& lora);
 
 struct LoraRound {
   models::LoraGlobalLayout layout;  // the federation's

@@ -1,6 +1,5 @@
 #include "client/site.h"
 
-#include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -312,8 +311,7 @@ class TextRankTrainer : public RankTrainer {
   }
   // One adapted model at a time: a new model, batch or adapter config replaces it.
   Result<RankLoraDecoder*> LoraDecoderFor(const TaskConfig& task, const models::LoraConfig& config) {
-    const std::string key = fmt::format("{}/{}/{}/{}/{}/{}", task.model, task.batch_size, config.rank, config.alpha,
-                                        config.dropout, fmt::join(config.target_modules, ","));
+    const std::string key = fmt::format("{}/{}/{}", task.model, task.batch_size, LoraConfigKey(config));
     if (!lora_decoder_ || lora_key_ != key) {
       lora_decoder_.reset();
       lora_key_.clear();

@@ -1,23 +1,18 @@
 #include "client/text_trainer.h"
 
-#include <fmt/ranges.h>
+#include <fmt/format.h>
 
 #include <algorithm>
 #include <chrono>
-#include <map>
-#include <random>
-#include <cmath>
 #include <cstring>
+#include <map>
 #include <numeric>
 
-#include "base/seed.h"
 #include "client/batch_schedule.h"
 #include "client/lm_backend.h"
 #include "client/lora_round.h"
 #include "client/rank_model.h"
 #include "models/language_model.h"
-#include "models/lora_federation.h"
-#include "models/optimizer.h"
 
 namespace estuary::client {
 
@@ -31,9 +26,8 @@ namespace {
 Result<RankLoraDecoder*> ThreadLoraDecoder(const std::string& model, int batch, const models::LoraConfig& lora,
                                            const Compute& compute, models::DType base) {
   thread_local std::map<std::string, std::unique_ptr<RankLoraDecoder>> decoders;
-  const std::string key =
-      fmt::format("{}/{}/{}/{}/{}/{}/{}/{}", model, batch, lora.rank, lora.alpha, lora.dropout,
-                  fmt::join(lora.target_modules, ","), compute.ToString(), models::DTypeName(base));
+  const std::string key = fmt::format("{}/{}/{}/{}/{}", model, batch, LoraConfigKey(lora), compute.ToString(),
+                                      models::DTypeName(base));
   auto& slot = decoders[key];
   if (!slot) {
     auto made = compute.device == models::Device::kCpu
