@@ -3,10 +3,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <fstream>
 #include <sstream>
 
 #include "aggregation/strategy.h"
+#include "tests/aggregation/oracle_file.h"
 
 namespace estuary::aggregation {
 namespace {
@@ -19,52 +19,31 @@ struct Oracle {
   std::vector<std::vector<double>> after;
 };
 
-std::vector<double> ReadValues(std::istringstream& line, size_t count) {
-  std::vector<double> values(count);
-  for (double& v : values) line >> v;
-  return values;
-}
-
-std::vector<float> ToFloat(const std::vector<double>& values) { return {values.begin(), values.end()}; }
+using testing::ReadOracleFile;
+using testing::ReadValues;
 
 bool Load(const std::string& path, Oracle& oracle, std::string& error) {
-  std::ifstream in(path);
-  if (!in) {
-    error = path + ": cannot open; run via ctest so the torch_fedadam fixture writes it";
-    return false;
-  }
-  std::string text, tag;
-  std::getline(in, text);
-  if (text != "estuary-fedadam-oracle 1") {
-    error = path + ": bad header '" + text + "'";
-    return false;
-  }
-  while (std::getline(in, text)) {
-    std::istringstream line(text);
-    line >> tag;
+  auto read = [&](const std::string& tag, std::istringstream& line) {
     if (tag == "shape") {
       line >> oracle.parameters >> oracle.rounds >> oracle.clients;
     } else if (tag == "options") {
       oracle.options = {.name = "fedadam", .bias_correction = true};
       line >> oracle.options.server_lr >> oracle.options.beta1 >> oracle.options.beta2 >> oracle.options.tau;
     } else if (tag == "x0") {
-      oracle.x0 = ToFloat(ReadValues(line, oracle.parameters));
+      oracle.x0 = ReadValues<float>(line, oracle.parameters);
     } else if (tag == "client") {
       if (oracle.round_clients.size() == oracle.after.size()) oracle.round_clients.emplace_back();
       double weight = 0;
       line >> weight;
-      oracle.round_clients.back().emplace_back(weight, ToFloat(ReadValues(line, oracle.parameters)));
+      oracle.round_clients.back().emplace_back(weight, ReadValues<float>(line, oracle.parameters));
     } else if (tag == "after") {
-      oracle.after.push_back(ReadValues(line, oracle.parameters));
+      oracle.after.push_back(ReadValues<double>(line, oracle.parameters));
     } else {
-      error = path + ": unknown line tag '" + tag + "'";
       return false;
     }
-    if (line.fail()) {
-      error = path + ": malformed '" + tag + "' line";
-      return false;
-    }
-  }
+    return true;
+  };
+  if (!ReadOracleFile(path, "estuary-fedadam-oracle 1", "torch_fedadam", read, error)) return false;
   if (oracle.parameters == 0 || oracle.after.size() != oracle.rounds || oracle.round_clients.size() != oracle.rounds) {
     error = path + ": incomplete oracle file";
     return false;

@@ -7,10 +7,10 @@
 
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 #include <sstream>
 
 #include "aggregation/lora_merge.h"
+#include "tests/aggregation/oracle_file.h"
 
 namespace estuary::aggregation {
 namespace {
@@ -23,32 +23,11 @@ struct Oracle {
   std::vector<double> sigma;
 };
 
-template <typename T>
-std::vector<T> ReadValues(std::istringstream& line, size_t count) {
-  std::vector<T> values(count);
-  for (T& v : values) {
-    double d = 0;
-    line >> d;
-    v = T(d);
-  }
-  return values;
-}
+using testing::ReadOracleFile;
+using testing::ReadValues;
 
 bool Load(const std::string& path, Oracle& oracle, std::string& error) {
-  std::ifstream in(path);
-  if (!in) {
-    error = path + ": cannot open; run via ctest so the torch_lora_svd fixture writes it";
-    return false;
-  }
-  std::string text, tag;
-  std::getline(in, text);
-  if (text != "estuary-lora-svd-oracle 1") {
-    error = path + ": bad header '" + text + "'";
-    return false;
-  }
-  while (std::getline(in, text)) {
-    std::istringstream line(text);
-    line >> tag;
+  auto read = [&](const std::string& tag, std::istringstream& line) {
     if (tag == "shape") {
       line >> oracle.out >> oracle.in >> oracle.clients >> oracle.target_rank >> oracle.target_alpha;
     } else if (tag == "client") {
@@ -66,14 +45,11 @@ bool Load(const std::string& path, Oracle& oracle, std::string& error) {
       for (const auto& a : oracle.adapters) stacked += a.rank;
       oracle.sigma = ReadValues<double>(line, std::min({stacked, oracle.out, oracle.in}));
     } else {
-      error = path + ": unexpected line tag '" + tag + "'";
       return false;
     }
-    if (line.fail()) {
-      error = path + ": malformed '" + tag + "' line";
-      return false;
-    }
-  }
+    return true;
+  };
+  if (!ReadOracleFile(path, "estuary-lora-svd-oracle 1", "torch_lora_svd", read, error)) return false;
   if (oracle.adapters.size() != oracle.clients || oracle.sigma.empty() || oracle.target_rank == 0) {
     error = path + ": incomplete oracle file";
     return false;
