@@ -208,15 +208,22 @@ Result<MergedLoraModule> MergeExact(std::string_view module, std::span<const Lor
 
   // The residual from the clients' own factors rather than from the rotated
   // stacks, so base' + s·B'·A' reproduces Σ w_i s_i B_i A_i to fp32 rounding
-  // whatever the QR and SVD lost.
-  merged.residual.assign(out * in, 0.0f);
-  for (size_t i = 0; i < clients.size(); ++i) {
-    const LoraAdapter& c = clients[i];
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(out), int(in), int(c.rank), float(w[i] * c.scale()),
-                c.b.data(), int(c.rank), c.a.data(), int(in), 1.0f, merged.residual.data(), int(in));
-  }
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(out), int(in), int(rank), float(-adapter.scale()),
-              adapter.b.data(), int(rank), adapter.a.data(), int(in), 1.0f, merged.residual.data(), int(in));
+  // whatever the QR and SVD lost; kept as those factors, which for a wide
+  // weight are far smaller than the [out, in] residual they make.
+  models::LowRankMatrix& residual = merged.residual;
+  residual = {.rows = out, .cols = in, .rank = stacked + rank};
+  residual.u.resize(out * residual.rank);
+  residual.v.reserve(residual.rank * in);
+  size_t at = 0;
+  auto append = [&](const LoraAdapter& f, double scale) {
+    for (size_t o = 0; o < out; ++o) {
+      for (size_t j = 0; j < f.rank; ++j) residual.u[o * residual.rank + at + j] = float(scale * f.b[o * f.rank + j]);
+    }
+    residual.v.insert(residual.v.end(), f.a.begin(), f.a.end());
+    at += f.rank;
+  };
+  for (size_t i = 0; i < clients.size(); ++i) append(clients[i], w[i] * clients[i].scale());
+  append(adapter, -adapter.scale());
   return merged;
 }
 

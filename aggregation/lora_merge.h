@@ -15,6 +15,7 @@
 // Matrices are row-major fp32.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <span>
@@ -23,6 +24,7 @@
 #include <vector>
 
 #include "base/status.h"
+#include "models/low_rank.h"
 
 namespace estuary::aggregation {
 
@@ -56,16 +58,23 @@ struct LoraMergeOptions {
 struct MergedLoraModule {
   LoraAdapter adapter;
   // exact only: ΔW_avg − (alpha/rank)·B'·A', [out, in], to add to the base
-  // weight. Empty when nothing was truncated: rank(ΔW_avg) ≤ rank, up to a
-  // dropped part below fp32 rounding of ΔW_avg (‖dropped‖_F ≤ 2^-23 ‖ΔW_avg‖_F).
-  std::vector<float> residual = {};
+  // weight (with LowRankMatrix::AddTo), as the factors it is made of:
+  // u = [w_1 s_1 B_1, ..., w_n s_n B_n, −s B'] and v = [A_1; ...; A_n; A'],
+  // rank Σ rank_i + rank. Empty when nothing was truncated: rank(ΔW_avg) ≤
+  // rank, up to a dropped part below fp32 rounding of ΔW_avg
+  // (‖dropped‖_F ≤ 2^-23 ‖ΔW_avg‖_F).
+  models::LowRankMatrix residual = {};
   // exact only: every singular value of ΔW_avg that its factors can carry
   // (min(Σ rank_i, out, in) of them), descending. The first `rank` are kept;
   // if there are fewer, the adapter's remaining rows of A and columns of B are
   // zero (a trainer must re-initialise them: LoRA's gradients vanish there).
   std::vector<double> singular_values = {};
 
-  uint64_t residual_bytes() const { return uint64_t(4) * residual.size(); }
+  // What the residual costs a client that holds the previous base: its
+  // factors, or the dense [out, in] weight where that is smaller.
+  uint64_t residual_bytes() const {
+    return residual.empty() ? 0 : std::min(residual.factor_bytes(), residual.dense_bytes());
+  }
 };
 
 // Merges the clients' adapters for one module. `module` only names it in
@@ -93,7 +102,7 @@ Status CheckLoraUpdates(std::span<const LoraUpdate> clients, LoraMergeRule rule)
 struct LoraMergeResult {
   std::map<std::string, MergedLoraModule> modules;
   uint64_t adapter_bytes = 0;   // the merged adapters the server sends back (frozen-a: the B factors)
-  uint64_t residual_bytes = 0;  // exact: the residuals sent back for the base
+  uint64_t residual_bytes = 0;  // exact: the residuals sent back for the base (MergedLoraModule::residual_bytes)
 };
 
 // CheckLoraUpdates, then MergeLoraModule for every module.

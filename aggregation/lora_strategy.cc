@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -191,17 +192,23 @@ Status LoraStrategy::Finish(std::span<float> global) {
     }
     std::memcpy(adapter.data() + spec.offset, source.data(), source.size() * sizeof(float));
   }
-  for (const auto& [module, m] : merged.modules) {
+  low_rank_changes_.clear();
+  for (auto& [module, m] : merged.modules) {
     if (m.residual.empty()) continue;
     // "base_model.model." + "model.layers.0.self_attn.q_proj" -> its base weight.
     const std::string weight = module.substr(std::string_view("base_model.model.").size()) + ".weight";
     const models::TensorSpec* w = layout.base.Find(weight);
-    if (w == nullptr || w->numel() != m.residual.size()) {
+    if (w == nullptr || w->numel() != m.residual.rows * m.residual.cols) {
       return Internal("lora strategy: residual of {} does not fit base tensor {}", module, weight);
     }
-    float* target = base.data() + w->offset;
-    for (size_t i = 0; i < m.residual.size(); ++i) target[i] += m.residual[i];
+    m.residual.AddTo(base.subspan(w->offset, w->numel()));
+    if (m.residual.factor_bytes() < m.residual.dense_bytes()) {
+      low_rank_changes_.push_back({w->offset, std::move(m.residual)});  // the base is the global's first part
+    }
   }
+  // In the buffer's order (the merge's is by module name), as a patch lists them.
+  std::sort(low_rank_changes_.begin(), low_rank_changes_.end(),
+            [](const LowRankChange& a, const LowRankChange& b) { return a.offset < b.offset; });
   adapter_bytes_ = merged.adapter_bytes;
   residual_bytes_ = merged.residual_bytes;
   changed_bytes_ = adapter_bytes_ + residual_bytes_;

@@ -67,6 +67,8 @@ class LoraStrategy final : public Strategy {
   uint64_t folded() const override { return updates_.size(); }
   Status Finish(std::span<float> global) override;
   uint64_t changed_bytes() const override { return changed_bytes_; }
+  // exact: the residuals folded into base weights, where factors are smaller.
+  std::vector<LowRankChange> low_rank_changes() const override { return low_rank_changes_; }
 
   // The last Finish's merge: adapter and residual bytes (LoraMergeResult).
   uint64_t adapter_bytes() const { return adapter_bytes_; }
@@ -78,6 +80,7 @@ class LoraStrategy final : public Strategy {
   std::string name_;
   std::vector<float> global_adapter_;  // from Begin: frozen-a takes A from here
   std::vector<LoraUpdate> updates_;
+  std::vector<LowRankChange> low_rank_changes_;
   std::vector<double> weights_;
   uint64_t changed_bytes_ = 0, adapter_bytes_ = 0, residual_bytes_ = 0;
 };

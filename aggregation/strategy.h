@@ -20,9 +20,17 @@
 #include <vector>
 
 #include "base/status.h"
+#include "models/low_rank.h"
 #include "models/tensor.h"
 
 namespace estuary::aggregation {
+
+// A tensor the last Finish changed by a low-rank product:
+// global[offset, offset + rows·cols) += delta (models::LowRankMatrix::AddTo).
+struct LowRankChange {
+  uint64_t offset = 0;
+  models::LowRankMatrix delta;
+};
 
 class Strategy {
  public:
@@ -53,6 +61,11 @@ class Strategy {
   // (LoRA: the merged adapters, plus the residuals `exact` folds into the
   // base). 0 means the whole model changed.
   virtual uint64_t changed_bytes() const { return 0; }
+  // After Finish: the tensors it changed by a low-rank product that is
+  // smaller as factors than as the tensor (LoRA exact's residuals). A client
+  // that holds the previous global model forms them from the factors, to the
+  // same bits, instead of downloading them. In ascending offset; empty by default.
+  virtual std::vector<LowRankChange> low_rank_changes() const { return {}; }
 
   // Cross-round state as named flat tensors (empty for stateless strategies).
   virtual std::map<std::string, std::vector<float>> SaveState() const { return {}; }

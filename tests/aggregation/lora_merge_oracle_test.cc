@@ -81,7 +81,7 @@ TEST(LoraMergeOracle, SingularValuesMatchTorchSvd) {
   for (size_t j = 0; j < oracle.sigma.size(); ++j) (j < oracle.target_rank ? head2 : tail2) += oracle.sigma[j] * oracle.sigma[j];
   double adapter2 = 0, residual2 = 0;
   for (float v : LoraDelta(merged->adapter)) adapter2 += double(v) * v;
-  for (float v : merged->residual) residual2 += double(v) * v;
+  for (float v : merged->residual.Dense()) residual2 += double(v) * v;
   EXPECT_NEAR(std::sqrt(adapter2), std::sqrt(head2), 1e-4 * std::sqrt(head2));
   EXPECT_NEAR(std::sqrt(residual2), std::sqrt(tail2), 1e-4 * std::sqrt(tail2));
 }

@@ -44,9 +44,7 @@ std::vector<double> DirectAverage(std::span<const LoraAdapter> clients, std::spa
 // What the merged model adds to the base: (alpha/r)·B'·A' + residual.
 std::vector<float> MergedDelta(const MergedLoraModule& merged) {
   std::vector<float> delta = LoraDelta(merged.adapter);
-  if (!merged.residual.empty()) {
-    for (size_t k = 0; k < delta.size(); ++k) delta[k] += merged.residual[k];
-  }
+  if (!merged.residual.empty()) merged.residual.AddTo(delta);
   return delta;
 }
 
@@ -78,7 +76,12 @@ TEST(LoraMergeExact, EqualRanksMatchTheAverageUpdate) {
   auto merged = MergeLoraModule("q_proj", clients, weights, Exact(8, 16));
   ASSERT_TRUE(merged.ok()) << merged.status().ToString();
   ASSERT_EQ(merged->adapter.rank, 8u);
-  ASSERT_EQ(merged->residual.size(), 64u * 48u) << "Σ rank 40 > 8: the truncation must leave a residual";
+  ASSERT_FALSE(merged->residual.empty()) << "Σ rank 40 > 8: the truncation must leave a residual";
+  // As factors: the five clients' and the merged adapter's, rank 40 + 8.
+  EXPECT_EQ(merged->residual.rank, 48u);
+  EXPECT_EQ(merged->residual.rows, 64u);
+  EXPECT_EQ(merged->residual.cols, 48u);
+  EXPECT_EQ(merged->residual_bytes(), 4u * 64 * 48) << "64 x 48 dense is smaller than rank 48 factors";
   const double error = RelativeError(MergedDelta(*merged), DirectAverage(clients, weights));
   std::printf("exact, ranks 5 x 8 -> 8: relative error %.3g\n", error);
   EXPECT_LE(error, 1e-5);
@@ -143,7 +146,7 @@ TEST(LoraMergeExact, TruncationDropsOnlyTheTrailingSingularValues) {
   double tail2 = 0;
   for (size_t j = 8; j < sigma.size(); ++j) tail2 += sigma[j] * sigma[j];
   double residual2 = 0;
-  for (float v : merged->residual) residual2 += double(v) * v;
+  for (float v : merged->residual.Dense()) residual2 += double(v) * v;
   EXPECT_NEAR(std::sqrt(residual2), std::sqrt(tail2), 1e-5 * std::sqrt(tail2));
 }
 
@@ -356,7 +359,9 @@ TEST(LoraMergeBytes, Decoder124M) {
                 std::string(LoraMergeRuleName(rule)).c_str(), up / mib, kClients * up / mib, down / mib,
                 merged->adapter_bytes / mib, merged->residual_bytes / mib, seconds);
     EXPECT_EQ(merged->adapter_bytes, up);  // down as up: frozen-a's A never changes, so B alone comes back
-    EXPECT_EQ(merged->residual_bytes, rule == LoraMergeRule::kExact ? 48 * kD * kD * 4 : 0);
+    // exact: each residual as its factors, the 10 clients' and the merged adapter's
+    // (rank 10 x 8 + 8 = 88, 88 x (768 + 768) values against 768 x 768 dense).
+    EXPECT_EQ(merged->residual_bytes, rule == LoraMergeRule::kExact ? 48 * 4 * 88 * (kD + kD) : 0);
   }
 }
 

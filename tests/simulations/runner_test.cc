@@ -354,7 +354,7 @@ TEST(LoraSimulation, TheInprocGlobalIsMergeLoraUpdatesOfTheSitesAdapters) {
     if (models::IsLoraA(spec.name) && !m.residual.empty()) {
       const auto* w = initial->manifest.Find(module.substr(std::string("base_model.model.").size()) + ".weight");
       ASSERT_NE(w, nullptr);
-      for (size_t i = 0; i < m.residual.size(); ++i) expected[w->offset + i] += m.residual[i];
+      m.residual.AddTo(std::span<float>(expected).subspan(w->offset, w->numel()));
     }
   }
   EXPECT_EQ(crypto::Sha256Hex(expected.data(), expected.size() * sizeof(float)), run->rounds[0].global_checksum);
