@@ -173,7 +173,9 @@ void Agent::OnRoundStart(const v1::RoundStart& start) {
   round_ = start;
   round_connection_ = connection_;
   manifest_ = std::move(manifest).value();
-  if (start.model_follows() && start.patch_size() > 0) {
+  incoming_low_rank_.clear();
+  incoming_factors_.clear();
+  if (start.model_follows() && (start.patch_size() > 0 || start.low_rank_size() > 0)) {
     // Only the changed ranges follow: the rest is the model we hold.
     if (!model_ || model_version_ != start.patch_base_version() || model_->size() != manifest_.total_elements) {
       return Disconnected(fmt::format("round {}: a patch on version {}, but we hold version {}", start.round(),
@@ -189,6 +191,7 @@ void Agent::OnRoundStart(const v1::RoundStart& start) {
       end = range.offset() + range.count();
       incoming_ranges_.emplace_back(range.offset() * sizeof(float), end * sizeof(float));
     }
+    if (Status s = ExpectLowRank(start); !s.ok()) return Disconnected(s.message());
     incoming_.assign(model_->begin(), model_->end());
   } else if (start.model_follows()) {
     incoming_.assign(manifest_.total_elements, 0.0f);
@@ -198,13 +201,60 @@ void Agent::OnRoundStart(const v1::RoundStart& start) {
     incoming_range_ = 0;
     incoming_offset_ = incoming_ranges_[0].first;
     download_hasher_ = std::make_unique<crypto::Sha256>();
-    download_hasher_->Update(incoming_.data(), incoming_offset_);  // held bytes before the first range
+    // Held bytes before the first range; with low-rank changes the whole
+    // buffer is hashed once they are applied.
+    if (incoming_low_rank_.empty()) download_hasher_->Update(incoming_.data(), incoming_offset_);
     return;
   }
   if (!model_ || model_version_ != start.model_version() || model_checksum_ != start.model_checksum()) {
     return Disconnected(fmt::format("round {}: server sent no model but we hold version {}", start.round(), model_version_));
   }
   Train();
+}
+
+Status Agent::ExpectLowRank(const v1::RoundStart& start) {
+  const uint64_t total = manifest_.total_elements;
+  uint64_t factors = 0, end = 0;
+  for (const auto& p : start.low_rank()) {
+    const uint64_t rows = p.rows(), cols = p.cols(), rank = p.rank();
+    const models::TensorSpec* tensor = nullptr;
+    for (const models::TensorSpec& spec : manifest_.tensors) {
+      if (spec.offset == p.offset()) tensor = &spec;
+    }
+    const uint64_t n = tensor ? tensor->numel() : 0;
+    const bool shaped = tensor && rows > 0 && cols == n / rows && rows * cols == n && rank > 0 &&
+                        rank < n / (rows + cols) + 1 && rank * (rows + cols) < n;
+    bool overlaps = false;
+    for (const auto& [begin, stop] : incoming_ranges_) {
+      overlaps = overlaps || (begin < (p.offset() + n) * sizeof(float) && p.offset() * sizeof(float) < stop);
+    }
+    if (!shaped || p.offset() < end || overlaps) {
+      return ProtocolError("round {}: low-rank patch at element {} ({} x {}, rank {}) is not a tensor of the model "
+                           "in order, outside the patch ranges and smaller as factors",
+                           start.round(), p.offset(), rows, cols, rank);
+    }
+    end = p.offset() + n;
+    factors += rank * (rows + cols);
+    incoming_low_rank_.push_back({p.offset(), models::LowRankMatrix{.rows = rows, .cols = cols, .rank = rank}});
+  }
+  if (factors > 0) {
+    incoming_factors_.assign(factors, 0.0f);
+    incoming_ranges_.emplace_back(total * sizeof(float), (total + factors) * sizeof(float));
+  }
+  return Status::Ok();
+}
+
+void Agent::ApplyLowRank() {
+  const float* at = incoming_factors_.data();
+  for (auto& [offset, change] : incoming_low_rank_) {
+    change.u.assign(at, at + change.rows * change.rank);
+    at += change.u.size();
+    change.v.assign(at, at + change.rank * change.cols);
+    at += change.v.size();
+    change.AddTo(std::span<float>(incoming_).subspan(offset, change.rows * change.cols));
+  }
+  incoming_low_rank_.clear();
+  incoming_factors_.clear();
 }
 
 void Agent::OnModelChunk(const v1::ModelChunk& chunk) {
@@ -215,17 +265,27 @@ void Agent::OnModelChunk(const v1::ModelChunk& chunk) {
     return Disconnected(fmt::format("model chunk at {} (+{}) does not continue at {} within its range", chunk.offset(),
                                     chunk.data().size(), incoming_offset_));
   }
+  const bool hash_as_it_comes = incoming_low_rank_.empty();
   char* bytes = reinterpret_cast<char*>(incoming_.data());
-  std::memcpy(bytes + incoming_offset_, chunk.data().data(), chunk.data().size());
-  // Hashed chunk by chunk while the bytes are still in cache.
-  download_hasher_->Update(bytes + incoming_offset_, chunk.data().size());
+  if (incoming_offset_ >= total) {  // a low-rank change's factors
+    std::memcpy(reinterpret_cast<char*>(incoming_factors_.data()) + (incoming_offset_ - total), chunk.data().data(),
+                chunk.data().size());
+  } else {
+    std::memcpy(bytes + incoming_offset_, chunk.data().data(), chunk.data().size());
+    // Hashed chunk by chunk while the bytes are still in cache.
+    if (hash_as_it_comes) download_hasher_->Update(bytes + incoming_offset_, chunk.data().size());
+  }
   incoming_offset_ += chunk.data().size();
   if (incoming_offset_ < range_end) return;
   // The held bytes up to the next range (or the end) count in the checksum too.
   const uint64_t next = ++incoming_range_ < incoming_ranges_.size() ? incoming_ranges_[incoming_range_].first : total;
-  download_hasher_->Update(bytes + incoming_offset_, next - incoming_offset_);
+  if (hash_as_it_comes) download_hasher_->Update(bytes + incoming_offset_, next - incoming_offset_);
   incoming_offset_ = next;
   if (incoming_range_ < incoming_ranges_.size()) return;
+  if (!hash_as_it_comes) {
+    ApplyLowRank();
+    download_hasher_->Update(incoming_.data(), total);
+  }
   const std::string checksum = crypto::ToHex(download_hasher_->Final());
   download_hasher_.reset();
   if (checksum != round_->model_checksum()) {

@@ -31,6 +31,7 @@
 #include "crypto/tls.h"
 #include "estuary.pb.h"
 #include "proto/frame.h"
+#include "models/low_rank.h"
 #include "models/tensor.h"
 
 namespace estuary::client {
@@ -85,6 +86,12 @@ class Agent : public std::enable_shared_from_this<Agent> {
   void Dispatch(v1::Envelope envelope);
   void OnRoundStart(const v1::RoundStart& start);
   void OnModelChunk(const v1::ModelChunk& chunk);
+  // A patch's low-rank changes: each a whole tensor of the manifest, of its
+  // shape, in order, outside the patch ranges and smaller as factors; their
+  // factors are then expected after the ranges, past the buffer's end.
+  Status ExpectLowRank(const v1::RoundStart& start);
+  // Adds every low-rank change, its factors received, to the held tensor.
+  void ApplyLowRank();
   void Train();
   void OnTrained(uint64_t round, Result<Update> update);
   void Send(const v1::Envelope& envelope);
@@ -134,6 +141,11 @@ class Agent : public std::enable_shared_from_this<Agent> {
   // ranges over the model held (the bytes between them are hashed as held).
   std::vector<std::pair<uint64_t, uint64_t>> incoming_ranges_;
   size_t incoming_range_ = 0;
+  // A patch's low-rank changes (offset, shape; their factors arrive in
+  // incoming_factors_, past the buffer's end): added to the held tensors once
+  // everything is in, and only then is the model hashed.
+  std::vector<std::pair<uint64_t, models::LowRankMatrix>> incoming_low_rank_;
+  std::vector<float> incoming_factors_;
   bool busy_training_ = false;
   bool train_again_ = false;
   uint64_t rounds_trained_ = 0;

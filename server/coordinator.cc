@@ -243,16 +243,24 @@ void Coordinator::StartRound() {
     auto session = connected_.at(name);
     const bool holds_model = held_[name].first == model_version_ && held_[name].second == global_checksum_;
     // A site that kept the previous version gets only what changed since.
-    const bool patch = !holds_model && !changed_ranges_.empty() && keeps_model_.contains(name) &&
-                       model_version_ > 0 && held_[name].first == model_version_ - 1 &&
+    const bool patch = !holds_model && (!changed_ranges_.empty() || !low_rank_.empty()) &&
+                       keeps_model_.contains(name) && model_version_ > 0 && held_[name].first == model_version_ - 1 &&
                        held_[name].second == previous_checksum_;
     start->set_model_follows(!holds_model);
     start->clear_patch();
+    start->clear_low_rank();
     if (patch) {
       for (const auto& [offset, count] : changed_ranges_) {
         auto* range = start->add_patch();
         range->set_offset(offset);
         range->set_count(count);
+      }
+      for (const aggregation::LowRankChange& change : low_rank_) {
+        auto* factors = start->add_low_rank();
+        factors->set_offset(change.offset);
+        factors->set_rows(change.delta.rows);
+        factors->set_cols(change.delta.cols);
+        factors->set_rank(change.delta.rank);
       }
     }
     start->set_patch_base_version(patch ? model_version_ - 1 : 0);
@@ -266,7 +274,8 @@ void Coordinator::StartRound() {
     p.record.round = round_;
     p.record.client = name;
     p.record.status = "selected";
-    p.record.bytes_down = holds_model ? 0 : patch ? changed_elements_ * sizeof(float) : model_bytes;
+    const uint64_t factor_bytes = low_rank_factors_ ? low_rank_factors_->size() * sizeof(float) : 0;
+    p.record.bytes_down = holds_model ? 0 : patch ? changed_elements_ * sizeof(float) + factor_bytes : model_bytes;
     record_.bytes_down += p.record.bytes_down;
     LogIfError(store_.UpsertParticipation(p.record), "store");
   }
@@ -346,9 +355,15 @@ void Coordinator::StreamModels() {
     ++downloads_in_flight_;
     auto p = participants_.find(session->name());
     std::vector<std::pair<uint64_t, uint64_t>> bytes;  // empty: the whole model
+    std::shared_ptr<const std::vector<float>> tail;
     if (p != participants_.end() && p->second.patch) {
       for (const auto& [offset, count] : changed_ranges_) {
         bytes.emplace_back(offset * sizeof(float), (offset + count) * sizeof(float));
+      }
+      if (!low_rank_.empty()) {  // the factors, past the buffer's end
+        const uint64_t end = global_->size() * sizeof(float);
+        bytes.emplace_back(end, end + low_rank_factors_->size() * sizeof(float));
+        tail = low_rank_factors_;
       }
     }
     // A session that closes mid-stream never calls back; its slot is
@@ -360,7 +375,7 @@ void Coordinator::StreamModels() {
           --downloads_in_flight_;
           StreamModels();
         },
-        std::move(bytes));
+        std::move(bytes), std::move(tail));
   }
 }
 
@@ -368,8 +383,11 @@ void Coordinator::FindChangedTensors() {
   changed_ranges_.clear();
   changed_elements_ = 0;
   if (!previous_global_ || previous_global_->size() != global_->size()) return;
+  std::set<uint64_t> as_factors;
+  for (const aggregation::LowRankChange& change : low_rank_) as_factors.insert(change.offset);
   for (const models::TensorSpec& spec : manifest_.tensors) {
     const size_t bytes = spec.numel() * sizeof(float);
+    if (as_factors.contains(spec.offset)) continue;  // sent as its factors
     if (std::memcmp(previous_global_->data() + spec.offset, global_->data() + spec.offset, bytes) == 0) continue;
     if (!changed_ranges_.empty() && changed_ranges_.back().first + changed_ranges_.back().second == spec.offset) {
       changed_ranges_.back().second += spec.numel();  // adjacent tensors: one range
@@ -560,6 +578,8 @@ void Coordinator::Aggregate() {
     std::optional<models::EvalResult> eval;
     std::string path, checksum;
     const uint64_t changed = status.ok() ? strategy_->changed_bytes() : 0;
+    std::vector<aggregation::LowRankChange> low_rank;
+    if (status.ok()) low_rank = strategy_->low_rank_changes();
     if (status.ok()) {
       checksum = ChecksumOf(*global);
       const auto finished = Clock::now();
@@ -583,7 +603,9 @@ void Coordinator::Aggregate() {
       spdlog::debug("round {}: finished in {:.2f} ms, then evaluated in {:.2f} ms and checkpointed in {:.2f} ms",
                     round, Millis(finished - start), Millis(evaluated - finished), Millis(written_at - finished));
     }
-    asio::post(io_, [=, this] { OnAggregated(status, global, eval, path, checksum, changed); });
+    asio::post(io_, [=, this, low_rank = std::move(low_rank)]() mutable {
+      OnAggregated(status, global, eval, path, checksum, changed, std::move(low_rank));
+    });
   });
 }
 
@@ -612,7 +634,7 @@ Status Coordinator::WriteCheckpoint(uint64_t round, const std::vector<float>& gl
 
 void Coordinator::OnAggregated(Status status, std::shared_ptr<std::vector<float>> global,
                                std::optional<models::EvalResult> eval, std::string checkpoint, std::string checksum,
-                               uint64_t changed_bytes) {
+                               uint64_t changed_bytes, std::vector<aggregation::LowRankChange> low_rank) {
   if (!status.ok()) return FailRound(status.ToString());
   const uint64_t per_update = record_.updates_received > 0 ? record_.bytes_up / record_.updates_received : 0;
   // The round log says what an update cost, for either kind; for lora also
@@ -636,6 +658,15 @@ void Coordinator::OnAggregated(Status status, std::shared_ptr<std::vector<float>
   previous_global_ = std::move(global_);
   previous_checksum_ = std::move(global_checksum_);
   global_ = std::move(global);
+  low_rank_ = std::move(low_rank);
+  auto factors = std::make_shared<std::vector<float>>();
+  for (auto& change : low_rank_) {
+    factors->insert(factors->end(), change.delta.u.begin(), change.delta.u.end());
+    factors->insert(factors->end(), change.delta.v.begin(), change.delta.v.end());
+    change.delta.u = {};  // the offsets and shapes are what RoundStart needs from here on
+    change.delta.v = {};
+  }
+  low_rank_factors_ = std::move(factors);
   global_checksum_ = checksum;
   model_version_ = record_.model_version;
   const double seconds = SecondsSince(round_started_);

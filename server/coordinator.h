@@ -87,7 +87,8 @@ class Coordinator {
   void MaybeFinishRound();
   void Aggregate();
   void OnAggregated(Status status, std::shared_ptr<std::vector<float>> global, std::optional<models::EvalResult> eval,
-                    std::string checkpoint, std::string checksum, uint64_t changed_bytes);
+                    std::string checkpoint, std::string checksum, uint64_t changed_bytes,
+                    std::vector<aggregation::LowRankChange> low_rank);
   void FailRound(const std::string& reason);
   void Transition(RoundState to, const std::string& detail = {});
   void Broadcast(const v1::Envelope& envelope);
@@ -113,6 +114,11 @@ class Coordinator {
   // adapter, and the base weights exact folded residuals into).
   std::shared_ptr<const std::vector<float>> previous_global_;
   std::string previous_checksum_;
+  // The tensors the last commit changed by a low-rank product (previous_global_
+  // to global_), which a patch sends as factors: their offsets, and every
+  // change's u then v, the stream's tail after the patch ranges.
+  std::vector<aggregation::LowRankChange> low_rank_;
+  std::shared_ptr<const std::vector<float>> low_rank_factors_;
   std::set<std::string> keeps_model_;  // sites whose Hello said they keep the model
   // This round: the tensors of the global model that differ from the
   // previous version's, as merged element ranges (empty: no previous version,

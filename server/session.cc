@@ -118,8 +118,10 @@ void Session::Send(const v1::Envelope& envelope) {
 }
 
 void Session::SendModel(uint64_t round, std::shared_ptr<const std::vector<float>> model,
-                        std::function<void()> on_sent, std::vector<std::pair<uint64_t, uint64_t>> ranges) {
+                        std::function<void()> on_sent, std::vector<std::pair<uint64_t, uint64_t>> ranges,
+                        std::shared_ptr<const std::vector<float>> tail) {
   model_ = std::move(model);
+  model_tail_ = std::move(tail);
   model_round_ = round;
   if (ranges.empty()) ranges = {{0, model_->size() * sizeof(float)}};
   model_ranges_ = std::move(ranges);
@@ -142,6 +144,7 @@ void Session::SendErrorAndClose(v1::Error::Code code, const std::string& message
 void Session::CloseAfterWrites() {
   close_after_writes_ = true;
   model_.reset();
+  model_tail_.reset();
   if (!writing_ && outbox_.empty()) Close();
 }
 
@@ -150,12 +153,17 @@ void Session::WriteNext() {
   if (outbox_.empty() && model_) {
     const uint64_t end = model_ranges_[model_range_].second;
     const uint64_t size = std::min<uint64_t>(config_.chunk_bytes, end - model_offset_);
-    outbox_.push_back(std::make_shared<const proto::Frame>(proto::EncodeModelChunk(
-        model_round_, model_offset_, reinterpret_cast<const char*>(model_->data()) + model_offset_, size)));
+    const uint64_t model_bytes = model_->size() * sizeof(float);
+    const char* source = model_offset_ < model_bytes
+                             ? reinterpret_cast<const char*>(model_->data()) + model_offset_
+                             : reinterpret_cast<const char*>(model_tail_->data()) + (model_offset_ - model_bytes);
+    outbox_.push_back(std::make_shared<const proto::Frame>(
+        proto::EncodeModelChunk(model_round_, model_offset_, source, size)));
     model_offset_ += size;
     if (model_offset_ == end && ++model_range_ < model_ranges_.size()) model_offset_ = model_ranges_[model_range_].first;
     if (model_range_ == model_ranges_.size()) {
       model_.reset();
+      model_tail_.reset();
       model_last_chunk_queued_ = true;
     }
   }
@@ -188,6 +196,7 @@ void Session::Close() {
   closed_ = true;
   timer_.cancel();
   model_.reset();
+  model_tail_.reset();
   if (auto on_sent = std::move(on_model_sent_)) on_sent();  // the stream is over either way
   error_code ignored;
   stream_.lowest_layer().shutdown(asio::ip::tcp::socket::shutdown_both, ignored);

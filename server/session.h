@@ -34,11 +34,13 @@ class Session : public std::enable_shared_from_this<Session> {
   void Send(const v1::Envelope& envelope);
   // Streams `model` as ModelChunk frames for `round` after what is queued;
   // `on_sent` runs once: when the last chunk is written or the session closes.
-  // Streams `model` as ModelChunks: all of it, or only the byte ranges
-  // [begin, end) of `ranges` (a patch over a model the client holds;
-  // ascending, disjoint, non-empty), no chunk crossing a range.
+  // All of it, or only the byte ranges [begin, end) of `ranges` (a patch over
+  // a model the client holds; ascending, disjoint, non-empty), no chunk
+  // crossing a range. Offsets past the model's end address `tail` (a
+  // patch's low-rank factors), from 0 there.
   void SendModel(uint64_t round, std::shared_ptr<const std::vector<float>> model, std::function<void()> on_sent = {},
-                 std::vector<std::pair<uint64_t, uint64_t>> ranges = {});
+                 std::vector<std::pair<uint64_t, uint64_t>> ranges = {},
+                 std::shared_ptr<const std::vector<float>> tail = nullptr);
   // Sends an Error and closes once it is written.
   void SendErrorAndClose(v1::Error::Code code, const std::string& message);
   // Closes after everything queued is written.
@@ -77,7 +79,7 @@ class Session : public std::enable_shared_from_this<Session> {
   bool closed_ = false;
   bool hello_seen_ = false;
   // The model being streamed, if any.
-  std::shared_ptr<const std::vector<float>> model_;
+  std::shared_ptr<const std::vector<float>> model_, model_tail_;
   uint64_t model_round_ = 0;
   uint64_t model_offset_ = 0;  // bytes
   std::vector<std::pair<uint64_t, uint64_t>> model_ranges_;  // bytes [begin, end) still to send, in order

@@ -494,21 +494,25 @@ TEST(Federation, BadLoraConfigurationGetsOneLineNamingTheKey) {
 // Sites that keep the global model they trained from get, after round 1,
 // only the tensors that changed, patch them into the model they hold and
 // check the whole buffer's checksum: under naive the adapter; under exact
-// also the q/k/v/o weights the residual was folded into; under frozen-a the
-// B factors alone.
+// also the residual folded into the q/k/v/o weights, as its factors (the two
+// sites' and the merged adapter's, rank 8 + 8 + 8), which the site adds to
+// the weights it holds; under frozen-a the B factors alone.
 TEST(Federation, LoraSitesDownloadOnlyTheTensorsThatChanged) {
   auto config = models::LlamaPreset("llama-tiny");
   ASSERT_TRUE(config.ok());
   auto layout = models::MakeLoraGlobalLayout(*config, LoraOf(8));
   ASSERT_TRUE(layout.ok());
   const uint64_t full = layout->global.byte_size(), adapter = layout->adapter.byte_size();
-  uint64_t adapted = 0;  // the base weights under the adapters
+  uint64_t adapted = 0, residual_factors = 0;  // the base weights under the adapters, and exact's residuals in them
   for (const auto& spec : layout->base.tensors) {
     for (const char* m : {"q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight"}) {
-      if (spec.name.ends_with(m)) adapted += spec.numel() * sizeof(float);
+      if (!spec.name.ends_with(m)) continue;
+      adapted += spec.numel() * sizeof(float);
+      residual_factors += 4 * 24 * uint64_t(spec.shape[0] + spec.shape[1]);
     }
   }
   EXPECT_EQ(adapted, 786432u);
+  EXPECT_EQ(residual_factors, 344064u);  // 0.44 of the weights they change
   const uint64_t b_only = models::LoraUploadManifest(layout->adapter, true).byte_size();
   for (const std::string merge : {"naive", "exact", "frozen-a"}) {
     Federation f;
@@ -541,7 +545,7 @@ TEST(Federation, LoraSitesDownloadOnlyTheTensorsThatChanged) {
       EXPECT_EQ((*rounds)[r].updates_received, 2u) << merge << " round " << r + 1;
       // Two rank-8 sites: exact's K = 16 > 8 leaves a residual in the base every round.
       // Frozen-a: A never changes, so only the B factors travel.
-      const uint64_t per_site = merge == "naive" ? adapter : merge == "exact" ? adapter + adapted : b_only;
+      const uint64_t per_site = merge == "naive" ? adapter : merge == "exact" ? adapter + residual_factors : b_only;
       EXPECT_EQ((*rounds)[r].bytes_down, 2 * per_site) << merge << " round " << r + 1;
       EXPECT_LT((*rounds)[r].bytes_down, full) << merge;
     }
