@@ -7,6 +7,7 @@
 #include <cstring>
 #include <random>
 
+#include "client/model_patch.h"
 #include "crypto/sha256.h"
 #include "crypto/tls.h"
 #include "proto/frame.h"
@@ -181,17 +182,11 @@ void Agent::OnRoundStart(const v1::RoundStart& start) {
       return Disconnected(fmt::format("round {}: a patch on version {}, but we hold version {}", start.round(),
                                       start.patch_base_version(), model_ ? model_version_ : 0));
     }
-    incoming_ranges_.clear();
-    uint64_t end = 0;
-    for (const auto& range : start.patch()) {
-      if (range.count() == 0 || range.offset() < end || range.offset() + range.count() > manifest_.total_elements) {
-        return Disconnected(fmt::format("round {}: patch range {} (+{}) is not ascending within the model's {}",
-                                        start.round(), range.offset(), range.count(), manifest_.total_elements));
-      }
-      end = range.offset() + range.count();
-      incoming_ranges_.emplace_back(range.offset() * sizeof(float), end * sizeof(float));
-    }
-    if (Status s = ExpectLowRank(start); !s.ok()) return Disconnected(s.message());
+    auto patch = ReadModelPatch(start, manifest_);
+    if (!patch.ok()) return Disconnected(patch.status().message());
+    incoming_ranges_ = std::move(patch->byte_ranges);
+    incoming_low_rank_ = std::move(patch->low_rank);
+    incoming_factors_.assign(patch->factor_count, 0.0f);
     incoming_.assign(model_->begin(), model_->end());
   } else if (start.model_follows()) {
     incoming_.assign(manifest_.total_elements, 0.0f);
@@ -210,38 +205,6 @@ void Agent::OnRoundStart(const v1::RoundStart& start) {
     return Disconnected(fmt::format("round {}: server sent no model but we hold version {}", start.round(), model_version_));
   }
   Train();
-}
-
-Status Agent::ExpectLowRank(const v1::RoundStart& start) {
-  const uint64_t total = manifest_.total_elements;
-  uint64_t factors = 0, end = 0;
-  for (const auto& p : start.low_rank()) {
-    const uint64_t rows = p.rows(), cols = p.cols(), rank = p.rank();
-    const models::TensorSpec* tensor = nullptr;
-    for (const models::TensorSpec& spec : manifest_.tensors) {
-      if (spec.offset == p.offset()) tensor = &spec;
-    }
-    const uint64_t n = tensor ? tensor->numel() : 0;
-    const bool shaped = tensor && rows > 0 && cols == n / rows && rows * cols == n && rank > 0 &&
-                        rank < n / (rows + cols) + 1 && rank * (rows + cols) < n;
-    bool overlaps = false;
-    for (const auto& [begin, stop] : incoming_ranges_) {
-      overlaps = overlaps || (begin < (p.offset() + n) * sizeof(float) && p.offset() * sizeof(float) < stop);
-    }
-    if (!shaped || p.offset() < end || overlaps) {
-      return ProtocolError("round {}: low-rank patch at element {} ({} x {}, rank {}) is not a tensor of the model "
-                           "in order, outside the patch ranges and smaller as factors",
-                           start.round(), p.offset(), rows, cols, rank);
-    }
-    end = p.offset() + n;
-    factors += rank * (rows + cols);
-    incoming_low_rank_.push_back({p.offset(), models::LowRankMatrix{.rows = rows, .cols = cols, .rank = rank}});
-  }
-  if (factors > 0) {
-    incoming_factors_.assign(factors, 0.0f);
-    incoming_ranges_.emplace_back(total * sizeof(float), (total + factors) * sizeof(float));
-  }
-  return Status::Ok();
 }
 
 void Agent::ApplyLowRank() {

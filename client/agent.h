@@ -86,10 +86,6 @@ class Agent : public std::enable_shared_from_this<Agent> {
   void Dispatch(v1::Envelope envelope);
   void OnRoundStart(const v1::RoundStart& start);
   void OnModelChunk(const v1::ModelChunk& chunk);
-  // A patch's low-rank changes: each a whole tensor of the manifest, of its
-  // shape, in order, outside the patch ranges and smaller as factors; their
-  // factors are then expected after the ranges, past the buffer's end.
-  Status ExpectLowRank(const v1::RoundStart& start);
   // Adds every low-rank change, its factors received, to the held tensor.
   void ApplyLowRank();
   void Train();
