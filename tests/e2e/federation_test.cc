@@ -716,3 +716,21 @@ TEST(Federation, BadConfigurationGetsOneLineNamingTheFile) {
 
 }  // namespace
 }  // namespace estuary::testing
+
+namespace estuary::testing {
+namespace {
+
+// The harness's own guarantee: a child that does not end is killed at the
+// limit, so a test waiting on it ends by itself.
+TEST(Harness, AChildThatDoesNotEndIsKilledAtTheLimit) {
+  TempDir dir;
+  const auto start = std::chrono::steady_clock::now();
+  ChildProcess sleeper({"/bin/sleep", "60"}, dir.path() / "sleep.log");
+  EXPECT_EQ(sleeper.Wait(std::chrono::seconds(1)), 128 + SIGKILL);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30));
+  ChildProcess quick({"/bin/sh", "-c", "exit 3"}, dir.path() / "quick.log");
+  EXPECT_EQ(quick.Wait(std::chrono::seconds(30)), 3);
+}
+
+}  // namespace
+}  // namespace estuary::testing

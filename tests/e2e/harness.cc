@@ -3,11 +3,14 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
+#include <poll.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <array>
+#include <cerrno>
 #include <cstdio>
 #include <random>
 
@@ -85,6 +88,7 @@ ChildProcess::ChildProcess(const std::vector<std::string>& argv, const fs::path&
   std::vector<char*> args;
   for (auto& a : copy) args.push_back(a.data());
   args.push_back(nullptr);
+  program_ = argv.empty() ? std::string() : argv[0];
   if (posix_spawn(&pid_, args[0], &actions, nullptr, args.data(), environ) != 0) pid_ = -1;
   posix_spawn_file_actions_destroy(&actions);
 }
@@ -96,8 +100,22 @@ ChildProcess::~ChildProcess() {
   }
 }
 
-int ChildProcess::Wait() {
+int ChildProcess::Wait(std::chrono::seconds limit) {
   if (pid_ <= 0) return -1;
+  // A pidfd becomes readable when the child exits: a wait with a deadline.
+  if (const int fd = int(syscall(SYS_pidfd_open, pid_, 0)); fd >= 0) {
+    pollfd child{fd, POLLIN, 0};
+    int ready;
+    do {
+      ready = poll(&child, 1, int(std::chrono::milliseconds(limit).count()));
+    } while (ready < 0 && errno == EINTR);
+    close(fd);
+    if (ready == 0) {
+      std::fprintf(stderr, "harness: %s (pid %d) still running after %lld s: killed\n", program_.c_str(), int(pid_),
+                   static_cast<long long>(limit.count()));
+      kill(pid_, SIGKILL);
+    }
+  }
   int status;
   waitpid(pid_, &status, 0);
   pid_ = -1;

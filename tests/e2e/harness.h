@@ -6,6 +6,7 @@
 
 #include <filesystem>
 #include <memory>
+#include <chrono>
 #include <string>
 #include <vector>
 
@@ -48,12 +49,16 @@ class ChildProcess {
  public:
   ChildProcess(const std::vector<std::string>& argv, const fs::path& log);
   ~ChildProcess();
-  // The exit code, or 128 + the signal that ended it.
-  int Wait();
+  // The exit code, or 128 + the signal that ended it. A child still running
+  // after `limit` is killed (137) and a line on stderr says so: a test whose
+  // child never ends (a server retrying a round that keeps failing, a client
+  // reconnecting for ever) fails by itself instead of at ctest's timeout.
+  int Wait(std::chrono::seconds limit = std::chrono::seconds(300));
   pid_t pid() const { return pid_; }
 
  private:
   pid_t pid_ = -1;
+  std::string program_;
 };
 
 class RawClient {
