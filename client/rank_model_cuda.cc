@@ -189,16 +189,22 @@ Status UseDevice(const Compute& compute) {
   return Status::Ok();
 }
 
+// The decoder engines' options for a rank: its precision, on its stream.
+models::cuda::LlamaEngineOptions LlamaOptionsOn(const Compute& compute, void* stream) {
+  models::cuda::LlamaEngineOptions options;
+  options.precision = compute.precision;
+  options.stream = static_cast<cudaStream_t>(stream);
+  return options;
+}
+
 }  // namespace
 
 Result<std::unique_ptr<RankDecoder>> MakeCudaRankDecoder(const std::string& model, int max_batch,
                                                          const Compute& compute, void* stream) {
   ESTUARY_RETURN_IF_ERROR(UseDevice(compute));
   ESTUARY_ASSIGN_OR_RETURN(const models::LlamaConfig config, models::LlamaPreset(model));
-  models::cuda::LlamaEngineOptions options;
-  options.precision = compute.precision;
-  options.stream = static_cast<cudaStream_t>(stream);
-  ESTUARY_ASSIGN_OR_RETURN(auto engine, models::cuda::LlamaEngine::Create(config, max_batch, options));
+  ESTUARY_ASSIGN_OR_RETURN(auto engine,
+                           models::cuda::LlamaEngine::Create(config, max_batch, LlamaOptionsOn(compute, stream)));
   return std::unique_ptr<RankDecoder>(std::make_unique<CudaRankDecoder>(std::move(engine)));
 }
 
@@ -217,10 +223,8 @@ Result<std::unique_ptr<RankLoraDecoder>> MakeCudaRankLoraDecoder(const std::stri
                                                                  const Compute& compute, void* stream) {
   ESTUARY_RETURN_IF_ERROR(UseDevice(compute));
   ESTUARY_ASSIGN_OR_RETURN(const models::LlamaConfig config, models::LlamaPreset(model));
-  models::cuda::LlamaEngineOptions options;
-  options.precision = compute.precision;
-  options.stream = static_cast<cudaStream_t>(stream);
-  ESTUARY_ASSIGN_OR_RETURN(auto engine, models::cuda::LoraLlamaEngine::Create(config, lora, max_batch, options));
+  ESTUARY_ASSIGN_OR_RETURN(auto engine, models::cuda::LoraLlamaEngine::Create(config, lora, max_batch,
+                                                                              LlamaOptionsOn(compute, stream)));
   return std::unique_ptr<RankLoraDecoder>(std::make_unique<CudaRankLoraDecoder>(std::move(engine)));
 }
 
