@@ -23,16 +23,6 @@ namespace {
 
 double Since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
-std::vector<std::string> Split(std::string_view text) {
-  std::vector<std::string> parts;
-  while (!text.empty()) {
-    const size_t comma = text.find(',');
-    parts.emplace_back(text.substr(0, comma));
-    text = comma == std::string_view::npos ? std::string_view() : text.substr(comma + 1);
-  }
-  return parts;
-}
-
 // Held-out perplexity per byte of `params` (a base decoder's weights) on a
 // site's test tokens: every window of seq_len, up to 4096 of them.
 Result<double> Perplexity(models::Llama& model, std::span<const float> params, std::span<const int32_t> tokens,
@@ -78,7 +68,7 @@ Result<LoraFortunesReport> RunLoraFortunes(const LoraFortunesOptions& o, const L
   ESTUARY_ASSIGN_OR_RETURN(auto sources, models::LoadFortunes(o.data_dir, {.test_fraction = 0.1,
                                                                            .seed = o.seed,
                                                                            .min_tokens = o.seq_len + 1}));
-  const std::vector<std::string> topics = Split(o.topics);
+  const std::vector<std::string> topics = SplitCommas(o.topics);
   const std::set<std::string> held(topics.begin(), topics.end());
   if (held.size() != topics.size() || topics.empty()) {
     return InvalidArgument("lora-fortunes: --topics '{}' must name distinct topics", o.topics);

@@ -52,7 +52,7 @@ nlohmann::json ScenarioJson(const Scenario& s) {
           {"base_model", s.base_model.string()}};
 }
 
-static std::vector<std::string> SplitCommas(std::string_view text) {
+std::vector<std::string> SplitCommas(std::string_view text) {
   std::vector<std::string> parts;
   while (!text.empty()) {
     const size_t comma = text.find(',');

@@ -14,6 +14,8 @@
 #include <filesystem>
 #include <functional>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "aggregation/strategy.h"
 #include "base/status.h"
@@ -81,5 +83,8 @@ using RoundCallback = std::function<void(const RoundReport&, uint64_t rounds_tot
 Result<Report> RunInproc(const Scenario& scenario, const RoundCallback& on_round,
                          std::vector<float>* final_global = nullptr);
 Result<Report> RunLoopback(const Scenario& scenario, const RoundCallback& on_round);
+
+// "a,b,c" -> {"a", "b", "c"} (the comma-separated flags: --topics, --lora-site-ranks, ...).
+std::vector<std::string> SplitCommas(std::string_view text);
 
 }  // namespace estuary::simulations
