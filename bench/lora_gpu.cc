@@ -8,14 +8,16 @@
 // after 3 warm-up steps. A step is ForwardBackwardAsync + Step; the host
 // waits once, after the last step, to read the loss. Three runs, one after
 // the other, each freeing its memory before the next: full fine-tuning, LoRA
-// r 8 alpha 16 on q, k, v, o, and LoRA on all seven projections.
+// r 8 alpha 16 on q, k, v, o, LoRA on all seven projections, and (under
+// bf16) LoRA on q, k, v, o over a base without its fp32 master.
 //
 // Memory per run: the sum of what the engine allocates for parameters (fp32
-// master + bf16 working copy; the frozen base's and the adapters'), gradients,
-// optimizer state (AdamW: 8 bytes per trained parameter) and activations; and,
-// as a check on that sum, the drop in cudaMemGetInfo's free memory from before
-// the engine is created to after the warm-up (it also counts cuBLAS's
-// workspace and handle, scratch arenas and the CUDA context's growth).
+// master + bf16 working copy, or the bf16 copy alone; the frozen base's and
+// the adapters'), gradients, optimizer state (AdamW: 8 bytes per trained
+// parameter) and activations; and, as a check on that sum, the drop in
+// cudaMemGetInfo's free memory from before the engine is created to after the
+// warm-up (it also counts cuBLAS's workspace and handle, scratch arenas and
+// the CUDA context's growth).
 //   build/bench/lora_gpu [--batch 8] [--steps 30] [--rank 8] [--alpha 16] [--precision bf16]
 #include <CLI/CLI.hpp>
 #include <cuda_runtime_api.h>
@@ -118,19 +120,20 @@ Result<Run> FullFineTuning(const Setup& s) {
   return run;
 }
 
-Result<Run> LoraFineTuning(const Setup& s, const LoraConfig& lora, int64_t* trainable) {
+Result<Run> LoraFineTuning(const Setup& s, const LoraConfig& lora, bool base_without_master, int64_t* trainable) {
   ESTUARY_ASSIGN_OR_RETURN(const size_t free_before, FreeDeviceBytes());
   cuda::LlamaEngineOptions options;
   options.precision = s.precision;
   ESTUARY_ASSIGN_OR_RETURN(cuda::LoraLlamaEngine engine, cuda::LoraLlamaEngine::Create(s.config, lora, s.batch, options));
+  if (base_without_master) ESTUARY_RETURN_IF_ERROR(engine.base().DropFp32Master());
   ESTUARY_RETURN_IF_ERROR(engine.base().Initialize(1));
   ESTUARY_RETURN_IF_ERROR(engine.Initialize(2));
   ESTUARY_ASSIGN_OR_RETURN(cuda::AdamW opt, cuda::AdamW::Create(engine.parameter_count(), s.adamw, engine.stream()));
-  const double base = double(engine.base().parameter_count()), adapters = double(engine.parameter_count());
+  const double adapters = double(engine.parameter_count());
   *trainable = engine.parameter_count();
   const double per_weight = 4 + (s.precision == DType::kF32 ? 0 : DTypeSize(s.precision));
   Run run;
-  run.memory.parameters = (base + adapters) * per_weight;
+  run.memory.parameters = double(engine.base().parameter_bytes()) + adapters * per_weight;
   run.memory.gradients = adapters * 4;  // the frozen base has no gradient buffer
   run.memory.optimizer = adapters * 8;
   run.memory.activations = double(engine.base().activation_bytes() + engine.adapter_activation_bytes());
@@ -203,11 +206,13 @@ int main(int argc, char** argv) {
   struct Variant {
     const char* name;
     std::vector<std::string> targets;
+    bool base_in_bf16 = false;  // the base without its fp32 master (bf16 only)
   };
-  const Variant variants[] = {
+  std::vector<Variant> variants = {
       {"q,k,v,o", {"q_proj", "k_proj", "v_proj", "o_proj"}},
       {"all 7", {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}},
   };
+  if (s.precision == DType::kBF16) variants.push_back({"q,k,v,o, base in bf16", variants[0].targets, true});
   std::vector<std::string> ratios;
   for (const Variant& v : variants) {
     LoraConfig lora;
@@ -215,7 +220,7 @@ int main(int argc, char** argv) {
     lora.alpha = alpha;
     lora.target_modules = v.targets;
     int64_t trainable = 0;
-    auto run = LoraFineTuning(s, lora, &trainable);
+    auto run = LoraFineTuning(s, lora, v.base_in_bf16, &trainable);
     if (!run.ok()) return fail(run.status());
     std::printf("LoRA r %d alpha %g on %s (LoraLlamaEngine, %s): %.2fM trainable (%.2f%%), %d steps: %.0f tokens/s, "
                 "%.1f ms/step (loss %.4f -> %.4f)\n  memory: %s\n",

@@ -80,9 +80,9 @@ class RankClassifier : public RankModel {
 class RankLoraDecoder : public RankDecoder {
  public:
   virtual const models::LoraConfig& lora_config() const = 0;
-  // How the frozen base is stored: f32, or bf16 (the CPU's LoraLlama keeps
-  // the base rounded to bf16 in half the memory, models/lora.h; a GPU engine
-  // keeps its fp32 master and refuses). Before LoadBase.
+  // How the frozen base is stored: f32, or bf16 — the base rounded to bf16
+  // (the CPU's LoraLlama in half the memory, models/lora.h; a GPU engine
+  // under --precision bf16 drops its fp32 master, a third). Before LoadBase.
   virtual Status KeepBaseIn(models::DType dtype) = 0;
   // The frozen base's weights (the preset's layout) and the seed of this
   // round's dropout masks.

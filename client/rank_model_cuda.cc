@@ -136,11 +136,16 @@ class CudaRankLoraDecoder : public CudaRankModel<models::cuda::LoraLlamaEngine, 
   int max_seq_len() const override { return engine_.base().config().max_seq_len; }
   const models::LoraConfig& lora_config() const override { return engine_.lora_config(); }
 
+  // bf16: the base engine drops its fp32 master and keeps only the bf16
+  // working copy its GEMMs read, so it computes in bf16 too.
   Status KeepBaseIn(models::DType dtype) override {
     if (dtype == models::DType::kF32) return Status::Ok();
-    return InvalidArgument("site: a frozen base kept in {} on a GPU: the engine keeps an fp32 master of the base "
-                           "(with a bf16 working copy under --precision bf16); a {}-only base is not implemented",
-                           models::DTypeName(dtype), models::DTypeName(dtype));
+    if (dtype != models::DType::kBF16 || engine_.precision() != models::DType::kBF16) {
+      return InvalidArgument("site: a frozen base kept in {} on a GPU needs --precision bf16 (the base's GEMMs read "
+                             "the weights as stored); this engine runs in {}",
+                             models::DTypeName(dtype), models::DTypeName(engine_.precision()));
+    }
+    return engine_.base().DropFp32Master();
   }
   Status LoadBase(std::span<const float> base, uint64_t) override {
     // The GPU adapters have no dropout (Create refuses it): no seed to keep.

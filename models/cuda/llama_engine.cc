@@ -74,6 +74,14 @@ struct LlamaEngine::Impl {
   // never read (the backward kernel forms dx and dweight in one pass; a
   // variant without dweight would save only a [D] reduction per norm).
   DeviceBuffer frozen_dnorm;
+  // Without an fp32 master (DropFp32Master): the norms' weights widened from
+  // the working copy, and where each norm's flat offset sits in that buffer.
+  DeviceBuffer norms;
+  struct NormSlot {
+    uint64_t offset, count;  // in the flat buffer
+    uint64_t slot;           // where it starts in `norms`
+  };
+  std::vector<NormSlot> norm_slots;  // ascending offsets
   Arena scratch;  // per-op scratch (norm partials, sort, row losses, clip), reset before each op
   PinnedBuffer staging;
   Event staging_free;  // recorded after the staging buffer's upload
@@ -98,6 +106,23 @@ struct LlamaEngine::Impl {
   }
   cudaStream_t s() const { return options.stream ? options.stream : stream.get(); }
   float* P() const { return params.as<float>(); }
+  bool master() const { return params.data() != nullptr; }
+  // A norm's fp32 weight: in the master, or in its copy when there is none.
+  const float* Norm(uint64_t offset) const {
+    if (master()) return P() + offset;
+    const auto it = std::lower_bound(norm_slots.begin(), norm_slots.end(), offset,
+                                     [](const NormSlot& n, uint64_t at) { return n.offset < at; });
+    return norms.as<float>() + it->slot;
+  }
+  // The embedding table the lookup reads: the master's, else the working copy's.
+  Status Embed(int n, float* out) const {
+    if (master()) return EmbeddingForward(tokens_d(), n, P() + embed, config.vocab_size, config.hidden_size, out, s());
+    return EmbeddingForward(tokens_d(), n, W(embed), act(), config.vocab_size, config.hidden_size, out, s());
+  }
+  // Rewrites the norms' fp32 copy from the working copy (no master).
+  Status WidenNorms() const;
+  // A device buffer for host <-> working-copy transfers without a master.
+  Result<DeviceBuffer> ConversionChunk() const;
   float* G() const { return grads.as<float>(); }
   // What the GEMMs read: the master weights under f32, else the working copy.
   const void* W(uint64_t offset) const {
@@ -298,6 +323,21 @@ Status LlamaEngine::CopyParametersFrom(std::span<const float> host) {
     return InvalidArgument("cuda llama: {} parameters given, the model has {}", host.size(),
                            m.manifest.total_elements);
   }
+  if (!m.master()) {
+    // Through an fp32 staging chunk into the working copy, which rounds.
+    ESTUARY_ASSIGN_OR_RETURN(DeviceBuffer chunk, m.ConversionChunk());
+    const size_t step = chunk.size() / sizeof(float);
+    for (size_t at = 0; at < host.size(); at += step) {
+      const size_t count = std::min(step, host.size() - at);
+      ESTUARY_RETURN_IF_ERROR(CopyToDevice(chunk.data(), host.data() + at, count * sizeof(float), m.s()));
+      ESTUARY_RETURN_IF_ERROR(Convert(chunk.data(), DType::kF32, m.working.as<char>() + at * DTypeSize(m.act()),
+                                      m.act(), int64_t(count), m.s()));
+    }
+    ESTUARY_RETURN_IF_ERROR(m.WidenNorms());
+    // The chunk is freed on return: the stream must be done with it.
+    ESTUARY_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(m.s()));
+    return Status::Ok();
+  }
   ESTUARY_RETURN_IF_ERROR(CopyToDevice(m.P(), host.data(), host.size_bytes(), m.s()));
   if (m.low()) ESTUARY_RETURN_IF_ERROR(Convert(m.P(), DType::kF32, m.working.data(), m.act(), parameter_count(), m.s()));
   return Status::Ok();
@@ -305,16 +345,71 @@ Status LlamaEngine::CopyParametersFrom(std::span<const float> host) {
 
 Status LlamaEngine::RefreshWorkingCopy() {
   Impl& m = *impl_;
-  if (!m.low()) return Status::Ok();
+  if (!m.low() || !m.master()) return Status::Ok();
   return Convert(m.P(), DType::kF32, m.working.data(), m.act(), parameter_count(), m.s());
 }
 
 Status LlamaEngine::CopyParametersTo(std::span<float> host) {
-  if (host.size() != impl_->manifest.total_elements) {
+  Impl& m = *impl_;
+  if (host.size() != m.manifest.total_elements) {
     return InvalidArgument("cuda llama: room for {} parameters given, the model has {}", host.size(),
-                           impl_->manifest.total_elements);
+                           m.manifest.total_elements);
   }
-  return CopyToHost(host.data(), impl_->P(), host.size_bytes(), impl_->s());
+  if (m.master()) return CopyToHost(host.data(), m.P(), host.size_bytes(), m.s());
+  ESTUARY_ASSIGN_OR_RETURN(DeviceBuffer chunk, m.ConversionChunk());
+  const size_t step = chunk.size() / sizeof(float);
+  for (size_t at = 0; at < host.size(); at += step) {
+    const size_t count = std::min(step, host.size() - at);
+    ESTUARY_RETURN_IF_ERROR(Convert(m.working.as<char>() + at * DTypeSize(m.act()), m.act(), chunk.data(),
+                                    DType::kF32, int64_t(count), m.s()));
+    ESTUARY_RETURN_IF_ERROR(CopyToHost(host.data() + at, chunk.data(), count * sizeof(float), m.s()));
+  }
+  return Status::Ok();
+}
+
+Status LlamaEngine::DropFp32Master() {
+  Impl& m = *impl_;
+  if (!m.frozen()) {
+    return FailedPrecondition("cuda llama: only a frozen base (train_base false) can drop its fp32 master; a "
+                              "trained one steps it");
+  }
+  if (!m.low()) {
+    return FailedPrecondition("cuda llama: an f32 engine has no low-precision working copy to keep its weights in; "
+                              "drop the fp32 master under bf16 or f16");
+  }
+  if (!m.master()) return Status::Ok();
+  // The working copy already is the master rounded (CopyParametersFrom keeps
+  // it so); the norms get their fp32 copy from it, then the master goes.
+  uint64_t total = 0;
+  for (const TensorSpec& t : m.manifest.tensors) {
+    if (t.shape.size() != 1) continue;
+    m.norm_slots.push_back({t.offset, t.numel(), total});
+    total += t.numel();
+  }
+  ESTUARY_ASSIGN_OR_RETURN(m.norms, DeviceBuffer::Allocate(total * sizeof(float)));
+  ESTUARY_RETURN_IF_ERROR(m.WidenNorms());
+  ESTUARY_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(m.s()));
+  m.params = DeviceBuffer();
+  return Status::Ok();
+}
+
+bool LlamaEngine::has_fp32_master() const { return impl_->master(); }
+
+size_t LlamaEngine::parameter_bytes() const {
+  return impl_->params.size() + impl_->working.size() + impl_->norms.size();
+}
+
+Status LlamaEngine::Impl::WidenNorms() const {
+  for (const NormSlot& n : norm_slots) {
+    ESTUARY_RETURN_IF_ERROR(Convert(working.as<char>() + n.offset * DTypeSize(act()), act(), norms.as<float>() + n.slot,
+                                    DType::kF32, int64_t(n.count), s()));
+  }
+  return Status::Ok();
+}
+
+Result<DeviceBuffer> LlamaEngine::Impl::ConversionChunk() const {
+  constexpr size_t kChunk = size_t(16) << 20;  // values: 64 MiB of fp32
+  return DeviceBuffer::Allocate(std::min<size_t>(kChunk, manifest.total_elements) * sizeof(float));
 }
 
 Status LlamaEngine::CopyGradientsTo(std::span<float> host) {
@@ -375,13 +470,13 @@ Status LlamaEngine::Impl::RunForward(int batch, int seq) {
   const int64_t qkv_width = int64_t(H + 2 * KV) * hd;
   const float eps = float(c.rms_norm_eps);
   Carve(batch, seq, activation_buffer.as<char>());
-  ESTUARY_RETURN_IF_ERROR(EmbeddingForward(tokens_d(), n, P() + embed, V, D, acts.resid, s()));
+  ESTUARY_RETURN_IF_ERROR(Embed(n, acts.resid));
   for (int l = 0; l < c.num_layers; ++l) {
     const LayerOffsets& o = offsets[l];
     const LayerActivations& a = acts.layers[l];
     const float* x = acts.resid + l * acts.resid_stride;
     float* out = acts.resid + (l + 1) * acts.resid_stride;
-    ESTUARY_RETURN_IF_ERROR(RmsNormForward(x, P() + o.input_norm, n, D, eps, a.xn1, act(), a.rstd1, s()));
+    ESTUARY_RETURN_IF_ERROR(RmsNormForward(x, Norm(o.input_norm), n, D, eps, a.xn1, act(), a.rstd1, s()));
     ESTUARY_RETURN_IF_ERROR(
         Gemm(blas, false, true, n, qkv_width, D, 1.0f, a.xn1, D, W(o.qkv), D, 0.0f, a.qkv, qkv_width, Same()));
     ESTUARY_RETURN_IF_ERROR(AdaptForward(l, Projection::kQkv, a.xn1, n, a.qkv, act()));
@@ -398,7 +493,7 @@ Status LlamaEngine::Impl::RunForward(int batch, int seq) {
              a.h, D, ToF32()));
     ESTUARY_RETURN_IF_ERROR(AdaptForward(l, Projection::kO, a.attn, n, a.h, DType::kF32));
     ESTUARY_RETURN_IF_ERROR(ResidualAdd(x, int64_t(n) * D, a.h, s()));
-    ESTUARY_RETURN_IF_ERROR(RmsNormForward(a.h, P() + o.post_norm, n, D, eps, a.xn2, act(), a.rstd2, s()));
+    ESTUARY_RETURN_IF_ERROR(RmsNormForward(a.h, Norm(o.post_norm), n, D, eps, a.xn2, act(), a.rstd2, s()));
     ESTUARY_RETURN_IF_ERROR(
         Gemm(blas, false, true, n, 2 * int64_t(I), D, 1.0f, a.xn2, D, W(o.gate_up), D, 0.0f, a.gate_up, 2 * I, Same()));
     ESTUARY_RETURN_IF_ERROR(AdaptForward(l, Projection::kGateUp, a.xn2, n, a.gate_up, act()));
@@ -407,7 +502,7 @@ Status LlamaEngine::Impl::RunForward(int batch, int seq) {
     ESTUARY_RETURN_IF_ERROR(AdaptForward(l, Projection::kDown, a.act, n, out, DType::kF32));
     ESTUARY_RETURN_IF_ERROR(ResidualAdd(a.h, int64_t(n) * D, out, s()));
   }
-  ESTUARY_RETURN_IF_ERROR(RmsNormForward(acts.resid + c.num_layers * acts.resid_stride, P() + final_norm, n, D, eps,
+  ESTUARY_RETURN_IF_ERROR(RmsNormForward(acts.resid + c.num_layers * acts.resid_stride, Norm(final_norm), n, D, eps,
                                          acts.xn_final, act(), acts.rstd_final, s()));
   return Gemm(blas, false, true, n, V, D, 1.0f, acts.xn_final, D, W(lm_head), D, 0.0f, acts.logits, V, ToF32());
 }
@@ -437,7 +532,7 @@ Status LlamaEngine::Impl::RunBackward(int batch, int seq, const BackwardOptions&
   // dresid holds dL/d(output of block l) on entry and dL/d(its input) on exit;
   // under bf16/f16 every norm backward also leaves its low-precision copy,
   // which the next GEMMs read.
-  ESTUARY_RETURN_IF_ERROR(RmsNormBackward(a.resid + c.num_layers * a.resid_stride, P() + final_norm, a.rstd_final,
+  ESTUARY_RETURN_IF_ERROR(RmsNormBackward(a.resid + c.num_layers * a.resid_stride, Norm(final_norm), a.rstd_final,
                                           a.dxn, n, D, a.dresid, NormGrad(final_norm), Scratch(), s(), a.dresid_low,
                                           act()));
   // Untied, the final unit (norm and LM head) is done; tied, the embedding's
@@ -461,7 +556,7 @@ Status LlamaEngine::Impl::RunBackward(int batch, int seq, const BackwardOptions&
         Gemm(blas, false, false, n, D, 2 * int64_t(I), 1.0f, a.dgate_up, 2 * I, W(o.gate_up), D, 0.0f, a.dxn, D,
              ToF32()));
     ESTUARY_RETURN_IF_ERROR(AdaptBackward(l, Projection::kGateUp, L.xn2, a.dgate_up, n, a.dxn, DType::kF32));
-    ESTUARY_RETURN_IF_ERROR(RmsNormBackward(L.h, P() + o.post_norm, L.rstd2, a.dxn, n, D, a.dresid,
+    ESTUARY_RETURN_IF_ERROR(RmsNormBackward(L.h, Norm(o.post_norm), L.rstd2, a.dxn, n, D, a.dresid,
                                             NormGrad(o.post_norm), Scratch(), s(), a.dresid_low, act()));
     if (train) {
       ESTUARY_RETURN_IF_ERROR(
@@ -495,7 +590,7 @@ Status LlamaEngine::Impl::RunBackward(int batch, int seq, const BackwardOptions&
     ESTUARY_RETURN_IF_ERROR(
         AdaptBackward(l, Projection::kQkv, L.xn1, a.dqkv, n, need_dx ? a.dxn : nullptr, DType::kF32));
     if (need_dx) {
-      ESTUARY_RETURN_IF_ERROR(RmsNormBackward(a.resid + l * a.resid_stride, P() + o.input_norm, L.rstd1, a.dxn, n, D,
+      ESTUARY_RETURN_IF_ERROR(RmsNormBackward(a.resid + l * a.resid_stride, Norm(o.input_norm), L.rstd1, a.dxn, n, D,
                                               a.dresid, NormGrad(o.input_norm), Scratch(), s(), a.dresid_low, act()));
     }
     hooks.GradientsFinal(units[1 + l].begin);

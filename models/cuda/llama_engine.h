@@ -123,7 +123,8 @@ class LlamaEngine {
   size_t activation_bytes() const;
 
   // Device buffers of parameter_count() elements in manifest order;
-  // gradients() is null when the base is frozen (train_base false).
+  // gradients() is null when the base is frozen (train_base false), and
+  // parameters() once the fp32 master is dropped (DropFp32Master).
   float* parameters();
   float* gradients();
   // The bf16/f16 copy of the parameters the GEMMs read; null under f32.
@@ -139,8 +140,21 @@ class LlamaEngine {
   Status CopyParametersTo(std::span<float> host);
   // Rewrites the bf16/f16 working copy from parameters() after something
   // other than Step changed them on the device (a ZeRO all-gather); nothing
-  // to do under f32.
+  // to do under f32 or without an fp32 master.
   Status RefreshWorkingCopy();
+
+  // A frozen base (train_base false) under bf16/f16 may drop its fp32
+  // master: the working copy then holds the weights, rounded to nearest even,
+  // in 2 bytes each instead of 6. The GEMMs and the embedding lookup read it,
+  // the norms an fp32 copy of their rounded weights, so the engine is exactly
+  // one with an fp32 master that holds the rounded weights. parameters()
+  // becomes null; CopyParametersFrom rounds, CopyParametersTo widens.
+  // Refused (one line) for a base that trains or under f32.
+  Status DropFp32Master();
+  bool has_fp32_master() const;
+  // Device bytes holding the weights: the fp32 master, the working copy and
+  // (without a master) the norms' fp32 copy.
+  size_t parameter_bytes() const;
   Status CopyGradientsTo(std::span<float> host);
 
   // tokens and targets are host arrays of [batch, seq] ids (targets[i] is the

@@ -65,12 +65,18 @@ Status CheckAttention(const char* what, int batch, int seq, int heads, int kv_he
 
 Status EmbeddingForward(const int32_t* tokens, int n, const float* table, int vocab, int dim, float* out,
                         cudaStream_t stream) {
+  return EmbeddingForward(tokens, n, table, DType::kF32, vocab, dim, out, stream);
+}
+
+Status EmbeddingForward(const int32_t* tokens, int n, const void* table, DType table_dtype, int vocab, int dim,
+                        float* out, cudaStream_t stream) {
   ESTUARY_RETURN_IF_ERROR(CheckRows("cuda embedding", n, dim));
   if (vocab < 1 || Product({vocab, dim}) < 0) return InvalidArgument("cuda embedding: vocab {} must be positive", vocab);
   if (n == 0) return Status::Ok();
   if (!tokens || !table || !out) return InvalidArgument("cuda embedding: null buffer");
-  const bool vec = dim % 4 == 0 && IsAligned(table, 16) && IsAligned(out, 16);
-  ESTUARY_CUDA_RETURN_IF_ERROR(internal::EmbeddingForward(tokens, n, table, vocab, dim, out, vec, stream));
+  const bool vec = dim % 4 == 0 && IsAligned(table, DTypeSize(table_dtype) * 4) && IsAligned(out, 16);
+  ESTUARY_CUDA_RETURN_IF_ERROR(
+      internal::EmbeddingForward(tokens, n, table, KindOf(table_dtype), vocab, dim, out, vec, stream));
   return Status::Ok();
 }
 

@@ -31,6 +31,10 @@ namespace estuary::models::cuda {
 // out [n, dim] = table[tokens[i], :], table [vocab, dim], all fp32.
 Status EmbeddingForward(const int32_t* tokens, int n, const float* table, int vocab, int dim, float* out,
                         cudaStream_t stream);
+// The same from a table kept in table_dtype (a bf16/f16 working copy), each
+// value widened exactly to fp32.
+Status EmbeddingForward(const int32_t* tokens, int n, const void* table, DType table_dtype, int vocab, int dim,
+                        float* out, cudaStream_t stream);
 // dtable[tokens[i], :] += dout[i, :] (accumulates, as the CPU op), summed per
 // token in ascending i. Scratch (EmbeddingBackwardScratchBytes) from `arena`.
 Status EmbeddingBackward(const int32_t* tokens, int n, const float* dout, int vocab, int dim, float* dtable,

@@ -125,9 +125,9 @@ __device__ float BlockReduce(float v, float* shared) {
 
 // ---------------------------------------------------------------- embedding
 
-template <int N>
+template <int N, typename T>
 __global__ void __launch_bounds__(kThreads) EmbeddingForwardKernel(const int32_t* tokens, int64_t total,
-                                                                   const float* table, int vocab, int dim,
+                                                                   const T* table, int vocab, int dim,
                                                                    float* out) {
   for (int64_t q = FirstIndex(); q < total / N; q += Stride()) {
     const int64_t i = q * N, row = i / dim, col = i - row * dim;
@@ -413,16 +413,21 @@ __global__ void __launch_bounds__(kMeanThreads) MeanKernel(const float* values, 
 
 // ------------------------------------------------------------------ launchers
 
-cudaError_t EmbeddingForward(const int32_t* tokens, int n, const float* table, int vocab, int dim, float* out,
-                             bool vec, cudaStream_t s) {
+cudaError_t EmbeddingForward(const int32_t* tokens, int n, const void* table, Kind table_kind, int vocab, int dim,
+                             float* out, bool vec, cudaStream_t s) {
   const int64_t total = int64_t(n) * dim;
   if (total <= 0) return cudaSuccess;
-  if (vec) {
-    EmbeddingForwardKernel<4><<<unsigned(Blocks(total / 4)), kThreads, 0, s>>>(tokens, total, table, vocab, dim, out);
-  } else {
-    EmbeddingForwardKernel<1><<<unsigned(Blocks(total)), kThreads, 0, s>>>(tokens, total, table, vocab, dim, out);
-  }
-  return cudaGetLastError();
+  return Dispatch(table_kind, [&](auto tag) {
+    using T = decltype(tag);
+    const T* rows = static_cast<const T*>(table);
+    if (vec) {
+      EmbeddingForwardKernel<4, T><<<unsigned(Blocks(total / 4)), kThreads, 0, s>>>(tokens, total, rows, vocab, dim,
+                                                                                     out);
+    } else {
+      EmbeddingForwardKernel<1, T><<<unsigned(Blocks(total)), kThreads, 0, s>>>(tokens, total, rows, vocab, dim, out);
+    }
+    return cudaGetLastError();
+  });
 }
 
 cudaError_t EmbeddingBackwardScratchBytes(int n, size_t* bytes) {

@@ -18,9 +18,10 @@
 
 namespace estuary::models::cuda::internal {
 
-// out[i, :] = table[tokens[i], :] (NaN for a token outside [0, vocab)).
-cudaError_t EmbeddingForward(const int32_t* tokens, int n, const float* table, int vocab, int dim, float* out,
-                             bool vec, cudaStream_t s);
+// out[i, :] = table[tokens[i], :] widened to fp32 (NaN for a token outside
+// [0, vocab)); the table in table_kind.
+cudaError_t EmbeddingForward(const int32_t* tokens, int n, const void* table, Kind table_kind, int vocab, int dim,
+                             float* out, bool vec, cudaStream_t s);
 
 // Bytes of scratch EmbeddingBackward needs for n tokens (CUB's radix sort
 // plus three int32 arrays), each part rounded up to 256 bytes.

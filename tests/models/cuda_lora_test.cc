@@ -6,8 +6,9 @@
 // tied MHA decoder with q, k, v, o; with PEFT's init (B = 0) the plain
 // LlamaEngine's logits and loss bit for bit; five AdamW steps' losses within 1e-4 of
 // the CPU's and the base's weights bit for bit unchanged after them; bf16
-// losses within 1e-2; and bad configs and inputs refused with one line naming
-// what was wrong. Every test skips, naming the reason, without a GPU.
+// losses within 1e-2; a base without its fp32 master exactly the base rounded
+// to bf16; and bad configs and inputs refused with one line naming what was
+// wrong. Every test skips, naming the reason, without a GPU.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -26,6 +27,7 @@
 #include "models/llama.h"
 #include "models/lora.h"
 #include "models/optimizer.h"
+#include "models/precision.h"
 
 namespace estuary::models {
 namespace {
@@ -305,6 +307,88 @@ TEST_F(CudaLora, Bf16LossesAreWithinOnePercentOfTheCpu) {
     ASSERT_OK(gpu.base().CopyParametersTo(base_after));
     EXPECT_EQ(std::memcmp(base_before.data(), base_after.data(), base_before.size() * sizeof(float)), 0) << k.name;
   }
+}
+
+// Without its fp32 master (DropFp32Master under bf16) the base is the base
+// rounded to bf16 and nothing else: reading it back gives the rounded
+// weights; logits, loss, every adapter gradient and two AdamW steps' losses
+// are bit for bit those of an engine whose fp32 master holds the rounded
+// weights; and it holds 2 bytes a weight (plus the norms' fp32 copy) where
+// that engine holds 6. A base that trains, or one under f32, refuses.
+TEST_F(CudaLora, ABaseWithoutItsFp32MasterIsTheBaseRoundedToBf16) {
+  for (const Case& k : Cases()) {
+    const LlamaConfig& config = k.config;
+    auto pair = MakePair(k, 2);
+    ASSERT_TRUE(pair.ok()) << pair.status().ToString();
+    const std::span<const float> base = pair->cpu.base().parameters();
+    std::vector<uint16_t> bits(base.size());
+    FloatToBf16(base, bits);
+    Values rounded(base.size());
+    Bf16ToFloat(bits, rounded);
+    size_t norm_values = 0;
+    for (const TensorSpec& t : pair->cpu.base().manifest().tensors) norm_values += t.shape.size() == 1 ? t.numel() : 0;
+
+    auto with_master = cuda::LoraLlamaEngine::Create(config, k.lora, 2, Options(DType::kBF16));
+    auto without = cuda::LoraLlamaEngine::Create(config, k.lora, 2, Options(DType::kBF16));
+    ASSERT_TRUE(with_master.ok() && without.ok()) << with_master.status().ToString() << without.status().ToString();
+    ASSERT_OK(with_master->base().CopyParametersFrom(rounded));
+    ASSERT_OK(without->base().DropFp32Master());
+    ASSERT_OK(without->base().CopyParametersFrom(base));  // rounds on the way in
+    ASSERT_OK(with_master->CopyParametersFrom(pair->cpu.parameters()));
+    ASSERT_OK(without->CopyParametersFrom(pair->cpu.parameters()));
+    EXPECT_TRUE(with_master->base().has_fp32_master());
+    EXPECT_FALSE(without->base().has_fp32_master());
+    EXPECT_EQ(without->base().parameters(), nullptr);
+    const size_t count = base.size();
+    EXPECT_EQ(with_master->base().parameter_bytes(), count * 6) << k.name;
+    EXPECT_EQ(without->base().parameter_bytes(), count * 2 + norm_values * 4) << k.name;
+
+    Values back(count);
+    ASSERT_OK(without->base().CopyParametersTo(back));
+    EXPECT_EQ(std::memcmp(back.data(), rounded.data(), count * sizeof(float)), 0) << k.name;
+
+    const Batch b = MakeBatch(config, 2, config.max_seq_len, 71);
+    const size_t logits_size = size_t(b.batch) * b.seq * config.vocab_size;
+    Values logits_master(logits_size), logits_without(logits_size);
+    ASSERT_OK(with_master->Forward(b.tokens.data(), b.batch, b.seq, logits_master.data()));
+    ASSERT_OK(without->Forward(b.tokens.data(), b.batch, b.seq, logits_without.data()));
+    EXPECT_EQ(std::memcmp(logits_master.data(), logits_without.data(), logits_size * sizeof(float)), 0) << k.name;
+
+    AdamWOptions options;
+    options.lr = 3e-3f;
+    auto opt_master = cuda::AdamW::Create(with_master->parameter_count(), options, with_master->stream());
+    auto opt_without = cuda::AdamW::Create(without->parameter_count(), options, without->stream());
+    ASSERT_TRUE(opt_master.ok() && opt_without.ok());
+    for (int step = 0; step < 2; ++step) {
+      const Batch s = MakeBatch(config, 2, config.max_seq_len, 500 + step);
+      const float loss_master = Unwrap(with_master->ForwardBackward(s.tokens.data(), s.targets.data(), 2, s.seq));
+      const float loss_without = Unwrap(without->ForwardBackward(s.tokens.data(), s.targets.data(), 2, s.seq));
+      EXPECT_EQ(std::memcmp(&loss_master, &loss_without, sizeof(float)), 0)
+          << k.name << ", step " << step << ": " << loss_without << " vs " << loss_master;
+      if (step == 0) {
+        Values g_master(with_master->parameter_count()), g_without(without->parameter_count());
+        ASSERT_OK(with_master->CopyGradientsTo(g_master));
+        ASSERT_OK(without->CopyGradientsTo(g_without));
+        EXPECT_EQ(std::memcmp(g_master.data(), g_without.data(), g_master.size() * sizeof(float)), 0) << k.name;
+      }
+      ASSERT_TRUE(Unwrap(with_master->Step(*opt_master)));
+      ASSERT_TRUE(Unwrap(without->Step(*opt_without)));
+    }
+    ASSERT_OK(without->base().CopyParametersTo(back));  // the frozen base did not move
+    EXPECT_EQ(std::memcmp(back.data(), rounded.data(), count * sizeof(float)), 0) << k.name;
+  }
+  const LlamaConfig config = MhaTied();
+  auto trained = cuda::LlamaEngine::Create(config, 2, Options(DType::kBF16));
+  ASSERT_TRUE(trained.ok()) << trained.status().ToString();
+  const Status refused = trained->DropFp32Master();
+  EXPECT_FALSE(refused.ok());
+  EXPECT_NE(refused.message().find("frozen"), std::string::npos) << refused.message();
+  auto f32 = cuda::LoraLlamaEngine::Create(config, Qkvo(), 2);
+  ASSERT_TRUE(f32.ok()) << f32.status().ToString();
+  const Status no_copy = f32->base().DropFp32Master();
+  EXPECT_FALSE(no_copy.ok());
+  EXPECT_NE(no_copy.message().find("f32"), std::string::npos) << no_copy.message();
+  EXPECT_TRUE(f32->base().has_fp32_master());
 }
 
 // Each refusal is one line that names what was wrong.

@@ -273,6 +273,26 @@ TEST(LoraSimulation, CudaClientsFollowTheCpuRun) {
   testing::TempDir dir;
   const auto data = WriteTopics(dir);
   for (const char* merge : {"naive", "exact", "frozen-a"}) ExpectCudaFollowsTheCpu(Lora(data, merge), merge);
+  // A base kept in bf16: the CPU holds it rounded and computes in fp32; the
+  // GPU drops its fp32 master and computes in bf16.
+  Scenario bf16_base = Lora(data, "exact");
+  bf16_base.lora_base_dtype = "bf16";
+  auto cpu = RunInproc(bf16_base, nullptr);
+  ASSERT_TRUE(cpu.ok()) << cpu.status().ToString();
+  Scenario gpu = bf16_base;
+  gpu.device = "cuda";
+  gpu.precision = "bf16";
+  auto run = RunInproc(gpu, nullptr);
+  ASSERT_TRUE(run.ok()) << run.status().ToString();
+  for (size_t r = 0; r < cpu->rounds.size(); ++r) {
+    EXPECT_NEAR(run->rounds[r].test_loss, cpu->rounds[r].test_loss, 2e-2 * cpu->rounds[r].test_loss)
+        << "bf16 base, round " << r + 1;
+  }
+  // fp32 arithmetic over a bf16 base is refused in one line.
+  gpu.precision = "fp32";
+  auto refused = RunInproc(gpu, nullptr);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("--precision bf16"), std::string::npos) << refused.status().message();
 }
 
 // The simulator's round against one computed here by hand from the same
