@@ -29,23 +29,6 @@ bool IsNameChar(char c) {
          c == '_' || c == '-';
 }
 
-// Site names become file names and DNS SANs, so the alphabet is kept to what
-// is safe for both; "." and ".." would also escape the directory.
-Status ValidateSiteName(const std::string& name) {
-  if (name.empty() || name.size() > kMaxNameLength) {
-    return InvalidArgument("crypto: certificate name '{}' must be 1..{} characters", name, kMaxNameLength);
-  }
-  for (char c : name) {
-    if (!IsNameChar(c)) {
-      return InvalidArgument("crypto: certificate name '{}' has a character outside [A-Za-z0-9._-]", name);
-    }
-  }
-  if (name == "." || name == "..") {
-    return InvalidArgument("crypto: certificate name '{}' is not a usable file name", name);
-  }
-  return Status::Ok();
-}
-
 Status ValidateCaName(const std::string& common_name) {
   if (common_name.empty() || common_name.size() > kMaxNameLength) {
     return InvalidArgument("crypto: CA common name '{}' must be 1..{} characters", common_name, kMaxNameLength);
@@ -214,6 +197,23 @@ Status EnsureDirectory(const std::filesystem::path& dir) {
 }
 
 }  // namespace
+
+// Site names become file names and DNS SANs, so the alphabet is kept to what
+// is safe for both; "." and ".." would also escape the directory.
+Status ValidateSiteName(const std::string& name) {
+  if (name.empty() || name.size() > kMaxNameLength) {
+    return InvalidArgument("crypto: certificate name '{}' must be 1..{} characters", name, kMaxNameLength);
+  }
+  for (char c : name) {
+    if (!IsNameChar(c)) {
+      return InvalidArgument("crypto: certificate name '{}' has a character outside [A-Za-z0-9._-]", name);
+    }
+  }
+  if (name == "." || name == "..") {
+    return InvalidArgument("crypto: certificate name '{}' is not a usable file name", name);
+  }
+  return Status::Ok();
+}
 
 Status InitCa(const std::filesystem::path& dir, const std::string& common_name, const CertOptions& options) {
   ESTUARY_RETURN_IF_ERROR(ValidateCaName(common_name));

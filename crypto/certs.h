@@ -39,4 +39,8 @@ Status IssueCertificateWith(const std::filesystem::path& ca_cert, const std::fil
                             const std::string& name, const std::filesystem::path& out_cert,
                             const std::filesystem::path& out_key, const CertOptions& options = {});
 
+// Site names become file names and DNS names: [A-Za-z0-9._-]{1,64}, and not
+// "." or "..". Fails with one line naming the name.
+Status ValidateSiteName(const std::string& name);
+
 }  // namespace estuary::crypto

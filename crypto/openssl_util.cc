@@ -2,8 +2,10 @@
 
 #include <openssl/decoder.h>
 #include <openssl/err.h>
+#include <openssl/bn.h>
 #include <openssl/pem.h>
 
+#include <cctype>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -146,6 +148,30 @@ Result<std::string> CommonName(X509* cert) {
   std::string name(reinterpret_cast<char*>(utf8), static_cast<size_t>(length));
   OPENSSL_free(utf8);
   return name;
+}
+
+std::string SerialHex(const ASN1_INTEGER* serial) {
+  std::unique_ptr<BIGNUM, FreeWith<BN_free>> bn(ASN1_INTEGER_to_BN(serial, nullptr));
+  if (!bn) return "";
+  char* hex = BN_bn2hex(bn.get());
+  if (hex == nullptr) return "";
+  std::string out(hex);
+  OPENSSL_free(hex);
+  for (char& c : out) c = char(std::tolower(static_cast<unsigned char>(c)));
+  return out;
+}
+
+Result<CrlPtr> ReadCrlFile(const std::filesystem::path& path) {
+  ESTUARY_ASSIGN_OR_RETURN(std::string contents, ReadSmallFile(path));
+  ESTUARY_RETURN_IF_ERROR(CheckLooksLikePem(path, contents));
+  ERR_clear_error();
+  BioPtr bio = MemoryBio(contents);
+  CrlPtr crl(PEM_read_bio_X509_CRL(bio.get(), nullptr, RefusePassphrase, nullptr));
+  if (!crl) {
+    return InvalidArgument("crypto: {}: cannot read a certificate revocation list: {}", path.string(),
+                           TakeOpenSslErrors("no X509 CRL block"));
+  }
+  return crl;
 }
 
 }  // namespace estuary::crypto::internal

@@ -15,6 +15,10 @@
 
 #include "base/status.h"
 
+namespace estuary::crypto {
+struct CrlInfo;  // crypto/revocation.h
+}  // namespace estuary::crypto
+
 namespace estuary::crypto::internal {
 
 template <auto FreeFn>
@@ -25,6 +29,7 @@ struct FreeWith {
 using X509Ptr = std::unique_ptr<X509, FreeWith<X509_free>>;
 using PkeyPtr = std::unique_ptr<EVP_PKEY, FreeWith<EVP_PKEY_free>>;
 using BioPtr = std::unique_ptr<BIO, FreeWith<BIO_free_all>>;
+using CrlPtr = std::unique_ptr<X509_CRL, FreeWith<X509_CRL_free>>;
 
 // Drains OpenSSL's thread-local error queue into "reason; reason", or
 // `fallback` when it is empty. Draining matters: a stale entry would otherwise
@@ -48,5 +53,13 @@ Status CheckKeyMatches(X509* cert, EVP_PKEY* key, const std::filesystem::path& c
 
 // Subject CN of `cert` as UTF-8, or an error if it has none.
 Result<std::string> CommonName(X509* cert);
+
+// A serial number as lowercase hex without leading zeros ("" if unreadable).
+std::string SerialHex(const ASN1_INTEGER* serial);
+
+// The one CRL of a PEM file; fails, naming the file, as ReadCertificates does.
+Result<CrlPtr> ReadCrlFile(const std::filesystem::path& path);
+// ReadCrl's checks (crypto/revocation.h), keeping the parsed list too.
+Result<CrlPtr> ReadCheckedCrl(const std::filesystem::path& crl, const std::filesystem::path& ca, CrlInfo* info);
 
 }  // namespace estuary::crypto::internal

@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "crypto/openssl_util.h"
+#include "crypto/revocation.h"
 
 namespace estuary::crypto {
 namespace {
@@ -18,23 +19,34 @@ using internal::X509Ptr;
 // client certificates; without it a resumed session is refused.
 constexpr unsigned char kSessionIdContext[] = "estuary";
 
+// Puts the CA certificates into `store`, and with a CRL, the list too and
+// the check of every leaf certificate against it (a revoked one fails to
+// verify: "certificate revoked"). Returns the CRL's contents (none: empty).
+Result<CrlInfo> Trust(X509_STORE* store, const TlsFiles& files) {
+  ESTUARY_ASSIGN_OR_RETURN(auto ca_certs, internal::ReadCertificates(files.ca));
+  for (const X509Ptr& ca : ca_certs) {
+    if (X509_STORE_add_cert(store, ca.get()) != 1) {
+      return InvalidArgument("crypto: {}: CA certificate refused: {}", files.ca.string(), TakeOpenSslErrors());
+    }
+  }
+  CrlInfo info;
+  if (files.crl.empty()) return info;
+  ESTUARY_ASSIGN_OR_RETURN(internal::CrlPtr crl, internal::ReadCheckedCrl(files.crl, files.ca, &info));
+  if (X509_STORE_add_crl(store, crl.get()) != 1 || X509_STORE_set_flags(store, X509_V_FLAG_CRL_CHECK) != 1) {
+    return InvalidArgument("crypto: {}: CRL refused: {}", files.crl.string(), TakeOpenSslErrors());
+  }
+  return info;
+}
+
 // Loads our chain + key and the CA into `ctx`. Each file is parsed by us first
 // so that every failure names the file; the parsed objects are then handed to
 // OpenSSL directly rather than re-reading the files.
 Status LoadFiles(SSL_CTX* ctx, const TlsFiles& files) {
   if (files.cert.empty() && files.key.empty()) {  // trust only: identities come per connection
-    ESTUARY_ASSIGN_OR_RETURN(auto ca_certs, internal::ReadCertificates(files.ca));
-    X509_STORE* store = SSL_CTX_get_cert_store(ctx);
-    for (const X509Ptr& ca : ca_certs) {
-      if (X509_STORE_add_cert(store, ca.get()) != 1) {
-        return InvalidArgument("crypto: {}: CA certificate refused: {}", files.ca.string(), TakeOpenSslErrors());
-      }
-    }
-    return Status::Ok();
+    return Trust(SSL_CTX_get_cert_store(ctx), files).status();
   }
   ESTUARY_ASSIGN_OR_RETURN(auto chain, internal::ReadCertificates(files.cert));
   ESTUARY_ASSIGN_OR_RETURN(auto key, internal::ReadPrivateKey(files.key));
-  ESTUARY_ASSIGN_OR_RETURN(auto ca_certs, internal::ReadCertificates(files.ca));
   ESTUARY_RETURN_IF_ERROR(internal::CheckKeyMatches(chain.front().get(), key.get(), files.cert, files.key));
 
   ERR_clear_error();
@@ -50,13 +62,7 @@ Status LoadFiles(SSL_CTX* ctx, const TlsFiles& files) {
   if (SSL_CTX_use_PrivateKey(ctx, key.get()) != 1 || SSL_CTX_check_private_key(ctx) != 1) {
     return InvalidArgument("crypto: {}: private key refused: {}", files.key.string(), TakeOpenSslErrors());
   }
-  X509_STORE* store = SSL_CTX_get_cert_store(ctx);
-  for (const X509Ptr& ca : ca_certs) {
-    if (X509_STORE_add_cert(store, ca.get()) != 1) {
-      return InvalidArgument("crypto: {}: CA certificate refused: {}", files.ca.string(), TakeOpenSslErrors());
-    }
-  }
-  return Status::Ok();
+  return Trust(SSL_CTX_get_cert_store(ctx), files).status();
 }
 
 Result<std::shared_ptr<ssl::context>> MakeContext(const TlsFiles& files, bool server) {
@@ -119,8 +125,31 @@ Result<std::shared_ptr<ssl::context>> MakeClientContext(const TlsFiles& files) {
   return MakeContext(files, false);
 }
 
-Result<std::shared_ptr<ssl::context>> MakeTrustOnlyClientContext(const std::filesystem::path& ca) {
-  return MakeContext({{}, {}, ca}, false);
+Result<std::shared_ptr<ssl::context>> MakeTrustOnlyClientContext(const std::filesystem::path& ca,
+                                                                 const std::filesystem::path& crl) {
+  return MakeContext({{}, {}, ca, crl}, false);
+}
+
+Result<CrlInfo> ReloadCrl(ssl::context& context, const TlsFiles& files) {
+  if (files.crl.empty()) return InvalidArgument("crypto: no CRL file to reload");
+  std::unique_ptr<X509_STORE, internal::FreeWith<X509_STORE_free>> store(X509_STORE_new());
+  if (!store) return Internal("crypto: X509_STORE_new failed: {}", TakeOpenSslErrors());
+  ESTUARY_ASSIGN_OR_RETURN(CrlInfo info, Trust(store.get(), files));
+  // The context owns the new store from here and frees the old one; a
+  // handshake reads the store when it verifies, so the next one uses the list.
+  SSL_CTX_set_cert_store(context.native_handle(), store.release());
+  return info;
+}
+
+std::string PeerSerial(SSL* ssl) {
+  if (ssl == nullptr) return "";
+  X509Ptr peer(SSL_get1_peer_certificate(ssl));
+  return peer ? internal::SerialHex(X509_get0_serialNumber(peer.get())) : "";
+}
+
+bool IsCertificateRevokedAlert(const boost::system::error_code& ec) {
+  return ec && ec.category() == boost::asio::error::get_ssl_category() &&
+         ERR_GET_REASON(static_cast<unsigned long>(ec.value())) == SSL_R_SSLV3_ALERT_CERTIFICATE_REVOKED;
 }
 
 struct Identity::Parts {

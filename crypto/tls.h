@@ -11,6 +11,7 @@
 #include <string>
 
 #include "base/status.h"
+#include "crypto/revocation.h"
 
 namespace estuary::crypto {
 
@@ -18,6 +19,10 @@ struct TlsFiles {
   std::filesystem::path cert;  // our certificate chain (PEM)
   std::filesystem::path key;   // our private key (PEM)
   std::filesystem::path ca;    // the federation CA (PEM)
+  // Optional: the CA's revocation list (crypto/revocation.h). With one, a
+  // peer certificate it lists fails verification ("certificate revoked"); a
+  // list not signed by `ca`, or past its next update, is refused up front.
+  std::filesystem::path crl = {};
 };
 
 // Server: requires and verifies a client certificate (verify_peer |
@@ -48,7 +53,22 @@ Result<std::shared_ptr<const Identity>> LoadIdentity(const std::filesystem::path
 Status UseIdentity(SSL* ssl, const Identity& identity);
 // A client context that trusts `ca` and has no identity of its own: every
 // connection made from it needs UseIdentity.
-Result<std::shared_ptr<boost::asio::ssl::context>> MakeTrustOnlyClientContext(const std::filesystem::path& ca);
+Result<std::shared_ptr<boost::asio::ssl::context>> MakeTrustOnlyClientContext(const std::filesystem::path& ca,
+                                                                                const std::filesystem::path& crl = {});
+
+// Rereads files.crl (checked as at creation) and swaps the context's trust
+// store for one with the CA and that list: handshakes from then on verify
+// against it; a bad file changes nothing. Call it on the thread that runs the
+// context's handshakes. Returns what the list holds.
+Result<CrlInfo> ReloadCrl(boost::asio::ssl::context& context, const TlsFiles& files);
+
+// The serial number of the peer's certificate, as CrlInfo writes serials
+// ("" without one).
+std::string PeerSerial(SSL* ssl);
+
+// Whether a TLS error is the peer's "certificate revoked" alert: the server
+// refused our certificate for good, and retrying cannot help.
+bool IsCertificateRevokedAlert(const boost::system::error_code& ec);
 
 // Makes `ssl` check the server certificate's subjectAltName against `host`
 // (an IP literal or a DNS name) and sets SNI for DNS names.

@@ -2,6 +2,8 @@
 //
 //   estuary-server certs init  --dir D              a federation CA
 //   estuary-server certs issue --dir D --name N     a site's (or the server's) certificate
+//   estuary-server certs revoke --dir D --name N    add a site's certificate to D/crl.pem
+//   estuary-server certs crl --dir D                re-sign D/crl.pem with a fresh validity
 //   estuary-server serve ...                        run the federation (flags or --config)
 //   estuary-server rounds list|show N --db F        the round log
 //   estuary-server clients --db F                   the client registry
@@ -13,6 +15,7 @@
 #include "base/config_file.h"
 #include "base/memory.h"
 #include "crypto/certs.h"
+#include "crypto/revocation.h"
 #include "server/operator_views.h"
 #include "server/server.h"
 
@@ -44,7 +47,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
 
   // certs
-  auto* certs = app.add_subcommand("certs", "create the federation CA and issue certificates");
+  auto* certs = app.add_subcommand("certs", "create the federation CA, issue and revoke certificates");
   certs->require_subcommand(1);
   std::string cert_dir, cert_name, ca_name = "estuary-ca";
   int cert_days = 825;
@@ -55,6 +58,17 @@ int main(int argc, char** argv) {
   issue->add_option("--dir", cert_dir, "directory holding ca.pem and ca.key")->required();
   issue->add_option("--name", cert_name, "the site's name: its identity in the federation")->required();
   issue->add_option("--days", cert_days, "validity in days");
+  std::string revoke_reason = "unspecified";
+  int crl_days = 365;
+  auto* revoke = certs->add_subcommand("revoke", "revoke DIR/NAME.pem: add its serial to DIR/crl.pem, signed by DIR/ca.*");
+  revoke->add_option("--dir", cert_dir, "directory holding ca.pem, ca.key and NAME.pem")->required();
+  revoke->add_option("--name", cert_name, "the site whose certificate is revoked")->required();
+  revoke->add_option("--reason", revoke_reason,
+                     "unspecified | keyCompromise | affiliationChanged | superseded | cessationOfOperation");
+  revoke->add_option("--days", crl_days, "the list's validity in days (its next update)");
+  auto* crl = certs->add_subcommand("crl", "re-sign DIR/crl.pem (an empty one if none) with a fresh validity");
+  crl->add_option("--dir", cert_dir, "directory holding ca.pem and ca.key")->required();
+  crl->add_option("--days", crl_days, "the list's validity in days (its next update)");
 
   // serve
   auto* serve = app.add_subcommand("serve", "run the aggregation server");
@@ -73,6 +87,9 @@ int main(int argc, char** argv) {
   serve->add_option("--cert", config.tls.cert, "server certificate (PEM)");
   serve->add_option("--key", config.tls.key, "server private key (PEM)");
   serve->add_option("--ca", config.tls.ca, "federation CA certificate (PEM)");
+  serve->add_option("--crl", config.tls.crl,
+                    "the CA's revocation list (PEM; estuary-server certs revoke): revoked sites are refused; "
+                    "SIGHUP rereads it");
   serve->add_option("--db", config.db, "SQLite round log");
   serve->add_option("--checkpoint-dir", config.checkpoint_dir, "where global models are written (default DB.checkpoints)");
   serve->add_option("--eval-data", config.eval_data, "IDX directory whose test split the server evaluates each round (text models: a fortunes directory)");
@@ -140,6 +157,35 @@ int main(int argc, char** argv) {
     if (Status s = crypto::IssueCertificate(cert_dir, cert_name, options); !s.ok()) return Fail(s);
     std::printf("issued %s/%s.pem and %s/%s.key\n", cert_dir.c_str(), cert_name.c_str(), cert_dir.c_str(),
                 cert_name.c_str());
+    return 0;
+  }
+  if (revoke->parsed() || crl->parsed()) {
+    if (crl_days < 1) return Fail(InvalidArgument("certs: --days {}: a revocation list is valid for 1 day or more", crl_days));
+    const crypto::CrlOptions options{.valid_for = std::chrono::hours(24 * int64_t(crl_days))};
+    const std::filesystem::path dir(cert_dir), crl_path = dir / "crl.pem";
+    bool changed = true;
+    std::string serial;
+    if (revoke->parsed()) {
+      auto reason = crypto::ParseRevocationReason(revoke_reason);
+      if (!reason.ok()) return Fail(reason.status());
+      auto revoked = crypto::RevokeCertificate(dir, cert_name, *reason, options);
+      if (!revoked.ok()) return Fail(revoked.status());
+      changed = *revoked;
+      if (auto read = crypto::CertificateSerial(dir / (cert_name + ".pem")); read.ok()) serial = *read;
+    } else if (Status s = crypto::RenewCrl(dir, options); !s.ok()) {
+      return Fail(s);
+    }
+    auto info = crypto::ReadCrl(crl_path, dir / "ca.pem");
+    if (!info.ok()) return Fail(info.status());
+    if (revoke->parsed() && !changed) {
+      std::printf("%s (serial %s) was already revoked; %s unchanged\n", cert_name.c_str(), serial.c_str(),
+                  crl_path.c_str());
+      return 0;
+    }
+    if (revoke->parsed()) std::printf("revoked %s (serial %s, %s)\n", cert_name.c_str(), serial.c_str(), revoke_reason.c_str());
+    std::printf("wrote %s: CRL number %llu, %zu revoked certificate(s), valid for %d days; a running server "
+                "started with --crl applies it on SIGHUP\n",
+                crl_path.c_str(), static_cast<unsigned long long>(info->number), info->revoked.size(), crl_days);
     return 0;
   }
   if (list->parsed() || show->parsed() || clients->parsed()) {

@@ -15,6 +15,7 @@
 #include <optional>
 
 #include "crypto/certs.h"
+#include "crypto/revocation.h"
 #include "test_dir.h"
 
 namespace estuary::crypto {
@@ -37,6 +38,7 @@ struct SideOutcome {
   bool resumable = false;         // the client holds a session ticket
   bool greeting_ok = false;       // data flowed after the handshake
   std::string greeting_failure;
+  bool revoked_alert = false;     // the peer said "certificate revoked"
 };
 
 struct Outcome {
@@ -109,6 +111,7 @@ Outcome RunConnection(ssl::context& server_ctx, ssl::context& client_ctx, const 
     client.async_handshake(ssl::stream_base::client, [&](const boost::system::error_code& ec) {
       if (ec) {
         out.client.failure = HandshakeFailureReason(client.native_handle(), ec);
+        out.client.revoked_alert = IsCertificateRevokedAlert(ec);
         boost::system::error_code ignored;
         client.lowest_layer().close(ignored);
         side_done();
@@ -123,6 +126,7 @@ Outcome RunConnection(ssl::context& server_ctx, ssl::context& client_ctx, const 
         SSL_SESSION* session = SSL_get0_session(client.native_handle());
         out.client.resumable = session != nullptr && SSL_SESSION_is_resumable(session) == 1;
         if (ec) out.client.greeting_failure = HandshakeFailureReason(client.native_handle(), ec);
+        out.client.revoked_alert = IsCertificateRevokedAlert(ec);
         side_done();
       });
     });
@@ -324,6 +328,97 @@ TEST_F(TlsTest, FileErrorsNameTheFile) {
       EXPECT_EQ(message.find('\n'), std::string::npos) << message;
     }
   }
+}
+
+// A federation whose CA keeps a revocation list (crypto/revocation.h).
+class TlsRevocation : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(InitCa(dir()).ok());
+    for (const char* name : {"server", "site-a", "site-b"}) ASSERT_TRUE(IssueCertificate(dir(), name).ok());
+    ASSERT_TRUE(RenewCrl(dir()).ok());  // an empty list
+  }
+  const std::filesystem::path& dir() const { return dir_.path(); }
+  TlsFiles FilesFor(const std::string& name, bool with_crl) const {
+    return {dir() / (name + ".pem"), dir() / (name + ".key"), dir() / "ca.pem", with_crl ? dir() / "crl.pem" : ""};
+  }
+  std::shared_ptr<ssl::context> Server() {
+    auto ctx = MakeServerContext(FilesFor("server", true));
+    EXPECT_TRUE(ctx.ok()) << ctx.status().ToString();
+    return ctx.ok() ? *ctx : nullptr;
+  }
+  std::shared_ptr<ssl::context> Client(const std::string& name, bool with_crl = false) {
+    auto ctx = MakeClientContext(FilesFor(name, with_crl));
+    EXPECT_TRUE(ctx.ok()) << ctx.status().ToString();
+    return ctx.ok() ? *ctx : nullptr;
+  }
+  bool Accepted(ssl::context& server, const std::string& client) {
+    Outcome out = RunConnection(server, *Client(client), "");
+    EXPECT_FALSE(out.timed_out) << Describe(out);
+    return out.server.handshake_ok && out.client.greeting_ok;
+  }
+  TempDir dir_;
+};
+
+TEST_F(TlsRevocation, ARevokedClientIsRefusedAndHearsWhy) {
+  ASSERT_TRUE(RevokeCertificate(dir(), "site-b").ok());
+  auto server = Server();
+  ASSERT_TRUE(server);
+  EXPECT_TRUE(Accepted(*server, "site-a"));
+  Outcome out = RunConnection(*server, *Client("site-b"), "");
+  ASSERT_FALSE(out.timed_out) << Describe(out);
+  EXPECT_FALSE(out.server.handshake_ok) << Describe(out);
+  EXPECT_NE(out.server.failure.find("certificate revoked"), std::string::npos) << Describe(out);
+  EXPECT_FALSE(out.client.greeting_ok) << Describe(out);
+  EXPECT_TRUE(out.client.revoked_alert) << Describe(out);
+  // Without the list the same server context would take site-b: the list is what refuses it.
+  auto without = MakeServerContext(FilesFor("server", false));
+  ASSERT_TRUE(without.ok());
+  EXPECT_TRUE(Accepted(**without, "site-b"));
+}
+
+TEST_F(TlsRevocation, AReloadAppliesToTheNextHandshakeAndABadFileChangesNothing) {
+  auto server = Server();
+  ASSERT_TRUE(server);
+  EXPECT_TRUE(Accepted(*server, "site-b"));
+  ASSERT_TRUE(RevokeCertificate(dir(), "site-b").ok());
+  EXPECT_TRUE(Accepted(*server, "site-b")) << "the list on disk applies only once reloaded";
+  auto reloaded = ReloadCrl(*server, FilesFor("server", true));
+  ASSERT_TRUE(reloaded.ok()) << reloaded.status().ToString();
+  EXPECT_EQ(reloaded->number, 2u);
+  ASSERT_EQ(reloaded->revoked.size(), 1u);
+  EXPECT_FALSE(Accepted(*server, "site-b"));
+  EXPECT_TRUE(Accepted(*server, "site-a"));
+  // A garbled list is refused in one line and the one in force stays.
+  WriteText(dir() / "crl.pem", "-----BEGIN X509 CRL-----\nAAAA\n-----END X509 CRL-----\n");
+  auto bad = ReloadCrl(*server, FilesFor("server", true));
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("crl.pem: cannot read a certificate revocation list"), std::string::npos)
+      << bad.status().message();
+  EXPECT_FALSE(Accepted(*server, "site-b"));
+  EXPECT_TRUE(Accepted(*server, "site-a"));
+}
+
+TEST_F(TlsRevocation, AClientWithTheListRefusesARevokedServer) {
+  ASSERT_TRUE(RevokeCertificate(dir(), "server").ok());
+  auto server = MakeServerContext(FilesFor("server", false));
+  ASSERT_TRUE(server.ok());
+  Outcome out = RunConnection(**server, *Client("site-a", true), "");
+  ASSERT_FALSE(out.timed_out) << Describe(out);
+  EXPECT_FALSE(out.client.handshake_ok) << Describe(out);
+  EXPECT_NE(out.client.failure.find("certificate revoked"), std::string::npos) << Describe(out);
+}
+
+TEST_F(TlsRevocation, AListFromAnotherCaIsRefusedWhenTheContextIsMade) {
+  TempDir foreign;
+  ASSERT_TRUE(InitCa(foreign.path(), "foreign-ca").ok());
+  ASSERT_TRUE(RenewCrl(foreign.path()).ok());
+  TlsFiles files = FilesFor("server", false);
+  files.crl = foreign.path() / "crl.pem";
+  auto ctx = MakeServerContext(files);
+  ASSERT_FALSE(ctx.ok());
+  EXPECT_EQ(ctx.status().message().rfind("crypto: " + files.crl.string() + ": not issued and signed by", 0), 0u)
+      << ctx.status().message();
 }
 
 }  // namespace
