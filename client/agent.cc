@@ -92,6 +92,7 @@ void Agent::Connect() {
       self->stream_->lowest_layer().set_option(tcp::no_delay(true), ignored);
       stream->async_handshake(asio::ssl::stream_base::client, [self, connection, stream](const error_code& ec) {
         if (connection != self->connection_ || self->stopped_) return;
+        if (crypto::IsCertificateRevokedAlert(ec)) return self->Revoked("the server refused it in the TLS handshake");
         if (ec) {
           return self->Disconnected(
               fmt::format("TLS handshake: {}", crypto::HandshakeFailureReason(self->stream_->native_handle(), ec)));
@@ -119,6 +120,7 @@ void Agent::ReadHeader() {
   const uint64_t connection = connection_;
   asio::async_read(*stream_, asio::buffer(header_), [self = shared_from_this(), connection, stream = stream_](const error_code& ec, size_t) {
     if (connection != self->connection_ || self->stopped_) return;
+    if (crypto::IsCertificateRevokedAlert(ec)) return self->Revoked("the server refused it in the TLS handshake");
     if (ec) return self->Disconnected(ec == asio::error::eof ? "server closed the connection" : ec.message());
     auto size = proto::ParseFrameHeader(self->header_, self->options_.max_frame_bytes);
     if (!size.ok()) return self->Disconnected(size.status().message());
@@ -160,6 +162,7 @@ void Agent::Dispatch(v1::Envelope envelope) {
       return;
     case v1::Envelope::kHeartbeat: return;
     case v1::Envelope::kError:
+      if (envelope.error().code() == v1::Error::CERTIFICATE_REVOKED) return Revoked(envelope.error().message());
       spdlog::warn("{}: server error {}: {}", name_.empty() ? options_.label : name_,
                    v1::Error::Code_Name(envelope.error().code()), envelope.error().message());
       return;  // the server closes the connection; we reconnect
@@ -471,6 +474,13 @@ void Agent::ScheduleReconnect() {
   reconnect_timer_.async_wait([self = shared_from_this()](const error_code& ec) {
     if (!ec) self->Connect();
   });
+}
+
+// Reconnecting cannot help a revoked certificate: the site stops and says why.
+void Agent::Revoked(const std::string& detail) {
+  Finish(FailedPrecondition("{}: the federation revoked this site's certificate ({}); it needs a new one from the "
+                            "federation's operator",
+                            name_.empty() ? options_.label : name_, detail));
 }
 
 void Agent::Finish(const Status& status) {

@@ -98,6 +98,7 @@ class Agent : public std::enable_shared_from_this<Agent> {
   void Discard(const std::shared_ptr<UpdateStream>& stream);
   void DropUpload();
   void Disconnected(const std::string& reason);
+  void Revoked(const std::string& detail);
   void ScheduleReconnect();
   void Heartbeat();
   void Finish(const Status& status);

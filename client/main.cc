@@ -342,6 +342,7 @@ int main(int argc, char** argv) {
   app.add_option("--cert", tls.cert, "this site's certificate (PEM)");
   app.add_option("--key", tls.key, "this site's private key (PEM)");
   app.add_option("--ca", tls.ca, "the federation CA certificate (PEM)");
+  app.add_option("--crl", tls.crl, "the CA's revocation list (PEM): refuse a server whose certificate it revokes");
   app.add_option("--data", data, "this site's training data: a directory of IDX files, or of text files");
   app.add_option("--data-kind", data_kind, "auto | images | text");
   app.add_option("--device", device, "where this site trains: cpu | cuda | cuda:N");

@@ -738,6 +738,22 @@ void Coordinator::CloseAll() {
   for (auto& [name, session] : sessions) session->CloseAfterWrites();
 }
 
+std::vector<std::string> Coordinator::CloseRevoked(const crypto::CrlInfo& crl) {
+  std::vector<std::string> closed;
+  auto sessions = connected_;  // closing a session edits connected_
+  for (auto& [name, session] : sessions) {
+    const std::string& serial = session->peer_serial();
+    if (!crl.Revokes(serial)) continue;
+    spdlog::warn("{} ({}): certificate serial {} is revoked; closing its connection", name, session->address(), serial);
+    LogIfError(store_.RecordEvent({NowMs(), "certificate_revoked", name + "@" + session->address(), "serial " + serial}),
+               "store");
+    session->SendErrorAndClose(v1::Error::CERTIFICATE_REVOKED,
+                               fmt::format("certificate serial {} is revoked by the federation", serial));
+    closed.push_back(name);
+  }
+  return closed;
+}
+
 void Coordinator::Broadcast(const v1::Envelope& envelope) {
   for (const auto& [name, session] : connected_) session->Send(envelope);
 }

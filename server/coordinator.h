@@ -53,6 +53,10 @@ class Coordinator {
   void set_on_complete(std::function<void()> fn) { on_complete_ = std::move(fn); }
   // Lets every connected client finish reading what is queued, then closes it.
   void CloseAll();
+  // Sends every connected client whose certificate `crl` revokes an Error
+  // (CERTIFICATE_REVOKED) and closes it; a selected one drops out of its
+  // round as any lost client does. Returns their names.
+  std::vector<std::string> CloseRevoked(const crypto::CrlInfo& crl);
   bool complete() const { return round_ > config_.rounds; }
 
  private:

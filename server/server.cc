@@ -2,6 +2,9 @@
 
 #include <spdlog/spdlog.h>
 
+#include <chrono>
+#include <ctime>
+
 #include "server/session.h"
 
 namespace estuary::server {
@@ -9,11 +12,37 @@ namespace estuary::server {
 namespace asio = boost::asio;
 using asio::ip::tcp;
 
+namespace {
+
+std::string Utc(std::chrono::system_clock::time_point t) {
+  const std::time_t when = std::chrono::system_clock::to_time_t(t);
+  char text[32];
+  std::strftime(text, sizeof(text), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&when));
+  return text;
+}
+
+// The list's contents in the log, and a warning while its next update is
+// near: past it, OpenSSL fails every handshake.
+void LogCrl(const std::string& what, const std::filesystem::path& path, const crypto::CrlInfo& crl) {
+  spdlog::info("{} {}: {} revoked certificate(s), CRL number {}, next update {}", what, path.string(),
+               crl.revoked.size(), crl.number, Utc(crl.next_update));
+  if (crl.next_update - std::chrono::system_clock::now() < std::chrono::hours(24 * 7)) {
+    spdlog::warn("{}: next update {} is less than 7 days away; renew it (estuary-server certs crl) and send SIGHUP",
+                 path.string(), Utc(crl.next_update));
+  }
+}
+
+}  // namespace
+
 Result<std::unique_ptr<Server>> Server::Create(ServerConfig config) {
   ESTUARY_RETURN_IF_ERROR(config.Finalize());
   std::unique_ptr<Server> server(new Server(std::move(config)));
   const ServerConfig& c = server->config_;
   ESTUARY_ASSIGN_OR_RETURN(server->tls_, crypto::MakeServerContext(c.tls));
+  if (!c.tls.crl.empty()) {
+    ESTUARY_ASSIGN_OR_RETURN(const crypto::CrlInfo crl, crypto::ReadCrl(c.tls.crl, c.tls.ca));
+    LogCrl("revocation list", c.tls.crl, crl);
+  }
   ESTUARY_ASSIGN_OR_RETURN(server->store_, Store::Open(c.db));
   server->coordinator_ = std::make_unique<Coordinator>(server->io_, server->config_, *server->store_);
   ESTUARY_RETURN_IF_ERROR(server->coordinator_->Recover());
@@ -49,6 +78,8 @@ Status Server::Run() {
       Stop();
     }
   });
+  reload_ = std::make_unique<asio::signal_set>(io_, SIGHUP);
+  AwaitReload();
   if (config_.exit_when_done) {
     coordinator_->set_on_complete([this] { Stop(); });
     if (coordinator_->complete()) Stop();
@@ -79,12 +110,36 @@ void Server::Accept() {
   });
 }
 
+void Server::AwaitReload() {
+  reload_->async_wait([this](const boost::system::error_code& ec, int) {
+    if (ec || stopping_) return;
+    ReloadCrl();
+    AwaitReload();
+  });
+}
+
+// On the I/O thread, between handshakes: the swap needs no lock.
+void Server::ReloadCrl() {
+  if (config_.tls.crl.empty()) {
+    spdlog::warn("SIGHUP: no revocation list (--crl) to reload");
+    return;
+  }
+  auto crl = crypto::ReloadCrl(*tls_, config_.tls);
+  if (!crl.ok()) {
+    spdlog::error("SIGHUP: {}; the revocation list loaded before stays in force", crl.status().message());
+    return;
+  }
+  LogCrl("SIGHUP: reloaded", config_.tls.crl, *crl);
+  coordinator_->CloseRevoked(*crl);
+}
+
 void Server::Stop() {
   if (stopping_) return;
   stopping_ = true;
   boost::system::error_code ignored;
   acceptor_->close(ignored);
   signals_->cancel(ignored);
+  if (reload_) reload_->cancel(ignored);
   coordinator_->CloseAll();
 }
 

@@ -2,7 +2,9 @@
 //
 // Run() accepts connections on the configured address until SIGINT/SIGTERM,
 // or, with exit_when_done, until the last round has been committed and
-// announced. "listening on HOST:PORT" goes to stdout once the socket is bound,
+// announced. SIGHUP rereads the revocation list (tls.crl): later handshakes
+// check against it, connected clients it revokes are closed, and a bad file
+// is logged and changes nothing. "listening on HOST:PORT" goes to stdout once the socket is bound,
 // so a parent process can learn the port when it asked for port 0.
 #pragma once
 
@@ -30,6 +32,8 @@ class Server {
   explicit Server(ServerConfig config) : config_(std::move(config)) {}
   void Accept();
   void Stop();
+  void AwaitReload();
+  void ReloadCrl();
 
   ServerConfig config_;
   boost::asio::io_context io_{1};
@@ -38,6 +42,7 @@ class Server {
   std::unique_ptr<Coordinator> coordinator_;
   std::unique_ptr<boost::asio::ip::tcp::acceptor> acceptor_;
   std::unique_ptr<boost::asio::signal_set> signals_;
+  std::unique_ptr<boost::asio::signal_set> reload_;  // SIGHUP
   uint16_t port_ = 0;
   bool stopping_ = false;
 };

@@ -44,6 +44,7 @@ void Session::OnHandshake(const error_code& ec) {
     return;
   }
   name_ = *name;
+  peer_serial_ = crypto::PeerSerial(stream_.native_handle());
   ArmIdleTimer();
   ReadHeader();
 }

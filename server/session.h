@@ -51,6 +51,8 @@ class Session : public std::enable_shared_from_this<Session> {
   void Resume();
 
   const std::string& name() const { return name_; }
+  // The serial of the client's verified certificate (crypto::PeerSerial).
+  const std::string& peer_serial() const { return peer_serial_; }
   const std::string& address() const { return address_; }
   bool closed() const { return closed_; }
 
@@ -66,6 +68,7 @@ class Session : public std::enable_shared_from_this<Session> {
   SslStream stream_;
   std::string address_;
   std::string name_;
+  std::string peer_serial_;
   Coordinator& coordinator_;
   const ServerConfig& config_;
   boost::asio::steady_timer timer_;

@@ -10,6 +10,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "crypto/certs.h"
@@ -81,6 +82,27 @@ class Federation {
   }
 
   int WaitServer() { return server_->Wait(); }
+  // Waits, bounded, until the server's log holds `line`.
+  bool AwaitLog(const std::string& line, std::chrono::seconds limit = std::chrono::seconds(60)) {
+    const auto deadline = std::chrono::steady_clock::now() + limit;
+    while (std::chrono::steady_clock::now() < deadline) {
+      if (ServerLog().find(line) != std::string::npos) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return false;
+  }
+  // Waits, bounded, until the round log shows `round` committed.
+  bool AwaitCommitted(uint64_t round, std::chrono::seconds limit = std::chrono::seconds(60)) {
+    const auto deadline = std::chrono::steady_clock::now() + limit;
+    while (std::chrono::steady_clock::now() < deadline) {
+      if (auto store = server::Store::OpenReadOnly(db()); store.ok()) {
+        auto last = (*store)->LastCommittedRound();
+        if (last.ok() && last->has_value() && (*last)->round >= round) return true;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return false;
+  }
   simulations::ServerProcess& server() { return *server_; }
   std::string ServerLog() const {
     std::ifstream in(dir_ / "server.log");

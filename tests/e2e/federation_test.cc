@@ -5,10 +5,12 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <csignal>
 #include <fstream>
 #include <thread>
 
 #include "crypto/certs.h"
+#include "crypto/revocation.h"
 #include "models/checkpoint.h"
 #include "models/federated_model.h"
 #include "models/language_model.h"
@@ -134,6 +136,9 @@ TEST(Federation, RefusedHandshakesAreLoggedWithThePeerAddress) {
   ASSERT_TRUE(crypto::IssueCertificate(foreign.path(), "site-foreign").ok());
 
   const uint16_t port = f.StartServer(1, 1);
+  // SIGHUP without a revocation list: said, and nothing else happens.
+  ASSERT_EQ(::kill(f.server().pid(), SIGHUP), 0);
+  EXPECT_TRUE(f.AwaitLog("SIGHUP: no revocation list (--crl) to reload")) << f.ServerLog();
   const auto no_cert = crypto::TlsFiles{{}, {}, f.certs() / "ca.pem"};
   const auto foreign_files = crypto::TlsFiles{foreign / "site-foreign.pem", foreign / "site-foreign.key", f.certs() / "ca.pem"};
   for (const auto& files : {no_cert, foreign_files, f.Files("site-expired")}) {
@@ -164,6 +169,78 @@ TEST(Federation, RefusedHandshakesAreLoggedWithThePeerAddress) {
   ASSERT_TRUE(rounds.ok());
   ASSERT_EQ(rounds->size(), 1u);
   EXPECT_EQ((*rounds)[0].state, server::RoundState::kCommitted);
+}
+
+// Revocation, as an operator does it: a site revoked before the server
+// starts is refused at the handshake and its client stops, saying why; a
+// connected site revoked while the federation waits for its third site is
+// closed on SIGHUP and stops too; the site, issued a new certificate under
+// its name, rejoins, and the federation completes with it.
+TEST(Federation, ARevokedSiteIsRefusedClosedOnSighupAndRejoinsWithANewCertificate) {
+  Federation f;
+  for (const char* name : {"site-a", "site-b", "site-c", "site-d"}) f.Issue(name);
+  ASSERT_TRUE(crypto::RevokeCertificate(f.certs(), "site-c").ok());
+  const auto crl = (f.certs() / "crl.pem").string();
+  // Three sites a round: nothing starts before site-b is revoked and back.
+  const uint16_t port = f.StartServer(2, 3, {"--crl", crl});
+  ASSERT_NE(port, 0);
+  EXPECT_TRUE(f.AwaitLog("1 revoked certificate(s)")) << f.ServerLog();
+
+  auto c = f.StartClient("site-c", port);
+  EXPECT_NE(c->Wait(), 0);
+  EXPECT_NE(f.ClientLog("site-c").find("the federation revoked this site's certificate"), std::string::npos)
+      << f.ClientLog("site-c");
+
+  auto a = f.StartClient("site-a", port);
+  auto b = f.StartClient("site-b", port);
+  ASSERT_TRUE(f.AwaitLog("client site-a connected") && f.AwaitLog("client site-b connected")) << f.ServerLog();
+  auto b_serial = crypto::CertificateSerial(f.Files("site-b").cert);
+  ASSERT_TRUE(b_serial.ok());
+  auto revoked = crypto::RevokeCertificate(f.certs(), "site-b", crypto::RevocationReason::kKeyCompromise);
+  ASSERT_TRUE(revoked.ok() && *revoked) << revoked.status().ToString();
+  ASSERT_EQ(::kill(f.server().pid(), SIGHUP), 0);
+  EXPECT_NE(b->Wait(), 0) << "a revoked site stops instead of reconnecting";
+  EXPECT_NE(f.ClientLog("site-b").find("the federation revoked this site's certificate"), std::string::npos)
+      << f.ClientLog("site-b");
+
+  // Issued again under the same name (a new key, a new serial): it rejoins.
+  std::filesystem::remove(f.Files("site-b").cert);
+  std::filesystem::remove(f.Files("site-b").key);
+  f.Issue("site-b");
+  auto rejoined = f.StartClient("site-b", port);
+  auto d = f.StartClient("site-d", port);
+  EXPECT_EQ(rejoined->Wait(), 0) << f.ClientLog("site-b");
+  EXPECT_EQ(a->Wait(), 0) << f.ClientLog("site-a");
+  EXPECT_EQ(d->Wait(), 0) << f.ClientLog("site-d");
+  ASSERT_EQ(f.WaitServer(), 0) << f.ServerLog();
+
+  const std::string log = f.ServerLog();
+  EXPECT_NE(log.find("SIGHUP: reloaded"), std::string::npos) << log;
+  EXPECT_NE(log.find(fmt::format("certificate serial {} is revoked; closing its connection", *b_serial)),
+            std::string::npos)
+      << log;
+  auto store = f.OpenStore();
+  ASSERT_TRUE(store);
+  auto events = store->Events();
+  ASSERT_TRUE(events.ok());
+  int closed = 0, refused = 0;
+  for (const auto& e : *events) {
+    if (e.kind == "certificate_revoked") {
+      ++closed;
+      EXPECT_EQ(e.peer.rfind("site-b@127.0.0.1:", 0), 0u) << e.peer;
+      EXPECT_EQ(e.detail, "serial " + *b_serial);
+    }
+    if (e.kind == "handshake_refused" && e.detail.find("certificate revoked") != std::string::npos) ++refused;
+  }
+  EXPECT_EQ(closed, 1);
+  EXPECT_EQ(refused, 1) << "site-c's handshake";
+  auto rounds = store->Rounds();
+  ASSERT_TRUE(rounds.ok());
+  ASSERT_EQ(rounds->size(), 2u);
+  for (uint64_t r = 1; r <= 2; ++r) {
+    EXPECT_EQ((*rounds)[r - 1].state, server::RoundState::kCommitted);
+    EXPECT_EQ(ParticipationsByName(*store, r).count("site-b"), 1u) << "the re-issued site-b, round " << r;
+  }
 }
 
 TEST(Federation, BadFramesGetAnErrorAndAClosedConnection) {
@@ -638,16 +715,7 @@ TEST(Federation, AClientReconnectsAfterTheServerCrashes) {
   const std::string listen = fmt::format("127.0.0.1:{}", port);
   ASSERT_EQ(f.StartServer(4, 1, {}, listen), port);
   auto client = f.StartClient("site-a", port);
-  // Wait, bounded, for round 1 to be committed in the log.
-  bool committed = false;
-  for (int i = 0; i < 1200 && !committed; ++i) {
-    if (auto store = server::Store::OpenReadOnly(f.db()); store.ok()) {
-      auto last = (*store)->LastCommittedRound();
-      committed = last.ok() && last->has_value();
-    }
-    if (!committed) std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  ASSERT_TRUE(committed) << f.ServerLog();
+  ASSERT_TRUE(f.AwaitCommitted(1)) << f.ServerLog();
   f.server().Kill();
   ASSERT_EQ(f.StartServer(4, 1, {}, listen), port);
   EXPECT_EQ(client->Wait(), 0);
@@ -682,6 +750,25 @@ TEST(Federation, BadConfigurationGetsOneLineNamingTheFile) {
                              (f.dir() / "x.db").string()));
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.output.find(missing_key.string()), std::string::npos) << r.output;
+  EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
+
+  // A revocation list that is not one, and one another CA signed.
+  TempDir foreign;
+  ASSERT_TRUE(crypto::InitCa(foreign.path(), "foreign-ca").ok());
+  ASSERT_TRUE(crypto::RenewCrl(foreign.path()).ok());
+  for (const auto& [crl, expected] : {std::pair<fs::path, std::string>{f.Files("server").cert, "cannot read a certificate revocation list"},
+                                      {foreign / "crl.pem", "not issued and signed by the CA"}}) {
+    r = RunCommand(fmt::format("{} serve --cert {} --key {} --ca {} --crl {} --db {}", server,
+                               f.Files("server").cert.string(), f.Files("server").key.string(),
+                               f.Files("server").ca.string(), crl.string(), (f.dir() / "x.db").string()));
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_NE(r.output.find(crl.string() + ": " + expected), std::string::npos) << r.output;
+    EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
+  }
+  // Revoking a site that has no certificate here.
+  r = RunCommand(fmt::format("{} certs revoke --dir {} --name site-zz", server, f.certs().string()));
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find((f.certs() / "site-zz.pem").string() + ": no such file"), std::string::npos) << r.output;
   EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
 
   f.Issue("site-a");
