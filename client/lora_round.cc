@@ -165,4 +165,18 @@ Result<Update> LoraUpdateOf(const LoraRound& plan, std::span<const float> global
   return update;
 }
 
+void FrozenA::Start(const TaskConfig& task, std::span<const float> adapter) {
+  kept_.clear();
+  if (task.lora.merge == "frozen-a") kept_.assign(adapter.begin(), adapter.end());
+}
+
+Status FrozenA::Restore(const models::Manifest& manifest,
+                        const std::function<Status(uint64_t, std::span<const float>)>& put) const {
+  for (const models::TensorSpec& spec : manifest.tensors) {
+    if (!active() || !models::IsLoraA(spec.name)) continue;
+    ESTUARY_RETURN_IF_ERROR(put(spec.offset, std::span<const float>(kept_).subspan(spec.offset, spec.numel())));
+  }
+  return Status::Ok();
+}
+
 }  // namespace estuary::client

@@ -14,6 +14,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -63,6 +64,22 @@ struct LoraStart {
 };
 Result<LoraStart> StartLoraRound(const LoraRound& plan, std::span<const float> global, const TaskConfig& task,
                                  uint64_t round, std::string_view client_name);
+
+// frozen-a: A is the federation's and must not move, yet AdamW's decay would
+// move it even with a zero gradient; so a rank model keeps the adapter as
+// its round starts and puts every A back after each step.
+class FrozenA {
+ public:
+  // Keeps `adapter` when the task's merge is frozen-a, else forgets it.
+  void Start(const TaskConfig& task, std::span<const float> adapter);
+  bool active() const { return !kept_.empty(); }
+  // put(offset, values) for each lora_A tensor of `manifest` (the adapter's).
+  Status Restore(const models::Manifest& manifest,
+                 const std::function<Status(uint64_t offset, std::span<const float> values)>& put) const;
+
+ private:
+  std::vector<float> kept_;
+};
 
 // The upload from the trained adapter (the site's layout): its factors under
 // PEFT's names (only B under frozen-a), or the stacked adapter of an own

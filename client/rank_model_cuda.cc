@@ -6,6 +6,7 @@
 #include <utility>
 #include <vector>
 
+#include "client/lora_round.h"
 #include "client/rank_model.h"
 #include "models/cuda/classifier_engine.h"
 #include "models/cuda/llama_engine.h"
@@ -157,18 +158,15 @@ class CudaRankLoraDecoder : public CudaRankModel<models::cuda::LoraLlamaEngine, 
                                                    const TaskConfig& task,
                                                    const DataParallelOptions& options) override {
     ESTUARY_ASSIGN_OR_RETURN(auto dp, CudaRankModel::StartRound(comm, global, task, options));
-    frozen_.clear();
-    if (task.lora.merge == "frozen-a") frozen_.assign(global.begin(), global.end());
+    frozen_.Start(task, global);
     return dp;
   }
 
   Status FinishStep() override {
-    if (error_.ok() && !frozen_.empty()) {
-      for (const models::TensorSpec& spec : engine_.manifest().tensors) {
-        if (!models::IsLoraA(spec.name) || !error_.ok()) continue;
-        error_ = engine_.CopyParametersFrom(spec.offset,
-                                            std::span<const float>(frozen_).subspan(spec.offset, spec.numel()));
-      }
+    if (error_.ok() && frozen_.active()) {
+      error_ = frozen_.Restore(engine_.manifest(), [&](uint64_t offset, std::span<const float> a) {
+        return engine_.CopyParametersFrom(offset, a);
+      });
       if (error_.ok() && !sharded_) error_ = engine_.RefreshWorkingCopy();  // ZeRO-1's is refreshed below
     }
     return CudaRankModel::FinishStep();
@@ -181,7 +179,7 @@ class CudaRankLoraDecoder : public CudaRankModel<models::cuda::LoraLlamaEngine, 
   }
 
  private:
-  std::vector<float> frozen_;  // frozen-a: the adapter as the round started (host)
+  FrozenA frozen_;
 };
 
 Status UseDevice(const Compute& compute) {

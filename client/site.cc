@@ -419,17 +419,14 @@ class CpuRankLoraDecoder : public CpuRankModel<models::LoraLlama, RankLoraDecode
                                                    const TaskConfig& task,
                                                    const DataParallelOptions& options) override {
     ESTUARY_ASSIGN_OR_RETURN(auto dp, CpuRankModel::StartRound(comm, global, task, options));
-    frozen_.clear();
-    if (task.lora.merge == "frozen-a") frozen_.assign(global.begin(), global.end());
+    frozen_.Start(task, global);
     return dp;
   }
   Status FinishStep() override {
-    if (frozen_.empty()) return Status::Ok();
-    for (const models::TensorSpec& spec : model_.manifest().tensors) {
-      if (!models::IsLoraA(spec.name)) continue;
-      std::copy_n(frozen_.begin() + spec.offset, spec.numel(), model_.parameters().begin() + spec.offset);
-    }
-    return Status::Ok();
+    return frozen_.Restore(model_.manifest(), [&](uint64_t offset, std::span<const float> a) {
+      std::copy(a.begin(), a.end(), model_.parameters().begin() + offset);
+      return Status::Ok();
+    });
   }
   Result<float> ForwardBackward(const int32_t* tokens, const int32_t* targets, int batch, int seq,
                                 const models::BackwardOptions& options) override {
@@ -440,7 +437,7 @@ class CpuRankLoraDecoder : public CpuRankModel<models::LoraLlama, RankLoraDecode
   models::LoraLlama& model() override { return model_; }
   const models::LoraLlama& model() const override { return model_; }
   models::LoraLlama model_;
-  std::vector<float> frozen_;  // frozen-a: the adapter as the round started
+  FrozenA frozen_;
 };
 
 // ---- what rank 0 tells the others -------------------------------------------
