@@ -309,4 +309,48 @@ Result<std::string> CertificateSerial(const std::filesystem::path& cert) {
   return internal::SerialHex(X509_get0_serialNumber(x509.get()));
 }
 
+const char* CertificateStateName(CertificateStatus::State state) {
+  switch (state) {
+    case CertificateStatus::State::kValid: return "valid";
+    case CertificateStatus::State::kExpired: return "expired";
+    case CertificateStatus::State::kRevoked: return "revoked";
+    case CertificateStatus::State::kForeign: return "foreign";
+  }
+  return "?";
+}
+
+Result<std::vector<CertificateStatus>> ListCertificates(const std::filesystem::path& dir) {
+  ESTUARY_ASSIGN_OR_RETURN(X509Ptr ca, internal::ReadCertificate(dir / "ca.pem"));
+  CrlInfo crl;
+  std::error_code ec;
+  if (std::filesystem::exists(dir / "crl.pem", ec)) {
+    ESTUARY_ASSIGN_OR_RETURN(crl, ReadCrl(dir / "crl.pem", dir / "ca.pem"));
+  }
+  std::vector<CertificateStatus> out;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    const auto& path = entry.path();
+    if (path.extension() != ".pem" || path.filename() == "ca.pem" || path.filename() == "crl.pem") continue;
+    ESTUARY_ASSIGN_OR_RETURN(X509Ptr cert, internal::ReadCertificate(path));
+    CertificateStatus status;
+    status.name = path.stem().string();
+    status.serial = internal::SerialHex(X509_get0_serialNumber(cert.get()));
+    ESTUARY_ASSIGN_OR_RETURN(status.not_after, TimeOf(X509_get0_notAfter(cert.get()), path, "notAfter"));
+    EVP_PKEY* ca_public = X509_get0_pubkey(ca.get());
+    const bool ours = X509_check_issued(ca.get(), cert.get()) == X509_V_OK && ca_public != nullptr &&
+                      X509_verify(cert.get(), ca_public) == 1;
+    ERR_clear_error();
+    for (const RevokedCertificate& r : crl.revoked) {
+      if (ours && r.serial == status.serial) status.revocation = r;
+    }
+    status.state = !ours                            ? CertificateStatus::State::kForeign
+                   : status.revocation              ? CertificateStatus::State::kRevoked
+                   : status.not_after <= Clock::now() ? CertificateStatus::State::kExpired
+                                                    : CertificateStatus::State::kValid;
+    out.push_back(std::move(status));
+  }
+  if (ec) return IoError("crypto: {}: cannot list: {}", dir.string(), ec.message());
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
+  return out;
+}
+
 }  // namespace estuary::crypto

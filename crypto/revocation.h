@@ -16,6 +16,7 @@
 #include <chrono>
 #include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -62,6 +63,21 @@ Status RenewCrl(const std::filesystem::path& dir, const CrlOptions& options = {}
 // issued and signed by that CA, and not past its next update. Each problem is
 // one line naming the file.
 Result<CrlInfo> ReadCrl(const std::filesystem::path& crl, const std::filesystem::path& ca);
+
+// What an operator needs to know of each certificate in a CA directory.
+struct CertificateStatus {
+  std::string name;    // the file's stem: the site's name
+  std::string serial;  // as CrlInfo writes serials
+  std::chrono::system_clock::time_point not_after;
+  enum class State { kValid, kExpired, kRevoked, kForeign } state = State::kValid;  // foreign: not dir/ca.pem's
+  std::optional<RevokedCertificate> revocation;  // when revoked
+};
+const char* CertificateStateName(CertificateStatus::State state);  // "valid", "expired", "revoked", "foreign"
+
+// Every certificate dir/<name>.pem (besides ca.pem and crl.pem) against
+// dir/ca.pem and, when there is one, dir/crl.pem (checked as ReadCrl checks
+// it), sorted by name. An unreadable file or list fails, naming it.
+Result<std::vector<CertificateStatus>> ListCertificates(const std::filesystem::path& dir);
 
 // The serial number of a certificate file's first certificate, as CrlInfo
 // writes serials.

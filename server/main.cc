@@ -4,6 +4,7 @@
 //   estuary-server certs issue --dir D --name N     a site's (or the server's) certificate
 //   estuary-server certs revoke --dir D --name N    add a site's certificate to D/crl.pem
 //   estuary-server certs crl --dir D                re-sign D/crl.pem with a fresh validity
+//   estuary-server certs list --dir D               each certificate: serial, expiry, valid/expired/revoked
 //   estuary-server serve ...                        run the federation (flags or --config)
 //   estuary-server rounds list|show N --db F        the round log
 //   estuary-server clients --db F                   the client registry
@@ -66,6 +67,10 @@ int main(int argc, char** argv) {
   revoke->add_option("--reason", revoke_reason,
                      "unspecified | keyCompromise | affiliationChanged | superseded | cessationOfOperation");
   revoke->add_option("--days", crl_days, "the list's validity in days (its next update)");
+  bool certs_json = false;
+  auto* cert_list = certs->add_subcommand("list", "every certificate in DIR: serial, expiry, valid | expired | revoked");
+  cert_list->add_option("--dir", cert_dir, "directory holding ca.pem (and crl.pem)")->required();
+  cert_list->add_flag("--json", certs_json, "machine-readable output");
   auto* crl = certs->add_subcommand("crl", "re-sign DIR/crl.pem (an empty one if none) with a fresh validity");
   crl->add_option("--dir", cert_dir, "directory holding ca.pem and ca.key")->required();
   crl->add_option("--days", crl_days, "the list's validity in days (its next update)");
@@ -152,12 +157,17 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (issue->parsed()) {
+    if (cert_days < 1) return Fail(InvalidArgument("certs issue: --days {}: a certificate is valid for 1 day or more", cert_days));
     crypto::CertOptions options;
     options.not_after = std::chrono::hours(24 * int64_t(cert_days));
     if (Status s = crypto::IssueCertificate(cert_dir, cert_name, options); !s.ok()) return Fail(s);
     std::printf("issued %s/%s.pem and %s/%s.key\n", cert_dir.c_str(), cert_name.c_str(), cert_dir.c_str(),
                 cert_name.c_str());
     return 0;
+  }
+  if (cert_list->parsed()) {
+    std::string out;
+    return Print(server::ListCertificates(cert_dir, certs_json, &out), out);
   }
   if (revoke->parsed() || crl->parsed()) {
     if (crl_days < 1) return Fail(InvalidArgument("certs: --days {}: a revocation list is valid for 1 day or more", crl_days));

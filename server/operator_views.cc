@@ -4,6 +4,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "crypto/revocation.h"
+
 namespace estuary::server {
 
 namespace {
@@ -145,6 +147,37 @@ Status ListClients(Store& store, bool json, std::string* out) {
                         Utc(c.last_seen_ms), c.last_address, c.rounds_joined, c.rounds_dropped);
   }
   if (clients.empty()) *out += "(no clients yet)\n";
+  return Status::Ok();
+}
+
+Status ListCertificates(const std::filesystem::path& dir, bool json, std::string* out) {
+  ESTUARY_ASSIGN_OR_RETURN(auto certs, crypto::ListCertificates(dir));
+  auto ms = [](std::chrono::system_clock::time_point t) {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(t.time_since_epoch()).count();
+  };
+  if (json) {
+    ordered_json array = ordered_json::array();
+    for (const auto& c : certs) {
+      ordered_json revoked = nullptr;
+      if (c.revocation) {
+        revoked = {{"at", Utc(ms(c.revocation->revoked_at))},
+                   {"reason", crypto::RevocationReasonName(c.revocation->reason)}};
+      }
+      array.push_back({{"name", c.name}, {"serial", c.serial}, {"not_after", Utc(ms(c.not_after))},
+                       {"state", crypto::CertificateStateName(c.state)}, {"revoked", revoked}});
+    }
+    *out = array.dump(2) + "\n";
+    return Status::Ok();
+  }
+  *out = fmt::format("{:<20}  {:<34}  {:<20}  {}\n", "name", "serial", "not after (UTC)", "state");
+  for (const auto& c : certs) {
+    std::string state = crypto::CertificateStateName(c.state);
+    if (c.revocation) {
+      state += fmt::format(" {} ({})", Utc(ms(c.revocation->revoked_at)), crypto::RevocationReasonName(c.revocation->reason));
+    }
+    *out += fmt::format("{:<20}  {:<34}  {:<20}  {}\n", c.name, c.serial, Utc(ms(c.not_after)), state);
+  }
+  if (certs.empty()) *out += "(no certificates besides the CA's)\n";
   return Status::Ok();
 }
 

@@ -5,6 +5,7 @@
 // numbers, null where a metric is missing).
 #pragma once
 
+#include <filesystem>
 #include <string>
 
 #include "server/store.h"
@@ -15,5 +16,8 @@ Status ListRounds(Store& store, bool json, std::string* out);
 // NotFound naming the round if it is not in the log.
 Status ShowRound(Store& store, uint64_t round, bool json, std::string* out);
 Status ListClients(Store& store, bool json, std::string* out);
+// `estuary-server certs list`: each certificate of a CA directory, its
+// serial, expiry and state (crypto::ListCertificates).
+Status ListCertificates(const std::filesystem::path& dir, bool json, std::string* out);
 
 }  // namespace estuary::server

@@ -10,6 +10,7 @@
 
 #include <ctime>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <sstream>
 
@@ -153,6 +154,38 @@ TEST_F(Revocation, BadRequestsAreRefusedInOneLine) {
   ExpectOneLine(RenewCrl(dir(), {.valid_for = std::chrono::seconds(0)}), "not signed by");
   std::filesystem::remove(dir() / "crl.pem");
   ExpectOneLine(RenewCrl(dir(), {.valid_for = std::chrono::seconds(0)}), "positive");
+}
+
+// The operator's list: every certificate's state against the CA and its list.
+TEST_F(Revocation, ListCertificatesSaysWhichAreValidExpiredRevokedOrForeign) {
+  ASSERT_TRUE(IssueCertificate(dir(), "site-old", {.not_before = -std::chrono::hours(48),
+                                                   .not_after = -std::chrono::hours(24)})
+                  .ok());
+  TempDir foreign;
+  ASSERT_TRUE(InitCa(foreign.path(), "foreign-ca").ok());
+  ASSERT_TRUE(IssueCertificate(foreign.path(), "site-x").ok());
+  std::filesystem::copy_file(foreign.path() / "site-x.pem", dir() / "site-x.pem");
+  auto before = ListCertificates(dir());  // no list yet: nothing revoked
+  ASSERT_TRUE(before.ok()) << before.status().ToString();
+  ASSERT_TRUE(RevokeCertificate(dir(), "site-b", RevocationReason::kAffiliationChanged).ok());
+  auto listed = ListCertificates(dir());
+  ASSERT_TRUE(listed.ok()) << listed.status().ToString();
+  std::map<std::string, CertificateStatus> by_name;
+  for (const auto& c : *listed) by_name[c.name] = c;
+  ASSERT_EQ(by_name.size(), 5u);
+  EXPECT_EQ(by_name["site-a"].state, CertificateStatus::State::kValid);
+  EXPECT_EQ(by_name["site-b"].state, CertificateStatus::State::kRevoked);
+  ASSERT_TRUE(by_name["site-b"].revocation.has_value());
+  EXPECT_EQ(by_name["site-b"].revocation->reason, RevocationReason::kAffiliationChanged);
+  EXPECT_EQ(by_name["site-b"].serial, Serial("site-b"));
+  EXPECT_EQ(by_name["site-c"].state, CertificateStatus::State::kValid);
+  EXPECT_EQ(by_name["site-old"].state, CertificateStatus::State::kExpired);
+  EXPECT_EQ(by_name["site-x"].state, CertificateStatus::State::kForeign);
+  for (const auto& c : *before) EXPECT_NE(c.state, CertificateStatus::State::kRevoked) << c.name;
+  EXPECT_EQ(listed->front().name, "site-a") << "sorted by name";
+  // A file that is not a certificate is named.
+  WriteText(dir() / "notes.pem", "not a certificate\n");
+  ExpectOneLine(ListCertificates(dir()).status(), (dir() / "notes.pem").string());
 }
 
 TEST_F(Revocation, ReadCrlRefusesTamperedGarbledAndExpiredLists) {

@@ -241,6 +241,17 @@ TEST(Federation, ARevokedSiteIsRefusedClosedOnSighupAndRejoinsWithANewCertificat
     EXPECT_EQ((*rounds)[r - 1].state, server::RoundState::kCommitted);
     EXPECT_EQ(ParticipationsByName(*store, r).count("site-b"), 1u) << "the re-issued site-b, round " << r;
   }
+  // The operator's list of certificates: site-c revoked, the re-issued site-b valid.
+  auto listed = RunCommand(fmt::format("{} certs list --dir {} --json", BinaryPath("estuary-server").string(),
+                                       f.certs().string()));
+  ASSERT_EQ(listed.exit_code, 0) << listed.output;
+  const auto certs = nlohmann::json::parse(listed.output);
+  std::map<std::string, std::string> state;
+  for (const auto& c : certs) state[c["name"].get<std::string>()] = c["state"].get<std::string>();
+  EXPECT_EQ(state["site-c"], "revoked");
+  EXPECT_EQ(state["site-b"], "valid");
+  EXPECT_EQ(state["site-a"], "valid");
+  EXPECT_EQ(state["server"], "valid");
 }
 
 TEST(Federation, BadFramesGetAnErrorAndAClosedConnection) {
