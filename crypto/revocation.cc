@@ -12,6 +12,7 @@
 #include <ctime>
 #include <memory>
 
+#include "base/atomic_file.h"
 #include "crypto/certs.h"
 #include "crypto/openssl_util.h"
 
@@ -104,37 +105,6 @@ Result<CrlInfo> Describe(X509_CRL* crl, const std::filesystem::path& path) {
   return info;
 }
 
-// Replaces `path` by `contents` so that a reader sees the old file or the new
-// one, never a part: a temporary beside it, fsync'd, renamed over it.
-Status ReplaceFile(const std::filesystem::path& path, const std::string& contents) {
-  const std::filesystem::path temporary = path.string() + ".new";
-  const int fd = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return IoError("crypto: {}: cannot create: {}", temporary.string(), std::strerror(errno));
-  Status status;
-  size_t written = 0;
-  while (status.ok() && written < contents.size()) {
-    const ssize_t n = ::write(fd, contents.data() + written, contents.size() - written);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) status = IoError("crypto: {}: write failed: {}", temporary.string(), std::strerror(errno));
-    if (n > 0) written += size_t(n);
-  }
-  if (status.ok() && ::fsync(fd) != 0) status = IoError("crypto: {}: fsync: {}", temporary.string(), std::strerror(errno));
-  if (::close(fd) != 0 && status.ok()) status = IoError("crypto: {}: close: {}", temporary.string(), std::strerror(errno));
-  if (status.ok() && ::rename(temporary.c_str(), path.c_str()) != 0) {
-    status = IoError("crypto: {}: cannot replace: {}", path.string(), std::strerror(errno));
-  }
-  if (!status.ok()) {
-    ::unlink(temporary.c_str());
-    return status;
-  }
-  const int dir = ::open(path.parent_path().empty() ? "." : path.parent_path().c_str(), O_RDONLY | O_DIRECTORY);
-  if (dir >= 0) {
-    ::fsync(dir);
-    ::close(dir);
-  }
-  return Status::Ok();
-}
-
 // Signs a CRL of `entries` (copied), numbered `number`, valid from now, and
 // writes it to dir/crl.pem.
 Status WriteCrl(const std::filesystem::path& dir, const Ca& ca, const STACK_OF(X509_REVOKED) * old_entries,
@@ -178,7 +148,7 @@ Status WriteCrl(const std::filesystem::path& dir, const Ca& ca, const STACK_OF(X
   }
   char* data = nullptr;
   const long size = BIO_get_mem_data(bio.get(), &data);
-  return ReplaceFile(dir / "crl.pem", std::string(data, size_t(size)));
+  return WriteFileAtomically(dir / "crl.pem", std::string_view(data, size_t(size)));
 }
 
 // dir/crl.pem as the CA signed it, or none yet. Its next update may be past:

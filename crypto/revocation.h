@@ -6,7 +6,8 @@
 // certificate against the CRL it was given (`serve --crl`) and rereads it on
 // SIGHUP (server/server.h). RevokeCertificate adds DIR/<name>.pem's serial,
 // re-signs the list with DIR/ca.key, increments its CRL number and replaces
-// the file atomically (a reader sees the old list or the new one); revoking a
+// the file atomically (WriteFileAtomically: a reader sees the old list or the
+// new one); revoking a
 // serial twice changes nothing and says so. RenewCrl re-signs the list as it
 // is (creating an empty one) with a fresh validity window: OpenSSL fails
 // every handshake once a CRL is past its next update, so ReadCrl refuses such

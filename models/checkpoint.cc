@@ -12,41 +12,6 @@ namespace estuary::models {
 
 namespace fs = std::filesystem;
 
-static Status WriteAll(int fd, const char* data, size_t size, const fs::path& path) {
-  while (size > 0) {
-    const ssize_t n = ::write(fd, data, size);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return IoError("{}: write failed: {}", path.string(), std::strerror(errno));
-    data += n;
-    size -= size_t(n);
-  }
-  return Status::Ok();
-}
-
-Status WriteFileAtomically(const fs::path& path, std::span<const char> bytes) {
-  const fs::path dir = path.has_parent_path() ? path.parent_path() : fs::path(".");
-  std::string tmp = (dir / ("." + path.filename().string() + ".XXXXXX")).string();
-  const int fd = mkstemp(tmp.data());
-  if (fd < 0) return IoError("{}: cannot create a temporary file: {}", path.string(), std::strerror(errno));
-  Status written = WriteAll(fd, bytes.data(), bytes.size(), path);
-  if (written.ok() && fsync(fd) != 0) written = IoError("{}: fsync failed: {}", path.string(), std::strerror(errno));
-  if (::close(fd) != 0 && written.ok()) written = IoError("{}: close failed: {}", path.string(), std::strerror(errno));
-  if (written.ok() && std::rename(tmp.c_str(), path.c_str()) != 0) {
-    written = IoError("{}: rename failed: {}", path.string(), std::strerror(errno));
-  }
-  if (!written.ok()) {
-    ::unlink(tmp.c_str());
-    return written;
-  }
-  // The rename is durable only once the directory entry is.
-  const int dir_fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
-  if (dir_fd >= 0) {
-    fsync(dir_fd);
-    ::close(dir_fd);
-  }
-  return Status::Ok();
-}
-
 Status SaveCheckpoint(const fs::path& path, const Manifest& manifest, std::span<const float> data,
                       const std::map<std::string, std::string>& metadata) {
   ESTUARY_RETURN_IF_ERROR(manifest.Validate());

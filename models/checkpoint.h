@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "base/atomic_file.h"
 #include "base/status.h"
 #include "models/tensor.h"
 
@@ -28,8 +29,5 @@ Status SaveCheckpoint(const std::filesystem::path& path, const Manifest& manifes
                       std::span<const float> data,
                       const std::map<std::string, std::string>& metadata = {});
 Result<Checkpoint> LoadCheckpoint(const std::filesystem::path& path);
-
-// Writes `bytes` to `path` atomically (tmp, fsync, rename, fsync dir).
-Status WriteFileAtomically(const std::filesystem::path& path, std::span<const char> bytes);
 
 }  // namespace estuary::models

@@ -72,7 +72,7 @@ int RunLoraFortunesScenario(const CLI::App& app, const simulations::Scenario& s,
     std::error_code ec;
     std::filesystem::create_directories(parent, ec);
   }
-  if (Status st = models::WriteFileAtomically(report_path, json); !st.ok()) return Fail(st);
+  if (Status st = WriteFileAtomically(report_path, json); !st.ok()) return Fail(st);
   std::printf("%s\nheld-out perplexity per byte; %llu pretraining bytes (0: --base-model), %u rounds x %zu sites x %u steps = %llu "
               "centralised steps; %.1f s\nreport: %s\n",
               simulations::RenderLoraFortunes(*report).c_str(), (unsigned long long)report->pretrain_tokens, lf.rounds,

@@ -1,5 +1,7 @@
 #include "simulations/report.h"
 
+#include "base/atomic_file.h"
+
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -132,47 +134,6 @@ Result<RoundReport> RoundFromJson(const json& object, std::string_view where) {
 
 // ---- Files ----------------------------------------------------------------------
 
-Status WriteAll(int fd, std::string_view bytes, const std::filesystem::path& path) {
-  while (!bytes.empty()) {
-    const ssize_t written = ::write(fd, bytes.data(), bytes.size());
-    if (written < 0) {
-      if (errno == EINTR) continue;
-      return IoError("{}: write failed: {}", path.string(), std::strerror(errno));
-    }
-    bytes.remove_prefix(size_t(written));
-  }
-  return Status::Ok();
-}
-
-Status WriteFileAtomically(const std::filesystem::path& path, std::string_view bytes) {
-  std::filesystem::path tmp = path;
-  tmp += fmt::format(".tmp.{}", ::getpid());
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return IoError("{}: cannot create: {}", tmp.string(), std::strerror(errno));
-  Status status = WriteAll(fd, bytes, tmp);
-  if (status.ok() && ::fsync(fd) != 0) {
-    status = IoError("{}: fsync failed: {}", tmp.string(), std::strerror(errno));
-  }
-  if (::close(fd) != 0 && status.ok()) {
-    status = IoError("{}: close failed: {}", tmp.string(), std::strerror(errno));
-  }
-  if (status.ok() && ::rename(tmp.c_str(), path.c_str()) != 0) {
-    status = IoError("{}: cannot rename {} over it: {}", path.string(), tmp.string(),
-                     std::strerror(errno));
-  }
-  if (!status.ok()) {
-    ::unlink(tmp.c_str());
-    return status;
-  }
-  // The rename itself lives in the directory; sync it so it survives a crash.
-  const std::filesystem::path dir = path.has_parent_path() ? path.parent_path() : ".";
-  const int dir_fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dir_fd >= 0) {
-    ::fsync(dir_fd);
-    ::close(dir_fd);
-  }
-  return Status::Ok();
-}
 
 // ---- Formatting -------------------------------------------------------------------
 
