@@ -13,6 +13,7 @@
 #include <memory>
 
 #include "base/atomic_file.h"
+#include "base/utc.h"
 #include "crypto/certs.h"
 #include "crypto/openssl_util.h"
 
@@ -256,12 +257,9 @@ Result<CrlPtr> ReadCheckedCrl(const std::filesystem::path& crl_path, const std::
   }
   ESTUARY_ASSIGN_OR_RETURN(*info, Describe(crl.get(), crl_path));
   if (info->next_update <= Clock::now()) {
-    const std::time_t when = Clock::to_time_t(info->next_update);
-    char text[32];
-    std::strftime(text, sizeof(text), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&when));
     return FailedPrecondition("crypto: {}: past its next update ({}), so every handshake would fail; renew it "
                               "with estuary-server certs crl --dir DIR",
-                              crl_path.string(), text);
+                              crl_path.string(), Utc(info->next_update));
   }
   return crl;
 }

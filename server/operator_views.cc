@@ -4,6 +4,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "base/utc.h"
 #include "crypto/revocation.h"
 
 namespace estuary::server {
@@ -12,10 +13,10 @@ namespace {
 
 using nlohmann::ordered_json;
 
+// The log's times are milliseconds since the epoch; 0: not yet.
 std::string Utc(int64_t ms) {
   if (ms <= 0) return "-";
-  const std::time_t seconds = ms / 1000;
-  return fmt::format("{:%Y-%m-%dT%H:%M:%S}Z", fmt::gmtime(seconds));
+  return estuary::Utc(std::chrono::system_clock::time_point(std::chrono::milliseconds(ms)));
 }
 
 std::string Metric(const std::optional<double>& v, int precision = 4) {
@@ -152,18 +153,15 @@ Status ListClients(Store& store, bool json, std::string* out) {
 
 Status ListCertificates(const std::filesystem::path& dir, bool json, std::string* out) {
   ESTUARY_ASSIGN_OR_RETURN(auto certs, crypto::ListCertificates(dir));
-  auto ms = [](std::chrono::system_clock::time_point t) {
-    return std::chrono::duration_cast<std::chrono::milliseconds>(t.time_since_epoch()).count();
-  };
   if (json) {
     ordered_json array = ordered_json::array();
     for (const auto& c : certs) {
       ordered_json revoked = nullptr;
       if (c.revocation) {
-        revoked = {{"at", Utc(ms(c.revocation->revoked_at))},
+        revoked = {{"at", estuary::Utc(c.revocation->revoked_at)},
                    {"reason", crypto::RevocationReasonName(c.revocation->reason)}};
       }
-      array.push_back({{"name", c.name}, {"serial", c.serial}, {"not_after", Utc(ms(c.not_after))},
+      array.push_back({{"name", c.name}, {"serial", c.serial}, {"not_after", estuary::Utc(c.not_after)},
                        {"state", crypto::CertificateStateName(c.state)}, {"revoked", revoked}});
     }
     *out = array.dump(2) + "\n";
@@ -173,9 +171,9 @@ Status ListCertificates(const std::filesystem::path& dir, bool json, std::string
   for (const auto& c : certs) {
     std::string state = crypto::CertificateStateName(c.state);
     if (c.revocation) {
-      state += fmt::format(" {} ({})", Utc(ms(c.revocation->revoked_at)), crypto::RevocationReasonName(c.revocation->reason));
+      state += fmt::format(" {} ({})", estuary::Utc(c.revocation->revoked_at), crypto::RevocationReasonName(c.revocation->reason));
     }
-    *out += fmt::format("{:<20}  {:<34}  {:<20}  {}\n", c.name, c.serial, Utc(ms(c.not_after)), state);
+    *out += fmt::format("{:<20}  {:<34}  {:<20}  {}\n", c.name, c.serial, estuary::Utc(c.not_after), state);
   }
   if (certs.empty()) *out += "(no certificates besides the CA's)\n";
   return Status::Ok();

@@ -3,8 +3,8 @@
 #include <spdlog/spdlog.h>
 
 #include <chrono>
-#include <ctime>
 
+#include "base/utc.h"
 #include "server/session.h"
 
 namespace estuary::server {
@@ -13,13 +13,6 @@ namespace asio = boost::asio;
 using asio::ip::tcp;
 
 namespace {
-
-std::string Utc(std::chrono::system_clock::time_point t) {
-  const std::time_t when = std::chrono::system_clock::to_time_t(t);
-  char text[32];
-  std::strftime(text, sizeof(text), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&when));
-  return text;
-}
 
 // The list's contents in the log, and a warning while its next update is
 // near: past it, OpenSSL fails every handshake.
