@@ -67,6 +67,14 @@ Result<Ca> LoadCa(const std::filesystem::path& dir) {
   return ca;
 }
 
+// Whether `ca` issued `cert`: its name as the issuer, and its key's signature.
+bool IssuedBy(X509* cert, X509* ca) {
+  EVP_PKEY* key = X509_get0_pubkey(ca);
+  const bool ok = X509_check_issued(ca, cert) == X509_V_OK && key != nullptr && X509_verify(cert, key) == 1;
+  ERR_clear_error();
+  return ok;
+}
+
 bool SignedBy(X509_CRL* crl, X509* ca) {
   if (X509_NAME_cmp(X509_CRL_get_issuer(crl), X509_get_subject_name(ca)) != 0) return false;
   EVP_PKEY* key = X509_get0_pubkey(ca);
@@ -95,9 +103,9 @@ Result<CrlInfo> Describe(X509_CRL* crl, const std::filesystem::path& path) {
     EnumeratedPtr code(
         static_cast<ASN1_ENUMERATED*>(X509_REVOKED_get_ext_d2i(entry, NID_crl_reason, nullptr, nullptr)));
     if (code) {
-      const long value = ASN1_ENUMERATED_get(code.get());
+      const long written = ASN1_ENUMERATED_get(code.get());
       for (const ReasonCode& reason : kReasons) {
-        if (reason.code == value) r.reason = reason.reason;
+        if (reason.code == written) r.reason = reason.reason;
       }
     }
     info.revoked.push_back(std::move(r));
@@ -200,11 +208,7 @@ Result<bool> RevokeCertificate(const std::filesystem::path& dir, const std::stri
   ESTUARY_ASSIGN_OR_RETURN(const Ca ca, LoadCa(dir));
   const auto cert_path = dir / (name + ".pem");
   ESTUARY_ASSIGN_OR_RETURN(X509Ptr cert, internal::ReadCertificate(cert_path));
-  EVP_PKEY* ca_public = X509_get0_pubkey(ca.cert.get());
-  const bool issued = X509_check_issued(ca.cert.get(), cert.get()) == X509_V_OK && ca_public != nullptr &&
-                      X509_verify(cert.get(), ca_public) == 1;
-  ERR_clear_error();
-  if (!issued) {
+  if (!IssuedBy(cert.get(), ca.cert.get())) {
     return InvalidArgument("crypto: {}: not issued by {}; only the federation CA's certificates can be revoked",
                            cert_path.string(), (dir / "ca.pem").string());
   }
@@ -303,10 +307,7 @@ Result<std::vector<CertificateStatus>> ListCertificates(const std::filesystem::p
     status.name = path.stem().string();
     status.serial = internal::SerialHex(X509_get0_serialNumber(cert.get()));
     ESTUARY_ASSIGN_OR_RETURN(status.not_after, TimeOf(X509_get0_notAfter(cert.get()), path, "notAfter"));
-    EVP_PKEY* ca_public = X509_get0_pubkey(ca.get());
-    const bool ours = X509_check_issued(ca.get(), cert.get()) == X509_V_OK && ca_public != nullptr &&
-                      X509_verify(cert.get(), ca_public) == 1;
-    ERR_clear_error();
+    const bool ours = IssuedBy(cert.get(), ca.get());
     for (const RevokedCertificate& r : crl.revoked) {
       if (ours && r.serial == status.serial) status.revocation = r;
     }
