@@ -14,15 +14,24 @@ using asio::ip::tcp;
 
 namespace {
 
-// The list's contents in the log, and a warning while its next update is
-// near: past it, OpenSSL fails every handshake.
+// Past its next update OpenSSL fails every handshake: say so from a week
+// before, and loudly after.
+void WarnIfCrlExpires(const std::filesystem::path& path, std::chrono::system_clock::time_point next_update) {
+  const auto left = next_update - std::chrono::system_clock::now();
+  if (left <= std::chrono::seconds(0)) {
+    spdlog::error("{}: past its next update {}: every handshake now fails; renew it (estuary-server certs crl) and "
+                  "send SIGHUP", path.string(), Utc(next_update));
+  } else if (left < std::chrono::hours(24 * 7)) {
+    spdlog::warn("{}: next update {} is less than 7 days away; renew it (estuary-server certs crl) and send SIGHUP",
+                 path.string(), Utc(next_update));
+  }
+}
+
+// The list's contents in the log, and the warning above.
 void LogCrl(const std::string& what, const std::filesystem::path& path, const crypto::CrlInfo& crl) {
   spdlog::info("{} {}: {} revoked certificate(s), CRL number {}, next update {}", what, path.string(),
                crl.revoked.size(), crl.number, Utc(crl.next_update));
-  if (crl.next_update - std::chrono::system_clock::now() < std::chrono::hours(24 * 7)) {
-    spdlog::warn("{}: next update {} is less than 7 days away; renew it (estuary-server certs crl) and send SIGHUP",
-                 path.string(), Utc(crl.next_update));
-  }
+  WarnIfCrlExpires(path, crl.next_update);
 }
 
 }  // namespace
@@ -35,6 +44,7 @@ Result<std::unique_ptr<Server>> Server::Create(ServerConfig config) {
   if (!c.tls.crl.empty()) {
     ESTUARY_ASSIGN_OR_RETURN(const crypto::CrlInfo crl, crypto::ReadCrl(c.tls.crl, c.tls.ca));
     LogCrl("revocation list", c.tls.crl, crl);
+    server->crl_next_update_ = crl.next_update;
   }
   ESTUARY_ASSIGN_OR_RETURN(server->store_, Store::Open(c.db));
   server->coordinator_ = std::make_unique<Coordinator>(server->io_, server->config_, *server->store_);
@@ -73,6 +83,7 @@ Status Server::Run() {
   });
   reload_ = std::make_unique<asio::signal_set>(io_, SIGHUP);
   AwaitReload();
+  if (!config_.tls.crl.empty()) WatchCrlExpiry();
   if (config_.exit_when_done) {
     coordinator_->set_on_complete([this] { Stop(); });
     if (coordinator_->complete()) Stop();
@@ -123,7 +134,19 @@ void Server::ReloadCrl() {
     return;
   }
   LogCrl("SIGHUP: reloaded", config_.tls.crl, *crl);
+  crl_next_update_ = crl->next_update;
   coordinator_->CloseRevoked(*crl);
+}
+
+// A server runs for months: the expiry warning is repeated daily, not only
+// when the list is loaded.
+void Server::WatchCrlExpiry() {
+  crl_timer_.expires_after(std::chrono::hours(24));
+  crl_timer_.async_wait([this](const boost::system::error_code& ec) {
+    if (ec || stopping_) return;
+    WarnIfCrlExpires(config_.tls.crl, crl_next_update_);
+    WatchCrlExpiry();
+  });
 }
 
 void Server::Stop() {
@@ -133,6 +156,7 @@ void Server::Stop() {
   acceptor_->close(ignored);
   signals_->cancel(ignored);
   if (reload_) reload_->cancel(ignored);
+  crl_timer_.cancel();
   coordinator_->CloseAll();
 }
 

@@ -4,7 +4,8 @@
 // or, with exit_when_done, until the last round has been committed and
 // announced. SIGHUP rereads the revocation list (tls.crl): later handshakes
 // check against it, connected clients it revokes are closed, and a bad file
-// is logged and changes nothing. "listening on HOST:PORT" goes to stdout once the socket is bound,
+// is logged and changes nothing. While the list nears its next update (past
+// it, every handshake fails) the log says so, on loading and daily. "listening on HOST:PORT" goes to stdout once the socket is bound,
 // so a parent process can learn the port when it asked for port 0.
 #pragma once
 
@@ -34,6 +35,7 @@ class Server {
   void Stop();
   void AwaitReload();
   void ReloadCrl();
+  void WatchCrlExpiry();
 
   ServerConfig config_;
   boost::asio::io_context io_{1};
@@ -43,6 +45,8 @@ class Server {
   std::unique_ptr<boost::asio::ip::tcp::acceptor> acceptor_;
   std::unique_ptr<boost::asio::signal_set> signals_;
   std::unique_ptr<boost::asio::signal_set> reload_;  // SIGHUP
+  boost::asio::steady_timer crl_timer_{io_};
+  std::chrono::system_clock::time_point crl_next_update_;  // the loaded list's
   uint16_t port_ = 0;
   bool stopping_ = false;
 };

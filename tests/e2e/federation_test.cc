@@ -179,12 +179,16 @@ TEST(Federation, RefusedHandshakesAreLoggedWithThePeerAddress) {
 TEST(Federation, ARevokedSiteIsRefusedClosedOnSighupAndRejoinsWithANewCertificate) {
   Federation f;
   for (const char* name : {"site-a", "site-b", "site-c", "site-d"}) f.Issue(name);
-  ASSERT_TRUE(crypto::RevokeCertificate(f.certs(), "site-c").ok());
+  // A list valid for three more days: the server warns that it needs renewing.
+  ASSERT_TRUE(crypto::RevokeCertificate(f.certs(), "site-c", crypto::RevocationReason::kUnspecified,
+                                        {.valid_for = std::chrono::hours(72)})
+                  .ok());
   const auto crl = (f.certs() / "crl.pem").string();
   // Three sites a round: nothing starts before site-b is revoked and back.
   const uint16_t port = f.StartServer(2, 3, {"--crl", crl});
   ASSERT_NE(port, 0);
   EXPECT_TRUE(f.AwaitLog("1 revoked certificate(s)")) << f.ServerLog();
+  EXPECT_TRUE(f.AwaitLog("is less than 7 days away; renew it")) << f.ServerLog();
 
   auto c = f.StartClient("site-c", port);
   EXPECT_NE(c->Wait(), 0);
