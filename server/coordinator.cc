@@ -1,5 +1,7 @@
 #include "server/coordinator.h"
 
+#include <fmt/ranges.h>
+
 #include <spdlog/spdlog.h>
 
 #include <cmath>
@@ -614,7 +616,15 @@ Status Coordinator::WriteCheckpoint(uint64_t round, const std::vector<float>& gl
   const auto file = config_.checkpoint_dir / fmt::format("global-r{:05}.safetensors", round);
   std::map<std::string, std::string> metadata = {
       {"round", std::to_string(round)}, {"model", config_.task.model()}, {"sha256", checksum},
-      {"strategy", std::string(strategy_->name())}};
+      {"strategy", std::string(strategy_->name())}, {"update_kind", lora_ ? "lora" : "full"}};
+  if (lora_) {
+    // What `estuary-server export` needs to write the adapter in PEFT's layout.
+    const auto& targets = config_.task.lora().target_modules();
+    metadata["lora_rank"] = std::to_string(lora_->merge.rank);
+    metadata["lora_alpha"] = fmt::format("{}", lora_->merge.alpha);
+    metadata["lora_targets"] = fmt::format("{}", fmt::join(targets.begin(), targets.end(), ","));
+    metadata["lora_merge"] = config_.task.lora().merge();
+  }
   ESTUARY_RETURN_IF_ERROR(models::SaveCheckpoint(file, manifest_, global, metadata));
   const auto state = strategy_->SaveState();
   const std::filesystem::path state_file = file.string() + ".strategy";

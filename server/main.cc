@@ -8,6 +8,7 @@
 //   estuary-server serve ...                        run the federation (flags or --config)
 //   estuary-server rounds list|show N --db F        the round log
 //   estuary-server clients --db F                   the client registry
+//   estuary-server export --db F --out D [--round N]  a round's model: PEFT adapter, base, merged (lora)
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
@@ -17,6 +18,7 @@
 #include "base/memory.h"
 #include "crypto/certs.h"
 #include "crypto/revocation.h"
+#include "server/export.h"
 #include "server/operator_views.h"
 #include "server/server.h"
 
@@ -145,6 +147,12 @@ int main(int argc, char** argv) {
   show->add_option("round", round_number, "round number")->required();
   show->add_option("--db", db, "SQLite round log")->required();
   show->add_flag("--json", json, "machine-readable output");
+  std::string export_dir;
+  auto* export_round = app.add_subcommand("export", "a committed round's model for other tools: a PEFT adapter, "
+                                                    "its base and the merged model (lora), or a Hugging Face model");
+  export_round->add_option("--db", db, "SQLite round log")->required();
+  export_round->add_option("--round", round_number, "the round (default: the last committed)");
+  export_round->add_option("--out", export_dir, "directory to write into")->required();
   auto* clients = app.add_subcommand("clients", "the client registry");
   clients->add_option("--db", db, "SQLite round log")->required();
   clients->add_flag("--json", json, "machine-readable output");
@@ -196,6 +204,16 @@ int main(int argc, char** argv) {
     std::printf("wrote %s: CRL number %llu, %zu revoked certificate(s), valid for %d days; a running server "
                 "started with --crl applies it on SIGHUP\n",
                 crl_path.c_str(), static_cast<unsigned long long>(info->number), info->revoked.size(), crl_days);
+    return 0;
+  }
+  if (export_round->parsed()) {
+    auto store = server::Store::OpenReadOnly(db);
+    if (!store.ok()) return Fail(store.status());
+    const auto round = round_number > 0 ? std::optional<uint64_t>(round_number) : std::nullopt;
+    auto exported = server::ExportRound(**store, round, export_dir);
+    if (!exported.ok()) return Fail(exported.status());
+    std::printf("%s (sha256 %s)\n", exported->description.c_str(), exported->checksum.substr(0, 12).c_str());
+    for (const auto& dir : exported->written) std::printf("  wrote %s\n", dir.c_str());
     return 0;
   }
   if (list->parsed() || show->parsed() || clients->parsed()) {

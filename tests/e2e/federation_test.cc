@@ -14,6 +14,8 @@
 #include "models/checkpoint.h"
 #include "models/federated_model.h"
 #include "models/language_model.h"
+#include "models/llama.h"
+#include "models/lora.h"
 #include "models/lora_federation.h"
 #include "proto/wire.h"
 #include "server/store.h"
@@ -87,6 +89,16 @@ TEST(Federation, TwoSitesTrainTwoRoundsAndTheOperatorReadsTheLog) {
   EXPECT_NE(clients.output.find("site-b"), std::string::npos);
   auto missing = RunCommand(fmt::format("{} rounds show 9 --db {}", server_bin, f.db().string()));
   EXPECT_NE(missing.exit_code, 0);
+  // Export is for decoders; a round that is not there is named.
+  for (const auto& [flags, expected] :
+       {std::pair<std::string, std::string>{"", "model 'mlp' is not a decoder; its checkpoint " + **path},
+        {"--round 9", "round 9 is not in the log"}}) {
+    auto exported = RunCommand(fmt::format("{} export --db {} --out {} {}", server_bin, f.db().string(),
+                                           (f.dir() / "export").string(), flags));
+    EXPECT_NE(exported.exit_code, 0) << flags;
+    EXPECT_NE(exported.output.find(expected), std::string::npos) << exported.output;
+    EXPECT_EQ(std::count(exported.output.begin(), exported.output.end(), '\n'), 1) << exported.output;
+  }
 }
 
 // A site whose data is text trains the language model the server names; the
@@ -121,6 +133,32 @@ TEST(Federation, ATextSiteTrainsTheLanguageModel) {
   EXPECT_LT(*(*rounds)[1].test_loss, *(*rounds)[0].test_loss);
   auto participants = ParticipationsByName(*store, 1);
   EXPECT_GT(participants["library"].examples, 5000u);  // tokens, the FedAvg weight of a text site
+
+  // Exported, round 1's model is a Hugging Face directory holding the checkpoint's weights.
+  auto exported = RunCommand(fmt::format("{} export --db {} --round 1 --out {}", BinaryPath("estuary-server").string(),
+                                         f.db().string(), (f.dir() / "export").string()));
+  ASSERT_EQ(exported.exit_code, 0) << exported.output;
+  EXPECT_NE(exported.output.find("round 1 of a full llama-tiny federation"), std::string::npos) << exported.output;
+  auto path = store->CheckpointFor(1);
+  ASSERT_TRUE(path.ok() && path->has_value());
+  auto checkpoint = models::LoadCheckpoint(**path);
+  auto model = models::LoadHfCheckpoint(f.dir() / "export" / "model");
+  ASSERT_TRUE(checkpoint.ok() && model.ok()) << model.status().ToString();
+  ASSERT_EQ(model->parameters().size(), checkpoint->data.size());
+  EXPECT_TRUE(std::equal(checkpoint->data.begin(), checkpoint->data.end(), model->parameters().begin()));
+  // A checkpoint changed on disk is not exported as the round's model.
+  auto second = store->CheckpointFor(2);
+  ASSERT_TRUE(second.ok() && second->has_value());
+  {
+    std::fstream file(**second, std::ios::in | std::ios::out | std::ios::binary);
+    file.seekp(-1, std::ios::end);
+    file.put('\x7f');
+  }
+  exported = RunCommand(fmt::format("{} export --db {} --out {}", BinaryPath("estuary-server").string(),
+                                    f.db().string(), (f.dir() / "export2").string()));
+  EXPECT_NE(exported.exit_code, 0);
+  EXPECT_NE(exported.output.find("differs from round 2's"), std::string::npos) << exported.output;
+  EXPECT_FALSE(fs::exists(f.dir() / "export2")) << "nothing is written";
 }
 
 TEST(Federation, RefusedHandshakesAreLoggedWithThePeerAddress) {
@@ -449,6 +487,68 @@ models::LoraConfig LoraOf(int rank) {
   return lora;
 }
 
+// `estuary-server export` of a lora federation's last round, read back: the
+// base and the adapter are the checkpoint's values bit for bit, the adapter
+// config is the federation's, and the adapter on that base gives the merged
+// model's logits. Under naive and frozen-a the base is the pretrained one;
+// under exact it carries the residuals.
+void ExpectTheExportIsTheRound(Federation& f, const std::string& merge) {
+  const fs::path out = f.dir() / "export";
+  auto r = RunCommand(fmt::format("{} export --db {} --out {}", BinaryPath("estuary-server").string(), f.db().string(),
+                                  out.string()));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find(fmt::format("({} merge): a PEFT adapter (r 8, alpha 16, q_proj,k_proj,v_proj,o_proj)", merge)),
+            std::string::npos)
+      << r.output;
+  auto store = f.OpenStore();
+  ASSERT_TRUE(store);
+  auto last = store->LastCommittedRound();
+  ASSERT_TRUE(last.ok() && last->has_value());
+  auto path = store->CheckpointFor((*last)->round);
+  ASSERT_TRUE(path.ok() && path->has_value());
+  auto checkpoint = models::LoadCheckpoint(**path);
+  ASSERT_TRUE(checkpoint.ok()) << checkpoint.status().ToString();
+  auto config = models::LlamaPreset("llama-tiny");
+  ASSERT_TRUE(config.ok());
+  auto layout = models::MakeLoraGlobalLayout(*config, LoraOf(8));
+  ASSERT_TRUE(layout.ok());
+  const std::span<const float> global(checkpoint->data);
+  const auto base_part = global.first(layout->adapter_offset()), adapter_part = global.subspan(layout->adapter_offset());
+
+  auto base = models::LoadHfCheckpoint(out / "base", 2);
+  ASSERT_TRUE(base.ok()) << base.status().ToString();
+  ASSERT_EQ(base->parameters().size(), base_part.size());
+  EXPECT_TRUE(std::equal(base_part.begin(), base_part.end(), base->parameters().begin()));
+  auto initial = models::LoraInitialModel("llama-tiny", LoraOf(8), 2017, {});  // the server's default seed
+  ASSERT_TRUE(initial.ok()) << initial.status().ToString();
+  const bool pretrained = std::equal(base_part.begin(), base_part.end(), initial->values.begin());
+  EXPECT_EQ(pretrained, merge != "exact") << merge;
+
+  auto lora = models::ReadLoraConfig(out / "adapter");
+  ASSERT_TRUE(lora.ok()) << lora.status().ToString();
+  EXPECT_EQ(lora->rank, 8);
+  EXPECT_EQ(lora->alpha, 16.0f);
+  auto adapted = models::LoraLlama::Create(std::move(*base), *lora);
+  ASSERT_TRUE(adapted.ok()) << adapted.status().ToString();
+  ASSERT_TRUE(models::LoadLoraAdapter(out / "adapter", *adapted).ok());
+  ASSERT_EQ(adapted->parameters().size(), adapter_part.size());
+  EXPECT_TRUE(std::equal(adapter_part.begin(), adapter_part.end(), adapted->parameters().begin()));
+
+  auto merged = models::LoadHfCheckpoint(out / "merged", 2);
+  ASSERT_TRUE(merged.ok()) << merged.status().ToString();
+  std::vector<int32_t> tokens(2 * 16);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = int32_t((i * 37 + 11) % size_t(config->vocab_size));
+  std::vector<float> via_adapter(tokens.size() * size_t(config->vocab_size)), via_merged(via_adapter.size());
+  ASSERT_TRUE(adapted->Forward(tokens.data(), 2, 16, via_adapter.data()).ok());
+  ASSERT_TRUE(merged->Forward(tokens.data(), 2, 16, via_merged.data()).ok());
+  double diff = 0, scale = 0;
+  for (size_t i = 0; i < via_adapter.size(); ++i) {
+    diff = std::max(diff, double(std::abs(via_adapter[i] - via_merged[i])));
+    scale = std::max(scale, double(std::abs(via_merged[i])));
+  }
+  EXPECT_LE(diff / scale, 1e-5) << merge;
+}
+
 // A lora federation with the real binaries: a text site trains and uploads
 // its adapter factors; a site whose adapters have another rank, and one that
 // sends a full delta, are refused with one line naming site, module and
@@ -641,6 +741,7 @@ TEST(Federation, LoraSitesDownloadOnlyTheTensorsThatChanged) {
       EXPECT_EQ((*rounds)[r].bytes_down, 2 * per_site) << merge << " round " << r + 1;
       EXPECT_LT((*rounds)[r].bytes_down, full) << merge;
     }
+    ExpectTheExportIsTheRound(f, merge);
   }
 }
 

@@ -1,0 +1,124 @@
+#include "server/export.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <charconv>
+
+#include "crypto/sha256.h"
+#include "models/checkpoint.h"
+#include "models/language_model.h"
+#include "models/llama.h"
+#include "models/lora.h"
+#include "models/lora_federation.h"
+
+namespace estuary::server {
+namespace {
+
+Result<std::string> Meta(const models::Checkpoint& checkpoint, const std::string& key, const std::string& path) {
+  const auto it = checkpoint.metadata.find(key);
+  if (it == checkpoint.metadata.end()) {
+    return InvalidArgument("export: {}: the checkpoint's metadata has no '{}' (written by an older server?)", path, key);
+  }
+  return it->second;
+}
+
+// The adapter config the server wrote beside a LoRA round's weights.
+Result<models::LoraConfig> LoraConfigOf(const models::Checkpoint& checkpoint, const std::string& path) {
+  models::LoraConfig lora;
+  ESTUARY_ASSIGN_OR_RETURN(const std::string rank, Meta(checkpoint, "lora_rank", path));
+  ESTUARY_ASSIGN_OR_RETURN(const std::string alpha, Meta(checkpoint, "lora_alpha", path));
+  ESTUARY_ASSIGN_OR_RETURN(const std::string targets, Meta(checkpoint, "lora_targets", path));
+  const auto parsed = std::from_chars(rank.data(), rank.data() + rank.size(), lora.rank);
+  char* end = nullptr;
+  lora.alpha = std::strtof(alpha.c_str(), &end);
+  if (parsed.ec != std::errc() || end == alpha.c_str() || *end != '\0') {
+    return InvalidArgument("export: {}: lora_rank '{}' or lora_alpha '{}' is not a number", path, rank, alpha);
+  }
+  lora.target_modules.clear();  // LoraConfig's default targets are not the federation's
+  for (std::string_view rest = targets; !rest.empty();) {
+    const size_t comma = rest.find(',');
+    lora.target_modules.emplace_back(rest.substr(0, comma));
+    rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
+  }
+  return lora;
+}
+
+// A decoder of `config` holding `weights` (its manifest's layout).
+Result<models::Llama> DecoderWith(const models::LlamaConfig& config, std::span<const float> weights) {
+  ESTUARY_ASSIGN_OR_RETURN(models::Llama model, models::Llama::Create(config, 1));
+  if (weights.size() != model.parameters().size()) {
+    return Internal("export: {} weights for a decoder of {}", weights.size(), model.parameters().size());
+  }
+  std::copy(weights.begin(), weights.end(), model.parameters().begin());
+  return model;
+}
+
+}  // namespace
+
+Result<ExportResult> ExportRound(Store& store, std::optional<uint64_t> round, const std::filesystem::path& out) {
+  std::optional<RoundRecord> record;
+  if (round) {
+    ESTUARY_ASSIGN_OR_RETURN(record, store.GetRound(*round));
+    if (!record) return NotFound("export: round {} is not in the log", *round);
+    if (record->state != RoundState::kCommitted) {
+      return FailedPrecondition("export: round {} is {}, not committed: it has no model", *round,
+                                RoundStateName(record->state));
+    }
+  } else {
+    ESTUARY_ASSIGN_OR_RETURN(record, store.LastCommittedRound());
+    if (!record) return NotFound("export: no round is committed yet");
+  }
+  ESTUARY_ASSIGN_OR_RETURN(const auto path_row, store.CheckpointFor(record->round));
+  if (!path_row) return FailedPrecondition("export: round {} is committed but has no checkpoint row", record->round);
+  const std::string& path = *path_row;
+  ESTUARY_ASSIGN_OR_RETURN(models::Checkpoint checkpoint, models::LoadCheckpoint(path));
+  const std::string checksum = crypto::Sha256Hex(checkpoint.data.data(), checkpoint.data.size() * sizeof(float));
+  if (checksum != record->global_checksum) {
+    return FailedPrecondition("export: {}: sha256 {} differs from round {}'s {} in the log", path,
+                              checksum.substr(0, 12), record->round, record->global_checksum.substr(0, 12));
+  }
+  ESTUARY_ASSIGN_OR_RETURN(const std::string model_name, Meta(checkpoint, "model", path));
+  if (!models::IsLanguageModel(model_name)) {
+    return InvalidArgument("export: model '{}' is not a decoder; its checkpoint {} is a safetensors file already",
+                           model_name, path);
+  }
+  ESTUARY_ASSIGN_OR_RETURN(const models::LlamaConfig config, models::LlamaPreset(model_name));
+  ExportResult result{.round = record->round, .checksum = checksum};
+  const auto update_kind = checkpoint.metadata.find("update_kind");
+  if (update_kind == checkpoint.metadata.end() || update_kind->second != "lora") {
+    ESTUARY_ASSIGN_OR_RETURN(models::Llama model, DecoderWith(config, checkpoint.data));
+    result.written = {out / "model"};
+    ESTUARY_RETURN_IF_ERROR(models::SaveHfCheckpoint(result.written[0], model));
+    result.description = fmt::format("round {} of a full {} federation: a Hugging Face model", record->round, model_name);
+    return result;
+  }
+
+  ESTUARY_ASSIGN_OR_RETURN(const models::LoraConfig lora, LoraConfigOf(checkpoint, path));
+  ESTUARY_ASSIGN_OR_RETURN(const models::LoraGlobalLayout layout, models::MakeLoraGlobalLayout(config, lora));
+  if (!(checkpoint.manifest == layout.global)) {
+    return FailedPrecondition("export: {}: the tensors do not form {} with rank-{} adapters on {}", path, model_name,
+                              lora.rank, fmt::join(lora.target_modules, ","));
+  }
+  const std::span<const float> all(checkpoint.data);
+  ESTUARY_ASSIGN_OR_RETURN(models::Llama base, DecoderWith(config, all.first(layout.adapter_offset())));
+  const std::filesystem::path base_dir = out / "base", adapter_dir = out / "adapter", merged_dir = out / "merged";
+  ESTUARY_RETURN_IF_ERROR(models::SaveHfCheckpoint(base_dir, base));
+  ESTUARY_ASSIGN_OR_RETURN(models::LoraLlama adapted, models::LoraLlama::Create(std::move(base), lora));
+  const auto adapter = all.subspan(layout.adapter_offset());
+  std::copy(adapter.begin(), adapter.end(), adapted.parameters().begin());
+  ESTUARY_RETURN_IF_ERROR(models::SaveLoraAdapter(adapter_dir, adapted));
+  ESTUARY_RETURN_IF_ERROR(models::SaveMergedHfCheckpoint(merged_dir, adapted));
+  result.written = {adapter_dir, base_dir, merged_dir};
+  const auto merge = checkpoint.metadata.find("lora_merge");
+  const std::string rule = merge == checkpoint.metadata.end() ? "?" : merge->second;
+  result.description = fmt::format(
+      "round {} of a lora {} federation ({} merge): a PEFT adapter (r {}, alpha {}, {}), the base it applies to{}, "
+      "and the merged model",
+      record->round, model_name, rule, lora.rank, lora.alpha, fmt::join(lora.target_modules, ","),
+      rule == "exact" ? " (the pretrained base with exact's residuals folded in)" : "");
+  return result;
+}
+
+}  // namespace estuary::server
