@@ -8,6 +8,7 @@
 //   estuary-server serve ...                        run the federation (flags or --config)
 //   estuary-server rounds list|show N --db F        the round log
 //   estuary-server clients --db F                   the client registry
+//   estuary-server events --db F                    refused handshakes, rejected frames, revocations
 //   estuary-server export --db F --out D [--round N]  a round's model: PEFT adapter, base, merged (lora)
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
@@ -153,6 +154,11 @@ int main(int argc, char** argv) {
   export_round->add_option("--db", db, "SQLite round log")->required();
   export_round->add_option("--round", round_number, "the round (default: the last committed)");
   export_round->add_option("--out", export_dir, "directory to write into")->required();
+  int event_limit = 50;
+  auto* events = app.add_subcommand("events", "refused handshakes, rejected frames, revoked certificates");
+  events->add_option("--db", db, "SQLite round log")->required();
+  events->add_option("--limit", event_limit, "the last N events");
+  events->add_flag("--json", json, "machine-readable output");
   auto* clients = app.add_subcommand("clients", "the client registry");
   clients->add_option("--db", db, "SQLite round log")->required();
   clients->add_flag("--json", json, "machine-readable output");
@@ -216,12 +222,13 @@ int main(int argc, char** argv) {
     for (const auto& dir : exported->written) std::printf("  wrote %s\n", dir.c_str());
     return 0;
   }
-  if (list->parsed() || show->parsed() || clients->parsed()) {
+  if (list->parsed() || show->parsed() || clients->parsed() || events->parsed()) {
     auto store = server::Store::OpenReadOnly(db);
     if (!store.ok()) return Fail(store.status());
     std::string out;
     if (list->parsed()) return Print(server::ListRounds(**store, json, &out), out);
     if (show->parsed()) return Print(server::ShowRound(**store, round_number, json, &out), out);
+    if (events->parsed()) return Print(server::ListEvents(**store, event_limit, json, &out), out);
     return Print(server::ListClients(**store, json, &out), out);
   }
 

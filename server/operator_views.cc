@@ -151,6 +151,25 @@ Status ListClients(Store& store, bool json, std::string* out) {
   return Status::Ok();
 }
 
+Status ListEvents(Store& store, int limit, bool json, std::string* out) {
+  if (limit < 1) return InvalidArgument("events: --limit {}: expected 1 or more", limit);
+  ESTUARY_ASSIGN_OR_RETURN(auto events, store.Events(limit));
+  if (json) {
+    ordered_json array = ordered_json::array();
+    for (const auto& e : events) {
+      array.push_back({{"at", Utc(e.at_ms)}, {"kind", e.kind}, {"peer", e.peer}, {"detail", e.detail}});
+    }
+    *out = array.dump(2) + "\n";
+    return Status::Ok();
+  }
+  *out = fmt::format("{:<20}  {:<19}  {:<32}  {}\n", "at (UTC)", "event", "peer", "detail");
+  for (const auto& e : events) {
+    *out += fmt::format("{:<20}  {:<19}  {:<32}  {}\n", Utc(e.at_ms), e.kind, e.peer, e.detail);
+  }
+  if (events.empty()) *out += "(no events)\n";
+  return Status::Ok();
+}
+
 Status ListCertificates(const std::filesystem::path& dir, bool json, std::string* out) {
   ESTUARY_ASSIGN_OR_RETURN(auto certs, crypto::ListCertificates(dir));
   if (json) {

@@ -458,7 +458,9 @@ Result<std::vector<Transition>> Store::Transitions(uint64_t round) {
 }
 
 Result<std::vector<Event>> Store::Events(int limit) {
-  Statement s(db_, "SELECT at_ms, kind, peer, detail FROM events ORDER BY id LIMIT ?");
+  Statement s(db_,
+              "SELECT at_ms, kind, peer, detail FROM (SELECT id, at_ms, kind, peer, detail FROM events ORDER BY id DESC "
+              "LIMIT ?) ORDER BY id");
   s.Bind(int64_t(limit));
   std::vector<Event> out;
   for (;;) {

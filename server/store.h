@@ -118,6 +118,7 @@ class Store {
   Result<std::vector<Participation>> Participations(uint64_t round);
   Result<std::vector<ClientRecord>> Clients();
   Result<std::vector<::estuary::server::Transition>> Transitions(uint64_t round);
+  // The last `limit` events, oldest first.
   Result<std::vector<Event>> Events(int limit = 100);
 
  private:

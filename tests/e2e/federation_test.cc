@@ -207,6 +207,22 @@ TEST(Federation, RefusedHandshakesAreLoggedWithThePeerAddress) {
   ASSERT_TRUE(rounds.ok());
   ASSERT_EQ(rounds->size(), 1u);
   EXPECT_EQ((*rounds)[0].state, server::RoundState::kCommitted);
+
+  // The operator reads them with the CLI: all three, or the last one.
+  const std::string server_bin = BinaryPath("estuary-server").string();
+  auto listed = RunCommand(fmt::format("{} events --db {} --json", server_bin, f.db().string()));
+  ASSERT_EQ(listed.exit_code, 0) << listed.output;
+  const auto json = nlohmann::json::parse(listed.output);
+  ASSERT_EQ(json.size(), 3u) << listed.output;
+  for (const auto& e : json) {
+    EXPECT_EQ(e["kind"], "handshake_refused");
+    EXPECT_EQ(e["peer"].get<std::string>().rfind("127.0.0.1:", 0), 0u);
+  }
+  EXPECT_NE(json[2]["detail"].get<std::string>().find("certificate has expired"), std::string::npos) << listed.output;
+  auto last = RunCommand(fmt::format("{} events --db {} --limit 1", server_bin, f.db().string()));
+  ASSERT_EQ(last.exit_code, 0) << last.output;
+  EXPECT_EQ(std::count(last.output.begin(), last.output.end(), '\n'), 2) << last.output;  // header + one
+  EXPECT_NE(last.output.find("certificate has expired"), std::string::npos) << last.output;
 }
 
 // Revocation, as an operator does it: a site revoked before the server
