@@ -624,6 +624,7 @@ Status Coordinator::WriteCheckpoint(uint64_t round, const std::vector<float>& gl
     metadata["lora_alpha"] = fmt::format("{}", lora_->merge.alpha);
     metadata["lora_targets"] = fmt::format("{}", fmt::join(targets.begin(), targets.end(), ","));
     metadata["lora_merge"] = config_.task.lora().merge();
+    metadata["lora_dropout"] = fmt::format("{}", config_.task.lora().dropout());
   }
   ESTUARY_RETURN_IF_ERROR(models::SaveCheckpoint(file, manifest_, global, metadata));
   const auto state = strategy_->SaveState();

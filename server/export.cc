@@ -36,6 +36,9 @@ Result<models::LoraConfig> LoraConfigOf(const models::Checkpoint& checkpoint, co
   if (parsed.ec != std::errc() || end == alpha.c_str() || *end != '\0') {
     return InvalidArgument("export: {}: lora_rank '{}' or lora_alpha '{}' is not a number", path, rank, alpha);
   }
+  if (const auto dropout = checkpoint.metadata.find("lora_dropout"); dropout != checkpoint.metadata.end()) {
+    lora.dropout = std::strtof(dropout->second.c_str(), nullptr);  // recorded for the config file; unused here
+  }
   lora.target_modules.clear();  // LoraConfig's default targets are not the federation's
   for (std::string_view rest = targets; !rest.empty();) {
     const size_t comma = rest.find(',');
