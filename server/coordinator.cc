@@ -143,6 +143,10 @@ void Coordinator::OnHello(const std::shared_ptr<Session>& session, const v1::Hel
                     proto::kProtocolVersion));
   }
   const std::string& name = session->name();
+  if (revoked_serials_.count(session->peer_serial())) {
+    // Its handshake passed before the list that revokes it was loaded.
+    return CloseAsRevoked(*session, "refusing its hello");
+  }
   auto it = connected_.find(name);
   if (it != connected_.end() && it->second != session) {
     auto old = it->second;
@@ -750,19 +754,26 @@ void Coordinator::CloseAll() {
 }
 
 std::vector<std::string> Coordinator::CloseRevoked(const crypto::CrlInfo& crl) {
+  revoked_serials_.clear();
+  for (const auto& r : crl.revoked) revoked_serials_.insert(r.serial);
   std::vector<std::string> closed;
   auto sessions = connected_;  // closing a session edits connected_
   for (auto& [name, session] : sessions) {
-    const std::string& serial = session->peer_serial();
-    if (!crl.Revokes(serial)) continue;
-    spdlog::warn("{} ({}): certificate serial {} is revoked; closing its connection", name, session->address(), serial);
-    LogIfError(store_.RecordEvent({NowMs(), "certificate_revoked", name + "@" + session->address(), "serial " + serial}),
-               "store");
-    session->SendErrorAndClose(v1::Error::CERTIFICATE_REVOKED,
-                               fmt::format("certificate serial {} is revoked by the federation", serial));
+    if (!revoked_serials_.count(session->peer_serial())) continue;
+    CloseAsRevoked(*session, "closing its connection");
     closed.push_back(name);
   }
   return closed;
+}
+
+void Coordinator::CloseAsRevoked(Session& session, const char* action) {
+  const std::string& serial = session.peer_serial();
+  spdlog::warn("{} ({}): certificate serial {} is revoked; {}", session.name(), session.address(), serial, action);
+  LogIfError(store_.RecordEvent({NowMs(), "certificate_revoked", session.name() + "@" + session.address(),
+                                 "serial " + serial}),
+             "store");
+  session.SendErrorAndClose(v1::Error::CERTIFICATE_REVOKED,
+                            fmt::format("certificate serial {} is revoked by the federation", serial));
 }
 
 void Coordinator::Broadcast(const v1::Envelope& envelope) {

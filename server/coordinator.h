@@ -55,7 +55,9 @@ class Coordinator {
   void CloseAll();
   // Sends every connected client whose certificate `crl` revokes an Error
   // (CERTIFICATE_REVOKED) and closes it; a selected one drops out of its
-  // round as any lost client does. Returns their names.
+  // round as any lost client does. A session whose handshake passed before
+  // the reload but whose Hello comes after is refused at its Hello the same
+  // way. Returns the names closed.
   std::vector<std::string> CloseRevoked(const crypto::CrlInfo& crl);
   bool complete() const { return round_ > config_.rounds; }
 
@@ -78,6 +80,8 @@ class Coordinator {
   void OnUpdateChunk(const std::shared_ptr<Session>& session, const v1::UpdateChunk& chunk);
   void OnUpdateCommit(const std::shared_ptr<Session>& session, const v1::UpdateCommit& commit);
   void Reject(const std::shared_ptr<Session>& session, v1::Error::Code code, const std::string& message);
+  // Tells a session its certificate is revoked, logs it and closes it.
+  void CloseAsRevoked(Session& session, const char* action);
   void GrantSlots();
   // Streams the model to the next waiting client while fewer than
   // kConcurrentDownloads streams are running: clients then receive it one
@@ -132,6 +136,7 @@ class Coordinator {
   uint64_t model_version_ = 0;
 
   std::map<std::string, std::shared_ptr<Session>> connected_;  // by certificate name
+  std::set<std::string> revoked_serials_;  // the last reloaded revocation list's
   uint64_t round_ = 1;
   bool round_running_ = false;
   RoundState state_ = RoundState::kOpen;

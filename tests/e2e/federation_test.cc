@@ -17,6 +17,7 @@
 #include "models/llama.h"
 #include "models/lora.h"
 #include "models/lora_federation.h"
+#include "proto/frame.h"
 #include "proto/wire.h"
 #include "server/store.h"
 #include "simulations/server_process.h"
@@ -249,6 +250,10 @@ TEST(Federation, ARevokedSiteIsRefusedClosedOnSighupAndRejoinsWithANewCertificat
   EXPECT_NE(f.ClientLog("site-c").find("the federation revoked this site's certificate"), std::string::npos)
       << f.ClientLog("site-c");
 
+  // A connection with site-b's certificate whose TLS handshake passes now,
+  // and whose Hello comes only after the list that revokes it is loaded.
+  auto early = RawClient::Connect(port, f.Files("site-b"));
+  ASSERT_TRUE(early.ok()) << early.status().ToString();
   auto a = f.StartClient("site-a", port);
   auto b = f.StartClient("site-b", port);
   ASSERT_TRUE(f.AwaitLog("client site-a connected") && f.AwaitLog("client site-b connected")) << f.ServerLog();
@@ -258,6 +263,14 @@ TEST(Federation, ARevokedSiteIsRefusedClosedOnSighupAndRejoinsWithANewCertificat
   ASSERT_TRUE(revoked.ok() && *revoked) << revoked.status().ToString();
   ASSERT_EQ(::kill(f.server().pid(), SIGHUP), 0);
   EXPECT_NE(b->Wait(), 0) << "a revoked site stops instead of reconnecting";
+  v1::Envelope hello;
+  hello.mutable_hello()->set_protocol_version(proto::kProtocolVersion);
+  ASSERT_TRUE((*early)->Send(hello).ok());
+  auto refused_hello = (*early)->Receive();
+  ASSERT_TRUE(refused_hello.ok()) << refused_hello.status().ToString();
+  ASSERT_TRUE(refused_hello->has_error()) << proto::BodyName(*refused_hello);
+  EXPECT_EQ(refused_hello->error().code(), v1::Error::CERTIFICATE_REVOKED);
+  EXPECT_TRUE((*early)->Closed());
   EXPECT_NE(f.ClientLog("site-b").find("the federation revoked this site's certificate"), std::string::npos)
       << f.ClientLog("site-b");
 
@@ -290,7 +303,7 @@ TEST(Federation, ARevokedSiteIsRefusedClosedOnSighupAndRejoinsWithANewCertificat
     }
     if (e.kind == "handshake_refused" && e.detail.find("certificate revoked") != std::string::npos) ++refused;
   }
-  EXPECT_EQ(closed, 1);
+  EXPECT_EQ(closed, 2) << "site-b's connection, and the early one's hello";
   EXPECT_EQ(refused, 1) << "site-c's handshake";
   auto rounds = store->Rounds();
   ASSERT_TRUE(rounds.ok());
