@@ -5,36 +5,52 @@
 
 namespace estuary::models {
 
+size_t SliceElements(std::span<const ParameterSlice> slices) {
+  size_t n = 0;
+  for (const ParameterSlice& s : slices) n += s.size;
+  return n;
+}
+
 void Sgd::Step(std::span<float> params, std::span<const float> grads) {
   assert(params.size() == grads.size());
-  const size_t n = params.size();
-  float* p = params.data();
-  const float* g = grads.data();
+  const ParameterSlice whole{params.data(), grads.data(), params.size()};
+  Step(std::span<const ParameterSlice>(&whole, 1));
+}
+
+void Sgd::Step(std::span<const ParameterSlice> slices) {
   const float lr = lr_, wd = weight_decay_, mu = momentum_;
   if (mu == 0.0f) {
-    for (size_t i = 0; i < n; ++i) p[i] -= lr * (g[i] + wd * p[i]);
-    return;
-  }
-  if (momentum_buffer_.size() != n) {
-    // torch: the first step initialises the buffer with the gradient itself.
-    momentum_buffer_.resize(n);
-    float* b = momentum_buffer_.data();
-    for (size_t i = 0; i < n; ++i) {
-      b[i] = g[i] + wd * p[i];
-      p[i] -= lr * b[i];
+    for (const ParameterSlice& s : slices) {
+      float* p = s.params;
+      const float* g = s.grads;
+      for (size_t i = 0; i < s.size; ++i) p[i] -= lr * (g[i] + wd * p[i]);
     }
     return;
   }
+  const size_t n = SliceElements(slices);
+  // torch: the first step initialises the buffer with the gradient itself.
+  const bool first = momentum_buffer_.size() != n;
+  if (first) momentum_buffer_.resize(n);
   float* b = momentum_buffer_.data();
-  for (size_t i = 0; i < n; ++i) {
-    b[i] = mu * b[i] + (g[i] + wd * p[i]);
-    p[i] -= lr * b[i];
+  for (const ParameterSlice& s : slices) {
+    float* p = s.params;
+    const float* g = s.grads;
+    for (size_t i = 0; i < s.size; ++i) {
+      b[i] = first ? g[i] + wd * p[i] : mu * b[i] + (g[i] + wd * p[i]);
+      p[i] -= lr * b[i];
+    }
+    b += s.size;
   }
 }
 
 void AdamW::Step(std::span<float> params, std::span<const float> grads) {
   assert(params.size() == grads.size());
-  const size_t n = params.size();
+  const ParameterSlice whole{params.data(), grads.data(), params.size()};
+  Step(std::span<const ParameterSlice>(&whole, 1));
+}
+
+void AdamW::Step(std::span<const ParameterSlice> slices) {
+  const size_t n = SliceElements(slices);
   if (m_.size() != n) {
     m_.assign(n, 0.0f);
     v_.assign(n, 0.0f);
@@ -49,15 +65,19 @@ void AdamW::Step(std::span<float> params, std::span<const float> grads) {
   const float c2_sqrt = static_cast<float>(std::sqrt(c2));
   const float decay = 1.0f - o.lr * o.weight_decay;
   const float b1 = o.beta1, b2 = o.beta2, eps = o.eps;
-  float* p = params.data();
-  const float* g = grads.data();
   float* m = m_.data();
   float* v = v_.data();
-  for (size_t i = 0; i < n; ++i) {
-    p[i] *= decay;
-    m[i] = b1 * m[i] + (1.0f - b1) * g[i];
-    v[i] = b2 * v[i] + (1.0f - b2) * g[i] * g[i];
-    p[i] -= step_size * m[i] / (std::sqrt(v[i]) / c2_sqrt + eps);
+  for (const ParameterSlice& s : slices) {
+    float* p = s.params;
+    const float* g = s.grads;
+    for (size_t i = 0; i < s.size; ++i) {
+      p[i] *= decay;
+      m[i] = b1 * m[i] + (1.0f - b1) * g[i];
+      v[i] = b2 * v[i] + (1.0f - b2) * g[i] * g[i];
+      p[i] -= step_size * m[i] / (std::sqrt(v[i]) / c2_sqrt + eps);
+    }
+    m += s.size;
+    v += s.size;
   }
 }
 

@@ -9,12 +9,26 @@
 
 namespace estuary::models {
 
+// A run of parameters and their gradients. An optimizer steps a list of them
+// as one parameter set, as torch steps a list of tensors: one step count, its
+// state laid out slice after slice. A ZeRO rank's pieces lie apart in the
+// model's flat buffers (client/data_parallel.h), and are stepped where they lie.
+struct ParameterSlice {
+  float* params = nullptr;
+  const float* grads = nullptr;
+  size_t size = 0;
+};
+
+// The total size of slices.
+size_t SliceElements(std::span<const ParameterSlice> slices);
+
 // torch.optim.SGD: g += wd * p; buf = momentum * buf + g (buf = g on the first
 // step); p -= lr * buf. With momentum == 0 no buffer is kept.
 class Sgd {
  public:
   Sgd(float lr, float momentum, float weight_decay) : lr_(lr), momentum_(momentum), weight_decay_(weight_decay) {}
   void Step(std::span<float> params, std::span<const float> grads);
+  void Step(std::span<const ParameterSlice> slices);
   void Reset() { momentum_buffer_.clear(); }
 
  private:
@@ -39,6 +53,7 @@ class AdamW {
  public:
   explicit AdamW(AdamWOptions options) : options_(options) {}
   void Step(std::span<float> params, std::span<const float> grads);
+  void Step(std::span<const ParameterSlice> slices);
   void set_lr(float lr) { options_.lr = lr; }
   const AdamWOptions& options() const { return options_; }
   int64_t step_count() const { return step_; }

@@ -27,6 +27,21 @@ bool Vectorisable(std::initializer_list<const void*> floats, const void* working
   return !working || internal::IsAligned(working, 8);
 }
 
+// The slices hold `count` elements in all, none of them null.
+Status CheckSlices(const char* what, std::span<const ParameterSlice> slices, int64_t count) {
+  if (int64_t(SliceElements(slices)) != count) {
+    return InvalidArgument("{}: slices of {} elements, the optimizer holds state for {}", what,
+                           SliceElements(slices), count);
+  }
+  for (const ParameterSlice& s : slices) {
+    if (s.size > 0 && (!s.params || !s.grads)) {
+      return InvalidArgument("{}: null buffer (params={} grads={})", what, static_cast<void*>(s.params),
+                             static_cast<const void*>(s.grads));
+    }
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 Result<AdamW> AdamW::Create(int64_t count, AdamWOptions options, cudaStream_t stream) {
@@ -43,10 +58,16 @@ Result<AdamW> AdamW::Create(int64_t count, AdamWOptions options, cudaStream_t st
 
 Status AdamW::Step(float* params, const float* grads, cudaStream_t stream, WorkingCopy working) {
   ESTUARY_RETURN_IF_ERROR(CheckWorkingCopy("cuda AdamW", working));
-  if (count_ > 0 && (!params || !grads)) {
-    return InvalidArgument("cuda AdamW: null buffer (params={} grads={})", static_cast<void*>(params),
-                           static_cast<const void*>(grads));
-  }
+  const ParameterSlice whole{params, grads, size_t(count_)};
+  return StepSlices(std::span<const ParameterSlice>(&whole, 1), working, stream);
+}
+
+Status AdamW::Step(std::span<const ParameterSlice> slices, cudaStream_t stream) {
+  return StepSlices(slices, {}, stream);
+}
+
+Status AdamW::StepSlices(std::span<const ParameterSlice> slices, WorkingCopy working, cudaStream_t stream) {
+  ESTUARY_RETURN_IF_ERROR(CheckSlices("cuda AdamW", slices, count_));
   const int64_t t = step_ + 1;
   const AdamWOptions& o = options_;
   // The scalars exactly as models::AdamW forms them: corrections in double, the rest in float.
@@ -63,9 +84,13 @@ Status AdamW::Step(float* params, const float* grads, cudaStream_t stream, Worki
   args.bias_correction2_sqrt = float(std::sqrt(c2));
   float* m = moments_.as<float>();
   float* v = m ? m + count_ : nullptr;
-  const bool vec = Vectorisable({params, grads, m, v}, working.data);
-  ESTUARY_CUDA_RETURN_IF_ERROR(
-      internal::AdamWStep(params, grads, m, v, count_, args, working.data, WorkingKind(working), vec, stream));
+  for (const ParameterSlice& s : slices) {
+    const bool vec = Vectorisable({s.params, s.grads, m, v}, working.data);
+    ESTUARY_CUDA_RETURN_IF_ERROR(internal::AdamWStep(s.params, s.grads, m, v, int64_t(s.size), args, working.data,
+                                                     WorkingKind(working), vec, stream));
+    m += s.size;
+    v += s.size;
+  }
   step_ = t;
   return Status::Ok();
 }
@@ -109,14 +134,22 @@ Result<Sgd> Sgd::Create(int64_t count, float lr, float momentum, float weight_de
 
 Status Sgd::Step(float* params, const float* grads, cudaStream_t stream, WorkingCopy working) {
   ESTUARY_RETURN_IF_ERROR(CheckWorkingCopy("cuda SGD", working));
-  if (count_ > 0 && (!params || !grads)) {
-    return InvalidArgument("cuda SGD: null buffer (params={} grads={})", static_cast<void*>(params),
-                           static_cast<const void*>(grads));
-  }
+  const ParameterSlice whole{params, grads, size_t(count_)};
+  return StepSlices(std::span<const ParameterSlice>(&whole, 1), working, stream);
+}
+
+Status Sgd::Step(std::span<const ParameterSlice> slices, cudaStream_t stream) { return StepSlices(slices, {}, stream); }
+
+Status Sgd::StepSlices(std::span<const ParameterSlice> slices, WorkingCopy working, cudaStream_t stream) {
+  ESTUARY_RETURN_IF_ERROR(CheckSlices("cuda SGD", slices, count_));
   float* buffer = buffer_.as<float>();
-  const bool vec = Vectorisable({params, grads, buffer}, working.data);
-  ESTUARY_CUDA_RETURN_IF_ERROR(internal::SgdStep(params, grads, buffer, count_, lr_, momentum_, weight_decay_,
-                                                 first_, working.data, WorkingKind(working), vec, stream));
+  for (const ParameterSlice& s : slices) {
+    const bool vec = Vectorisable({s.params, s.grads, buffer}, working.data);
+    ESTUARY_CUDA_RETURN_IF_ERROR(internal::SgdStep(s.params, s.grads, buffer, int64_t(s.size), lr_, momentum_,
+                                                   weight_decay_, first_, working.data, WorkingKind(working), vec,
+                                                   stream));
+    if (buffer) buffer += s.size;
+  }
   first_ = false;
   return Status::Ok();
 }

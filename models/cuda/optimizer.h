@@ -37,6 +37,9 @@ class AdamW {
 
   // params and grads hold the `count` elements given to Create.
   Status Step(float* params, const float* grads, cudaStream_t stream, WorkingCopy working = {});
+  // One step over device slices holding `count` elements in all (a ZeRO
+  // rank's pieces, models::ParameterSlice): one kernel per slice.
+  Status Step(std::span<const ParameterSlice> slices, cudaStream_t stream);
 
   void set_lr(float lr) { options_.lr = lr; }
   const AdamWOptions& options() const { return options_; }
@@ -53,6 +56,8 @@ class AdamW {
                    cudaStream_t stream);
 
  private:
+  Status StepSlices(std::span<const ParameterSlice> slices, WorkingCopy working, cudaStream_t stream);
+
   AdamWOptions options_;
   int64_t count_ = 0, step_ = 0;
   DeviceBuffer moments_;  // m then v, each `count` floats
@@ -65,11 +70,14 @@ class Sgd {
   static Result<Sgd> Create(int64_t count, float lr, float momentum, float weight_decay);
 
   Status Step(float* params, const float* grads, cudaStream_t stream, WorkingCopy working = {});
+  Status Step(std::span<const ParameterSlice> slices, cudaStream_t stream);
   // The next step starts the momentum afresh, as models::Sgd::Reset.
   void Reset() { first_ = true; }
   int64_t size() const { return count_; }
 
  private:
+  Status StepSlices(std::span<const ParameterSlice> slices, WorkingCopy working, cudaStream_t stream);
+
   float lr_ = 0, momentum_ = 0, weight_decay_ = 0;
   int64_t count_ = 0;
   bool first_ = true;

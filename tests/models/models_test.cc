@@ -119,6 +119,54 @@ TEST(TorchOracle, AdamWWithDecoupledWeightDecay) {
   EXPECT_LE(RelativeError(adamw.second_moment().data(), Get(f, "exp_avg_sq")), kTolerance);
 }
 
+// A ZeRO rank's pieces lie apart in the flat buffers (client/data_parallel.h).
+// Stepped as slices — each parameter and gradient placed apart from the next,
+// with untouched values between them — they must give torch's result for the
+// same parameters as one tensor, and leave the values between them alone.
+TEST(TorchOracle, OptimizersStepSlicesLyingApartAsOneParameterSet) {
+  for (const char* name : {"sgd", "adamw"}) {
+    SCOPED_TRACE(name);
+    auto f = Fixture(name);
+    const Values start = Get(f, "start");
+    const size_t n = start.size();
+    ASSERT_GE(n, 3u);
+    // Three slices of sizes 1, n/2 - 1 and the rest, each behind a gap of 5.
+    const size_t sizes[3] = {1, n / 2 - 1, n - n / 2};
+    const size_t gap = 5;
+    Values params(n + 3 * gap, -7.0f), grads(params.size(), 11.0f);
+    std::vector<size_t> at;
+    for (size_t i = 0, from = 0, to = gap; i < 3; from += sizes[i], to += sizes[i] + gap, ++i) {
+      std::copy_n(start.begin() + from, sizes[i], params.begin() + to);
+      at.push_back(to);
+    }
+    std::vector<ParameterSlice> slices;
+    for (int i = 0; i < 3; ++i) slices.push_back({&params[at[i]], &grads[at[i]], sizes[i]});
+    Sgd sgd(0.1f, 0.9f, 1e-3f);
+    AdamW adamw({.lr = 0.01f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f});
+    const bool is_sgd = std::string(name) == "sgd";
+    const std::vector<const char*> steps = is_sgd ? std::vector<const char*>{"g0", "g1", "g2"}
+                                                  : std::vector<const char*>{"g0", "g1", "g2", "g3", "g4"};
+    for (const char* g : steps) {
+      const Values whole = Get(f, g);
+      for (size_t i = 0, from = 0; i < 3; from += sizes[i], ++i) {
+        std::copy_n(whole.begin() + from, sizes[i], grads.begin() + at[i]);
+      }
+      if (is_sgd) {
+        sgd.Step(slices);
+      } else {
+        adamw.Step(slices);
+      }
+    }
+    Values got;
+    for (int i = 0; i < 3; ++i) got.insert(got.end(), params.begin() + at[i], params.begin() + at[i] + sizes[i]);
+    EXPECT_LE(RelativeError(got.data(), Get(f, "result")), kTolerance);
+    if (!is_sgd) EXPECT_EQ(adamw.step_count(), 5);
+    for (size_t i = 0, to = 0; i < 3; to = at[i] + sizes[i], ++i) {
+      for (size_t k = to; k < at[i]; ++k) EXPECT_EQ(params[k], -7.0f) << "the gap before slice " << i << " moved";
+    }
+  }
+}
+
 TEST(TorchOracle, ClipGradNormOverTheFlatBuffer) {
   for (const char* name : {"clip", "noclip"}) {
     auto f = Fixture(name);
