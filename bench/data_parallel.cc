@@ -130,7 +130,7 @@ Figures RunRank(const std::string& model, int kind, int n, int rank, int global_
   f.buckets = (*dp)->buckets().size();
   auto step = [&](auto&& backward) {
     backward();
-    auto r = (*dp)->Step([&](auto p, auto g) { opt.Step(p, g); });
+    auto r = (*dp)->Step([&](auto slices) { opt.Step(slices); });
     if (!r.ok()) {
       std::fprintf(stderr, "rank %d: %s\n", rank, r.status().ToString().c_str());
       std::exit(1);

@@ -94,20 +94,19 @@ int main(int argc, char** argv) {
                                                          (*dp)->MicroBatch(1.0, true)));
     Status stepped;
     ESTUARY_RETURN_IF_ERROR(
-        (*dp)->Step([&](std::span<float>, std::span<const float>) { stepped = engine->Step(*opt).status(); })
+        (*dp)->Step([&](std::span<const models::ParameterSlice>) { stepped = engine->Step(*opt).status(); })
             .status());
     return stepped;
   };
-  // The three share one engine. ZeRO-1's shard is its own master copy, so
-  // the weights each kind of block trains drift apart; the work a step does,
-  // which is what is timed, does not depend on them.
+  // The three share one engine and its weights; the work a step does, which
+  // is what is timed, does not depend on them.
   auto zero1_step = [&]() -> Status {
     ESTUARY_RETURN_IF_ERROR(engine->ForwardBackwardAsync(tokens.data(), targets.data(), batch, seq,
                                                          (*zero1)->MicroBatch(1.0, true)));
     Status stepped;
     ESTUARY_RETURN_IF_ERROR((*zero1)
-                                ->Step([&](std::span<float> p, std::span<const float> g) {
-                                  stepped = shard_opt->Step(p.data(), g.data(), stream);
+                                ->Step([&](std::span<const models::ParameterSlice> slices) {
+                                  stepped = shard_opt->Step(slices, stream);
                                 })
                                 .status());
     ESTUARY_RETURN_IF_ERROR(stepped);

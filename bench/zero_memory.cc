@@ -97,7 +97,7 @@ RankFigures RunRank(client::ZeroStage stage, int n, int rank, int steps, int seq
   for (int s = 0; s < steps; ++s) {
     auto loss = model->ForwardBackward(tokens.data(), targets.data(), 1, seq, (*dp)->MicroBatch(1.0 / n, true));
     if (!loss.ok()) Die(rank, loss.status());
-    auto r = (*dp)->Step([&](auto p, auto g) { opt.Step(p, g); });
+    auto r = (*dp)->Step([&](auto slices) { opt.Step(slices); });
     if (!r.ok()) Die(rank, r.status());
   }
   RankFigures f;

@@ -56,9 +56,10 @@ class Communicator {
   // The same in double: global gradient norms and loss sums agreed across ranks.
   virtual std::unique_ptr<Work> AllReduce(std::span<double> data, ReduceOp op) = 0;
   // in holds size() equal blocks of out.size() elements; rank r receives in
-  // out the reduction over all ranks of block r.
+  // out the reduction over all ranks of block r. out may be in's block r (in place).
   virtual std::unique_ptr<Work> ReduceScatter(std::span<const float> in, std::span<float> out, ReduceOp op) = 0;
   // out (size() * in.size() elements) receives every rank's in, in rank order.
+  // in may be out's block rank() (in place).
   virtual std::unique_ptr<Work> AllGather(std::span<const float> in, std::span<float> out) = 0;
   // Every rank's data becomes root's.
   virtual std::unique_ptr<Work> Broadcast(std::span<float> data, int root) = 0;

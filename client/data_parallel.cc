@@ -155,11 +155,19 @@ Status DataParallel::Init() {
         b.gather_tail = b.tails.get() + size_;
       }
     }
-    ESTUARY_ASSIGN_OR_RETURN(shard_params_owner_, ops_->Allocate(shard));
-    ESTUARY_ASSIGN_OR_RETURN(shard_grads_owner_, ops_->Allocate(shard));
-    shard_params_ = {shard_params_owner_.get(), shard};
-    shard_grads_ = {shard_grads_owner_.get(), shard};
+    // ZeRO-1 reduces into the gradient buffer and steps the parameter
+    // buffer where its pieces lie; ZeRO-2 releases the gradient pages, so its
+    // reduced gradients need a home; ZeRO-3 releases both.
+    if (options_.stage >= ZeroStage::kZero2) {
+      ESTUARY_ASSIGN_OR_RETURN(shard_grads_owner_, ops_->Allocate(shard));
+      shard_grads_ = {shard_grads_owner_.get(), shard};
+    }
+    if (options_.stage == ZeroStage::kZero3) {
+      ESTUARY_ASSIGN_OR_RETURN(shard_params_owner_, ops_->Allocate(shard));
+      shard_params_ = {shard_params_owner_.get(), shard};
+    }
   }
+  slices_ = OptimizerSlices();
   ESTUARY_ASSIGN_OR_RETURN(agreed_, ops_->AllocateDoubles(2));
 
   if (options_.broadcast_parameters && size_ > 1) {
@@ -168,22 +176,51 @@ Status DataParallel::Init() {
   }
   if (!zero) return Status::Ok();
 
-  // This rank's pieces become its master copy of the parameters.
-  for (const Bucket& b : buckets_) {
-    ESTUARY_RETURN_IF_ERROR(ops_->Copy(&shard_params_[b.shard], &params_[b.begin + rank_ * b.piece], b.piece));
-    if (uint64_t(rank_) < b.remainder) {
-      ESTUARY_RETURN_IF_ERROR(ops_->Copy(&shard_params_[b.shard + b.piece], &params_[b.begin + size_ * b.piece + rank_], 1));
-    }
-  }
   if (options_.stage >= ZeroStage::kZero2) {
     auto released = models::ReleasePages(grads_);
     if (!released.ok()) return released.status();
   }
   if (options_.stage == ZeroStage::kZero3) {
+    // This rank's pieces become the only copy of its parameters.
+    for (const Bucket& b : buckets_) {
+      ESTUARY_RETURN_IF_ERROR(ops_->Copy(&shard_params_[b.shard], &params_[b.begin + rank_ * b.piece], b.piece));
+      if (uint64_t(rank_) < b.remainder) {
+        ESTUARY_RETURN_IF_ERROR(ops_->Copy(&shard_params_[b.shard + b.piece], &params_[b.begin + size_ * b.piece + rank_], 1));
+      }
+    }
     for (Bucket& b : buckets_) ReleaseParameters(b);
     ESTUARY_RETURN_IF_ERROR(error_);
   }
   return Status::Ok();
+}
+
+std::vector<models::ParameterSlice> DataParallel::OptimizerSlices() {
+  switch (options_.stage) {
+    case ZeroStage::kDdp:
+      return {{params_.data(), grads_.data(), params_.size()}};
+    case ZeroStage::kZero3:
+      // Ranks past a bucket's remainder step a zero gradient on a slot no
+      // gather reads: one contiguous slice is worth it.
+      return {{shard_params_.data(), shard_grads_.data(), shard_params_.size()}};
+    case ZeroStage::kZero1:
+    case ZeroStage::kZero2:
+      break;
+  }
+  // The pieces where they lie in the parameter buffer; their reduced
+  // gradients at the same offsets of the gradient buffer (ZeRO-1) or in the
+  // shard (ZeRO-2).
+  const bool in_buffer = options_.stage == ZeroStage::kZero1;
+  std::vector<models::ParameterSlice> slices;
+  for (const Bucket& b : buckets_) {
+    const uint64_t main = b.begin + rank_ * b.piece, tail = b.begin + size_ * b.piece + rank_;
+    if (b.piece > 0) {
+      slices.push_back({&params_[main], in_buffer ? &grads_[main] : &shard_grads_[b.shard], b.piece});
+    }
+    if (uint64_t(rank_) < b.remainder) {
+      slices.push_back({&params_[tail], in_buffer ? &grads_[tail] : &shard_grads_[b.shard + b.piece], 1});
+    }
+  }
+  return slices;
 }
 
 std::vector<std::pair<uint64_t, uint64_t>> DataParallel::buckets() const {
@@ -221,12 +258,16 @@ void DataParallel::LaunchReduction(Bucket& b) {
   // into this rank's own block before the reduce-scatter does that with no
   // staging: the block's reduction is the sum of every rank's block, and only
   // this rank added its running sum to it.
+  // ZeRO-1 reduces in place: this rank's block of the gradient buffer, and
+  // its slot of the remainder's staging, receive the sums.
+  const bool in_place = options_.stage == ZeroStage::kZero1;
   const bool add_shard = options_.stage >= ZeroStage::kZero2 && micro_ > 1;
   const uint64_t whole = b.piece * size_;
   if (b.piece > 0) {
     float* mine = &grads_[b.begin + rank_ * b.piece];
     if (add_shard) Keep(ops_->Add(mine, &shard_grads_[b.shard], b.piece));
-    b.reduce = comm_.ReduceScatter(grads_.subspan(b.begin, whole), shard_grads_.subspan(b.shard, b.piece),
+    b.reduce = comm_.ReduceScatter(grads_.subspan(b.begin, whole),
+                                   in_place ? std::span<float>(mine, b.piece) : shard_grads_.subspan(b.shard, b.piece),
                                    ReduceOp::kSum);
   }
   if (b.remainder > 0) {
@@ -234,15 +275,20 @@ void DataParallel::LaunchReduction(Bucket& b) {
     Keep(ops_->Fill(b.reduce_tail + b.remainder, size_t(size_) - b.remainder, 0.0f));
     if (add_shard) Keep(ops_->Add(b.reduce_tail + rank_, &shard_grads_[b.shard + b.piece], 1));
     b.reduce_rest = comm_.ReduceScatter(std::span<const float>(b.reduce_tail, size_t(size_)),
-                                        shard_grads_.subspan(b.shard + b.piece, 1),
+                                        in_place ? std::span<float>(b.reduce_tail + rank_, 1)
+                                                 : shard_grads_.subspan(b.shard + b.piece, 1),
                                         ReduceOp::kSum);
   }
 }
 
 void DataParallel::FinishReduction(Bucket& b) {
   if (!b.reduce && !b.reduce_rest) return;
+  const bool rest = b.reduce_rest != nullptr;
   (void)Wait(b.reduce);
   (void)Wait(b.reduce_rest);
+  if (options_.stage == ZeroStage::kZero1 && rest && uint64_t(rank_) < b.remainder && error_.ok()) {
+    Keep(ops_->Copy(&grads_[b.begin + size_ * b.piece + rank_], b.reduce_tail + rank_, 1));
+  }
   // ZeRO-2/3 keep only the shard's gradients: this bucket's pages go back.
   if (options_.stage >= ZeroStage::kZero2) {
     auto released = models::ReleasePages(grads_.subspan(b.begin, b.end - b.begin));
@@ -265,13 +311,23 @@ void DataParallel::GradientsFinal(uint64_t offset) {
 
 void DataParallel::LaunchGather(Bucket& b) {
   if (!error_.ok()) return;
+  // ZeRO-3 gathers from its shard; ZeRO-1/2 in place, from the pieces
+  // their step just updated where they lie.
+  const bool in_place = options_.stage != ZeroStage::kZero3;
   if (b.piece > 0) {
-    b.gather = comm_.AllGather(std::span<const float>(shard_params_).subspan(b.shard, b.piece),
-                               params_.subspan(b.begin, b.piece * size_));
+    std::span<const float> mine = in_place ? params_.subspan(b.begin + rank_ * b.piece, b.piece)
+                                           : std::span<const float>(shard_params_).subspan(b.shard, b.piece);
+    b.gather = comm_.AllGather(mine, params_.subspan(b.begin, b.piece * size_));
   }
   if (b.remainder > 0) {
-    b.gather_rest = comm_.AllGather(std::span<const float>(shard_params_).subspan(b.shard + b.piece, 1),
-                                    std::span<float>(b.gather_tail, size_t(size_)));
+    std::span<const float> mine = std::span<const float>(shard_params_).subspan(b.shard + b.piece, 1);
+    if (in_place) {
+      if (uint64_t(rank_) < b.remainder) {
+        Keep(ops_->Copy(b.gather_tail + rank_, &params_[b.begin + size_ * b.piece + rank_], 1));
+      }
+      mine = {b.gather_tail + rank_, 1};
+    }
+    b.gather_rest = comm_.AllGather(mine, std::span<float>(b.gather_tail, size_t(size_)));
   }
 }
 
@@ -371,19 +427,21 @@ Result<StepResult> DataParallel::Step(const OptimizerStep& optimizer_step) {
   if (!error_.ok()) return error_;
 
   const bool zero = options_.stage != ZeroStage::kDdp;
-  std::span<float> params = zero ? shard_params_ : params_;
-  std::span<float> grads = zero ? shard_grads_ : grads_;
 
   // Under DDP every rank holds the same reduced gradients, so found-inf and
   // the norm agree by construction; a shard sees only its part of them.
   double agreed[2] = {0, 0};  // found inf (as a count), norm²
-  if (scaler_) {
-    ESTUARY_ASSIGN_OR_RETURN(const bool found_inf,
-                             ops_->UnscaleAndCheckFinite(grads.data(), grads.size(), scaler_->inv_scale()));
-    agreed[0] = found_inf ? 1 : 0;
-  }
-  if (options_.max_grad_norm > 0) {
-    ESTUARY_ASSIGN_OR_RETURN(agreed[1], ops_->SumSquares(grads.data(), grads.size()));
+  for (const models::ParameterSlice& s : slices_) {
+    // The slices' gradients are this engine's own buffers.
+    float* grads = const_cast<float*>(s.grads);
+    if (scaler_) {
+      ESTUARY_ASSIGN_OR_RETURN(const bool found_inf, ops_->UnscaleAndCheckFinite(grads, s.size, scaler_->inv_scale()));
+      agreed[0] += found_inf ? 1 : 0;
+    }
+    if (options_.max_grad_norm > 0) {
+      ESTUARY_ASSIGN_OR_RETURN(const double sum, ops_->SumSquares(grads, s.size));
+      agreed[1] += sum;
+    }
   }
   if (zero && (scaler_ || options_.max_grad_norm > 0) && size_ > 1) {
     // Through agreed_, which lives where the communicator's buffers do.
@@ -404,9 +462,13 @@ Result<StepResult> DataParallel::Step(const OptimizerStep& optimizer_step) {
   if (options_.max_grad_norm > 0) {
     result.grad_norm = std::sqrt(agreed[1]);
     const double coef = options_.max_grad_norm / (result.grad_norm + 1e-6);
-    if (coef < 1.0) ESTUARY_RETURN_IF_ERROR(ops_->Scale(grads.data(), grads.size(), float(coef)));
+    if (coef < 1.0) {
+      for (const models::ParameterSlice& s : slices_) {
+        ESTUARY_RETURN_IF_ERROR(ops_->Scale(const_cast<float*>(s.grads), s.size, float(coef)));
+      }
+    }
   }
-  optimizer_step(params, grads);
+  optimizer_step(slices_);
 
   if (options_.stage == ZeroStage::kZero1 || options_.stage == ZeroStage::kZero2) {
     for (Bucket& b : buckets_) LaunchGather(b);

@@ -5,7 +5,7 @@
 //
 //   for (int i = 0; i < k; ++i)   // micro-batches; weight = examples here / examples in the global batch
 //     model.ForwardBackward(x[i], y[i], n[i], dp->MicroBatch(double(n[i]) / n_total, i == k - 1));
-//   Result<StepResult> r = dp->Step([&](std::span<float> p, std::span<const float> g) { opt.Step(p, g); });
+//   Result<StepResult> r = dp->Step([&](std::span<const models::ParameterSlice> s) { opt.Step(s); });
 //
 // Each rank's loss is the mean over its own examples; the gradient it forms is
 // that of weight × mean (times the loss scale), and the ranks' gradients are
@@ -18,19 +18,22 @@
 // watermark passes its start, so it overlaps the rest of backward. Under
 // ZeRO-3 the model's units are the buckets. Sharding is FSDP-style: rank r
 // owns piece r of every bucket (floor(size / N) elements, plus one element of
-// the bucket's last size % N for ranks below that remainder), and its pieces
-// are concatenated into one contiguous shard, so any optimizer that steps a
-// span steps the shard unchanged.
+// the bucket's last size % N for ranks below that remainder). The optimizer
+// steps a rank's pieces as one list of models::ParameterSlice (its state is
+// 1/N, laid out piece after piece), where they lie: a rank holds no copy of
+// what the formula does not count.
 //
 // - kDdp: gradients all-reduced; the optimizer steps the whole buffer on every
 //   rank. With k micro-batches, nothing is communicated before the last.
-// - kZero1: gradients reduce-scattered (on the last micro-batch) into the
-//   shard; the optimizer steps the shard (its state is 1/N); parameters are
-//   all-gathered back into the flat buffer.
+// - kZero1: gradients reduce-scattered (on the last micro-batch) in place,
+//   into this rank's pieces of the gradient buffer; the optimizer steps the
+//   pieces of the parameter buffer; parameters are all-gathered in place.
 // - kZero2: as kZero1, but every micro-batch is reduce-scattered and summed
-//   into the shard, and a bucket's gradient pages go back to the OS once its
-//   reduce-scatter is done: a rank holds the gradients of its shard only.
-// - kZero3: parameters are sharded too. The flat parameter buffer is released;
+//   into a shard of the gradients (this rank's pieces, end to end), and a
+//   bucket's gradient pages go back to the OS once its reduce-scatter is done:
+//   a rank holds the gradients of its pieces only.
+// - kZero3: parameters are sharded too, into a shard like the gradients'
+//   (the only copy of this rank's pieces). The flat parameter buffer is released;
 //   BeforeUnit gathers a unit into it (the next unit's gather is prefetched
 //   while this one computes) and AfterUnit releases it again. Parameters stay
 //   sharded between steps; ForEachSlice reads them out unit by unit.
@@ -68,6 +71,7 @@
 #include "client/buffer_ops.h"
 #include "client/communicator.h"
 #include "models/loss_scaler.h"
+#include "models/optimizer.h"
 #include "models/step_hooks.h"
 
 namespace estuary::client {
@@ -116,7 +120,8 @@ struct MemoryUse {
 
 class DataParallel : private models::StepHooks {
  public:
-  using OptimizerStep = std::function<void(std::span<float> params, std::span<const float> grads)>;
+  // Steps the slices (models::AdamW::Step and models::Sgd::Step take them).
+  using OptimizerStep = std::function<void(std::span<const models::ParameterSlice> slices)>;
 
   // parameters and gradients are the model's flat buffers (same layout, page
   // aligned for ZeRO-2/3's page release); units tile them in order. Under
@@ -156,9 +161,9 @@ class DataParallel : private models::StepHooks {
 
   ZeroStage stage() const { return options_.stage; }
   float loss_scale() const { return scaler_ ? scaler_->scale() : 1.0f; }
-  // The shard this rank's optimizer steps (ZeRO), as slices of its pieces;
-  // empty under DDP.
-  size_t shard_size() const { return shard_params_.size(); }
+  // How many parameters this rank's optimizer steps: the whole buffer under
+  // DDP, this rank's pieces under ZeRO (what its optimizer state holds).
+  size_t shard_size() const { return models::SliceElements(slices_); }
   // [begin, end) of each bucket, in launch order (highest offsets first).
   std::vector<std::pair<uint64_t, uint64_t>> buckets() const;
 
@@ -167,6 +172,7 @@ class DataParallel : private models::StepHooks {
   DataParallel(Communicator& comm, std::span<float> parameters, std::span<float> gradients,
                std::vector<models::ParameterUnit> units, const DataParallelOptions& options);
   Status Init();
+  std::vector<models::ParameterSlice> OptimizerSlices();
 
   // StepHooks.
   void BeforeUnit(int unit, models::Pass pass) override;
@@ -193,7 +199,8 @@ class DataParallel : private models::StepHooks {
   std::vector<int> unit_bucket_;          // ZeRO-3: unit -> bucket
   std::unique_ptr<BufferOps> ops_;            // how this engine touches its buffers (host or GPU)
   std::shared_ptr<float> shard_params_owner_, shard_grads_owner_;
-  std::span<float> shard_params_, shard_grads_;
+  std::span<float> shard_params_, shard_grads_;   // ZeRO-3's parameters, ZeRO-2/3's gradients
+  std::vector<models::ParameterSlice> slices_;       // what the optimizer steps
   std::shared_ptr<double> agreed_;           // found-inf and norm², where collectives can take them
 
   // The micro-batch in flight.

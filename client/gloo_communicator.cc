@@ -160,11 +160,14 @@ class GlooCommunicator final : public Communicator {
     }
     return Enqueue(what, [=, this](uint32_t tag) {
       if (size() == 1 || in.empty()) {
-        std::copy(in.begin(), in.end(), out.begin());
+        if (in.data() != out.data()) std::copy(in.begin(), in.end(), out.begin());
         return Status::Ok();
       }
       gloo::AllgatherOptions opts(context_);
-      opts.setInput(const_cast<float*>(in.data()), in.size());
+      // Gloo runs in place when it is given no input.
+      if (in.data() != out.data() + static_cast<size_t>(rank()) * in.size()) {
+        opts.setInput(const_cast<float*>(in.data()), in.size());
+      }
       opts.setOutput(out.data(), out.size());
       opts.setTag(tag);
       opts.setTimeout(timeout_);
@@ -247,7 +250,7 @@ class GlooCommunicator final : public Communicator {
     const int n = size(), r = rank();
     const size_t m = out.size();
     if (n == 1 || m == 0) {
-      std::copy(in.begin(), in.end(), out.begin());
+      if (in.data() != out.data()) std::copy(in.begin(), in.end(), out.begin());
       return Status::Ok();
     }
     const int next = (r + 1) % n, prev = (r + n - 1) % n;

@@ -6,7 +6,7 @@
 //
 //   auto dp = model->StartRound(comm, global, task, options);  // collective
 //   loss = model->ForwardBackward(..., dp->MicroBatch(w, true));
-//   dp->Step([&](auto p, auto g) { model->OptimizerStep(p, g); });
+//   dp->Step([&](auto slices) { model->OptimizerStep(slices); });
 //   ESTUARY_RETURN_IF_ERROR(model->FinishStep());
 //   model->ReadOut(*dp, fn);                                    // host values
 //
@@ -14,8 +14,8 @@
 // ZeRO-1 over them on the engine's stream. Under DDP the engine's own fused
 // step updates the whole buffer (clipping and the fp16 scaler see the same
 // reduced gradients on every rank, so every rank decides alike); under ZeRO-1
-// a device optimizer of 1/N the state steps the rank's shard, and the
-// all-gathered parameters refresh the engine's bf16 working copy.
+// a device optimizer of 1/N the state steps the rank's pieces where they lie,
+// and the all-gathered parameters refresh the engine's bf16 working copy.
 #pragma once
 
 #include <cstdint>
@@ -45,7 +45,7 @@ class RankModel {
                                                            const TaskConfig& task,
                                                            const DataParallelOptions& options) = 0;
   // The step DataParallel::Step calls back; a failure is kept for FinishStep.
-  virtual void OptimizerStep(std::span<float> params, std::span<const float> grads) = 0;
+  virtual void OptimizerStep(std::span<const models::ParameterSlice> slices) = 0;
   // After DataParallel::Step: whatever the model still owes the step (a
   // GPU's working copy after a ZeRO all-gather), and the first failure of
   // OptimizerStep since the last call.

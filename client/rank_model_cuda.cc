@@ -67,17 +67,17 @@ class CudaRankModel : public Base {
     return dp;
   }
 
-  void OptimizerStep(std::span<float> params, std::span<const float> grads) override {
+  void OptimizerStep(std::span<const models::ParameterSlice> slices) override {
     Status s;
     if (!sharded_) {
-      // DDP: the spans are the engine's own buffers; its fused step also
+      // DDP: the one slice is the engine's own buffers; its fused step also
       // writes the working copy the GEMMs read.
       s = Unwrap(adamw_ ? engine_.Step(*adamw_) : engine_.Step(*sgd_));
     } else {
-      // ZeRO-1: this rank's shard, on the engine's stream; the all-gather
-      // that follows writes the flat buffer, and FinishStep the working copy.
-      s = adamw_ ? adamw_->Step(params.data(), grads.data(), engine_.stream())
-                 : sgd_->Step(params.data(), grads.data(), engine_.stream());
+      // ZeRO-1: this rank's pieces of the flat buffers, on the engine's
+      // stream; the all-gather that follows writes the rest of the flat
+      // buffer, and FinishStep the working copy.
+      s = adamw_ ? adamw_->Step(slices, engine_.stream()) : sgd_->Step(slices, engine_.stream());
     }
     if (!s.ok() && error_.ok()) error_ = std::move(s);
   }

@@ -40,11 +40,11 @@ class RoundOptimizer {
       sgd_.emplace(task.learning_rate, task.momentum, task.weight_decay);
     }
   }
-  void Step(std::span<float> p, std::span<const float> g) {
+  void Step(std::span<const models::ParameterSlice> slices) {
     if (adamw_) {
-      adamw_->Step(p, g);
+      adamw_->Step(slices);
     } else {
-      sgd_->Step(p, g);
+      sgd_->Step(slices);
     }
   }
 
@@ -165,7 +165,7 @@ class ClassifierRankTrainer : public RankTrainer {
       ESTUARY_ASSIGN_OR_RETURN(const float loss, model->ForwardBackward(x.data(), y.data(), int(rows.items.size()),
                                                                         dp->MicroBatch(rows.weight, true)));
       ESTUARY_RETURN_IF_ERROR(
-          dp->Step([&](std::span<float> p, std::span<const float> g) { model->OptimizerStep(p, g); }).status());
+          dp->Step([&](std::span<const models::ParameterSlice> s) { model->OptimizerStep(s); }).status());
       ESTUARY_RETURN_IF_ERROR(model->FinishStep());
       epoch_loss += double(loss) * double(rows.examples);
       epoch_examples += schedule.batch().size();  // the whole global batch: every rank counts the same
@@ -274,7 +274,7 @@ class TextRankTrainer : public RankTrainer {
                                decoder.ForwardBackward(inputs.data(), targets.data(), int(rows.items.size()), seq,
                                                        dp->MicroBatch(rows.weight, true)));
       ESTUARY_RETURN_IF_ERROR(
-          dp->Step([&](std::span<float> p, std::span<const float> g) { decoder.OptimizerStep(p, g); }).status());
+          dp->Step([&](std::span<const models::ParameterSlice> s) { decoder.OptimizerStep(s); }).status());
       ESTUARY_RETURN_IF_ERROR(decoder.FinishStep());
       loss_sum += double(loss) * double(rows.examples) * seq;
       loss_tokens += schedule.batch().size() * seq;  // the whole global batch: every rank counts the same
@@ -338,7 +338,7 @@ class TextRankTrainer : public RankTrainer {
 };
 
 // A CPU rank's model (models::Llama, models::Model) with the site's host
-// optimizers, stepping whatever span DataParallel hands them.
+// optimizers, stepping whatever slices DataParallel hands them.
 template <typename Model, typename Base>
 class CpuRankModel : public Base {
  public:
@@ -349,7 +349,7 @@ class CpuRankModel : public Base {
     optimizer_.emplace(task);
     return client::StartRound(comm, model(), global, task, options);
   }
-  void OptimizerStep(std::span<float> params, std::span<const float> grads) override { optimizer_->Step(params, grads); }
+  void OptimizerStep(std::span<const models::ParameterSlice> slices) override { optimizer_->Step(slices); }
   Status FinishStep() override { return Status::Ok(); }
   Status ReadOut(DataParallel& dp, const std::function<Status(uint64_t, std::span<const float>)>& fn) override {
     return dp.ForEachSlice(fn);

@@ -135,7 +135,7 @@ Result<Update> TextTrainer::TrainLora(std::span<const float> global, const model
         ESTUARY_ASSIGN_OR_RETURN(const float l,
                                  model->ForwardBackward(inputs, targets, n, seq, dp->MicroBatch(1.0, true)));
         ESTUARY_RETURN_IF_ERROR(
-            dp->Step([&](std::span<float> p, std::span<const float> g) { model->OptimizerStep(p, g); }).status());
+            dp->Step([&](std::span<const models::ParameterSlice> s) { model->OptimizerStep(s); }).status());
         ESTUARY_RETURN_IF_ERROR(model->FinishStep());
         return l;
       },

@@ -219,9 +219,9 @@ Status RunDataParallelRank(const std::string& address, int rank, int size, ZeroS
     ESTUARY_RETURN_IF_ERROR(engine.ForwardBackwardAsync(tokens.data() + at, targets.data() + at, per_rank, seq,
                                                         dp->MicroBatch(double(per_rank) / global, true)));
     Status step_status;
-    ESTUARY_ASSIGN_OR_RETURN(const StepResult result, dp->Step([&](std::span<float> p, std::span<const float> g) {
-      // DDP: the engine's own step over its buffers; ZeRO-1: the shard.
-      step_status = stage == ZeroStage::kDdp ? engine.Step(opt).status() : opt.Step(p.data(), g.data(), stream);
+    ESTUARY_ASSIGN_OR_RETURN(const StepResult result, dp->Step([&](std::span<const models::ParameterSlice> slices) {
+      // DDP: the engine's own step over its buffers; ZeRO-1: this rank's pieces.
+      step_status = stage == ZeroStage::kDdp ? engine.Step(opt).status() : opt.Step(slices, stream);
     }));
     ESTUARY_RETURN_IF_ERROR(step_status);
     if (stage != ZeroStage::kDdp) ESTUARY_RETURN_IF_ERROR(engine.RefreshWorkingCopy());
