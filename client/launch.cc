@@ -12,6 +12,8 @@
 
 #include <fmt/format.h>
 
+#include "base/split.h"
+
 namespace estuary::client {
 
 namespace {
@@ -27,10 +29,7 @@ Result<std::vector<int>> ParseGpus(const std::string& list, const std::function<
     return gpus;
   }
   std::set<int> seen;
-  std::string_view rest = list;
-  while (true) {
-    const size_t comma = rest.find(',');
-    const std::string_view item = rest.substr(0, comma);
+  for (const std::string& item : SplitCommas(list)) {
     int gpu = -1;
     auto [end, ec] = std::from_chars(item.data(), item.data() + item.size(), gpu);
     if (item.empty() || ec != std::errc() || end != item.data() + item.size() || gpu < 0) {
@@ -39,9 +38,8 @@ Result<std::vector<int>> ParseGpus(const std::string& list, const std::function<
     if (gpu >= count) return InvalidArgument("--gpus {}: device {} is not visible ({} CUDA device(s))", list, gpu, count);
     if (!seen.insert(gpu).second) return InvalidArgument("--gpus {}: device {} is listed twice", list, gpu);
     gpus.push_back(gpu);
-    if (comma == std::string_view::npos) break;
-    rest = rest.substr(comma + 1);
   }
+  if (gpus.empty()) return InvalidArgument("--gpus '': expected all or a list of device numbers such as 0,1");
   return gpus;
 }
 

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <charconv>
 
+#include "base/split.h"
 #include "crypto/sha256.h"
 #include "models/checkpoint.h"
 #include "models/language_model.h"
@@ -39,12 +40,7 @@ Result<models::LoraConfig> LoraConfigOf(const models::Checkpoint& checkpoint, co
   if (const auto dropout = checkpoint.metadata.find("lora_dropout"); dropout != checkpoint.metadata.end()) {
     lora.dropout = std::strtof(dropout->second.c_str(), nullptr);  // recorded for the config file; unused here
   }
-  lora.target_modules.clear();  // LoraConfig's default targets are not the federation's
-  for (std::string_view rest = targets; !rest.empty();) {
-    const size_t comma = rest.find(',');
-    lora.target_modules.emplace_back(rest.substr(0, comma));
-    rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
-  }
+  lora.target_modules = SplitCommas(targets);  // LoraConfig's default targets are not the federation's
   return lora;
 }
 

@@ -17,6 +17,7 @@
 
 #include "base/config_file.h"
 #include "base/memory.h"
+#include "base/split.h"
 #include "crypto/certs.h"
 #include "crypto/revocation.h"
 #include "server/export.h"
@@ -254,11 +255,7 @@ int main(int argc, char** argv) {
     lora->set_rank(lora_rank);
     lora->set_alpha(lora_alpha);
     lora->set_dropout(lora_dropout);
-    for (std::string_view rest = lora_targets; !rest.empty();) {
-      const size_t comma = rest.find(',');
-      lora->add_target_modules(std::string(rest.substr(0, comma)));
-      rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
-    }
+    for (const std::string& target : SplitCommas(lora_targets)) lora->add_target_modules(target);
     lora->set_merge(lora_merge);
     lora->set_mixed_ranks(lora_mixed_ranks);
   }

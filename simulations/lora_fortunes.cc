@@ -7,6 +7,7 @@
 #include <cmath>
 #include <set>
 
+#include "base/split.h"
 #include "client/text_trainer.h"
 #include "models/checkpoint.h"
 #include "models/language_model.h"

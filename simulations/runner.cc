@@ -16,6 +16,7 @@
 #include "aggregation/sampling.h"
 #include "base/host_port.h"
 #include "base/seed.h"
+#include "base/split.h"
 #include "client/agent.h"
 #include "client/compute.h"
 #include "client/text_trainer.h"
@@ -50,16 +51,6 @@ nlohmann::json ScenarioJson(const Scenario& s) {
           {"lora_alpha", s.lora_alpha}, {"lora_dropout", s.lora_dropout}, {"lora_targets", s.lora_targets},
           {"lora_merge", s.lora_merge}, {"lora_site_ranks", s.lora_site_ranks}, {"lora_base_dtype", s.lora_base_dtype},
           {"base_model", s.base_model.string()}};
-}
-
-std::vector<std::string> SplitCommas(std::string_view text) {
-  std::vector<std::string> parts;
-  while (!text.empty()) {
-    const size_t comma = text.find(',');
-    parts.emplace_back(text.substr(0, comma));
-    text = comma == std::string_view::npos ? std::string_view() : text.substr(comma + 1);
-  }
-  return parts;
 }
 
 Result<models::LoraConfig> LoraConfigOf(const Scenario& s) {

@@ -84,7 +84,4 @@ Result<Report> RunInproc(const Scenario& scenario, const RoundCallback& on_round
                          std::vector<float>* final_global = nullptr);
 Result<Report> RunLoopback(const Scenario& scenario, const RoundCallback& on_round);
 
-// "a,b,c" -> {"a", "b", "c"} (the comma-separated flags: --topics, --lora-site-ranks, ...).
-std::vector<std::string> SplitCommas(std::string_view text);
-
 }  // namespace estuary::simulations

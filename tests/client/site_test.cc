@@ -93,6 +93,7 @@ TEST(SiteLayout, BadFlagsNameTheFlag) {
       {[](SiteFlags& f) { f.gpus = "0,0"; }, TwoGpus, "--gpus 0,0: device 0 is listed twice"},
       {[](SiteFlags& f) { f.gpus = "2"; }, TwoGpus, "--gpus 2: device 2 is not visible (2 CUDA device(s))"},
       {[](SiteFlags& f) { f.gpus = "0,x"; }, TwoGpus, "--gpus '0,x': expected all or a list"},
+      {[](SiteFlags& f) { f.gpus = "0,"; }, TwoGpus, "--gpus '0,': expected all or a list"},
       {[](SiteFlags& f) { f.gpus = "0"; f.ranks = 2; }, TwoGpus, "--gpus and --ranks 2"},
       {[](SiteFlags& f) { f.gpus = "0"; f.backend = "gloo"; }, TwoGpus, "--gpus with --backend gloo"},
       {[](SiteFlags& f) { f.backend = "nccl"; }, TwoGpus, "--backend nccl: name the GPUs"},
