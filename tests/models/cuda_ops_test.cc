@@ -531,6 +531,59 @@ TEST_F(CudaOps, SgdMatchesCpuSgdWithAndWithoutMomentum) {
   }
 }
 
+// A ZeRO-1 rank's pieces: three slices lying apart in one device buffer, at
+// offsets that defeat the vector path for some, stepped as one parameter set
+// against the CPU optimizers over the same slices (which the torch oracle
+// checks); the values between the slices stay as they were.
+TEST_F(CudaOps, OptimizersStepSlicesLyingApartAsTheCpuOnesDo) {
+  const size_t sizes[3] = {4099, 1, 30000}, gap = 3;
+  const size_t total = sizes[0] + sizes[1] + sizes[2], span = total + 3 * gap;
+  for (bool use_adamw : {true, false}) {
+    SCOPED_TRACE(use_adamw ? "adamw" : "sgd");
+    Values cpu_params = Random(span, 91);
+    float* params = Upload(cpu_params);
+    float* grads = Poisoned<float>(span);
+    std::vector<ParameterSlice> cpu_slices, device_slices;
+    Values cpu_grads(span);
+    for (size_t i = 0, at = gap; i < 3; at += sizes[i] + gap, ++i) {
+      cpu_slices.push_back({&cpu_params[at], &cpu_grads[at], sizes[i]});
+      device_slices.push_back({params + at, grads + at, sizes[i]});
+    }
+    const Values before = cpu_params;
+    AdamW cpu_adamw({.lr = 1e-2f, .weight_decay = 0.05f});
+    Sgd cpu_sgd(0.05f, 0.9f, 1e-3f);
+    auto adamw = cuda::AdamW::Create(int64_t(total), {.lr = 1e-2f, .weight_decay = 0.05f}, s());
+    auto sgd = cuda::Sgd::Create(int64_t(total), 0.05f, 0.9f, 1e-3f);
+    ASSERT_TRUE(adamw.ok() && sgd.ok());
+    for (int t = 0; t < 3; ++t) {
+      const Values g = Random(span, 92 + t);
+      std::copy(g.begin(), g.end(), cpu_grads.begin());  // the slices point into cpu_grads
+      ASSERT_OK(cuda::CopyToDevice(grads, cpu_grads.data(), span * sizeof(float), s()));
+      if (use_adamw) {
+        cpu_adamw.Step(cpu_slices);
+        ASSERT_OK(adamw->Step(device_slices, s()));
+      } else {
+        cpu_sgd.Step(cpu_slices);
+        ASSERT_OK(sgd->Step(device_slices, s()));
+      }
+    }
+    const Values got = Download(params, span);
+    EXPECT_LE(RelativeError(got, cpu_params), kF32Tolerance);
+    for (size_t i = 0, at = gap, from = 0; i < 3; from = at + sizes[i], at += sizes[i] + gap, ++i) {
+      for (size_t k = from; k < at; ++k) ASSERT_EQ(got[k], before[k]) << "the gap before slice " << i << " moved";
+    }
+    if (use_adamw) EXPECT_EQ(adamw->step_count(), 3);
+  }
+  // Slices that do not hold the optimizer's count are refused, naming both.
+  auto adamw = cuda::AdamW::Create(10, {}, s());
+  ASSERT_TRUE(adamw.ok());
+  const ParameterSlice short_slice{Poisoned<float>(9), Poisoned<float>(9), 9};
+  const Status refused = adamw->Step(std::span<const ParameterSlice>(&short_slice, 1), s());
+  EXPECT_FALSE(refused.ok());
+  EXPECT_NE(refused.message().find("slices of 9 elements, the optimizer holds state for 10"), std::string::npos)
+      << refused.message();
+}
+
 TEST_F(CudaOps, ClipGradNormMatchesCpu) {
   for (double max_norm : {1.0, 1e6}) {  // clipping, and a coefficient clamped to 1
     const size_t n = 262147;
