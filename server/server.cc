@@ -40,9 +40,13 @@ Result<std::unique_ptr<Server>> Server::Create(ServerConfig config) {
   ESTUARY_RETURN_IF_ERROR(config.Finalize());
   std::unique_ptr<Server> server(new Server(std::move(config)));
   const ServerConfig& c = server->config_;
-  ESTUARY_ASSIGN_OR_RETURN(server->tls_, crypto::MakeServerContext(c.tls));
+  crypto::TlsFiles without_crl = c.tls;
+  without_crl.crl.clear();
+  ESTUARY_ASSIGN_OR_RETURN(server->tls_, crypto::MakeServerContext(without_crl));
   if (!c.tls.crl.empty()) {
-    ESTUARY_ASSIGN_OR_RETURN(const crypto::CrlInfo crl, crypto::ReadCrl(c.tls.crl, c.tls.ca));
+    // Installed as a reload installs it: the file is read once, and what it
+    // holds is logged from that one reading.
+    ESTUARY_ASSIGN_OR_RETURN(const crypto::CrlInfo crl, crypto::ReloadCrl(*server->tls_, c.tls));
     LogCrl("revocation list", c.tls.crl, crl);
     server->crl_next_update_ = crl.next_update;
   }
