@@ -67,10 +67,12 @@ int main(int argc, char** argv) {
   std::printf("estuary: %zu parameters, batch %d x %d tokens, %d thread(s): median step %.1f ms (loss %.4f)\n",
               model->parameters().size(), batch, seq, threads, ours * 1e3, loss);
 
+  // torch.set_num_threads bounds torch's own pool, not the OpenBLAS its GEMMs
+  // call: without the variable, OpenBLAS runs PyTorch's GEMMs on every core.
   const std::string command = fmt::format(
-      "{} {}/bench/torch_llama_step.py --vocab {} --hidden {} --intermediate {} --layers {} --heads {} "
+      "OPENBLAS_NUM_THREADS={} OMP_NUM_THREADS={} {} {}/bench/torch_llama_step.py --vocab {} --hidden {} --intermediate {} --layers {} --heads {} "
       "--kv-heads {} --seq {} --batch {} --steps {} --threads {}",
-      python, ESTUARY_SOURCE_DIR, c.vocab_size, c.hidden_size, c.intermediate_size, c.num_layers, c.num_heads,
+      threads, threads, python, ESTUARY_SOURCE_DIR, c.vocab_size, c.hidden_size, c.intermediate_size, c.num_layers, c.num_heads,
       c.num_kv_heads, seq, batch, steps, threads);
   FILE* pipe = popen(command.c_str(), "r");
   double theirs = 0;
