@@ -290,7 +290,13 @@ Status RunAgent(const client::AgentOptions& options, client::Trainer& trainer, c
   });
   std::function<void()> tick, watch;
   if (site) {
-    site->on_broken = [&io, agent](const Status& s) { asio::post(io, [agent, s] { agent->Fail(s); }); };
+    // Weak: the site outlives this function, and the Agent must end with the
+    // io_context its timers belong to (below), not with the site.
+    site->on_broken = [&io, weak = std::weak_ptr<client::Agent>(agent)](const Status& s) {
+      asio::post(io, [weak, s] {
+        if (auto agent = weak.lock()) agent->Fail(s);
+      });
+    };
     // Well inside the followers' timeout, so a slow federation never reads as a dead rank 0.
     tick = [&] {
       keepalive.expires_after(rank_timeout / 3);
@@ -319,6 +325,7 @@ Status RunAgent(const client::AgentOptions& options, client::Trainer& trainer, c
     });
   }
   training.join();
+  if (site) site->on_broken = nullptr;  // it names io, which ends here
   *rounds_trained = agent->rounds_trained();
   return outcome;
 }
