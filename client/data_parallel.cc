@@ -320,13 +320,11 @@ void DataParallel::LaunchGather(Bucket& b) {
     b.gather = comm_.AllGather(mine, params_.subspan(b.begin, b.piece * size_));
   }
   if (b.remainder > 0) {
-    std::span<const float> mine = std::span<const float>(shard_params_).subspan(b.shard + b.piece, 1);
-    if (in_place) {
-      if (uint64_t(rank_) < b.remainder) {
-        Keep(ops_->Copy(b.gather_tail + rank_, &params_[b.begin + size_ * b.piece + rank_], 1));
-      }
-      mine = {b.gather_tail + rank_, 1};
+    if (in_place && uint64_t(rank_) < b.remainder) {
+      Keep(ops_->Copy(b.gather_tail + rank_, &params_[b.begin + size_ * b.piece + rank_], 1));
     }
+    const std::span<const float> mine = in_place ? std::span<const float>(b.gather_tail + rank_, 1)
+                                                 : std::span<const float>(shard_params_).subspan(b.shard + b.piece, 1);
     b.gather_rest = comm_.AllGather(mine, std::span<float>(b.gather_tail, size_t(size_)));
   }
 }
