@@ -34,13 +34,19 @@ class HostBufferOps : public BufferOps {
     for (size_t i = 0; i < n; ++i) x[i] *= c;
     return Status::Ok();
   }
-  Result<double> SumSquares(const float* x, size_t n) override {
+  Result<double> SumSquares(const BufferPieces& pieces) override {
     double sum = 0;
-    for (size_t i = 0; i < n; ++i) sum += double(x[i]) * x[i];
+    for (const BufferPiece& x : pieces) {
+      for (size_t i = 0; i < x.size; ++i) sum += double(x.data[i]) * x.data[i];
+    }
     return sum;
   }
-  Result<bool> UnscaleAndCheckFinite(float* x, size_t n, float inv_scale) override {
-    return models::UnscaleAndCheckFinite(std::span<float>(x, n), inv_scale);
+  Result<bool> UnscaleAndCheckFinite(const BufferPieces& pieces, float inv_scale) override {
+    bool found = false;
+    for (const BufferPiece& x : pieces) {  // every piece is scaled, found or not
+      found |= models::UnscaleAndCheckFinite(std::span<float>(x.data, x.size), inv_scale);
+    }
+    return found;
   }
   Status CopyDoubles(double* dst, const double* src, size_t n) override {
     if (n > 0) std::memcpy(dst, src, n * sizeof(double));

@@ -10,10 +10,18 @@
 
 #include <cstddef>
 #include <memory>
+#include <vector>
 
 #include "base/status.h"
 
 namespace estuary::client {
+
+// n floats at data, on the buffers' device. (The .cu side is C++17: no std::span.)
+struct BufferPiece {
+  float* data = nullptr;
+  size_t size = 0;
+};
+using BufferPieces = std::vector<BufferPiece>;
 
 class BufferOps {
  public:
@@ -25,10 +33,13 @@ class BufferOps {
   virtual Status Fill(float* dst, size_t n, float value) = 0;
   virtual Status Add(float* dst, const float* src, size_t n) = 0;  // dst += src
   virtual Status Scale(float* x, size_t n, float c) = 0;           // x *= c
-  // The sum of x², accumulated in double.
-  virtual Result<double> SumSquares(const float* x, size_t n) = 0;
-  // models::UnscaleAndCheckFinite: x *= inv_scale; true when some x was inf or NaN.
-  virtual Result<bool> UnscaleAndCheckFinite(float* x, size_t n, float inv_scale) = 0;
+  // The two below take all of a rank's pieces at once, so that a GPU hands
+  // its answer to the host once per step, not once per piece.
+  // The sum of x² over every piece, accumulated in double.
+  virtual Result<double> SumSquares(const BufferPieces& pieces) = 0;
+  // models::UnscaleAndCheckFinite over every piece: x *= inv_scale; true when
+  // some x was inf or NaN.
+  virtual Result<bool> UnscaleAndCheckFinite(const BufferPieces& pieces, float inv_scale) = 0;
   // Doubles between the host and this device's buffers (either way), waiting.
   virtual Status CopyDoubles(double* dst, const double* src, size_t n) = 0;
 };

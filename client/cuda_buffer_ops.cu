@@ -104,11 +104,12 @@ class CudaBufferOps : public BufferOps {
     OPS_CUDA(cudaGetLastError());
     return Status::Ok();
   }
-  Result<double> SumSquares(const float* x, size_t n) override {
+  Result<double> SumSquares(const BufferPieces& pieces) override {
     double* sum = static_cast<double*>(scratch_);
     OPS_CUDA(cudaMemsetAsync(sum, 0, sizeof(double), stream_));
-    if (n > 0) {
-      SumSquaresKernel<<<Blocks(n), kThreads, 0, stream_>>>(x, n, sum);
+    for (const BufferPiece& x : pieces) {
+      if (x.size == 0) continue;
+      SumSquaresKernel<<<Blocks(x.size), kThreads, 0, stream_>>>(x.data, x.size, sum);
       OPS_CUDA(cudaGetLastError());
     }
     double host = 0;
@@ -116,11 +117,12 @@ class CudaBufferOps : public BufferOps {
     OPS_CUDA(cudaStreamSynchronize(stream_));
     return host;
   }
-  Result<bool> UnscaleAndCheckFinite(float* x, size_t n, float inv_scale) override {
+  Result<bool> UnscaleAndCheckFinite(const BufferPieces& pieces, float inv_scale) override {
     int* flag = static_cast<int*>(scratch_) + 4;
     OPS_CUDA(cudaMemsetAsync(flag, 0, sizeof(int), stream_));
-    if (n > 0) {
-      UnscaleKernel<<<Blocks(n), kThreads, 0, stream_>>>(x, n, inv_scale, flag);
+    for (const BufferPiece& x : pieces) {
+      if (x.size == 0) continue;
+      UnscaleKernel<<<Blocks(x.size), kThreads, 0, stream_>>>(x.data, x.size, inv_scale, flag);
       OPS_CUDA(cudaGetLastError());
     }
     int host = 0;

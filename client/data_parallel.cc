@@ -167,7 +167,7 @@ Status DataParallel::Init() {
       shard_params_ = {shard_params_owner_.get(), shard};
     }
   }
-  slices_ = OptimizerSlices();
+  MakeSlices();
   ESTUARY_ASSIGN_OR_RETURN(agreed_, ops_->AllocateDoubles(2));
 
   if (options_.broadcast_parameters && size_ > 1) {
@@ -194,14 +194,18 @@ Status DataParallel::Init() {
   return Status::Ok();
 }
 
-std::vector<models::ParameterSlice> DataParallel::OptimizerSlices() {
+void DataParallel::MakeSlices() {
+  auto add = [&](float* params, float* grads, size_t n) {
+    slices_.push_back({params, grads, n});
+    grad_pieces_.push_back({grads, n});
+  };
   switch (options_.stage) {
     case ZeroStage::kDdp:
-      return {{params_.data(), grads_.data(), params_.size()}};
+      return add(params_.data(), grads_.data(), params_.size());
     case ZeroStage::kZero3:
       // Ranks past a bucket's remainder step a zero gradient on a slot no
       // gather reads: one contiguous slice is worth it.
-      return {{shard_params_.data(), shard_grads_.data(), shard_params_.size()}};
+      return add(shard_params_.data(), shard_grads_.data(), shard_params_.size());
     case ZeroStage::kZero1:
     case ZeroStage::kZero2:
       break;
@@ -210,17 +214,13 @@ std::vector<models::ParameterSlice> DataParallel::OptimizerSlices() {
   // gradients at the same offsets of the gradient buffer (ZeRO-1) or in the
   // shard (ZeRO-2).
   const bool in_buffer = options_.stage == ZeroStage::kZero1;
-  std::vector<models::ParameterSlice> slices;
   for (const Bucket& b : buckets_) {
     const uint64_t main = b.begin + rank_ * b.piece, tail = b.begin + size_ * b.piece + rank_;
-    if (b.piece > 0) {
-      slices.push_back({&params_[main], in_buffer ? &grads_[main] : &shard_grads_[b.shard], b.piece});
-    }
+    if (b.piece > 0) add(&params_[main], in_buffer ? &grads_[main] : &shard_grads_[b.shard], b.piece);
     if (uint64_t(rank_) < b.remainder) {
-      slices.push_back({&params_[tail], in_buffer ? &grads_[tail] : &shard_grads_[b.shard + b.piece], 1});
+      add(&params_[tail], in_buffer ? &grads_[tail] : &shard_grads_[b.shard + b.piece], 1);
     }
   }
-  return slices;
 }
 
 std::vector<std::pair<uint64_t, uint64_t>> DataParallel::buckets() const {
@@ -429,17 +429,12 @@ Result<StepResult> DataParallel::Step(const OptimizerStep& optimizer_step) {
   // Under DDP every rank holds the same reduced gradients, so found-inf and
   // the norm agree by construction; a shard sees only its part of them.
   double agreed[2] = {0, 0};  // found inf (as a count), norm²
-  for (const models::ParameterSlice& s : slices_) {
-    // The slices' gradients are this engine's own buffers.
-    float* grads = const_cast<float*>(s.grads);
-    if (scaler_) {
-      ESTUARY_ASSIGN_OR_RETURN(const bool found_inf, ops_->UnscaleAndCheckFinite(grads, s.size, scaler_->inv_scale()));
-      agreed[0] += found_inf ? 1 : 0;
-    }
-    if (options_.max_grad_norm > 0) {
-      ESTUARY_ASSIGN_OR_RETURN(const double sum, ops_->SumSquares(grads, s.size));
-      agreed[1] += sum;
-    }
+  if (scaler_) {
+    ESTUARY_ASSIGN_OR_RETURN(const bool found_inf, ops_->UnscaleAndCheckFinite(grad_pieces_, scaler_->inv_scale()));
+    agreed[0] = found_inf ? 1 : 0;
+  }
+  if (options_.max_grad_norm > 0) {
+    ESTUARY_ASSIGN_OR_RETURN(agreed[1], ops_->SumSquares(grad_pieces_));
   }
   if (zero && (scaler_ || options_.max_grad_norm > 0) && size_ > 1) {
     // Through agreed_, which lives where the communicator's buffers do.
@@ -461,9 +456,7 @@ Result<StepResult> DataParallel::Step(const OptimizerStep& optimizer_step) {
     result.grad_norm = std::sqrt(agreed[1]);
     const double coef = options_.max_grad_norm / (result.grad_norm + 1e-6);
     if (coef < 1.0) {
-      for (const models::ParameterSlice& s : slices_) {
-        ESTUARY_RETURN_IF_ERROR(ops_->Scale(const_cast<float*>(s.grads), s.size, float(coef)));
-      }
+      for (const BufferPiece& g : grad_pieces_) ESTUARY_RETURN_IF_ERROR(ops_->Scale(g.data, g.size, float(coef)));
     }
   }
   optimizer_step(slices_);

@@ -172,7 +172,7 @@ class DataParallel : private models::StepHooks {
   DataParallel(Communicator& comm, std::span<float> parameters, std::span<float> gradients,
                std::vector<models::ParameterUnit> units, const DataParallelOptions& options);
   Status Init();
-  std::vector<models::ParameterSlice> OptimizerSlices();
+  void MakeSlices();  // slices_ and grad_pieces_
 
   // StepHooks.
   void BeforeUnit(int unit, models::Pass pass) override;
@@ -201,6 +201,7 @@ class DataParallel : private models::StepHooks {
   std::shared_ptr<float> shard_params_owner_, shard_grads_owner_;
   std::span<float> shard_params_, shard_grads_;   // ZeRO-3's parameters, ZeRO-2/3's gradients
   std::vector<models::ParameterSlice> slices_;       // what the optimizer steps
+  BufferPieces grad_pieces_;                         // their gradients: unscaled, measured, clipped here
   std::shared_ptr<double> agreed_;           // found-inf and norm², where collectives can take them
 
   // The micro-batch in flight.
