@@ -35,9 +35,16 @@ void Sgd::Step(std::span<const ParameterSlice> slices) {
   for (const ParameterSlice& s : slices) {
     float* p = s.params;
     const float* g = s.grads;
-    for (size_t i = 0; i < s.size; ++i) {
-      b[i] = first ? g[i] + wd * p[i] : mu * b[i] + (g[i] + wd * p[i]);
-      p[i] -= lr * b[i];
+    if (first) {
+      for (size_t i = 0; i < s.size; ++i) {
+        b[i] = g[i] + wd * p[i];
+        p[i] -= lr * b[i];
+      }
+    } else {
+      for (size_t i = 0; i < s.size; ++i) {
+        b[i] = mu * b[i] + (g[i] + wd * p[i]);
+        p[i] -= lr * b[i];
+      }
     }
     b += s.size;
   }
