@@ -15,7 +15,7 @@ std::string_view Factor(std::string_view name) { return models::IsLoraA(name) ? 
 
 }  // namespace
 
-models::Manifest ExpectedLoraUpload(const LoraStrategyOptions& options) {
+Manifest ExpectedLoraUpload(const LoraStrategyOptions& options) {
   return models::LoraUploadManifest(options.layout.adapter, options.merge.rule == LoraMergeRule::kFrozenA);
 }
 
@@ -38,13 +38,13 @@ Status ValidateLoraStrategyOptions(const LoraStrategyOptions& options) {
   return Status::Ok();
 }
 
-Status CheckLoraUpload(std::string_view client, const models::Manifest& upload, const LoraStrategyOptions& options) {
-  const models::Manifest expected = ExpectedLoraUpload(options);
+Status CheckLoraUpload(std::string_view client, const Manifest& upload, const LoraStrategyOptions& options) {
+  const Manifest expected = ExpectedLoraUpload(options);
   const uint64_t rank = options.merge.rank;
   std::map<std::string, int64_t> a_rank;  // module -> the rank its A declared
   for (size_t i = 0; i < upload.tensors.size(); ++i) {
-    const models::TensorSpec& got = upload.tensors[i];
-    const models::TensorSpec* want = expected.Find(got.name);
+    const TensorSpec& got = upload.tensors[i];
+    const TensorSpec* want = expected.Find(got.name);
     const std::string module = models::LoraModuleOf(got.name);
     if (want == nullptr) {
       if (module.empty()) {
@@ -65,9 +65,9 @@ Status CheckLoraUpload(std::string_view client, const models::Manifest& upload, 
                              "has it at {}",
                              client, module, Factor(got.name), i, want - expected.tensors.data());
     }
-    if (got.dtype != models::DType::kF32) {
+    if (got.dtype != DType::kF32) {
       return InvalidArgument("lora update from {}: module {}: {} dtype {}, the federation's is f32", client, module,
-                             Factor(got.name), models::DTypeName(got.dtype));
+                             Factor(got.name), DTypeName(got.dtype));
     }
     if (got.shape.size() != 2) {
       return InvalidArgument("lora update from {}: module {}: {} has {} dimensions, expected 2", client, module,
@@ -128,7 +128,7 @@ Status LoraStrategy::Fold(std::span<const float> values, double weight) {
   return FoldUpdate(fmt::format("client {}", updates_.size()), expected_, values, weight);
 }
 
-Status LoraStrategy::FoldUpdate(std::string_view client, const models::Manifest& layout, std::span<const float> values,
+Status LoraStrategy::FoldUpdate(std::string_view client, const Manifest& layout, std::span<const float> values,
                                 double weight) {
   ESTUARY_RETURN_IF_ERROR(CheckLoraUpload(client, layout, options_));
   if (values.size() != layout.total_elements) {
@@ -140,7 +140,7 @@ Status LoraStrategy::FoldUpdate(std::string_view client, const models::Manifest&
   }
   const bool frozen_a = options_.merge.rule == LoraMergeRule::kFrozenA;
   LoraUpdate update;
-  for (const models::TensorSpec& spec : layout.tensors) {
+  for (const TensorSpec& spec : layout.tensors) {
     const float* v = values.data() + spec.offset;
     for (uint64_t i = 0; i < spec.numel(); ++i) {
       if (!std::isfinite(v[i])) {
@@ -160,7 +160,7 @@ Status LoraStrategy::FoldUpdate(std::string_view client, const models::Manifest&
   }
   if (frozen_a) {
     // A is the federation's, fixed: take it from the global adapter.
-    for (const models::TensorSpec& spec : options_.layout.adapter.tensors) {
+    for (const TensorSpec& spec : options_.layout.adapter.tensors) {
       if (!models::IsLoraA(spec.name)) continue;
       LoraAdapter& adapter = update.modules.at(models::LoraModuleOf(spec.name));
       adapter.in = size_t(spec.shape[1]);
@@ -182,7 +182,7 @@ Status LoraStrategy::Finish(std::span<float> global) {
   const models::LoraGlobalLayout& layout = options_.layout;
   std::span<float> base = global.first(layout.base.total_elements);
   std::span<float> adapter = global.subspan(layout.adapter_offset());
-  for (const models::TensorSpec& spec : layout.adapter.tensors) {
+  for (const TensorSpec& spec : layout.adapter.tensors) {
     const std::string module = models::LoraModuleOf(spec.name);
     auto it = merged.modules.find(module);
     if (it == merged.modules.end()) return Internal("lora strategy: the merge has no module {}", module);
@@ -197,7 +197,7 @@ Status LoraStrategy::Finish(std::span<float> global) {
     if (m.residual.empty()) continue;
     // "base_model.model." + "model.layers.0.self_attn.q_proj" -> its base weight.
     const std::string weight = module.substr(std::string_view("base_model.model.").size()) + ".weight";
-    const models::TensorSpec* w = layout.base.Find(weight);
+    const TensorSpec* w = layout.base.Find(weight);
     if (w == nullptr || w->numel() != m.residual.rows * m.residual.cols) {
       return Internal("lora strategy: residual of {} does not fit base tensor {}", module, weight);
     }

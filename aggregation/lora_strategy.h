@@ -37,7 +37,7 @@ struct LoraStrategyOptions {
 
 // The upload layout the federation expects from a site: every adapter
 // tensor, or the B tensors under frozen-a.
-models::Manifest ExpectedLoraUpload(const LoraStrategyOptions& options);
+Manifest ExpectedLoraUpload(const LoraStrategyOptions& options);
 
 // Checks a site's upload layout before any of it is staged: the tensors of
 // ExpectedLoraUpload in that order, f32, each A [r, in] and B [out, r] with
@@ -45,7 +45,7 @@ models::Manifest ExpectedLoraUpload(const LoraStrategyOptions& options);
 // B, with mixed_ranks). The message is one line naming the client, the module
 // and the field: "lora update from site-3: module ...q_proj: lora_A rank 4,
 // the federation's is 8".
-Status CheckLoraUpload(std::string_view client, const models::Manifest& upload, const LoraStrategyOptions& options);
+Status CheckLoraUpload(std::string_view client, const Manifest& upload, const LoraStrategyOptions& options);
 
 // Validates the options themselves (mixed_ranks only under exact; the
 // layout's adapter of the federation's rank).
@@ -62,7 +62,7 @@ class LoraStrategy final : public Strategy {
   Status Fold(std::span<const float> values, double weight) override;
   // CheckLoraUpload, then every value finite and the weight > 0; on failure
   // nothing is kept.
-  Status FoldUpdate(std::string_view client, const models::Manifest& layout, std::span<const float> values,
+  Status FoldUpdate(std::string_view client, const Manifest& layout, std::span<const float> values,
                     double weight) override;
   uint64_t folded() const override { return updates_.size(); }
   Status Finish(std::span<float> global) override;
@@ -76,7 +76,7 @@ class LoraStrategy final : public Strategy {
 
  private:
   LoraStrategyOptions options_;
-  models::Manifest expected_;
+  Manifest expected_;
   std::string name_;
   std::vector<float> global_adapter_;  // from Begin: frozen-a takes A from here
   std::vector<LoraUpdate> updates_;

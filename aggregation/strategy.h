@@ -46,7 +46,7 @@ class Strategy {
   // model's: a LoRA site's adapter factors (lora_strategy.h). `client` names
   // the sender in errors. Strategies over full deltas take only the global
   // layout, so by default this is Fold.
-  virtual Status FoldUpdate(std::string_view client, const models::Manifest& layout, std::span<const float> values,
+  virtual Status FoldUpdate(std::string_view client, const Manifest& layout, std::span<const float> values,
                             double weight) {
     return Fold(values, weight);
   }

@@ -131,7 +131,7 @@ class Agent : public std::enable_shared_from_this<Agent> {
   std::string model_checksum_;
   std::optional<v1::RoundStart> round_;
   uint64_t round_connection_ = 0;  // the connection round_ arrived on; an update goes back on the same one
-  models::Manifest manifest_;
+  Manifest manifest_;
   std::vector<float> incoming_;
   uint64_t incoming_offset_ = 0;  // bytes: where the next chunk must start
   // The byte ranges [begin, end) still to come: the whole model, or a patch's

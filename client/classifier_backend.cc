@@ -15,7 +15,7 @@ namespace {
 class CpuClassifierBackend : public ClassifierBackend {
  public:
   explicit CpuClassifierBackend(std::unique_ptr<models::Model> model) : model_(std::move(model)) {}
-  const models::Manifest& manifest() const override { return model_->manifest(); }
+  const Manifest& manifest() const override { return model_->manifest(); }
   int input_size() const override { return model_->input_size(); }
 
   Status Begin(std::span<const float> global, const TaskConfig& task) override {

@@ -18,7 +18,7 @@ namespace estuary::client {
 class ClassifierBackend {
  public:
   virtual ~ClassifierBackend() = default;
-  virtual const models::Manifest& manifest() const = 0;
+  virtual const Manifest& manifest() const = 0;
   virtual int input_size() const = 0;
   // Loads `global` and starts the task's SGD afresh.
   virtual Status Begin(std::span<const float> global, const TaskConfig& task) = 0;

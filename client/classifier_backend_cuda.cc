@@ -17,7 +17,7 @@ namespace {
 class CudaClassifierBackend : public ClassifierBackend {
  public:
   explicit CudaClassifierBackend(models::cuda::ClassifierEngine engine) : engine_(std::move(engine)) {}
-  const models::Manifest& manifest() const override { return engine_.manifest(); }
+  const Manifest& manifest() const override { return engine_.manifest(); }
   int input_size() const override { return engine_.input_size(); }
 
   Status Begin(std::span<const float> global, const TaskConfig& task) override {
@@ -48,7 +48,7 @@ Result<ClassifierBackend*> ThreadCudaClassifierBackend(const std::string& model,
   if (cudaError_t e = cudaSetDevice(compute.device_index); e != cudaSuccess) {
     return FailedPrecondition("trainer: cudaSetDevice({}) failed: {}", compute.device_index, cudaGetErrorString(e));
   }
-  using Key = std::tuple<std::string, int, int, models::DType>;
+  using Key = std::tuple<std::string, int, int, DType>;
   thread_local std::map<Key, std::unique_ptr<ClassifierBackend>> backends;
   const Key key{model, batch, compute.device_index, compute.precision};
   auto& slot = backends[key];

@@ -11,7 +11,7 @@
 namespace estuary::client {
 
 std::string Compute::ToString() const {
-  const char* precision_name = precision == models::DType::kF32 ? "fp32" : precision == models::DType::kBF16 ? "bf16" : "fp16";
+  const char* precision_name = precision == DType::kF32 ? "fp32" : precision == DType::kBF16 ? "bf16" : "fp16";
   if (device == models::Device::kCpu) return fmt::format("cpu {}", precision_name);
   return fmt::format("cuda:{} {}", device_index, precision_name);
 }
@@ -19,16 +19,16 @@ std::string Compute::ToString() const {
 Result<Compute> ParseCompute(std::string_view device, std::string_view precision) {
   Compute compute;
   if (precision == "fp32") {
-    compute.precision = models::DType::kF32;
+    compute.precision = DType::kF32;
   } else if (precision == "bf16") {
-    compute.precision = models::DType::kBF16;
+    compute.precision = DType::kBF16;
   } else if (precision == "fp16") {
-    compute.precision = models::DType::kF16;
+    compute.precision = DType::kF16;
   } else {
     return InvalidArgument("--precision '{}': expected fp32, bf16 or fp16", precision);
   }
   if (device == "cpu") {
-    if (compute.precision != models::DType::kF32) {
+    if (compute.precision != DType::kF32) {
       return InvalidArgument("--precision {} needs --device cuda: the CPU backend trains in fp32", precision);
     }
     return compute;

@@ -14,7 +14,7 @@ namespace estuary::client {
 struct Compute {
   models::Device device = models::Device::kCpu;
   int device_index = 0;
-  models::DType precision = models::DType::kF32;
+  DType precision = DType::kF32;
   std::string ToString() const;  // "cpu fp32", "cuda:0 bf16"
 };
 

@@ -16,7 +16,7 @@ namespace {
 class CpuLmBackend : public LmBackend {
  public:
   explicit CpuLmBackend(models::Llama model) : model_(std::move(model)) {}
-  const models::Manifest& manifest() const override { return model_.manifest(); }
+  const Manifest& manifest() const override { return model_.manifest(); }
   int max_seq_len() const override { return model_.config().max_seq_len; }
 
   Status Begin(std::span<const float> global, const TaskConfig& task) override {

@@ -18,7 +18,7 @@ namespace estuary::client {
 class LmBackend {
  public:
   virtual ~LmBackend() = default;
-  virtual const models::Manifest& manifest() const = 0;
+  virtual const Manifest& manifest() const = 0;
   virtual int max_seq_len() const = 0;
   // Loads `global` and starts the task's optimizer afresh.
   virtual Status Begin(std::span<const float> global, const TaskConfig& task) = 0;

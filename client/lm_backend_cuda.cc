@@ -18,7 +18,7 @@ namespace {
 class CudaLmBackend : public LmBackend {
  public:
   explicit CudaLmBackend(models::cuda::LlamaEngine engine) : engine_(std::move(engine)) {}
-  const models::Manifest& manifest() const override { return engine_.manifest(); }
+  const Manifest& manifest() const override { return engine_.manifest(); }
   int max_seq_len() const override { return engine_.config().max_seq_len; }
 
   Status Begin(std::span<const float> global, const TaskConfig& task) override {
@@ -66,7 +66,7 @@ Result<LmBackend*> ThreadCudaLmBackend(const std::string& model, int batch, cons
   if (cudaError_t e = cudaSetDevice(compute.device_index); e != cudaSuccess) {
     return FailedPrecondition("trainer: cudaSetDevice({}) failed: {}", compute.device_index, cudaGetErrorString(e));
   }
-  using Key = std::tuple<std::string, int, int, models::DType>;
+  using Key = std::tuple<std::string, int, int, DType>;
   thread_local std::map<Key, std::unique_ptr<LmBackend>> backends;
   const Key key{model, batch, compute.device_index, compute.precision};
   auto& slot = backends[key];

@@ -18,11 +18,11 @@ namespace {
 // of A and columns of B zero; there LoRA's gradients vanish for good
 // (dA = Bᵀ·…, dB = …·A). Such a row of A is drawn afresh, as PEFT initialises
 // A, with B's column left zero: the adapted model does not change.
-void ReviveDeadRanks(const models::Manifest& m, std::span<float> p, uint64_t seed) {
+void ReviveDeadRanks(const Manifest& m, std::span<float> p, uint64_t seed) {
   std::mt19937_64 rng(seed);
-  for (const models::TensorSpec& a : m.tensors) {
+  for (const TensorSpec& a : m.tensors) {
     if (!models::IsLoraA(a.name)) continue;
-    const models::TensorSpec* b = m.Find(models::LoraModuleOf(a.name) + ".lora_B.weight");
+    const TensorSpec* b = m.Find(models::LoraModuleOf(a.name) + ".lora_B.weight");
     const int64_t rank = a.shape[0], in = a.shape[1], out = b->shape[0];
     for (int64_t j = 0; j < rank; ++j) {
       float* row = p.data() + a.offset + j * in;
@@ -40,18 +40,18 @@ void ReviveDeadRanks(const models::Manifest& m, std::span<float> p, uint64_t see
 // adapter of rank R = r + r_i with scale s' = alpha/R represents both
 // exactly: A' = [A; A_i], B' = [(s/s')·B, (s_i/s')·B_i]. An exact merge then
 // averages the sites' models as they are, whatever their ranks.
-models::Manifest StackedAdapters(const models::Manifest& global_adapter, std::span<const float> global_values,
-                                 const models::Manifest& site_adapter, std::span<const float> site_values,
+Manifest StackedAdapters(const Manifest& global_adapter, std::span<const float> global_values,
+                                 const Manifest& site_adapter, std::span<const float> site_values,
                                  const models::LoraConfig& federation, int site_rank, std::vector<float>* payload) {
   const int r = federation.rank, ri = site_rank, R = r + ri;
   const double s = double(federation.alpha) / r, si = double(federation.alpha) / ri, sR = double(federation.alpha) / R;
-  models::Manifest m;
+  Manifest m;
   payload->clear();
-  for (const models::TensorSpec& g : global_adapter.tensors) {
-    const models::TensorSpec* own = site_adapter.Find(g.name);
+  for (const TensorSpec& g : global_adapter.tensors) {
+    const TensorSpec* own = site_adapter.Find(g.name);
     const float* gv = global_values.data() + g.offset;
     const float* ov = site_values.data() + own->offset;
-    models::TensorSpec spec{g.name, g.shape, models::DType::kF32, m.total_elements};
+    TensorSpec spec{g.name, g.shape, DType::kF32, m.total_elements};
     if (models::IsLoraA(g.name)) {  // [r, in] over [r_i, in]: rows stack
       spec.shape = {R, g.shape[1]};
       payload->insert(payload->end(), gv, gv + g.numel());
@@ -109,7 +109,7 @@ Result<LoraRound> PlanLoraRound(const TaskConfig& task, int site_rank) {
   return plan;
 }
 
-Status CheckLoraGlobal(const LoraRound& plan, const TaskConfig& task, const models::Manifest& manifest,
+Status CheckLoraGlobal(const LoraRound& plan, const TaskConfig& task, const Manifest& manifest,
                        size_t global_size) {
   if (!(plan.layout.global == manifest) || global_size != manifest.total_elements) {
     return InvalidArgument("trainer: the global model's manifest is not model '{}' with rank-{} adapters on {}",
@@ -155,8 +155,8 @@ Result<Update> LoraUpdateOf(const LoraRound& plan, std::span<const float> global
   } else {
     update.manifest = models::LoraUploadManifest(plan.layout.adapter, plan.frozen_a);
     update.payload.reserve(update.manifest.total_elements);
-    for (const models::TensorSpec& spec : update.manifest.tensors) {
-      const models::TensorSpec* at = plan.layout.adapter.Find(spec.name);
+    for (const TensorSpec& spec : update.manifest.tensors) {
+      const TensorSpec* at = plan.layout.adapter.Find(spec.name);
       update.payload.insert(update.payload.end(), trained.begin() + at->offset,
                             trained.begin() + at->offset + at->numel());
     }
@@ -170,9 +170,9 @@ void FrozenA::Start(const TaskConfig& task, std::span<const float> adapter) {
   if (task.lora.merge == "frozen-a") kept_.assign(adapter.begin(), adapter.end());
 }
 
-Status FrozenA::Restore(const models::Manifest& manifest,
+Status FrozenA::Restore(const Manifest& manifest,
                         const std::function<Status(uint64_t, std::span<const float>)>& put) const {
-  for (const models::TensorSpec& spec : manifest.tensors) {
+  for (const TensorSpec& spec : manifest.tensors) {
     if (!active() || !models::IsLoraA(spec.name)) continue;
     ESTUARY_RETURN_IF_ERROR(put(spec.offset, std::span<const float>(kept_).subspan(spec.offset, spec.numel())));
   }

@@ -49,7 +49,7 @@ struct LoraRound {
 // for the federation's); every failure is one line naming what does not fit.
 Result<LoraRound> PlanLoraRound(const TaskConfig& task, int site_rank);
 // The global buffer is the federation's layout: base, then adapter.
-Status CheckLoraGlobal(const LoraRound& plan, const TaskConfig& task, const models::Manifest& manifest,
+Status CheckLoraGlobal(const LoraRound& plan, const TaskConfig& task, const Manifest& manifest,
                        size_t global_size);
 
 // What the site's model starts from in `round`: the frozen base, the adapter
@@ -74,7 +74,7 @@ class FrozenA {
   void Start(const TaskConfig& task, std::span<const float> adapter);
   bool active() const { return !kept_.empty(); }
   // put(offset, values) for each lora_A tensor of `manifest` (the adapter's).
-  Status Restore(const models::Manifest& manifest,
+  Status Restore(const Manifest& manifest,
                  const std::function<Status(uint64_t offset, std::span<const float> values)>& put) const;
 
  private:

@@ -78,7 +78,7 @@ Result<SiteData> LoadSiteData(const std::filesystem::path& dir, const std::strin
 // federation's) and how it keeps the frozen base.
 struct LoraSite {
   int rank = 0;
-  models::DType base = models::DType::kF32;
+  DType base = DType::kF32;
 };
 
 // The single-process trainer: the one estuary-client always had.
@@ -380,7 +380,7 @@ int main(int argc, char** argv) {
     if (Status s = ApplyConfigFile(app, config); !s.ok()) return Fail(s);
   }
   LoraSite lora{lora_rank};
-  if (auto dtype = models::ParseDType(lora_base); dtype.ok() && *dtype != models::DType::kF16) {
+  if (auto dtype = ParseDType(lora_base); dtype.ok() && *dtype != DType::kF16) {
     lora.base = *dtype;
   } else {
     return Fail(InvalidArgument("--lora-base-dtype '{}': expected f32 or bf16", lora_base));

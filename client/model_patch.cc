@@ -6,7 +6,7 @@
 
 namespace estuary::client {
 
-Result<ModelPatch> ReadModelPatch(const v1::RoundStart& start, const models::Manifest& manifest) {
+Result<ModelPatch> ReadModelPatch(const v1::RoundStart& start, const Manifest& manifest) {
   const uint64_t total = manifest.total_elements;
   ModelPatch patch;
   uint64_t end = 0;
@@ -23,8 +23,8 @@ Result<ModelPatch> ReadModelPatch(const v1::RoundStart& start, const models::Man
     const uint64_t offset = change.offset(), rows = change.rows(), cols = change.cols(), rank = change.rank();
     const std::string what = fmt::format("round {}: low-rank patch at element {} ({} x {}, rank {})", start.round(),
                                          offset, rows, cols, rank);
-    const models::TensorSpec* tensor = nullptr;
-    for (const models::TensorSpec& spec : manifest.tensors) {
+    const TensorSpec* tensor = nullptr;
+    for (const TensorSpec& spec : manifest.tensors) {
       if (spec.offset == offset) tensor = &spec;
     }
     const uint64_t n = tensor ? tensor->numel() : 0;

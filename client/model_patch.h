@@ -34,6 +34,6 @@ struct ModelPatch {
   uint64_t factor_count = 0;  // floats past the buffer's end
 };
 
-Result<ModelPatch> ReadModelPatch(const v1::RoundStart& start, const models::Manifest& manifest);
+Result<ModelPatch> ReadModelPatch(const v1::RoundStart& start, const Manifest& manifest);
 
 }  // namespace estuary::client

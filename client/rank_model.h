@@ -38,7 +38,7 @@ namespace estuary::client {
 class RankModel {
  public:
   virtual ~RankModel() = default;
-  virtual const models::Manifest& manifest() const = 0;
+  virtual const Manifest& manifest() const = 0;
   // Loads the round's global weights, starts a fresh optimizer for the task
   // and this round's DataParallel over the model's buffers. Collective.
   virtual Result<std::unique_ptr<DataParallel>> StartRound(Communicator& comm, std::span<const float> global,
@@ -83,7 +83,7 @@ class RankLoraDecoder : public RankDecoder {
   // How the frozen base is stored: f32, or bf16 — the base rounded to bf16
   // (the CPU's LoraLlama in half the memory, models/lora.h; a GPU engine
   // under --precision bf16 drops its fp32 master, a third). Before LoadBase.
-  virtual Status KeepBaseIn(models::DType dtype) = 0;
+  virtual Status KeepBaseIn(DType dtype) = 0;
   // The frozen base's weights (the preset's layout) and the seed of this
   // round's dropout masks.
   virtual Status LoadBase(std::span<const float> base, uint64_t dropout_seed) = 0;

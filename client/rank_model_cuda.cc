@@ -26,7 +26,7 @@ class CudaRankModel : public Base {
  public:
   explicit CudaRankModel(Engine engine) : engine_(std::move(engine)) {}
 
-  const models::Manifest& manifest() const override { return engine_.manifest(); }
+  const Manifest& manifest() const override { return engine_.manifest(); }
 
   Result<std::unique_ptr<DataParallel>> StartRound(Communicator& comm, std::span<const float> global,
                                                    const TaskConfig& task,
@@ -35,7 +35,7 @@ class CudaRankModel : public Base {
       return InvalidArgument("site: {} global values for model '{}' of {}", global.size(), task.model,
                              manifest().total_elements);
     }
-    if (options.stage != ZeroStage::kDdp && engine_.precision() == models::DType::kF16) {
+    if (options.stage != ZeroStage::kDdp && engine_.precision() == DType::kF16) {
       // The engine scales an fp16 loss by its own scaler, which sees all of
       // the gradients; under ZeRO a rank steps only its shard.
       return InvalidArgument("site: fp16 with {} on a GPU: the fp16 loss scaler runs with DDP only; use bf16 or "
@@ -139,12 +139,12 @@ class CudaRankLoraDecoder : public CudaRankModel<models::cuda::LoraLlamaEngine, 
 
   // bf16: the base engine drops its fp32 master and keeps only the bf16
   // working copy its GEMMs read, so it computes in bf16 too.
-  Status KeepBaseIn(models::DType dtype) override {
-    if (dtype == models::DType::kF32) return Status::Ok();
-    if (dtype != models::DType::kBF16 || engine_.precision() != models::DType::kBF16) {
+  Status KeepBaseIn(DType dtype) override {
+    if (dtype == DType::kF32) return Status::Ok();
+    if (dtype != DType::kBF16 || engine_.precision() != DType::kBF16) {
       return InvalidArgument("site: a frozen base kept in {} on a GPU needs --precision bf16 (the base's GEMMs read "
                              "the weights as stored); this engine runs in {}",
-                             models::DTypeName(dtype), models::DTypeName(engine_.precision()));
+                             DTypeName(dtype), DTypeName(engine_.precision()));
     }
     return engine_.base().DropFp32Master();
   }

@@ -121,7 +121,7 @@ class ClassifierRankTrainer : public RankTrainer {
     return state_.ReadOut([&](DataParallel& dp) { return model_->ReadOut(dp, fn); });
   }
 
-  Status Check(const TaskConfig& task, const models::Manifest& manifest, size_t global_size) override {
+  Status Check(const TaskConfig& task, const Manifest& manifest, size_t global_size) override {
     ESTUARY_RETURN_IF_ERROR(ValidateTask(task));
     if (task.optimizer != OptimizerKind::kSgd) {
       return InvalidArgument("task: model '{}' trains with sgd, not {}", task.model, OptimizerName(task.optimizer));
@@ -207,7 +207,7 @@ class TextRankTrainer : public RankTrainer {
     return state_.ReadOut([&](DataParallel& dp) { return trained_->ReadOut(dp, fn); });
   }
 
-  Status Check(const TaskConfig& task, const models::Manifest& manifest, size_t global_size) override {
+  Status Check(const TaskConfig& task, const Manifest& manifest, size_t global_size) override {
     ESTUARY_RETURN_IF_ERROR(ValidateTask(task));
     if (!models::IsLanguageModel(task.model)) {
       return InvalidArgument("task: model '{}' is not a language model; this site holds text", task.model);
@@ -286,7 +286,7 @@ class TextRankTrainer : public RankTrainer {
     return task.update_kind == UpdateKind::kLora && plan_ ? plan_->site_layout.manifest.total_elements
                                                           : global_size;
   }
-  Result<Update> UpdateOf(std::vector<float> trained, std::span<const float> global, const models::Manifest& manifest,
+  Result<Update> UpdateOf(std::vector<float> trained, std::span<const float> global, const Manifest& manifest,
                           const TaskConfig& task, double train_loss, std::chrono::steady_clock::time_point start,
                           uint64_t round) override {
     if (task.update_kind != UpdateKind::kLora) {
@@ -342,7 +342,7 @@ class TextRankTrainer : public RankTrainer {
 template <typename Model, typename Base>
 class CpuRankModel : public Base {
  public:
-  const models::Manifest& manifest() const override { return model().manifest(); }
+  const Manifest& manifest() const override { return model().manifest(); }
   Result<std::unique_ptr<DataParallel>> StartRound(Communicator& comm, std::span<const float> global,
                                                    const TaskConfig& task,
                                                    const DataParallelOptions& options) override {
@@ -399,14 +399,14 @@ class CpuRankLoraDecoder : public CpuRankModel<models::LoraLlama, RankLoraDecode
   int max_seq_len() const override { return model_.base().config().max_seq_len; }
   const models::LoraConfig& lora_config() const override { return model_.lora_config(); }
 
-  Status KeepBaseIn(models::DType dtype) override {
-    if (dtype == models::DType::kF32 && !model_.base_in_bf16()) return Status::Ok();
-    if (dtype == models::DType::kBF16) {
+  Status KeepBaseIn(DType dtype) override {
+    if (dtype == DType::kF32 && !model_.base_in_bf16()) return Status::Ok();
+    if (dtype == DType::kBF16) {
       if (!model_.base_in_bf16()) model_.StoreBaseInBf16();
       return Status::Ok();
     }
     return InvalidArgument("site: a frozen base in {} on the CPU (f32 or bf16, chosen once)",
-                           models::DTypeName(dtype));
+                           DTypeName(dtype));
   }
   Status LoadBase(std::span<const float> base, uint64_t dropout_seed) override {
     ESTUARY_RETURN_IF_ERROR(model_.LoadBase(base));
@@ -578,7 +578,7 @@ std::unique_ptr<RankTrainer> MakeTextRankTrainer(Communicator& comm, std::shared
 size_t RankTrainer::TrainedSize(const TaskConfig&, size_t global_size) const { return global_size; }
 
 Result<Update> RankTrainer::UpdateOf(std::vector<float> trained, std::span<const float> global,
-                                     const models::Manifest& manifest, const TaskConfig&, double train_loss,
+                                     const Manifest& manifest, const TaskConfig&, double train_loss,
                                      std::chrono::steady_clock::time_point start, uint64_t round) {
   return FullUpdate(std::move(trained), global, manifest, num_examples(), train_loss, start, round);
 }
@@ -644,7 +644,7 @@ Status SiteTrainer::Broken(Status status) {
   return broken_;
 }
 
-Result<Update> SiteTrainer::Train(std::span<const float> global, const models::Manifest& manifest,
+Result<Update> SiteTrainer::Train(std::span<const float> global, const Manifest& manifest,
                                   const TaskConfig& task, uint64_t round, std::string_view client_name) {
   RunPending();
   ESTUARY_RETURN_IF_ERROR(broken_);

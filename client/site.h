@@ -62,7 +62,7 @@ class RankTrainer {
   virtual uint64_t num_examples() const = 0;
   // What rank 0 checks before it involves the other ranks: the task is one
   // this data trains and the global buffer matches the model's manifest.
-  virtual Status Check(const TaskConfig& task, const models::Manifest& manifest, size_t global_size) = 0;
+  virtual Status Check(const TaskConfig& task, const Manifest& manifest, size_t global_size) = 0;
   // Trains from `global`; returns the mean training loss of the last epoch
   // (agreed across ranks). ReadOut must follow on every rank.
   virtual Result<double> TrainRound(std::span<const float> global, const TaskConfig& task, uint64_t round,
@@ -78,7 +78,7 @@ class RankTrainer {
   // weights are the whole model and the update is their delta (FullUpdate).
   virtual size_t TrainedSize(const TaskConfig& task, size_t global_size) const;
   virtual Result<Update> UpdateOf(std::vector<float> trained, std::span<const float> global,
-                                  const models::Manifest& manifest, const TaskConfig& task, double train_loss,
+                                  const Manifest& manifest, const TaskConfig& task, double train_loss,
                                   std::chrono::steady_clock::time_point start, uint64_t round);
 };
 
@@ -94,7 +94,7 @@ struct TextRankModels {
   RankDecoderFactory decoder = MakeCpuRankDecoder;
   RankLoraDecoderFactory lora_decoder = MakeCpuRankLoraDecoder;
   int lora_rank = 0;
-  models::DType lora_base = models::DType::kF32;  // how the frozen base is kept (RankLoraDecoder::KeepBaseIn)
+  DType lora_base = DType::kF32;  // how the frozen base is kept (RankLoraDecoder::KeepBaseIn)
 };
 // The decoders with SGD or AdamW, as full or lora rounds: models::Llama and
 // models::LoraLlama on the CPU, or what `models` makes (the GPU engines). A
@@ -117,7 +117,7 @@ class SiteTrainer : public Trainer {
   SiteTrainer(Communicator& comm, std::unique_ptr<RankTrainer> rank, ZeroStage stage);
 
   uint64_t num_examples() const override { return rank_->num_examples(); }
-  Result<Update> Train(std::span<const float> global, const models::Manifest& manifest, const TaskConfig& task,
+  Result<Update> Train(std::span<const float> global, const Manifest& manifest, const TaskConfig& task,
                        uint64_t round, std::string_view client_name) override;
 
   // Tells the followers rank 0 is alive and no round is in progress.

@@ -24,10 +24,10 @@ namespace {
 // This thread's adapted model for (model, batch, adapter config, device):
 // built once, reused by every round and client it trains on this thread.
 Result<RankLoraDecoder*> ThreadLoraDecoder(const std::string& model, int batch, const models::LoraConfig& lora,
-                                           const Compute& compute, models::DType base) {
+                                           const Compute& compute, DType base) {
   thread_local std::map<std::string, std::unique_ptr<RankLoraDecoder>> decoders;
   const std::string key = fmt::format("{}/{}/{}/{}/{}", model, batch, LoraConfigKey(lora), compute.ToString(),
-                                      models::DTypeName(base));
+                                      DTypeName(base));
   auto& slot = decoders[key];
   if (!slot) {
     auto made = compute.device == models::Device::kCpu
@@ -78,7 +78,7 @@ double TextTrainer::RunSchedule(const TaskConfig& task, uint64_t round, std::str
   return loss_sum / double(loss_tokens);
 }
 
-Result<Update> TextTrainer::Train(std::span<const float> global, const models::Manifest& manifest,
+Result<Update> TextTrainer::Train(std::span<const float> global, const Manifest& manifest,
                                   const TaskConfig& task, uint64_t round, std::string_view client_name) {
   ESTUARY_RETURN_IF_ERROR(ValidateTask(task));
   if (!models::IsLanguageModel(task.model)) {
@@ -113,7 +113,7 @@ Result<Update> TextTrainer::Train(std::span<const float> global, const models::M
 // The round a rank of a multi-rank site trains (client/site.cc), on one
 // rank: the same plan, start and upload, and the same DataParallel step over
 // a communicator of one.
-Result<Update> TextTrainer::TrainLora(std::span<const float> global, const models::Manifest& manifest,
+Result<Update> TextTrainer::TrainLora(std::span<const float> global, const Manifest& manifest,
                                       const TaskConfig& task, uint64_t round, std::string_view client_name) {
   ESTUARY_ASSIGN_OR_RETURN(const LoraRound plan, PlanLoraRound(task, lora_rank_));
   ESTUARY_RETURN_IF_ERROR(CheckLoraGlobal(plan, task, manifest, global.size()));

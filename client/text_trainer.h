@@ -39,12 +39,12 @@ class TextTrainer : public Trainer {
   void set_lora_rank(int rank) { lora_rank_ = rank; }
   // How a lora round keeps the frozen base: f32, or bf16 on the CPU (half
   // the memory; the model trains on the bf16-rounded base, models/lora.h).
-  void set_lora_base(models::DType dtype) { lora_base_ = dtype; }
-  Result<Update> Train(std::span<const float> global, const models::Manifest& manifest, const TaskConfig& task,
+  void set_lora_base(DType dtype) { lora_base_ = dtype; }
+  Result<Update> Train(std::span<const float> global, const Manifest& manifest, const TaskConfig& task,
                        uint64_t round, std::string_view client_name) override;
 
  private:
-  Result<Update> TrainLora(std::span<const float> global, const models::Manifest& manifest, const TaskConfig& task,
+  Result<Update> TrainLora(std::span<const float> global, const Manifest& manifest, const TaskConfig& task,
                            uint64_t round, std::string_view client_name);
   // Walks the round's BatchSchedule, calling step(inputs, targets, batch) per
   // batch; returns the mean loss over the last epoch's tokens.
@@ -55,7 +55,7 @@ class TextTrainer : public Trainer {
   std::shared_ptr<const std::vector<int32_t>> tokens_;
   Compute compute_;
   int lora_rank_ = 0;
-  models::DType lora_base_ = models::DType::kF32;
+  DType lora_base_ = DType::kF32;
 };
 
 }  // namespace estuary::client

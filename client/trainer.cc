@@ -30,7 +30,7 @@ Result<Update> TrainedUpdate(UpdateKind kind, uint64_t num_examples, double trai
   return update;
 }
 
-Result<Update> FullUpdate(std::vector<float> local, std::span<const float> global, const models::Manifest& manifest,
+Result<Update> FullUpdate(std::vector<float> local, std::span<const float> global, const Manifest& manifest,
                           uint64_t num_examples, double train_loss, std::chrono::steady_clock::time_point start,
                           uint64_t round) {
   ESTUARY_ASSIGN_OR_RETURN(Update update, TrainedUpdate(UpdateKind::kFull, num_examples, train_loss, round));
@@ -67,7 +67,7 @@ ClassifierTrainer::ClassifierTrainer(std::shared_ptr<const models::Dataset> data
                                      Compute compute)
     : compute_(compute), data_(std::move(data)), indices_(std::move(indices)) {}
 
-Result<Update> ClassifierTrainer::Train(std::span<const float> global, const models::Manifest& manifest,
+Result<Update> ClassifierTrainer::Train(std::span<const float> global, const Manifest& manifest,
                               const TaskConfig& task, uint64_t round, std::string_view client_name) {
   ESTUARY_RETURN_IF_ERROR(ValidateTask(task));
   if (task.optimizer != OptimizerKind::kSgd) {

@@ -59,7 +59,7 @@ struct Update {
   uint64_t num_examples = 0;
   double train_loss = 0;     // mean loss over the last local epoch
   double seconds = 0;        // wall time of local training
-  models::Manifest manifest;
+  Manifest manifest;
   std::vector<float> payload;
   // Set instead of payload when the delta streams slice by slice
   // (update_stream.h): a ZeRO-3 site. Whoever receives the update must Run
@@ -78,7 +78,7 @@ class Trainer {
   // global buffer does not match that model's manifest, the task asks for an
   // update kind this trainer cannot produce, or the hyper-parameters are out
   // of range.
-  virtual Result<Update> Train(std::span<const float> global, const models::Manifest& manifest,
+  virtual Result<Update> Train(std::span<const float> global, const Manifest& manifest,
                                const TaskConfig& task, uint64_t round, std::string_view client_name) = 0;
 };
 
@@ -93,7 +93,7 @@ class ClassifierTrainer : public Trainer {
                     Compute compute = {});
 
   uint64_t num_examples() const override { return indices_.size(); }
-  Result<Update> Train(std::span<const float> global, const models::Manifest& manifest, const TaskConfig& task,
+  Result<Update> Train(std::span<const float> global, const Manifest& manifest, const TaskConfig& task,
                        uint64_t round, std::string_view client_name) override;
 
  private:
@@ -111,7 +111,7 @@ Result<Update> TrainedUpdate(UpdateKind kind, uint64_t num_examples, double trai
 // The full update of a local training that started at `start` from `global`
 // and ended at `local`: delta = local - global, in place. Fails if the loss
 // is not finite (the site diverged: nothing of it should reach the average).
-Result<Update> FullUpdate(std::vector<float> local, std::span<const float> global, const models::Manifest& manifest,
+Result<Update> FullUpdate(std::vector<float> local, std::span<const float> global, const Manifest& manifest,
                           uint64_t num_examples, double train_loss, std::chrono::steady_clock::time_point start,
                           uint64_t round);
 

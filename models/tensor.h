@@ -1,10 +1,10 @@
-// Tensors, manifests and flat buffers.
+// Tensors and flat buffers.
 //
 // Every model keeps its parameters in one contiguous buffer per precision and
-// its gradients in another of the same layout; a Manifest names the views into
-// it (name, shape, dtype, offset). Checkpoints, federated updates and later DDP
-// buckets and ZeRO shards are slices of that buffer, never per-tensor copies.
-// Offsets and sizes in a Manifest count elements, not bytes.
+// its gradients in another of the same layout; a Manifest (base/manifest.h)
+// names the views into it (name, shape, dtype, offset). Checkpoints, federated
+// updates, DDP buckets and ZeRO shards are slices of that buffer, never
+// per-tensor copies.
 #pragma once
 
 #include <cstddef>
@@ -14,36 +14,12 @@
 #include <string_view>
 #include <vector>
 
+#include "base/manifest.h"
 #include "base/status.h"
 
 namespace estuary::models {
 
-enum class DType : uint8_t { kF32 = 0, kBF16 = 1, kF16 = 2 };
 enum class Device : uint8_t { kCpu = 0, kCuda = 1 };
-
-size_t DTypeSize(DType dtype);
-std::string_view DTypeName(DType dtype);        // "f32", "bf16", "f16"
-Result<DType> ParseDType(std::string_view name);
-
-struct TensorSpec {
-  std::string name;
-  std::vector<int64_t> shape;
-  DType dtype = DType::kF32;
-  uint64_t offset = 0;  // first element inside the flat buffer
-  uint64_t numel() const;
-};
-
-// The layout of a flat buffer. Tensors are sorted by offset, do not overlap
-// and tile [0, total_elements) exactly; Validate() checks all of that.
-struct Manifest {
-  std::vector<TensorSpec> tensors;
-  uint64_t total_elements = 0;
-
-  uint64_t byte_size() const;  // sum over tensors of numel * dtype size
-  const TensorSpec* Find(std::string_view name) const;
-  Status Validate() const;
-  bool operator==(const Manifest& other) const;
-};
 
 // A non-owning view of one tensor: where it lives, its shape, dtype and device.
 struct TensorView {

@@ -2,25 +2,25 @@
 
 namespace estuary::proto {
 
-v1::DType ToProto(models::DType dtype) {
+v1::DType ToProto(DType dtype) {
   switch (dtype) {
-    case models::DType::kF32: return v1::DTYPE_F32;
-    case models::DType::kBF16: return v1::DTYPE_BF16;
-    case models::DType::kF16: return v1::DTYPE_F16;
+    case DType::kF32: return v1::DTYPE_F32;
+    case DType::kBF16: return v1::DTYPE_BF16;
+    case DType::kF16: return v1::DTYPE_F16;
   }
   return v1::DTYPE_F32;
 }
 
-Result<models::DType> FromProto(v1::DType dtype) {
+Result<DType> FromProto(v1::DType dtype) {
   switch (dtype) {
-    case v1::DTYPE_F32: return models::DType::kF32;
-    case v1::DTYPE_BF16: return models::DType::kBF16;
-    case v1::DTYPE_F16: return models::DType::kF16;
+    case v1::DTYPE_F32: return DType::kF32;
+    case v1::DTYPE_BF16: return DType::kBF16;
+    case v1::DTYPE_F16: return DType::kF16;
     default: return ProtocolError("wire: unknown dtype {}", static_cast<int>(dtype));
   }
 }
 
-v1::Manifest ToProto(const models::Manifest& manifest) {
+v1::Manifest ToProto(const Manifest& manifest) {
   v1::Manifest out;
   out.set_total_elements(manifest.total_elements);
   for (const auto& spec : manifest.tensors) {
@@ -33,15 +33,15 @@ v1::Manifest ToProto(const models::Manifest& manifest) {
   return out;
 }
 
-Result<models::Manifest> FromProto(const v1::Manifest& manifest, uint64_t max_elements) {
+Result<Manifest> FromProto(const v1::Manifest& manifest, uint64_t max_elements) {
   if (manifest.total_elements() > max_elements) {
     return ProtocolError("wire: manifest of {} elements exceeds the limit of {}",
                          manifest.total_elements(), max_elements);
   }
-  models::Manifest out;
+  Manifest out;
   out.total_elements = manifest.total_elements();
   for (const auto& t : manifest.tensors()) {
-    models::TensorSpec spec;
+    TensorSpec spec;
     spec.name = t.name();
     for (int64_t d : t.shape()) {
       if (d <= 0 || static_cast<uint64_t>(d) > max_elements) {
@@ -58,7 +58,7 @@ Result<models::Manifest> FromProto(const v1::Manifest& manifest, uint64_t max_el
   return out;
 }
 
-Status CheckChunk(const models::Manifest& manifest, uint64_t expected_offset, uint64_t offset,
+Status CheckChunk(const Manifest& manifest, uint64_t expected_offset, uint64_t offset,
                   uint64_t size, v1::DType dtype) {
   const uint64_t total = manifest.byte_size();
   if (offset != expected_offset) {

@@ -1,4 +1,4 @@
-// Conversions between wire messages and model types, and the checks every
+// Conversions between wire messages and flat-buffer layouts (base/manifest.h), and the checks every
 // received manifest and chunk must pass before its bytes are used.
 #pragma once
 
@@ -6,22 +6,22 @@
 
 #include "base/status.h"
 #include "estuary.pb.h"
-#include "models/tensor.h"
+#include "base/manifest.h"
 
 namespace estuary::proto {
 
-v1::Manifest ToProto(const models::Manifest& manifest);
+v1::Manifest ToProto(const Manifest& manifest);
 // Converts and validates (shapes, offsets, tiling, dtypes, a size limit).
-Result<models::Manifest> FromProto(const v1::Manifest& manifest, uint64_t max_elements);
+Result<Manifest> FromProto(const v1::Manifest& manifest, uint64_t max_elements);
 
-v1::DType ToProto(models::DType dtype);
-Result<models::DType> FromProto(v1::DType dtype);
+v1::DType ToProto(DType dtype);
+Result<DType> FromProto(v1::DType dtype);
 
 // Checks one chunk of a flat buffer laid out by `manifest` (f32 throughout):
 // it starts exactly at `expected_offset` (chunks arrive in order, no gaps or
 // overlaps), is non-empty, a whole number of elements, within the buffer, and
 // its dtype matches the tensors it covers. Offsets and sizes are in bytes.
-Status CheckChunk(const models::Manifest& manifest, uint64_t expected_offset, uint64_t offset,
+Status CheckChunk(const Manifest& manifest, uint64_t expected_offset, uint64_t offset,
                   uint64_t size, v1::DType dtype);
 
 }  // namespace estuary::proto

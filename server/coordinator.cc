@@ -391,7 +391,7 @@ void Coordinator::FindChangedTensors() {
   if (!previous_global_ || previous_global_->size() != global_->size()) return;
   std::set<uint64_t> as_factors;
   for (const aggregation::LowRankChange& change : low_rank_) as_factors.insert(change.offset);
-  for (const models::TensorSpec& spec : manifest_.tensors) {
+  for (const TensorSpec& spec : manifest_.tensors) {
     const size_t bytes = spec.numel() * sizeof(float);
     if (as_factors.contains(spec.offset)) continue;  // sent as its factors
     if (std::memcmp(previous_global_->data() + spec.offset, global_->data() + spec.offset, bytes) == 0) continue;
@@ -634,10 +634,10 @@ Status Coordinator::WriteCheckpoint(uint64_t round, const std::vector<float>& gl
   const auto state = strategy_->SaveState();
   const std::filesystem::path state_file = file.string() + ".strategy";
   if (!state.empty()) {
-    models::Manifest state_manifest;
+    Manifest state_manifest;
     std::vector<float> flat;
     for (const auto& [name, values] : state) {
-      state_manifest.tensors.push_back({name, {int64_t(values.size())}, models::DType::kF32, flat.size()});
+      state_manifest.tensors.push_back({name, {int64_t(values.size())}, DType::kF32, flat.size()});
       flat.insert(flat.end(), values.begin(), values.end());
     }
     state_manifest.total_elements = flat.size();

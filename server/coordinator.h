@@ -68,7 +68,7 @@ class Coordinator {
     std::unique_ptr<StagedUpdate> staged;
     bool waiting_for_slot = false;
     v1::UpdateBegin begin;
-    models::Manifest layout;  // the upload's: the global model's, or a LoRA site's adapter factors
+    Manifest layout;  // the upload's: the global model's, or a LoRA site's adapter factors
     bool patch = false;  // the download is changed_ranges_ only
     std::chrono::steady_clock::time_point started;
     bool resolved() const { return record.status != "selected" && record.status != "folding"; }
@@ -114,7 +114,7 @@ class Coordinator {
   std::unique_ptr<aggregation::Strategy> strategy_;  // touched only on worker_
   std::optional<aggregation::LoraStrategyOptions> lora_;  // set in a federation of update kind lora
   std::unique_ptr<models::Evaluator> evaluator_;  // null without eval data; touched only on worker_
-  models::Manifest manifest_;
+  Manifest manifest_;
   std::shared_ptr<const std::vector<float>> global_;
   std::string global_checksum_;
   // The global model before the last commit: a site that holds it and keeps

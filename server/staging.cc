@@ -11,7 +11,7 @@
 
 namespace estuary::server {
 
-Result<std::unique_ptr<StagedUpdate>> StagedUpdate::Create(const models::Manifest& manifest,
+Result<std::unique_ptr<StagedUpdate>> StagedUpdate::Create(const Manifest& manifest,
                                                            uint64_t memory_budget,
                                                            const std::filesystem::path& spill_dir) {
   std::unique_ptr<StagedUpdate> staged(new StagedUpdate(manifest));

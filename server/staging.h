@@ -26,7 +26,7 @@ class StagedUpdate {
  public:
   // Reserves room for manifest.byte_size() bytes, in memory if that is at most
   // memory_budget, else in a temporary file under spill_dir.
-  static Result<std::unique_ptr<StagedUpdate>> Create(const models::Manifest& manifest,
+  static Result<std::unique_ptr<StagedUpdate>> Create(const Manifest& manifest,
                                                       uint64_t memory_budget,
                                                       const std::filesystem::path& spill_dir);
   ~StagedUpdate();
@@ -41,9 +41,9 @@ class StagedUpdate {
   std::span<const float> values() const;
 
  private:
-  explicit StagedUpdate(models::Manifest manifest) : manifest_(std::move(manifest)) {}
+  explicit StagedUpdate(Manifest manifest) : manifest_(std::move(manifest)) {}
 
-  models::Manifest manifest_;
+  Manifest manifest_;
   uint64_t size_bytes_ = 0;
   uint64_t next_offset_ = 0;
   bool committed_ = false;

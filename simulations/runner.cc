@@ -155,7 +155,7 @@ static Status CheckScenario(const Scenario& s) {
 struct Workload {
   std::vector<std::string> names;
   std::vector<std::unique_ptr<client::Trainer>> trainers;  // trainers[i] is names[i]'s
-  models::Manifest manifest;
+  Manifest manifest;
   std::vector<float> global;
   std::unique_ptr<models::Evaluator> evaluator;
 };
@@ -213,7 +213,7 @@ static Result<Workload> TextWorkload(const Scenario& s) {
     auto trainer = std::make_unique<client::TextTrainer>(
         std::make_shared<const std::vector<int32_t>>(std::move(sources[i].train)), compute);
     if (!site_ranks.empty()) trainer->set_lora_rank(site_ranks[i % site_ranks.size()]);
-    if (s.lora_base_dtype == "bf16") trainer->set_lora_base(models::DType::kBF16);
+    if (s.lora_base_dtype == "bf16") trainer->set_lora_base(DType::kBF16);
     w.trainers.push_back(std::move(trainer));
   }
   return w;
@@ -268,7 +268,7 @@ Result<Report> RunInproc(const Scenario& s, const RoundCallback& on_round, std::
   const auto start = Clock::now();
   ESTUARY_ASSIGN_OR_RETURN(Workload workload, MakeWorkload(s));
   ESTUARY_ASSIGN_OR_RETURN(auto strategy, StrategyOf(s));
-  const models::Manifest& manifest = workload.manifest;
+  const Manifest& manifest = workload.manifest;
   std::vector<float>& global = workload.global;
   const auto& names = workload.names;
   std::map<std::string, size_t> index_of;

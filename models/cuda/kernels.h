@@ -18,7 +18,7 @@ namespace estuary::models::cuda::internal {
 
 inline bool IsAligned(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
-// Mirrors models::DType (checked by static_assert in the .cc files); kNone: no output.
+// Mirrors DType (checked by static_assert in the .cc files); kNone: no output.
 enum class Kind : uint8_t { kF32 = 0, kBF16 = 1, kF16 = 2, kNone = 255 };
 
 constexpr int kThreads = 256;

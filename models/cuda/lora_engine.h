@@ -125,7 +125,7 @@ class LoraLlamaEngine {
   // true (the step ran): without f16 there is nothing to skip.
   Result<bool> Step(AdamW& optimizer, double max_grad_norm = 0);
   Result<bool> Step(Sgd& optimizer, double max_grad_norm = 0);
-  models::DType precision() const;
+  DType precision() const;
 
  private:
   struct Impl;

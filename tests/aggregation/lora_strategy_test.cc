@@ -45,7 +45,7 @@ std::vector<float> Random(size_t n, uint32_t seed, float scale) {
 // The weighted mean of the sites' adapted models, base + (alpha/r_i)·B_i·A_i,
 // each formed by AddLoraToBase: what exact must reproduce.
 std::vector<double> AverageModel(const LoraStrategyOptions& o, std::span<const float> base,
-                                 const std::vector<std::pair<models::Manifest, std::vector<float>>>& uploads,
+                                 const std::vector<std::pair<Manifest, std::vector<float>>>& uploads,
                                  const std::vector<double>& weights) {
   double total = 0;
   for (double w : weights) total += w;
@@ -84,7 +84,7 @@ TEST(LoraStrategy, ExactMergedGlobalIsTheWeightedAverageOfTheSitesModels) {
   std::vector<float> global = Random(o.layout.global.total_elements, 1, 0.05f);
   const std::vector<float> base(global.begin(), global.begin() + o.layout.base.total_elements);
   ASSERT_TRUE((*strategy)->Begin(1, global).ok());
-  std::vector<std::pair<models::Manifest, std::vector<float>>> uploads;
+  std::vector<std::pair<Manifest, std::vector<float>>> uploads;
   const std::vector<double> weights = {100, 250, 40};
   for (uint32_t i = 0; i < weights.size(); ++i) {
     uploads.push_back({ExpectedLoraUpload(o), Random(o.layout.adapter.total_elements, 10 + i, 0.2f)});
@@ -125,7 +125,7 @@ TEST(LoraStrategy, ExactTakesSitesOfOtherRanksWhenTheFederationAllowsIt) {
   std::vector<float> global = Random(o.layout.global.total_elements, 2, 0.05f);
   const std::vector<float> base(global.begin(), global.begin() + o.layout.base.total_elements);
   ASSERT_TRUE((*strategy)->Begin(1, global).ok());
-  std::vector<std::pair<models::Manifest, std::vector<float>>> uploads;
+  std::vector<std::pair<Manifest, std::vector<float>>> uploads;
   const std::vector<double> weights = {3, 1};
   for (int rank : {2, 8}) {
     const LoraStrategyOptions other = Options(LoraMergeRule::kExact, rank);
@@ -158,7 +158,7 @@ TEST(LoraStrategy, FrozenATakesBOnlyAndKeepsTheFederationsA) {
   std::vector<float> global = Random(o.layout.global.total_elements, 3, 0.05f);
   const std::vector<float> before = global;
   ASSERT_TRUE((*strategy)->Begin(1, global).ok());
-  const models::Manifest upload = ExpectedLoraUpload(o);
+  const Manifest upload = ExpectedLoraUpload(o);
   for (const auto& spec : upload.tensors) EXPECT_FALSE(models::IsLoraA(spec.name)) << spec.name;
   std::vector<std::vector<float>> bs;
   for (uint32_t i = 0; i < 2; ++i) {
@@ -193,12 +193,12 @@ TEST(LoraStrategy, BadUploadsAreRefusedByClientModuleAndFieldAndNotKept) {
   ASSERT_TRUE(strategy.ok());
   std::vector<float> global = Random(o.layout.global.total_elements, 4, 0.05f);
   ASSERT_TRUE((*strategy)->Begin(1, global).ok());
-  const models::Manifest good = ExpectedLoraUpload(o);
+  const Manifest good = ExpectedLoraUpload(o);
   const std::string q = "base_model.model.model.layers.0.self_attn.q_proj";
 
   struct Case {
     const char* what;
-    models::Manifest manifest;
+    Manifest manifest;
     std::string message;
   };
   std::vector<Case> cases;
@@ -209,7 +209,7 @@ TEST(LoraStrategy, BadUploadsAreRefusedByClientModuleAndFieldAndNotKept) {
                      "among the federation's target modules"});
   }
   {  // The last module's B left out.
-    models::Manifest m = good;
+    Manifest m = good;
     m.total_elements -= m.tensors.back().numel();
     m.tensors.pop_back();
     cases.push_back({"missing factor", m,
@@ -217,18 +217,18 @@ TEST(LoraStrategy, BadUploadsAreRefusedByClientModuleAndFieldAndNotKept) {
                      "of 12 tensors sent)"});
   }
   {  // q_proj's A with another in_features.
-    models::Manifest m = good;
+    Manifest m = good;
     m.tensors[0].shape = {4, 12};
     cases.push_back({"shape", m, fmt::format("lora update from bad: module {}: lora_A in_features 12, the "
                                              "federation's is 16", q)});
   }
   {  // B's rank disagreeing with its A's (mixed ranks would allow rank 2, not two ranks).
-    models::Manifest m = good;
+    Manifest m = good;
     m.tensors[1].shape = {16, 2};
     cases.push_back({"B rank", m, fmt::format("lora update from bad: module {}: lora_B rank 2, the federation's is 4", q)});
   }
   {  // Not a LoRA tensor at all.
-    models::Manifest m = good;
+    Manifest m = good;
     m.tensors[0].name = "model.layers.0.self_attn.q_proj.weight";
     cases.push_back({"base tensor", m,
                      "lora update from bad: tensor model.layers.0.self_attn.q_proj.weight: not a LoRA factor (the "

@@ -150,12 +150,12 @@ struct Scenario {
   ZeroStage stage = ZeroStage::kDdp;
   TaskConfig task;
   int lora_rank = 0;  // a lora site's own adapter rank (0: the federation's)
-  models::DType lora_base = models::DType::kF32;
+  DType lora_base = DType::kF32;
 };
 void PrintTo(const Scenario& s, std::ostream* os) {
   *os << s.model << " on " << s.ranks << " ranks, zero " << int(s.stage);
   if (s.task.update_kind == UpdateKind::kLora) {
-    *os << ", lora " << s.task.lora.merge << " site rank " << s.lora_rank << " base " << models::DTypeName(s.lora_base);
+    *os << ", lora " << s.task.lora.merge << " site rank " << s.lora_rank << " base " << DTypeName(s.lora_base);
   }
 }
 
@@ -197,7 +197,7 @@ Status RunSite(const Scenario& s, const std::string& address, int rank) {
 
   const bool lora = s.task.update_kind == UpdateKind::kLora;
   std::vector<float> global;
-  models::Manifest manifest;
+  Manifest manifest;
   if (lora) {
     ESTUARY_ASSIGN_OR_RETURN(auto initial, models::LoraInitialModel(s.model, s.task.lora.config, 3, ""));
     global = std::move(initial.values);
@@ -253,7 +253,7 @@ Status RunSite(const Scenario& s, const std::string& address, int rank) {
     if (got.kind != want.kind || !(got.manifest == want.manifest)) {
       return Internal("round {}: the update's kind or manifest is not one process's", round);
     }
-    if (s.lora_base != models::DType::kF32) {  // the base's storage does reach the model: f32 trains otherwise
+    if (s.lora_base != DType::kF32) {  // the base's storage does reach the model: f32 trains otherwise
       ESTUARY_ASSIGN_OR_RETURN(Update f32, TextTrainer(tokens).Train(global, manifest, s.task, round, "site-x"));
       if (!(RelError(f32.payload, want.payload) > 1e-6)) return Internal("round {}: a bf16 base trained as f32", round);
     }
@@ -346,14 +346,14 @@ INSTANTIATE_TEST_SUITE_P(
                       Scenario{"llama-tiny", 3, ZeroStage::kZero1, LoraTask("naive")},
                       Scenario{"llama-tiny", 2, ZeroStage::kZero2, LoraTask("frozen-a")},
                       Scenario{"llama-tiny", 3, ZeroStage::kDdp, LoraTask("exact", true), 2},
-                      Scenario{"llama-tiny", 2, ZeroStage::kZero1, LoraTask("exact"), 0, models::DType::kBF16}),
+                      Scenario{"llama-tiny", 2, ZeroStage::kZero1, LoraTask("exact"), 0, DType::kBF16}),
     [](const auto& info) {
       const Scenario& s = info.param;
       std::string name = fmt::format("{}_{}ranks_zero{}", s.model == "mlp" ? "mlp" : "llama", s.ranks, int(s.stage));
       if (s.task.update_kind == UpdateKind::kLora) {
         name += fmt::format("_lora_{}", s.task.lora.merge == "frozen-a" ? "frozen_a" : s.task.lora.merge);
         if (s.lora_rank != 0) name += fmt::format("_site_rank{}", s.lora_rank);
-        if (s.lora_base != models::DType::kF32) name += fmt::format("_base_{}", models::DTypeName(s.lora_base));
+        if (s.lora_base != DType::kF32) name += fmt::format("_base_{}", DTypeName(s.lora_base));
       }
       return name;
     });

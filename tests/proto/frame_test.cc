@@ -88,10 +88,10 @@ TEST(Frame, RefusesGarbageAndEmptyEnvelopes) {
   EXPECT_NE(parsed.status().message().find("no message"), std::string::npos);
 }
 
-models::Manifest TwoTensors() {
-  models::Manifest m;
-  m.tensors.push_back({"a", {4, 2}, models::DType::kF32, 0});
-  m.tensors.push_back({"b", {3}, models::DType::kF32, 8});
+Manifest TwoTensors() {
+  Manifest m;
+  m.tensors.push_back({"a", {4, 2}, DType::kF32, 0});
+  m.tensors.push_back({"b", {3}, DType::kF32, 8});
   m.total_elements = 11;
   return m;
 }

@@ -8,9 +8,9 @@
 namespace estuary::server {
 namespace {
 
-models::Manifest Flat(uint64_t n) {
-  models::Manifest m;
-  m.tensors.push_back({"w", {int64_t(n)}, models::DType::kF32, 0});
+Manifest Flat(uint64_t n) {
+  Manifest m;
+  m.tensors.push_back({"w", {int64_t(n)}, DType::kF32, 0});
   m.total_elements = n;
   return m;
 }

@@ -553,11 +553,11 @@ TEST(LoraSimulation, SitesOfOtherRanksJoinAnExactFederation) {
     if (ranks[i] != 4) {
       // ... equals the global adapted model plus its own rank-r_i adapter,
       // read back out of the stack (rows 4.. of A, columns 4.. of B undone).
-      models::Manifest own;
+      Manifest own;
       std::vector<float> own_values;
       const double unscale = (double(lora->alpha) / double(4 + ranks[i])) / (double(lora->alpha) / ranks[i]);
       for (const auto& spec : update->manifest.tensors) {
-        models::TensorSpec o{spec.name, spec.shape, models::DType::kF32, own.total_elements};
+        TensorSpec o{spec.name, spec.shape, DType::kF32, own.total_elements};
         const float* v = update->payload.data() + spec.offset;
         if (models::IsLoraA(spec.name)) {
           o.shape = {ranks[i], spec.shape[1]};
