@@ -23,17 +23,17 @@
 #include <functional>
 #include <vector>
 
-#include "client/gloo_communicator.h"
+#include "comm/gloo_communicator.h"
 #ifdef ESTUARY_HAVE_NCCL
 #include <cuda_runtime_api.h>
 
-#include "client/nccl_communicator.h"
+#include "comm/nccl_communicator.h"
 #endif
 
 namespace {
 
 using namespace estuary;
-using namespace estuary::client;
+using namespace estuary::comm;
 using Clock = std::chrono::steady_clock;
 
 // Where a rank's buffers live, and the baseline copy there.

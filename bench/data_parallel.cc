@@ -18,9 +18,9 @@
 #include <random>
 #include <vector>
 
-#include "client/data_parallel.h"
+#include "parallel/data_parallel.h"
 #include "bench/rank_processes.h"
-#include "client/gloo_communicator.h"
+#include "comm/gloo_communicator.h"
 #include "models/llama.h"
 #include "models/model.h"
 #include "models/optimizer.h"
@@ -117,12 +117,12 @@ Figures RunRank(const std::string& model, int kind, int n, int rank, int global_
     f.step_ms = Median(step_ms);
     return f;
   }
-  auto comm = client::ConnectGloo({.address = address, .rank = rank, .size = n}, {.host = "127.0.0.1"});
+  auto comm = comm::ConnectGloo({.address = address, .rank = rank, .size = n}, {.host = "127.0.0.1"});
   if (!comm.ok()) {
     std::fprintf(stderr, "rank %d: %s\n", rank, comm.status().ToString().c_str());
     std::exit(1);
   }
-  auto dp = client::DataParallel::Create(**comm, net, {.stage = client::ZeroStage(kind), .broadcast_parameters = false});
+  auto dp = parallel::DataParallel::Create(**comm, net, {.stage = parallel::ZeroStage(kind), .broadcast_parameters = false});
   if (!dp.ok()) {
     std::fprintf(stderr, "rank %d: %s\n", rank, dp.status().ToString().c_str());
     std::exit(1);
@@ -145,7 +145,7 @@ Figures RunRank(const std::string& model, int kind, int n, int rank, int global_
       exposed_ms.push_back(exposed);
     }
   }
-  if (kind == int(client::ZeroStage::kDdp)) {
+  if (kind == int(parallel::ZeroStage::kDdp)) {
     // The same collectives with nothing to hide behind.
     for (int s = -1; s < steps; ++s) {
       const double total = step([&] { (*dp)->MicroBatch(1.0, true).hooks->GradientsFinal(0); });
@@ -190,7 +190,7 @@ int main(int argc, char** argv) {
         const Figures f = Launch(model, kind, n, batch, steps);
         const std::string hidden =
             kind == 0 && n > 1 && f.comm_ms > 0 ? fmt::format("{:.0f}%", 100 * std::max(0.0, 1 - f.exposed_ms / f.comm_ms)) : "-";
-        std::printf("%-8s %-6s %2d %10.2f %9.2f %12.2f %12s %8s\n", model.c_str(), std::string(client::ZeroStageName(client::ZeroStage(kind))).c_str(), n, f.step_ms,
+        std::printf("%-8s %-6s %2d %10.2f %9.2f %12.2f %12s %8s\n", model.c_str(), std::string(parallel::ZeroStageName(parallel::ZeroStage(kind))).c_str(), n, f.step_ms,
                     plain.step_ms / f.step_ms, f.exposed_ms, kind == 0 ? fmt::format("{:.2f}", f.comm_ms).c_str() : "-",
                     hidden.c_str());
         std::fflush(stdout);

@@ -1,7 +1,7 @@
 // bench/ddp_gpu: what the data-parallel wrapper costs on one GPU. The same
 // engine (the ~124M decoder of bench/llama_gpu, bf16, AdamW) trains plain
 // (ForwardBackwardAsync + Step, no host wait) and as rank 0 of a one-GPU NCCL
-// site (client/data_parallel.h) under DDP (25 MB buckets all-reduced from the
+// site (parallel/data_parallel.h) under DDP (25 MB buckets all-reduced from the
 // backward hooks on the communicator's stream, a host wait for them, then the
 // engine's step) and under ZeRO-1 (the buckets reduce-scattered into the
 // shard, AdamW on the shard, the parameters all-gathered, the bf16 working
@@ -19,8 +19,8 @@
 #include <random>
 #include <vector>
 
-#include "client/data_parallel.h"
-#include "client/nccl_communicator.h"
+#include "parallel/data_parallel.h"
+#include "comm/nccl_communicator.h"
 #include "models/cuda/device.h"
 #include "models/cuda/llama_engine.h"
 #include "models/cuda/optimizer.h"
@@ -53,7 +53,7 @@ int main(int argc, char** argv) {
   if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) return fail(Internal("stream"));
   const auto dir = std::filesystem::temp_directory_path() / fmt::format("ddp_gpu.{}", getpid());
   std::filesystem::create_directories(dir);
-  auto comm = client::ConnectNccl({.address = "file://" + dir.string(), .rank = 0, .size = 1}, 0, stream);
+  auto comm = comm::ConnectNccl({.address = "file://" + dir.string(), .rank = 0, .size = 1}, 0, stream);
   std::filesystem::remove_all(dir);
   if (!comm.ok()) return fail(comm.status());
 
@@ -68,13 +68,13 @@ int main(int argc, char** argv) {
   auto opt = cuda::AdamW::Create(engine->parameter_count(), adamw, stream);
   if (!opt.ok()) return fail(opt.status());
   const size_t count = size_t(engine->parameter_count());
-  client::DataParallelOptions ddp_options, zero1_options;
+  parallel::DataParallelOptions ddp_options, zero1_options;
   ddp_options.device_stream = zero1_options.device_stream = stream;
-  zero1_options.stage = client::ZeroStage::kZero1;
+  zero1_options.stage = parallel::ZeroStage::kZero1;
   const std::span<float> params(engine->parameters(), count), grads(engine->gradients(), count);
-  auto dp = client::DataParallel::Create(**comm, params, grads, engine->units(), ddp_options);
+  auto dp = parallel::DataParallel::Create(**comm, params, grads, engine->units(), ddp_options);
   if (!dp.ok()) return fail(dp.status());
-  auto zero1 = client::DataParallel::Create(**comm, params, grads, engine->units(), zero1_options);
+  auto zero1 = parallel::DataParallel::Create(**comm, params, grads, engine->units(), zero1_options);
   if (!zero1.ok()) return fail(zero1.status());
   auto shard_opt = cuda::AdamW::Create(int64_t((*zero1)->shard_size()), adamw, stream);
   if (!shard_opt.ok()) return fail(shard_opt.status());

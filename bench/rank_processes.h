@@ -14,7 +14,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "client/rendezvous.h"
+#include "comm/rendezvous.h"
 
 namespace estuary::bench {
 
@@ -22,7 +22,7 @@ namespace estuary::bench {
 template <typename Figures, typename Body>
 std::vector<Figures> RunRanks(const char* who, int n, Body&& body) {
   static_assert(std::is_trivially_copyable_v<Figures>, "figures travel through a pipe as bytes");
-  auto address = client::FreeLoopbackRendezvous();
+  auto address = comm::FreeLoopbackRendezvous();
   int fds[2];
   if (!address.ok() || pipe(fds) != 0) {
     std::fprintf(stderr, "%s: cannot set up the ranks: %s\n", who,

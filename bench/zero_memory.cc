@@ -28,9 +28,9 @@
 #include <string>
 #include <vector>
 
-#include "client/data_parallel.h"
+#include "parallel/data_parallel.h"
 #include "bench/rank_processes.h"
-#include "client/gloo_communicator.h"
+#include "comm/gloo_communicator.h"
 #include "models/language_model.h"
 #include "models/llama.h"
 #include "models/optimizer.h"
@@ -47,7 +47,7 @@ using Clock = std::chrono::steady_clock;
 struct RankFigures {
   int rank = 0;
   size_t parameter_bytes = 0;  // P
-  client::MemoryUse engine;
+  parallel::MemoryUse engine;
   size_t arena = 0;            // resident bytes of the activation arena
   size_t peak_steps = 0, peak_process = 0;
   double step_seconds = 0;
@@ -72,7 +72,7 @@ void ResetPeak() { std::ofstream("/proc/self/clear_refs") << "5"; }
   std::exit(1);
 }
 
-RankFigures RunRank(client::ZeroStage stage, int n, int rank, int steps, int seq, const std::string& address) {
+RankFigures RunRank(parallel::ZeroStage stage, int n, int rank, int steps, int seq, const std::string& address) {
   openblas_set_num_threads(1);
   auto config = models::LlamaPreset("llama-124m");
   if (!config.ok()) Die(rank, config.status());
@@ -84,10 +84,10 @@ RankFigures RunRank(client::ZeroStage stage, int n, int rank, int steps, int seq
   for (auto& t : tokens) t = int32_t(gen() % config->vocab_size);
   for (auto& t : targets) t = int32_t(gen() % config->vocab_size);
 
-  auto comm = client::ConnectGloo({.address = address, .rank = rank, .size = n}, {.host = "127.0.0.1"});
+  auto comm = comm::ConnectGloo({.address = address, .rank = rank, .size = n}, {.host = "127.0.0.1"});
   if (!comm.ok()) Die(rank, comm.status());
   // Every rank initialised the same weights: no broadcast needed.
-  auto dp = client::DataParallel::Create(**comm, *model, {.stage = stage, .broadcast_parameters = false});
+  auto dp = parallel::DataParallel::Create(**comm, *model, {.stage = stage, .broadcast_parameters = false});
   if (!dp.ok()) Die(rank, dp.status());
   models::AdamW opt({.lr = 1e-4f});
 
@@ -120,19 +120,19 @@ RankFigures RunRank(client::ZeroStage stage, int n, int rank, int steps, int seq
 namespace {
 
 // Runs n ranks as child processes and collects every rank's figures.
-std::vector<RankFigures> Launch(client::ZeroStage stage, int n, int steps, int seq) {
+std::vector<RankFigures> Launch(parallel::ZeroStage stage, int n, int steps, int seq) {
   return bench::RunRanks<RankFigures>("zero_memory", n, [&](int rank, const std::string& address) {
     return RunRank(stage, n, rank, steps, seq, address);
   });
 }
 
-double Formula(client::ZeroStage stage, int n, double P) {
+double Formula(parallel::ZeroStage stage, int n, double P) {
   const double G = P, O = 2 * P;
   switch (stage) {
-    case client::ZeroStage::kDdp: return P + G + O;
-    case client::ZeroStage::kZero1: return P + G + O / n;
-    case client::ZeroStage::kZero2: return P + G / n + O / n;
-    case client::ZeroStage::kZero3: return (P + G + O) / n;
+    case parallel::ZeroStage::kDdp: return P + G + O;
+    case parallel::ZeroStage::kZero1: return P + G + O / n;
+    case parallel::ZeroStage::kZero2: return P + G / n + O / n;
+    case parallel::ZeroStage::kZero3: return (P + G + O) / n;
   }
   return 0;
 }
@@ -157,7 +157,7 @@ int main(int argc, char** argv) {
               "step s");
   for (int n : ranks) {
     for (int k : stages) {
-      const auto stage = client::ZeroStage(k);
+      const auto stage = parallel::ZeroStage(k);
       const std::vector<RankFigures> figures = Launch(stage, n, steps, seq);
       auto max = [&](auto field) {
         double m = 0;
@@ -167,7 +167,7 @@ int main(int argc, char** argv) {
       const double engine = max([](const RankFigures& f) { return f.engine.total(); });
       const double formula = Formula(stage, n, double(figures[0].parameter_bytes));
       std::printf("%-6s %2d %8s %8s %8s %9s %7s %8s %8s %6.3f %7s %11s %13s %7.1f\n",
-                  std::string(client::ZeroStageName(stage)).c_str(), n,
+                  std::string(parallel::ZeroStageName(stage)).c_str(), n,
                   MiB(max([](const RankFigures& f) { return f.engine.parameters; })).c_str(),
                   MiB(max([](const RankFigures& f) { return f.engine.gradients; })).c_str(),
                   MiB(max([](const RankFigures& f) { return f.engine.shard_parameters + f.engine.shard_gradients; }))

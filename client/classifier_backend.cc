@@ -50,7 +50,7 @@ class CpuClassifierBackend : public ClassifierBackend {
 }  // namespace
 
 Result<ClassifierBackend*> ThreadClassifierBackend(const std::string& model, int batch, const Compute& compute) {
-  if (compute.device == models::Device::kCuda) return ThreadCudaClassifierBackend(model, batch, compute);
+  if (compute.device == Device::kCuda) return ThreadCudaClassifierBackend(model, batch, compute);
   // The CPU model has no batch-sized state: one per model name.
   thread_local std::map<std::string, std::unique_ptr<ClassifierBackend>> backends;
   auto& slot = backends[model];

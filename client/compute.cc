@@ -12,7 +12,7 @@ namespace estuary::client {
 
 std::string Compute::ToString() const {
   const char* precision_name = precision == DType::kF32 ? "fp32" : precision == DType::kBF16 ? "bf16" : "fp16";
-  if (device == models::Device::kCpu) return fmt::format("cpu {}", precision_name);
+  if (device == Device::kCpu) return fmt::format("cpu {}", precision_name);
   return fmt::format("cuda:{} {}", device_index, precision_name);
 }
 
@@ -36,7 +36,7 @@ Result<Compute> ParseCompute(std::string_view device, std::string_view precision
   if (device != "cuda" && !device.starts_with("cuda:")) {
     return InvalidArgument("--device '{}': expected cpu, cuda or cuda:N", device);
   }
-  compute.device = models::Device::kCuda;
+  compute.device = Device::kCuda;
   if (device.size() > 5) {
     const std::string_view digits = device.substr(5);
     auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), compute.device_index);

@@ -12,7 +12,7 @@
 namespace estuary::client {
 
 struct Compute {
-  models::Device device = models::Device::kCpu;
+  Device device = Device::kCpu;
   int device_index = 0;
   DType precision = DType::kF32;
   std::string ToString() const;  // "cpu fp32", "cuda:0 bf16"

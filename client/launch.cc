@@ -84,7 +84,7 @@ Result<SiteLayout> MakeSiteLayout(const SiteFlags& flags, const std::function<Re
   layout.nodes = flags.nodes;
   layout.node_rank = flags.node_rank;
   layout.local_rank = flags.local_rank;
-  layout.zero = ZeroStage(flags.zero);
+  layout.zero = parallel::ZeroStage(flags.zero);
   layout.rendezvous = flags.rendezvous;
   layout.timeout = std::chrono::milliseconds(int64_t(flags.rank_timeout_s * 1000));
   return layout;

@@ -20,8 +20,8 @@
 #include <vector>
 
 #include "base/status.h"
-#include "client/rendezvous.h"
-#include "client/data_parallel.h"
+#include "comm/rendezvous.h"
+#include "parallel/data_parallel.h"
 
 namespace estuary::client {
 
@@ -46,7 +46,7 @@ struct SiteLayout {
   int local_rank = 0;
   std::string backend = "gloo";
   std::vector<int> gpus;  // nccl: the GPU of each local rank
-  ZeroStage zero = ZeroStage::kDdp;
+  parallel::ZeroStage zero = parallel::ZeroStage::kDdp;
   std::string rendezvous;  // empty until the launcher picks one (single node)
   std::chrono::milliseconds timeout{60000};
 

@@ -55,7 +55,7 @@ class CpuLmBackend : public LmBackend {
 }  // namespace
 
 Result<LmBackend*> ThreadLmBackend(const std::string& model, int batch, const Compute& compute) {
-  if (compute.device == models::Device::kCuda) return ThreadCudaLmBackend(model, batch, compute);
+  if (compute.device == Device::kCuda) return ThreadCudaLmBackend(model, batch, compute);
   thread_local std::map<std::pair<std::string, int>, std::unique_ptr<LmBackend>> backends;
   auto& slot = backends[{model, batch}];
   if (!slot) {

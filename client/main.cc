@@ -17,7 +17,7 @@
 #include "base/host_port.h"
 #include "base/memory.h"
 #include "client/agent.h"
-#include "client/gloo_communicator.h"
+#include "comm/gloo_communicator.h"
 #include "client/launch.h"
 #include "client/site.h"
 #include "crypto/tls.h"
@@ -29,7 +29,7 @@
 #include "models/cuda/device.h"
 #endif
 #ifdef ESTUARY_HAVE_NCCL
-#include "client/nccl_communicator.h"
+#include "comm/nccl_communicator.h"
 #endif
 
 extern "C" void openblas_set_num_threads(int);
@@ -109,15 +109,15 @@ Result<int> GpuCount() {
 // collectives follow it, so a bucket's all-reduce starts when the backward
 // kernels before it are done. The stream lives as long as the process.
 struct RankLink {
-  std::unique_ptr<client::Communicator> comm;
+  std::unique_ptr<comm::Communicator> comm;
   void* stream = nullptr;
 };
 
 // served: rank 0's store when it already serves (a single node's default).
-Result<RankLink> ConnectRanks(const client::SiteLayout& site, std::unique_ptr<client::Store> served) {
-  client::RendezvousOptions options{site.rendezvous, site.global_rank(), site.world(), site.timeout};
+Result<RankLink> ConnectRanks(const client::SiteLayout& site, std::unique_ptr<comm::Store> served) {
+  comm::RendezvousOptions options{site.rendezvous, site.global_rank(), site.world(), site.timeout};
   if (site.backend == "gloo") {
-    ESTUARY_ASSIGN_OR_RETURN(auto comm, client::ConnectGloo(options, {}, std::move(served)));
+    ESTUARY_ASSIGN_OR_RETURN(auto comm, comm::ConnectGloo(options, {}, std::move(served)));
     return RankLink{std::move(comm)};
   }
 #ifdef ESTUARY_HAVE_NCCL
@@ -130,7 +130,7 @@ Result<RankLink> ConnectRanks(const client::SiteLayout& site, std::unique_ptr<cl
     return FailedPrecondition("rank {}: cudaStreamCreate on GPU {} failed: {}", site.global_rank(), gpu,
                               cudaGetErrorString(e));
   }
-  ESTUARY_ASSIGN_OR_RETURN(auto comm, client::ConnectNccl(options, gpu, stream, std::move(served)));
+  ESTUARY_ASSIGN_OR_RETURN(auto comm, comm::ConnectNccl(options, gpu, stream, std::move(served)));
   return RankLink{std::move(comm), stream};
 #else
   return FailedPrecondition("--backend nccl: this build has no NCCL");
@@ -140,11 +140,11 @@ Result<RankLink> ConnectRanks(const client::SiteLayout& site, std::unique_ptr<cl
 Result<std::unique_ptr<client::RankTrainer>> MakeRankTrainer(const RankLink& link, const SiteData& data,
                                                              const client::SiteLayout& site,
                                                              const std::string& precision, const LoraSite& lora) {
-  client::Communicator& comm = *link.comm;
-  client::DataParallelOptions options;
+  comm::Communicator& comm = *link.comm;
+  parallel::DataParallelOptions options;
   options.stage = site.zero;
-  if (comm.device() != models::Device::kCpu) {
-    if (site.zero == client::ZeroStage::kZero2 || site.zero == client::ZeroStage::kZero3) {
+  if (comm.device() != Device::kCpu) {
+    if (site.zero == parallel::ZeroStage::kZero2 || site.zero == parallel::ZeroStage::kZero3) {
       return InvalidArgument("--gpus with --zero {}: GPU ranks run DDP or ZeRO-1 (--zero 0|1); ZeRO-2/3 give pages "
                              "of the flat buffers back between uses, which a GPU buffer cannot (they run on "
                              "--ranks N --backend gloo)",
@@ -401,7 +401,7 @@ int main(int argc, char** argv) {
   // GPU ranks take their device from --gpus and their precision from --precision.
   auto compute = client::ParseCompute(device, site->backend == "nccl" ? "fp32" : precision);
   if (!compute.ok()) return Fail(compute.status());
-  if (site->multi_rank() && site->backend == "gloo" && compute->device != models::Device::kCpu) {
+  if (site->multi_rank() && site->backend == "gloo" && compute->device != Device::kCpu) {
     return Fail(InvalidArgument("--device {} with {} ranks: gloo ranks train on the CPU; use --gpus for GPUs", device,
                                 site->world()));
   }
@@ -429,12 +429,12 @@ int main(int argc, char** argv) {
 
   // A site of several ranks. Local rank 0 starts the others of its node.
   LocalRanks children;
-  std::unique_ptr<client::Store> served;
+  std::unique_ptr<comm::Store> served;
   if (site->local_rank == 0) {
     std::vector<std::string> extra;
     if (site->rendezvous.empty()) {
       // Serving before the others start: they are told a port already held.
-      auto store = client::ServeLoopbackStore();
+      auto store = comm::ServeLoopbackStore();
       if (!store.ok()) return Fail(store.status());
       served = std::move(store).value();
       site->rendezvous = served->address();
@@ -457,11 +457,11 @@ int main(int argc, char** argv) {
   };
   auto link = ConnectRanks(*site, std::move(served));
   if (!link.ok()) return fail(link.status());
-  client::Communicator& comm = *link->comm;
+  comm::Communicator& comm = *link->comm;
   auto rank_trainer = MakeRankTrainer(*link, *site_data, *site, precision, lora);
   if (!rank_trainer.ok()) return fail(rank_trainer.status());
   spdlog::info("rank {} of {} (pid {}, {}, {}) joined at {}", site->global_rank(), site->world(), getpid(), site->backend,
-               site->zero == client::ZeroStage::kDdp ? "DDP" : fmt::format("ZeRO-{}", int(site->zero)),
+               site->zero == parallel::ZeroStage::kDdp ? "DDP" : fmt::format("ZeRO-{}", int(site->zero)),
                site->rendezvous);
 
   if (!agent_rank) {

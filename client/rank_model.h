@@ -25,9 +25,9 @@
 #include <string>
 
 #include "base/status.h"
-#include "client/communicator.h"
+#include "comm/communicator.h"
 #include "client/compute.h"
-#include "client/data_parallel.h"
+#include "parallel/data_parallel.h"
 #include "client/trainer.h"
 #include "models/lora.h"
 #include "models/step_hooks.h"
@@ -41,9 +41,9 @@ class RankModel {
   virtual const Manifest& manifest() const = 0;
   // Loads the round's global weights, starts a fresh optimizer for the task
   // and this round's DataParallel over the model's buffers. Collective.
-  virtual Result<std::unique_ptr<DataParallel>> StartRound(Communicator& comm, std::span<const float> global,
+  virtual Result<std::unique_ptr<parallel::DataParallel>> StartRound(comm::Communicator& comm, std::span<const float> global,
                                                            const TaskConfig& task,
-                                                           const DataParallelOptions& options) = 0;
+                                                           const parallel::DataParallelOptions& options) = 0;
   // The step DataParallel::Step calls back; a failure is kept for FinishStep.
   virtual void OptimizerStep(std::span<const models::ParameterSlice> slices) = 0;
   // After DataParallel::Step: whatever the model still owes the step (a
@@ -51,7 +51,7 @@ class RankModel {
   // OptimizerStep since the last call.
   virtual Status FinishStep() = 0;
   // Hands out the trained parameters in host memory, as ForEachSlice does.
-  virtual Status ReadOut(DataParallel& dp, const std::function<Status(uint64_t, std::span<const float>)>& fn) = 0;
+  virtual Status ReadOut(parallel::DataParallel& dp, const std::function<Status(uint64_t, std::span<const float>)>& fn) = 0;
 };
 
 // The decoders: token windows in, the mean next-token loss out.

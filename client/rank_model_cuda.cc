@@ -28,29 +28,29 @@ class CudaRankModel : public Base {
 
   const Manifest& manifest() const override { return engine_.manifest(); }
 
-  Result<std::unique_ptr<DataParallel>> StartRound(Communicator& comm, std::span<const float> global,
+  Result<std::unique_ptr<parallel::DataParallel>> StartRound(comm::Communicator& comm, std::span<const float> global,
                                                    const TaskConfig& task,
-                                                   const DataParallelOptions& options) override {
+                                                   const parallel::DataParallelOptions& options) override {
     if (global.size() != manifest().total_elements) {
       return InvalidArgument("site: {} global values for model '{}' of {}", global.size(), task.model,
                              manifest().total_elements);
     }
-    if (options.stage != ZeroStage::kDdp && engine_.precision() == DType::kF16) {
+    if (options.stage != parallel::ZeroStage::kDdp && engine_.precision() == DType::kF16) {
       // The engine scales an fp16 loss by its own scaler, which sees all of
       // the gradients; under ZeRO a rank steps only its shard.
       return InvalidArgument("site: fp16 with {} on a GPU: the fp16 loss scaler runs with DDP only; use bf16 or "
                              "--zero 0",
-                             ZeroStageName(options.stage));
+                             parallel::ZeroStageName(options.stage));
     }
     ESTUARY_RETURN_IF_ERROR(engine_.CopyParametersFrom(global));
     const size_t n = size_t(engine_.parameter_count());
-    DataParallelOptions on_stream = options;
+    parallel::DataParallelOptions on_stream = options;
     on_stream.device_stream = engine_.stream();
-    ESTUARY_ASSIGN_OR_RETURN(auto dp, DataParallel::Create(comm, std::span<float>(engine_.parameters(), n),
+    ESTUARY_ASSIGN_OR_RETURN(auto dp, parallel::DataParallel::Create(comm, std::span<float>(engine_.parameters(), n),
                                                            std::span<float>(engine_.gradients(), n), engine_.units(),
                                                            on_stream));
     // Under ZeRO the optimizer steps this rank's shard only: its state is 1/N.
-    sharded_ = dp->stage() != ZeroStage::kDdp;
+    sharded_ = dp->stage() != parallel::ZeroStage::kDdp;
     const int64_t count = sharded_ ? int64_t(dp->shard_size()) : int64_t(n);
     adamw_.reset();
     sgd_.reset();
@@ -87,7 +87,7 @@ class CudaRankModel : public Base {
     return std::exchange(error_, Status::Ok());
   }
 
-  Status ReadOut(DataParallel&, const std::function<Status(uint64_t, std::span<const float>)>& fn) override {
+  Status ReadOut(parallel::DataParallel&, const std::function<Status(uint64_t, std::span<const float>)>& fn) override {
     host_.resize(size_t(engine_.parameter_count()));
     ESTUARY_RETURN_IF_ERROR(engine_.CopyParametersTo(host_));
     return fn(0, host_);
@@ -154,9 +154,9 @@ class CudaRankLoraDecoder : public CudaRankModel<models::cuda::LoraLlamaEngine, 
   }
   void SetFirstRow(int64_t) override {}
 
-  Result<std::unique_ptr<DataParallel>> StartRound(Communicator& comm, std::span<const float> global,
+  Result<std::unique_ptr<parallel::DataParallel>> StartRound(comm::Communicator& comm, std::span<const float> global,
                                                    const TaskConfig& task,
-                                                   const DataParallelOptions& options) override {
+                                                   const parallel::DataParallelOptions& options) override {
     ESTUARY_ASSIGN_OR_RETURN(auto dp, CudaRankModel::StartRound(comm, global, task, options));
     frozen_.Start(task, global);
     return dp;
@@ -183,7 +183,7 @@ class CudaRankLoraDecoder : public CudaRankModel<models::cuda::LoraLlamaEngine, 
 };
 
 Status UseDevice(const Compute& compute) {
-  if (compute.device != models::Device::kCuda) {
+  if (compute.device != Device::kCuda) {
     return InvalidArgument("site: a GPU rank needs a cuda device, not {}", compute.ToString());
   }
   if (cudaError_t e = cudaSetDevice(compute.device_index); e != cudaSuccess) {

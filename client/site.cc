@@ -27,7 +27,7 @@ BatchShare ShareOfBatch(uint64_t n, int ranks, int rank) {
 
 namespace {
 
-Status Await(std::unique_ptr<Work> work) { return work->Wait(); }
+Status Await(std::unique_ptr<comm::Work> work) { return work->Wait(); }
 
 // The optimizer of a round, stepping whatever span DataParallel hands it (the
 // whole buffer under DDP, this rank's shard under ZeRO).
@@ -56,14 +56,14 @@ class RoundOptimizer {
 // Loads a round's global weights into this rank's model and starts its
 // DataParallel. Collective.
 template <typename M>
-Result<std::unique_ptr<DataParallel>> StartRound(Communicator& comm, M& model, std::span<const float> global,
-                                                 const TaskConfig& task, const DataParallelOptions& options) {
+Result<std::unique_ptr<parallel::DataParallel>> StartRound(comm::Communicator& comm, M& model, std::span<const float> global,
+                                                 const TaskConfig& task, const parallel::DataParallelOptions& options) {
   if (global.size() != model.parameters().size()) {
     return InvalidArgument("site: {} global values for model '{}' of {}", global.size(), task.model,
                            model.parameters().size());
   }
   std::copy(global.begin(), global.end(), model.parameters().begin());
-  return DataParallel::Create(comm, model, options);
+  return parallel::DataParallel::Create(comm, model, options);
 }
 
 // This rank's part of a global batch: the items it computes and the weight
@@ -76,7 +76,7 @@ struct RankRows {
   uint64_t examples = 0;  // 0 for an empty share
   double weight = 0;
 };
-RankRows RowsOf(std::span<const uint32_t> batch, const Communicator& comm) {
+RankRows RowsOf(std::span<const uint32_t> batch, const comm::Communicator& comm) {
   const BatchShare share = ShareOfBatch(batch.size(), comm.size(), comm.rank());
   if (share.count == 0) return {batch.first(1), 0, 0, 0.0};
   return {batch.subspan(share.begin, share.count), share.begin, share.count,
@@ -88,16 +88,16 @@ RankRows RowsOf(std::span<const uint32_t> batch, const Communicator& comm) {
 class RoundState {
  public:
   // After the epochs: the loss summed over ranks, over loss_count.
-  Result<double> Finish(std::unique_ptr<DataParallel> dp, double loss_sum, double loss_count) {
+  Result<double> Finish(std::unique_ptr<parallel::DataParallel> dp, double loss_sum, double loss_count) {
     dp_ = std::move(dp);
     ESTUARY_ASSIGN_OR_RETURN(const double total, dp_->SumOverRanks(loss_sum));
     return total / loss_count;
   }
   Status ReadOut(const std::function<Status(uint64_t, std::span<const float>)>& fn) {
-    return ReadOut([&](DataParallel& dp) { return dp.ForEachSlice(fn); });
+    return ReadOut([&](parallel::DataParallel& dp) { return dp.ForEachSlice(fn); });
   }
   // The same, through a reader of the round's DataParallel.
-  Status ReadOut(const std::function<Status(DataParallel&)>& read) {
+  Status ReadOut(const std::function<Status(parallel::DataParallel&)>& read) {
     if (!dp_) return FailedPrecondition("site: ReadOut without a trained round");
     Status s = read(*dp_);
     dp_.reset();
@@ -105,12 +105,12 @@ class RoundState {
   }
 
  private:
-  std::unique_ptr<DataParallel> dp_;
+  std::unique_ptr<parallel::DataParallel> dp_;
 };
 
 class ClassifierRankTrainer : public RankTrainer {
  public:
-  ClassifierRankTrainer(Communicator& comm, std::shared_ptr<const models::Dataset> data, DataParallelOptions options,
+  ClassifierRankTrainer(comm::Communicator& comm, std::shared_ptr<const models::Dataset> data, parallel::DataParallelOptions options,
                         RankClassifierFactory make_model)
       : comm_(comm), data_(std::move(data)), options_(options), make_model_(std::move(make_model)) {
     options_.broadcast_parameters = false;  // every rank starts from the same global weights
@@ -118,7 +118,7 @@ class ClassifierRankTrainer : public RankTrainer {
 
   uint64_t num_examples() const override { return data_->size(); }
   Status ReadOut(const std::function<Status(uint64_t, std::span<const float>)>& fn) override {
-    return state_.ReadOut([&](DataParallel& dp) { return model_->ReadOut(dp, fn); });
+    return state_.ReadOut([&](parallel::DataParallel& dp) { return model_->ReadOut(dp, fn); });
   }
 
   Status Check(const TaskConfig& task, const Manifest& manifest, size_t global_size) override {
@@ -184,9 +184,9 @@ class ClassifierRankTrainer : public RankTrainer {
     return model_.get();
   }
 
-  Communicator& comm_;
+  comm::Communicator& comm_;
   std::shared_ptr<const models::Dataset> data_;
-  DataParallelOptions options_;
+  parallel::DataParallelOptions options_;
   RankClassifierFactory make_model_;
   std::unique_ptr<RankClassifier> model_;
   std::string model_name_;
@@ -196,7 +196,7 @@ class ClassifierRankTrainer : public RankTrainer {
 
 class TextRankTrainer : public RankTrainer {
  public:
-  TextRankTrainer(Communicator& comm, std::shared_ptr<const std::vector<int32_t>> tokens, DataParallelOptions options,
+  TextRankTrainer(comm::Communicator& comm, std::shared_ptr<const std::vector<int32_t>> tokens, parallel::DataParallelOptions options,
                   TextRankModels models)
       : comm_(comm), tokens_(std::move(tokens)), options_(options), models_(std::move(models)) {
     options_.broadcast_parameters = false;
@@ -204,7 +204,7 @@ class TextRankTrainer : public RankTrainer {
 
   uint64_t num_examples() const override { return tokens_->size(); }
   Status ReadOut(const std::function<Status(uint64_t, std::span<const float>)>& fn) override {
-    return state_.ReadOut([&](DataParallel& dp) { return trained_->ReadOut(dp, fn); });
+    return state_.ReadOut([&](parallel::DataParallel& dp) { return trained_->ReadOut(dp, fn); });
   }
 
   Status Check(const TaskConfig& task, const Manifest& manifest, size_t global_size) override {
@@ -216,7 +216,7 @@ class TextRankTrainer : public RankTrainer {
       return FailedPrecondition("trainer: {} local tokens hold no window of {} + 1", tokens_->size(), task.seq_len);
     }
     if (task.update_kind == UpdateKind::kLora) {
-      if (options_.stage == ZeroStage::kZero3) {
+      if (options_.stage == parallel::ZeroStage::kZero3) {
         return InvalidArgument("task: update kind lora on a site under --zero 3: the adapters open no unit to "
                                "gather; run it with --zero 0, 1 or 2");
       }
@@ -238,7 +238,7 @@ class TextRankTrainer : public RankTrainer {
   Result<double> TrainRound(std::span<const float> global, const TaskConfig& task, uint64_t round,
                             std::string_view client_name) override {
     RankLoraDecoder* lora = nullptr;  // a lora round's decoder
-    std::unique_ptr<DataParallel> dp;
+    std::unique_ptr<parallel::DataParallel> dp;
     if (task.update_kind == UpdateKind::kLora) {
       ESTUARY_ASSIGN_OR_RETURN(plan_, PlanLoraRound(task, models_.lora_rank));
       ESTUARY_ASSIGN_OR_RETURN(const LoraStart start, StartLoraRound(*plan_, global, task, round, client_name));
@@ -323,9 +323,9 @@ class TextRankTrainer : public RankTrainer {
     return lora_decoder_.get();
   }
 
-  Communicator& comm_;
+  comm::Communicator& comm_;
   std::shared_ptr<const std::vector<int32_t>> tokens_;
-  DataParallelOptions options_;
+  parallel::DataParallelOptions options_;
   TextRankModels models_;
   std::unique_ptr<RankDecoder> decoder_;
   std::string model_name_;
@@ -343,15 +343,15 @@ template <typename Model, typename Base>
 class CpuRankModel : public Base {
  public:
   const Manifest& manifest() const override { return model().manifest(); }
-  Result<std::unique_ptr<DataParallel>> StartRound(Communicator& comm, std::span<const float> global,
+  Result<std::unique_ptr<parallel::DataParallel>> StartRound(comm::Communicator& comm, std::span<const float> global,
                                                    const TaskConfig& task,
-                                                   const DataParallelOptions& options) override {
+                                                   const parallel::DataParallelOptions& options) override {
     optimizer_.emplace(task);
     return client::StartRound(comm, model(), global, task, options);
   }
   void OptimizerStep(std::span<const models::ParameterSlice> slices) override { optimizer_->Step(slices); }
   Status FinishStep() override { return Status::Ok(); }
-  Status ReadOut(DataParallel& dp, const std::function<Status(uint64_t, std::span<const float>)>& fn) override {
+  Status ReadOut(parallel::DataParallel& dp, const std::function<Status(uint64_t, std::span<const float>)>& fn) override {
     return dp.ForEachSlice(fn);
   }
 
@@ -415,9 +415,9 @@ class CpuRankLoraDecoder : public CpuRankModel<models::LoraLlama, RankLoraDecode
   }
   void SetFirstRow(int64_t row) override { model_.SetDropoutFirstRow(row); }
 
-  Result<std::unique_ptr<DataParallel>> StartRound(Communicator& comm, std::span<const float> global,
+  Result<std::unique_ptr<parallel::DataParallel>> StartRound(comm::Communicator& comm, std::span<const float> global,
                                                    const TaskConfig& task,
-                                                   const DataParallelOptions& options) override {
+                                                   const parallel::DataParallelOptions& options) override {
     ESTUARY_ASSIGN_OR_RETURN(auto dp, CpuRankModel::StartRound(comm, global, task, options));
     frozen_.Start(task, global);
     return dp;
@@ -562,14 +562,14 @@ Result<RoundMessage> Decode(std::span<const std::byte> bytes) {
 
 }  // namespace
 
-std::unique_ptr<RankTrainer> MakeClassifierRankTrainer(Communicator& comm, std::shared_ptr<const models::Dataset> data,
-                                                       DataParallelOptions options, RankClassifierFactory make_model) {
+std::unique_ptr<RankTrainer> MakeClassifierRankTrainer(comm::Communicator& comm, std::shared_ptr<const models::Dataset> data,
+                                                       parallel::DataParallelOptions options, RankClassifierFactory make_model) {
   if (!make_model) make_model = MakeCpuRankClassifier;
   return std::make_unique<ClassifierRankTrainer>(comm, std::move(data), options, std::move(make_model));
 }
 
-std::unique_ptr<RankTrainer> MakeTextRankTrainer(Communicator& comm, std::shared_ptr<const std::vector<int32_t>> tokens,
-                                                 DataParallelOptions options, TextRankModels models) {
+std::unique_ptr<RankTrainer> MakeTextRankTrainer(comm::Communicator& comm, std::shared_ptr<const std::vector<int32_t>> tokens,
+                                                 parallel::DataParallelOptions options, TextRankModels models) {
   if (!models.decoder) models.decoder = MakeCpuRankDecoder;
   if (!models.lora_decoder) models.lora_decoder = MakeCpuRankLoraDecoder;
   return std::make_unique<TextRankTrainer>(comm, std::move(tokens), options, std::move(models));
@@ -620,7 +620,7 @@ Result<std::unique_ptr<RankLoraDecoder>> MakeCudaRankLoraDecoder(const std::stri
 
 // ---- rank 0 -------------------------------------------------------------------
 
-SiteTrainer::SiteTrainer(Communicator& comm, std::unique_ptr<RankTrainer> rank, ZeroStage stage)
+SiteTrainer::SiteTrainer(comm::Communicator& comm, std::unique_ptr<RankTrainer> rank, parallel::ZeroStage stage)
     : comm_(comm), rank_(std::move(rank)), stage_(stage) {}
 
 void SiteTrainer::RunPending() {
@@ -665,7 +665,7 @@ Result<Update> SiteTrainer::Train(std::span<const float> global, const Manifest&
   Result<double> loss = rank_->TrainRound(source, task, round, client_name);
   if (!loss.ok()) return Broken(loss.status());
 
-  if (stage_ != ZeroStage::kZero3) {  // a lora round never runs under ZeRO-3 (Check)
+  if (stage_ != parallel::ZeroStage::kZero3) {  // a lora round never runs under ZeRO-3 (Check)
     std::vector<float> trained(rank_->TrainedSize(task, global.size()));
     Status read = rank_->ReadOut([&](uint64_t offset, std::span<const float> values) {
       if (offset > trained.size() || values.size() > trained.size() - offset) {
@@ -728,7 +728,7 @@ Status SiteTrainer::Finish(const Status& outcome) {
 
 // ---- every other rank ---------------------------------------------------------
 
-Status RunFollower(Communicator& comm, RankTrainer& rank) {
+Status RunFollower(comm::Communicator& comm, RankTrainer& rank) {
   std::vector<float> global;
   for (;;) {
     Header header;

@@ -36,8 +36,8 @@
 #include <vector>
 
 #include "base/status.h"
-#include "client/communicator.h"
-#include "client/data_parallel.h"
+#include "comm/communicator.h"
+#include "parallel/data_parallel.h"
 #include "client/rank_model.h"
 #include "client/trainer.h"
 #include "models/dataset.h"
@@ -84,8 +84,8 @@ class RankTrainer {
 
 // The image models (MLP, CNN) with SGD: models::Model on the CPU, or what
 // make_model makes (the GPU engine).
-std::unique_ptr<RankTrainer> MakeClassifierRankTrainer(Communicator& comm, std::shared_ptr<const models::Dataset> data,
-                                                       DataParallelOptions options,
+std::unique_ptr<RankTrainer> MakeClassifierRankTrainer(comm::Communicator& comm, std::shared_ptr<const models::Dataset> data,
+                                                       parallel::DataParallelOptions options,
                                                        RankClassifierFactory make_model = MakeCpuRankClassifier);
 // How a text site's ranks make their models: the decoder of full rounds,
 // the adapted decoder of lora rounds (client/lora_round.h), and the site's
@@ -100,8 +100,8 @@ struct TextRankModels {
 // models::LoraLlama on the CPU, or what `models` makes (the GPU engines). A
 // lora round under ZeRO-3 is refused by Check: the adapters open no unit to
 // gather (it runs under DDP, ZeRO-1 and ZeRO-2).
-std::unique_ptr<RankTrainer> MakeTextRankTrainer(Communicator& comm, std::shared_ptr<const std::vector<int32_t>> tokens,
-                                                 DataParallelOptions options, TextRankModels models = {});
+std::unique_ptr<RankTrainer> MakeTextRankTrainer(comm::Communicator& comm, std::shared_ptr<const std::vector<int32_t>> tokens,
+                                                 parallel::DataParallelOptions options, TextRankModels models = {});
 
 // Rank 0's Trainer, driven by the Agent on its training thread. Train,
 // KeepAlive, Finish and the update's stream must all run on that one thread
@@ -114,7 +114,7 @@ std::unique_ptr<RankTrainer> MakeTextRankTrainer(Communicator& comm, std::shared
 // connection; every later call fails at once.
 class SiteTrainer : public Trainer {
  public:
-  SiteTrainer(Communicator& comm, std::unique_ptr<RankTrainer> rank, ZeroStage stage);
+  SiteTrainer(comm::Communicator& comm, std::unique_ptr<RankTrainer> rank, parallel::ZeroStage stage);
 
   uint64_t num_examples() const override { return rank_->num_examples(); }
   Result<Update> Train(std::span<const float> global, const Manifest& manifest, const TaskConfig& task,
@@ -133,17 +133,17 @@ class SiteTrainer : public Trainer {
   Status Broken(Status status);
   void RunPending();
 
-  Communicator& comm_;
+  comm::Communicator& comm_;
   std::unique_ptr<RankTrainer> rank_;
   Status broken_;
   bool finished_ = false;
-  ZeroStage stage_;
+  parallel::ZeroStage stage_;
   std::shared_ptr<UpdateStream> pending_;  // the last round's stream, until it has run
 };
 
 // Every rank but 0: follows rank 0's rounds until it says the federation is
 // over. Returns ok when it ended well; an error when rank 0 gave up, a
 // collective failed (a rank died) or this rank's training failed.
-Status RunFollower(Communicator& comm, RankTrainer& rank);
+Status RunFollower(comm::Communicator& comm, RankTrainer& rank);
 
 }  // namespace estuary::client

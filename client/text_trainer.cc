@@ -30,7 +30,7 @@ Result<RankLoraDecoder*> ThreadLoraDecoder(const std::string& model, int batch, 
                                       DTypeName(base));
   auto& slot = decoders[key];
   if (!slot) {
-    auto made = compute.device == models::Device::kCpu
+    auto made = compute.device == Device::kCpu
                     ? MakeCpuRankLoraDecoder(model, batch, lora)
                     : MakeCudaRankLoraDecoder(model, batch, lora, compute, /*stream=*/nullptr);
     const Status kept = made.ok() ? (*made)->KeepBaseIn(base) : made.status();
@@ -124,9 +124,9 @@ Result<Update> TextTrainer::TrainLora(std::span<const float> global, const Manif
   ESTUARY_ASSIGN_OR_RETURN(const LoraStart from, StartLoraRound(plan, global, task, round, client_name));
   ESTUARY_RETURN_IF_ERROR(model->LoadBase(from.base(), from.dropout_seed));
   model->SetFirstRow(0);
-  thread_local std::unique_ptr<Communicator> cpu_solo, gpu_solo;
-  auto& solo = compute_.device == models::Device::kCpu ? cpu_solo : gpu_solo;
-  if (!solo) solo = MakeSoloCommunicator(compute_.device);
+  thread_local std::unique_ptr<comm::Communicator> cpu_solo, gpu_solo;
+  auto& solo = compute_.device == Device::kCpu ? cpu_solo : gpu_solo;
+  if (!solo) solo = comm::MakeSoloCommunicator(compute_.device);
   ESTUARY_ASSIGN_OR_RETURN(auto dp, model->StartRound(*solo, from.adapter, task, {.broadcast_parameters = false}));
   Status status;
   const double loss = RunSchedule(

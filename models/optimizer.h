@@ -12,7 +12,7 @@ namespace estuary::models {
 // A run of parameters and their gradients. An optimizer steps a list of them
 // as one parameter set, as torch steps a list of tensors: one step count, its
 // state laid out slice after slice. A ZeRO rank's pieces lie apart in the
-// model's flat buffers (client/data_parallel.h), and are stepped where they lie.
+// model's flat buffers (parallel/data_parallel.h), and are stepped where they lie.
 struct ParameterSlice {
   float* params = nullptr;
   const float* grads = nullptr;

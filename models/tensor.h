@@ -14,12 +14,11 @@
 #include <string_view>
 #include <vector>
 
+#include "base/device.h"
 #include "base/manifest.h"
 #include "base/status.h"
 
 namespace estuary::models {
-
-enum class Device : uint8_t { kCpu = 0, kCuda = 1 };
 
 // A non-owning view of one tensor: where it lives, its shape, dtype and device.
 struct TensorView {

@@ -8,7 +8,7 @@
 #include <random>
 #include <thread>
 
-#include "client/gloo_communicator.h"
+#include "comm/gloo_communicator.h"
 #include "client/launch.h"
 #include "client/site.h"
 #include "client/text_trainer.h"
@@ -16,7 +16,7 @@
 #include "models/llama.h"
 #include "models/lora_federation.h"
 #include "models/model.h"
-#include "tests/client/ranks.h"
+#include "tests/comm/ranks.h"
 
 extern "C" void openblas_set_num_threads(int);
 
@@ -24,8 +24,8 @@ namespace estuary::client {
 namespace {
 
 using namespace std::chrono_literals;
-using testing::FreeTcpAddress;
-using testing::RunRanks;
+using comm::testing::FreeTcpAddress;
+using comm::testing::RunRanks;
 
 TEST(ShareOfBatch, TilesTheBatchInContiguousSharesThatDifferByOne) {
   for (int ranks = 1; ranks <= 8; ++ranks) {
@@ -63,7 +63,7 @@ TEST(SiteLayout, RanksNodesAndGpus) {
   EXPECT_EQ(site->world(), 6);
   EXPECT_EQ(site->global_rank(), 5);
   EXPECT_EQ(site->backend, "gloo");
-  EXPECT_EQ(site->zero, ZeroStage::kZero3);
+  EXPECT_EQ(site->zero, parallel::ZeroStage::kZero3);
   EXPECT_TRUE(site->multi_rank());
 
   EXPECT_FALSE(MakeSiteLayout(SiteFlags{}, NoCuda)->multi_rank());  // the plain client
@@ -147,7 +147,7 @@ std::shared_ptr<const std::vector<int32_t>> Text(int n) {
 struct Scenario {
   std::string model;  // "mlp", "cnn" or "llama-tiny"
   int ranks = 2;
-  ZeroStage stage = ZeroStage::kDdp;
+  parallel::ZeroStage stage = parallel::ZeroStage::kDdp;
   TaskConfig task;
   int lora_rank = 0;  // a lora site's own adapter rank (0: the federation's)
   DType lora_base = DType::kF32;
@@ -185,12 +185,12 @@ TaskConfig LoraTask(std::string merge, bool mixed_ranks = false);
 // other ranks follow until rank 0 says the federation is over.
 Status RunSite(const Scenario& s, const std::string& address, int rank) {
   openblas_set_num_threads(1);
-  ESTUARY_ASSIGN_OR_RETURN(auto comm, ConnectGloo({.address = address, .rank = rank, .size = s.ranks, .timeout = 60s},
+  ESTUARY_ASSIGN_OR_RETURN(auto comm, comm::ConnectGloo({.address = address, .rank = rank, .size = s.ranks, .timeout = 60s},
                                                   {.host = "127.0.0.1"}));
   const bool text = models::IsLanguageModel(s.model);
   auto images = Images(61);
   auto tokens = Text(4000);
-  DataParallelOptions options{.stage = s.stage, .bucket_bytes = 64 << 10, .first_bucket_bytes = 4 << 10};
+  parallel::DataParallelOptions options{.stage = s.stage, .bucket_bytes = 64 << 10, .first_bucket_bytes = 4 << 10};
   auto rank_trainer = text ? MakeTextRankTrainer(*comm, tokens, options, {.lora_rank = s.lora_rank, .lora_base = s.lora_base})
                            : MakeClassifierRankTrainer(*comm, images, options);
   if (rank != 0) return RunFollower(*comm, *rank_trainer);
@@ -232,7 +232,7 @@ Status RunSite(const Scenario& s, const std::string& address, int rank) {
     ESTUARY_RETURN_IF_ERROR(site.KeepAlive());
     ESTUARY_RETURN_IF_ERROR(site.KeepAlive());
     ESTUARY_ASSIGN_OR_RETURN(Update got, site.Train(global, manifest, s.task, round, "site-x"));
-    if ((s.stage == ZeroStage::kZero3) != bool(got.stream)) return Internal("streamed: {}", bool(got.stream));
+    if ((s.stage == parallel::ZeroStage::kZero3) != bool(got.stream)) return Internal("streamed: {}", bool(got.stream));
     if (got.stream) {
       ESTUARY_ASSIGN_OR_RETURN(got.payload, Collect(*got.stream, global.size()));
     }
@@ -272,7 +272,7 @@ Status RunSite(const Scenario& s, const std::string& address, int rank) {
   TaskConfig bad = s.task;
   bad.update_kind = lora ? UpdateKind::kFull : UpdateKind::kLora;  // the global buffer is the other kind's
   if (site.Train(global, manifest, bad, 3, "site-x").ok()) return Internal("a task of the wrong kind trained");
-  if (text && s.stage == ZeroStage::kZero3) {  // lora under ZeRO-3: one line, on rank 0 alone
+  if (text && s.stage == parallel::ZeroStage::kZero3) {  // lora under ZeRO-3: one line, on rank 0 alone
     TaskConfig lora_task = LoraTask("exact");
     ESTUARY_ASSIGN_OR_RETURN(auto initial, models::LoraInitialModel(s.model, lora_task.lora.config, 3, ""));
     auto refused = site.Train(initial.values, initial.manifest, lora_task, 3, "site-x");
@@ -336,17 +336,17 @@ TaskConfig LoraTask(std::string merge, bool mixed_ranks) {
 
 INSTANTIATE_TEST_SUITE_P(
     Site, SiteMatchesOneProcess,
-    ::testing::Values(Scenario{"mlp", 2, ZeroStage::kDdp, ImageTask(0)},  // against the fused single-process SGD
-                      Scenario{"mlp", 3, ZeroStage::kZero1, ImageTask(0.5f)},
-                      Scenario{"mlp", 2, ZeroStage::kZero2, ImageTask(0.5f)},
-                      Scenario{"mlp", 3, ZeroStage::kZero3, ImageTask(0.5f)},
-                      Scenario{"llama-tiny", 2, ZeroStage::kDdp, TextTask()},
-                      Scenario{"llama-tiny", 3, ZeroStage::kZero3, TextTask()},
-                      Scenario{"llama-tiny", 2, ZeroStage::kDdp, LoraTask("exact")},
-                      Scenario{"llama-tiny", 3, ZeroStage::kZero1, LoraTask("naive")},
-                      Scenario{"llama-tiny", 2, ZeroStage::kZero2, LoraTask("frozen-a")},
-                      Scenario{"llama-tiny", 3, ZeroStage::kDdp, LoraTask("exact", true), 2},
-                      Scenario{"llama-tiny", 2, ZeroStage::kZero1, LoraTask("exact"), 0, DType::kBF16}),
+    ::testing::Values(Scenario{"mlp", 2, parallel::ZeroStage::kDdp, ImageTask(0)},  // against the fused single-process SGD
+                      Scenario{"mlp", 3, parallel::ZeroStage::kZero1, ImageTask(0.5f)},
+                      Scenario{"mlp", 2, parallel::ZeroStage::kZero2, ImageTask(0.5f)},
+                      Scenario{"mlp", 3, parallel::ZeroStage::kZero3, ImageTask(0.5f)},
+                      Scenario{"llama-tiny", 2, parallel::ZeroStage::kDdp, TextTask()},
+                      Scenario{"llama-tiny", 3, parallel::ZeroStage::kZero3, TextTask()},
+                      Scenario{"llama-tiny", 2, parallel::ZeroStage::kDdp, LoraTask("exact")},
+                      Scenario{"llama-tiny", 3, parallel::ZeroStage::kZero1, LoraTask("naive")},
+                      Scenario{"llama-tiny", 2, parallel::ZeroStage::kZero2, LoraTask("frozen-a")},
+                      Scenario{"llama-tiny", 3, parallel::ZeroStage::kDdp, LoraTask("exact", true), 2},
+                      Scenario{"llama-tiny", 2, parallel::ZeroStage::kZero1, LoraTask("exact"), 0, DType::kBF16}),
     [](const auto& info) {
       const Scenario& s = info.param;
       std::string name = fmt::format("{}_{}ranks_zero{}", s.model == "mlp" ? "mlp" : "llama", s.ranks, int(s.stage));
@@ -362,11 +362,11 @@ INSTANTIATE_TEST_SUITE_P(
 TEST(Site, FollowersHearRankZeroGiveUp) {
   const std::string address = FreeTcpAddress();
   auto outcomes = RunRanks(2, [&](int rank) -> Status {
-    ESTUARY_ASSIGN_OR_RETURN(auto comm, ConnectGloo({.address = address, .rank = rank, .size = 2, .timeout = 60s},
+    ESTUARY_ASSIGN_OR_RETURN(auto comm, comm::ConnectGloo({.address = address, .rank = rank, .size = 2, .timeout = 60s},
                                                     {.host = "127.0.0.1"}));
     auto rank_trainer = MakeClassifierRankTrainer(*comm, Images(10), {});
     if (rank == 0) {
-      return SiteTrainer(*comm, std::move(rank_trainer), ZeroStage::kDdp).Finish(Aborted("the server refused us"));
+      return SiteTrainer(*comm, std::move(rank_trainer), parallel::ZeroStage::kDdp).Finish(Aborted("the server refused us"));
     }
     Status s = RunFollower(*comm, *rank_trainer);
     if (s.message().find("rank 0 gave up: the server refused us") == std::string::npos) {

@@ -96,7 +96,7 @@ TEST(Site, RanksTrainTheUpdateOneProcessWould) {
     std::vector<std::string> second_node;
     std::vector<std::string> first_node = flags;
     if (flags[0] == "--nodes") {
-      auto address = client::FreeLoopbackRendezvous();
+      auto address = comm::FreeLoopbackRendezvous();
       ASSERT_TRUE(address.ok());
       first_node.insert(first_node.end(), {"--rendezvous", *address});
       second_node = {"--nodes", "2", "--node-rank", "1", "--ranks", "2", "--zero", "1", "--rendezvous", *address};

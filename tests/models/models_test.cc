@@ -119,7 +119,7 @@ TEST(TorchOracle, AdamWWithDecoupledWeightDecay) {
   EXPECT_LE(RelativeError(adamw.second_moment().data(), Get(f, "exp_avg_sq")), kTolerance);
 }
 
-// A ZeRO rank's pieces lie apart in the flat buffers (client/data_parallel.h).
+// A ZeRO rank's pieces lie apart in the flat buffers (parallel/data_parallel.h).
 // Stepped as slices — each parameter and gradient placed apart from the next,
 // with untouched values between them — they must give torch's result for the
 // same parameters as one tensor, and leave the values between them alone.

@@ -2,15 +2,15 @@
 // client, and the file:// directory. The store is plain I/O, so one process
 // with a second thread stands in for the other rank here; the engines' tests
 // use real processes.
-#include "client/rendezvous.h"
+#include "comm/rendezvous.h"
 
 #include <gtest/gtest.h>
 
 #include <thread>
 
-#include "tests/client/ranks.h"
+#include "tests/comm/ranks.h"
 
-namespace estuary::client {
+namespace estuary::comm {
 namespace {
 
 using namespace std::chrono_literals;
@@ -94,4 +94,4 @@ TEST(Rendezvous, TcpPortAlreadyServedIsAnError) {
 }
 
 }  // namespace
-}  // namespace estuary::client
+}  // namespace estuary::comm

@@ -14,7 +14,7 @@
 
 #include "base/status.h"
 
-namespace estuary::client {
+namespace estuary::parallel {
 
 // n floats at data, on the buffers' device. (The .cu side is C++17: no std::span.)
 struct BufferPiece {
@@ -49,4 +49,4 @@ std::unique_ptr<BufferOps> MakeHostBufferOps();
 // the reason in a build without CUDA.
 Result<std::unique_ptr<BufferOps>> MakeCudaBufferOps(void* stream);
 
-}  // namespace estuary::client
+}  // namespace estuary::parallel

@@ -11,10 +11,10 @@
 #include <numeric>
 #include <vector>
 
-#include "client/gloo_communicator.h"
-#include "tests/client/ranks.h"
+#include "comm/gloo_communicator.h"
+#include "tests/comm/ranks.h"
 
-namespace estuary::client {
+namespace estuary::comm {
 namespace {
 
 using namespace std::chrono_literals;
@@ -294,4 +294,4 @@ TEST(GlooSingle, OneRankIsItsOwnWorld) {
 }
 
 }  // namespace
-}  // namespace estuary::client
+}  // namespace estuary::comm

@@ -3,9 +3,9 @@
 
 #include <fmt/format.h>
 
-#include "client/buffer_ops.h"
+#include "parallel/buffer_ops.h"
 
-namespace estuary::client {
+namespace estuary::parallel {
 
 namespace {
 
@@ -151,4 +151,4 @@ Result<std::unique_ptr<BufferOps>> MakeCudaBufferOps(void* stream) {
   return std::unique_ptr<BufferOps>(std::move(ops));
 }
 
-}  // namespace estuary::client
+}  // namespace estuary::parallel

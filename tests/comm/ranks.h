@@ -18,7 +18,7 @@
     if (!(cond)) return Internal(__VA_ARGS__); \
   } while (0)
 
-namespace estuary::client::testing {
+namespace estuary::comm::testing {
 
 struct RankOutcome {
   int rank = 0;
@@ -41,4 +41,4 @@ std::string FreeTcpAddress();
 // A file:// address naming a new, empty directory under the test's temp dir.
 std::string FreshDirAddress();
 
-}  // namespace estuary::client::testing
+}  // namespace estuary::comm::testing

@@ -1,9 +1,9 @@
 // Communicator: the collectives among the ranks of one client site.
 //
 // A site that trains on several GPUs (or several CPU processes) runs one rank
-// per device; DDP and ZeRO (client/data_parallel.h) are written once against
+// per device; DDP and ZeRO (parallel/data_parallel.h) are written once against
 // this interface, with two real engines behind it: NCCL for GPUs and Gloo for
-// CPU processes (client/gloo_communicator.h, client/nccl_communicator.h).
+// CPU processes (comm/gloo_communicator.h, comm/nccl_communicator.h).
 //
 // The contract, shared by both engines:
 // - Every rank issues the same collectives, with the same sizes, in the same
@@ -28,9 +28,9 @@
 #include <string>
 
 #include "base/status.h"
-#include "models/tensor.h"
+#include "base/device.h"
 
-namespace estuary::client {
+namespace estuary::comm {
 
 enum class ReduceOp { kSum, kAverage };
 
@@ -47,7 +47,7 @@ class Communicator {
 
   virtual int rank() const = 0;
   virtual int size() const = 0;
-  virtual models::Device device() const = 0;
+  virtual Device device() const = 0;
   // "gloo" or "nccl".
   virtual std::string_view backend() const = 0;
 
@@ -73,7 +73,7 @@ class Communicator {
 // run the same DataParallel (DDP) loop as the ranks of a site. On a GPU
 // (device kCuda) only the in-place collectives apply: ReduceScatter and
 // AllGather, which would copy device memory, fail.
-std::unique_ptr<Communicator> MakeSoloCommunicator(models::Device device);
+std::unique_ptr<Communicator> MakeSoloCommunicator(Device device);
 
 // Where ranks find each other: "tcp://HOST:PORT" (rank 0 serves a small
 // key-value store there) or "file:///path/to/dir" (a shared directory).
@@ -85,4 +85,4 @@ struct RendezvousOptions {
   std::chrono::milliseconds timeout{std::chrono::seconds(60)};
 };
 
-}  // namespace estuary::client
+}  // namespace estuary::comm

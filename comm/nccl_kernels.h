@@ -8,10 +8,10 @@
 
 #include <cstddef>
 
-namespace estuary::client::internal {
+namespace estuary::comm::internal {
 
 // x[i] /= divisor for i < n, enqueued on stream; returns the launch's error.
 cudaError_t DivideInPlace(float* x, size_t n, float divisor, cudaStream_t stream);
 cudaError_t DivideInPlace(double* x, size_t n, double divisor, cudaStream_t stream);
 
-}  // namespace estuary::client::internal
+}  // namespace estuary::comm::internal

@@ -1,4 +1,4 @@
-#include "client/buffer_ops.h"
+#include "parallel/buffer_ops.h"
 
 #include <algorithm>
 #include <cstring>
@@ -6,7 +6,7 @@
 
 #include "models/loss_scaler.h"
 
-namespace estuary::client {
+namespace estuary::parallel {
 
 namespace {
 
@@ -64,4 +64,4 @@ Result<std::unique_ptr<BufferOps>> MakeCudaBufferOps(void*) {
 }
 #endif
 
-}  // namespace estuary::client
+}  // namespace estuary::parallel

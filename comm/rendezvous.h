@@ -19,9 +19,9 @@
 #include <string_view>
 
 #include "base/status.h"
-#include "client/communicator.h"
+#include "comm/communicator.h"
 
-namespace estuary::client {
+namespace estuary::comm {
 
 class Store {
  public:
@@ -57,4 +57,4 @@ Result<std::unique_ptr<Store>> OpenStore(const RendezvousOptions& options);
 // "rendezvous gloo at tcp://127.0.0.1:29500: rank 3 of 4 did not arrive within 2000 ms".
 Status AwaitRanks(Store& store, const RendezvousOptions& options, std::string_view scope);
 
-}  // namespace estuary::client
+}  // namespace estuary::comm

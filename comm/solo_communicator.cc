@@ -1,8 +1,8 @@
 #include <algorithm>
 
-#include "client/communicator.h"
+#include "comm/communicator.h"
 
-namespace estuary::client {
+namespace estuary::comm {
 
 namespace {
 
@@ -17,11 +17,11 @@ class Done : public Work {
 
 class SoloCommunicator final : public Communicator {
  public:
-  explicit SoloCommunicator(models::Device device) : device_(device) {}
+  explicit SoloCommunicator(Device device) : device_(device) {}
 
   int rank() const override { return 0; }
   int size() const override { return 1; }
-  models::Device device() const override { return device_; }
+  Device device() const override { return device_; }
   std::string_view backend() const override { return "solo"; }
 
   std::unique_ptr<Work> AllReduce(std::span<float>, ReduceOp) override { return std::make_unique<Done>(); }
@@ -43,7 +43,7 @@ class SoloCommunicator final : public Communicator {
           InvalidArgument("solo {}: {} elements in, room for {} (one rank: the same)", what, in.size(), out.size()));
     }
     if (in.data() == out.data()) return std::make_unique<Done>();
-    if (device_ != models::Device::kCpu) {
+    if (device_ != Device::kCpu) {
       return std::make_unique<Done>(
           FailedPrecondition("solo {}: one rank on a GPU would copy device memory; run DDP", what));
     }
@@ -51,13 +51,13 @@ class SoloCommunicator final : public Communicator {
     return std::make_unique<Done>();
   }
 
-  models::Device device_;
+  Device device_;
 };
 
 }  // namespace
 
-std::unique_ptr<Communicator> MakeSoloCommunicator(models::Device device) {
+std::unique_ptr<Communicator> MakeSoloCommunicator(Device device) {
   return std::make_unique<SoloCommunicator>(device);
 }
 
-}  // namespace estuary::client
+}  // namespace estuary::comm

@@ -20,10 +20,10 @@
 #include <memory>
 
 #include "base/status.h"
-#include "client/communicator.h"
-#include "client/rendezvous.h"
+#include "comm/communicator.h"
+#include "comm/rendezvous.h"
 
-namespace estuary::client {
+namespace estuary::comm {
 
 // compute: the stream the caller's kernels run on (nullptr: the legacy default stream).
 // store: rank 0's store already serving (ServeLoopbackStore), or null to
@@ -31,4 +31,4 @@ namespace estuary::client {
 Result<std::unique_ptr<Communicator>> ConnectNccl(const RendezvousOptions& options, int device,
                                                   cudaStream_t compute = nullptr, std::unique_ptr<Store> store = nullptr);
 
-}  // namespace estuary::client
+}  // namespace estuary::comm

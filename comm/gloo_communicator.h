@@ -17,10 +17,10 @@
 #include <string>
 
 #include "base/status.h"
-#include "client/communicator.h"
-#include "client/rendezvous.h"
+#include "comm/communicator.h"
+#include "comm/rendezvous.h"
 
-namespace estuary::client {
+namespace estuary::comm {
 
 struct GlooOptions {
   // The address this rank's collective sockets bind to. Empty: for tcp://, the
@@ -37,4 +37,4 @@ struct GlooOptions {
 Result<std::unique_ptr<Communicator>> ConnectGloo(const RendezvousOptions& options, const GlooOptions& gloo = {},
                                                   std::unique_ptr<Store> store = nullptr);
 
-}  // namespace estuary::client
+}  // namespace estuary::comm

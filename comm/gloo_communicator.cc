@@ -1,4 +1,4 @@
-#include "client/gloo_communicator.h"
+#include "comm/gloo_communicator.h"
 
 #include <pthread.h>
 #include <signal.h>
@@ -29,9 +29,9 @@
 #include <thread>
 
 #include "base/host_port.h"
-#include "client/rendezvous.h"
+#include "comm/rendezvous.h"
 
-namespace estuary::client {
+namespace estuary::comm {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -46,7 +46,7 @@ constexpr size_t kSegmentFloats = 256 << 10;
 // ConnectGloo catches. Keys get a prefix so NCCL's can share the address.
 class GlooStore final : public gloo::rendezvous::Store {
  public:
-  GlooStore(client::Store& store, milliseconds timeout) : store_(store), timeout_(timeout) {}
+  GlooStore(comm::Store& store, milliseconds timeout) : store_(store), timeout_(timeout) {}
 
   void set(const std::string& key, const std::vector<char>& data) override {
     Check(store_.Set(Key(key), std::string_view(data.data(), data.size())));
@@ -70,7 +70,7 @@ class GlooStore final : public gloo::rendezvous::Store {
   static void Check(const Status& status) {
     if (!status.ok()) throw gloo::IoException(status.message());
   }
-  client::Store& store_;
+  comm::Store& store_;
   const milliseconds timeout_;
 };
 
@@ -139,7 +139,7 @@ class GlooCommunicator final : public Communicator {
 
   int rank() const override { return context_->rank; }
   int size() const override { return context_->size; }
-  models::Device device() const override { return models::Device::kCpu; }
+  Device device() const override { return Device::kCpu; }
   std::string_view backend() const override { return "gloo"; }
 
   std::unique_ptr<Work> AllReduce(std::span<float> data, ReduceOp op) override { return AllReduceOf(data, op); }
@@ -422,4 +422,4 @@ Result<std::unique_ptr<Communicator>> ConnectGloo(const RendezvousOptions& optio
   }
 }
 
-}  // namespace estuary::client
+}  // namespace estuary::comm

@@ -1,14 +1,14 @@
-#include "client/data_parallel.h"
+#include "parallel/data_parallel.h"
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
 
-#include "client/buffer_ops.h"
+#include "parallel/buffer_ops.h"
 #include "models/flat_buffer.h"
 
-namespace estuary::client {
+namespace estuary::parallel {
 
 namespace {
 
@@ -46,13 +46,13 @@ struct DataParallel::Bucket {
   std::shared_ptr<float> tails;                  // reduce_tail then gather_tail, when remainder > 0
   float* reduce_tail = nullptr;                  // size() floats each
   float* gather_tail = nullptr;
-  std::unique_ptr<Work> reduce, reduce_rest, gather, gather_rest;
+  std::unique_ptr<comm::Work> reduce, reduce_rest, gather, gather_rest;
   bool present = true;  // ZeRO-3: the parameters are in the flat buffer
 
   uint64_t shard_size() const { return piece + (remainder > 0 ? 1 : 0); }
 };
 
-DataParallel::DataParallel(Communicator& comm, std::span<float> parameters, std::span<float> gradients,
+DataParallel::DataParallel(comm::Communicator& comm, std::span<float> parameters, std::span<float> gradients,
                            std::vector<models::ParameterUnit> units, const DataParallelOptions& options)
     : comm_(comm),
       rank_(comm.rank()),
@@ -73,7 +73,7 @@ DataParallel::~DataParallel() {
   }
 }
 
-Result<std::unique_ptr<DataParallel>> DataParallel::Create(Communicator& comm, std::span<float> parameters,
+Result<std::unique_ptr<DataParallel>> DataParallel::Create(comm::Communicator& comm, std::span<float> parameters,
                                                            std::span<float> gradients,
                                                            std::vector<models::ParameterUnit> units,
                                                            const DataParallelOptions& options) {
@@ -89,7 +89,7 @@ Result<std::unique_ptr<DataParallel>> DataParallel::Create(Communicator& comm, s
     return InvalidArgument("data parallel: max_grad_norm {} must be finite and >= 0", options.max_grad_norm);
   }
   std::unique_ptr<BufferOps> ops;
-  if (comm.device() == models::Device::kCpu) {
+  if (comm.device() == Device::kCpu) {
     ops = MakeHostBufferOps();
   } else {
     // ZeRO-2 and -3 hand pages of the flat buffers back to the OS between
@@ -233,7 +233,7 @@ void DataParallel::Keep(Status status) {
   if (error_.ok() && !status.ok()) error_ = std::move(status);
 }
 
-Status DataParallel::Wait(std::unique_ptr<Work>& work) {
+Status DataParallel::Wait(std::unique_ptr<comm::Work>& work) {
   if (!work) return Status::Ok();
   const auto start = Clock::now();
   Status status = work->Wait();
@@ -251,7 +251,7 @@ Status DataParallel::Wait(std::unique_ptr<Work>& work) {
 void DataParallel::LaunchReduction(Bucket& b) {
   if (!error_.ok()) return;  // the communicator fails everything from here on anyway
   if (options_.stage == ZeroStage::kDdp) {
-    b.reduce = comm_.AllReduce(grads_.subspan(b.begin, b.end - b.begin), ReduceOp::kSum);
+    b.reduce = comm_.AllReduce(grads_.subspan(b.begin, b.end - b.begin), comm::ReduceOp::kSum);
     return;
   }
   // ZeRO-2/3 sum every micro-batch into the shard. Adding what the shard holds
@@ -268,7 +268,7 @@ void DataParallel::LaunchReduction(Bucket& b) {
     if (add_shard) Keep(ops_->Add(mine, &shard_grads_[b.shard], b.piece));
     b.reduce = comm_.ReduceScatter(grads_.subspan(b.begin, whole),
                                    in_place ? std::span<float>(mine, b.piece) : shard_grads_.subspan(b.shard, b.piece),
-                                   ReduceOp::kSum);
+                                   comm::ReduceOp::kSum);
   }
   if (b.remainder > 0) {
     Keep(ops_->Copy(b.reduce_tail, &grads_[b.begin + whole], b.remainder));
@@ -277,7 +277,7 @@ void DataParallel::LaunchReduction(Bucket& b) {
     b.reduce_rest = comm_.ReduceScatter(std::span<const float>(b.reduce_tail, size_t(size_)),
                                         in_place ? std::span<float>(b.reduce_tail + rank_, 1)
                                                  : shard_grads_.subspan(b.shard + b.piece, 1),
-                                        ReduceOp::kSum);
+                                        comm::ReduceOp::kSum);
   }
 }
 
@@ -439,7 +439,7 @@ Result<StepResult> DataParallel::Step(const OptimizerStep& optimizer_step) {
   if (zero && (scaler_ || options_.max_grad_norm > 0) && size_ > 1) {
     // Through agreed_, which lives where the communicator's buffers do.
     ESTUARY_RETURN_IF_ERROR(ops_->CopyDoubles(agreed_.get(), agreed, 2));
-    auto work = comm_.AllReduce(std::span<double>(agreed_.get(), 2), ReduceOp::kSum);
+    auto work = comm_.AllReduce(std::span<double>(agreed_.get(), 2), comm::ReduceOp::kSum);
     ESTUARY_RETURN_IF_ERROR(Wait(work));
     ESTUARY_RETURN_IF_ERROR(ops_->CopyDoubles(agreed, agreed_.get(), 2));
   }
@@ -501,14 +501,14 @@ Result<double> DataParallel::SumOverRanks(double value) {
   ESTUARY_RETURN_IF_ERROR(error_);
   double v[1] = {value};
   if (size_ > 1) {
-    auto work = comm_.AllReduce(std::span<double>(v), ReduceOp::kSum);
+    auto work = comm_.AllReduce(std::span<double>(v), comm::ReduceOp::kSum);
     ESTUARY_RETURN_IF_ERROR(Wait(work));
   }
   return v[0];
 }
 
 Result<MemoryUse> DataParallel::Memory(size_t optimizer_state_bytes) const {
-  if (comm_.device() != models::Device::kCpu) {
+  if (comm_.device() != Device::kCpu) {
     return FailedPrecondition("data parallel: Memory counts resident host pages; these buffers are on the {} device",
                               comm_.backend());
   }
@@ -526,4 +526,4 @@ Result<MemoryUse> DataParallel::Memory(size_t optimizer_state_bytes) const {
   return m;
 }
 
-}  // namespace estuary::client
+}  // namespace estuary::parallel

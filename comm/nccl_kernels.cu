@@ -1,6 +1,6 @@
-#include "client/nccl_kernels.h"
+#include "comm/nccl_kernels.h"
 
-namespace estuary::client::internal {
+namespace estuary::comm::internal {
 namespace {
 
 constexpr int kThreads = 256;
@@ -31,4 +31,4 @@ cudaError_t DivideInPlace(double* x, size_t n, double divisor, cudaStream_t stre
   return Launch(x, n, divisor, stream);
 }
 
-}  // namespace estuary::client::internal
+}  // namespace estuary::comm::internal

@@ -1,4 +1,4 @@
-#include "client/rendezvous.h"
+#include "comm/rendezvous.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -27,7 +27,7 @@
 
 #include "base/host_port.h"
 
-namespace estuary::client {
+namespace estuary::comm {
 
 namespace asio = boost::asio;
 using asio::ip::tcp;
@@ -497,4 +497,4 @@ Result<std::string> FreeLoopbackRendezvous() {
   return fmt::format("tcp://127.0.0.1:{}", ntohs(addr.sin_port));
 }
 
-}  // namespace estuary::client
+}  // namespace estuary::comm

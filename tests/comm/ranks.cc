@@ -1,5 +1,5 @@
-#include "tests/client/ranks.h"
-#include "client/rendezvous.h"
+#include "tests/comm/ranks.h"
+#include "comm/rendezvous.h"
 
 #include <poll.h>
 #include <signal.h>
@@ -12,7 +12,7 @@
 #include <cstring>
 #include <filesystem>
 
-namespace estuary::client::testing {
+namespace estuary::comm::testing {
 
 using Clock = std::chrono::steady_clock;
 
@@ -112,4 +112,4 @@ std::string FreshDirAddress() {
   return "file://" + dir;
 }
 
-}  // namespace estuary::client::testing
+}  // namespace estuary::comm::testing

@@ -47,7 +47,7 @@
 //
 // Buffers on a GPU (an NCCL communicator; options.device_stream names the
 // model's stream): DDP and ZeRO-1. Everything DataParallel does to the buffers
-// besides the collectives (client/buffer_ops.h: shard copies, the remainders'
+// besides the collectives (parallel/buffer_ops.h: shard copies, the remainders'
 // staging, unscale, norm, clipping) runs as kernels on that stream. ZeRO-2/3
 // give pages of the flat buffers back to the OS between uses, which one
 // cudaMalloc'd buffer cannot do, so Create refuses them for device buffers.
@@ -68,13 +68,13 @@
 #include <vector>
 
 #include "base/status.h"
-#include "client/buffer_ops.h"
-#include "client/communicator.h"
+#include "parallel/buffer_ops.h"
+#include "comm/communicator.h"
 #include "models/loss_scaler.h"
 #include "models/optimizer.h"
 #include "models/step_hooks.h"
 
-namespace estuary::client {
+namespace estuary::parallel {
 
 enum class ZeroStage { kDdp = 0, kZero1 = 1, kZero2 = 2, kZero3 = 3 };
 // "ddp", "zero1", "zero2", "zero3".
@@ -127,13 +127,13 @@ class DataParallel : private models::StepHooks {
   // aligned for ZeRO-2/3's page release); units tile them in order. Under
   // ZeRO-3 the parameter buffer is released here (after the broadcast).
   // Collective: every rank calls it.
-  static Result<std::unique_ptr<DataParallel>> Create(Communicator& comm, std::span<float> parameters,
+  static Result<std::unique_ptr<DataParallel>> Create(comm::Communicator& comm, std::span<float> parameters,
                                                       std::span<float> gradients,
                                                       std::vector<models::ParameterUnit> units,
                                                       const DataParallelOptions& options);
   // Any model with parameters(), gradients() and units() (models::Model, models::Llama).
   template <typename M>
-  static Result<std::unique_ptr<DataParallel>> Create(Communicator& comm, M& model, const DataParallelOptions& options) {
+  static Result<std::unique_ptr<DataParallel>> Create(comm::Communicator& comm, M& model, const DataParallelOptions& options) {
     return Create(comm, model.parameters(), model.gradients(), model.units(), options);
   }
   ~DataParallel() override;
@@ -169,7 +169,7 @@ class DataParallel : private models::StepHooks {
 
  private:
   struct Bucket;
-  DataParallel(Communicator& comm, std::span<float> parameters, std::span<float> gradients,
+  DataParallel(comm::Communicator& comm, std::span<float> parameters, std::span<float> gradients,
                std::vector<models::ParameterUnit> units, const DataParallelOptions& options);
   Status Init();
   void MakeSlices();  // slices_ and grad_pieces_
@@ -185,10 +185,10 @@ class DataParallel : private models::StepHooks {
   void FinishGather(Bucket& b);
   void ReleaseParameters(Bucket& b);
   Status FinishMicroBatch();
-  Status Wait(std::unique_ptr<Work>& work);
+  Status Wait(std::unique_ptr<comm::Work>& work);
   void Keep(Status status);
 
-  Communicator& comm_;
+  comm::Communicator& comm_;
   const int rank_, size_;
   std::span<float> params_, grads_;
   std::vector<models::ParameterUnit> units_;
@@ -220,4 +220,4 @@ class DataParallel : private models::StepHooks {
   Status error_;
 };
 
-}  // namespace estuary::client
+}  // namespace estuary::parallel

@@ -12,18 +12,18 @@
 #include <random>
 #include <vector>
 
-#include "tests/client/ranks.h"
+#include "tests/comm/ranks.h"
 
 #ifdef ESTUARY_HAVE_NCCL
 #include <cuda_runtime_api.h>
 
-#include "client/data_parallel.h"
-#include "client/nccl_communicator.h"
+#include "parallel/data_parallel.h"
+#include "comm/nccl_communicator.h"
 #include "models/cuda/llama_engine.h"
 #include "models/cuda/optimizer.h"
 #endif
 
-namespace estuary::client {
+namespace estuary::comm {
 namespace {
 
 #ifdef ESTUARY_HAVE_NCCL
@@ -89,7 +89,7 @@ struct DeviceFloats {
 
 Status RunRank(const std::string& address, int rank, int size) {
   ESTUARY_ASSIGN_OR_RETURN(auto c, ConnectNccl({.address = address, .rank = rank, .size = size, .timeout = 60s}, rank));
-  CHECK_OR_RETURN(c->backend() == "nccl" && c->device() == models::Device::kCuda, "wrong identity");
+  CHECK_OR_RETURN(c->backend() == "nccl" && c->device() == Device::kCuda, "wrong identity");
   const int n = size;
   for (size_t len : {size_t{1}, size_t{1000}, size_t{300001}}) {
     // All-reduce sum and average.
@@ -164,7 +164,7 @@ Status RunRank(const std::string& address, int rank, int size) {
 // the same GPU (fp32, within 1e-5). ZeRO-1 clips to a norm the steps exceed,
 // agreed across ranks (the whole-batch engine clips its own). ZeRO-2/3 are
 // refused on device buffers.
-Status RunDataParallelRank(const std::string& address, int rank, int size, ZeroStage stage) {
+Status RunDataParallelRank(const std::string& address, int rank, int size, parallel::ZeroStage stage) {
   CUDA_OR_RETURN(cudaSetDevice(rank));
   cudaStream_t stream = nullptr;
   CUDA_OR_RETURN(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -188,23 +188,23 @@ Status RunDataParallelRank(const std::string& address, int rank, int size, ZeroS
   const size_t count = size_t(engine.parameter_count());
   const std::span<float> params(engine.parameters(), count), grads(engine.gradients(), count);
 
-  DataParallelOptions zero2;
-  zero2.stage = ZeroStage::kZero2;
+  parallel::DataParallelOptions zero2;
+  zero2.stage = parallel::ZeroStage::kZero2;
   zero2.device_stream = stream;
-  auto refused = DataParallel::Create(*c, params, grads, engine.units(), zero2);
+  auto refused = parallel::DataParallel::Create(*c, params, grads, engine.units(), zero2);
   CHECK_OR_RETURN(!refused.ok() && refused.status().message().find("DDP or ZeRO-1 only") != std::string::npos,
                   "ZeRO-2 on device buffers: {}", refused.ok() ? "accepted" : refused.status().message());
 
-  DataParallelOptions options;
+  parallel::DataParallelOptions options;
   options.stage = stage;
   options.bucket_bytes = 4096;
   options.first_bucket_bytes = 1028;  // buckets whose sizes do not split evenly: remainders too
   options.device_stream = stream;
-  const double max_norm = stage == ZeroStage::kZero1 ? 0.5 : 0.0;
+  const double max_norm = stage == parallel::ZeroStage::kZero1 ? 0.5 : 0.0;
   options.max_grad_norm = max_norm;
-  ESTUARY_ASSIGN_OR_RETURN(auto dp, DataParallel::Create(*c, params, grads, engine.units(), options));
+  ESTUARY_ASSIGN_OR_RETURN(auto dp, parallel::DataParallel::Create(*c, params, grads, engine.units(), options));
   CHECK_OR_RETURN(dp->buckets().size() > 10, "only {} buckets", dp->buckets().size());
-  const size_t stepped = stage == ZeroStage::kDdp ? count : dp->shard_size();
+  const size_t stepped = stage == parallel::ZeroStage::kDdp ? count : dp->shard_size();
   const models::AdamWOptions adamw{.lr = 1e-2f, .weight_decay = 0.1f};
   ESTUARY_ASSIGN_OR_RETURN(auto opt, models::cuda::AdamW::Create(int64_t(stepped), adamw, stream));
   ESTUARY_ASSIGN_OR_RETURN(auto whole_opt, models::cuda::AdamW::Create(int64_t(count), adamw, whole.stream()));
@@ -219,12 +219,12 @@ Status RunDataParallelRank(const std::string& address, int rank, int size, ZeroS
     ESTUARY_RETURN_IF_ERROR(engine.ForwardBackwardAsync(tokens.data() + at, targets.data() + at, per_rank, seq,
                                                         dp->MicroBatch(double(per_rank) / global, true)));
     Status step_status;
-    ESTUARY_ASSIGN_OR_RETURN(const StepResult result, dp->Step([&](std::span<const models::ParameterSlice> slices) {
+    ESTUARY_ASSIGN_OR_RETURN(const parallel::StepResult result, dp->Step([&](std::span<const models::ParameterSlice> slices) {
       // DDP: the engine's own step over its buffers; ZeRO-1: this rank's pieces.
-      step_status = stage == ZeroStage::kDdp ? engine.Step(opt).status() : opt.Step(slices, stream);
+      step_status = stage == parallel::ZeroStage::kDdp ? engine.Step(opt).status() : opt.Step(slices, stream);
     }));
     ESTUARY_RETURN_IF_ERROR(step_status);
-    if (stage != ZeroStage::kDdp) ESTUARY_RETURN_IF_ERROR(engine.RefreshWorkingCopy());
+    if (stage != parallel::ZeroStage::kDdp) ESTUARY_RETURN_IF_ERROR(engine.RefreshWorkingCopy());
     CHECK_OR_RETURN(max_norm == 0 || result.grad_norm > max_norm, "step {}: norm {} does not exceed the clip {}", step,
                     result.grad_norm, max_norm);
     ESTUARY_RETURN_IF_ERROR(whole.ForwardBackward(tokens.data(), targets.data(), global, seq).status());
@@ -237,7 +237,7 @@ Status RunDataParallelRank(const std::string& address, int rank, int size, ZeroS
       scale = std::max(scale, std::abs(double(want[i])));
     }
     CHECK_OR_RETURN(diff / scale <= 1e-5, "{} step {}: parameters {} off the whole batch's (relative)",
-                    ZeroStageName(stage), step, diff / scale);
+                    parallel::ZeroStageName(stage), step, diff / scale);
   }
   dp.reset();
   c.reset();
@@ -270,8 +270,8 @@ void ExpectEveryRankOk(int gpus, const std::function<Status(const std::string&, 
 TEST(NcclCommunicator, DdpAndZero1OverTheGpuEngineEqualOneGpuOnTheWholeBatch) {
   SKIP_WITHOUT_GPUS(gpus);
 #ifdef ESTUARY_HAVE_NCCL
-  for (ZeroStage stage : {ZeroStage::kDdp, ZeroStage::kZero1}) {
-    SCOPED_TRACE(std::string(ZeroStageName(stage)));
+  for (parallel::ZeroStage stage : {parallel::ZeroStage::kDdp, parallel::ZeroStage::kZero1}) {
+    SCOPED_TRACE(std::string(parallel::ZeroStageName(stage)));
     ExpectEveryRankOk(gpus, [stage](const std::string& address, int rank, int size) {
       return RunDataParallelRank(address, rank, size, stage);
     });
@@ -287,4 +287,4 @@ TEST(NcclCommunicator, EveryOperationOnEveryGpu) {
 }
 
 }  // namespace
-}  // namespace estuary::client
+}  // namespace estuary::comm

@@ -1,4 +1,4 @@
-#include "client/nccl_communicator.h"
+#include "comm/nccl_communicator.h"
 
 #include <nccl.h>
 
@@ -8,11 +8,11 @@
 #include <mutex>
 #include <thread>
 
-#include "client/nccl_kernels.h"
-#include "client/rendezvous.h"
-#include "models/cuda/check.h"
+#include "comm/nccl_kernels.h"
+#include "comm/rendezvous.h"
+#include "base/cuda_status.h"
 
-namespace estuary::client {
+namespace estuary::comm {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -40,19 +40,19 @@ ncclResult_t Settle(ncclComm_t comm, ncclResult_t result, Clock::time_point dead
 }
 
 }  // namespace
-}  // namespace estuary::client
+}  // namespace estuary::comm
 
 // An NCCL call on the communicator's comm(), settled within its timeout(); a
 // failure returns an internal-error Status naming file:line and the call.
 #define ESTUARY_NCCL_RETURN_IF_ERROR(call)                                                                \
   do {                                                                                                    \
     const ncclResult_t estuary_nccl_ =                                                                    \
-        ::estuary::client::Settle(comm(), (call), std::chrono::steady_clock::now() + timeout());          \
+        ::estuary::comm::Settle(comm(), (call), std::chrono::steady_clock::now() + timeout());          \
     if (estuary_nccl_ != ncclSuccess)                                                                     \
-      return ::estuary::client::NcclError(estuary_nccl_, comm(), #call, __FILE__, __LINE__);              \
+      return ::estuary::comm::NcclError(estuary_nccl_, comm(), #call, __FILE__, __LINE__);              \
   } while (0)
 
-namespace estuary::client {
+namespace estuary::comm {
 namespace {
 
 // Host bytes on their way through the GPU; freed once their event has fired.
@@ -137,7 +137,7 @@ Status State::WaitFor(cudaEvent_t done, const std::string& what) {
     if (query == cudaSuccess) return Failed();
     if (query != cudaErrorNotReady) {
       return Fail(Internal("nccl {} on rank {} of {}: {}", what, rank_, size_,
-                           models::cuda::CudaError(query, "cudaEventQuery(done)", __FILE__, __LINE__).message()));
+                           CudaError(query, "cudaEventQuery(done)", __FILE__, __LINE__).message()));
     }
     Status peer_failure;
     {
@@ -226,7 +226,7 @@ class NcclCommunicator final : public Communicator {
 
   int rank() const override { return state_->rank_; }
   int size() const override { return state_->size_; }
-  models::Device device() const override { return models::Device::kCuda; }
+  Device device() const override { return Device::kCuda; }
   std::string_view backend() const override { return "nccl"; }
 
   std::unique_ptr<Work> AllReduce(std::span<float> data, ReduceOp op) override {
@@ -430,4 +430,4 @@ Result<std::unique_ptr<Communicator>> ConnectNccl(const RendezvousOptions& optio
   return std::unique_ptr<Communicator>(std::make_unique<NcclCommunicator>(std::move(state)));
 }
 
-}  // namespace estuary::client
+}  // namespace estuary::comm

@@ -1,5 +1,5 @@
-// DDP and ZeRO-1/2/3 (client/data_parallel.h) with 2 and 4 real processes
-// (forked, tests/client/ranks.h) over Gloo on 127.0.0.1. Every rank also
+// DDP and ZeRO-1/2/3 (parallel/data_parallel.h) with 2 and 4 real processes
+// (forked, tests/comm/ranks.h) over Gloo on 127.0.0.1. Every rank also
 // trains a single-process reference on the full global batch in its own
 // memory, so each rank checks itself; batches never split evenly, and ranks
 // other than 0 start from other weights (Create's broadcast must fix them).
@@ -30,24 +30,24 @@
 #include <random>
 #include <vector>
 
-#include "client/data_parallel.h"
-#include "client/gloo_communicator.h"
+#include "parallel/data_parallel.h"
+#include "comm/gloo_communicator.h"
 #include "models/llama.h"
 #include "models/lora.h"
 #include "models/model.h"
 #include "models/optimizer.h"
-#include "tests/client/ranks.h"
+#include "tests/comm/ranks.h"
 
 extern "C" void openblas_set_num_threads(int);
 
-namespace estuary::client {
+namespace estuary::parallel {
 namespace {
 
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
-using testing::FreeTcpAddress;
-using testing::RankOutcome;
-using testing::RunRanks;
+using comm::testing::FreeTcpAddress;
+using comm::testing::RankOutcome;
+using comm::testing::RunRanks;
 
 
 void ExpectAllOk(const std::vector<RankOutcome>& outcomes) {
@@ -285,7 +285,7 @@ Result<std::vector<float>> ReadOut(DataParallel& dp, size_t size) {
 Status RunScenario(const Scenario& s, const std::string& address, int rank) {
   openblas_set_num_threads(1);
   const int n = s.ranks;
-  ESTUARY_ASSIGN_OR_RETURN(auto comm, ConnectGloo({.address = address, .rank = rank, .size = n, .timeout = 60s},
+  ESTUARY_ASSIGN_OR_RETURN(auto comm, comm::ConnectGloo({.address = address, .rank = rank, .size = n, .timeout = 60s},
                                                   {.host = "127.0.0.1"}));
   const int total = s.batch * s.micro;
   ESTUARY_ASSIGN_OR_RETURN(Net ref, Net::Make(s.model, 1, total));
@@ -501,7 +501,7 @@ INSTANTIATE_TEST_SUITE_P(LossScaler, DataParallelTest, ::testing::ValuesIn(Scale
 // they lie in the flat buffers.
 Status CheckMemory(ZeroStage stage, int n, const std::string& address, int rank) {
   openblas_set_num_threads(1);
-  ESTUARY_ASSIGN_OR_RETURN(auto comm, ConnectGloo({.address = address, .rank = rank, .size = n, .timeout = 60s},
+  ESTUARY_ASSIGN_OR_RETURN(auto comm, comm::ConnectGloo({.address = address, .rank = rank, .size = n, .timeout = 60s},
                                                   {.host = "127.0.0.1"}));
   const int batch = 4;
   ESTUARY_ASSIGN_OR_RETURN(Net net, Net::Make("llama-big", 1, batch));
@@ -632,7 +632,7 @@ constexpr auto kTimeout = 5s;
 
 Status DieMidStep(ZeroStage stage, int n, const std::string& address, int rank) {
   openblas_set_num_threads(1);
-  ESTUARY_ASSIGN_OR_RETURN(auto comm, ConnectGloo({.address = address, .rank = rank, .size = n, .timeout = kTimeout},
+  ESTUARY_ASSIGN_OR_RETURN(auto comm, comm::ConnectGloo({.address = address, .rank = rank, .size = n, .timeout = kTimeout},
                                                   {.host = "127.0.0.1"}));
   ESTUARY_ASSIGN_OR_RETURN(Net net, Net::Make("llama", 1, 4));
   DataParallelOptions options{.stage = stage, .bucket_bytes = 4096, .first_bucket_bytes = 4096};
@@ -691,36 +691,36 @@ struct Log {
   const float* grads = nullptr;
 };
 
-class DoneWork : public Work {
+class DoneWork : public comm::Work {
  public:
   Status Wait() override { return Status::Ok(); }
 };
 
-class RecordingCommunicator : public Communicator {
+class RecordingCommunicator : public comm::Communicator {
  public:
   explicit RecordingCommunicator(Log& log) : log_(log) {}
   int rank() const override { return 0; }
   int size() const override { return 1; }
-  models::Device device() const override { return models::Device::kCpu; }
+  Device device() const override { return Device::kCpu; }
   std::string_view backend() const override { return "recording"; }
-  std::unique_ptr<Work> AllReduce(std::span<float> data, ReduceOp) override {
+  std::unique_ptr<comm::Work> AllReduce(std::span<float> data, comm::ReduceOp) override {
     Record("all-reduce", data.data());
     return std::make_unique<DoneWork>();
   }
-  std::unique_ptr<Work> AllReduce(std::span<double>, ReduceOp) override { return std::make_unique<DoneWork>(); }
-  std::unique_ptr<Work> ReduceScatter(std::span<const float> in, std::span<float> out, ReduceOp) override {
+  std::unique_ptr<comm::Work> AllReduce(std::span<double>, comm::ReduceOp) override { return std::make_unique<DoneWork>(); }
+  std::unique_ptr<comm::Work> ReduceScatter(std::span<const float> in, std::span<float> out, comm::ReduceOp) override {
     Record("reduce-scatter", in.data());
     std::memcpy(out.data(), in.data(), out.size_bytes());
     return std::make_unique<DoneWork>();
   }
-  std::unique_ptr<Work> AllGather(std::span<const float> in, std::span<float> out) override {
+  std::unique_ptr<comm::Work> AllGather(std::span<const float> in, std::span<float> out) override {
     Record("all-gather", out.data());
     std::memcpy(out.data(), in.data(), in.size_bytes());
     return std::make_unique<DoneWork>();
   }
-  std::unique_ptr<Work> Broadcast(std::span<float>, int) override { return std::make_unique<DoneWork>(); }
-  std::unique_ptr<Work> Broadcast(std::span<std::byte>, int) override { return std::make_unique<DoneWork>(); }
-  std::unique_ptr<Work> Barrier() override { return std::make_unique<DoneWork>(); }
+  std::unique_ptr<comm::Work> Broadcast(std::span<float>, int) override { return std::make_unique<DoneWork>(); }
+  std::unique_ptr<comm::Work> Broadcast(std::span<std::byte>, int) override { return std::make_unique<DoneWork>(); }
+  std::unique_ptr<comm::Work> Barrier() override { return std::make_unique<DoneWork>(); }
 
  private:
   void Record(const char* what, const float* at) {
@@ -835,7 +835,7 @@ TEST(DataParallelSchedule, ZeroThreePrefetchesTheNextUnit) {
 TEST(DataParallelLocal, ZeroThreeRefusesAModelThatOpensNoUnit) {
   const std::string address = FreeTcpAddress();
   ExpectAllOk(RunRanks(1, [&](int) -> Status {
-    ESTUARY_ASSIGN_OR_RETURN(auto comm, ConnectGloo({.address = address, .rank = 0, .size = 1}, {.host = "127.0.0.1"}));
+    ESTUARY_ASSIGN_OR_RETURN(auto comm, comm::ConnectGloo({.address = address, .rank = 0, .size = 1}, {.host = "127.0.0.1"}));
     ESTUARY_ASSIGN_OR_RETURN(Net net, Net::Make("lora", 1, 2));
     ESTUARY_ASSIGN_OR_RETURN(auto dp, DataParallel::Create(*comm, net, {.stage = ZeroStage::kZero3}));
     const Batch b = net.MakeBatch(2, 7);
@@ -852,7 +852,7 @@ TEST(DataParallelLocal, ZeroThreeRefusesAModelThatOpensNoUnit) {
 // ZeRO-1 the parameters are bit for bit those of the optimizer stepping the
 // model directly.
 TEST(DataParallelLocal, OverASoloCommunicatorItIsThePlainStep) {
-  auto comm = MakeSoloCommunicator(models::Device::kCpu);
+  auto comm = comm::MakeSoloCommunicator(Device::kCpu);
   for (const char* name : {"lora", "mlp"}) {
     for (ZeroStage stage : {ZeroStage::kDdp, ZeroStage::kZero1}) {
       SCOPED_TRACE(fmt::format("{} under {}", name, ZeroStageName(stage)));
@@ -877,16 +877,16 @@ TEST(DataParallelLocal, OverASoloCommunicatorItIsThePlainStep) {
   }
   // Its copies are host copies; on a GPU only the in-place collectives apply.
   std::vector<float> in = {1, 2, 3}, out(3);
-  EXPECT_TRUE(comm->ReduceScatter(in, out, ReduceOp::kSum)->Wait().ok());
+  EXPECT_TRUE(comm->ReduceScatter(in, out, comm::ReduceOp::kSum)->Wait().ok());
   EXPECT_EQ(out, in);
-  Status refused = MakeSoloCommunicator(models::Device::kCuda)->AllGather(in, out)->Wait();
+  Status refused = comm::MakeSoloCommunicator(Device::kCuda)->AllGather(in, out)->Wait();
   EXPECT_NE(refused.message().find("solo all-gather: one rank on a GPU"), std::string::npos) << refused.ToString();
 }
 
 TEST(DataParallelLocal, BucketsAreSlicesFromTheEnd) {
   const std::string address = FreeTcpAddress();
   ExpectAllOk(RunRanks(1, [&](int) -> Status {
-    ESTUARY_ASSIGN_OR_RETURN(auto comm, ConnectGloo({.address = address, .rank = 0, .size = 1}, {.host = "127.0.0.1"}));
+    ESTUARY_ASSIGN_OR_RETURN(auto comm, comm::ConnectGloo({.address = address, .rank = 0, .size = 1}, {.host = "127.0.0.1"}));
     ESTUARY_ASSIGN_OR_RETURN(Net net, Net::Make("mlp", 1, 1));
     const uint64_t p = net.parameters().size();
     const DataParallelOptions options{.bucket_bytes = 400000, .first_bucket_bytes = 4000};
@@ -905,4 +905,4 @@ TEST(DataParallelLocal, BucketsAreSlicesFromTheEnd) {
 }
 
 }  // namespace
-}  // namespace estuary::client
+}  // namespace estuary::parallel
