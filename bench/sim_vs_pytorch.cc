@@ -14,16 +14,18 @@
 extern "C" void openblas_set_num_threads(int);
 
 int main(int argc, char** argv) {
+  using namespace estuary;
   openblas_set_num_threads(1);
   CLI::App app{"estuary in-process simulation vs a PyTorch loop"};
   estuary::simulations::Scenario s;
   std::string python = "/usr/bin/python3";
   app.add_option("--data", s.data_dir);
-  app.add_option("--model", s.model);
+  v1::TaskConfig& task = s.task();
+  app.add_option_function<std::string>("--model", [&](const std::string& v) { task.set_model(v); });
   app.add_option("--rounds", s.rounds);
   app.add_option("--clients", s.clients);
   app.add_option("--per-round", s.per_round);
-  app.add_option("--epochs", s.epochs);
+  app.add_option_function<uint32_t>("--epochs", [&](uint32_t v) { task.set_epochs(v); });
   app.add_option("--threads", s.threads);
   app.add_option("--python", python);
   CLI11_PARSE(app, argc, argv);
@@ -36,8 +38,8 @@ int main(int argc, char** argv) {
   const std::string command =
       fmt::format("{} {}/bench/torch_fedavg.py --data {} --model {} --rounds {} --clients {} --per-round {} "
                   "--epochs {} --batch {} --lr {} --seed {}",
-                  python, ESTUARY_SOURCE_DIR, s.data_dir.string(), s.model, s.rounds, s.clients, s.per_round,
-                  s.epochs, s.batch, s.lr, s.seed);
+                  python, ESTUARY_SOURCE_DIR, s.data_dir.string(), task.model(), s.rounds, s.clients, s.per_round,
+                  task.epochs(), task.batch_size(), task.learning_rate(), task.seed());
   FILE* pipe = popen(command.c_str(), "r");
   std::string out;
   char buffer[4096];
@@ -50,7 +52,7 @@ int main(int argc, char** argv) {
   const auto torch = nlohmann::json::parse(out);
   const double torch_seconds = torch["seconds"].get<double>();
   fmt::print("scenario: {} clients, {} per round, {} rounds, {} epochs, batch {}, lr {}, model {}\n", s.clients,
-             s.per_round, s.rounds, s.epochs, s.batch, s.lr, s.model);
+             s.per_round, s.rounds, task.epochs(), task.batch_size(), task.learning_rate(), task.model());
   fmt::print("{:<28} {:>10} {:>10}\n", "", "seconds", "accuracy");
   fmt::print("{:<28} {:>10.2f} {:>10.4f}\n", "estuary-sim inproc", report->total_seconds, report->final_accuracy);
   fmt::print("{:<28} {:>10.2f} {:>10.4f}\n",

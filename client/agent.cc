@@ -20,33 +20,6 @@ using asio::ip::tcp;
 using boost::system::error_code;
 
 
-static Result<TaskConfig> FromProto(const v1::TaskConfig& t) {
-  TaskConfig task;
-  task.model = t.model();
-  task.epochs = t.epochs();
-  task.batch_size = t.batch_size();
-  task.learning_rate = t.learning_rate();
-  task.momentum = t.momentum();
-  task.weight_decay = t.weight_decay();
-  task.update_kind = t.update_kind() == v1::UPDATE_LORA ? UpdateKind::kLora : UpdateKind::kFull;
-  task.seed = t.seed();
-  if (!t.optimizer().empty()) {
-    ESTUARY_ASSIGN_OR_RETURN(task.optimizer, ParseOptimizer(t.optimizer()));
-  }
-  if (t.seq_len() != 0) task.seq_len = t.seq_len();
-  task.max_local_steps = t.max_local_steps();
-  if (task.update_kind == UpdateKind::kLora) {
-    const v1::LoraTask& l = t.lora();
-    task.lora.config.rank = int(std::min<uint32_t>(l.rank(), 1u << 20));
-    task.lora.config.alpha = l.alpha();
-    task.lora.config.dropout = l.dropout();
-    task.lora.config.target_modules.assign(l.target_modules().begin(), l.target_modules().end());
-    task.lora.merge = l.merge();
-    task.lora.mixed_ranks = l.mixed_ranks();
-  }
-  return task;
-}
-
 Agent::Agent(asio::io_context& io, AgentOptions options, Trainer& trainer, Executor training)
     : io_(io),
       options_(std::move(options)),
@@ -274,7 +247,7 @@ void Agent::Train() {
   busy_training_ = true;
   const uint64_t round = round_->round();
   auto model = model_;
-  auto task = FromProto(round_->task());
+  auto task = TaskFromProto(round_->task());
   auto manifest = manifest_;
   asio::post(training_, [self = shared_from_this(), model, task, manifest, round] {
     spdlog::debug("{}: round {} training starts", self->name_, round);

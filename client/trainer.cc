@@ -11,14 +11,6 @@
 
 namespace estuary::client {
 
-Result<OptimizerKind> ParseOptimizer(std::string_view name) {
-  if (name == "sgd") return OptimizerKind::kSgd;
-  if (name == "adamw") return OptimizerKind::kAdamW;
-  return InvalidArgument("task: unknown optimizer '{}' (expected sgd or adamw)", name);
-}
-
-std::string_view OptimizerName(OptimizerKind kind) { return kind == OptimizerKind::kAdamW ? "adamw" : "sgd"; }
-
 Result<Update> TrainedUpdate(UpdateKind kind, uint64_t num_examples, double train_loss, uint64_t round) {
   if (!std::isfinite(train_loss)) {
     return FailedPrecondition("trainer: local training diverged (loss {}) in round {}", train_loss, round);

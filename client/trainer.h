@@ -19,40 +19,12 @@
 
 #include "base/status.h"
 #include "client/compute.h"
+#include "client/task.h"
 #include "client/update_stream.h"
 #include "models/dataset.h"
-#include "models/lora.h"
 #include "models/model.h"
 
 namespace estuary::client {
-
-enum class UpdateKind { kFull = 0, kLora = 1 };
-enum class OptimizerKind { kSgd = 0, kAdamW = 1 };
-
-// A federation of update kind lora (proto LoraTask).
-struct LoraTask {
-  models::LoraConfig config;    // rank, alpha, dropout, target modules
-  std::string merge = "exact";  // naive | exact | frozen-a: under frozen-a A is fixed and only B is uploaded
-  bool mixed_ranks = false;     // exact only: a site may train another rank
-};
-
-struct TaskConfig {
-  std::string model = "mlp";
-  uint32_t epochs = 5;
-  uint32_t batch_size = 10;
-  float learning_rate = 0.05f;
-  float momentum = 0.0f;
-  float weight_decay = 0.0f;
-  UpdateKind update_kind = UpdateKind::kFull;
-  uint64_t seed = 0;
-  OptimizerKind optimizer = OptimizerKind::kSgd;  // a fresh optimizer every round
-  uint32_t seq_len = 128;                          // language models: tokens per window
-  uint32_t max_local_steps = 0;                    // 0: every batch of every epoch
-  LoraTask lora;                                   // with update_kind kLora
-};
-
-Result<OptimizerKind> ParseOptimizer(std::string_view name);  // "sgd" | "adamw"
-std::string_view OptimizerName(OptimizerKind kind);
 
 struct Update {
   UpdateKind kind = UpdateKind::kFull;

@@ -6,8 +6,7 @@
 #include <filesystem>
 #include <string>
 
-#include "aggregation/lora_strategy.h"
-#include "aggregation/strategy.h"
+#include "aggregation/federation.h"
 #include "base/host_port.h"
 #include "crypto/tls.h"
 #include "estuary.pb.h"
@@ -21,19 +20,15 @@ struct ServerConfig {
   std::filesystem::path db = "estuary.db";
   std::filesystem::path checkpoint_dir;     // default: "<db>.checkpoints"
   std::filesystem::path eval_data;          // IDX dir (text models: fortunes dir); empty = no evaluation
-  uint64_t eval_windows = 256;              // text models: held-out windows scored per round
 
   uint64_t rounds = 20;
   double clients_per_round = 10;   // >= 1: a count; in (0, 1): a fraction of those connected
   uint32_t min_clients = 10;       // connected clients needed before a round starts
   uint32_t min_updates = 1;        // updates needed to aggregate at the deadline
   double round_deadline_s = 600;
-  uint64_t seed = 2017;
-  aggregation::StrategyOptions strategy;
-  v1::TaskConfig task;             // what every selected client trains
-  // Update kind lora: the base decoder's safetensors (Hugging Face names);
-  // empty: the preset initialised from the seed.
-  std::filesystem::path base_model;
+  // The task every selected client trains, the strategy, the seed, the base
+  // model: checked by aggregation::CheckFederation, built by MakeFederation.
+  v1::FederationConfig federation = aggregation::DefaultFederation();
 
   uint64_t max_frame_bytes = proto::kDefaultMaxFrameBytes;
   uint32_t chunk_bytes = proto::kDefaultChunkBytes;
@@ -49,11 +44,5 @@ struct ServerConfig {
   // name the key ("config: clients_per_round = 0: must be > 0").
   Status Finalize();
 };
-
-// With update kind lora: the federation's LoRA strategy options (the global
-// layout of the model and its adapters, the merge rule, rank and alpha,
-// mixed ranks), validated; errors name the config key.
-Result<aggregation::LoraStrategyOptions> LoraOptionsOf(const v1::TaskConfig& task);
-
 
 }  // namespace estuary::server

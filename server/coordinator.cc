@@ -42,56 +42,34 @@ void Coordinator::LogIfError(const Status& status, const char* what) {
 }
 
 Status Coordinator::Recover() {
-  models::InitialWeights initial;
-  if (config_.task.update_kind() == v1::UPDATE_LORA) {
-    // The global model is the base followed by the global adapter
-    // (models/lora_federation.h); the strategy merges the sites' adapters.
-    ESTUARY_ASSIGN_OR_RETURN(lora_, LoraOptionsOf(config_.task));
-    models::LoraConfig lora;
-    lora.rank = int(lora_->merge.rank);
-    lora.alpha = lora_->merge.alpha;
-    lora.target_modules.assign(config_.task.lora().target_modules().begin(),
-                               config_.task.lora().target_modules().end());
-    ESTUARY_ASSIGN_OR_RETURN(initial,
-                             models::LoraInitialModel(config_.task.model(), lora, config_.seed, config_.base_model));
-    if (!(initial.manifest == lora_->layout.global)) {
-      return Internal("server: the LoRA initial model's layout differs from the strategy's");
-    }
-    ESTUARY_ASSIGN_OR_RETURN(strategy_, aggregation::LoraStrategy::Make(*lora_));
-  } else {
-    ESTUARY_ASSIGN_OR_RETURN(initial, models::InitialModel(config_.task.model(), config_.seed));
-    ESTUARY_ASSIGN_OR_RETURN(strategy_, aggregation::MakeStrategy(config_.strategy));
-  }
-  manifest_ = initial.manifest;
-  if (!config_.eval_data.empty()) {
-    // Evaluation runs between rounds, when the clients are idle: two threads.
-    ESTUARY_ASSIGN_OR_RETURN(evaluator_, models::MakeEvaluator(config_.task.model(), config_.eval_data,
-                                                               {.threads = 2,
-                                                                .seq_len = int(config_.task.seq_len()),
-                                                                .max_windows = config_.eval_windows,
-                                                                .seed = config_.seed}));
-    if (lora_) evaluator_ = models::MakeLoraEvaluator(std::move(evaluator_), lora_->layout, lora_->merge.alpha);
-  }
+  // Evaluation runs between rounds, when the clients are idle: two threads.
+  ESTUARY_ASSIGN_OR_RETURN(aggregation::Federation federation,
+                           aggregation::MakeFederation(config_.federation, {.data = config_.eval_data, .threads = 2}));
+  task_ = federation.config.task();
+  manifest_ = std::move(federation.manifest);
+  strategy_ = std::move(federation.strategy);
+  evaluator_ = std::move(federation.evaluator);
+  lora_ = std::move(federation.lora);
   std::error_code ec;
   std::filesystem::create_directories(config_.checkpoint_dir, ec);
   if (ec) return IoError("server: {}: cannot create checkpoint directory: {}", config_.checkpoint_dir.string(), ec.message());
 
   ESTUARY_ASSIGN_OR_RETURN(auto stored_model, store_.GetMeta("model"));
-  if (stored_model && *stored_model != config_.task.model()) {
+  if (stored_model && *stored_model != task_.model()) {
     return FailedPrecondition("server: {} holds a federation of model '{}', not '{}'", config_.db.string(),
-                              *stored_model, config_.task.model());
+                              *stored_model, task_.model());
   }
-  ESTUARY_RETURN_IF_ERROR(store_.SetMeta("model", config_.task.model()));
-  ESTUARY_RETURN_IF_ERROR(store_.SetMeta("strategy", config_.strategy.name));
+  ESTUARY_RETURN_IF_ERROR(store_.SetMeta("model", task_.model()));
+  ESTUARY_RETURN_IF_ERROR(store_.SetMeta("strategy", config_.federation.strategy().name()));
 
   ESTUARY_ASSIGN_OR_RETURN(auto last, store_.LastCommittedRound());
   if (!last) {
-    auto global = std::make_shared<std::vector<float>>(std::move(initial.values));
+    auto global = std::make_shared<std::vector<float>>(std::move(federation.initial));
     global_checksum_ = ChecksumOf(*global);
     global_ = std::move(global);
     model_version_ = 0;
     round_ = 1;
-    spdlog::info("new federation: model {} ({} parameters), checksum {}", config_.task.model(),
+    spdlog::info("new federation: model {} ({} parameters), checksum {}", task_.model(),
                  manifest_.total_elements, global_checksum_.substr(0, 12));
     return Status::Ok();
   }
@@ -99,7 +77,7 @@ Status Coordinator::Recover() {
   if (!path) return FailedPrecondition("server: round {} is committed but has no checkpoint row", last->round);
   ESTUARY_ASSIGN_OR_RETURN(auto checkpoint, models::LoadCheckpoint(*path));
   if (!(checkpoint.manifest == manifest_)) {
-    return FailedPrecondition("server: {}: checkpoint does not match model '{}'", *path, config_.task.model());
+    return FailedPrecondition("server: {}: checkpoint does not match model '{}'", *path, task_.model());
   }
   global_checksum_ = ChecksumOf(checkpoint.data);
   if (global_checksum_ != last->global_checksum) {
@@ -205,7 +183,7 @@ void Coordinator::StartRound() {
   std::vector<std::string> names;
   for (const auto& [name, session] : connected_) names.push_back(name);
   const size_t k = aggregation::ClientsPerRound(config_.clients_per_round, names.size());
-  const std::vector<std::string> selected = aggregation::SampleClients(names, k, config_.seed, round_);
+  const std::vector<std::string> selected = aggregation::SampleClients(names, k, task_.seed(), round_);
 
   record_ = RoundRecord{};
   record_.round = round_;
@@ -240,8 +218,7 @@ void Coordinator::StartRound() {
   start->set_model_version(model_version_);
   start->set_model_checksum(global_checksum_);
   *start->mutable_manifest() = proto::ToProto(manifest_);
-  *start->mutable_task() = config_.task;
-  start->mutable_task()->set_seed(config_.seed);
+  *start->mutable_task() = task_;
   start->set_deadline_unix_ms(deadline_ms);
   const uint64_t model_bytes = manifest_.byte_size();
   FindChangedTensors();
@@ -316,7 +293,7 @@ void Coordinator::OnUpdateBegin(const std::shared_ptr<Session>& session, const v
     return Reject(session, v1::Error::DUPLICATE_UPDATE,
                   fmt::format("second update from {} in round {}", name, round_));
   }
-  if (begin.kind() != config_.task.update_kind()) {
+  if (begin.kind() != task_.update_kind()) {
     return Reject(session, v1::Error::BAD_MESSAGE,
                   fmt::format("update kind {} from {}, but this federation takes {}",
                               begin.kind() == v1::UPDATE_LORA ? "lora" : "full", name, lora_ ? "lora" : "full"));
@@ -619,16 +596,16 @@ Status Coordinator::WriteCheckpoint(uint64_t round, const std::vector<float>& gl
                                     std::string* path) {
   const auto file = config_.checkpoint_dir / fmt::format("global-r{:05}.safetensors", round);
   std::map<std::string, std::string> metadata = {
-      {"round", std::to_string(round)}, {"model", config_.task.model()}, {"sha256", checksum},
+      {"round", std::to_string(round)}, {"model", task_.model()}, {"sha256", checksum},
       {"strategy", std::string(strategy_->name())}, {"update_kind", lora_ ? "lora" : "full"}};
   if (lora_) {
     // What `estuary-server export` needs to write the adapter in PEFT's layout.
-    const auto& targets = config_.task.lora().target_modules();
+    const auto& targets = task_.lora().target_modules();
     metadata["lora_rank"] = std::to_string(lora_->merge.rank);
     metadata["lora_alpha"] = fmt::format("{}", lora_->merge.alpha);
     metadata["lora_targets"] = fmt::format("{}", fmt::join(targets.begin(), targets.end(), ","));
-    metadata["lora_merge"] = config_.task.lora().merge();
-    metadata["lora_dropout"] = fmt::format("{}", config_.task.lora().dropout());
+    metadata["lora_merge"] = task_.lora().merge();
+    metadata["lora_dropout"] = fmt::format("{}", task_.lora().dropout());
   }
   ESTUARY_RETURN_IF_ERROR(models::SaveCheckpoint(file, manifest_, global, metadata));
   const auto state = strategy_->SaveState();

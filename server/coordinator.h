@@ -111,6 +111,7 @@ class Coordinator {
   boost::asio::steady_timer deadline_;
   boost::asio::steady_timer retry_;
 
+  v1::TaskConfig task_;  // what every selected client trains (the federation's, as built)
   std::unique_ptr<aggregation::Strategy> strategy_;  // touched only on worker_
   std::optional<aggregation::LoraStrategyOptions> lora_;  // set in a federation of update kind lora
   std::unique_ptr<models::Evaluator> evaluator_;  // null without eval data; touched only on worker_

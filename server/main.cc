@@ -10,14 +10,12 @@
 //   estuary-server clients --db F                   the client registry
 //   estuary-server events --db F                    refused handshakes, rejected frames, revocations
 //   estuary-server export --db F --out D [--round N]  a round's model: PEFT adapter, base, merged (lora)
-#include <spdlog/sinks/stdout_color_sinks.h>
-#include <spdlog/spdlog.h>
-
 #include <cstdio>
 
+#include "aggregation/federation_flags.h"
+#include "base/cli.h"
 #include "base/config_file.h"
 #include "base/memory.h"
-#include "base/split.h"
 #include "crypto/certs.h"
 #include "crypto/revocation.h"
 #include "server/export.h"
@@ -30,10 +28,7 @@ namespace {
 
 using namespace estuary;
 
-int Fail(const Status& status) {
-  std::fprintf(stderr, "estuary-server: %s\n", status.message().c_str());
-  return 1;
-}
+int Fail(const Status& status) { return estuary::Fail("estuary-server", status); }
 
 int Print(const Status& status, const std::string& out) {
   if (!status.ok()) return Fail(status);
@@ -49,6 +44,7 @@ int main(int argc, char** argv) {
   RetainFreedMemory();
   openblas_set_num_threads(1);
   CLI::App app{"estuary-server: federated learning aggregation server"};
+  ShowDefaultsInHelp(app);
   app.require_subcommand(1);
 
   // certs
@@ -82,15 +78,7 @@ int main(int argc, char** argv) {
   // serve
   auto* serve = app.add_subcommand("serve", "run the aggregation server");
   server::ServerConfig config;
-  std::string config_file, model = "mlp", log_level = "info", update_kind = "full";
-  uint32_t epochs = 5, batch = 10;
-  float lr = 0.05f, momentum = 0, weight_decay = 0;
-  std::string optimizer = "sgd";
-  uint32_t seq_len = 128, max_local_steps = 0;
-  uint32_t lora_rank = 8;
-  float lora_alpha = 16, lora_dropout = 0;
-  std::string lora_targets = "q_proj,k_proj,v_proj,o_proj", lora_merge = "exact";
-  bool lora_mixed_ranks = false;
+  std::string config_file, federation_file, log_level = "info";
   serve->add_option("--config", config_file, "TOML file with the same keys as these flags");
   serve->add_option("--listen", config.listen, "HOST:PORT to listen on (port 0: any free port)");
   serve->add_option("--cert", config.tls.cert, "server certificate (PEM)");
@@ -102,39 +90,22 @@ int main(int argc, char** argv) {
   serve->add_option("--db", config.db, "SQLite round log");
   serve->add_option("--checkpoint-dir", config.checkpoint_dir, "where global models are written (default DB.checkpoints)");
   serve->add_option("--eval-data", config.eval_data, "IDX directory whose test split the server evaluates each round (text models: a fortunes directory)");
-  serve->add_option("--eval-windows", config.eval_windows, "text models: held-out windows scored per round");
   serve->add_option("--rounds", config.rounds, "number of rounds");
   serve->add_option("--clients-per-round", config.clients_per_round, "count (>= 1) or fraction (< 1) sampled per round");
   serve->add_option("--min-clients", config.min_clients, "connected clients needed to start a round");
   serve->add_option("--min-updates", config.min_updates, "updates needed to aggregate at the deadline");
   serve->add_option("--round-deadline", config.round_deadline_s, "seconds a round collects updates");
-  serve->add_option("--strategy", config.strategy.name, "fedavg | fedadam");
-  serve->add_option("--server-lr", config.strategy.server_lr, "FedAdam server learning rate");
-  serve->add_option("--seed", config.seed, "seed for initialisation, sampling and shuffling");
-  serve->add_option("--model", model, "mlp | cnn | llama-tiny | llama-small | llama-124m");
-  serve->add_option("--epochs", epochs, "local epochs");
-  serve->add_option("--batch", batch, "local batch size");
-  serve->add_option("--lr", lr, "local SGD learning rate");
-  serve->add_option("--momentum", momentum, "local SGD momentum");
-  serve->add_option("--weight-decay", weight_decay, "local weight decay");
-  serve->add_option("--optimizer", optimizer, "local optimizer: sgd | adamw");
-  serve->add_option("--seq-len", seq_len, "language models: tokens per training window");
-  serve->add_option("--max-local-steps", max_local_steps, "cap on local optimizer steps per round (0: none)");
-  serve->add_option("--update-kind", update_kind, "full (weight deltas) | lora (adapter factors; language models)");
-  serve->add_option("--lora-rank", lora_rank, "lora: adapter rank r");
-  serve->add_option("--lora-alpha", lora_alpha, "lora: lora_alpha (the update is alpha/r * B A)");
-  serve->add_option("--lora-dropout", lora_dropout, "lora: dropout on the adapters' input, in [0, 1)");
-  serve->add_option("--lora-targets", lora_targets, "lora: comma-separated q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj");
-  serve->add_option("--lora-merge", lora_merge, "lora: naive | exact | frozen-a");
-  serve->add_option("--lora-mixed-ranks", lora_mixed_ranks, "lora, exact only: accept adapters of other ranks (true|false)");
-  serve->add_option("--base-model", config.base_model, "lora: the base model's safetensors (default: the preset from --seed)");
   serve->add_option("--max-frame", config.max_frame_bytes, "largest frame accepted, bytes");
   serve->add_option("--chunk-bytes", config.chunk_bytes, "tensor chunk size, bytes");
   serve->add_option("--staging-slots", config.staging_slots, "uploads staged at once");
   serve->add_option("--staging-memory", config.staging_memory_bytes, "bytes per upload held in memory before spilling to disk");
   serve->add_option("--idle-timeout", config.idle_timeout_s, "seconds without a frame before a client is dropped");
-  serve->add_option("--exit-when-done", config.exit_when_done, "exit after the last round (true|false)");
-  serve->add_option("--log-level", log_level, "trace|debug|info|warn|error");
+  serve->add_flag("--exit-when-done", config.exit_when_done, "exit after the last round");
+  AddLogLevelFlag(*serve, &log_level);
+  const std::vector<CLI::Option*> federation_flags = aggregation::AddFederationFlags(*serve, &config.federation);
+  serve->add_option("--federation", federation_file,
+                    "the whole federation (task, strategy, seed, base model) from a protobuf text file "
+                    "(proto/federation.proto) instead of its flags");
 
   // rounds, clients
   std::string db;
@@ -164,7 +135,7 @@ int main(int argc, char** argv) {
   clients->add_option("--db", db, "SQLite round log")->required();
   clients->add_flag("--json", json, "machine-readable output");
 
-  CLI11_PARSE(app, argc, argv);
+  if (auto exit = ParseCommandLine(app, argc, argv, "estuary-server")) return *exit;
 
   if (init->parsed()) {
     if (Status s = crypto::InitCa(cert_dir, ca_name); !s.ok()) return Fail(s);
@@ -240,30 +211,18 @@ int main(int argc, char** argv) {
   if (config.tls.cert.empty() || config.tls.key.empty() || config.tls.ca.empty()) {
     return Fail(InvalidArgument("serve: --cert, --key and --ca are required (mutual TLS is not optional)"));
   }
-  if (update_kind != "full" && update_kind != "lora") {
-    return Fail(InvalidArgument("serve: --update-kind '{}': expected full or lora", update_kind));
+  if (!federation_file.empty()) {
+    for (const CLI::Option* flag : federation_flags) {
+      if (flag->count() > 0) {
+        return Fail(InvalidArgument("serve: {} with --federation {}: the file defines the whole federation",
+                                    flag->get_name(), federation_file));
+      }
+    }
+    auto federation = aggregation::ReadFederationFile(federation_file);
+    if (!federation.ok()) return Fail(federation.status());
+    config.federation = std::move(federation).value();
   }
-  config.task.set_model(model);
-  config.task.set_epochs(epochs);
-  config.task.set_batch_size(batch);
-  config.task.set_learning_rate(lr);
-  config.task.set_momentum(momentum);
-  config.task.set_weight_decay(weight_decay);
-  config.task.set_update_kind(update_kind == "lora" ? v1::UPDATE_LORA : v1::UPDATE_FULL);
-  if (update_kind == "lora") {
-    v1::LoraTask* lora = config.task.mutable_lora();
-    lora->set_rank(lora_rank);
-    lora->set_alpha(lora_alpha);
-    lora->set_dropout(lora_dropout);
-    for (const std::string& target : SplitCommas(lora_targets)) lora->add_target_modules(target);
-    lora->set_merge(lora_merge);
-    lora->set_mixed_ranks(lora_mixed_ranks);
-  }
-  config.task.set_optimizer(optimizer);
-  config.task.set_seq_len(seq_len);
-  config.task.set_max_local_steps(max_local_steps);
-  spdlog::set_default_logger(spdlog::stderr_color_mt("estuary-server"));
-  spdlog::set_level(spdlog::level::from_str(log_level));
+  StartLogging("estuary-server", log_level);
   auto server = server::Server::Create(std::move(config));
   if (!server.ok()) return Fail(server.status());
   if (Status s = (*server)->Run(); !s.ok()) return Fail(s);

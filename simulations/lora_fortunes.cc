@@ -93,12 +93,12 @@ Result<LoraFortunesReport> RunLoraFortunes(const LoraFortunesOptions& o, const L
   fs::create_directories(o.workdir, ec);
   if (ec) return IoError("lora-fortunes: {}: {}", o.workdir.string(), ec.message());
   ESTUARY_ASSIGN_OR_RETURN(models::InitialWeights initial, models::InitialModel(o.model, o.seed));
-  client::TaskConfig task;
-  task.model = o.model;
-  task.batch_size = o.batch;
-  task.seq_len = o.seq_len;
-  task.seed = o.seed;
-  task.optimizer = client::OptimizerKind::kAdamW;
+  client::TaskConfig pretraining;
+  pretraining.model = o.model;
+  pretraining.batch_size = o.batch;
+  pretraining.seq_len = o.seq_len;
+  pretraining.seed = o.seed;
+  pretraining.optimizer = client::OptimizerKind::kAdamW;
   std::vector<float> base;
   fs::path base_path = o.base_model;
   report.full_bytes_per_update = initial.values.size() * sizeof(float);
@@ -110,13 +110,13 @@ Result<LoraFortunesReport> RunLoraFortunes(const LoraFortunesOptions& o, const L
     report.pretrain_tokens = pretrain.size();
     say(fmt::format("pretraining {} on {} bytes of the other topics for {} steps", o.model, pretrain.size(),
                     o.pretrain_steps));
-    task.learning_rate = o.pretrain_lr;
-    task.max_local_steps = o.pretrain_steps;
-    task.epochs = EpochsFor(o.pretrain_steps, (pretrain.size() - 1) / o.seq_len, o.batch);
+    pretraining.learning_rate = o.pretrain_lr;
+    pretraining.max_local_steps = o.pretrain_steps;
+    pretraining.epochs = EpochsFor(o.pretrain_steps, (pretrain.size() - 1) / o.seq_len, o.batch);
     const size_t pretrain_tokens = pretrain.size();
     client::TextTrainer pretrainer(std::make_shared<const std::vector<int32_t>>(std::move(pretrain)));
     ESTUARY_ASSIGN_OR_RETURN(client::Update pretrained,
-                             pretrainer.Train(initial.values, initial.manifest, task, 0, "pretraining"));
+                             pretrainer.Train(initial.values, initial.manifest, pretraining, 0, "pretraining"));
     base = initial.values;
     for (size_t i = 0; i < base.size(); ++i) base[i] += pretrained.payload[i];
     report.pretrain_loss = pretrained.train_loss;
@@ -141,34 +141,38 @@ Result<LoraFortunesReport> RunLoraFortunes(const LoraFortunesOptions& o, const L
 
   // 2. One LoRA federation per merge rule, from the saved base.
   Scenario s;
-  s.model = o.model;
+  v1::TaskConfig& task = s.task();
+  task.set_model(o.model);
   s.partition = "topic";
   s.topics = o.topics;
   s.clients = uint32_t(topics.size());
   s.per_round = double(topics.size());
   s.rounds = o.rounds;
-  s.batch = o.batch;
-  s.seq_len = o.seq_len;
-  s.max_local_steps = o.local_steps;
-  s.lr = o.lr;
-  s.optimizer = "adamw";
-  s.update_kind = "lora";
-  s.lora_rank = o.rank;
-  s.lora_alpha = o.alpha;
-  s.lora_targets = o.targets;
+  task.set_batch_size(o.batch);
+  task.set_seq_len(o.seq_len);
+  task.set_max_local_steps(o.local_steps);
+  task.set_learning_rate(o.lr);
+  task.set_optimizer("adamw");
+  task.set_update_kind(v1::UPDATE_LORA);
+  task.mutable_lora()->set_rank(o.rank);
+  task.mutable_lora()->set_alpha(o.alpha);
+  task.mutable_lora()->clear_target_modules();
+  for (const std::string& module : SplitCommas(o.targets)) task.mutable_lora()->add_target_modules(module);
   s.lora_base_dtype = o.lora_base_dtype;
-  s.base_model = base_path;
+  s.federation.set_base_model(base_path.string());
   s.data_dir = o.data_dir;
-  s.eval_windows = o.eval_windows;
-  s.seed = o.seed;
+  s.federation.set_eval_windows(o.eval_windows);
+  task.set_seed(o.seed);
   s.threads = o.threads;
   uint64_t fewest_windows = UINT64_MAX;
   for (const auto& topic : topics) fewest_windows = std::min<uint64_t>(fewest_windows, (by_name.at(topic)->train.size() - 1) / o.seq_len);
-  s.epochs = EpochsFor(o.local_steps, fewest_windows, o.batch);
-  ESTUARY_ASSIGN_OR_RETURN(const models::LoraConfig lora, LoraConfigOf(s));
-  ESTUARY_ASSIGN_OR_RETURN(const models::LoraGlobalLayout layout, models::MakeLoraGlobalLayout(config, lora));
+  task.set_epochs(EpochsFor(o.local_steps, fewest_windows, o.batch));
+  ESTUARY_ASSIGN_OR_RETURN(const aggregation::LoraStrategyOptions lora_options, aggregation::LoraOptionsOf(task));
+  const models::LoraGlobalLayout& layout = lora_options.layout;
+  models::LoraConfig lora = aggregation::LoraConfigOf(task);
+  lora.base_model_name_or_path = base_path.string();  // what the exported adapter applies to
   for (const std::string& merge : o.merges) {
-    s.lora_merge = merge;
+    task.mutable_lora()->set_merge(merge);
     say(fmt::format("federation: {} sites, {} rounds of {} local steps, rank {}, merge {}", topics.size(), o.rounds,
                     o.local_steps, o.rank, merge));
     std::vector<float> global;
@@ -200,7 +204,7 @@ Result<LoraFortunesReport> RunLoraFortunes(const LoraFortunesOptions& o, const L
   report.central_steps = uint64_t(o.rounds) * topics.size() * o.local_steps;
   say(fmt::format("centralised LoRA: {} steps on the {} pooled bytes", report.central_steps, pooled.size()));
   ESTUARY_ASSIGN_OR_RETURN(models::InitialWeights start_model, models::LoraInitialModel(o.model, lora, o.seed, base_path));
-  client::TaskConfig central = task;
+  client::TaskConfig central = pretraining;
   central.learning_rate = o.lr;
   central.update_kind = client::UpdateKind::kLora;
   central.lora.config = lora;

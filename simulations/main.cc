@@ -5,13 +5,13 @@
 //               --seed S --mode inproc|loopback --report FILE
 // The defaults are the flagship scenario: McMahan et al.'s 2NN on MNIST, 100
 // IID clients, 10 per round, 5 local epochs of batch 10, lr 0.05, 20 rounds.
-#include <spdlog/sinks/stdout_color_sinks.h>
-#include <spdlog/spdlog.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
 
+#include "aggregation/federation_flags.h"
+#include "base/cli.h"
 #include "base/config_file.h"
 #include "base/memory.h"
 #include "models/checkpoint.h"
@@ -25,8 +25,8 @@ namespace {
 using namespace estuary;
 
 int Fail(const Status& status) {
-  std::fprintf(stderr, "\nestuary-sim: %s\n", status.message().c_str());
-  return 1;
+  std::fputc('\n', stderr);  // past the progress bar
+  return estuary::Fail("estuary-sim", status);
 }
 
 void DrawProgress(uint64_t done, uint64_t total, double accuracy) {
@@ -47,20 +47,21 @@ int RunLoraFortunesScenario(const CLI::App& app, const simulations::Scenario& s,
   auto given = [&](const char* flag) { return app.get_option(flag)->count() > 0; };
   if (given("--data")) lf.data_dir = s.data_dir;
   if (given("--topics")) lf.topics = s.topics;
-  if (given("--model")) lf.model = s.model;
+  const v1::TaskConfig& task = s.task();
+  if (given("--model")) lf.model = task.model();
   if (given("--rounds")) lf.rounds = uint32_t(s.rounds);
-  if (given("--batch")) lf.batch = s.batch;
-  if (given("--seq-len")) lf.seq_len = s.seq_len;
-  if (given("--lr")) lf.lr = s.lr;
-  if (given("--lora-rank")) lf.rank = s.lora_rank;
-  if (given("--lora-alpha")) lf.alpha = s.lora_alpha;
-  if (given("--lora-targets")) lf.targets = s.lora_targets;
-  if (given("--lora-merge")) lf.merges = {s.lora_merge};
+  if (given("--batch")) lf.batch = task.batch_size();
+  if (given("--seq-len")) lf.seq_len = task.seq_len();
+  if (given("--lr")) lf.lr = task.learning_rate();
+  if (given("--lora-rank")) lf.rank = task.lora().rank();
+  if (given("--lora-alpha")) lf.alpha = task.lora().alpha();
+  if (given("--lora-targets")) lf.targets = fmt::format("{}", fmt::join(task.lora().target_modules(), ","));
+  if (given("--lora-merge")) lf.merges = {task.lora().merge()};
   if (given("--lora-base-dtype")) lf.lora_base_dtype = s.lora_base_dtype;
-  if (given("--eval-windows")) lf.eval_windows = s.eval_windows;
+  if (given("--eval-windows")) lf.eval_windows = s.federation.eval_windows();
   if (given("--workdir")) lf.workdir = s.workdir;
-  if (given("--base-model")) lf.base_model = s.base_model;
-  lf.seed = s.seed;
+  if (given("--base-model")) lf.base_model = s.federation.base_model();
+  lf.seed = task.seed();
   lf.threads = s.threads;
   auto progress = [&](const std::string& what) {
     if (!quiet) std::fprintf(stderr, "lora-fortunes: %s\n", what.c_str());
@@ -88,6 +89,7 @@ int main(int argc, char** argv) {
   RetainFreedMemory();
   openblas_set_num_threads(1);
   CLI::App app{"estuary-sim: a federation of many clients on one machine"};
+  ShowDefaultsInHelp(app);
   simulations::Scenario s;
   std::string config, report_path = "run/report.json", plot_path, log_level = "warn";
   bool quiet = false;
@@ -102,33 +104,13 @@ int main(int argc, char** argv) {
   app.add_option("--clients", s.clients, "number of clients");
   app.add_option("--per-round", s.per_round, "clients per round: count (>= 1) or fraction (< 1)");
   app.add_option("--rounds", s.rounds, "federated rounds");
-  app.add_option("--epochs", s.epochs, "local epochs per round");
-  app.add_option("--batch", s.batch, "local batch size");
-  app.add_option("--lr", s.lr, "local SGD learning rate");
-  app.add_option("--momentum", s.momentum, "local SGD momentum");
-  app.add_option("--weight-decay", s.weight_decay, "local SGD weight decay");
-  app.add_option("--model", s.model, "mlp | cnn | llama-tiny | llama-small");
   app.add_option("--partition", s.partition, "iid | shards | dirichlet:ALPHA (images); topic (text)");
   app.add_option("--topics", s.topics, "text: comma-separated topics the clients hold (default: the first --clients)");
-  app.add_option("--optimizer", s.optimizer, "local optimizer: sgd | adamw");
-  app.add_option("--seq-len", s.seq_len, "language models: tokens per training window");
-  app.add_option("--max-local-steps", s.max_local_steps, "cap on local optimizer steps per round (0: none)");
-  app.add_option("--eval-windows", s.eval_windows, "language models: held-out windows scored per round");
   app.add_option("--device", s.device, "where clients train: cpu | cuda | cuda:N");
   app.add_option("--precision", s.precision, "fp32 | bf16 | fp16 (bf16 and fp16 need cuda)");
-  app.add_option("--strategy", s.strategy.name, "fedavg | fedadam");
-  app.add_option("--server-lr", s.strategy.server_lr, "FedAdam server learning rate");
-  app.add_option("--update-kind", s.update_kind, "full (weight deltas) | lora (adapter factors; llama-* models)");
-  app.add_option("--lora-rank", s.lora_rank, "lora: adapter rank r");
-  app.add_option("--lora-alpha", s.lora_alpha, "lora: lora_alpha (the update is alpha/r * B A)");
-  app.add_option("--lora-dropout", s.lora_dropout, "lora: dropout on the adapters' input, in [0, 1)");
-  app.add_option("--lora-targets", s.lora_targets, "lora: comma-separated q_proj,...,down_proj");
-  app.add_option("--lora-merge", s.lora_merge, "lora: naive | exact | frozen-a");
   app.add_option("--lora-site-ranks", s.lora_site_ranks, "lora, exact only: the sites' own ranks, e.g. 4,8,16 (client i takes entry i mod n)");
   app.add_option("--lora-base-dtype", s.lora_base_dtype,
                  "lora: the sites keep the frozen base in f32 | bf16 (CPU: half the memory, trains on the rounded base)");
-  app.add_option("--base-model", s.base_model, "lora: the base model's safetensors (default: the preset from --seed)");
-  app.add_option("--seed", s.seed, "one seed for partitioning, init, sampling and shuffling");
   app.add_option("--mode", s.mode, "inproc | loopback");
   app.add_option("--data", s.data_dir, "MNIST IDX directory (scripts/fetch-mnist makes it), or for text models a fortunes directory");
   app.add_option("--threads", s.threads, "clients trained at once");
@@ -139,8 +121,9 @@ int main(int argc, char** argv) {
   app.add_option("--workdir", s.workdir, "loopback: certificates, round log, checkpoints, server log");
   app.add_option("--server-binary", s.server_binary, "loopback: the estuary-server to start");
   app.add_flag("--quiet", quiet, "no progress bar or table");
-  app.add_option("--log-level", log_level, "trace|debug|info|warn|error");
-  CLI11_PARSE(app, argc, argv);
+  AddLogLevelFlag(app, &log_level);
+  aggregation::AddFederationFlags(app, &s.federation);
+  if (auto exit = ParseCommandLine(app, argc, argv, "estuary-sim")) return *exit;
   if (!config.empty()) {
     if (Status st = ApplyConfigFile(app, config); !st.ok()) return Fail(st);
   }
@@ -148,8 +131,7 @@ int main(int argc, char** argv) {
     // One client per named topic unless --clients says otherwise.
     s.clients = uint32_t(std::count(s.topics.begin(), s.topics.end(), ',') + 1);
   }
-  spdlog::set_default_logger(spdlog::stderr_color_mt("estuary-sim"));
-  spdlog::set_level(spdlog::level::from_str(log_level));
+  StartLogging("estuary-sim", log_level);
   if (!scenario.empty()) {
     if (scenario != "lora-fortunes") return Fail(InvalidArgument("--scenario '{}': expected lora-fortunes", scenario));
     return RunLoraFortunesScenario(app, s, lf, report_path, quiet);
@@ -158,12 +140,15 @@ int main(int argc, char** argv) {
     return Fail(InvalidArgument("--mode '{}': expected inproc or loopback", s.mode));
   }
   if (!quiet) {
+    const v1::TaskConfig& task = s.task();
     std::printf("estuary-sim: %s, %u clients (%s), %g per round, %llu rounds, %u epochs, batch %u, lr %g, %s, %s\n",
-                s.model.c_str(), s.clients, s.partition.c_str(), s.per_round, (unsigned long long)s.rounds, s.epochs,
-                s.batch, s.lr,
-                s.update_kind == "lora"
-                    ? fmt::format("lora r={} alpha={} {} merge", s.lora_rank, s.lora_alpha, s.lora_merge).c_str()
-                    : s.strategy.name.c_str(),
+                task.model().c_str(), s.clients, s.partition.c_str(), s.per_round, (unsigned long long)s.rounds,
+                task.epochs(), task.batch_size(), task.learning_rate(),
+                task.update_kind() == v1::UPDATE_LORA
+                    ? fmt::format("lora r={} alpha={} {} merge", task.lora().rank(), task.lora().alpha(),
+                                  task.lora().merge())
+                          .c_str()
+                    : s.federation.strategy().name().c_str(),
                 s.mode.c_str());
     std::fputs(simulations::RenderRoundTableHeader().c_str(), stdout);
     std::fflush(stdout);
@@ -184,7 +169,7 @@ int main(int argc, char** argv) {
   if (!report.ok()) return Fail(report.status());
   if (Status st = simulations::WriteReport(report_path, *report); !st.ok()) return Fail(st);
   if (plot_path.empty()) plot_path = std::filesystem::path(report_path).replace_extension(".svg").string();
-  const std::string svg = simulations::RenderSvgPlot({*report}, {fmt::format("{} {}", s.model, s.mode)});
+  const std::string svg = simulations::RenderSvgPlot({*report}, {fmt::format("{} {}", s.task().model(), s.mode)});
   if (FILE* f = std::fopen(plot_path.c_str(), "w")) {
     std::fwrite(svg.data(), 1, svg.size(), f);
     std::fclose(f);

@@ -1,5 +1,6 @@
 #include "simulations/runner.h"
 
+#include <google/protobuf/util/json_util.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -20,6 +21,7 @@
 #include "client/agent.h"
 #include "client/compute.h"
 #include "client/text_trainer.h"
+#include "client/task.h"
 #include "client/trainer.h"
 #include "crypto/certs.h"
 #include "crypto/sha256.h"
@@ -40,28 +42,23 @@ namespace fs = std::filesystem;
 
 static double Since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
-nlohmann::json ScenarioJson(const Scenario& s) {
-  return {{"clients", s.clients}, {"per_round", s.per_round}, {"rounds", s.rounds}, {"epochs", s.epochs},
-          {"batch", s.batch}, {"lr", s.lr}, {"momentum", s.momentum}, {"weight_decay", s.weight_decay},
-          {"model", s.model}, {"partition", s.partition}, {"topics", s.topics}, {"strategy", s.strategy.name},
-          {"server_lr", s.strategy.server_lr}, {"seed", s.seed}, {"mode", s.mode}, {"threads", s.threads},
-          {"data", s.data_dir.string()}, {"optimizer", s.optimizer}, {"seq_len", s.seq_len},
-          {"max_local_steps", s.max_local_steps}, {"eval_windows", s.eval_windows}, {"device", s.device},
-          {"precision", s.precision}, {"update_kind", s.update_kind}, {"lora_rank", s.lora_rank},
-          {"lora_alpha", s.lora_alpha}, {"lora_dropout", s.lora_dropout}, {"lora_targets", s.lora_targets},
-          {"lora_merge", s.lora_merge}, {"lora_site_ranks", s.lora_site_ranks}, {"lora_base_dtype", s.lora_base_dtype},
-          {"base_model", s.base_model.string()}};
+v1::FederationConfig FederationOf(const Scenario& s) {
+  v1::FederationConfig federation = s.federation;
+  if (!s.lora_site_ranks.empty()) federation.mutable_task()->mutable_lora()->set_mixed_ranks(true);
+  return federation;
 }
 
-Result<models::LoraConfig> LoraConfigOf(const Scenario& s) {
-  models::LoraConfig lora;
-  lora.rank = int(s.lora_rank);
-  lora.alpha = s.lora_alpha;
-  lora.dropout = s.lora_dropout;
-  lora.target_modules = SplitCommas(s.lora_targets);
-  lora.base_model_name_or_path = s.base_model.empty() ? s.model : s.base_model.string();
-  ESTUARY_RETURN_IF_ERROR(lora.Validate());
-  return lora;
+nlohmann::json ScenarioJson(const Scenario& s) {
+  std::string federation;
+  google::protobuf::util::JsonPrintOptions options;
+  options.preserve_proto_field_names = true;
+  options.always_print_primitive_fields = true;
+  (void)google::protobuf::util::MessageToJsonString(FederationOf(s), &federation, options);
+  return {{"federation", nlohmann::json::parse(federation)},
+          {"clients", s.clients}, {"per_round", s.per_round}, {"rounds", s.rounds}, {"partition", s.partition},
+          {"topics", s.topics}, {"mode", s.mode}, {"threads", s.threads}, {"data", s.data_dir.string()},
+          {"device", s.device}, {"precision", s.precision}, {"lora_site_ranks", s.lora_site_ranks},
+          {"lora_base_dtype", s.lora_base_dtype}};
 }
 
 static std::vector<std::string> ClientNames(uint32_t n) {
@@ -70,33 +67,12 @@ static std::vector<std::string> ClientNames(uint32_t n) {
   return names;
 }
 
-client::TaskConfig TaskConfigOf(const Scenario& s) {
-  client::TaskConfig task;
-  task.model = s.model;
-  task.epochs = s.epochs;
-  task.batch_size = s.batch;
-  task.learning_rate = s.lr;
-  task.momentum = s.momentum;
-  task.weight_decay = s.weight_decay;
-  task.seed = s.seed;
-  if (auto optimizer = client::ParseOptimizer(s.optimizer); optimizer.ok()) task.optimizer = *optimizer;
-  task.seq_len = s.seq_len;
-  task.max_local_steps = s.max_local_steps;
-  if (s.update_kind == "lora") {
-    task.update_kind = client::UpdateKind::kLora;
-    if (auto lora = LoraConfigOf(s); lora.ok()) task.lora.config = *lora;
-    task.lora.merge = s.lora_merge;
-    task.lora.mixed_ranks = !s.lora_site_ranks.empty();
-  }
-  return task;
-}
-
 // The clients' local datasets, split from the training set by the scenario.
 static Result<std::vector<std::unique_ptr<client::Trainer>>> MakeTrainers(
     const Scenario& s, const std::shared_ptr<const models::Dataset>& train) {
   ESTUARY_ASSIGN_OR_RETURN(auto spec, ParsePartition(s.partition));
   ESTUARY_ASSIGN_OR_RETURN(auto parts, Partition(train->labels, train->num_classes, int(s.clients), spec,
-                                                 MixSeed(s.seed, std::string_view("partition"))));
+                                                 MixSeed(s.task().seed(), std::string_view("partition"))));
   std::vector<std::unique_ptr<client::Trainer>> trainers;
   ESTUARY_ASSIGN_OR_RETURN(const client::Compute compute, client::ParseCompute(s.device, s.precision));
   for (auto& indices : parts) {
@@ -125,29 +101,18 @@ static Status CheckScenario(const Scenario& s) {
   if (!(s.per_round > 0)) return InvalidArgument("sim: --per-round {} must be > 0", s.per_round);
   if (s.rounds == 0) return InvalidArgument("sim: --rounds must be >= 1");
   if (s.threads == 0) return InvalidArgument("sim: --threads must be >= 1");
-  ESTUARY_RETURN_IF_ERROR(client::ParseOptimizer(s.optimizer).status());
   ESTUARY_RETURN_IF_ERROR(client::ParseCompute(s.device, s.precision).status());
-  if (s.update_kind != "full" && s.update_kind != "lora") {
-    return InvalidArgument("sim: --update-kind '{}': expected full or lora", s.update_kind);
-  }
-  if (s.update_kind == "lora") {
-    if (!models::IsLanguageModel(s.model)) {
-      return InvalidArgument("sim: --update-kind lora needs a language model (llama-*), not '{}'", s.model);
-    }
-    ESTUARY_RETURN_IF_ERROR(LoraConfigOf(s).status());
-    ESTUARY_RETURN_IF_ERROR(aggregation::ParseLoraMergeRule(s.lora_merge).status());
+  if (s.task().update_kind() == v1::UPDATE_LORA) {
     ESTUARY_RETURN_IF_ERROR(SiteRanks(s).status());
     if (s.lora_base_dtype != "f32" && s.lora_base_dtype != "bf16") {
       return InvalidArgument("sim: --lora-base-dtype '{}': expected f32 or bf16", s.lora_base_dtype);
     }
-    if (!s.lora_site_ranks.empty() && s.lora_merge != "exact") {
+    if (!s.lora_site_ranks.empty() && s.task().lora().merge() != "exact") {
       return InvalidArgument("sim: --lora-site-ranks needs --lora-merge exact (only exact merges mixed ranks), not {}",
-                             s.lora_merge);
+                             s.task().lora().merge());
     }
-  } else if (!s.base_model.empty()) {
-    return InvalidArgument("sim: --base-model is for --update-kind lora (a full federation starts from the seed)");
   }
-  return client::ValidateTask(TaskConfigOf(s));
+  return aggregation::CheckFederation(FederationOf(s));
 }
 
 // What a simulation trains: the clients' trainers (by name), the initial
@@ -155,9 +120,6 @@ static Status CheckScenario(const Scenario& s) {
 struct Workload {
   std::vector<std::string> names;
   std::vector<std::unique_ptr<client::Trainer>> trainers;  // trainers[i] is names[i]'s
-  Manifest manifest;
-  std::vector<float> global;
-  std::unique_ptr<models::Evaluator> evaluator;
 };
 
 static Result<Workload> ImageWorkload(const Scenario& s) {
@@ -174,17 +136,19 @@ static Result<Workload> TextWorkload(const Scenario& s) {
     return InvalidArgument("sim: --partition {}: language models split their text by topic (--partition topic)",
                            s.partition);
   }
-  ESTUARY_ASSIGN_OR_RETURN(const models::LlamaConfig config, models::LlamaPreset(s.model));
+  const v1::TaskConfig& task = s.task();
+  ESTUARY_ASSIGN_OR_RETURN(const models::LlamaConfig config, models::LlamaPreset(task.model()));
   if (config.vocab_size != models::ByteTokenizer::kVocabSize) {
-    return InvalidArgument("sim: {} has a {}-token vocabulary; the fortunes corpus is byte-level (256)", s.model,
+    return InvalidArgument("sim: {} has a {}-token vocabulary; the fortunes corpus is byte-level (256)", task.model(),
                            config.vocab_size);
   }
-  if (s.seq_len > uint32_t(config.max_seq_len)) {
-    return InvalidArgument("sim: --seq-len {} exceeds {}'s context of {}", s.seq_len, s.model, config.max_seq_len);
+  if (task.seq_len() > uint32_t(config.max_seq_len)) {
+    return InvalidArgument("sim: --seq-len {} exceeds {}'s context of {}", task.seq_len(), task.model(),
+                           config.max_seq_len);
   }
   ESTUARY_ASSIGN_OR_RETURN(auto sources, models::LoadFortunes(s.data_dir, {.test_fraction = 0.1,
-                                                                           .seed = s.seed,
-                                                                           .min_tokens = s.seq_len + 1}));
+                                                                           .seed = task.seed(),
+                                                                           .min_tokens = task.seq_len() + 1}));
   if (!s.topics.empty()) {
     // The named topics, in the order given: client i holds topics[i].
     std::vector<models::TextSource> chosen;
@@ -221,59 +185,35 @@ static Result<Workload> TextWorkload(const Scenario& s) {
 
 // The clients: their names and trainers, from the scenario's data.
 static Result<Workload> ClientsOf(const Scenario& s) {
-  return models::IsLanguageModel(s.model) ? TextWorkload(s) : ImageWorkload(s);
+  return models::IsLanguageModel(s.task().model()) ? TextWorkload(s) : ImageWorkload(s);
 }
 
-// The clients, plus the model and its evaluation as the server builds them
-// (models/federated_model.h).
-static Result<Workload> MakeWorkload(const Scenario& s) {
-  ESTUARY_ASSIGN_OR_RETURN(Workload w, ClientsOf(s));
-  ESTUARY_ASSIGN_OR_RETURN(w.evaluator, models::MakeEvaluator(s.model, s.data_dir,
-                                                              {.threads = int(s.threads),
-                                                               .seq_len = int(s.seq_len),
-                                                               .max_windows = s.eval_windows,
-                                                               .seed = s.seed}));
-  if (s.update_kind == "lora") {
-    ESTUARY_ASSIGN_OR_RETURN(const models::LoraConfig lora, LoraConfigOf(s));
-    ESTUARY_ASSIGN_OR_RETURN(models::InitialWeights initial,
-                             models::LoraInitialModel(s.model, lora, s.seed, s.base_model));
-    ESTUARY_ASSIGN_OR_RETURN(const models::LlamaConfig config, models::LlamaPreset(s.model));
-    ESTUARY_ASSIGN_OR_RETURN(models::LoraGlobalLayout layout, models::MakeLoraGlobalLayout(config, lora));
-    w.manifest = std::move(initial.manifest);
-    w.global = std::move(initial.values);
-    w.evaluator = models::MakeLoraEvaluator(std::move(w.evaluator), std::move(layout), lora.alpha);
-    return w;
-  }
-  ESTUARY_ASSIGN_OR_RETURN(models::InitialWeights initial, models::InitialModel(s.model, s.seed));
-  w.manifest = std::move(initial.manifest);
-  w.global = std::move(initial.values);
-  return w;
-}
+// The clients, plus the federation as the server builds it.
+struct Simulation {
+  Workload clients;
+  aggregation::Federation federation;
+};
 
-static Result<std::unique_ptr<aggregation::Strategy>> StrategyOf(const Scenario& s) {
-  if (s.update_kind != "lora") return aggregation::MakeStrategy(s.strategy);
-  ESTUARY_ASSIGN_OR_RETURN(const models::LoraConfig lora, LoraConfigOf(s));
-  ESTUARY_ASSIGN_OR_RETURN(const models::LlamaConfig config, models::LlamaPreset(s.model));
-  aggregation::LoraStrategyOptions options;
-  ESTUARY_ASSIGN_OR_RETURN(options.layout, models::MakeLoraGlobalLayout(config, lora));
-  ESTUARY_ASSIGN_OR_RETURN(options.merge.rule, aggregation::ParseLoraMergeRule(s.lora_merge));
-  options.merge.rank = size_t(lora.rank);
-  options.merge.alpha = lora.alpha;
-  options.mixed_ranks = !s.lora_site_ranks.empty();
-  return aggregation::LoraStrategy::Make(std::move(options));
+static Result<Simulation> MakeSimulation(const Scenario& s) {
+  Simulation sim;
+  ESTUARY_ASSIGN_OR_RETURN(sim.clients, ClientsOf(s));
+  ESTUARY_ASSIGN_OR_RETURN(sim.federation,
+                           aggregation::MakeFederation(FederationOf(s), {.data = s.data_dir, .threads = int(s.threads)}));
+  return sim;
 }
 
 Result<Report> RunInproc(const Scenario& s, const RoundCallback& on_round, std::vector<float>* final_global) {
   ESTUARY_RETURN_IF_ERROR(CheckScenario(s));
   const auto start = Clock::now();
-  ESTUARY_ASSIGN_OR_RETURN(Workload workload, MakeWorkload(s));
-  ESTUARY_ASSIGN_OR_RETURN(auto strategy, StrategyOf(s));
-  const Manifest& manifest = workload.manifest;
-  std::vector<float>& global = workload.global;
-  const auto& names = workload.names;
+  ESTUARY_ASSIGN_OR_RETURN(Simulation sim, MakeSimulation(s));
+  const Manifest& manifest = sim.federation.manifest;
+  std::vector<float>& global = sim.federation.initial;
+  aggregation::Strategy& strategy = *sim.federation.strategy;
+  const auto& names = sim.clients.names;
   std::map<std::string, size_t> index_of;
   for (size_t i = 0; i < names.size(); ++i) index_of[names[i]] = i;
-  const client::TaskConfig task = TaskConfigOf(s);
+  // What the server would send every site, mapped as a site maps it.
+  ESTUARY_ASSIGN_OR_RETURN(const client::TaskConfig task, client::TaskFromProto(sim.federation.config.task()));
 
   Report report;
   report.scenario = ScenarioJson(s);
@@ -281,12 +221,12 @@ Result<Report> RunInproc(const Scenario& s, const RoundCallback& on_round, std::
   for (uint64_t round = 1; round <= s.rounds; ++round) {
     const auto round_start = Clock::now();
     const size_t k = aggregation::ClientsPerRound(s.per_round, names.size());
-    const auto selected = aggregation::SampleClients(names, k, s.seed, round);
+    const auto selected = aggregation::SampleClients(names, k, task.seed, round);
     std::vector<std::optional<Result<client::Update>>> updates(k);
     std::atomic<size_t> next{0};
     auto work = [&] {
       for (size_t i; (i = next.fetch_add(1)) < k;) {
-        updates[i] = workload.trainers[index_of.at(selected[i])]->Train(global, manifest, task, round, selected[i]);
+        updates[i] = sim.clients.trainers[index_of.at(selected[i])]->Train(global, manifest, task, round, selected[i]);
       }
     };
     std::vector<std::thread> pool;
@@ -295,7 +235,7 @@ Result<Report> RunInproc(const Scenario& s, const RoundCallback& on_round, std::
     for (auto& thread : pool) thread.join();
 
     // Fold in the sorted order of the names, whatever order training finished in.
-    ESTUARY_RETURN_IF_ERROR(strategy->Begin(round, global));
+    ESTUARY_RETURN_IF_ERROR(strategy.Begin(round, global));
     RoundReport row;
     row.round = round;
     row.clients_selected = uint32_t(k);
@@ -304,7 +244,7 @@ Result<Report> RunInproc(const Scenario& s, const RoundCallback& on_round, std::
       if (!updates[i]->ok()) return updates[i]->status();
       const client::Update& update = updates[i]->value();
       ESTUARY_RETURN_IF_ERROR(
-          strategy->FoldUpdate(selected[i], update.manifest, update.payload, double(update.num_examples)));
+          strategy.FoldUpdate(selected[i], update.manifest, update.payload, double(update.num_examples)));
       ++row.updates_received;
       row.bytes_up += update.payload.size() * sizeof(float);
       row.bytes_down += manifest.byte_size();
@@ -314,9 +254,9 @@ Result<Report> RunInproc(const Scenario& s, const RoundCallback& on_round, std::
     updates.clear();
     // The mean, as the server reports it: sites of other ranks upload more.
     row.bytes_per_update = row.bytes_up / row.updates_received;
-    ESTUARY_RETURN_IF_ERROR(strategy->Finish(global));
-    row.merge_bytes_down = strategy->changed_bytes();
-    ESTUARY_ASSIGN_OR_RETURN(const models::EvalResult eval, workload.evaluator->Evaluate(global));
+    ESTUARY_RETURN_IF_ERROR(strategy.Finish(global));
+    row.merge_bytes_down = strategy.changed_bytes();
+    ESTUARY_ASSIGN_OR_RETURN(const models::EvalResult eval, sim.federation.evaluator->Evaluate(global));
     row.train_loss = loss_sum / examples;
     row.test_accuracy = eval.accuracy;
     row.test_loss = eval.loss;
@@ -362,26 +302,19 @@ Result<Report> RunLoopback(const Scenario& s, const RoundCallback& on_round) {
     std::error_code ec;
     fs::remove_all(db.string() + ".checkpoints", ec);
     const fs::path binary = s.server_binary.empty() ? FindServerBinary() : s.server_binary;
+    // The server builds the same federation from the same definition.
+    v1::FederationConfig federation = FederationOf(s);
+    if (!federation.base_model().empty()) federation.set_base_model(fs::absolute(federation.base_model()).string());
+    const fs::path federation_file = s.workdir / "federation.txtpb";
+    ESTUARY_RETURN_IF_ERROR(aggregation::WriteFederationFile(federation_file, federation));
     std::vector<std::string> args = {
         "serve", "--listen", "127.0.0.1:0", "--cert", (certs / "server.pem").string(), "--key",
         (certs / "server.key").string(), "--ca", (certs / "ca.pem").string(), "--db", db.string(),
         "--eval-data", s.data_dir.string(), "--rounds", std::to_string(s.rounds), "--clients-per-round",
-        fmt::format("{}", s.per_round), "--min-clients", std::to_string(s.clients), "--model", s.model,
-        "--epochs", std::to_string(s.epochs), "--batch", std::to_string(s.batch), "--lr", fmt::format("{}", s.lr),
-        "--momentum", fmt::format("{}", s.momentum), "--weight-decay", fmt::format("{}", s.weight_decay),
-        "--seed", std::to_string(s.seed), "--strategy", s.strategy.name, "--server-lr",
-        fmt::format("{}", s.strategy.server_lr), "--optimizer", s.optimizer, "--seq-len", std::to_string(s.seq_len),
-        "--max-local-steps", std::to_string(s.max_local_steps), "--eval-windows", std::to_string(s.eval_windows),
-        "--update-kind", s.update_kind, "--lora-rank", std::to_string(s.lora_rank), "--lora-alpha",
-        fmt::format("{}", s.lora_alpha), "--lora-dropout", fmt::format("{}", s.lora_dropout), "--lora-targets",
-        s.lora_targets, "--lora-merge", s.lora_merge, "--lora-mixed-ranks", s.lora_site_ranks.empty() ? "false" : "true",
-        "--exit-when-done", "true", "--log-level",
+        fmt::format("{}", s.per_round), "--min-clients", std::to_string(s.clients), "--federation",
+        federation_file.string(), "--exit-when-done", "--log-level",
         // The server logs at this process's level, but never below info: its log file is the round's record.
         fmt::to_string(spdlog::level::to_string_view(std::min(spdlog::get_level(), spdlog::level::info)))};
-    if (!s.base_model.empty()) {
-      args.push_back("--base-model");
-      args.push_back(fs::absolute(s.base_model).string());
-    }
     const fs::path log = s.workdir / "server.log";
     // The server starts while this process loads its data and certificates.
     ESTUARY_RETURN_IF_ERROR(server.Spawn(binary, args, log));

@@ -43,7 +43,7 @@ class Federation {
         "serve", "--listen", listen, "--cert", Files("server").cert.string(), "--key",
         Files("server").key.string(), "--ca", Files("server").ca.string(), "--db", db().string(), "--rounds",
         std::to_string(rounds), "--clients-per-round", std::to_string(clients),
-        "--min-clients", std::to_string(clients), "--exit-when-done", "true", "--round-deadline", "60",
+        "--min-clients", std::to_string(clients), "--exit-when-done", "--round-deadline", "60",
         "--log-level", "debug"};
     args.insert(args.end(), extra.begin(), extra.end());
     // Defaults for what `extra` does not set (a flag may be given only once).

@@ -695,11 +695,11 @@ TEST(Federation, BadLoraConfigurationGetsOneLineNamingTheKey) {
   const std::pair<std::string, std::string> cases[] = {
       {"--model mlp --update-kind lora", "update_kind = lora needs a language model (llama-*), not 'mlp'"},
       {"--model llama-tiny --update-kind lora --lora-merge median", "lora_merge = 'median'"},
-      {"--model llama-tiny --update-kind lora --lora-merge naive --lora-mixed-ranks true",
-       "mixed ranks need the exact merge"},
+      {"--model llama-tiny --update-kind lora --lora-merge naive --lora-mixed-ranks",
+       "only exact merges adapters of mixed ranks"},
       {"--model llama-tiny --update-kind lora --lora-targets q_proj,qkv", "target module 'qkv'"},
-      {"--model llama-tiny --update-kind lora --lora-rank 0", "r is 0"},
-      {"--model llama-tiny --update-kind delta", "--update-kind 'delta'"},
+      {"--model llama-tiny --update-kind lora --lora-rank 0", "lora_rank = 0"},
+      {"--model llama-tiny --update-kind delta", "--update-kind: delta not in {full,lora}"},
       {"--model llama-tiny --base-model " + wrong_base.string(), "only a lora federation starts from a base model"},
       {"--model llama-tiny --update-kind lora --base-model " + wrong_base.string(),
        wrong_base.string() + ": tensor model.embed_tokens.weight is f32 [256, 384], the model wants f32 [256, 128]"},
@@ -896,6 +896,25 @@ TEST(Federation, BadConfigurationGetsOneLineNamingTheFile) {
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.output.find(missing_key.string()), std::string::npos) << r.output;
   EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
+
+  // A federation file is the whole federation: no federation flag beside it; a
+  // bad one is named with its line; an unknown log level is refused.
+  const fs::path federation = f.dir() / "federation.txtpb";
+  std::ofstream(federation) << "task {\n  model: \"cnn\"\n  epochs: many\n}\n";
+  const std::string serve = fmt::format("{} serve --cert {} --key {} --ca {} --db {}", server,
+                                        f.Files("server").cert.string(), f.Files("server").key.string(),
+                                        f.Files("server").ca.string(), (f.dir() / "x.db").string());
+  for (const auto& [flags, expected] :
+       {std::pair<std::string, std::string>{"--federation " + federation.string() + " --epochs 3",
+                                            "--epochs with --federation " + federation.string()},
+        {"--federation " + federation.string(), federation.string() + ":3:"},
+        {"--log-level loud", "--log-level: loud not in"},
+        {"--strategy fedadam --update-kind lora --model llama-tiny", "strategy = fedadam with update_kind = lora"}}) {
+    r = RunCommand(serve + " " + flags);
+    EXPECT_NE(r.exit_code, 0) << flags;
+    EXPECT_NE(r.output.find(expected), std::string::npos) << flags << ": " << r.output;
+    EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << flags << ": " << r.output;
+  }
 
   // A revocation list that is not one, and one another CA signed.
   TempDir foreign;

@@ -8,7 +8,9 @@
 
 #include "aggregation/lora_merge.h"
 #include "aggregation/sampling.h"
+#include "base/split.h"
 #include "client/compute.h"
+#include "client/task.h"
 #include "client/text_trainer.h"
 #include "crypto/sha256.h"
 #include "models/language_model.h"
@@ -21,18 +23,30 @@
 namespace estuary::simulations {
 namespace {
 
+// The task the simulator hands its sites, mapped as a site maps it.
+client::TaskConfig SiteTask(const Scenario& s) {
+  auto task = client::TaskFromProto(FederationOf(s).task());
+  EXPECT_TRUE(task.ok()) << task.status().ToString();
+  return task.ok() ? *task : client::TaskConfig{};
+}
+
+void SetTargets(Scenario& s, const std::string& modules) {
+  s.task().mutable_lora()->clear_target_modules();
+  for (const std::string& module : SplitCommas(modules)) s.task().mutable_lora()->add_target_modules(module);
+}
+
 Scenario Small(const std::filesystem::path& data, const std::filesystem::path& workdir) {
   Scenario s;
   s.clients = 12;
   s.per_round = 4;
   s.rounds = 3;
-  s.epochs = 1;
-  s.batch = 10;
-  s.lr = 0.05f;
+  s.task().set_epochs(1);
+  s.task().set_batch_size(10);
+  s.task().set_learning_rate(0.05f);
   s.partition = "shards";
   s.data_dir = data;
   s.workdir = workdir;
-  s.seed = 11;
+  s.task().set_seed(11);
   return s;
 }
 
@@ -51,7 +65,7 @@ TEST(Simulation, InprocIsBitwiseReproducibleFromTheSeed) {
   }
   EXPECT_NE(first->rounds[0].global_checksum, first->rounds[1].global_checksum);
   Scenario other = s;
-  other.seed = 12;
+  other.task().set_seed(12);
   auto third = RunInproc(other, nullptr);
   ASSERT_TRUE(third.ok());
   EXPECT_NE(third->rounds[0].global_checksum, first->rounds[0].global_checksum);
@@ -128,20 +142,20 @@ std::filesystem::path WriteTopics(const testing::TempDir& dir) {
 
 Scenario Text(const std::filesystem::path& data) {
   Scenario s;
-  s.model = "llama-tiny";
+  s.task().set_model("llama-tiny");
   s.partition = "topic";
   s.data_dir = data;
   s.clients = 3;
   s.per_round = 2;
   s.rounds = 3;
-  s.epochs = 1;
-  s.batch = 4;
-  s.seq_len = 32;
-  s.max_local_steps = 4;
-  s.eval_windows = 16;
-  s.optimizer = "adamw";
-  s.lr = 3e-3f;
-  s.seed = 5;
+  s.task().set_epochs(1);
+  s.task().set_batch_size(4);
+  s.task().set_seq_len(32);
+  s.task().set_max_local_steps(4);
+  s.federation.set_eval_windows(16);
+  s.task().set_optimizer("adamw");
+  s.task().set_learning_rate(3e-3f);
+  s.task().set_seed(5);
   return s;
 }
 
@@ -225,7 +239,7 @@ TEST(TextSimulation, BadScenariosNameTheProblem) {
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("--partition topic"), std::string::npos) << r.status().message();
   Scenario optimizer = Text(data);
-  optimizer.optimizer = "adagrad";
+  optimizer.task().set_optimizer("adagrad");
   r = RunInproc(optimizer, nullptr);
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("adagrad"), std::string::npos) << r.status().message();
@@ -244,7 +258,7 @@ TEST(TextSimulation, BadScenariosNameTheProblem) {
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("cuda:x"), std::string::npos) << r.status().message();
   Scenario long_windows = Text(data);
-  long_windows.seq_len = 4096;
+  long_windows.task().set_seq_len(4096);
   r = RunInproc(long_windows, nullptr);
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("4096"), std::string::npos) << r.status().message();
@@ -254,12 +268,12 @@ TEST(TextSimulation, BadScenariosNameTheProblem) {
 
 Scenario Lora(const std::filesystem::path& data, const std::string& merge) {
   Scenario s = Text(data);
-  s.update_kind = "lora";
-  s.lora_rank = 4;
-  s.lora_alpha = 8;
-  s.lora_merge = merge;
+  s.task().set_update_kind("lora" == std::string("lora") ? v1::UPDATE_LORA : v1::UPDATE_FULL);
+  s.task().mutable_lora()->set_rank(4);
+  s.task().mutable_lora()->set_alpha(8);
+  s.task().mutable_lora()->set_merge(merge);
   s.per_round = 3;  // every topic every round
-  s.lr = 1e-2f;
+  s.task().set_learning_rate(1e-2f);
   return s;
 }
 
@@ -307,20 +321,19 @@ TEST(LoraSimulation, TheInprocGlobalIsMergeLoraUpdatesOfTheSitesAdapters) {
   ASSERT_TRUE(run.ok()) << run.status().ToString();
   ASSERT_EQ(run->rounds.size(), 1u);
 
-  auto lora = LoraConfigOf(s);
-  ASSERT_TRUE(lora.ok());
-  auto initial = models::LoraInitialModel(s.model, *lora, s.seed, {});
+  std::optional<models::LoraConfig> lora = aggregation::LoraConfigOf(s.task());
+  auto initial = models::LoraInitialModel(s.task().model(), *lora, s.task().seed(), {});
   ASSERT_TRUE(initial.ok()) << initial.status().ToString();
-  auto sources = models::LoadFortunes(s.data_dir, {.test_fraction = 0.1, .seed = s.seed, .min_tokens = s.seq_len + 1});
+  auto sources = models::LoadFortunes(s.data_dir, {.test_fraction = 0.1, .seed = s.task().seed(), .min_tokens = s.task().seq_len() + 1});
   ASSERT_TRUE(sources.ok());
-  const client::TaskConfig task = TaskConfigOf(s);  // what the simulator sent its sites
+  const client::TaskConfig task = SiteTask(s);  // what the simulator sent its sites
   std::map<std::string, std::vector<int32_t>> text;
   std::vector<std::string> names;
   for (auto& source : *sources) {
     names.push_back(source.name);
     text[source.name] = source.train;
   }
-  const auto order = aggregation::SampleClients(names, names.size(), s.seed, 1);
+  const auto order = aggregation::SampleClients(names, names.size(), s.task().seed(), 1);
   std::vector<aggregation::LoraUpdate> updates;
   std::vector<double> weights;
   for (const std::string& name : order) {
@@ -333,7 +346,7 @@ TEST(LoraSimulation, TheInprocGlobalIsMergeLoraUpdatesOfTheSitesAdapters) {
     for (const auto& spec : update->manifest.tensors) {
       EXPECT_TRUE(spec.name.starts_with("base_model.model.model.layers.")) << spec.name;  // PEFT's names
       auto& adapter = parsed.modules[models::LoraModuleOf(spec.name)];
-      adapter.alpha = s.lora_alpha;
+      adapter.alpha = s.task().lora().alpha();
       const float* v = update->payload.data() + spec.offset;
       if (models::IsLoraA(spec.name)) {
         adapter.rank = size_t(spec.shape[0]), adapter.in = size_t(spec.shape[1]);
@@ -347,7 +360,7 @@ TEST(LoraSimulation, TheInprocGlobalIsMergeLoraUpdatesOfTheSitesAdapters) {
     weights.push_back(double(update->num_examples));
   }
   auto merged = aggregation::MergeLoraUpdates(
-      updates, weights, {.rule = aggregation::LoraMergeRule::kExact, .rank = 4, .alpha = s.lora_alpha});
+      updates, weights, {.rule = aggregation::LoraMergeRule::kExact, .rank = 4, .alpha = s.task().lora().alpha()});
   ASSERT_TRUE(merged.ok()) << merged.status().ToString();
   EXPECT_GT(merged->residual_bytes, 0u);  // three rank-4 adapters: the residual is folded into the base
   EXPECT_EQ(run->rounds[0].merge_bytes_down, merged->adapter_bytes + merged->residual_bytes);
@@ -426,12 +439,12 @@ TEST(LoraSimulation, BadLoraScenariosNameTheProblem) {
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("median"), std::string::npos) << r.status().message();
   s = Lora(data, "exact");
-  s.lora_targets = "q_proj,qkv";
+  SetTargets(s, "q_proj,qkv");
   r = RunInproc(s, nullptr);
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("'qkv'"), std::string::npos) << r.status().message();
   s = Lora(data, "exact");
-  s.model = "mlp";
+  s.task().set_model("mlp");
   r = RunInproc(s, nullptr);
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("needs a language model"), std::string::npos) << r.status().message();
@@ -519,18 +532,17 @@ TEST(LoraSimulation, SitesOfOtherRanksJoinAnExactFederation) {
   ASSERT_TRUE(two.ok()) << two.status().ToString();
   EXPECT_EQ(one->rounds[0].global_checksum, two->rounds[0].global_checksum);
 
-  auto lora = LoraConfigOf(s);
-  ASSERT_TRUE(lora.ok());
-  auto config = models::LlamaPreset(s.model);
+  std::optional<models::LoraConfig> lora = aggregation::LoraConfigOf(s.task());
+  auto config = models::LlamaPreset(s.task().model());
   ASSERT_TRUE(config.ok());
   auto layout = models::MakeLoraGlobalLayout(*config, *lora);
   ASSERT_TRUE(layout.ok());
-  auto initial = models::LoraInitialModel(s.model, *lora, s.seed, {});
+  auto initial = models::LoraInitialModel(s.task().model(), *lora, s.task().seed(), {});
   ASSERT_TRUE(initial.ok());
   ASSERT_EQ(g1.size(), initial->values.size());
-  auto sources = models::LoadFortunes(s.data_dir, {.test_fraction = 0.1, .seed = s.seed, .min_tokens = s.seq_len + 1});
+  auto sources = models::LoadFortunes(s.data_dir, {.test_fraction = 0.1, .seed = s.task().seed(), .min_tokens = s.task().seq_len() + 1});
   ASSERT_TRUE(sources.ok());
-  const client::TaskConfig task = TaskConfigOf(s);  // what the simulator sent its sites
+  const client::TaskConfig task = SiteTask(s);  // what the simulator sent its sites
   ASSERT_TRUE(task.lora.mixed_ranks);
 
   // Round 2 by hand from the global of round 1.
@@ -612,7 +624,7 @@ TEST(LoraSimulation, SitesOfOtherRanksJoinAnExactFederation) {
   }
 
   // Mixed ranks are exact's alone.
-  s.lora_merge = "naive";
+  s.task().mutable_lora()->set_merge("naive");
   auto refused = RunInproc(s, nullptr);
   ASSERT_FALSE(refused.ok());
   EXPECT_NE(refused.status().message().find("needs --lora-merge exact"), std::string::npos)

@@ -1,0 +1,182 @@
+#include "aggregation/federation.h"
+
+#include <google/protobuf/io/tokenizer.h>
+#include <google/protobuf/text_format.h>
+
+#include <cmath>
+#include <fstream>
+#include <sstream>
+
+#include "base/atomic_file.h"
+#include "models/language_model.h"
+#include "models/lora_federation.h"
+#include "proto/task.h"
+
+namespace estuary::aggregation {
+
+v1::FederationConfig DefaultFederation() {
+  v1::FederationConfig config;
+  v1::TaskConfig& task = *config.mutable_task();
+  task.set_model("mlp");
+  task.set_epochs(5);
+  task.set_batch_size(10);
+  task.set_learning_rate(0.05f);
+  task.set_update_kind(v1::UPDATE_FULL);
+  task.set_seed(2017);
+  task.set_optimizer("sgd");
+  task.set_seq_len(128);
+  v1::LoraTask& lora = *task.mutable_lora();
+  lora.set_rank(8);
+  lora.set_alpha(16);
+  for (const char* module : {"q_proj", "k_proj", "v_proj", "o_proj"}) lora.add_target_modules(module);
+  lora.set_merge("exact");
+  const StrategyOptions strategy;
+  v1::StrategyConfig& s = *config.mutable_strategy();
+  s.set_name(strategy.name);
+  s.set_server_lr(strategy.server_lr);
+  s.set_beta1(strategy.beta1);
+  s.set_beta2(strategy.beta2);
+  s.set_tau(strategy.tau);
+  config.set_eval_windows(256);
+  return config;
+}
+
+StrategyOptions StrategyOptionsOf(const v1::StrategyConfig& config) {
+  StrategyOptions options;
+  options.name = config.name();
+  options.server_lr = config.server_lr();
+  options.beta1 = config.beta1();
+  options.beta2 = config.beta2();
+  options.tau = config.tau();
+  return options;
+}
+
+models::LoraConfig LoraConfigOf(const v1::TaskConfig& task) {
+  const v1::LoraTask& l = task.lora();
+  models::LoraConfig lora;
+  lora.rank = int(std::min<uint32_t>(l.rank(), 1u << 20));
+  lora.alpha = l.alpha();
+  lora.dropout = l.dropout();
+  lora.target_modules.assign(l.target_modules().begin(), l.target_modules().end());
+  lora.base_model_name_or_path = task.model();
+  return lora;
+}
+
+Status CheckFederation(const v1::FederationConfig& config) {
+  const v1::TaskConfig& task = config.task();
+  if (Status valid = proto::CheckTask(task); !valid.ok()) return InvalidArgument("federation: {}", valid.message());
+  if (config.eval_windows() == 0) return InvalidArgument("federation: eval_windows = 0: must be >= 1");
+  if (task.update_kind() == v1::UPDATE_LORA) {
+    if (config.strategy().name() != "fedavg") {
+      // The adapters merge by the task's rule; a server optimizer over them is not built.
+      return InvalidArgument("federation: strategy = {} with update_kind = lora: a lora federation merges its "
+                             "adapters by lora_merge (naive | exact | frozen-a), not by a server optimizer",
+                             config.strategy().name());
+    }
+    return LoraOptionsOf(task).status();
+  }
+  if (!config.base_model().empty()) {
+    return InvalidArgument("federation: base_model = {}: only a lora federation starts from a base model",
+                           config.base_model());
+  }
+  if (Status valid = ValidateStrategyOptions(StrategyOptionsOf(config.strategy())); !valid.ok()) {
+    return InvalidArgument("federation: {}", valid.message());
+  }
+  return Status::Ok();
+}
+
+Result<LoraStrategyOptions> LoraOptionsOf(const v1::TaskConfig& task) {
+  if (!models::IsLanguageModel(task.model())) {
+    return InvalidArgument("federation: update_kind = lora needs a language model (llama-*), not '{}'", task.model());
+  }
+  const models::LoraConfig lora = LoraConfigOf(task);
+  if (Status valid = lora.Validate(); !valid.ok()) return InvalidArgument("federation: {}", valid.message());
+  LoraStrategyOptions options;
+  auto rule = ParseLoraMergeRule(task.lora().merge());
+  if (!rule.ok()) {
+    return InvalidArgument("federation: lora_merge = '{}': {}", task.lora().merge(), rule.status().message());
+  }
+  options.merge.rule = *rule;
+  options.merge.rank = size_t(lora.rank);
+  options.merge.alpha = lora.alpha;
+  options.mixed_ranks = task.lora().mixed_ranks();
+  ESTUARY_ASSIGN_OR_RETURN(const models::LlamaConfig model, models::LlamaPreset(task.model()));
+  ESTUARY_ASSIGN_OR_RETURN(options.layout, models::MakeLoraGlobalLayout(model, lora));
+  if (Status valid = ValidateLoraStrategyOptions(options); !valid.ok()) {
+    return InvalidArgument("federation: {}", valid.message());
+  }
+  return options;
+}
+
+namespace {
+
+// The first syntax error, as "LINE:COLUMN: message".
+class FirstError : public google::protobuf::io::ErrorCollector {
+ public:
+  void AddError(int line, google::protobuf::io::ColumnNumber column, const std::string& message) override {
+    if (error.empty()) error = fmt::format("{}:{}: {}", line + 1, column + 1, message);
+  }
+  std::string error;
+};
+
+}  // namespace
+
+Result<v1::FederationConfig> ReadFederationFile(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  if (!in) return IoError("federation: {}: cannot read it", path.string());
+  std::stringstream text;
+  text << in.rdbuf();
+  v1::FederationConfig given;
+  google::protobuf::TextFormat::Parser parser;
+  FirstError errors;
+  parser.RecordErrorsTo(&errors);
+  if (!parser.ParseFromString(text.str(), &given)) {
+    return InvalidArgument("federation: {}:{}", path.string(), errors.error);
+  }
+  v1::FederationConfig config = DefaultFederation();
+  if (given.task().lora().target_modules_size() > 0) config.mutable_task()->mutable_lora()->clear_target_modules();
+  config.MergeFrom(given);
+  return config;
+}
+
+Status WriteFederationFile(const std::filesystem::path& path, const v1::FederationConfig& config) {
+  std::string text;
+  if (!google::protobuf::TextFormat::PrintToString(config, &text)) {
+    return Internal("federation: cannot print the config for {}", path.string());
+  }
+  return WriteFileAtomically(path, text);
+}
+
+Result<Federation> MakeFederation(const v1::FederationConfig& config, const EvaluationOptions& evaluation) {
+  ESTUARY_RETURN_IF_ERROR(CheckFederation(config));
+  Federation f;
+  f.config = config;
+  const v1::TaskConfig& task = config.task();
+  models::InitialWeights initial;
+  if (task.update_kind() == v1::UPDATE_LORA) {
+    ESTUARY_ASSIGN_OR_RETURN(f.lora, LoraOptionsOf(task));
+    ESTUARY_ASSIGN_OR_RETURN(initial, models::LoraInitialModel(task.model(), LoraConfigOf(task), task.seed(),
+                                                               config.base_model()));
+    if (!(initial.manifest == f.lora->layout.global)) {
+      return Internal("federation: the LoRA initial model's layout differs from the strategy's");
+    }
+    ESTUARY_ASSIGN_OR_RETURN(f.strategy, LoraStrategy::Make(*f.lora));
+  } else {
+    f.config.mutable_task()->clear_lora();  // what the sites are sent: no adapters in a full federation
+    ESTUARY_ASSIGN_OR_RETURN(initial, models::InitialModel(task.model(), task.seed()));
+    ESTUARY_ASSIGN_OR_RETURN(f.strategy, MakeStrategy(StrategyOptionsOf(config.strategy())));
+  }
+  f.manifest = std::move(initial.manifest);
+  f.initial = std::move(initial.values);
+  if (!evaluation.data.empty()) {
+    ESTUARY_ASSIGN_OR_RETURN(f.evaluator, models::MakeEvaluator(task.model(), evaluation.data,
+                                                                {.threads = evaluation.threads,
+                                                                 .seq_len = int(task.seq_len()),
+                                                                 .max_windows = config.eval_windows(),
+                                                                 .seed = task.seed()}));
+    if (f.lora) f.evaluator = models::MakeLoraEvaluator(std::move(f.evaluator), f.lora->layout, f.lora->merge.alpha);
+  }
+  return f;
+}
+
+}  // namespace estuary::aggregation

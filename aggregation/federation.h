@@ -1,0 +1,71 @@
+// Federation: what a v1::FederationConfig (proto/federation.proto) defines,
+// built once for whoever runs it. The server and the simulator both call
+// MakeFederation, so both start from the same initial model, merge with the
+// same strategy and score with the same evaluator.
+//
+// A federation of update kind full starts from the task's model initialised
+// from the seed and merges weight deltas with the configured strategy
+// (FedAvg, FedAdam). One of kind lora starts from the base (the preset from
+// the seed, or base_model's safetensors) followed by the global adapter
+// (models/lora_federation.h) and merges the sites' adapters by the task's
+// LoRA merge rule (lora_strategy.h).
+#pragma once
+
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "aggregation/lora_strategy.h"
+#include "aggregation/strategy.h"
+#include "base/manifest.h"
+#include "base/status.h"
+#include "federation.pb.h"
+#include "models/federated_model.h"
+
+namespace estuary::aggregation {
+
+// The defaults every front end starts from: McMahan et al.'s 2NN on MNIST
+// (mlp, 5 epochs of batch 10 at lr 0.05), FedAvg, seed 2017.
+v1::FederationConfig DefaultFederation();
+
+// Checks every field, each error one line naming its key as the flags and
+// config files spell it: "federation: epochs = 0: must be in [1, 1000]".
+Status CheckFederation(const v1::FederationConfig& config);
+
+// The strategy options of a federation of update kind full.
+StrategyOptions StrategyOptionsOf(const v1::StrategyConfig& config);
+
+// The task's adapters as the models name them (not checked: LoraOptionsOf
+// checks them).
+models::LoraConfig LoraConfigOf(const v1::TaskConfig& task);
+
+// A federation of update kind lora: the global layout, the merge rule, rank
+// and alpha, mixed ranks.
+Result<LoraStrategyOptions> LoraOptionsOf(const v1::TaskConfig& task);
+
+// A federation file: a v1::FederationConfig in protobuf text format, its
+// fields over DefaultFederation's (a field left out keeps its default; a
+// target_modules list given replaces the default one). Errors name the file
+// and, for syntax, the line and column.
+Result<v1::FederationConfig> ReadFederationFile(const std::filesystem::path& path);
+// Writes the whole config in text format, atomically.
+Status WriteFederationFile(const std::filesystem::path& path, const v1::FederationConfig& config);
+
+struct Federation {
+  v1::FederationConfig config;  // as checked
+  Manifest manifest;            // the global model's layout
+  std::vector<float> initial;   // the global model before round 1
+  std::unique_ptr<Strategy> strategy;
+  std::unique_ptr<models::Evaluator> evaluator;  // null without evaluation data
+  std::optional<LoraStrategyOptions> lora;       // set in a federation of update kind lora
+};
+
+struct EvaluationOptions {
+  std::filesystem::path data;  // an IDX directory, or a fortunes directory for text; empty: no evaluator
+  int threads = 2;
+};
+
+Result<Federation> MakeFederation(const v1::FederationConfig& config, const EvaluationOptions& evaluation);
+
+}  // namespace estuary::aggregation

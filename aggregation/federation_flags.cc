@@ -1,0 +1,102 @@
+#include "aggregation/federation_flags.h"
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "base/split.h"
+
+namespace estuary::aggregation {
+
+namespace {
+
+// The flags being added, each over one field: `set` stores the parsed value
+// into the message, `current` is what --help shows as the default.
+class FlagSet {
+ public:
+  explicit FlagSet(CLI::App& app) : app_(app) {}
+
+  template <typename T, typename Set>
+  CLI::Option* Add(const std::string& name, const T& current, Set set, const std::string& help) {
+    return Keep(app_.add_option_function<T>(name, std::move(set), help)->default_str(fmt::format("{}", current)));
+  }
+  template <typename Set>
+  CLI::Option* AddBool(const std::string& name, bool current, Set set, const std::string& help) {
+    // --flag, --flag=true or --flag=false (a config file's `flag = false`).
+    auto* option = app_.add_flag_function(name, [set](int64_t count) { set(count > 0); }, help);
+    return Keep(option->default_str(current ? "true" : "false"));
+  }
+  std::vector<CLI::Option*> added() const { return added_; }
+
+ private:
+  CLI::Option* Keep(CLI::Option* option) {
+    added_.push_back(option);
+    return option;
+  }
+  CLI::App& app_;
+  std::vector<CLI::Option*> added_;
+};
+
+}  // namespace
+
+std::vector<CLI::Option*> AddFederationFlags(CLI::App& app, v1::FederationConfig* config) {
+  v1::TaskConfig* task = config->mutable_task();
+  v1::LoraTask* lora = task->mutable_lora();
+  v1::StrategyConfig* strategy = config->mutable_strategy();
+  FlagSet flags(app);
+
+  flags.Add("--model", task->model(), [task](const std::string& v) { task->set_model(v); },
+            "mlp | cnn | llama-tiny | llama-small | llama-124m");
+  flags.Add("--epochs", task->epochs(), [task](uint32_t v) { task->set_epochs(v); }, "local epochs per round");
+  flags.Add("--batch", task->batch_size(), [task](uint32_t v) { task->set_batch_size(v); }, "local batch size");
+  flags.Add("--lr", task->learning_rate(), [task](float v) { task->set_learning_rate(v); }, "local learning rate");
+  flags.Add("--momentum", task->momentum(), [task](float v) { task->set_momentum(v); }, "local SGD momentum");
+  flags.Add("--weight-decay", task->weight_decay(), [task](float v) { task->set_weight_decay(v); },
+            "local weight decay");
+  flags.Add("--optimizer", task->optimizer(), [task](const std::string& v) { task->set_optimizer(v); },
+            "local optimizer, fresh every round: sgd | adamw");
+  flags.Add("--seq-len", task->seq_len(), [task](uint32_t v) { task->set_seq_len(v); },
+            "language models: tokens per training window");
+  flags.Add("--max-local-steps", task->max_local_steps(), [task](uint32_t v) { task->set_max_local_steps(v); },
+            "cap on local optimizer steps per round (0: every batch of every epoch)");
+  flags.Add("--seed", task->seed(), [task](uint64_t v) { task->set_seed(v); },
+            "one seed for initialisation, sampling and shuffling");
+  flags
+      .Add("--update-kind", std::string(task->update_kind() == v1::UPDATE_LORA ? "lora" : "full"),
+           [task](const std::string& v) { task->set_update_kind(v == "lora" ? v1::UPDATE_LORA : v1::UPDATE_FULL); },
+           "what sites upload: full (weight deltas) | lora (adapter factors; language models)")
+      ->check(CLI::IsMember({"full", "lora"}));
+
+  flags.Add("--lora-rank", lora->rank(), [lora](uint32_t v) { lora->set_rank(v); }, "lora: adapter rank r");
+  flags.Add("--lora-alpha", lora->alpha(), [lora](float v) { lora->set_alpha(v); },
+            "lora: lora_alpha (the update is alpha/r * B A)");
+  flags.Add("--lora-dropout", lora->dropout(), [lora](float v) { lora->set_dropout(v); },
+            "lora: dropout on the adapters' input, in [0, 1)");
+  flags.Add("--lora-targets", fmt::format("{}", fmt::join(lora->target_modules(), ",")),
+            [lora](const std::string& v) {
+              lora->clear_target_modules();
+              for (const std::string& module : SplitCommas(v)) lora->add_target_modules(module);
+            },
+            "lora: comma-separated q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj");
+  flags.Add("--lora-merge", lora->merge(), [lora](const std::string& v) { lora->set_merge(v); },
+            "lora: how the server merges adapters: naive | exact | frozen-a");
+  flags.AddBool("--lora-mixed-ranks", lora->mixed_ranks(), [lora](bool v) { lora->set_mixed_ranks(v); },
+                "lora, exact only: accept adapters of other ranks than --lora-rank");
+
+  flags.Add("--strategy", strategy->name(), [strategy](const std::string& v) { strategy->set_name(v); },
+            "how full updates merge: fedavg | fedadam");
+  flags.Add("--server-lr", strategy->server_lr(), [strategy](double v) { strategy->set_server_lr(v); },
+            "FedAdam: server learning rate");
+  flags.Add("--beta1", strategy->beta1(), [strategy](double v) { strategy->set_beta1(v); },
+            "FedAdam: first-moment decay, in [0, 1)");
+  flags.Add("--beta2", strategy->beta2(), [strategy](double v) { strategy->set_beta2(v); },
+            "FedAdam: second-moment decay, in [0, 1)");
+  flags.Add("--tau", strategy->tau(), [strategy](double v) { strategy->set_tau(v); }, "FedAdam: adaptivity tau (> 0)");
+  flags.Add("--base-model", config->base_model(), [config](const std::string& v) { config->set_base_model(v); },
+            "lora: the base model's safetensors (default: the preset initialised from --seed)");
+  flags.Add("--eval-windows", config->eval_windows(), [config](uint64_t v) { config->set_eval_windows(v); },
+            "language models: held-out windows scored per round");
+  return flags.added();
+}
+
+}  // namespace estuary::aggregation

@@ -1,0 +1,173 @@
+// A federation's one definition (aggregation/federation.h): its checks, its
+// file, its flags, and what MakeFederation builds from it.
+#include "aggregation/federation.h"
+
+#include <CLI/CLI.hpp>
+#include <google/protobuf/util/message_differencer.h>
+#include <gtest/gtest.h>
+
+#include <functional>
+
+#include "aggregation/federation_flags.h"
+#include "models/federated_model.h"
+#include "tests/crypto/test_dir.h"
+
+namespace estuary::aggregation {
+namespace {
+
+using crypto::testing::TempDir;
+using crypto::testing::WriteText;
+
+v1::FederationConfig Lora() {
+  v1::FederationConfig config = DefaultFederation();
+  config.mutable_task()->set_model("llama-tiny");
+  config.mutable_task()->set_update_kind(v1::UPDATE_LORA);
+  return config;
+}
+
+TEST(Federation, TheDefaultsAreTheFlagshipScenario) {
+  const v1::FederationConfig config = DefaultFederation();
+  EXPECT_TRUE(CheckFederation(config).ok());
+  EXPECT_EQ(config.task().model(), "mlp");
+  EXPECT_EQ(config.task().epochs(), 5u);
+  EXPECT_EQ(config.task().batch_size(), 10u);
+  EXPECT_FLOAT_EQ(config.task().learning_rate(), 0.05f);
+  EXPECT_EQ(config.strategy().name(), "fedavg");
+  EXPECT_EQ(config.task().seed(), 2017u);
+  EXPECT_TRUE(CheckFederation(Lora()).ok());
+}
+
+TEST(Federation, EachBadFieldIsOneLineNamingItsKey) {
+  const std::vector<std::pair<std::function<void(v1::FederationConfig&)>, std::string>> cases = {
+      {[](auto& c) { c.mutable_task()->set_epochs(0); }, "federation: task: epochs = 0: must be in [1, 1000]"},
+      {[](auto& c) { c.mutable_task()->set_batch_size(70000); }, "batch = 70000"},
+      {[](auto& c) { c.mutable_task()->set_learning_rate(-1); }, "lr = -1"},
+      {[](auto& c) { c.mutable_task()->set_momentum(1); }, "momentum = 1"},
+      {[](auto& c) { c.mutable_task()->set_optimizer("adagrad"); }, "optimizer = 'adagrad'"},
+      {[](auto& c) { c.mutable_task()->set_seq_len(0); }, "seq_len = 0"},
+      {[](auto& c) { c.mutable_strategy()->set_name("fedprox"); }, "unknown strategy 'fedprox'"},
+      {[](auto& c) { c.mutable_strategy()->set_beta1(1); }, "beta1 must be in [0, 1)"},
+      {[](auto& c) { c.mutable_strategy()->set_tau(0); }, "tau must be finite and > 0"},
+      {[](auto& c) { c.set_base_model("base.safetensors"); }, "only a lora federation starts from a base model"},
+      {[](auto& c) { c.set_eval_windows(0); }, "eval_windows = 0"},
+      {[](auto& c) { c.mutable_task()->set_update_kind(v1::UPDATE_LORA); },
+       "update_kind = lora needs a language model (llama-*), not 'mlp'"},
+  };
+  for (const auto& [mutate, expected] : cases) {
+    v1::FederationConfig config = DefaultFederation();
+    mutate(config);
+    const Status s = CheckFederation(config);
+    ASSERT_FALSE(s.ok()) << expected;
+    EXPECT_NE(s.message().find(expected), std::string::npos) << s.message();
+    EXPECT_EQ(s.message().find('\n'), std::string::npos) << s.message();
+  }
+}
+
+TEST(Federation, ALoraFederationIsRefusedAServerOptimizerAndBadAdapters) {
+  v1::FederationConfig config = Lora();
+  config.mutable_strategy()->set_name("fedadam");
+  EXPECT_NE(CheckFederation(config).message().find("strategy = fedadam with update_kind = lora"), std::string::npos)
+      << CheckFederation(config).message();
+  config = Lora();
+  config.mutable_task()->mutable_lora()->set_merge("median");
+  EXPECT_NE(CheckFederation(config).message().find("lora_merge = 'median'"), std::string::npos);
+  config = Lora();
+  config.mutable_task()->mutable_lora()->set_merge("naive");
+  config.mutable_task()->mutable_lora()->set_mixed_ranks(true);
+  EXPECT_NE(CheckFederation(config).message().find("only exact merges adapters of mixed ranks"), std::string::npos);
+  config = Lora();
+  config.mutable_task()->mutable_lora()->add_target_modules("qkv");
+  EXPECT_NE(CheckFederation(config).message().find("target module 'qkv'"), std::string::npos);
+}
+
+TEST(Federation, AFileHoldsTheWholeDefinitionAndLeftOutFieldsKeepTheirDefaults) {
+  TempDir dir;
+  v1::FederationConfig config = Lora();
+  config.mutable_task()->set_epochs(3);
+  config.mutable_strategy()->set_server_lr(0.5);
+  ASSERT_TRUE(WriteFederationFile(dir.path() / "all.txtpb", config).ok());
+  auto read = ReadFederationFile(dir.path() / "all.txtpb");
+  ASSERT_TRUE(read.ok()) << read.status().ToString();
+  EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(*read, config)) << read->DebugString();
+
+  WriteText(dir.path() / "some.txtpb", "task { model: \"cnn\" lora { target_modules: \"v_proj\" } }\n");
+  read = ReadFederationFile(dir.path() / "some.txtpb");
+  ASSERT_TRUE(read.ok()) << read.status().ToString();
+  EXPECT_EQ(read->task().model(), "cnn");
+  EXPECT_EQ(read->task().epochs(), 5u);  // the default
+  EXPECT_EQ(read->strategy().name(), "fedavg");
+  ASSERT_EQ(read->task().lora().target_modules_size(), 1);  // a list given replaces the default one
+  EXPECT_EQ(read->task().lora().target_modules(0), "v_proj");
+}
+
+TEST(Federation, ABadFileIsOneLineNamingTheFileAndThePlace) {
+  TempDir dir;
+  WriteText(dir.path() / "bad.txtpb", "task {\n  epochs: five\n}\n");
+  auto read = ReadFederationFile(dir.path() / "bad.txtpb");
+  ASSERT_FALSE(read.ok());
+  const std::string& m = read.status().message();
+  EXPECT_EQ(m.rfind("federation: " + (dir.path() / "bad.txtpb").string() + ":2:", 0), 0u) << m;
+  EXPECT_EQ(m.find('\n'), std::string::npos) << m;
+  EXPECT_FALSE(ReadFederationFile(dir.path() / "missing.txtpb").ok());
+}
+
+TEST(FederationFlags, EachFlagSetsItsFieldAndHelpShowsTheDefaults) {
+  v1::FederationConfig config = DefaultFederation();
+  CLI::App app;
+  const auto flags = AddFederationFlags(app, &config);
+  EXPECT_GE(flags.size(), 20u);
+  const std::string help = app.help();
+  EXPECT_NE(help.find("--epochs UINT=5"), std::string::npos) << help;
+  EXPECT_NE(help.find("--strategy TEXT=fedavg"), std::string::npos) << help;
+  EXPECT_NE(help.find("--lora-targets TEXT=q_proj,k_proj,v_proj,o_proj"), std::string::npos) << help;
+
+  std::vector<std::string> args = {"--model",      "llama-tiny", "--epochs",     "3",     "--update-kind",
+                                   "lora",         "--lora-targets", "q_proj,v_proj", "--lora-mixed-ranks",
+                                   "--server-lr",  "0.25",       "--max-local-steps", "7"};
+  std::reverse(args.begin(), args.end());  // CLI11 parses a vector back to front
+  app.parse(args);
+  EXPECT_EQ(config.task().model(), "llama-tiny");
+  EXPECT_EQ(config.task().epochs(), 3u);
+  EXPECT_EQ(config.task().update_kind(), v1::UPDATE_LORA);
+  ASSERT_EQ(config.task().lora().target_modules_size(), 2);
+  EXPECT_EQ(config.task().lora().target_modules(1), "v_proj");
+  EXPECT_TRUE(config.task().lora().mixed_ranks());
+  EXPECT_DOUBLE_EQ(config.strategy().server_lr(), 0.25);
+  EXPECT_EQ(config.task().max_local_steps(), 7u);
+  EXPECT_EQ(config.task().batch_size(), 10u);  // untouched
+
+  CLI::App strict;
+  v1::FederationConfig other = DefaultFederation();
+  AddFederationFlags(strict, &other);
+  std::vector<std::string> bad = {"delta", "--update-kind"};
+  EXPECT_THROW(strict.parse(bad), CLI::ValidationError);
+}
+
+TEST(Federation, MakeFederationBuildsTheModelStrategyAndEvaluatorOfTheDefinition) {
+  v1::FederationConfig config = DefaultFederation();
+  config.mutable_strategy()->set_name("fedadam");
+  auto full = MakeFederation(config, {});
+  ASSERT_TRUE(full.ok()) << full.status().ToString();
+  EXPECT_EQ(full->strategy->name(), "fedadam");
+  EXPECT_EQ(full->evaluator, nullptr);  // no evaluation data
+  EXPECT_FALSE(full->lora.has_value());
+  EXPECT_FALSE(full->config.task().has_lora());  // a full federation's sites are sent no adapters
+  auto initial = models::InitialModel("mlp", 2017);
+  ASSERT_TRUE(initial.ok());
+  EXPECT_EQ(full->initial, initial->values);
+  EXPECT_TRUE(full->manifest == initial->manifest);
+
+  auto lora = MakeFederation(Lora(), {});
+  ASSERT_TRUE(lora.ok()) << lora.status().ToString();
+  ASSERT_TRUE(lora->lora.has_value());
+  EXPECT_TRUE(lora->manifest == lora->lora->layout.global);
+  EXPECT_EQ(lora->initial.size(), lora->manifest.total_elements);
+  EXPECT_NE(std::string(lora->strategy->name()).find("exact"), std::string::npos) << lora->strategy->name();
+
+  v1::FederationConfig unknown = DefaultFederation();
+  unknown.mutable_task()->set_model("resnet");
+  EXPECT_FALSE(MakeFederation(unknown, {}).ok());
+}
+
+}  // namespace
+}  // namespace estuary::aggregation
