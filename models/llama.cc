@@ -3,6 +3,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <cassert>
 #include <climits>
 #include <cmath>
 #include <cstring>
@@ -192,12 +193,13 @@ size_t Llama::Carve(int batch, int seq, float* base) {
 
 // ---------------------------------------------------------------- training
 
-void Llama::Initialize(uint64_t seed) {
+void InitializeLlamaParameters(const Manifest& manifest, uint64_t seed, std::span<float> params) {
+  assert(params.size() == manifest.total_elements);
   std::mt19937_64 rng(seed);
   // 53 random bits -> a double in (0, 1), never 0, so the log below is finite.
   auto uniform = [&rng] { return (double(rng() >> 11) + 0.5) * 0x1.0p-53; };
-  for (const TensorSpec& t : manifest_.tensors) {
-    float* p = params_.data() + t.offset;
+  for (const TensorSpec& t : manifest.tensors) {
+    float* p = params.data() + t.offset;
     const uint64_t count = t.numel();
     if (t.shape.size() == 1) {
       std::fill(p, p + count, 1.0f);
@@ -211,6 +213,8 @@ void Llama::Initialize(uint64_t seed) {
     }
   }
 }
+
+void Llama::Initialize(uint64_t seed) { InitializeLlamaParameters(manifest_, seed, params_); }
 
 Status Llama::CheckInput(const int32_t* tokens, const int32_t* targets, int batch, int seq) const {
   if (batch < 1 || batch > max_batch_) {

@@ -6,8 +6,6 @@
 #include <climits>
 #include <cmath>
 #include <cstring>
-#include <numbers>
-#include <random>
 
 #include "models/cuda/check.h"
 #include "models/cuda/flash_attention.h"
@@ -296,24 +294,8 @@ LossScaler& LlamaEngine::loss_scaler() { return impl_->scaler; }
 // ------------------------------------------------------------- parameters
 
 Status LlamaEngine::Initialize(uint64_t seed) {
-  // models::Llama::Initialize, draw for draw: normal(0, 0.02) by Box-Muller
-  // for matrices, ones for the norms.
   std::vector<float> host(impl_->manifest.total_elements);
-  std::mt19937_64 rng(seed);
-  auto uniform = [&rng] { return (double(rng() >> 11) + 0.5) * 0x1.0p-53; };
-  for (const TensorSpec& t : impl_->manifest.tensors) {
-    float* p = host.data() + t.offset;
-    const uint64_t count = t.numel();
-    if (t.shape.size() == 1) {
-      std::fill(p, p + count, 1.0f);
-      continue;
-    }
-    for (uint64_t i = 0; i < count; i += 2) {
-      const double r = 0.02 * std::sqrt(-2.0 * std::log(uniform())), angle = 2.0 * std::numbers::pi * uniform();
-      p[i] = float(r * std::cos(angle));
-      if (i + 1 < count) p[i + 1] = float(r * std::sin(angle));
-    }
-  }
+  InitializeLlamaParameters(impl_->manifest, seed, host);
   return CopyParametersFrom(host);
 }
 

@@ -132,7 +132,8 @@ class LlamaEngine {
   // models::Llama's units (models/step_hooks.h) for the same config.
   std::vector<ParameterUnit> units() const;
 
-  // models::Llama::Initialize's draws (the same seed gives the same bits).
+  // InitializeLlamaParameters's draws (models/llama.h), as models::Llama::Initialize:
+  // the same seed gives the same bits.
   Status Initialize(uint64_t seed);
   // Host <-> device copies of the whole flat buffer (sizes checked). From
   // refreshes the working copy; To waits for the stream.
