@@ -52,29 +52,23 @@ LlamaLayout LayoutOf(const LlamaConfig& config) {
   const int64_t kv_rows = int64_t(config.num_kv_heads) * config.head_dim();
   LlamaLayout layout;
   Manifest& manifest = layout.manifest;
-  auto add = [&](std::string name, std::vector<int64_t> shape) {
-    TensorSpec spec{std::move(name), std::move(shape), DType::kF32, manifest.total_elements};
-    manifest.total_elements += spec.numel();
-    manifest.tensors.push_back(std::move(spec));
-    return manifest.tensors.back().offset;
-  };
-  layout.embed = add("model.embed_tokens.weight", {V, D});
+  layout.embed = manifest.Append("model.embed_tokens.weight", {V, D});
   for (int i = 0; i < config.num_layers; ++i) {
     const std::string p = fmt::format("model.layers.{}.", i);
     LlamaLayout::Layer o;
-    o.qkv = add(p + "self_attn.q_proj.weight", {q_rows, D});
-    add(p + "self_attn.k_proj.weight", {kv_rows, D});
-    add(p + "self_attn.v_proj.weight", {kv_rows, D});
-    o.o = add(p + "self_attn.o_proj.weight", {D, q_rows});
-    o.gate_up = add(p + "mlp.gate_proj.weight", {I, D});
-    add(p + "mlp.up_proj.weight", {I, D});
-    o.down = add(p + "mlp.down_proj.weight", {D, I});
-    o.input_norm = add(p + "input_layernorm.weight", {D});
-    o.post_norm = add(p + "post_attention_layernorm.weight", {D});
+    o.qkv = manifest.Append(p + "self_attn.q_proj.weight", {q_rows, D});
+    manifest.Append(p + "self_attn.k_proj.weight", {kv_rows, D});
+    manifest.Append(p + "self_attn.v_proj.weight", {kv_rows, D});
+    o.o = manifest.Append(p + "self_attn.o_proj.weight", {D, q_rows});
+    o.gate_up = manifest.Append(p + "mlp.gate_proj.weight", {I, D});
+    manifest.Append(p + "mlp.up_proj.weight", {I, D});
+    o.down = manifest.Append(p + "mlp.down_proj.weight", {D, I});
+    o.input_norm = manifest.Append(p + "input_layernorm.weight", {D});
+    o.post_norm = manifest.Append(p + "post_attention_layernorm.weight", {D});
     layout.layers.push_back(o);
   }
-  layout.final_norm = add("model.norm.weight", {D});
-  layout.lm_head = config.tie_embeddings ? layout.embed : add("lm_head.weight", {V, D});
+  layout.final_norm = manifest.Append("model.norm.weight", {D});
+  layout.lm_head = config.tie_embeddings ? layout.embed : manifest.Append("lm_head.weight", {V, D});
   layout.units.push_back({"model.embed_tokens", layout.embed, layout.embed + uint64_t(V * D)});
   for (size_t l = 0; l < layout.layers.size(); ++l) {
     const uint64_t end = l + 1 < layout.layers.size() ? layout.layers[l + 1].qkv : layout.final_norm;

@@ -109,12 +109,6 @@ LoraLayout LoraLayoutOf(const LlamaConfig& c, const LoraConfig& config) {
                                                  {D, I},      {D, I},       {I, D}};
   LoraLayout layout;
   Manifest& manifest = layout.manifest;
-  auto add = [&](std::string name, std::vector<int64_t> shape) {
-    TensorSpec spec{std::move(name), std::move(shape), DType::kF32, manifest.total_elements};
-    manifest.total_elements += spec.numel();
-    manifest.tensors.push_back(std::move(spec));
-    return manifest.tensors.back().offset;
-  };
   layout.layers.resize(c.num_layers);
   for (int l = 0; l < c.num_layers; ++l) {
     for (LoraModule m : kAllModules) {
@@ -130,8 +124,8 @@ LoraLayout LoraLayoutOf(const LlamaConfig& c, const LoraConfig& config) {
         if (!layout.units.empty()) layout.units.back().end = manifest.total_elements;
         layout.units.push_back({fmt::format("model.layers.{}", l), manifest.total_elements, 0});
       }
-      adapter.a = add(p + "lora_A.weight", {r, in});
-      adapter.b = add(p + "lora_B.weight", {out, r});
+      adapter.a = manifest.Append(p + "lora_A.weight", {r, in});
+      adapter.b = manifest.Append(p + "lora_B.weight", {out, r});
     }
   }
   if (!layout.units.empty()) layout.units.back().end = manifest.total_elements;

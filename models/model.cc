@@ -81,11 +81,8 @@ class FlatModel : public Model {
  protected:
   // Registers a tensor; fan_in sets its init bound 1/sqrt(fan_in).
   uint64_t Add(const std::string& name, std::vector<int64_t> shape, int64_t fan_in) {
-    TensorSpec spec{name, std::move(shape), DType::kF32, manifest_.total_elements};
-    manifest_.total_elements += spec.numel();
-    manifest_.tensors.push_back(std::move(spec));
     fan_in_.push_back(fan_in);
-    return manifest_.tensors.back().offset;
+    return manifest_.Append(name, std::move(shape));
   }
   // Closes a unit: the tensors registered since offset `begin`.
   void AddUnit(std::string name, uint64_t begin) {

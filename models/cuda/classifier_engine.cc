@@ -116,22 +116,16 @@ struct ClassifierEngine::Impl {
 // The layout of models::MakeModel(name) (model.cc), tensor for tensor; the
 // engine's tests compare the two manifests.
 void ClassifierEngine::Impl::BuildManifest() {
-  auto add = [&](std::string tensor, std::vector<int64_t> shape) {
-    TensorSpec spec{std::move(tensor), std::move(shape), DType::kF32, manifest.total_elements};
-    manifest.total_elements += spec.numel();
-    manifest.tensors.push_back(std::move(spec));
-    return manifest.tensors.back().offset;
-  };
   auto linear = [&](const std::string& prefix, int in, int out) {
     LinearLayer l{in, out};
-    l.w = add(prefix + ".weight", {out, in});
-    l.b = add(prefix + ".bias", {out});
+    l.w = manifest.Append(prefix + ".weight", {out, in});
+    l.b = manifest.Append(prefix + ".bias", {out});
     return l;
   };
   auto conv = [&](const std::string& prefix, int in, int out, int side) {
     ConvLayer c{in, out, side, side};
-    c.w = add(prefix + ".weight", {out, in, ConvLayer::kKernel, ConvLayer::kKernel});
-    c.b = add(prefix + ".bias", {out});
+    c.w = manifest.Append(prefix + ".weight", {out, in, ConvLayer::kKernel, ConvLayer::kKernel});
+    c.b = manifest.Append(prefix + ".bias", {out});
     return c;
   };
   if (cnn) {
