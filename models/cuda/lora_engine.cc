@@ -10,17 +10,10 @@
 
 #include "models/cuda/check.h"
 #include "models/cuda/precision.h"
+#include "models/cuda/sizes.h"
 
 namespace estuary::models::cuda {
 namespace {
-
-// p advanced by `elements` elements of dtype.
-const void* Advance(const void* p, int64_t elements, DType dtype) {
-  return static_cast<const char*>(p) + elements * int64_t(DTypeSize(dtype));
-}
-void* Advance(void* p, int64_t elements, DType dtype) {
-  return static_cast<char*>(p) + elements * int64_t(DTypeSize(dtype));
-}
 
 // An adapted module's place in its fused projection's output: the column its
 // block starts at.
