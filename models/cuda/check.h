@@ -33,16 +33,17 @@ inline Status CublasError(cublasStatus_t status, const char* call, const char* f
 
 }  // namespace estuary::models::cuda
 
-#define ESTUARY_CUDA_RETURN_IF_ERROR(call)                                                   \
-  do {                                                                                       \
-    const cudaError_t estuary_cuda_error_ = (call);                                          \
-    if (estuary_cuda_error_ != cudaSuccess)                                                  \
-      return ::estuary::models::cuda::CudaError(estuary_cuda_error_, #call, __FILE__, __LINE__); \
-  } while (0)
+#define ESTUARY_CUDA_RETURN_IF_ERROR(call) \
+  ESTUARY_CUDA_RETURN_IF_FAILED_(cudaError_t, cudaSuccess, CudaError, call, #call)
+#define ESTUARY_CUBLAS_RETURN_IF_ERROR(call) \
+  ESTUARY_CUDA_RETURN_IF_FAILED_(cublasStatus_t, CUBLAS_STATUS_SUCCESS, CublasError, call, #call)
 
-#define ESTUARY_CUBLAS_RETURN_IF_ERROR(call)                                                      \
-  do {                                                                                            \
-    const cublasStatus_t estuary_cublas_status_ = (call);                                         \
-    if (estuary_cublas_status_ != CUBLAS_STATUS_SUCCESS)                                          \
-      return ::estuary::models::cuda::CublasError(estuary_cublas_status_, #call, __FILE__, __LINE__); \
+// What both share: `call` returns a `type` that is `ok` on success, and
+// `to_status` turns any other into the Status returned; `text` is the call as
+// written, stringized before its arguments' macros expand.
+#define ESTUARY_CUDA_RETURN_IF_FAILED_(type, ok, to_status, call, text)                   \
+  do {                                                                                     \
+    const type estuary_cuda_result_ = (call);                                              \
+    if (estuary_cuda_result_ != ok)                                                        \
+      return ::estuary::models::cuda::to_status(estuary_cuda_result_, text, __FILE__, __LINE__); \
   } while (0)
