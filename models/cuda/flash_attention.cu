@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "models/cuda/kernel_common.cuh"
+
 namespace estuary::models::cuda {
 
 namespace {
@@ -33,18 +35,8 @@ constexpr int kLdF = 68;
 constexpr int kTileElems = kTile * kLd;    // one 16-bit tile
 constexpr int kTileFloats = kTile * kLdF;  // one fp32 tile
 
-template <typename T>
-__device__ inline float ToF(T v);
-template <>
-__device__ inline float ToF<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162float(v); }
-template <>
-__device__ inline float ToF<__half>(__half v) { return __half2float(v); }
-template <typename T>
-__device__ inline T FromF(float v);
-template <>
-__device__ inline __nv_bfloat16 FromF<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
-template <>
-__device__ inline __half FromF<__half>(float v) { return __float2half_rn(v); }
+using internal::FromFloat;
+using internal::ToFloat;
 
 // Copies rows [row0, row0 + kTile) of one head (kHeadDim columns at `column`)
 // of a [n, width] matrix into a padded tile, 16 bytes at a time (width and
@@ -180,7 +172,7 @@ __global__ void __launch_bounds__(kThreads) FlashForwardKernel(const T* qkv, Sha
       for (int j = 0; j < 2; ++j) {
         const int c = lane + 32 * j;
         const float e = x[j] == -INFINITY ? 0.0f : __expf(x[j] - new_max);
-        p[r * kLd + c] = FromF<T>(e);
+        p[r * kLd + c] = FromFloat<T>(e);
         sum += e;
         o[r * kLdF + c] *= alpha;
       }
@@ -199,8 +191,8 @@ __global__ void __launch_bounds__(kThreads) FlashForwardKernel(const T* qkv, Sha
     if (qi >= s.seq) break;
     const float inv = 1.0f / row_sum[r];
     T* dst = out + (int64_t(b) * s.seq + qi) * s.out_width + int64_t(h) * kHeadDim;
-    dst[lane] = FromF<T>(o[r * kLdF + lane] * inv);
-    dst[lane + 32] = FromF<T>(o[r * kLdF + lane + 32] * inv);
+    dst[lane] = FromFloat<T>(o[r * kLdF + lane] * inv);
+    dst[lane + 32] = FromFloat<T>(o[r * kLdF + lane + 32] * inv);
     if (lane == 0) lse[(int64_t(b) * s.heads + h) * s.seq + qi] = row_max[r] + logf(row_sum[r]);
   }
 }
@@ -217,7 +209,7 @@ __global__ void DeltaKernel(const T* out, const T* dout, Shape s, int rows, floa
     const int64_t token = r / s.heads;  // b * seq + i
     const T* o = out + token * s.out_width + int64_t(h) * kHeadDim;
     const T* d = dout + token * s.out_width + int64_t(h) * kHeadDim;
-    const float sum = WarpSum(ToF(o[lane]) * ToF(d[lane]) + ToF(o[lane + 32]) * ToF(d[lane + 32]));
+    const float sum = WarpSum(ToFloat(o[lane]) * ToFloat(d[lane]) + ToFloat(o[lane + 32]) * ToFloat(d[lane + 32]));
     if (lane == 0) {
       const int64_t b = token / s.seq, i = token % s.seq;
       delta[(b * s.heads + h) * s.seq + i] = sum;
@@ -250,8 +242,8 @@ __device__ void ProbsAndScoreGradients(const Shape& s, int q0, int k0, const flo
       const bool live = qi < s.seq && kj < s.seq && kj <= qi;
       const float prob = live ? __expf(scores[r * kLdF + c] * s.scale - lse_rows[r]) : 0.0f;
       const float grad = prob * (dprobs[r * kLdF + c] - delta_rows[r]);
-      if (p) p[r * kLd + c] = FromF<T>(prob);
-      ds[r * kLd + c] = FromF<T>(grad);
+      if (p) p[r * kLd + c] = FromFloat<T>(prob);
+      ds[r * kLd + c] = FromFloat<T>(grad);
     }
   }
 }
@@ -316,8 +308,8 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
       const int c = lane + 32 * j;
-      row[int64_t(s.heads + g) * kHeadDim + c] = FromF<T>(dk[r * kLdF + c] * s.scale);
-      row[int64_t(s.heads + s.kv_heads + g) * kHeadDim + c] = FromF<T>(dv[r * kLdF + c]);
+      row[int64_t(s.heads + g) * kHeadDim + c] = FromFloat<T>(dk[r * kLdF + c] * s.scale);
+      row[int64_t(s.heads + s.kv_heads + g) * kHeadDim + c] = FromFloat<T>(dv[r * kLdF + c]);
     }
   }
 }
@@ -370,8 +362,8 @@ __global__ void __launch_bounds__(kThreads)
   for (int r = warp * kFrag; r < (warp + 1) * kFrag; ++r) {
     if (q0 + r >= s.seq) break;
     T* row = dbase + int64_t(q0 + r) * s.width + int64_t(h) * kHeadDim;
-    row[lane] = FromF<T>(dq[r * kLdF + lane] * s.scale);
-    row[lane + 32] = FromF<T>(dq[r * kLdF + lane + 32] * s.scale);
+    row[lane] = FromFloat<T>(dq[r * kLdF + lane] * s.scale);
+    row[lane + 32] = FromFloat<T>(dq[r * kLdF + lane + 32] * s.scale);
   }
 }
 
