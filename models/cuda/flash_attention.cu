@@ -119,6 +119,13 @@ struct Shape {
   float scale;               // 1 / sqrt(head_dim)
 };
 
+// Key rows [k0, k0 + kTile) of kv head g: its K and V tiles.
+template <typename T>
+__device__ void LoadKeyValueTiles(const T* base, const Shape& s, int g, int k0, T* k, T* v) {
+  LoadTile(base, s.width, int64_t(s.heads + g) * kHeadDim, k0, s.seq, k);
+  LoadTile(base, s.width, int64_t(s.heads + s.kv_heads + g) * kHeadDim, k0, s.seq, v);
+}
+
 // ---------------------------------------------------------------- forward
 
 constexpr size_t kForwardSmem = (3 * kTileElems + kTileElems /* Q, K, V, P */) * 2 +
@@ -148,8 +155,7 @@ __global__ void __launch_bounds__(kThreads) FlashForwardKernel(const T* qkv, Sha
   for (int t = 0; t < tiles; ++t) {
     const int k0 = t * kTile;
     __syncthreads();  // the previous tile's K and V are no longer read
-    LoadTile(base, s.width, int64_t(s.heads + g) * kHeadDim, k0, s.seq, k);
-    LoadTile(base, s.width, int64_t(s.heads + s.kv_heads + g) * kHeadDim, k0, s.seq, v);
+    LoadKeyValueTiles(base, s, g, k0, k, v);
     __syncthreads();
     WarpGemm16x64<T, false, false>(q + warp * kFrag * kLd, kLd, k, kLd, scores + warp * kFrag * kLdF, kLdF);
     __syncwarp();
@@ -226,14 +232,17 @@ __device__ void LoadRowStats(const float* lse_h, const float* delta_h, int q0, i
   }
 }
 
-// For one warp's 16 rows of a (query tile, key tile) pair, with S = Q Kᵀ and
-// dP = dO Vᵀ already in `scores` and `dprobs`: P (the low-precision copy into
-// p, when given) and dS = P (dP - delta) into ds. Two columns a lane.
+// For one warp's 16 rows of a (query tile, key tile) pair: S = Q Kᵀ into
+// `scores` and dP = dO Vᵀ into `dprobs`, then P (the low-precision copy into
+// p, when given) and dS = P (dP - delta) into ds, two columns a lane.
 template <typename T>
-__device__ void ProbsAndScoreGradients(const Shape& s, int q0, int k0, const float* lse_rows,
-                                       const float* delta_rows, const float* scores, const float* dprobs, T* p,
-                                       T* ds) {
+__device__ void ProbsAndScoreGradients(const Shape& s, int q0, int k0, const T* q, const T* d_o, const T* k,
+                                       const T* v, const float* lse_rows, const float* delta_rows, float* scores,
+                                       float* dprobs, T* p, T* ds) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  WarpGemm16x64<T, false, false>(q + warp * kFrag * kLd, kLd, k, kLd, scores + warp * kFrag * kLdF, kLdF);
+  WarpGemm16x64<T, false, false>(d_o + warp * kFrag * kLd, kLd, v, kLd, dprobs + warp * kFrag * kLdF, kLdF);
+  __syncwarp();
   for (int r = warp * kFrag; r < (warp + 1) * kFrag; ++r) {
     const int qi = q0 + r;
 #pragma unroll
@@ -274,8 +283,7 @@ __global__ void __launch_bounds__(kThreads)
   const int b = blockIdx.y / s.kv_heads, g = blockIdx.y % s.kv_heads, group = s.heads / s.kv_heads;
   const T* base = qkv + int64_t(b) * s.seq * s.width;
   const T* dout_base = dout + int64_t(b) * s.seq * s.out_width;
-  LoadTile(base, s.width, int64_t(s.heads + g) * kHeadDim, k0, s.seq, k);
-  LoadTile(base, s.width, int64_t(s.heads + s.kv_heads + g) * kHeadDim, k0, s.seq, v);
+  LoadKeyValueTiles(base, s, g, k0, k, v);
   for (int i = threadIdx.x; i < kTileFloats; i += kThreads) dk[i] = 0.0f, dv[i] = 0.0f;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int tiles = (s.seq + kTile - 1) / kTile;
@@ -289,11 +297,8 @@ __global__ void __launch_bounds__(kThreads)
       LoadTile(dout_base, s.out_width, int64_t(h) * kHeadDim, q0, s.seq, d_o);
       LoadRowStats(lse_h, delta_h, q0, s.seq, lse_rows, delta_rows);
       __syncthreads();
-      // Each warp: its 16 query rows of S = Q Kᵀ and dP = dO Vᵀ, then P and dS.
-      WarpGemm16x64<T, false, false>(q + warp * kFrag * kLd, kLd, k, kLd, scores + warp * kFrag * kLdF, kLdF);
-      WarpGemm16x64<T, false, false>(d_o + warp * kFrag * kLd, kLd, v, kLd, dprobs + warp * kFrag * kLdF, kLdF);
-      __syncwarp();
-      ProbsAndScoreGradients(s, q0, k0, lse_rows, delta_rows, scores, dprobs, p, ds);
+      // Each warp: its 16 query rows of S and dP, then P and dS.
+      ProbsAndScoreGradients(s, q0, k0, q, d_o, k, v, lse_rows, delta_rows, scores, dprobs, p, ds);
       __syncthreads();
       // Each warp: its 16 key rows of dV += Pᵀ dO and dK += dSᵀ Q.
       WarpGemmTransA16x64(p + warp * kFrag, kLd, d_o, kLd, dv + warp * kFrag * kLdF, kLdF);
@@ -346,13 +351,9 @@ __global__ void __launch_bounds__(kThreads)
   for (int t = 0; t <= int(blockIdx.x); ++t) {
     const int k0 = t * kTile;
     __syncthreads();
-    LoadTile(base, s.width, int64_t(s.heads + g) * kHeadDim, k0, s.seq, k);
-    LoadTile(base, s.width, int64_t(s.heads + s.kv_heads + g) * kHeadDim, k0, s.seq, v);
+    LoadKeyValueTiles(base, s, g, k0, k, v);
     __syncthreads();
-    WarpGemm16x64<T, false, false>(q + warp * kFrag * kLd, kLd, k, kLd, scores + warp * kFrag * kLdF, kLdF);
-    WarpGemm16x64<T, false, false>(d_o + warp * kFrag * kLd, kLd, v, kLd, dprobs + warp * kFrag * kLdF, kLdF);
-    __syncwarp();
-    ProbsAndScoreGradients<T>(s, q0, k0, lse_rows, delta_rows, scores, dprobs, nullptr, ds);
+    ProbsAndScoreGradients<T>(s, q0, k0, q, d_o, k, v, lse_rows, delta_rows, scores, dprobs, nullptr, ds);
     __syncwarp();
     // The warp's 16 rows of dQ += dS K: only its own rows of dS are read.
     WarpGemm16x64<T, true, true>(ds + warp * kFrag * kLd, kLd, k, kLd, dq + warp * kFrag * kLdF, kLdF);
