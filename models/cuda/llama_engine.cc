@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "models/cuda/check.h"
+#include "models/cuda/engine_state.h"
 #include "models/cuda/flash_attention.h"
 #include "models/cuda/precision.h"
 #include "models/cuda/transformer.h"
@@ -52,22 +53,19 @@ struct Activations {
   void *dqkv = nullptr, *dattn = nullptr, *dgate_up = nullptr, *dact = nullptr;
 };
 
-
 }  // namespace
 
-struct LlamaEngine::Impl {
+// The flat buffers, the stream and the manifest are the EngineState's; the
+// stream, a base class member, outlives blas.
+struct LlamaEngine::Impl final : EngineState {
   LlamaConfig config;
   LlamaEngineOptions options;
   int max_batch = 0;
-  Manifest manifest;
   std::vector<LayerOffsets> offsets;
   uint64_t embed = 0, final_norm = 0, lm_head = 0;
-  std::vector<ParameterUnit> units;
 
-  // Declared before blas: destroyed after it.
-  Stream stream;
   Blas blas;
-  DeviceBuffer params, grads, working, rope, ids, misc, activation_buffer;
+  DeviceBuffer rope, ids, misc, activation_buffer;
   // Frozen base only: where the norms' weight gradients go, overwritten and
   // never read (the backward kernel forms dx and dweight in one pass; a
   // variant without dweight would save only a [D] reduction per norm).
@@ -87,8 +85,6 @@ struct LlamaEngine::Impl {
   Activations acts;
   LossScaler scaler;
 
-  DType act() const { return options.precision; }
-  bool low() const { return options.precision != DType::kF32; }
   // Fused attention (flash_attention.h) when asked for and compiled for the
   // shape; the materialised path otherwise, and always under f32.
   bool flash = false;
@@ -102,8 +98,6 @@ struct LlamaEngine::Impl {
   Status AdaptBackward(int layer, Projection p, const void* x, const void* dy, int n, void* dx, DType dx_dtype) {
     return options.adapters ? options.adapters->Backward(blas, layer, p, x, dy, n, dx, dx_dtype) : Status::Ok();
   }
-  cudaStream_t s() const { return options.stream ? options.stream : stream.get(); }
-  float* P() const { return params.as<float>(); }
   bool master() const { return params.data() != nullptr; }
   // A norm's fp32 weight: in the master, or in its copy when there is none.
   const float* Norm(uint64_t offset) const {
@@ -121,12 +115,6 @@ struct LlamaEngine::Impl {
   Status WidenNorms() const;
   // A device buffer for host <-> working-copy transfers without a master.
   Result<DeviceBuffer> ConversionChunk() const;
-  float* G() const { return grads.as<float>(); }
-  // What the GEMMs read: the master weights under f32, else the working copy.
-  const void* W(uint64_t offset) const {
-    return low() ? static_cast<const void*>(working.as<char>() + offset * DTypeSize(act()))
-                 : static_cast<const void*>(P() + offset);
-  }
   const float* rope_cos() const { return rope.as<float>(); }
   const float* rope_sin() const { return rope.as<float>() + int64_t(config.max_seq_len) * (config.head_dim() / 2); }
   int32_t* tokens_d() const { return ids.as<int32_t>(); }
@@ -140,6 +128,21 @@ struct LlamaEngine::Impl {
     scratch.Reset();  // safe: every user of the scratch is on this stream, in order
     return scratch;
   }
+
+  // Engine's hooks: without a master the weights go through the working
+  // copy; a frozen base neither steps nor has gradients; f16 unscales first.
+  Status UploadParameters(std::span<const float> host) override;
+  Status DownloadParameters(std::span<float> host) override;
+  size_t ParameterBytes() const override { return params.size() + working.size() + norms.size(); }
+  Status CanStep() const override {
+    if (!frozen()) return Status::Ok();
+    return FailedPrecondition("cuda llama: the base is frozen (train_base false); step the adapters' optimizer instead");
+  }
+  Status HasGradients() const override {
+    if (!frozen()) return Status::Ok();
+    return FailedPrecondition("cuda llama: the base is frozen (train_base false): it has no gradients");
+  }
+  Result<bool> UnscaleGradients() override;
 
   void BuildManifest();
   size_t Carve(int batch, int seq, char* base);
@@ -219,31 +222,22 @@ Result<LlamaEngine> LlamaEngine::Create(const LlamaConfig& config, int max_batch
   ESTUARY_RETURN_IF_ERROR(CudaUsable());
   auto impl = std::make_unique<Impl>();
   Impl& m = *impl;
+  m.who = "cuda llama";
   m.config = config;
   m.options = options;
+  m.precision = options.precision;
   m.max_batch = max_batch;
   m.scaler = LossScaler(options.loss_scaler);
   m.flash = options.flash_attention && FlashAttentionSupports(options.precision, config.head_dim());
   m.BuildManifest();
-  const int64_t count = int64_t(m.manifest.total_elements);
   const int64_t max_n = int64_t(max_batch) * config.max_seq_len;
 
-  if (!options.stream) {
-    ESTUARY_ASSIGN_OR_RETURN(m.stream, Stream::Create());
-  }
+  ESTUARY_RETURN_IF_ERROR(m.UseStream(options.stream));
   ESTUARY_ASSIGN_OR_RETURN(m.blas, Blas::Create(m.s()));
-  ESTUARY_ASSIGN_OR_RETURN(m.params, DeviceBuffer::Allocate(size_t(count) * sizeof(float)));
-  ESTUARY_RETURN_IF_ERROR(FillBytes(m.params.data(), 0, m.params.size(), m.s()));
+  // A frozen base has no gradient buffer: that memory (4 bytes per parameter) is what it saves.
+  ESTUARY_RETURN_IF_ERROR(m.AllocateFlat(/*with_gradients=*/!m.frozen()));
   if (m.frozen()) {
-    // No base gradient exists: that memory (4 bytes per parameter) is what a frozen base saves.
     ESTUARY_ASSIGN_OR_RETURN(m.frozen_dnorm, DeviceBuffer::Allocate(size_t(config.hidden_size) * sizeof(float)));
-  } else {
-    ESTUARY_ASSIGN_OR_RETURN(m.grads, DeviceBuffer::Allocate(size_t(count) * sizeof(float)));
-    ESTUARY_RETURN_IF_ERROR(FillBytes(m.grads.data(), 0, m.grads.size(), m.s()));
-  }
-  if (m.low()) {
-    ESTUARY_ASSIGN_OR_RETURN(m.working, DeviceBuffer::Allocate(size_t(count) * DTypeSize(options.precision)));
-    ESTUARY_RETURN_IF_ERROR(FillBytes(m.working.data(), 0, m.working.size(), m.s()));
   }
   const int64_t half = config.head_dim() / 2;
   ESTUARY_ASSIGN_OR_RETURN(m.rope, DeviceBuffer::Allocate(size_t(2 * config.max_seq_len * half) * sizeof(float)));
@@ -267,90 +261,62 @@ Result<LlamaEngine> LlamaEngine::Create(const LlamaConfig& config, int max_batch
                 size_t(max_n) * sizeof(float), size_t(8) << 10 /* clip: 1024 doubles and a float */}) +
       (size_t(64) << 10);
   ESTUARY_ASSIGN_OR_RETURN(m.scratch, Arena::Create(scratch_bytes));
+  m.loss = m.loss_d();
+  m.clip_norm = m.norm_d();
+  m.clip_scratch = &m.scratch;
   // Surfaces any error from the setup above here.
   ESTUARY_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(m.s()));
   return LlamaEngine(std::move(impl));
 }
 
-LlamaEngine::LlamaEngine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
-LlamaEngine::LlamaEngine(LlamaEngine&&) noexcept = default;
-LlamaEngine& LlamaEngine::operator=(LlamaEngine&&) noexcept = default;
-LlamaEngine::~LlamaEngine() = default;
+LlamaEngine::LlamaEngine(std::unique_ptr<Impl> impl) : Engine(std::move(impl)) {}
+LlamaEngine::Impl& LlamaEngine::impl() const { return static_cast<Impl&>(state()); }
 
-const LlamaConfig& LlamaEngine::config() const { return impl_->config; }
-const Manifest& LlamaEngine::manifest() const { return impl_->manifest; }
-int64_t LlamaEngine::parameter_count() const { return int64_t(impl_->manifest.total_elements); }
-int LlamaEngine::max_batch() const { return impl_->max_batch; }
-DType LlamaEngine::precision() const { return impl_->options.precision; }
-cudaStream_t LlamaEngine::stream() const { return impl_->s(); }
-size_t LlamaEngine::activation_bytes() const { return impl_->activation_buffer.size(); }
-float* LlamaEngine::parameters() { return impl_->P(); }
-float* LlamaEngine::gradients() { return impl_->G(); }
-const void* LlamaEngine::working_parameters() const { return impl_->low() ? impl_->working.data() : nullptr; }
-std::vector<ParameterUnit> LlamaEngine::units() const { return impl_->units; }
-const float* LlamaEngine::device_loss() const { return impl_->loss_d(); }
-LossScaler& LlamaEngine::loss_scaler() { return impl_->scaler; }
+const LlamaConfig& LlamaEngine::config() const { return impl().config; }
+int LlamaEngine::max_batch() const { return impl().max_batch; }
+size_t LlamaEngine::activation_bytes() const { return impl().activation_buffer.size(); }
+LossScaler& LlamaEngine::loss_scaler() { return impl().scaler; }
 
 // ------------------------------------------------------------- parameters
 
 Status LlamaEngine::Initialize(uint64_t seed) {
-  std::vector<float> host(impl_->manifest.total_elements);
-  InitializeLlamaParameters(impl_->manifest, seed, host);
+  std::vector<float> host(impl().manifest.total_elements);
+  InitializeLlamaParameters(impl().manifest, seed, host);
   return CopyParametersFrom(host);
 }
 
-Status LlamaEngine::CopyParametersFrom(std::span<const float> host) {
-  Impl& m = *impl_;
-  if (host.size() != m.manifest.total_elements) {
-    return InvalidArgument("cuda llama: {} parameters given, the model has {}", host.size(),
-                           m.manifest.total_elements);
-  }
-  if (!m.master()) {
-    // Through an fp32 staging chunk into the working copy, which rounds.
-    ESTUARY_ASSIGN_OR_RETURN(DeviceBuffer chunk, m.ConversionChunk());
-    const size_t step = chunk.size() / sizeof(float);
-    for (size_t at = 0; at < host.size(); at += step) {
-      const size_t count = std::min(step, host.size() - at);
-      ESTUARY_RETURN_IF_ERROR(CopyToDevice(chunk.data(), host.data() + at, count * sizeof(float), m.s()));
-      ESTUARY_RETURN_IF_ERROR(Convert(chunk.data(), DType::kF32, m.working.as<char>() + at * DTypeSize(m.act()),
-                                      m.act(), int64_t(count), m.s()));
-    }
-    ESTUARY_RETURN_IF_ERROR(m.WidenNorms());
-    // The chunk is freed on return: the stream must be done with it.
-    ESTUARY_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(m.s()));
-    return Status::Ok();
-  }
-  ESTUARY_RETURN_IF_ERROR(CopyToDevice(m.P(), host.data(), host.size_bytes(), m.s()));
-  if (m.low()) ESTUARY_RETURN_IF_ERROR(Convert(m.P(), DType::kF32, m.working.data(), m.act(), parameter_count(), m.s()));
-  return Status::Ok();
-}
-
-Status LlamaEngine::RefreshWorkingCopy() {
-  Impl& m = *impl_;
-  if (!m.low() || !m.master()) return Status::Ok();
-  return Convert(m.P(), DType::kF32, m.working.data(), m.act(), parameter_count(), m.s());
-}
-
-Status LlamaEngine::CopyParametersTo(std::span<float> host) {
-  Impl& m = *impl_;
-  if (host.size() != m.manifest.total_elements) {
-    return InvalidArgument("cuda llama: room for {} parameters given, the model has {}", host.size(),
-                           m.manifest.total_elements);
-  }
-  if (m.master()) return CopyToHost(host.data(), m.P(), host.size_bytes(), m.s());
-  ESTUARY_ASSIGN_OR_RETURN(DeviceBuffer chunk, m.ConversionChunk());
+Status LlamaEngine::Impl::UploadParameters(std::span<const float> host) {
+  if (master()) return EngineState::UploadParameters(host);
+  // Through an fp32 staging chunk into the working copy, which rounds.
+  ESTUARY_ASSIGN_OR_RETURN(DeviceBuffer chunk, ConversionChunk());
   const size_t step = chunk.size() / sizeof(float);
   for (size_t at = 0; at < host.size(); at += step) {
     const size_t count = std::min(step, host.size() - at);
-    ESTUARY_RETURN_IF_ERROR(Convert(m.working.as<char>() + at * DTypeSize(m.act()), m.act(), chunk.data(),
-                                    DType::kF32, int64_t(count), m.s()));
-    ESTUARY_RETURN_IF_ERROR(CopyToHost(host.data() + at, chunk.data(), count * sizeof(float), m.s()));
+    ESTUARY_RETURN_IF_ERROR(CopyToDevice(chunk.data(), host.data() + at, count * sizeof(float), s()));
+    ESTUARY_RETURN_IF_ERROR(Convert(chunk.data(), DType::kF32, working.as<char>() + at * DTypeSize(act()), act(),
+                                    int64_t(count), s()));
+  }
+  ESTUARY_RETURN_IF_ERROR(WidenNorms());
+  // The chunk is freed on return: the stream must be done with it.
+  ESTUARY_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s()));
+  return Status::Ok();
+}
+
+Status LlamaEngine::Impl::DownloadParameters(std::span<float> host) {
+  if (master()) return EngineState::DownloadParameters(host);
+  ESTUARY_ASSIGN_OR_RETURN(DeviceBuffer chunk, ConversionChunk());
+  const size_t step = chunk.size() / sizeof(float);
+  for (size_t at = 0; at < host.size(); at += step) {
+    const size_t count = std::min(step, host.size() - at);
+    ESTUARY_RETURN_IF_ERROR(Convert(working.as<char>() + at * DTypeSize(act()), act(), chunk.data(), DType::kF32,
+                                    int64_t(count), s()));
+    ESTUARY_RETURN_IF_ERROR(CopyToHost(host.data() + at, chunk.data(), count * sizeof(float), s()));
   }
   return Status::Ok();
 }
 
 Status LlamaEngine::DropFp32Master() {
-  Impl& m = *impl_;
+  Impl& m = impl();
   if (!m.frozen()) {
     return FailedPrecondition("cuda llama: only a frozen base (train_base false) can drop its fp32 master; a "
                               "trained one steps it");
@@ -375,11 +341,7 @@ Status LlamaEngine::DropFp32Master() {
   return Status::Ok();
 }
 
-bool LlamaEngine::has_fp32_master() const { return impl_->master(); }
-
-size_t LlamaEngine::parameter_bytes() const {
-  return impl_->params.size() + impl_->working.size() + impl_->norms.size();
-}
+bool LlamaEngine::has_fp32_master() const { return impl().master(); }
 
 Status LlamaEngine::Impl::WidenNorms() const {
   for (const NormSlot& n : norm_slots) {
@@ -392,15 +354,6 @@ Status LlamaEngine::Impl::WidenNorms() const {
 Result<DeviceBuffer> LlamaEngine::Impl::ConversionChunk() const {
   constexpr size_t kChunk = size_t(16) << 20;  // values: 64 MiB of fp32
   return DeviceBuffer::Allocate(std::min<size_t>(kChunk, manifest.total_elements) * sizeof(float));
-}
-
-Status LlamaEngine::CopyGradientsTo(std::span<float> host) {
-  if (impl_->frozen()) return FailedPrecondition("cuda llama: the base is frozen (train_base false): it has no gradients");
-  if (host.size() != impl_->manifest.total_elements) {
-    return InvalidArgument("cuda llama: room for {} gradients given, the model has {}", host.size(),
-                           impl_->manifest.total_elements);
-  }
-  return CopyToHost(host.data(), impl_->G(), host.size_bytes(), impl_->s());
 }
 
 // ---------------------------------------------------------------- training
@@ -592,15 +545,9 @@ Status LlamaEngine::ForwardBackwardAsync(const int32_t* tokens, const int32_t* t
 
 Status LlamaEngine::ForwardBackwardAsync(const int32_t* tokens, const int32_t* targets, int batch, int seq,
                                          const BackwardOptions& options) {
-  Impl& m = *impl_;
+  Impl& m = impl();
   if (!targets) return InvalidArgument("cuda llama: no target ids given");
-  if (options.accumulate) {
-    return InvalidArgument("cuda llama: gradient accumulation (BackwardOptions.accumulate) is not supported; "
-                           "every step overwrites the gradients");
-  }
-  if (!(options.grad_scale >= 0) || !std::isfinite(options.grad_scale)) {
-    return InvalidArgument("cuda llama: grad_scale {} must be finite and >= 0", options.grad_scale);
-  }
+  ESTUARY_RETURN_IF_ERROR(m.CheckBackwardOptions(options));
   if (options.hooks && m.frozen()) {
     return InvalidArgument("cuda llama: step hooks (DDP, ZeRO) over a frozen base are not supported: it has no "
                            "gradient buffer to reduce");
@@ -611,19 +558,13 @@ Status LlamaEngine::ForwardBackwardAsync(const int32_t* tokens, const int32_t* t
   return m.RunBackward(batch, seq, options);
 }
 
-Result<float> LlamaEngine::ReadLoss() {
-  float loss = 0;
-  ESTUARY_RETURN_IF_ERROR(CopyToHost(&loss, impl_->loss_d(), sizeof loss, impl_->s()));
-  return loss;
-}
-
 Result<float> LlamaEngine::ForwardBackward(const int32_t* tokens, const int32_t* targets, int batch, int seq) {
   ESTUARY_RETURN_IF_ERROR(ForwardBackwardAsync(tokens, targets, batch, seq));
   return ReadLoss();
 }
 
 Status LlamaEngine::Forward(const int32_t* tokens, int batch, int seq, float* logits) {
-  Impl& m = *impl_;
+  Impl& m = impl();
   ESTUARY_RETURN_IF_ERROR(m.CheckInput(tokens, nullptr, batch, seq));
   if (!logits) return InvalidArgument("cuda llama: no logits buffer given");
   ESTUARY_RETURN_IF_ERROR(m.Upload(tokens, nullptr, batch, seq));
@@ -631,38 +572,14 @@ Status LlamaEngine::Forward(const int32_t* tokens, int batch, int seq, float* lo
   return CopyToHost(logits, m.acts.logits, size_t(batch) * seq * m.config.vocab_size * sizeof(float), m.s());
 }
 
-template <typename Optimizer>
-Result<bool> LlamaEngine::StepWith(Optimizer& optimizer, double max_grad_norm) {
-  Impl& m = *impl_;
-  if (m.frozen()) {
-    return FailedPrecondition("cuda llama: the base is frozen (train_base false); step the adapters' optimizer instead");
-  }
-  const int64_t count = parameter_count();
-  if (optimizer.size() != count) {
-    return InvalidArgument("cuda llama: the optimizer holds state for {} parameters, the model has {}",
-                           optimizer.size(), count);
-  }
-  if (!(max_grad_norm >= 0) || !std::isfinite(max_grad_norm)) {
-    return InvalidArgument("cuda llama: max_grad_norm {} must be finite and >= 0 (0: no clipping)", max_grad_norm);
-  }
-  if (m.act() == DType::kF16) {
-    // GradScaler.step: unscale, check, and skip the update on inf/NaN. The flag
-    // read is this step's one host synchronisation.
-    ESTUARY_RETURN_IF_ERROR(UnscaleAndCheckFinite(m.G(), count, m.scaler.inv_scale(), m.found_inf_d(), m.s()));
-    ESTUARY_ASSIGN_OR_RETURN(const bool found_inf, ReadFoundInf(m.found_inf_d(), m.s()));
-    m.scaler.Update(found_inf);
-    if (found_inf) return false;
-  }
-  if (max_grad_norm > 0) {
-    ESTUARY_RETURN_IF_ERROR(ClipGradNorm(m.G(), count, max_grad_norm, m.norm_d(), m.Scratch(), m.s()));
-  }
-  WorkingCopy working;
-  if (m.low()) working = {m.working.data(), m.act()};
-  ESTUARY_RETURN_IF_ERROR(optimizer.Step(m.P(), m.G(), m.s(), working));
-  return true;
+Result<bool> LlamaEngine::Impl::UnscaleGradients() {
+  if (act() != DType::kF16) return true;
+  // GradScaler.step: unscale, check, and skip the update on inf/NaN. The flag
+  // read is this step's one host synchronisation.
+  ESTUARY_RETURN_IF_ERROR(UnscaleAndCheckFinite(G(), count(), scaler.inv_scale(), found_inf_d(), s()));
+  ESTUARY_ASSIGN_OR_RETURN(const bool found_inf, ReadFoundInf(found_inf_d(), s()));
+  scaler.Update(found_inf);
+  return !found_inf;
 }
-
-Result<bool> LlamaEngine::Step(AdamW& optimizer, double max_grad_norm) { return StepWith(optimizer, max_grad_norm); }
-Result<bool> LlamaEngine::Step(Sgd& optimizer, double max_grad_norm) { return StepWith(optimizer, max_grad_norm); }
 
 }  // namespace estuary::models::cuda
