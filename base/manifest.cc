@@ -28,6 +28,13 @@ uint64_t TensorSpec::numel() const {
   return n;
 }
 
+uint64_t Manifest::Append(std::string name, std::vector<int64_t> shape) {
+  TensorSpec spec{std::move(name), std::move(shape), DType::kF32, total_elements};
+  total_elements += spec.numel();
+  tensors.push_back(std::move(spec));
+  return tensors.back().offset;
+}
+
 uint64_t Manifest::byte_size() const {
   uint64_t bytes = 0;
   for (const auto& t : tensors) bytes += t.numel() * DTypeSize(t.dtype);

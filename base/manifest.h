@@ -35,6 +35,10 @@ struct Manifest {
   std::vector<TensorSpec> tensors;
   uint64_t total_elements = 0;
 
+  // Appends an fp32 tensor after the last one; returns its offset. How the
+  // models lay out their flat buffers, one tensor at a time.
+  uint64_t Append(std::string name, std::vector<int64_t> shape);
+
   uint64_t byte_size() const;  // sum over tensors of numel * dtype size
   const TensorSpec* Find(std::string_view name) const;
   Status Validate() const;

@@ -1,17 +1,15 @@
 #include "models/llama.h"
 
-#include <fmt/ranges.h>
+#include <fmt/format.h>
 
 #include <algorithm>
+#include <cassert>
 #include <climits>
 #include <cmath>
 #include <cstring>
-#include <fstream>
-#include <nlohmann/json.hpp>
 #include <numbers>
 #include <random>
 
-#include "models/checkpoint.h"
 #include "models/transformer_ops.h"
 
 namespace estuary::models {
@@ -51,29 +49,23 @@ LlamaLayout LayoutOf(const LlamaConfig& config) {
   const int64_t kv_rows = int64_t(config.num_kv_heads) * config.head_dim();
   LlamaLayout layout;
   Manifest& manifest = layout.manifest;
-  auto add = [&](std::string name, std::vector<int64_t> shape) {
-    TensorSpec spec{std::move(name), std::move(shape), DType::kF32, manifest.total_elements};
-    manifest.total_elements += spec.numel();
-    manifest.tensors.push_back(std::move(spec));
-    return manifest.tensors.back().offset;
-  };
-  layout.embed = add("model.embed_tokens.weight", {V, D});
+  layout.embed = manifest.Append("model.embed_tokens.weight", {V, D});
   for (int i = 0; i < config.num_layers; ++i) {
     const std::string p = fmt::format("model.layers.{}.", i);
     LlamaLayout::Layer o;
-    o.qkv = add(p + "self_attn.q_proj.weight", {q_rows, D});
-    add(p + "self_attn.k_proj.weight", {kv_rows, D});
-    add(p + "self_attn.v_proj.weight", {kv_rows, D});
-    o.o = add(p + "self_attn.o_proj.weight", {D, q_rows});
-    o.gate_up = add(p + "mlp.gate_proj.weight", {I, D});
-    add(p + "mlp.up_proj.weight", {I, D});
-    o.down = add(p + "mlp.down_proj.weight", {D, I});
-    o.input_norm = add(p + "input_layernorm.weight", {D});
-    o.post_norm = add(p + "post_attention_layernorm.weight", {D});
+    o.qkv = manifest.Append(p + "self_attn.q_proj.weight", {q_rows, D});
+    manifest.Append(p + "self_attn.k_proj.weight", {kv_rows, D});
+    manifest.Append(p + "self_attn.v_proj.weight", {kv_rows, D});
+    o.o = manifest.Append(p + "self_attn.o_proj.weight", {D, q_rows});
+    o.gate_up = manifest.Append(p + "mlp.gate_proj.weight", {I, D});
+    manifest.Append(p + "mlp.up_proj.weight", {I, D});
+    o.down = manifest.Append(p + "mlp.down_proj.weight", {D, I});
+    o.input_norm = manifest.Append(p + "input_layernorm.weight", {D});
+    o.post_norm = manifest.Append(p + "post_attention_layernorm.weight", {D});
     layout.layers.push_back(o);
   }
-  layout.final_norm = add("model.norm.weight", {D});
-  layout.lm_head = config.tie_embeddings ? layout.embed : add("lm_head.weight", {V, D});
+  layout.final_norm = manifest.Append("model.norm.weight", {D});
+  layout.lm_head = config.tie_embeddings ? layout.embed : manifest.Append("lm_head.weight", {V, D});
   layout.units.push_back({"model.embed_tokens", layout.embed, layout.embed + uint64_t(V * D)});
   for (size_t l = 0; l < layout.layers.size(); ++l) {
     const uint64_t end = l + 1 < layout.layers.size() ? layout.layers[l + 1].qkv : layout.final_norm;
@@ -192,12 +184,13 @@ size_t Llama::Carve(int batch, int seq, float* base) {
 
 // ---------------------------------------------------------------- training
 
-void Llama::Initialize(uint64_t seed) {
+void InitializeLlamaParameters(const Manifest& manifest, uint64_t seed, std::span<float> params) {
+  assert(params.size() == manifest.total_elements);
   std::mt19937_64 rng(seed);
   // 53 random bits -> a double in (0, 1), never 0, so the log below is finite.
   auto uniform = [&rng] { return (double(rng() >> 11) + 0.5) * 0x1.0p-53; };
-  for (const TensorSpec& t : manifest_.tensors) {
-    float* p = params_.data() + t.offset;
+  for (const TensorSpec& t : manifest.tensors) {
+    float* p = params.data() + t.offset;
     const uint64_t count = t.numel();
     if (t.shape.size() == 1) {
       std::fill(p, p + count, 1.0f);
@@ -211,6 +204,8 @@ void Llama::Initialize(uint64_t seed) {
     }
   }
 }
+
+void Llama::Initialize(uint64_t seed) { InitializeLlamaParameters(manifest_, seed, params_); }
 
 Status Llama::CheckInput(const int32_t* tokens, const int32_t* targets, int batch, int seq) const {
   if (batch < 1 || batch > max_batch_) {
@@ -349,166 +344,6 @@ Result<float> Llama::ForwardBackward(const int32_t* tokens, const int32_t* targe
   EmbeddingBackward(tokens, n, a.dresid, D, d_embed_);
   hooks.GradientsFinal(0);
   return loss;
-}
-
-// ---------------------------------------------------- Hugging Face checkpoints
-
-namespace fs = std::filesystem;
-
-Status SaveHfCheckpoint(const fs::path& dir, const Llama& model) {
-  std::error_code error;
-  fs::create_directories(dir, error);
-  if (error) return IoError("{}: cannot create the directory: {}", dir.string(), error.message());
-  // transformers refuses a safetensors file whose metadata lacks format "pt".
-  ESTUARY_RETURN_IF_ERROR(
-      SaveCheckpoint(dir / "model.safetensors", model.manifest(), model.parameters(), {{"format", "pt"}}));
-  const LlamaConfig& c = model.config();
-  nlohmann::ordered_json json = {
-      {"architectures", {"LlamaForCausalLM"}},
-      {"model_type", "llama"},
-      {"vocab_size", c.vocab_size},
-      {"hidden_size", c.hidden_size},
-      {"intermediate_size", c.intermediate_size},
-      {"num_hidden_layers", c.num_layers},
-      {"num_attention_heads", c.num_heads},
-      {"num_key_value_heads", c.num_kv_heads},
-      {"head_dim", c.head_dim()},
-      {"max_position_embeddings", c.max_seq_len},
-      {"rms_norm_eps", c.rms_norm_eps},
-      {"rope_theta", c.rope_theta},
-      {"rope_scaling", nullptr},
-      {"tie_word_embeddings", c.tie_embeddings},
-      {"hidden_act", "silu"},
-      {"attention_bias", false},
-      {"attention_dropout", 0.0},
-      {"mlp_bias", false},
-      {"initializer_range", 0.02},
-      {"torch_dtype", "float32"},
-  };
-  const std::string text = json.dump(2) + "\n";
-  return WriteFileAtomically(dir / "config.json", text);
-}
-
-namespace {
-
-// Reads config.json into a LlamaConfig, with Hugging Face LlamaConfig's
-// defaults for absent keys; rejects what this implementation does not do.
-Result<LlamaConfig> ReadHfConfig(const fs::path& path) {
-  std::ifstream in(path);
-  if (!in) return NotFound("{}: cannot open: {}", path.string(), std::strerror(errno));
-  const auto json = nlohmann::json::parse(in, nullptr, false);
-  if (json.is_discarded() || !json.is_object()) return InvalidArgument("{}: not a JSON object", path.string());
-
-  auto integer = [&](const char* key, int fallback, int* out) -> Status {
-    if (!json.contains(key) || json[key].is_null()) {
-      *out = fallback;
-      return Status::Ok();
-    }
-    const auto& v = json[key];
-    if (!v.is_number_integer() || v.get<int64_t>() <= 0 || v.get<int64_t>() > INT_MAX) {
-      return InvalidArgument("{}: '{}' is {}; expected a positive integer", path.string(), key, v.dump());
-    }
-    *out = v.get<int>();
-    return Status::Ok();
-  };
-  auto number = [&](const char* key, double fallback, double* out) -> Status {
-    if (!json.contains(key)) {
-      *out = fallback;
-      return Status::Ok();
-    }
-    if (!json[key].is_number()) {
-      return InvalidArgument("{}: '{}' is {}; expected a number", path.string(), key, json[key].dump());
-    }
-    *out = json[key].get<double>();
-    return Status::Ok();
-  };
-  // A key that, when present, must hold the one value this implementation supports.
-  auto only = [&](const char* key, const nlohmann::json& supported) -> Status {
-    if (json.contains(key) && json[key] != supported) {
-      return InvalidArgument("{}: '{}' is {}; only {} is supported", path.string(), key, json[key].dump(),
-                             supported.dump());
-    }
-    return Status::Ok();
-  };
-  ESTUARY_RETURN_IF_ERROR(only("model_type", "llama"));
-  ESTUARY_RETURN_IF_ERROR(only("hidden_act", "silu"));
-  ESTUARY_RETURN_IF_ERROR(only("attention_bias", false));
-  ESTUARY_RETURN_IF_ERROR(only("mlp_bias", false));
-  ESTUARY_RETURN_IF_ERROR(only("rope_scaling", nullptr));
-  if (json.contains("architectures")) {
-    const auto& arch = json["architectures"];
-    if (!arch.is_array() || std::find(arch.begin(), arch.end(), "LlamaForCausalLM") == arch.end()) {
-      return InvalidArgument("{}: 'architectures' is {}; expected it to list LlamaForCausalLM", path.string(),
-                             arch.dump());
-    }
-  }
-
-  LlamaConfig c;
-  ESTUARY_RETURN_IF_ERROR(integer("vocab_size", 32000, &c.vocab_size));
-  ESTUARY_RETURN_IF_ERROR(integer("hidden_size", 4096, &c.hidden_size));
-  ESTUARY_RETURN_IF_ERROR(integer("intermediate_size", 11008, &c.intermediate_size));
-  ESTUARY_RETURN_IF_ERROR(integer("num_hidden_layers", 32, &c.num_layers));
-  ESTUARY_RETURN_IF_ERROR(integer("num_attention_heads", 32, &c.num_heads));
-  ESTUARY_RETURN_IF_ERROR(integer("num_key_value_heads", c.num_heads, &c.num_kv_heads));
-  ESTUARY_RETURN_IF_ERROR(integer("max_position_embeddings", 2048, &c.max_seq_len));
-  ESTUARY_RETURN_IF_ERROR(number("rms_norm_eps", 1e-6, &c.rms_norm_eps));
-  ESTUARY_RETURN_IF_ERROR(number("rope_theta", 10000.0, &c.rope_theta));
-  // transformers 5 writes RoPE's settings as one object in place of rope_theta and rope_scaling.
-  if (json.contains("rope_parameters") && !json["rope_parameters"].is_null()) {
-    const auto& rope = json["rope_parameters"];
-    if (!rope.is_object() || rope.value("rope_type", std::string("default")) != "default") {
-      return InvalidArgument("{}: 'rope_parameters' is {}; only rope_type \"default\" is supported", path.string(),
-                             rope.dump());
-    }
-    if (rope.contains("rope_theta")) {
-      if (!rope["rope_theta"].is_number()) {
-        return InvalidArgument("{}: 'rope_parameters.rope_theta' is {}; expected a number", path.string(),
-                               rope["rope_theta"].dump());
-      }
-      c.rope_theta = rope["rope_theta"].get<double>();
-    }
-  }
-  if (json.contains("tie_word_embeddings")) {
-    if (!json["tie_word_embeddings"].is_boolean()) {
-      return InvalidArgument("{}: 'tie_word_embeddings' is {}; expected true or false", path.string(),
-                             json["tie_word_embeddings"].dump());
-    }
-    c.tie_embeddings = json["tie_word_embeddings"].get<bool>();
-  }
-  if (json.contains("head_dim") && !json["head_dim"].is_null() && json["head_dim"] != c.head_dim()) {
-    return InvalidArgument("{}: 'head_dim' is {}, but hidden_size / num_attention_heads is {}; only that is supported",
-                           path.string(), json["head_dim"].dump(), c.head_dim());
-  }
-  Status valid = c.Validate();
-  if (!valid.ok()) return InvalidArgument("{}: {}", path.string(), valid.message());
-  return c;
-}
-
-}  // namespace
-
-Result<Llama> LoadHfCheckpoint(const fs::path& dir, int max_batch) {
-  ESTUARY_ASSIGN_OR_RETURN(LlamaConfig config, ReadHfConfig(dir / "config.json"));
-  ESTUARY_ASSIGN_OR_RETURN(Llama model, Llama::Create(config, max_batch));
-  const fs::path file = dir / "model.safetensors";
-  ESTUARY_ASSIGN_OR_RETURN(Checkpoint checkpoint, LoadCheckpoint(file));  // checks every dtype is F32
-  for (const TensorSpec& want : model.manifest().tensors) {
-    const TensorSpec* got = checkpoint.manifest.Find(want.name);
-    if (!got) return InvalidArgument("{}: tensor '{}' is missing", file.string(), want.name);
-    if (got->shape != want.shape) {
-      return InvalidArgument("{}: tensor '{}' has shape [{}], but config.json implies [{}]", file.string(), want.name,
-                             fmt::join(got->shape, ", "), fmt::join(want.shape, ", "));
-    }
-    std::memcpy(model.parameters().data() + want.offset, checkpoint.data.data() + got->offset,
-                sizeof(float) * want.numel());
-  }
-  for (const TensorSpec& got : checkpoint.manifest.tensors) {
-    if (model.manifest().Find(got.name)) continue;
-    // Older transformers saved this non-trainable buffer; it is recomputed from rope_theta.
-    if (got.name.ends_with("self_attn.rotary_emb.inv_freq")) continue;
-    return InvalidArgument("{}: unexpected tensor '{}' (not part of this config's LlamaForCausalLM{})", file.string(),
-                           got.name, config.tie_embeddings ? ", whose embeddings are tied" : "");
-  }
-  return model;
 }
 
 }  // namespace estuary::models

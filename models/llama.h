@@ -81,6 +81,13 @@ struct LlamaLayout {
 };
 LlamaLayout LayoutOf(const LlamaConfig& config);
 
+// Hugging Face's init into a buffer of manifest.total_elements floats:
+// normal(0, 0.02) for every matrix (embedding, projections, LM head), ones for
+// the norms (the 1-D tensors); from one generator seeded with `seed`, with
+// explicit draws, so the same seed gives the same bits anywhere. Llama's and
+// the GPU engine's Initialize both call it: the twins start from the same bits.
+void InitializeLlamaParameters(const Manifest& manifest, uint64_t seed, std::span<float> params);
+
 class Llama {
  public:
   // A model with zero parameters (call Initialize or load weights) and an
@@ -104,9 +111,7 @@ class Llama {
   // of the largest step run so far are resident, see above).
   std::span<const float> activation_arena() const { return {arena_.data(), arena_.size()}; }
 
-  // Hugging Face's init: normal(0, 0.02) for every matrix (embedding,
-  // projections, LM head), ones for the norms; from one generator seeded with
-  // `seed`, with explicit draws, so the same seed gives the same bits anywhere.
+  // InitializeLlamaParameters into parameters().
   void Initialize(uint64_t seed);
 
   // tokens and targets are [batch, seq]. Overwrites gradients() (or adds, see

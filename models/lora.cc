@@ -1,19 +1,15 @@
 #include "models/lora.h"
 
 #include <cblas.h>
-#include <fmt/ranges.h>
+#include <fmt/format.h>
 
 #include <algorithm>
-#include <climits>
 #include <cmath>
 #include <cstring>
-#include <fstream>
-#include <nlohmann/json.hpp>
 #include <random>
 #include <set>
 
 #include "base/seed.h"
-#include "models/checkpoint.h"
 #include "models/flat_buffer.h"
 #include "models/precision.h"
 #include "models/transformer_ops.h"
@@ -109,12 +105,6 @@ LoraLayout LoraLayoutOf(const LlamaConfig& c, const LoraConfig& config) {
                                                  {D, I},      {D, I},       {I, D}};
   LoraLayout layout;
   Manifest& manifest = layout.manifest;
-  auto add = [&](std::string name, std::vector<int64_t> shape) {
-    TensorSpec spec{std::move(name), std::move(shape), DType::kF32, manifest.total_elements};
-    manifest.total_elements += spec.numel();
-    manifest.tensors.push_back(std::move(spec));
-    return manifest.tensors.back().offset;
-  };
   layout.layers.resize(c.num_layers);
   for (int l = 0; l < c.num_layers; ++l) {
     for (LoraModule m : kAllModules) {
@@ -130,8 +120,8 @@ LoraLayout LoraLayoutOf(const LlamaConfig& c, const LoraConfig& config) {
         if (!layout.units.empty()) layout.units.back().end = manifest.total_elements;
         layout.units.push_back({fmt::format("model.layers.{}", l), manifest.total_elements, 0});
       }
-      adapter.a = add(p + "lora_A.weight", {r, in});
-      adapter.b = add(p + "lora_B.weight", {out, r});
+      adapter.a = manifest.Append(p + "lora_A.weight", {r, in});
+      adapter.b = manifest.Append(p + "lora_B.weight", {out, r});
     }
   }
   if (!layout.units.empty()) layout.units.back().end = manifest.total_elements;
@@ -451,151 +441,6 @@ Result<Llama> LoraLlama::Merged(int max_batch) const {
     }
   }
   return merged;
-}
-
-// ------------------------------------------------------------ PEFT files
-
-namespace fs = std::filesystem;
-
-Status SaveLoraAdapter(const fs::path& dir, const LoraLlama& model) {
-  std::error_code error;
-  fs::create_directories(dir, error);
-  if (error) return IoError("{}: cannot create the directory: {}", dir.string(), error.message());
-  ESTUARY_RETURN_IF_ERROR(SaveCheckpoint(dir / "adapter_model.safetensors", model.manifest(), model.parameters(),
-                                         {{"format", "pt"}}));
-  const LoraConfig& c = model.lora_config();
-  // The keys PEFT's LoraConfig writes, with the values this implementation
-  // means (the rest take PEFT's defaults when read).
-  nlohmann::ordered_json json = {
-      {"peft_type", "LORA"},
-      {"task_type", "CAUSAL_LM"},
-      {"base_model_name_or_path", c.base_model_name_or_path},
-      {"r", c.rank},
-      {"lora_alpha", c.alpha},
-      {"lora_dropout", c.dropout},
-      {"target_modules", c.target_modules},
-      {"bias", "none"},
-      {"fan_in_fan_out", false},
-      {"use_rslora", false},
-      {"use_dora", false},
-      {"init_lora_weights", true},
-      {"inference_mode", true},
-      {"modules_to_save", nullptr},
-      {"layers_to_transform", nullptr},
-      {"layers_pattern", nullptr},
-      {"rank_pattern", nlohmann::json::object()},
-      {"alpha_pattern", nlohmann::json::object()},
-      {"revision", nullptr},
-  };
-  return WriteFileAtomically(dir / "adapter_config.json", json.dump(2) + "\n");
-}
-
-Result<LoraConfig> ReadLoraConfig(const fs::path& dir) {
-  const fs::path path = dir / "adapter_config.json";
-  std::ifstream in(path);
-  if (!in) return NotFound("{}: cannot open: {}", path.string(), std::strerror(errno));
-  const auto json = nlohmann::json::parse(in, nullptr, false);
-  if (json.is_discarded() || !json.is_object()) return InvalidArgument("{}: not a JSON object", path.string());
-  // A key that, when present, must hold the one value this implementation supports.
-  auto only = [&](const char* key, const nlohmann::json& supported) -> Status {
-    if (json.contains(key) && !json[key].is_null() && json[key] != supported) {
-      return InvalidArgument("{}: '{}' is {}; only {} is supported", path.string(), key, json[key].dump(),
-                             supported.dump());
-    }
-    return Status::Ok();
-  };
-  ESTUARY_RETURN_IF_ERROR(only("peft_type", "LORA"));
-  ESTUARY_RETURN_IF_ERROR(only("bias", "none"));
-  ESTUARY_RETURN_IF_ERROR(only("fan_in_fan_out", false));
-  ESTUARY_RETURN_IF_ERROR(only("use_rslora", false));
-  ESTUARY_RETURN_IF_ERROR(only("use_dora", false));
-  ESTUARY_RETURN_IF_ERROR(only("rank_pattern", nlohmann::json::object()));
-  ESTUARY_RETURN_IF_ERROR(only("alpha_pattern", nlohmann::json::object()));
-  ESTUARY_RETURN_IF_ERROR(only("layers_to_transform", nullptr));
-  ESTUARY_RETURN_IF_ERROR(only("modules_to_save", nullptr));
-  auto need = [&](const char* key) -> Status {
-    if (!json.contains(key)) return InvalidArgument("{}: '{}' is missing", path.string(), key);
-    return Status::Ok();
-  };
-  LoraConfig c;
-  ESTUARY_RETURN_IF_ERROR(need("r"));
-  if (!json["r"].is_number_integer() || json["r"].get<int64_t>() <= 0 || json["r"].get<int64_t>() > INT_MAX) {
-    return InvalidArgument("{}: 'r' is {}; expected a positive integer", path.string(), json["r"].dump());
-  }
-  c.rank = json["r"].get<int>();
-  ESTUARY_RETURN_IF_ERROR(need("lora_alpha"));
-  if (!json["lora_alpha"].is_number()) {
-    return InvalidArgument("{}: 'lora_alpha' is {}; expected a number", path.string(), json["lora_alpha"].dump());
-  }
-  c.alpha = json["lora_alpha"].get<float>();
-  if (json.contains("lora_dropout")) {
-    if (!json["lora_dropout"].is_number()) {
-      return InvalidArgument("{}: 'lora_dropout' is {}; expected a number", path.string(), json["lora_dropout"].dump());
-    }
-    c.dropout = json["lora_dropout"].get<float>();
-  }
-  ESTUARY_RETURN_IF_ERROR(need("target_modules"));
-  const auto& targets = json["target_modules"];
-  const auto is_string = [](const nlohmann::json& t) { return t.is_string(); };
-  if (!targets.is_array() || !std::all_of(targets.begin(), targets.end(), is_string)) {
-    return InvalidArgument("{}: 'target_modules' is {}; only a list of module names is supported", path.string(),
-                           targets.dump());
-  }
-  c.target_modules = targets.get<std::vector<std::string>>();
-  if (json.contains("base_model_name_or_path") && json["base_model_name_or_path"].is_string()) {
-    c.base_model_name_or_path = json["base_model_name_or_path"].get<std::string>();
-  }
-  Status valid = c.Validate();
-  if (!valid.ok()) return InvalidArgument("{}: {}", path.string(), valid.message());
-  return c;
-}
-
-Status LoadLoraAdapter(const fs::path& dir, LoraLlama& model) {
-  ESTUARY_ASSIGN_OR_RETURN(LoraConfig config, ReadLoraConfig(dir));
-  const fs::path config_path = dir / "adapter_config.json";
-  const LoraConfig& want_config = model.lora_config();
-  if (config.rank != want_config.rank) {
-    return InvalidArgument("{}: 'r' is {}, but the model's adapters have rank {}", config_path.string(), config.rank,
-                           want_config.rank);
-  }
-  if (config.alpha != want_config.alpha) {
-    return InvalidArgument("{}: 'lora_alpha' is {}, but the model's is {}", config_path.string(), config.alpha,
-                           want_config.alpha);
-  }
-  for (LoraModule m : kAllModules) {
-    if (config.Targets(m) != want_config.Targets(m)) {
-      return InvalidArgument("{}: 'target_modules' is [{}], but the model adapts [{}] ({} differs)",
-                             config_path.string(), fmt::join(config.target_modules, ", "),
-                             fmt::join(want_config.target_modules, ", "), LoraModuleName(m));
-    }
-  }
-  const fs::path file = dir / "adapter_model.safetensors";
-  ESTUARY_ASSIGN_OR_RETURN(Checkpoint checkpoint, LoadCheckpoint(file));  // checks every dtype is F32
-  // Check everything before copying anything: a bad file leaves the model as it was.
-  for (const TensorSpec& want : model.manifest().tensors) {
-    const TensorSpec* got = checkpoint.manifest.Find(want.name);
-    if (!got) return InvalidArgument("{}: tensor '{}' is missing", file.string(), want.name);
-    if (got->shape != want.shape) {
-      return InvalidArgument("{}: tensor '{}' has shape [{}], but adapter_config.json and the base imply [{}]",
-                             file.string(), want.name, fmt::join(got->shape, ", "), fmt::join(want.shape, ", "));
-    }
-  }
-  for (const TensorSpec& got : checkpoint.manifest.tensors) {
-    if (!model.manifest().Find(got.name)) {
-      return InvalidArgument("{}: unexpected tensor '{}' (not an adapter of this model)", file.string(), got.name);
-    }
-  }
-  for (const TensorSpec& want : model.manifest().tensors) {
-    const TensorSpec* got = checkpoint.manifest.Find(want.name);
-    std::memcpy(model.parameters().data() + want.offset, checkpoint.data.data() + got->offset,
-                sizeof(float) * want.numel());
-  }
-  return Status::Ok();
-}
-
-Status SaveMergedHfCheckpoint(const fs::path& dir, const LoraLlama& model) {
-  ESTUARY_ASSIGN_OR_RETURN(Llama merged, model.Merged(1));
-  return SaveHfCheckpoint(dir, merged);
 }
 
 }  // namespace estuary::models

@@ -81,11 +81,8 @@ class FlatModel : public Model {
  protected:
   // Registers a tensor; fan_in sets its init bound 1/sqrt(fan_in).
   uint64_t Add(const std::string& name, std::vector<int64_t> shape, int64_t fan_in) {
-    TensorSpec spec{name, std::move(shape), DType::kF32, manifest_.total_elements};
-    manifest_.total_elements += spec.numel();
-    manifest_.tensors.push_back(std::move(spec));
     fan_in_.push_back(fan_in);
-    return manifest_.tensors.back().offset;
+    return manifest_.Append(name, std::move(shape));
   }
   // Closes a unit: the tensors registered since offset `begin`.
   void AddUnit(std::string name, uint64_t begin) {
@@ -108,6 +105,22 @@ class FlatModel : public Model {
   // Forward, mean cross-entropy and backward in `mode`; returns the loss.
   virtual float Step(const float* x, const int32_t* y, int n, const BackwardMode& mode) = 0;
 
+  // Unit `unit`'s layer forward, between the hooks' BeforeUnit and AfterUnit.
+  template <typename Layer, typename... Args>
+  static void UnitForward(StepHooks& hooks, int unit, const Layer& layer, Args... args) {
+    hooks.BeforeUnit(unit, Pass::kForward);
+    layer.Forward(args...);
+    hooks.AfterUnit(unit, Pass::kForward);
+  }
+  // The same for its backward in `mode`, after which the unit's gradients are final.
+  template <typename Layer, typename... Args>
+  void UnitBackward(int unit, const Layer& layer, const BackwardMode& mode, Args... args) {
+    mode.hooks->BeforeUnit(unit, Pass::kBackward);
+    LayerBackward(layer, mode, args...);
+    mode.hooks->AfterUnit(unit, Pass::kBackward);
+    mode.hooks->GradientsFinal(units_[unit].begin);
+  }
+
   // Grows the activation arena to hold `floats`; never shrinks.
   float* Arena(size_t floats) {
     if (arena_.size() < floats) arena_.resize(floats);
@@ -121,8 +134,31 @@ class FlatModel : public Model {
   std::vector<float> arena_;
 };
 
+// The entry points of a model whose Net lays out its activations for a batch
+// (Layout(n), with logits and dlogits) and runs its passes over them
+// (RunForward, RunBackward): the same forward, loss and backward for both.
+template <typename Net>
+class LayeredModel : public FlatModel {
+ private:
+  const float* ForwardToArena(const float* x, int n) final {
+    auto a = net().Layout(n);
+    net().RunForward(a, x, n, StepHooks::None());
+    return a.logits;
+  }
+
+  float Step(const float* x, const int32_t* y, int n, const BackwardMode& mode) final {
+    auto a = net().Layout(n);
+    net().RunForward(a, x, n, *mode.hooks);
+    const float loss = SoftmaxCrossEntropy(a.logits, y, n, 10, a.dlogits, nullptr, mode.grad_scale);
+    net().RunBackward(a, x, n, mode);
+    return loss;
+  }
+
+  Net& net() { return static_cast<Net&>(*this); }
+};
+
 // McMahan et al.'s "2NN": 784-200-200-10 with ReLU.
-class Mlp final : public FlatModel {
+class Mlp final : public LayeredModel<Mlp> {
  public:
   Mlp() {
     const uint64_t w1 = Add("fc1.weight", {200, 784}, 784), b1 = Add("fc1.bias", {200}, 784);
@@ -142,11 +178,7 @@ class Mlp final : public FlatModel {
   std::string_view name() const override { return "mlp"; }
 
  private:
-  const float* ForwardToArena(const float* x, int n) override {
-    Activations a = Layout(n);
-    RunForward(a, x, n, StepHooks::None());
-    return a.logits;
-  }
+  friend class LayeredModel<Mlp>;
 
   struct Activations {
     float *h1, *h2, *logits, *dlogits, *dh2, *dh1;
@@ -160,46 +192,30 @@ class Mlp final : public FlatModel {
   }
 
   // Units: 0 fc1, 1 fc2, 2 fc3.
-  float Step(const float* x, const int32_t* y, int n, const BackwardMode& mode) override {
-    StepHooks& hooks = *mode.hooks;
-    Activations a = Layout(n);
-    RunForward(a, x, n, hooks);
-    const float loss = SoftmaxCrossEntropy(a.logits, y, n, 10, a.dlogits, nullptr, mode.grad_scale);
-    hooks.BeforeUnit(2, Pass::kBackward);
-    LayerBackward(fc3_, mode, a.h2, a.dlogits, n, a.dh2);
-    hooks.AfterUnit(2, Pass::kBackward);
-    hooks.GradientsFinal(units_[2].begin);
+  void RunForward(Activations& a, const float* x, int n, StepHooks& hooks) {
+    UnitForward(hooks, 0, fc1_, x, n, a.h1);
+    ReluForward(a.h1, int64_t(n) * 200);
+    UnitForward(hooks, 1, fc2_, a.h1, n, a.h2);
+    ReluForward(a.h2, int64_t(n) * 200);
+    UnitForward(hooks, 2, fc3_, a.h2, n, a.logits);
+  }
+
+  // From the loss's gradient in a.dlogits.
+  void RunBackward(Activations& a, const float* x, int n, const BackwardMode& mode) {
+    UnitBackward(2, fc3_, mode, a.h2, a.dlogits, n, a.dh2);
     ReluBackward(a.h2, a.dh2, int64_t(n) * 200);
-    hooks.BeforeUnit(1, Pass::kBackward);
-    LayerBackward(fc2_, mode, a.h1, a.dh2, n, a.dh1);
-    hooks.AfterUnit(1, Pass::kBackward);
-    hooks.GradientsFinal(units_[1].begin);
+    UnitBackward(1, fc2_, mode, a.h1, a.dh2, n, a.dh1);
     ReluBackward(a.h1, a.dh1, int64_t(n) * 200);
     // No dx for the first layer, so its weights are not read: no unit.
     LayerBackward(fc1_, mode, x, a.dh1, n, static_cast<float*>(nullptr));
-    hooks.GradientsFinal(0);
-    return loss;
-  }
-
-  void RunForward(Activations& a, const float* x, int n, StepHooks& hooks) {
-    hooks.BeforeUnit(0, Pass::kForward);
-    fc1_.Forward(x, n, a.h1);
-    hooks.AfterUnit(0, Pass::kForward);
-    ReluForward(a.h1, int64_t(n) * 200);
-    hooks.BeforeUnit(1, Pass::kForward);
-    fc2_.Forward(a.h1, n, a.h2);
-    hooks.AfterUnit(1, Pass::kForward);
-    ReluForward(a.h2, int64_t(n) * 200);
-    hooks.BeforeUnit(2, Pass::kForward);
-    fc3_.Forward(a.h2, n, a.logits);
-    hooks.AfterUnit(2, Pass::kForward);
+    mode.hooks->GradientsFinal(0);
   }
 
   Linear fc1_, fc2_, fc3_;
 };
 
 // McMahan et al.'s CNN: conv5x5(32) -> pool -> conv5x5(64) -> pool -> fc512 -> fc10.
-class Cnn final : public FlatModel {
+class Cnn final : public LayeredModel<Cnn> {
  public:
   Cnn() {
     const uint64_t cw1 = Add("conv1.weight", {32, 1, 5, 5}, 25), cb1 = Add("conv1.bias", {32}, 25);
@@ -225,11 +241,7 @@ class Cnn final : public FlatModel {
   std::string_view name() const override { return "cnn"; }
 
  private:
-  const float* ForwardToArena(const float* x, int n) override {
-    Activations a = Layout(n);
-    RunForward(a, x, n, StepHooks::None());
-    return a.logits;
-  }
+  friend class LayeredModel<Cnn>;
 
   struct Activations {
     float *cols1, *c1, *p1, *cols2, *c2, *p2, *f1, *logits;
@@ -259,52 +271,31 @@ class Cnn final : public FlatModel {
   }
 
   // Units: 0 conv1, 1 conv2, 2 fc1, 3 fc2.
-  float Step(const float* x, const int32_t* y, int n, const BackwardMode& mode) override {
-    StepHooks& hooks = *mode.hooks;
-    Activations a = Layout(n);
-    RunForward(a, x, n, hooks);
-    const float loss = SoftmaxCrossEntropy(a.logits, y, n, 10, a.dlogits, nullptr, mode.grad_scale);
-    hooks.BeforeUnit(3, Pass::kBackward);
-    LayerBackward(fc2_, mode, a.f1, a.dlogits, n, a.df1);
-    hooks.AfterUnit(3, Pass::kBackward);
-    hooks.GradientsFinal(units_[3].begin);
+  void RunForward(Activations& a, const float* x, int n, StepHooks& hooks) {
+    UnitForward(hooks, 0, conv1_, x, n, a.cols1, a.c1);
+    ReluForward(a.c1, int64_t(n) * 32 * 784);
+    pool1_.Forward(a.c1, n, a.p1, a.arg1);
+    UnitForward(hooks, 1, conv2_, a.p1, n, a.cols2, a.c2);
+    ReluForward(a.c2, int64_t(n) * 64 * 196);
+    pool2_.Forward(a.c2, n, a.p2, a.arg2);  // [n, 64, 7, 7] is already PyTorch's flatten order
+    UnitForward(hooks, 2, fc1_, a.p2, n, a.f1);
+    ReluForward(a.f1, int64_t(n) * 512);
+    UnitForward(hooks, 3, fc2_, a.f1, n, a.logits);
+  }
+
+  // From the loss's gradient in a.dlogits (conv1's backward reads its columns, not x).
+  void RunBackward(Activations& a, const float* /*x*/, int n, const BackwardMode& mode) {
+    UnitBackward(3, fc2_, mode, a.f1, a.dlogits, n, a.df1);
     ReluBackward(a.f1, a.df1, int64_t(n) * 512);
-    hooks.BeforeUnit(2, Pass::kBackward);
-    LayerBackward(fc1_, mode, a.p2, a.df1, n, a.dp2);
-    hooks.AfterUnit(2, Pass::kBackward);
-    hooks.GradientsFinal(units_[2].begin);
+    UnitBackward(2, fc1_, mode, a.p2, a.df1, n, a.dp2);
     pool2_.Backward(a.dp2, a.arg2, n, a.dc2);
     ReluBackward(a.c2, a.dc2, int64_t(n) * 64 * 196);
-    hooks.BeforeUnit(1, Pass::kBackward);
-    LayerBackward(conv2_, mode, a.cols2, a.dc2, n, a.dcol, a.dp1);
-    hooks.AfterUnit(1, Pass::kBackward);
-    hooks.GradientsFinal(units_[1].begin);
+    UnitBackward(1, conv2_, mode, a.cols2, a.dc2, n, a.dcol, a.dp1);
     pool1_.Backward(a.dp1, a.arg1, n, a.dc1);
     ReluBackward(a.c1, a.dc1, int64_t(n) * 32 * 784);
     // No dx for the first layer, so its weights are not read: no unit.
     LayerBackward(conv1_, mode, a.cols1, a.dc1, n, a.dcol, static_cast<float*>(nullptr));
-    hooks.GradientsFinal(0);
-    return loss;
-  }
-
-  void RunForward(Activations& a, const float* x, int n, StepHooks& hooks) {
-    hooks.BeforeUnit(0, Pass::kForward);
-    conv1_.Forward(x, n, a.cols1, a.c1);
-    hooks.AfterUnit(0, Pass::kForward);
-    ReluForward(a.c1, int64_t(n) * 32 * 784);
-    pool1_.Forward(a.c1, n, a.p1, a.arg1);
-    hooks.BeforeUnit(1, Pass::kForward);
-    conv2_.Forward(a.p1, n, a.cols2, a.c2);
-    hooks.AfterUnit(1, Pass::kForward);
-    ReluForward(a.c2, int64_t(n) * 64 * 196);
-    pool2_.Forward(a.c2, n, a.p2, a.arg2);  // [n, 64, 7, 7] is already PyTorch's flatten order
-    hooks.BeforeUnit(2, Pass::kForward);
-    fc1_.Forward(a.p2, n, a.f1);
-    hooks.AfterUnit(2, Pass::kForward);
-    ReluForward(a.f1, int64_t(n) * 512);
-    hooks.BeforeUnit(3, Pass::kForward);
-    fc2_.Forward(a.f1, n, a.logits);
-    hooks.AfterUnit(3, Pass::kForward);
+    mode.hooks->GradientsFinal(0);
   }
 
   Conv2d conv1_, conv2_;

@@ -54,21 +54,20 @@ float F16ToFloat(uint16_t bits) {
   return sign ? -magnitude : magnitude;
 }
 
-void FloatToBf16(std::span<const float> src, std::span<uint16_t> dst) {
+namespace {
+
+// dst[i] = convert(src[i]), the spans of one size.
+template <typename From, typename To>
+void ConvertEach(std::span<const From> src, std::span<To> dst, To (*convert)(From)) {
   assert(src.size() == dst.size());
-  for (size_t i = 0; i < src.size(); ++i) dst[i] = FloatToBf16(src[i]);
+  for (size_t i = 0; i < src.size(); ++i) dst[i] = convert(src[i]);
 }
-void Bf16ToFloat(std::span<const uint16_t> src, std::span<float> dst) {
-  assert(src.size() == dst.size());
-  for (size_t i = 0; i < src.size(); ++i) dst[i] = Bf16ToFloat(src[i]);
-}
-void FloatToF16(std::span<const float> src, std::span<uint16_t> dst) {
-  assert(src.size() == dst.size());
-  for (size_t i = 0; i < src.size(); ++i) dst[i] = FloatToF16(src[i]);
-}
-void F16ToFloat(std::span<const uint16_t> src, std::span<float> dst) {
-  assert(src.size() == dst.size());
-  for (size_t i = 0; i < src.size(); ++i) dst[i] = F16ToFloat(src[i]);
-}
+
+}  // namespace
+
+void FloatToBf16(std::span<const float> src, std::span<uint16_t> dst) { ConvertEach(src, dst, FloatToBf16); }
+void Bf16ToFloat(std::span<const uint16_t> src, std::span<float> dst) { ConvertEach(src, dst, Bf16ToFloat); }
+void FloatToF16(std::span<const float> src, std::span<uint16_t> dst) { ConvertEach(src, dst, FloatToF16); }
+void F16ToFloat(std::span<const uint16_t> src, std::span<float> dst) { ConvertEach(src, dst, F16ToFloat); }
 
 }  // namespace estuary::models

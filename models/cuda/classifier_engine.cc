@@ -1,5 +1,7 @@
 #include "models/cuda/classifier_engine.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -11,6 +13,7 @@
 #include "models/cuda/check.h"
 #include "models/cuda/classifier_kernels.h"
 #include "models/cuda/device.h"
+#include "models/cuda/engine_state.h"
 #include "models/cuda/layers.h"
 #include "models/cuda/precision.h"
 
@@ -63,41 +66,38 @@ struct Activations {
 
 }  // namespace
 
-struct ClassifierEngine::Impl {
+// The flat buffers, the stream and the manifest are the EngineState's; the
+// stream, a base class member, outlives blas.
+struct ClassifierEngine::Impl final : EngineState {
   std::string name;
   bool cnn = false;
   ClassifierEngineOptions options;
   int max_batch = 0;
-  Manifest manifest;
   ConvLayer conv1, conv2;            // cnn only
   LinearLayer fc1, fc2, fc3;         // mlp: all three; cnn: fc1, fc2
 
-  // Declared before blas: destroyed after it.
-  Stream stream;
   Blas blas;
-  DeviceBuffer params, grads, working, misc, activation_buffer;
+  DeviceBuffer misc, activation_buffer;
   Arena scratch;  // the cross-entropy's per-row scratch, reset before each use
   PinnedBuffer staging;  // x [max_batch, 784] floats, then y [max_batch] ints
   Event staging_free;    // recorded after the staging buffer's upload
   bool staging_used = false;
   Activations acts;
 
-  bool low() const { return options.precision != DType::kF32; }
-  DType act() const { return options.precision; }
-  cudaStream_t s() const { return options.stream ? options.stream : stream.get(); }
-  float* P() const { return params.as<float>(); }
-  float* G() const { return grads.as<float>(); }
   float* loss_d() const { return misc.as<float>(); }
   int64_t* correct_d() const { return reinterpret_cast<int64_t*>(misc.as<char>() + 256); }
-  // What the GEMMs read: the master weights under f32, else the working copy.
-  const void* W(uint64_t offset) const {
-    return low() ? static_cast<const void*>(working.as<char>() + offset * DTypeSize(act()))
-                 : static_cast<const void*>(P() + offset);
-  }
   // A GEMM input: the fp32 activation itself, or its bf16 copy.
   const void* In(const float* f32, const void* lo) const { return low() ? lo : static_cast<const void*>(f32); }
   GemmTypes ToF32() const { return {act(), DType::kF32, options.allow_tf32 && !low()}; }
   size_t staging_y_offset() const { return size_t(max_batch) * kInput * sizeof(float); }
+
+  // cudaMemcpyAsync from pageable memory may return before the device has
+  // read it; waiting keeps the caller free to reuse `host` at once.
+  Status UploadParameters(std::span<const float> host) override {
+    ESTUARY_RETURN_IF_ERROR(EngineState::UploadParameters(host));
+    ESTUARY_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s()));
+    return Status::Ok();
+  }
 
   void BuildManifest();
   size_t Carve(int n, char* base);
@@ -116,22 +116,16 @@ struct ClassifierEngine::Impl {
 // The layout of models::MakeModel(name) (model.cc), tensor for tensor; the
 // engine's tests compare the two manifests.
 void ClassifierEngine::Impl::BuildManifest() {
-  auto add = [&](std::string tensor, std::vector<int64_t> shape) {
-    TensorSpec spec{std::move(tensor), std::move(shape), DType::kF32, manifest.total_elements};
-    manifest.total_elements += spec.numel();
-    manifest.tensors.push_back(std::move(spec));
-    return manifest.tensors.back().offset;
-  };
   auto linear = [&](const std::string& prefix, int in, int out) {
     LinearLayer l{in, out};
-    l.w = add(prefix + ".weight", {out, in});
-    l.b = add(prefix + ".bias", {out});
+    l.w = manifest.Append(prefix + ".weight", {out, in});
+    l.b = manifest.Append(prefix + ".bias", {out});
     return l;
   };
   auto conv = [&](const std::string& prefix, int in, int out, int side) {
     ConvLayer c{in, out, side, side};
-    c.w = add(prefix + ".weight", {out, in, ConvLayer::kKernel, ConvLayer::kKernel});
-    c.b = add(prefix + ".bias", {out});
+    c.w = manifest.Append(prefix + ".weight", {out, in, ConvLayer::kKernel, ConvLayer::kKernel});
+    c.b = manifest.Append(prefix + ".bias", {out});
     return c;
   };
   if (cnn) {
@@ -143,6 +137,16 @@ void ClassifierEngine::Impl::BuildManifest() {
     fc1 = linear("fc1", kInput, 200);
     fc2 = linear("fc2", 200, 200);
     fc3 = linear("fc3", 200, kClasses);
+  }
+  // models::MakeModel(name)'s units (models/step_hooks.h): one per layer.
+  auto unit = [&](const char* layer, uint64_t begin) {
+    if (!units.empty()) units.back().end = begin;
+    units.push_back({layer, begin, manifest.total_elements});
+  };
+  if (cnn) {
+    unit("conv1", conv1.w), unit("conv2", conv2.w), unit("fc1", fc1.w), unit("fc2", fc2.w);
+  } else {
+    unit("fc1", fc1.w), unit("fc2", fc2.w), unit("fc3", fc3.w);
   }
 }
 
@@ -215,24 +219,16 @@ Result<ClassifierEngine> ClassifierEngine::Create(std::string_view model, int ma
   auto impl = std::make_unique<Impl>();
   Impl& m = *impl;
   m.name = std::string(model);
+  m.who = fmt::format("cuda classifier {}", model);
   m.cnn = model == "cnn";
   m.options = options;
+  m.precision = options.precision;
   m.max_batch = max_batch;
   m.BuildManifest();
-  const int64_t count = int64_t(m.manifest.total_elements);
 
-  if (!options.stream) {
-    ESTUARY_ASSIGN_OR_RETURN(m.stream, Stream::Create());
-  }
+  ESTUARY_RETURN_IF_ERROR(m.UseStream(options.stream));
   ESTUARY_ASSIGN_OR_RETURN(m.blas, Blas::Create(m.s()));
-  ESTUARY_ASSIGN_OR_RETURN(m.params, DeviceBuffer::Allocate(size_t(count) * sizeof(float)));
-  ESTUARY_ASSIGN_OR_RETURN(m.grads, DeviceBuffer::Allocate(size_t(count) * sizeof(float)));
-  ESTUARY_RETURN_IF_ERROR(FillBytes(m.params.data(), 0, m.params.size(), m.s()));
-  ESTUARY_RETURN_IF_ERROR(FillBytes(m.grads.data(), 0, m.grads.size(), m.s()));
-  if (m.low()) {
-    ESTUARY_ASSIGN_OR_RETURN(m.working, DeviceBuffer::Allocate(size_t(count) * DTypeSize(options.precision)));
-    ESTUARY_RETURN_IF_ERROR(FillBytes(m.working.data(), 0, m.working.size(), m.s()));
-  }
+  ESTUARY_RETURN_IF_ERROR(m.AllocateFlat(/*with_gradients=*/true));
   ESTUARY_ASSIGN_OR_RETURN(m.misc, DeviceBuffer::Allocate(512));  // the loss; the correct count at +256
   ESTUARY_RETURN_IF_ERROR(FillBytes(m.misc.data(), 0, m.misc.size(), m.s()));
   ESTUARY_ASSIGN_OR_RETURN(m.staging,
@@ -243,90 +239,30 @@ Result<ClassifierEngine> ClassifierEngine::Create(std::string_view model, int ma
   // The cross-entropy takes a float and an int per row, each rounded up to
   // the arena's 256-byte alignment.
   ESTUARY_ASSIGN_OR_RETURN(m.scratch, Arena::Create(2 * (size_t(max_batch) * 4 + Arena::kAlignment)));
+  m.loss = m.loss_d();
   // Surfaces any error from the setup above here.
   ESTUARY_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(m.s()));
   return ClassifierEngine(std::move(impl));
 }
 
-ClassifierEngine::ClassifierEngine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
-ClassifierEngine::ClassifierEngine(ClassifierEngine&&) noexcept = default;
-ClassifierEngine& ClassifierEngine::operator=(ClassifierEngine&&) noexcept = default;
-ClassifierEngine::~ClassifierEngine() = default;
+ClassifierEngine::ClassifierEngine(std::unique_ptr<Impl> impl) : Engine(std::move(impl)) {}
+ClassifierEngine::Impl& ClassifierEngine::impl() const { return static_cast<Impl&>(state()); }
 
-std::string_view ClassifierEngine::name() const { return impl_->name; }
-const Manifest& ClassifierEngine::manifest() const { return impl_->manifest; }
-int64_t ClassifierEngine::parameter_count() const { return int64_t(impl_->manifest.total_elements); }
-int ClassifierEngine::max_batch() const { return impl_->max_batch; }
-DType ClassifierEngine::precision() const { return impl_->options.precision; }
-cudaStream_t ClassifierEngine::stream() const { return impl_->s(); }
-size_t ClassifierEngine::activation_bytes() const { return impl_->activation_buffer.size(); }
-float* ClassifierEngine::parameters() { return impl_->P(); }
-float* ClassifierEngine::gradients() { return impl_->G(); }
-const void* ClassifierEngine::working_parameters() const { return impl_->low() ? impl_->working.data() : nullptr; }
-
-std::vector<ParameterUnit> ClassifierEngine::units() const {
-  const Impl& m = *impl_;
-  std::vector<ParameterUnit> units;
-  auto unit = [&](const char* name, uint64_t begin) {
-    if (!units.empty()) units.back().end = begin;
-    units.push_back({name, begin, m.manifest.total_elements});
-  };
-  if (m.cnn) {
-    unit("conv1", m.conv1.w), unit("conv2", m.conv2.w), unit("fc1", m.fc1.w), unit("fc2", m.fc2.w);
-  } else {
-    unit("fc1", m.fc1.w), unit("fc2", m.fc2.w), unit("fc3", m.fc3.w);
-  }
-  return units;
-}
+std::string_view ClassifierEngine::name() const { return impl().name; }
+int ClassifierEngine::max_batch() const { return impl().max_batch; }
+size_t ClassifierEngine::activation_bytes() const { return impl().activation_buffer.size(); }
 
 // ------------------------------------------------------------- parameters
 
 Status ClassifierEngine::Initialize(uint64_t seed) {
+  const Impl& m = impl();
   // The CPU model draws them: one implementation of the init, the same bits.
-  ESTUARY_ASSIGN_OR_RETURN(std::unique_ptr<Model> cpu, MakeModel(impl_->name));
-  if (!(cpu->manifest() == impl_->manifest)) {
-    return Internal("cuda classifier: the engine's '{}' manifest differs from models::MakeModel's", impl_->name);
+  ESTUARY_ASSIGN_OR_RETURN(std::unique_ptr<Model> cpu, MakeModel(m.name));
+  if (!(cpu->manifest() == m.manifest)) {
+    return Internal("cuda classifier: the engine's '{}' manifest differs from models::MakeModel's", m.name);
   }
   cpu->Initialize(seed);
   return CopyParametersFrom(cpu->parameters());
-}
-
-Status ClassifierEngine::CopyParametersFrom(std::span<const float> host) {
-  Impl& m = *impl_;
-  if (host.size() != m.manifest.total_elements) {
-    return InvalidArgument("cuda classifier {}: {} parameters given, the model has {}", m.name, host.size(),
-                           m.manifest.total_elements);
-  }
-  ESTUARY_RETURN_IF_ERROR(CopyToDevice(m.P(), host.data(), host.size_bytes(), m.s()));
-  if (m.low()) {
-    ESTUARY_RETURN_IF_ERROR(Convert(m.P(), DType::kF32, m.working.data(), m.act(), parameter_count(), m.s()));
-  }
-  // cudaMemcpyAsync from pageable memory may return before the device has
-  // read it; waiting keeps the caller free to reuse `host` at once.
-  ESTUARY_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(m.s()));
-  return Status::Ok();
-}
-
-Status ClassifierEngine::RefreshWorkingCopy() {
-  Impl& m = *impl_;
-  if (!m.low()) return Status::Ok();
-  return Convert(m.P(), DType::kF32, m.working.data(), m.act(), parameter_count(), m.s());
-}
-
-Status ClassifierEngine::CopyParametersTo(std::span<float> host) {
-  if (host.size() != impl_->manifest.total_elements) {
-    return InvalidArgument("cuda classifier {}: room for {} parameters given, the model has {}", impl_->name,
-                           host.size(), impl_->manifest.total_elements);
-  }
-  return CopyToHost(host.data(), impl_->P(), host.size_bytes(), impl_->s());
-}
-
-Status ClassifierEngine::CopyGradientsTo(std::span<float> host) {
-  if (host.size() != impl_->manifest.total_elements) {
-    return InvalidArgument("cuda classifier {}: room for {} gradients given, the model has {}", impl_->name,
-                           host.size(), impl_->manifest.total_elements);
-  }
-  return CopyToHost(host.data(), impl_->G(), host.size_bytes(), impl_->s());
 }
 
 // ------------------------------------------------------------------ layers
@@ -485,26 +421,13 @@ Status ClassifierEngine::ForwardBackwardAsync(const float* x, const int32_t* y, 
 
 Status ClassifierEngine::ForwardBackwardAsync(const float* x, const int32_t* y, int n,
                                               const BackwardOptions& options) {
-  Impl& m = *impl_;
+  Impl& m = impl();
   if (!y) return InvalidArgument("cuda classifier {}: no labels given (y is null)", m.name);
-  if (options.accumulate) {
-    return InvalidArgument("cuda classifier {}: gradient accumulation (BackwardOptions.accumulate) is not supported; "
-                           "every step overwrites the gradients",
-                           m.name);
-  }
-  if (!(options.grad_scale >= 0) || !std::isfinite(options.grad_scale)) {
-    return InvalidArgument("cuda classifier {}: grad_scale {} must be finite and >= 0", m.name, options.grad_scale);
-  }
+  ESTUARY_RETURN_IF_ERROR(m.CheckBackwardOptions(options));
   ESTUARY_RETURN_IF_ERROR(m.CheckInput(x, y, n, true));
   ESTUARY_RETURN_IF_ERROR(m.Upload(x, y, n));
   ESTUARY_RETURN_IF_ERROR(m.RunForward(n));
   return m.RunBackward(n, options);
-}
-
-Result<float> ClassifierEngine::ReadLoss() {
-  float loss = 0;
-  ESTUARY_RETURN_IF_ERROR(CopyToHost(&loss, impl_->loss_d(), sizeof loss, impl_->s()));
-  return loss;
 }
 
 Result<float> ClassifierEngine::ForwardBackward(const float* x, const int32_t* y, int n) {
@@ -513,7 +436,7 @@ Result<float> ClassifierEngine::ForwardBackward(const float* x, const int32_t* y
 }
 
 Status ClassifierEngine::Forward(const float* x, int n, float* logits) {
-  Impl& m = *impl_;
+  Impl& m = impl();
   ESTUARY_RETURN_IF_ERROR(m.CheckInput(x, nullptr, n, true));
   if (!logits) return InvalidArgument("cuda classifier {}: no logits buffer given", m.name);
   ESTUARY_RETURN_IF_ERROR(m.Upload(x, nullptr, n));
@@ -522,7 +445,7 @@ Status ClassifierEngine::Forward(const float* x, int n, float* logits) {
 }
 
 Result<EvalResult> ClassifierEngine::Evaluate(const float* x, const int32_t* y, uint64_t n) {
-  Impl& m = *impl_;
+  Impl& m = impl();
   EvalResult result;
   if (n == 0) return result;  // as models::Evaluate: nothing to average
   if (!y) return InvalidArgument("cuda classifier {}: no labels given (y is null)", m.name);
@@ -555,19 +478,7 @@ Result<EvalResult> ClassifierEngine::Evaluate(const float* x, const int32_t* y, 
   return result;
 }
 
-template <typename Optimizer>
-Status ClassifierEngine::StepWith(Optimizer& optimizer) {
-  Impl& m = *impl_;
-  if (optimizer.size() != parameter_count()) {
-    return InvalidArgument("cuda classifier {}: the optimizer holds state for {} parameters, the model has {}",
-                           m.name, optimizer.size(), parameter_count());
-  }
-  WorkingCopy working;
-  if (m.low()) working = {m.working.data(), m.act()};
-  return optimizer.Step(m.P(), m.G(), m.s(), working);
-}
-
-Status ClassifierEngine::Step(Sgd& optimizer) { return StepWith(optimizer); }
-Status ClassifierEngine::Step(AdamW& optimizer) { return StepWith(optimizer); }
+Status ClassifierEngine::Step(Sgd& optimizer) { return Engine::Step(optimizer).status(); }
+Status ClassifierEngine::Step(AdamW& optimizer) { return Engine::Step(optimizer).status(); }
 
 }  // namespace estuary::models::cuda

@@ -1,5 +1,5 @@
 // ClassifierEngine: the MNIST models of models/model.h ("mlp", "cnn") trained
-// on one GPU.
+// on one GPU (a cuda::Engine, models/cuda/engine.h).
 //
 // Same names, shapes, order and offsets as models::MakeModel(name)'s manifest,
 // so the flat fp32 parameter buffer copies one to one between the CPU model
@@ -45,6 +45,7 @@
 #include <vector>
 
 #include "base/status.h"
+#include "models/cuda/engine.h"
 #include "models/cuda/optimizer.h"
 #include "models/model.h"
 #include "models/step_hooks.h"
@@ -61,45 +62,27 @@ struct ClassifierEngineOptions {
   cudaStream_t stream = nullptr;
 };
 
-class ClassifierEngine {
+// Beyond Engine: manifest() equals models::MakeModel(name())'s and units()
+// are its layers; Initialize draws with the CPU model itself
+// (models::Model::Initialize(seed)'s bits); CopyParametersFrom also waits for
+// the copy. Step does not clip (max_grad_norm > 0 is refused) and never skips.
+class ClassifierEngine : public Engine {
  public:
   // `model` is "mlp" or "cnn"; max_batch bounds n in every call. The
   // parameters start at zero: Initialize or CopyParametersFrom first.
   static Result<ClassifierEngine> Create(std::string_view model, int max_batch,
                                          ClassifierEngineOptions options = {});
 
-  ClassifierEngine(ClassifierEngine&&) noexcept;
-  ClassifierEngine& operator=(ClassifierEngine&&) noexcept;
-  ~ClassifierEngine();
+  ClassifierEngine(ClassifierEngine&&) noexcept = default;
+  ClassifierEngine& operator=(ClassifierEngine&&) noexcept = default;
 
   std::string_view name() const;
-  const Manifest& manifest() const;  // equal to models::MakeModel(name())'s
-  int64_t parameter_count() const;
   int input_size() const { return 784; }
   int num_classes() const { return 10; }
   int max_batch() const;
-  DType precision() const;
-  cudaStream_t stream() const;
   size_t activation_bytes() const;  // the activation buffer allocated at Create
 
-  // Device buffers of parameter_count() floats in manifest order.
-  float* parameters();
-  float* gradients();
-  // The bf16 copy the GEMMs read under bf16; null under f32.
-  const void* working_parameters() const;
-  // models::MakeModel(name())'s units (models/step_hooks.h): one per layer.
-  std::vector<ParameterUnit> units() const;
-
-  // models::Model::Initialize(seed)'s bits (drawn by the CPU model itself).
-  Status Initialize(uint64_t seed);
-  // Whole-buffer copies, sizes checked. From also refreshes the working copy;
-  // To waits for the stream.
-  Status CopyParametersFrom(std::span<const float> host);
-  Status CopyParametersTo(std::span<float> host);
-  // Rewrites the bf16 working copy from parameters() after something other
-  // than Step changed them on the device (a ZeRO all-gather).
-  Status RefreshWorkingCopy();
-  Status CopyGradientsTo(std::span<float> host);
+  Status Initialize(uint64_t seed) override;
 
   // Forward, mean softmax cross-entropy over the n examples, backward:
   // overwrites gradients() and leaves the loss in device memory, no wait.
@@ -112,7 +95,6 @@ class ClassifierEngine {
   Status ForwardBackwardAsync(const float* x, const int32_t* y, int n, const BackwardOptions& options);
   // The same, then waits for the loss.
   Result<float> ForwardBackward(const float* x, const int32_t* y, int n);
-  Result<float> ReadLoss();  // the last ForwardBackward's loss; waits
 
   // Writes logits [n, 10] to host memory (waits).
   Status Forward(const float* x, int n, float* logits);
@@ -120,17 +102,15 @@ class ClassifierEngine {
   // models::Evaluate (argmax ties to the first class).
   Result<EvalResult> Evaluate(const float* x, const int32_t* y, uint64_t n);
 
-  // One optimizer step over the whole flat buffer (sizes checked), also
-  // writing the bf16 working copy when there is one.
+  // Engine::Step without clipping, as a Status: a classifier's step always
+  // runs. (Through an Engine&, Step(optimizer) is the same step.)
   Status Step(Sgd& optimizer);
   Status Step(AdamW& optimizer);
 
  private:
   struct Impl;
   explicit ClassifierEngine(std::unique_ptr<Impl> impl);
-  template <typename Optimizer>
-  Status StepWith(Optimizer& optimizer);
-  std::unique_ptr<Impl> impl_;
+  Impl& impl() const;
 };
 
 }  // namespace estuary::models::cuda

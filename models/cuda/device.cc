@@ -83,61 +83,25 @@ Result<void*> Arena::Allocate(size_t bytes) {
 }
 
 Result<PinnedBuffer> PinnedBuffer::Allocate(size_t bytes) {
-  PinnedBuffer b;
-  ESTUARY_CUDA_RETURN_IF_ERROR(cudaMallocHost(&b.data_, bytes));
-  return b;
-}
-
-PinnedBuffer::~PinnedBuffer() {
-  if (data_) (void)cudaFreeHost(data_);
-}
-
-PinnedBuffer::PinnedBuffer(PinnedBuffer&& other) noexcept : data_(std::exchange(other.data_, nullptr)) {}
-
-PinnedBuffer& PinnedBuffer::operator=(PinnedBuffer&& other) noexcept {
-  std::swap(data_, other.data_);
-  return *this;
+  void* data = nullptr;
+  ESTUARY_CUDA_RETURN_IF_ERROR(cudaMallocHost(&data, bytes));
+  return PinnedBuffer(data);
 }
 
 Result<Event> Event::Create() {
-  Event e;
-  ESTUARY_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&e.event_, cudaEventDisableTiming));
-  return e;
-}
-
-Event::~Event() {
-  if (event_) (void)cudaEventDestroy(event_);
-}
-
-Event::Event(Event&& other) noexcept : event_(std::exchange(other.event_, nullptr)) {}
-
-Event& Event::operator=(Event&& other) noexcept {
-  std::swap(event_, other.event_);
-  return *this;
+  cudaEvent_t event = nullptr;
+  ESTUARY_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+  return Event(event);
 }
 
 Result<Stream> Stream::Create() {
-  cudaStream_t s = nullptr;
-  ESTUARY_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  return Stream(s);
-}
-
-Stream::~Stream() {
-  if (stream_) (void)cudaStreamDestroy(stream_);
-}
-
-Stream::Stream(Stream&& other) noexcept : stream_(std::exchange(other.stream_, nullptr)) {}
-
-Stream& Stream::operator=(Stream&& other) noexcept {
-  if (this != &other) {
-    if (stream_) (void)cudaStreamDestroy(stream_);
-    stream_ = std::exchange(other.stream_, nullptr);
-  }
-  return *this;
+  cudaStream_t stream = nullptr;
+  ESTUARY_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  return Stream(stream);
 }
 
 Status Stream::Synchronize() const {
-  ESTUARY_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+  ESTUARY_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_.get()));
   return Status::Ok();
 }
 

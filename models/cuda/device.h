@@ -4,7 +4,8 @@
 // it when destroyed; it moves, never copies. An Arena is a bump allocator over
 // one DeviceBuffer: a training step takes its temporaries from it and calls
 // Reset() at the end, so the loop itself never calls cudaMalloc. Stream owns a
-// non-blocking stream. Every fallible call returns a Status or Result that
+// non-blocking stream, Event an event and PinnedBuffer page-locked host
+// memory, each through a UniqueHandle. Every fallible call returns a Status or Result that
 // carries the CUDA error (models/cuda/check.h); nothing aborts.
 //
 // CudaUsable() says whether this library's kernels can run here, and if not,
@@ -16,6 +17,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <utility>
 
 #include "base/status.h"
 
@@ -77,22 +79,48 @@ class Arena {
   size_t used_ = 0, peak_ = 0;
 };
 
+// Owns one CUDA runtime handle (null: none) and gives it back with Release
+// when destroyed or assigned over; moves, never copies. A destructor cannot
+// report: Release fails only on a broken context, which the next checked call
+// reports.
+template <typename Handle, auto Release>
+class UniqueHandle {
+ public:
+  UniqueHandle() = default;
+  explicit UniqueHandle(Handle handle) : handle_(handle) {}
+  ~UniqueHandle() { Reset(); }
+  UniqueHandle(UniqueHandle&& other) noexcept : handle_(std::exchange(other.handle_, nullptr)) {}
+  UniqueHandle& operator=(UniqueHandle&& other) noexcept {
+    if (this != &other) {
+      Reset();
+      handle_ = std::exchange(other.handle_, nullptr);
+    }
+    return *this;
+  }
+  UniqueHandle(const UniqueHandle&) = delete;
+  UniqueHandle& operator=(const UniqueHandle&) = delete;
+
+  Handle get() const { return handle_; }
+
+ private:
+  void Reset() {
+    if (handle_) (void)Release(handle_);
+    handle_ = nullptr;
+  }
+  Handle handle_ = nullptr;
+};
+
 class Stream {
  public:
   Stream() = default;
   static Result<Stream> Create();
-  ~Stream();
-  Stream(Stream&& other) noexcept;
-  Stream& operator=(Stream&& other) noexcept;
-  Stream(const Stream&) = delete;
-  Stream& operator=(const Stream&) = delete;
 
-  cudaStream_t get() const { return stream_; }
+  cudaStream_t get() const { return stream_.get(); }
   Status Synchronize() const;
 
  private:
   explicit Stream(cudaStream_t stream) : stream_(stream) {}
-  cudaStream_t stream_ = nullptr;
+  UniqueHandle<cudaStream_t, cudaStreamDestroy> stream_;
 };
 
 // Page-locked host memory (cudaMallocHost), so host<->device copies of
@@ -101,16 +129,12 @@ class PinnedBuffer {
  public:
   PinnedBuffer() = default;
   static Result<PinnedBuffer> Allocate(size_t bytes);
-  ~PinnedBuffer();
-  PinnedBuffer(PinnedBuffer&& other) noexcept;
-  PinnedBuffer& operator=(PinnedBuffer&& other) noexcept;
-  PinnedBuffer(const PinnedBuffer&) = delete;
-  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
   template <typename T>
-  T* as() const { return static_cast<T*>(data_); }
+  T* as() const { return static_cast<T*>(data_.get()); }
 
  private:
-  void* data_ = nullptr;
+  explicit PinnedBuffer(void* data) : data_(data) {}
+  UniqueHandle<void*, cudaFreeHost> data_;
 };
 
 // A CUDA event without timing (the cheap kind), for ordering host reuse of a
@@ -119,15 +143,11 @@ class Event {
  public:
   Event() = default;
   static Result<Event> Create();
-  ~Event();
-  Event(Event&& other) noexcept;
-  Event& operator=(Event&& other) noexcept;
-  Event(const Event&) = delete;
-  Event& operator=(const Event&) = delete;
-  cudaEvent_t get() const { return event_; }
+  cudaEvent_t get() const { return event_.get(); }
 
  private:
-  cudaEvent_t event_ = nullptr;
+  explicit Event(cudaEvent_t event) : event_(event) {}
+  UniqueHandle<cudaEvent_t, cudaEventDestroy> event_;
 };
 
 // Hands out consecutive slices of one device buffer, each Arena::kAlignment

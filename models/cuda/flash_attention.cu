@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "models/cuda/kernel_common.cuh"
+
 namespace estuary::models::cuda {
 
 namespace {
@@ -33,18 +35,8 @@ constexpr int kLdF = 68;
 constexpr int kTileElems = kTile * kLd;    // one 16-bit tile
 constexpr int kTileFloats = kTile * kLdF;  // one fp32 tile
 
-template <typename T>
-__device__ inline float ToF(T v);
-template <>
-__device__ inline float ToF<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162float(v); }
-template <>
-__device__ inline float ToF<__half>(__half v) { return __half2float(v); }
-template <typename T>
-__device__ inline T FromF(float v);
-template <>
-__device__ inline __nv_bfloat16 FromF<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
-template <>
-__device__ inline __half FromF<__half>(float v) { return __float2half_rn(v); }
+using internal::FromFloat;
+using internal::ToFloat;
 
 // Copies rows [row0, row0 + kTile) of one head (kHeadDim columns at `column`)
 // of a [n, width] matrix into a padded tile, 16 bytes at a time (width and
@@ -127,6 +119,13 @@ struct Shape {
   float scale;               // 1 / sqrt(head_dim)
 };
 
+// Key rows [k0, k0 + kTile) of kv head g: its K and V tiles.
+template <typename T>
+__device__ void LoadKeyValueTiles(const T* base, const Shape& s, int g, int k0, T* k, T* v) {
+  LoadTile(base, s.width, int64_t(s.heads + g) * kHeadDim, k0, s.seq, k);
+  LoadTile(base, s.width, int64_t(s.heads + s.kv_heads + g) * kHeadDim, k0, s.seq, v);
+}
+
 // ---------------------------------------------------------------- forward
 
 constexpr size_t kForwardSmem = (3 * kTileElems + kTileElems /* Q, K, V, P */) * 2 +
@@ -156,8 +155,7 @@ __global__ void __launch_bounds__(kThreads) FlashForwardKernel(const T* qkv, Sha
   for (int t = 0; t < tiles; ++t) {
     const int k0 = t * kTile;
     __syncthreads();  // the previous tile's K and V are no longer read
-    LoadTile(base, s.width, int64_t(s.heads + g) * kHeadDim, k0, s.seq, k);
-    LoadTile(base, s.width, int64_t(s.heads + s.kv_heads + g) * kHeadDim, k0, s.seq, v);
+    LoadKeyValueTiles(base, s, g, k0, k, v);
     __syncthreads();
     WarpGemm16x64<T, false, false>(q + warp * kFrag * kLd, kLd, k, kLd, scores + warp * kFrag * kLdF, kLdF);
     __syncwarp();
@@ -180,7 +178,7 @@ __global__ void __launch_bounds__(kThreads) FlashForwardKernel(const T* qkv, Sha
       for (int j = 0; j < 2; ++j) {
         const int c = lane + 32 * j;
         const float e = x[j] == -INFINITY ? 0.0f : __expf(x[j] - new_max);
-        p[r * kLd + c] = FromF<T>(e);
+        p[r * kLd + c] = FromFloat<T>(e);
         sum += e;
         o[r * kLdF + c] *= alpha;
       }
@@ -199,8 +197,8 @@ __global__ void __launch_bounds__(kThreads) FlashForwardKernel(const T* qkv, Sha
     if (qi >= s.seq) break;
     const float inv = 1.0f / row_sum[r];
     T* dst = out + (int64_t(b) * s.seq + qi) * s.out_width + int64_t(h) * kHeadDim;
-    dst[lane] = FromF<T>(o[r * kLdF + lane] * inv);
-    dst[lane + 32] = FromF<T>(o[r * kLdF + lane + 32] * inv);
+    dst[lane] = FromFloat<T>(o[r * kLdF + lane] * inv);
+    dst[lane + 32] = FromFloat<T>(o[r * kLdF + lane + 32] * inv);
     if (lane == 0) lse[(int64_t(b) * s.heads + h) * s.seq + qi] = row_max[r] + logf(row_sum[r]);
   }
 }
@@ -217,7 +215,7 @@ __global__ void DeltaKernel(const T* out, const T* dout, Shape s, int rows, floa
     const int64_t token = r / s.heads;  // b * seq + i
     const T* o = out + token * s.out_width + int64_t(h) * kHeadDim;
     const T* d = dout + token * s.out_width + int64_t(h) * kHeadDim;
-    const float sum = WarpSum(ToF(o[lane]) * ToF(d[lane]) + ToF(o[lane + 32]) * ToF(d[lane + 32]));
+    const float sum = WarpSum(ToFloat(o[lane]) * ToFloat(d[lane]) + ToFloat(o[lane + 32]) * ToFloat(d[lane + 32]));
     if (lane == 0) {
       const int64_t b = token / s.seq, i = token % s.seq;
       delta[(b * s.heads + h) * s.seq + i] = sum;
@@ -234,14 +232,17 @@ __device__ void LoadRowStats(const float* lse_h, const float* delta_h, int q0, i
   }
 }
 
-// For one warp's 16 rows of a (query tile, key tile) pair, with S = Q Kᵀ and
-// dP = dO Vᵀ already in `scores` and `dprobs`: P (the low-precision copy into
-// p, when given) and dS = P (dP - delta) into ds. Two columns a lane.
+// For one warp's 16 rows of a (query tile, key tile) pair: S = Q Kᵀ into
+// `scores` and dP = dO Vᵀ into `dprobs`, then P (the low-precision copy into
+// p, when given) and dS = P (dP - delta) into ds, two columns a lane.
 template <typename T>
-__device__ void ProbsAndScoreGradients(const Shape& s, int q0, int k0, const float* lse_rows,
-                                       const float* delta_rows, const float* scores, const float* dprobs, T* p,
-                                       T* ds) {
+__device__ void ProbsAndScoreGradients(const Shape& s, int q0, int k0, const T* q, const T* d_o, const T* k,
+                                       const T* v, const float* lse_rows, const float* delta_rows, float* scores,
+                                       float* dprobs, T* p, T* ds) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  WarpGemm16x64<T, false, false>(q + warp * kFrag * kLd, kLd, k, kLd, scores + warp * kFrag * kLdF, kLdF);
+  WarpGemm16x64<T, false, false>(d_o + warp * kFrag * kLd, kLd, v, kLd, dprobs + warp * kFrag * kLdF, kLdF);
+  __syncwarp();
   for (int r = warp * kFrag; r < (warp + 1) * kFrag; ++r) {
     const int qi = q0 + r;
 #pragma unroll
@@ -250,8 +251,8 @@ __device__ void ProbsAndScoreGradients(const Shape& s, int q0, int k0, const flo
       const bool live = qi < s.seq && kj < s.seq && kj <= qi;
       const float prob = live ? __expf(scores[r * kLdF + c] * s.scale - lse_rows[r]) : 0.0f;
       const float grad = prob * (dprobs[r * kLdF + c] - delta_rows[r]);
-      if (p) p[r * kLd + c] = FromF<T>(prob);
-      ds[r * kLd + c] = FromF<T>(grad);
+      if (p) p[r * kLd + c] = FromFloat<T>(prob);
+      ds[r * kLd + c] = FromFloat<T>(grad);
     }
   }
 }
@@ -282,8 +283,7 @@ __global__ void __launch_bounds__(kThreads)
   const int b = blockIdx.y / s.kv_heads, g = blockIdx.y % s.kv_heads, group = s.heads / s.kv_heads;
   const T* base = qkv + int64_t(b) * s.seq * s.width;
   const T* dout_base = dout + int64_t(b) * s.seq * s.out_width;
-  LoadTile(base, s.width, int64_t(s.heads + g) * kHeadDim, k0, s.seq, k);
-  LoadTile(base, s.width, int64_t(s.heads + s.kv_heads + g) * kHeadDim, k0, s.seq, v);
+  LoadKeyValueTiles(base, s, g, k0, k, v);
   for (int i = threadIdx.x; i < kTileFloats; i += kThreads) dk[i] = 0.0f, dv[i] = 0.0f;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int tiles = (s.seq + kTile - 1) / kTile;
@@ -297,11 +297,8 @@ __global__ void __launch_bounds__(kThreads)
       LoadTile(dout_base, s.out_width, int64_t(h) * kHeadDim, q0, s.seq, d_o);
       LoadRowStats(lse_h, delta_h, q0, s.seq, lse_rows, delta_rows);
       __syncthreads();
-      // Each warp: its 16 query rows of S = Q Kᵀ and dP = dO Vᵀ, then P and dS.
-      WarpGemm16x64<T, false, false>(q + warp * kFrag * kLd, kLd, k, kLd, scores + warp * kFrag * kLdF, kLdF);
-      WarpGemm16x64<T, false, false>(d_o + warp * kFrag * kLd, kLd, v, kLd, dprobs + warp * kFrag * kLdF, kLdF);
-      __syncwarp();
-      ProbsAndScoreGradients(s, q0, k0, lse_rows, delta_rows, scores, dprobs, p, ds);
+      // Each warp: its 16 query rows of S and dP, then P and dS.
+      ProbsAndScoreGradients(s, q0, k0, q, d_o, k, v, lse_rows, delta_rows, scores, dprobs, p, ds);
       __syncthreads();
       // Each warp: its 16 key rows of dV += Pᵀ dO and dK += dSᵀ Q.
       WarpGemmTransA16x64(p + warp * kFrag, kLd, d_o, kLd, dv + warp * kFrag * kLdF, kLdF);
@@ -316,8 +313,8 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
       const int c = lane + 32 * j;
-      row[int64_t(s.heads + g) * kHeadDim + c] = FromF<T>(dk[r * kLdF + c] * s.scale);
-      row[int64_t(s.heads + s.kv_heads + g) * kHeadDim + c] = FromF<T>(dv[r * kLdF + c]);
+      row[int64_t(s.heads + g) * kHeadDim + c] = FromFloat<T>(dk[r * kLdF + c] * s.scale);
+      row[int64_t(s.heads + s.kv_heads + g) * kHeadDim + c] = FromFloat<T>(dv[r * kLdF + c]);
     }
   }
 }
@@ -354,13 +351,9 @@ __global__ void __launch_bounds__(kThreads)
   for (int t = 0; t <= int(blockIdx.x); ++t) {
     const int k0 = t * kTile;
     __syncthreads();
-    LoadTile(base, s.width, int64_t(s.heads + g) * kHeadDim, k0, s.seq, k);
-    LoadTile(base, s.width, int64_t(s.heads + s.kv_heads + g) * kHeadDim, k0, s.seq, v);
+    LoadKeyValueTiles(base, s, g, k0, k, v);
     __syncthreads();
-    WarpGemm16x64<T, false, false>(q + warp * kFrag * kLd, kLd, k, kLd, scores + warp * kFrag * kLdF, kLdF);
-    WarpGemm16x64<T, false, false>(d_o + warp * kFrag * kLd, kLd, v, kLd, dprobs + warp * kFrag * kLdF, kLdF);
-    __syncwarp();
-    ProbsAndScoreGradients<T>(s, q0, k0, lse_rows, delta_rows, scores, dprobs, nullptr, ds);
+    ProbsAndScoreGradients<T>(s, q0, k0, q, d_o, k, v, lse_rows, delta_rows, scores, dprobs, nullptr, ds);
     __syncwarp();
     // The warp's 16 rows of dQ += dS K: only its own rows of dS are read.
     WarpGemm16x64<T, true, true>(ds + warp * kFrag * kLd, kLd, k, kLd, dq + warp * kFrag * kLdF, kLdF);
@@ -370,8 +363,8 @@ __global__ void __launch_bounds__(kThreads)
   for (int r = warp * kFrag; r < (warp + 1) * kFrag; ++r) {
     if (q0 + r >= s.seq) break;
     T* row = dbase + int64_t(q0 + r) * s.width + int64_t(h) * kHeadDim;
-    row[lane] = FromF<T>(dq[r * kLdF + lane] * s.scale);
-    row[lane + 32] = FromF<T>(dq[r * kLdF + lane + 32] * s.scale);
+    row[lane] = FromFloat<T>(dq[r * kLdF + lane] * s.scale);
+    row[lane + 32] = FromFloat<T>(dq[r * kLdF + lane + 32] * s.scale);
   }
 }
 

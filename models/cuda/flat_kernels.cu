@@ -2,25 +2,12 @@
 // fused optimizers, the global norm and ReLU. They are bandwidth bound, so each
 // moves four elements per load/store when the caller promised alignment
 // (`vec`), and loops over the buffer with a bounded grid.
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
-#include "models/cuda/kernels.h"
+#include "models/cuda/kernel_common.cuh"
 
 namespace estuary::models::cuda::internal {
 namespace {
 
-using bf16 = __nv_bfloat16;
-using f16 = __half;
 struct NoOutput {};  // an optimizer step that writes no working copy
-
-int64_t Blocks(int64_t work_items) {
-  const int64_t blocks = (work_items + kThreads - 1) / kThreads;
-  return blocks < 1 ? 1 : (blocks > kMaxBlocks ? kMaxBlocks : blocks);
-}
-
-__device__ inline int64_t FirstIndex() { return int64_t(blockIdx.x) * blockDim.x + threadIdx.x; }
-__device__ inline int64_t Stride() { return int64_t(gridDim.x) * blockDim.x; }
 
 // N consecutive elements to and from fp32 registers; N == 4 is one 16-byte
 // (fp32) or 8-byte (bf16/fp16) access, which needs the promised alignment.
@@ -51,16 +38,12 @@ struct Pair<bf16> {
   using Type = __nv_bfloat162;
   static __device__ Type Make(float a, float b) { return __floats2bfloat162_rn(a, b); }
   static __device__ float2 Widen(Type p) { return __bfloat1622float2(p); }
-  static __device__ bf16 Narrow(float x) { return __float2bfloat16_rn(x); }
-  static __device__ float Widen1(bf16 x) { return __bfloat162float(x); }
 };
 template <>
 struct Pair<f16> {
   using Type = __half2;
   static __device__ Type Make(float a, float b) { return __floats2half2_rn(a, b); }
   static __device__ float2 Widen(Type p) { return __half22float2(p); }
-  static __device__ f16 Narrow(float x) { return __float2half_rn(x); }
-  static __device__ float Widen1(f16 x) { return __half2float(x); }
 };
 // Four 16-bit values move as one uint2 (a struct of two pairs would be split
 // into two 4-byte accesses); memcpy is how CUDA C++ reinterprets the bits.
@@ -75,7 +58,7 @@ __device__ inline void LoadN(const T* p, float (&v)[N]) {
     v[0] = lo.x, v[1] = lo.y, v[2] = hi.x, v[3] = hi.y;
   } else {
 #pragma unroll
-    for (int j = 0; j < N; ++j) v[j] = Pair<T>::Widen1(p[j]);
+    for (int j = 0; j < N; ++j) v[j] = ToFloat<T>(p[j]);
   }
 }
 template <int N, typename T>
@@ -88,7 +71,7 @@ __device__ inline void StoreN(T* p, const float (&v)[N]) {
     *reinterpret_cast<uint2*>(p) = raw;
   } else {
 #pragma unroll
-    for (int j = 0; j < N; ++j) p[j] = Pair<T>::Narrow(v[j]);
+    for (int j = 0; j < N; ++j) p[j] = FromFloat<T>(v[j]);
   }
 }
 template <int N>

@@ -7,18 +7,10 @@
 #include <climits>
 #include <cmath>
 
-#include "models/cuda/kernels.h"
+#include "models/cuda/kernel_common.cuh"
 
 namespace estuary::models::cuda::internal {
 namespace {
-
-int64_t Blocks(int64_t work_items) {
-  const int64_t blocks = (work_items + kThreads - 1) / kThreads;
-  return blocks < 1 ? 1 : (blocks > kMaxBlocks ? kMaxBlocks : blocks);
-}
-
-__device__ inline int64_t FirstIndex() { return int64_t(blockIdx.x) * blockDim.x + threadIdx.x; }
-__device__ inline int64_t Stride() { return int64_t(gridDim.x) * blockDim.x; }
 
 __global__ void BroadcastBiasKernel(const float* bias, int64_t channels, int64_t inner, int64_t total, float* y) {
   for (int64_t i = FirstIndex(); i < total; i += Stride()) y[i] = bias[(i / inner) % channels];

@@ -4,25 +4,13 @@
 
 #include "models/cuda/check.h"
 #include "models/cuda/kernels.h"
+#include "models/cuda/sizes.h"
 
 namespace estuary::models::cuda {
-namespace {
-
-// a * b * ... without overflow, or -1.
-int64_t Product(std::initializer_list<int64_t> factors) {
-  int64_t p = 1;
-  for (int64_t f : factors) {
-    if (f < 0 || (f > 0 && p > INT64_MAX / f)) return -1;
-    p *= f;
-  }
-  return p;
-}
-
-}  // namespace
 
 Status BroadcastBias(const float* bias, int64_t outer, int64_t channels, int64_t inner, float* y,
                      cudaStream_t stream) {
-  const int64_t total = Product({outer, channels, inner});
+  const int64_t total = CheckedProduct({outer, channels, inner});
   if (total < 0) return InvalidArgument("cuda bias: bad shape [{}, {}, {}]", outer, channels, inner);
   if (total == 0) return Status::Ok();
   if (!bias || !y) return InvalidArgument("cuda bias: null buffer");
@@ -32,7 +20,7 @@ Status BroadcastBias(const float* bias, int64_t outer, int64_t channels, int64_t
 
 Status BiasGradient(const float* dy, int64_t outer, int64_t channels, int64_t inner, float* dbias,
                     cudaStream_t stream) {
-  if (Product({outer, channels, inner}) < 0) {
+  if (CheckedProduct({outer, channels, inner}) < 0) {
     return InvalidArgument("cuda bias gradient: bad shape [{}, {}, {}]", outer, channels, inner);
   }
   if (channels == 0) return Status::Ok();
@@ -60,7 +48,7 @@ namespace {
 
 Status CheckConv(const char* what, const ConvShape& s) {
   if (s.n < 0 || s.channels < 1 || s.height < 1 || s.width < 1 || s.kernel < 1 || s.pad < 0 || s.pad >= s.kernel ||
-      Product({s.n, s.channels, s.kernel, s.kernel, s.height, s.width}) < 0) {
+      CheckedProduct({s.n, s.channels, s.kernel, s.kernel, s.height, s.width}) < 0) {
     return InvalidArgument("{}: bad shape n={} c={} h={} w={} kernel={} pad={}", what, s.n, s.channels, s.height,
                            s.width, s.kernel, s.pad);
   }
@@ -73,30 +61,31 @@ Status CheckPool(const char* what, int n, int channels, int height, int width) {
                            height, width);
   }
   // argmax holds indices into the whole batch as int32, like the CPU layer.
-  if (Product({n, channels, height, width}) > INT32_MAX) {
-    return InvalidArgument("{}: {} inputs overflow the int32 argmax", what, Product({n, channels, height, width}));
+  if (CheckedProduct({n, channels, height, width}) > INT32_MAX) {
+    return InvalidArgument("{}: {} inputs overflow the int32 argmax", what,
+                           CheckedProduct({n, channels, height, width}));
   }
+  return Status::Ok();
+}
+
+// Im2Col and Col2Im: the same checks, then `layout` moves `in` into `out`'s layout.
+Status ConvLayout(const char* what, decltype(&internal::Im2Col) layout, const float* in, const ConvShape& s,
+                  float* out, cudaStream_t stream) {
+  ESTUARY_RETURN_IF_ERROR(CheckConv(what, s));
+  if (s.n == 0) return Status::Ok();
+  if (!in || !out) return InvalidArgument("{}: null buffer", what);
+  ESTUARY_CUDA_RETURN_IF_ERROR(layout(in, s.n, s.channels, s.height, s.width, s.kernel, s.pad, out, stream));
   return Status::Ok();
 }
 
 }  // namespace
 
 Status Im2Col(const float* x, const ConvShape& s, float* cols, cudaStream_t stream) {
-  ESTUARY_RETURN_IF_ERROR(CheckConv("cuda im2col", s));
-  if (s.n == 0) return Status::Ok();
-  if (!x || !cols) return InvalidArgument("cuda im2col: null buffer");
-  ESTUARY_CUDA_RETURN_IF_ERROR(
-      internal::Im2Col(x, s.n, s.channels, s.height, s.width, s.kernel, s.pad, cols, stream));
-  return Status::Ok();
+  return ConvLayout("cuda im2col", internal::Im2Col, x, s, cols, stream);
 }
 
 Status Col2Im(const float* cols, const ConvShape& s, float* dx, cudaStream_t stream) {
-  ESTUARY_RETURN_IF_ERROR(CheckConv("cuda col2im", s));
-  if (s.n == 0) return Status::Ok();
-  if (!cols || !dx) return InvalidArgument("cuda col2im: null buffer");
-  ESTUARY_CUDA_RETURN_IF_ERROR(
-      internal::Col2Im(cols, s.n, s.channels, s.height, s.width, s.kernel, s.pad, dx, stream));
-  return Status::Ok();
+  return ConvLayout("cuda col2im", internal::Col2Im, cols, s, dx, stream);
 }
 
 Status MaxPool2Forward(const float* x, int n, int channels, int height, int width, float* y, int32_t* argmax,
@@ -119,7 +108,7 @@ Status MaxPool2Backward(const float* dy, const int32_t* argmax, int n, int chann
 
 Status SoftmaxCrossEntropy(const float* logits, const int32_t* labels, int n, int classes, float* dlogits,
                            float* loss, int64_t* correct, Arena& arena, cudaStream_t stream, float grad_scale) {
-  if (n < 1 || classes < 1 || Product({n, classes}) < 0) {
+  if (n < 1 || classes < 1 || CheckedProduct({n, classes}) < 0) {
     return InvalidArgument("cuda cross-entropy: needs n >= 1 rows of classes >= 1, got n={} classes={}", n, classes);
   }
   if (!logits || !labels || !loss) return InvalidArgument("cuda cross-entropy: null buffer");

@@ -4,152 +4,13 @@
 
 #include <algorithm>
 #include <climits>
-#include <cmath>
-#include <cstring>
-#include <numbers>
-#include <random>
 
 #include "models/cuda/check.h"
 #include "models/cuda/flash_attention.h"
+#include "models/cuda/llama_engine_impl.h"
 #include "models/cuda/precision.h"
-#include "models/cuda/transformer.h"
 
 namespace estuary::models::cuda {
-namespace {
-
-using LayerOffsets = LlamaLayout::Layer;
-
-// What one block keeps for backward (n = batch * seq rows); `void*` buffers
-// hold the activation dtype.
-struct LayerActivations {
-  float* rstd1 = nullptr;
-  void* xn1 = nullptr;    // [n, D]
-  void* qkv = nullptr;    // [n, (H + 2 KV) hd], after RoPE
-  void* probs = nullptr;  // [batch, H, seq, seq]; null with flash attention
-  float* lse = nullptr;   // [batch, H, seq]: flash attention's softmax statistics
-  void* attn = nullptr;   // [n, H hd]
-  float* h = nullptr;     // residual stream after attention [n, D]
-  float* rstd2 = nullptr;
-  void* xn2 = nullptr;      // [n, D]
-  void* gate_up = nullptr;  // [n, 2 I]
-  void* act = nullptr;      // [n, I]
-};
-
-struct Activations {
-  float* resid = nullptr;  // num_layers + 1 blocks of [n, D]
-  int64_t resid_stride = 0;
-  std::vector<LayerActivations> layers;
-  float* rstd_final = nullptr;
-  void* xn_final = nullptr;
-  float* logits = nullptr;   // [n, V] fp32
-  void* dlogits = nullptr;   // [n, V]; the logits themselves under f32
-  float* scores = nullptr;   // [batch, H, seq, seq] fp32 scratch; null under f32 (each layer's probs serve)
-  float* dprobs = nullptr;   // [batch, H, seq, seq] fp32
-  void* dscores = nullptr;   // the same in the activation dtype; dprobs under f32
-  float* delta = nullptr;    // [batch, H, seq]: flash attention's backward scratch
-  // With flash attention, scores, dprobs and dscores are null: no seq x seq buffer exists.
-  float* dresid = nullptr;   // [n, D] fp32
-  void* dresid_low = nullptr;  // its low-precision copy; null under f32
-  float* dxn = nullptr;        // [n, D] fp32 (GEMM outputs feeding the norms' backward)
-  void *dqkv = nullptr, *dattn = nullptr, *dgate_up = nullptr, *dact = nullptr;
-};
-
-
-}  // namespace
-
-struct LlamaEngine::Impl {
-  LlamaConfig config;
-  LlamaEngineOptions options;
-  int max_batch = 0;
-  Manifest manifest;
-  std::vector<LayerOffsets> offsets;
-  uint64_t embed = 0, final_norm = 0, lm_head = 0;
-  std::vector<ParameterUnit> units;
-
-  // Declared before blas: destroyed after it.
-  Stream stream;
-  Blas blas;
-  DeviceBuffer params, grads, working, rope, ids, misc, activation_buffer;
-  // Frozen base only: where the norms' weight gradients go, overwritten and
-  // never read (the backward kernel forms dx and dweight in one pass; a
-  // variant without dweight would save only a [D] reduction per norm).
-  DeviceBuffer frozen_dnorm;
-  // Without an fp32 master (DropFp32Master): the norms' weights widened from
-  // the working copy, and where each norm's flat offset sits in that buffer.
-  DeviceBuffer norms;
-  struct NormSlot {
-    uint64_t offset, count;  // in the flat buffer
-    uint64_t slot;           // where it starts in `norms`
-  };
-  std::vector<NormSlot> norm_slots;  // ascending offsets
-  Arena scratch;  // per-op scratch (norm partials, sort, row losses, clip), reset before each op
-  PinnedBuffer staging;
-  Event staging_free;  // recorded after the staging buffer's upload
-  bool staging_used = false;
-  Activations acts;
-  LossScaler scaler;
-
-  DType act() const { return options.precision; }
-  bool low() const { return options.precision != DType::kF32; }
-  // Fused attention (flash_attention.h) when asked for and compiled for the
-  // shape; the materialised path otherwise, and always under f32.
-  bool flash = false;
-  bool frozen() const { return !options.train_base; }
-  // Where a norm's weight gradient goes: its slot in the gradient buffer, or
-  // the discarded scratch when the base is frozen.
-  float* NormGrad(uint64_t offset) const { return frozen() ? frozen_dnorm.as<float>() : G() + offset; }
-  Status AdaptForward(int layer, Projection p, const void* x, int n, void* y, DType y_dtype) {
-    return options.adapters ? options.adapters->Forward(blas, layer, p, x, n, y, y_dtype) : Status::Ok();
-  }
-  Status AdaptBackward(int layer, Projection p, const void* x, const void* dy, int n, void* dx, DType dx_dtype) {
-    return options.adapters ? options.adapters->Backward(blas, layer, p, x, dy, n, dx, dx_dtype) : Status::Ok();
-  }
-  cudaStream_t s() const { return options.stream ? options.stream : stream.get(); }
-  float* P() const { return params.as<float>(); }
-  bool master() const { return params.data() != nullptr; }
-  // A norm's fp32 weight: in the master, or in its copy when there is none.
-  const float* Norm(uint64_t offset) const {
-    if (master()) return P() + offset;
-    const auto it = std::lower_bound(norm_slots.begin(), norm_slots.end(), offset,
-                                     [](const NormSlot& n, uint64_t at) { return n.offset < at; });
-    return norms.as<float>() + it->slot;
-  }
-  // The embedding table the lookup reads: the master's, else the working copy's.
-  Status Embed(int n, float* out) const {
-    if (master()) return EmbeddingForward(tokens_d(), n, P() + embed, config.vocab_size, config.hidden_size, out, s());
-    return EmbeddingForward(tokens_d(), n, W(embed), act(), config.vocab_size, config.hidden_size, out, s());
-  }
-  // Rewrites the norms' fp32 copy from the working copy (no master).
-  Status WidenNorms() const;
-  // A device buffer for host <-> working-copy transfers without a master.
-  Result<DeviceBuffer> ConversionChunk() const;
-  float* G() const { return grads.as<float>(); }
-  // What the GEMMs read: the master weights under f32, else the working copy.
-  const void* W(uint64_t offset) const {
-    return low() ? static_cast<const void*>(working.as<char>() + offset * DTypeSize(act()))
-                 : static_cast<const void*>(P() + offset);
-  }
-  const float* rope_cos() const { return rope.as<float>(); }
-  const float* rope_sin() const { return rope.as<float>() + int64_t(config.max_seq_len) * (config.head_dim() / 2); }
-  int32_t* tokens_d() const { return ids.as<int32_t>(); }
-  int32_t* targets_d() const { return ids.as<int32_t>() + int64_t(max_batch) * config.max_seq_len; }
-  float* loss_d() const { return misc.as<float>(); }
-  float* found_inf_d() const { return misc.as<float>() + 1; }
-  double* norm_d() const { return reinterpret_cast<double*>(misc.as<char>() + 256); }
-  GemmTypes Same() const { return {act(), act(), options.allow_tf32 && !low()}; }
-  GemmTypes ToF32() const { return {act(), DType::kF32, options.allow_tf32 && !low()}; }
-  Arena& Scratch() {
-    scratch.Reset();  // safe: every user of the scratch is on this stream, in order
-    return scratch;
-  }
-
-  void BuildManifest();
-  size_t Carve(int batch, int seq, char* base);
-  Status CheckInput(const int32_t* tokens, const int32_t* targets, int batch, int seq) const;
-  Status Upload(const int32_t* tokens, const int32_t* targets, int batch, int seq);
-  Status RunForward(int batch, int seq);
-  Status RunBackward(int batch, int seq, const BackwardOptions& options);
-};
 
 // The layout of models::Llama, from the same LayoutOf.
 void LlamaEngine::Impl::BuildManifest() {
@@ -221,31 +82,22 @@ Result<LlamaEngine> LlamaEngine::Create(const LlamaConfig& config, int max_batch
   ESTUARY_RETURN_IF_ERROR(CudaUsable());
   auto impl = std::make_unique<Impl>();
   Impl& m = *impl;
+  m.who = "cuda llama";
   m.config = config;
   m.options = options;
+  m.precision = options.precision;
   m.max_batch = max_batch;
   m.scaler = LossScaler(options.loss_scaler);
   m.flash = options.flash_attention && FlashAttentionSupports(options.precision, config.head_dim());
   m.BuildManifest();
-  const int64_t count = int64_t(m.manifest.total_elements);
   const int64_t max_n = int64_t(max_batch) * config.max_seq_len;
 
-  if (!options.stream) {
-    ESTUARY_ASSIGN_OR_RETURN(m.stream, Stream::Create());
-  }
+  ESTUARY_RETURN_IF_ERROR(m.UseStream(options.stream));
   ESTUARY_ASSIGN_OR_RETURN(m.blas, Blas::Create(m.s()));
-  ESTUARY_ASSIGN_OR_RETURN(m.params, DeviceBuffer::Allocate(size_t(count) * sizeof(float)));
-  ESTUARY_RETURN_IF_ERROR(FillBytes(m.params.data(), 0, m.params.size(), m.s()));
+  // A frozen base has no gradient buffer: that memory (4 bytes per parameter) is what it saves.
+  ESTUARY_RETURN_IF_ERROR(m.AllocateFlat(/*with_gradients=*/!m.frozen()));
   if (m.frozen()) {
-    // No base gradient exists: that memory (4 bytes per parameter) is what a frozen base saves.
     ESTUARY_ASSIGN_OR_RETURN(m.frozen_dnorm, DeviceBuffer::Allocate(size_t(config.hidden_size) * sizeof(float)));
-  } else {
-    ESTUARY_ASSIGN_OR_RETURN(m.grads, DeviceBuffer::Allocate(size_t(count) * sizeof(float)));
-    ESTUARY_RETURN_IF_ERROR(FillBytes(m.grads.data(), 0, m.grads.size(), m.s()));
-  }
-  if (m.low()) {
-    ESTUARY_ASSIGN_OR_RETURN(m.working, DeviceBuffer::Allocate(size_t(count) * DTypeSize(options.precision)));
-    ESTUARY_RETURN_IF_ERROR(FillBytes(m.working.data(), 0, m.working.size(), m.s()));
   }
   const int64_t half = config.head_dim() / 2;
   ESTUARY_ASSIGN_OR_RETURN(m.rope, DeviceBuffer::Allocate(size_t(2 * config.max_seq_len * half) * sizeof(float)));
@@ -269,106 +121,62 @@ Result<LlamaEngine> LlamaEngine::Create(const LlamaConfig& config, int max_batch
                 size_t(max_n) * sizeof(float), size_t(8) << 10 /* clip: 1024 doubles and a float */}) +
       (size_t(64) << 10);
   ESTUARY_ASSIGN_OR_RETURN(m.scratch, Arena::Create(scratch_bytes));
+  m.loss = m.loss_d();
+  m.clip_norm = m.norm_d();
+  m.clip_scratch = &m.scratch;
   // Surfaces any error from the setup above here.
   ESTUARY_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(m.s()));
   return LlamaEngine(std::move(impl));
 }
 
-LlamaEngine::LlamaEngine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
-LlamaEngine::LlamaEngine(LlamaEngine&&) noexcept = default;
-LlamaEngine& LlamaEngine::operator=(LlamaEngine&&) noexcept = default;
-LlamaEngine::~LlamaEngine() = default;
+LlamaEngine::LlamaEngine(std::unique_ptr<Impl> impl) : Engine(std::move(impl)) {}
+LlamaEngine::Impl& LlamaEngine::impl() const { return static_cast<Impl&>(state()); }
 
-const LlamaConfig& LlamaEngine::config() const { return impl_->config; }
-const Manifest& LlamaEngine::manifest() const { return impl_->manifest; }
-int64_t LlamaEngine::parameter_count() const { return int64_t(impl_->manifest.total_elements); }
-int LlamaEngine::max_batch() const { return impl_->max_batch; }
-DType LlamaEngine::precision() const { return impl_->options.precision; }
-cudaStream_t LlamaEngine::stream() const { return impl_->s(); }
-size_t LlamaEngine::activation_bytes() const { return impl_->activation_buffer.size(); }
-float* LlamaEngine::parameters() { return impl_->P(); }
-float* LlamaEngine::gradients() { return impl_->G(); }
-const void* LlamaEngine::working_parameters() const { return impl_->low() ? impl_->working.data() : nullptr; }
-std::vector<ParameterUnit> LlamaEngine::units() const { return impl_->units; }
-const float* LlamaEngine::device_loss() const { return impl_->loss_d(); }
-LossScaler& LlamaEngine::loss_scaler() { return impl_->scaler; }
+const LlamaConfig& LlamaEngine::config() const { return impl().config; }
+int LlamaEngine::max_batch() const { return impl().max_batch; }
+size_t LlamaEngine::activation_bytes() const { return impl().activation_buffer.size(); }
+LossScaler& LlamaEngine::loss_scaler() { return impl().scaler; }
 
 // ------------------------------------------------------------- parameters
 
 Status LlamaEngine::Initialize(uint64_t seed) {
-  // models::Llama::Initialize, draw for draw: normal(0, 0.02) by Box-Muller
-  // for matrices, ones for the norms.
-  std::vector<float> host(impl_->manifest.total_elements);
-  std::mt19937_64 rng(seed);
-  auto uniform = [&rng] { return (double(rng() >> 11) + 0.5) * 0x1.0p-53; };
-  for (const TensorSpec& t : impl_->manifest.tensors) {
-    float* p = host.data() + t.offset;
-    const uint64_t count = t.numel();
-    if (t.shape.size() == 1) {
-      std::fill(p, p + count, 1.0f);
-      continue;
-    }
-    for (uint64_t i = 0; i < count; i += 2) {
-      const double r = 0.02 * std::sqrt(-2.0 * std::log(uniform())), angle = 2.0 * std::numbers::pi * uniform();
-      p[i] = float(r * std::cos(angle));
-      if (i + 1 < count) p[i + 1] = float(r * std::sin(angle));
-    }
-  }
+  std::vector<float> host(impl().manifest.total_elements);
+  InitializeLlamaParameters(impl().manifest, seed, host);
   return CopyParametersFrom(host);
 }
 
-Status LlamaEngine::CopyParametersFrom(std::span<const float> host) {
-  Impl& m = *impl_;
-  if (host.size() != m.manifest.total_elements) {
-    return InvalidArgument("cuda llama: {} parameters given, the model has {}", host.size(),
-                           m.manifest.total_elements);
-  }
-  if (!m.master()) {
-    // Through an fp32 staging chunk into the working copy, which rounds.
-    ESTUARY_ASSIGN_OR_RETURN(DeviceBuffer chunk, m.ConversionChunk());
-    const size_t step = chunk.size() / sizeof(float);
-    for (size_t at = 0; at < host.size(); at += step) {
-      const size_t count = std::min(step, host.size() - at);
-      ESTUARY_RETURN_IF_ERROR(CopyToDevice(chunk.data(), host.data() + at, count * sizeof(float), m.s()));
-      ESTUARY_RETURN_IF_ERROR(Convert(chunk.data(), DType::kF32, m.working.as<char>() + at * DTypeSize(m.act()),
-                                      m.act(), int64_t(count), m.s()));
-    }
-    ESTUARY_RETURN_IF_ERROR(m.WidenNorms());
-    // The chunk is freed on return: the stream must be done with it.
-    ESTUARY_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(m.s()));
-    return Status::Ok();
-  }
-  ESTUARY_RETURN_IF_ERROR(CopyToDevice(m.P(), host.data(), host.size_bytes(), m.s()));
-  if (m.low()) ESTUARY_RETURN_IF_ERROR(Convert(m.P(), DType::kF32, m.working.data(), m.act(), parameter_count(), m.s()));
-  return Status::Ok();
-}
-
-Status LlamaEngine::RefreshWorkingCopy() {
-  Impl& m = *impl_;
-  if (!m.low() || !m.master()) return Status::Ok();
-  return Convert(m.P(), DType::kF32, m.working.data(), m.act(), parameter_count(), m.s());
-}
-
-Status LlamaEngine::CopyParametersTo(std::span<float> host) {
-  Impl& m = *impl_;
-  if (host.size() != m.manifest.total_elements) {
-    return InvalidArgument("cuda llama: room for {} parameters given, the model has {}", host.size(),
-                           m.manifest.total_elements);
-  }
-  if (m.master()) return CopyToHost(host.data(), m.P(), host.size_bytes(), m.s());
-  ESTUARY_ASSIGN_OR_RETURN(DeviceBuffer chunk, m.ConversionChunk());
+Status LlamaEngine::Impl::UploadParameters(std::span<const float> host) {
+  if (master()) return EngineState::UploadParameters(host);
+  // Through an fp32 staging chunk into the working copy, which rounds.
+  ESTUARY_ASSIGN_OR_RETURN(DeviceBuffer chunk, ConversionChunk());
   const size_t step = chunk.size() / sizeof(float);
   for (size_t at = 0; at < host.size(); at += step) {
     const size_t count = std::min(step, host.size() - at);
-    ESTUARY_RETURN_IF_ERROR(Convert(m.working.as<char>() + at * DTypeSize(m.act()), m.act(), chunk.data(),
-                                    DType::kF32, int64_t(count), m.s()));
-    ESTUARY_RETURN_IF_ERROR(CopyToHost(host.data() + at, chunk.data(), count * sizeof(float), m.s()));
+    ESTUARY_RETURN_IF_ERROR(CopyToDevice(chunk.data(), host.data() + at, count * sizeof(float), s()));
+    ESTUARY_RETURN_IF_ERROR(Convert(chunk.data(), DType::kF32, working.as<char>() + at * DTypeSize(act()), act(),
+                                    int64_t(count), s()));
+  }
+  ESTUARY_RETURN_IF_ERROR(WidenNorms());
+  // The chunk is freed on return: the stream must be done with it.
+  ESTUARY_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s()));
+  return Status::Ok();
+}
+
+Status LlamaEngine::Impl::DownloadParameters(std::span<float> host) {
+  if (master()) return EngineState::DownloadParameters(host);
+  ESTUARY_ASSIGN_OR_RETURN(DeviceBuffer chunk, ConversionChunk());
+  const size_t step = chunk.size() / sizeof(float);
+  for (size_t at = 0; at < host.size(); at += step) {
+    const size_t count = std::min(step, host.size() - at);
+    ESTUARY_RETURN_IF_ERROR(Convert(working.as<char>() + at * DTypeSize(act()), act(), chunk.data(), DType::kF32,
+                                    int64_t(count), s()));
+    ESTUARY_RETURN_IF_ERROR(CopyToHost(host.data() + at, chunk.data(), count * sizeof(float), s()));
   }
   return Status::Ok();
 }
 
 Status LlamaEngine::DropFp32Master() {
-  Impl& m = *impl_;
+  Impl& m = impl();
   if (!m.frozen()) {
     return FailedPrecondition("cuda llama: only a frozen base (train_base false) can drop its fp32 master; a "
                               "trained one steps it");
@@ -393,11 +201,7 @@ Status LlamaEngine::DropFp32Master() {
   return Status::Ok();
 }
 
-bool LlamaEngine::has_fp32_master() const { return impl_->master(); }
-
-size_t LlamaEngine::parameter_bytes() const {
-  return impl_->params.size() + impl_->working.size() + impl_->norms.size();
-}
+bool LlamaEngine::has_fp32_master() const { return impl().master(); }
 
 Status LlamaEngine::Impl::WidenNorms() const {
   for (const NormSlot& n : norm_slots) {
@@ -412,275 +216,14 @@ Result<DeviceBuffer> LlamaEngine::Impl::ConversionChunk() const {
   return DeviceBuffer::Allocate(std::min<size_t>(kChunk, manifest.total_elements) * sizeof(float));
 }
 
-Status LlamaEngine::CopyGradientsTo(std::span<float> host) {
-  if (impl_->frozen()) return FailedPrecondition("cuda llama: the base is frozen (train_base false): it has no gradients");
-  if (host.size() != impl_->manifest.total_elements) {
-    return InvalidArgument("cuda llama: room for {} gradients given, the model has {}", host.size(),
-                           impl_->manifest.total_elements);
-  }
-  return CopyToHost(host.data(), impl_->G(), host.size_bytes(), impl_->s());
+Result<bool> LlamaEngine::Impl::UnscaleGradients() {
+  if (act() != DType::kF16) return true;
+  // GradScaler.step: unscale, check, and skip the update on inf/NaN. The flag
+  // read is this step's one host synchronisation.
+  ESTUARY_RETURN_IF_ERROR(UnscaleAndCheckFinite(G(), count(), scaler.inv_scale(), found_inf_d(), s()));
+  ESTUARY_ASSIGN_OR_RETURN(const bool found_inf, ReadFoundInf(found_inf_d(), s()));
+  scaler.Update(found_inf);
+  return !found_inf;
 }
-
-// ---------------------------------------------------------------- training
-
-Status LlamaEngine::Impl::CheckInput(const int32_t* tokens, const int32_t* targets, int batch, int seq) const {
-  if (batch < 1 || batch > max_batch) {
-    return InvalidArgument("cuda llama: batch {} is outside [1, {}] (max_batch given at Create)", batch, max_batch);
-  }
-  if (seq < 1 || seq > config.max_seq_len) {
-    return InvalidArgument("cuda llama: sequence length {} is outside [1, {}] (max_seq_len)", seq,
-                           config.max_seq_len);
-  }
-  auto check = [&](const char* what, const int32_t* ids) -> Status {
-    for (int64_t i = 0; i < int64_t(batch) * seq; ++i) {
-      if (ids[i] < 0 || ids[i] >= config.vocab_size) {
-        return InvalidArgument("cuda llama: {} id {} at batch {}, position {} is outside the vocabulary [0, {})",
-                               what, ids[i], i / seq, i % seq, config.vocab_size);
-      }
-    }
-    return Status::Ok();
-  };
-  if (!tokens) return InvalidArgument("cuda llama: no token ids given");
-  ESTUARY_RETURN_IF_ERROR(check("token", tokens));
-  if (targets) ESTUARY_RETURN_IF_ERROR(check("target", targets));
-  return Status::Ok();
-}
-
-Status LlamaEngine::Impl::Upload(const int32_t* tokens, const int32_t* targets, int batch, int seq) {
-  const int64_t n = int64_t(batch) * seq, max_n = int64_t(max_batch) * config.max_seq_len;
-  // The previous upload must have left the staging buffer before it is refilled.
-  if (staging_used) ESTUARY_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(staging_free.get()));
-  std::memcpy(staging.as<int32_t>(), tokens, size_t(n) * sizeof(int32_t));
-  if (targets) std::memcpy(staging.as<int32_t>() + max_n, targets, size_t(n) * sizeof(int32_t));
-  ESTUARY_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(tokens_d(), staging.as<int32_t>(), size_t(n) * sizeof(int32_t),
-                                               cudaMemcpyHostToDevice, s()));
-  if (targets) {
-    ESTUARY_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(targets_d(), staging.as<int32_t>() + max_n, size_t(n) * sizeof(int32_t),
-                                                 cudaMemcpyHostToDevice, s()));
-  }
-  ESTUARY_CUDA_RETURN_IF_ERROR(cudaEventRecord(staging_free.get(), s()));
-  staging_used = true;
-  return Status::Ok();
-}
-
-Status LlamaEngine::Impl::RunForward(int batch, int seq) {
-  const LlamaConfig& c = config;
-  const int n = batch * seq, D = c.hidden_size, I = c.intermediate_size, hd = c.head_dim(), V = c.vocab_size;
-  const int H = c.num_heads, KV = c.num_kv_heads;
-  const int64_t qkv_width = int64_t(H + 2 * KV) * hd;
-  const float eps = float(c.rms_norm_eps);
-  Carve(batch, seq, activation_buffer.as<char>());
-  ESTUARY_RETURN_IF_ERROR(Embed(n, acts.resid));
-  for (int l = 0; l < c.num_layers; ++l) {
-    const LayerOffsets& o = offsets[l];
-    const LayerActivations& a = acts.layers[l];
-    const float* x = acts.resid + l * acts.resid_stride;
-    float* out = acts.resid + (l + 1) * acts.resid_stride;
-    ESTUARY_RETURN_IF_ERROR(RmsNormForward(x, Norm(o.input_norm), n, D, eps, a.xn1, act(), a.rstd1, s()));
-    ESTUARY_RETURN_IF_ERROR(
-        Gemm(blas, false, true, n, qkv_width, D, 1.0f, a.xn1, D, W(o.qkv), D, 0.0f, a.qkv, qkv_width, Same()));
-    ESTUARY_RETURN_IF_ERROR(AdaptForward(l, Projection::kQkv, a.xn1, n, a.qkv, act()));
-    // q and k heads are adjacent at the start of each row: one rotation for both.
-    ESTUARY_RETURN_IF_ERROR(RopeForward(a.qkv, act(), batch, seq, H + KV, hd, qkv_width, rope_cos(), rope_sin(), s()));
-    if (flash) {
-      ESTUARY_RETURN_IF_ERROR(FlashAttentionForward(act(), a.qkv, batch, seq, H, KV, hd, a.attn, a.lse, s()));
-    } else {
-      float* scores = low() ? acts.scores : static_cast<float*>(a.probs);
-      ESTUARY_RETURN_IF_ERROR(AttentionForward(blas, act(), a.qkv, batch, seq, H, KV, hd, scores, a.probs, a.attn));
-    }
-    ESTUARY_RETURN_IF_ERROR(
-        Gemm(blas, false, true, n, D, int64_t(H) * hd, 1.0f, a.attn, int64_t(H) * hd, W(o.o), int64_t(H) * hd, 0.0f,
-             a.h, D, ToF32()));
-    ESTUARY_RETURN_IF_ERROR(AdaptForward(l, Projection::kO, a.attn, n, a.h, DType::kF32));
-    ESTUARY_RETURN_IF_ERROR(ResidualAdd(x, int64_t(n) * D, a.h, s()));
-    ESTUARY_RETURN_IF_ERROR(RmsNormForward(a.h, Norm(o.post_norm), n, D, eps, a.xn2, act(), a.rstd2, s()));
-    ESTUARY_RETURN_IF_ERROR(
-        Gemm(blas, false, true, n, 2 * int64_t(I), D, 1.0f, a.xn2, D, W(o.gate_up), D, 0.0f, a.gate_up, 2 * I, Same()));
-    ESTUARY_RETURN_IF_ERROR(AdaptForward(l, Projection::kGateUp, a.xn2, n, a.gate_up, act()));
-    ESTUARY_RETURN_IF_ERROR(SwiGluForward(a.gate_up, n, I, a.act, act(), s()));
-    ESTUARY_RETURN_IF_ERROR(Gemm(blas, false, true, n, D, I, 1.0f, a.act, I, W(o.down), I, 0.0f, out, D, ToF32()));
-    ESTUARY_RETURN_IF_ERROR(AdaptForward(l, Projection::kDown, a.act, n, out, DType::kF32));
-    ESTUARY_RETURN_IF_ERROR(ResidualAdd(a.h, int64_t(n) * D, out, s()));
-  }
-  ESTUARY_RETURN_IF_ERROR(RmsNormForward(acts.resid + c.num_layers * acts.resid_stride, Norm(final_norm), n, D, eps,
-                                         acts.xn_final, act(), acts.rstd_final, s()));
-  return Gemm(blas, false, true, n, V, D, 1.0f, acts.xn_final, D, W(lm_head), D, 0.0f, acts.logits, V, ToF32());
-}
-
-Status LlamaEngine::Impl::RunBackward(int batch, int seq, const BackwardOptions& options) {
-  StepHooks& hooks = options.hooks ? *options.hooks : StepHooks::None();
-  const int final_unit = int(units.size()) - 1;
-  const LlamaConfig& c = config;
-  const int n = batch * seq, D = c.hidden_size, I = c.intermediate_size, hd = c.head_dim(), V = c.vocab_size;
-  const int H = c.num_heads, KV = c.num_kv_heads;
-  const int64_t qkv_width = int64_t(H + 2 * KV) * hd, attn_width = int64_t(H) * hd;
-  const Activations& a = acts;
-  // A frozen base forms no weight gradient: each projection computes only its
-  // input gradient (one GEMM instead of two).
-  const bool train = !frozen();
-  const float grad_scale = options.grad_scale * (act() == DType::kF16 ? scaler.scale() : 1.0f);
-  ESTUARY_RETURN_IF_ERROR(CrossEntropyForwardBackward(a.logits, targets_d(), n, V, a.dlogits, act(), grad_scale,
-                                                      loss_d(), Scratch(), s()));
-  // The LM head first: when tied it writes the embedding's gradient, to which
-  // the input side is added last.
-  if (train) {
-    ESTUARY_RETURN_IF_ERROR(
-        Gemm(blas, true, false, V, D, n, 1.0f, a.dlogits, V, a.xn_final, D, 0.0f, G() + lm_head, D, ToF32()));
-  }
-  ESTUARY_RETURN_IF_ERROR(Gemm(blas, false, false, n, D, V, 1.0f, a.dlogits, V, W(lm_head), D, 0.0f, a.dxn, D, ToF32()));
-  ESTUARY_RETURN_IF_ERROR(FillBytes(a.dresid, 0, size_t(n) * D * sizeof(float), s()));
-  // dresid holds dL/d(output of block l) on entry and dL/d(its input) on exit;
-  // under bf16/f16 every norm backward also leaves its low-precision copy,
-  // which the next GEMMs read.
-  ESTUARY_RETURN_IF_ERROR(RmsNormBackward(a.resid + c.num_layers * a.resid_stride, Norm(final_norm), a.rstd_final,
-                                          a.dxn, n, D, a.dresid, NormGrad(final_norm), Scratch(), s(), a.dresid_low,
-                                          act()));
-  // Untied, the final unit (norm and LM head) is done; tied, the embedding's
-  // gradient still waits for the lookup's share, but the final norm is done.
-  hooks.GradientsFinal(units[final_unit].begin);
-  const void* dres = low() ? a.dresid_low : static_cast<const void*>(a.dresid);
-  for (int l = c.num_layers - 1; l >= 0; --l) {
-    const LayerOffsets& o = offsets[l];
-    const LayerActivations& L = a.layers[l];
-    if (train) {
-      ESTUARY_RETURN_IF_ERROR(Gemm(blas, true, false, D, I, n, 1.0f, dres, D, L.act, I, 0.0f, G() + o.down, I, ToF32()));
-    }
-    ESTUARY_RETURN_IF_ERROR(Gemm(blas, false, false, n, I, D, 1.0f, dres, D, W(o.down), I, 0.0f, a.dact, I, Same()));
-    ESTUARY_RETURN_IF_ERROR(AdaptBackward(l, Projection::kDown, L.act, dres, n, a.dact, act()));
-    ESTUARY_RETURN_IF_ERROR(SwiGluBackward(L.gate_up, a.dact, n, I, a.dgate_up, act(), s()));
-    if (train) {
-      ESTUARY_RETURN_IF_ERROR(Gemm(blas, true, false, 2 * int64_t(I), D, n, 1.0f, a.dgate_up, 2 * I, L.xn2, D, 0.0f,
-                                   G() + o.gate_up, D, ToF32()));
-    }
-    ESTUARY_RETURN_IF_ERROR(
-        Gemm(blas, false, false, n, D, 2 * int64_t(I), 1.0f, a.dgate_up, 2 * I, W(o.gate_up), D, 0.0f, a.dxn, D,
-             ToF32()));
-    ESTUARY_RETURN_IF_ERROR(AdaptBackward(l, Projection::kGateUp, L.xn2, a.dgate_up, n, a.dxn, DType::kF32));
-    ESTUARY_RETURN_IF_ERROR(RmsNormBackward(L.h, Norm(o.post_norm), L.rstd2, a.dxn, n, D, a.dresid,
-                                            NormGrad(o.post_norm), Scratch(), s(), a.dresid_low, act()));
-    if (train) {
-      ESTUARY_RETURN_IF_ERROR(
-          Gemm(blas, true, false, D, attn_width, n, 1.0f, dres, D, L.attn, attn_width, 0.0f, G() + o.o, attn_width,
-               ToF32()));
-    }
-    ESTUARY_RETURN_IF_ERROR(
-        Gemm(blas, false, false, n, attn_width, D, 1.0f, dres, D, W(o.o), attn_width, 0.0f, a.dattn, attn_width,
-             Same()));
-    ESTUARY_RETURN_IF_ERROR(AdaptBackward(l, Projection::kO, L.attn, dres, n, a.dattn, act()));
-    if (flash) {
-      ESTUARY_RETURN_IF_ERROR(FlashAttentionBackward(act(), L.qkv, L.attn, a.dattn, L.lse, batch, seq, H, KV, hd,
-                                                     a.delta, a.dqkv, s()));
-    } else {
-      ESTUARY_RETURN_IF_ERROR(AttentionBackward(blas, act(), L.qkv, L.probs, a.dattn, batch, seq, H, KV, hd,
-                                                a.dprobs, a.dscores, a.dqkv));
-    }
-    ESTUARY_RETURN_IF_ERROR(
-        RopeBackward(a.dqkv, act(), batch, seq, H + KV, hd, qkv_width, rope_cos(), rope_sin(), s()));
-    if (train) {
-      ESTUARY_RETURN_IF_ERROR(Gemm(blas, true, false, qkv_width, D, n, 1.0f, a.dqkv, qkv_width, L.xn1, D, 0.0f,
-                                   G() + o.qkv, D, ToF32()));
-    }
-    // The first block's input is the (frozen) embedding: with nothing to
-    // train below it, a frozen base needs no input gradient there.
-    const bool need_dx = train || l > 0;
-    if (need_dx) {
-      ESTUARY_RETURN_IF_ERROR(
-          Gemm(blas, false, false, n, D, qkv_width, 1.0f, a.dqkv, qkv_width, W(o.qkv), D, 0.0f, a.dxn, D, ToF32()));
-    }
-    ESTUARY_RETURN_IF_ERROR(
-        AdaptBackward(l, Projection::kQkv, L.xn1, a.dqkv, n, need_dx ? a.dxn : nullptr, DType::kF32));
-    if (need_dx) {
-      ESTUARY_RETURN_IF_ERROR(RmsNormBackward(a.resid + l * a.resid_stride, Norm(o.input_norm), L.rstd1, a.dxn, n, D,
-                                              a.dresid, NormGrad(o.input_norm), Scratch(), s(), a.dresid_low, act()));
-    }
-    hooks.GradientsFinal(units[1 + l].begin);
-  }
-  if (!train) return Status::Ok();
-  if (!c.tie_embeddings) {
-    ESTUARY_RETURN_IF_ERROR(FillBytes(G() + embed, 0, size_t(V) * D * sizeof(float), s()));
-  }
-  ESTUARY_RETURN_IF_ERROR(EmbeddingBackward(tokens_d(), n, a.dresid, V, D, G() + embed, Scratch(), s()));
-  hooks.GradientsFinal(0);
-  return Status::Ok();
-}
-
-Status LlamaEngine::ForwardBackwardAsync(const int32_t* tokens, const int32_t* targets, int batch, int seq) {
-  return ForwardBackwardAsync(tokens, targets, batch, seq, BackwardOptions{});
-}
-
-Status LlamaEngine::ForwardBackwardAsync(const int32_t* tokens, const int32_t* targets, int batch, int seq,
-                                         const BackwardOptions& options) {
-  Impl& m = *impl_;
-  if (!targets) return InvalidArgument("cuda llama: no target ids given");
-  if (options.accumulate) {
-    return InvalidArgument("cuda llama: gradient accumulation (BackwardOptions.accumulate) is not supported; "
-                           "every step overwrites the gradients");
-  }
-  if (!(options.grad_scale >= 0) || !std::isfinite(options.grad_scale)) {
-    return InvalidArgument("cuda llama: grad_scale {} must be finite and >= 0", options.grad_scale);
-  }
-  if (options.hooks && m.frozen()) {
-    return InvalidArgument("cuda llama: step hooks (DDP, ZeRO) over a frozen base are not supported: it has no "
-                           "gradient buffer to reduce");
-  }
-  ESTUARY_RETURN_IF_ERROR(m.CheckInput(tokens, targets, batch, seq));
-  ESTUARY_RETURN_IF_ERROR(m.Upload(tokens, targets, batch, seq));
-  ESTUARY_RETURN_IF_ERROR(m.RunForward(batch, seq));
-  return m.RunBackward(batch, seq, options);
-}
-
-Result<float> LlamaEngine::ReadLoss() {
-  float loss = 0;
-  ESTUARY_RETURN_IF_ERROR(CopyToHost(&loss, impl_->loss_d(), sizeof loss, impl_->s()));
-  return loss;
-}
-
-Result<float> LlamaEngine::ForwardBackward(const int32_t* tokens, const int32_t* targets, int batch, int seq) {
-  ESTUARY_RETURN_IF_ERROR(ForwardBackwardAsync(tokens, targets, batch, seq));
-  return ReadLoss();
-}
-
-Status LlamaEngine::Forward(const int32_t* tokens, int batch, int seq, float* logits) {
-  Impl& m = *impl_;
-  ESTUARY_RETURN_IF_ERROR(m.CheckInput(tokens, nullptr, batch, seq));
-  if (!logits) return InvalidArgument("cuda llama: no logits buffer given");
-  ESTUARY_RETURN_IF_ERROR(m.Upload(tokens, nullptr, batch, seq));
-  ESTUARY_RETURN_IF_ERROR(m.RunForward(batch, seq));
-  return CopyToHost(logits, m.acts.logits, size_t(batch) * seq * m.config.vocab_size * sizeof(float), m.s());
-}
-
-template <typename Optimizer>
-Result<bool> LlamaEngine::StepWith(Optimizer& optimizer, double max_grad_norm) {
-  Impl& m = *impl_;
-  if (m.frozen()) {
-    return FailedPrecondition("cuda llama: the base is frozen (train_base false); step the adapters' optimizer instead");
-  }
-  const int64_t count = parameter_count();
-  if (optimizer.size() != count) {
-    return InvalidArgument("cuda llama: the optimizer holds state for {} parameters, the model has {}",
-                           optimizer.size(), count);
-  }
-  if (!(max_grad_norm >= 0) || !std::isfinite(max_grad_norm)) {
-    return InvalidArgument("cuda llama: max_grad_norm {} must be finite and >= 0 (0: no clipping)", max_grad_norm);
-  }
-  if (m.act() == DType::kF16) {
-    // GradScaler.step: unscale, check, and skip the update on inf/NaN. The flag
-    // read is this step's one host synchronisation.
-    ESTUARY_RETURN_IF_ERROR(UnscaleAndCheckFinite(m.G(), count, m.scaler.inv_scale(), m.found_inf_d(), m.s()));
-    ESTUARY_ASSIGN_OR_RETURN(const bool found_inf, ReadFoundInf(m.found_inf_d(), m.s()));
-    m.scaler.Update(found_inf);
-    if (found_inf) return false;
-  }
-  if (max_grad_norm > 0) {
-    ESTUARY_RETURN_IF_ERROR(ClipGradNorm(m.G(), count, max_grad_norm, m.norm_d(), m.Scratch(), m.s()));
-  }
-  WorkingCopy working;
-  if (m.low()) working = {m.working.data(), m.act()};
-  ESTUARY_RETURN_IF_ERROR(optimizer.Step(m.P(), m.G(), m.s(), working));
-  return true;
-}
-
-Result<bool> LlamaEngine::Step(AdamW& optimizer, double max_grad_norm) { return StepWith(optimizer, max_grad_norm); }
-Result<bool> LlamaEngine::Step(Sgd& optimizer, double max_grad_norm) { return StepWith(optimizer, max_grad_norm); }
 
 }  // namespace estuary::models::cuda

@@ -1,4 +1,5 @@
-// LlamaEngine: the LLaMA-style decoder of models/llama.h, trained on one GPU.
+// LlamaEngine: the LLaMA-style decoder of models/llama.h, trained on one GPU
+// (a cuda::Engine, models/cuda/engine.h).
 //
 // Same LlamaConfig, same manifest (Hugging Face names, order and offsets) and
 // so the same flat fp32 parameter buffer as models::Llama: weights, checkpoints
@@ -44,6 +45,7 @@
 #include "base/status.h"
 #include "models/cuda/blas.h"
 #include "models/cuda/device.h"
+#include "models/cuda/engine.h"
 #include "models/cuda/optimizer.h"
 #include "models/llama.h"
 #include "models/loss_scaler.h"
@@ -103,45 +105,29 @@ struct LlamaEngineOptions {
   ProjectionAdapters* adapters = nullptr;
 };
 
-class LlamaEngine {
+// Beyond Engine: gradients() is null when the base is frozen (train_base
+// false), and so are parameters() once the fp32 master is dropped
+// (DropFp32Master), which parameter_bytes() then counts the norms' fp32 copy
+// in. Initialize draws InitializeLlamaParameters's bits (models/llama.h), as
+// models::Llama::Initialize. Step returns false when an f16 step was skipped
+// for inf/NaN gradients (the loss scaler is updated either way); it, and
+// CopyGradientsTo, are refused for a frozen base.
+class LlamaEngine : public Engine {
  public:
   // Zero parameters (Initialize or CopyParametersFrom before training) and
   // activation memory for up to max_batch sequences of max_seq_len tokens.
   static Result<LlamaEngine> Create(const LlamaConfig& config, int max_batch, LlamaEngineOptions options = {});
 
-  LlamaEngine(LlamaEngine&&) noexcept;
-  LlamaEngine& operator=(LlamaEngine&&) noexcept;
-  ~LlamaEngine();
+  LlamaEngine(LlamaEngine&&) noexcept = default;
+  LlamaEngine& operator=(LlamaEngine&&) noexcept = default;
 
   const LlamaConfig& config() const;
-  const Manifest& manifest() const;  // equal to models::Llama's for the same config
-  int64_t parameter_count() const;
+  // manifest() equals models::Llama's for the same config, and units() its units.
   int max_batch() const;
-  DType precision() const;
-  cudaStream_t stream() const;
   // Bytes of the activation buffer allocated at Create.
   size_t activation_bytes() const;
 
-  // Device buffers of parameter_count() elements in manifest order;
-  // gradients() is null when the base is frozen (train_base false), and
-  // parameters() once the fp32 master is dropped (DropFp32Master).
-  float* parameters();
-  float* gradients();
-  // The bf16/f16 copy of the parameters the GEMMs read; null under f32.
-  const void* working_parameters() const;
-  // models::Llama's units (models/step_hooks.h) for the same config.
-  std::vector<ParameterUnit> units() const;
-
-  // models::Llama::Initialize's draws (the same seed gives the same bits).
-  Status Initialize(uint64_t seed);
-  // Host <-> device copies of the whole flat buffer (sizes checked). From
-  // refreshes the working copy; To waits for the stream.
-  Status CopyParametersFrom(std::span<const float> host);
-  Status CopyParametersTo(std::span<float> host);
-  // Rewrites the bf16/f16 working copy from parameters() after something
-  // other than Step changed them on the device (a ZeRO all-gather); nothing
-  // to do under f32 or without an fp32 master.
-  Status RefreshWorkingCopy();
+  Status Initialize(uint64_t seed) override;
 
   // A frozen base (train_base false) under bf16/f16 may drop its fp32
   // master: the working copy then holds the weights, rounded to nearest even,
@@ -152,10 +138,6 @@ class LlamaEngine {
   // Refused (one line) for a base that trains or under f32.
   Status DropFp32Master();
   bool has_fp32_master() const;
-  // Device bytes holding the weights: the fp32 master, the working copy and
-  // (without a master) the norms' fp32 copy.
-  size_t parameter_bytes() const;
-  Status CopyGradientsTo(std::span<float> host);
 
   // tokens and targets are host arrays of [batch, seq] ids (targets[i] is the
   // token after tokens[i]), checked as models::Llama checks them. Overwrites
@@ -173,17 +155,8 @@ class LlamaEngine {
                               const BackwardOptions& options);
   // The same, then waits for the loss.
   Result<float> ForwardBackward(const int32_t* tokens, const int32_t* targets, int batch, int seq);
-  const float* device_loss() const;
-  Result<float> ReadLoss();  // waits for the stream
   // Writes logits [batch, seq, vocab] to host memory (waits).
   Status Forward(const int32_t* tokens, int batch, int seq, float* logits);
-
-  // One optimizer step over the whole flat buffer, also writing the working
-  // copy. With max_grad_norm > 0 the (unscaled) gradients are first clipped
-  // to it (clip_grad_norm_). Returns false when an f16 step was skipped for
-  // inf/NaN gradients; the loss scaler is updated either way.
-  Result<bool> Step(AdamW& optimizer, double max_grad_norm = 0);
-  Result<bool> Step(Sgd& optimizer, double max_grad_norm = 0);
 
   // The f16 loss scaler (unused under f32 and bf16); settable so that a
   // resumed run continues with the saved scale.
@@ -192,9 +165,7 @@ class LlamaEngine {
  private:
   struct Impl;
   explicit LlamaEngine(std::unique_ptr<Impl> impl);
-  template <typename Optimizer>
-  Result<bool> StepWith(Optimizer& optimizer, double max_grad_norm);
-  std::unique_ptr<Impl> impl_;
+  Impl& impl() const;
 };
 
 }  // namespace estuary::models::cuda

@@ -9,18 +9,12 @@
 #include <vector>
 
 #include "models/cuda/check.h"
+#include "models/cuda/engine_state.h"
 #include "models/cuda/precision.h"
+#include "models/cuda/sizes.h"
 
 namespace estuary::models::cuda {
 namespace {
-
-// p advanced by `elements` elements of dtype.
-const void* Advance(const void* p, int64_t elements, DType dtype) {
-  return static_cast<const char*>(p) + elements * int64_t(DTypeSize(dtype));
-}
-void* Advance(void* p, int64_t elements, DType dtype) {
-  return static_cast<char*>(p) + elements * int64_t(DTypeSize(dtype));
-}
 
 // An adapted module's place in its fused projection's output: the column its
 // block starts at.
@@ -39,13 +33,12 @@ struct Slots {
 
 }  // namespace
 
-struct LoraLlamaEngine::Impl final : ProjectionAdapters {
+// The adapter buffers and the manifest are the EngineState's.
+struct LoraLlamaEngine::Impl final : EngineState, ProjectionAdapters {
   LlamaConfig config;
   LoraConfig lora;
-  DType precision = DType::kF32;
   bool allow_tf32 = false;
   LoraLayout layout;
-  int64_t count = 0;  // adapter parameters
   int64_t max_n = 0;  // max_batch * max_seq_len rows
   float scale = 0;    // alpha / rank
   // Per (layer, module): where its kept x·Aᵀ [max_n, rank] starts in `kept`
@@ -53,21 +46,13 @@ struct LoraLlamaEngine::Impl final : ProjectionAdapters {
   std::vector<int64_t> kept_at;
 
   // The base is declared last, so it is destroyed first: nothing is enqueued
-  // after that, and the buffers below go through cudaFree, which waits for
-  // the device, so no kernel of a last step still reads them.
-  DeviceBuffer params, grads, working, kept, scratch_u, misc;
+  // after that, and the buffers below and the EngineState's go through
+  // cudaFree, which waits for the device, so no kernel of a last step still
+  // reads them.
+  DeviceBuffer kept, scratch_u, misc;
   Arena scratch;  // ClipGradNorm's partial sums
   std::optional<LlamaEngine> base;
 
-  bool low() const { return precision != DType::kF32; }
-  cudaStream_t s() const { return base->stream(); }
-  float* P() const { return params.as<float>(); }
-  float* G() const { return grads.as<float>(); }
-  // What the adapter GEMMs read: the fp32 master under f32, else the bf16 copy.
-  const void* W(uint64_t offset) const {
-    return low() ? static_cast<const void*>(working.as<char>() + offset * DTypeSize(precision))
-                 : static_cast<const void*>(P() + offset);
-  }
   void* Kept(int layer, LoraModule m) const {
     return kept.as<char>() + kept_at[size_t(layer) * kLoraModules + size_t(m)] * int64_t(DTypeSize(precision));
   }
@@ -169,12 +154,15 @@ Result<LoraLlamaEngine> LoraLlamaEngine::Create(const LlamaConfig& config, const
   }
   auto impl = std::make_unique<Impl>();
   Impl& m = *impl;
+  m.who = "cuda lora";
+  m.adapters = true;
   m.config = config;
   m.lora = lora;
   m.precision = options.precision;
   m.allow_tf32 = options.allow_tf32;
   m.layout = LoraLayoutOf(config, lora);
-  m.count = int64_t(m.layout.manifest.total_elements);
+  m.manifest = m.layout.manifest;
+  m.units = m.layout.units;
   m.max_n = int64_t(max_batch) * config.max_seq_len;
   m.scale = float(lora.scale());
 
@@ -182,16 +170,11 @@ Result<LoraLlamaEngine> LoraLlamaEngine::Create(const LlamaConfig& config, const
   options.adapters = &m;  // stable: Impl lives on the heap, and moves of the engine move the pointer to it
   ESTUARY_ASSIGN_OR_RETURN(LlamaEngine base, LlamaEngine::Create(config, max_batch, options));
   m.base.emplace(std::move(base));
+  m.stream = m.base->stream();
+  m.loss = m.base->device_loss();
 
   const size_t a = DTypeSize(m.precision);
-  ESTUARY_ASSIGN_OR_RETURN(m.params, DeviceBuffer::Allocate(size_t(m.count) * sizeof(float)));
-  ESTUARY_ASSIGN_OR_RETURN(m.grads, DeviceBuffer::Allocate(size_t(m.count) * sizeof(float)));
-  ESTUARY_RETURN_IF_ERROR(FillBytes(m.params.data(), 0, m.params.size(), m.s()));
-  ESTUARY_RETURN_IF_ERROR(FillBytes(m.grads.data(), 0, m.grads.size(), m.s()));
-  if (m.low()) {
-    ESTUARY_ASSIGN_OR_RETURN(m.working, DeviceBuffer::Allocate(size_t(m.count) * a));
-    ESTUARY_RETURN_IF_ERROR(FillBytes(m.working.data(), 0, m.working.size(), m.s()));
-  }
+  ESTUARY_RETURN_IF_ERROR(m.AllocateFlat(/*with_gradients=*/true));
   // One [max_n, rank] block per adapted module, each 256-byte aligned (the
   // alignment cuBLAS's fastest kernels want).
   m.kept_at.assign(size_t(config.num_layers) * kLoraModules, -1);
@@ -210,73 +193,33 @@ Result<LoraLlamaEngine> LoraLlamaEngine::Create(const LlamaConfig& config, const
   ESTUARY_ASSIGN_OR_RETURN(m.misc, DeviceBuffer::Allocate(256));  // the clipping norm (a double)
   ESTUARY_RETURN_IF_ERROR(FillBytes(m.misc.data(), 0, m.misc.size(), m.s()));
   ESTUARY_ASSIGN_OR_RETURN(m.scratch, Arena::Create((size_t(8) << 10) + (size_t(64) << 10)));  // as LlamaEngine's clip
+  m.clip_norm = m.norm_d();
+  m.clip_scratch = &m.scratch;
   ESTUARY_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(m.s()));
   return LoraLlamaEngine(std::move(impl));
 }
 
-LoraLlamaEngine::LoraLlamaEngine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
-LoraLlamaEngine::LoraLlamaEngine(LoraLlamaEngine&&) noexcept = default;
-LoraLlamaEngine& LoraLlamaEngine::operator=(LoraLlamaEngine&&) noexcept = default;
-LoraLlamaEngine::~LoraLlamaEngine() = default;
+LoraLlamaEngine::LoraLlamaEngine(std::unique_ptr<Impl> impl) : Engine(std::move(impl)) {}
+LoraLlamaEngine::Impl& LoraLlamaEngine::impl() const { return static_cast<Impl&>(state()); }
 
-const LoraConfig& LoraLlamaEngine::lora_config() const { return impl_->lora; }
-LlamaEngine& LoraLlamaEngine::base() { return *impl_->base; }
-const LlamaEngine& LoraLlamaEngine::base() const { return *impl_->base; }
-cudaStream_t LoraLlamaEngine::stream() const { return impl_->s(); }
-const Manifest& LoraLlamaEngine::manifest() const { return impl_->layout.manifest; }
-int64_t LoraLlamaEngine::parameter_count() const { return impl_->count; }
-float* LoraLlamaEngine::parameters() { return impl_->P(); }
-float* LoraLlamaEngine::gradients() { return impl_->G(); }
-const void* LoraLlamaEngine::working_parameters() const { return impl_->low() ? impl_->working.data() : nullptr; }
-size_t LoraLlamaEngine::adapter_activation_bytes() const { return impl_->kept.size() + impl_->scratch_u.size(); }
+const LoraConfig& LoraLlamaEngine::lora_config() const { return impl().lora; }
+LlamaEngine& LoraLlamaEngine::base() { return *impl().base; }
+const LlamaEngine& LoraLlamaEngine::base() const { return *impl().base; }
+size_t LoraLlamaEngine::adapter_activation_bytes() const { return impl().kept.size() + impl().scratch_u.size(); }
 
 Status LoraLlamaEngine::Initialize(uint64_t seed) {
-  std::vector<float> host(size_t(impl_->count));
-  InitializeLoraAdapters(impl_->layout, seed, host);
+  std::vector<float> host(impl().manifest.total_elements);
+  InitializeLoraAdapters(impl().layout, seed, host);
   return CopyParametersFrom(host);
 }
 
-Status LoraLlamaEngine::CopyParametersFrom(std::span<const float> host) {
-  Impl& m = *impl_;
-  if (int64_t(host.size()) != m.count) {
-    return InvalidArgument("cuda lora: {} adapter parameters given, the adapters have {}", host.size(), m.count);
-  }
-  ESTUARY_RETURN_IF_ERROR(CopyToDevice(m.P(), host.data(), host.size_bytes(), m.s()));
-  if (m.low()) ESTUARY_RETURN_IF_ERROR(Convert(m.P(), DType::kF32, m.working.data(), m.precision, m.count, m.s()));
-  return Status::Ok();
-}
-
 Status LoraLlamaEngine::CopyParametersFrom(uint64_t offset, std::span<const float> host) {
-  Impl& m = *impl_;
-  if (offset > uint64_t(m.count) || host.size() > uint64_t(m.count) - offset) {
+  Impl& m = impl();
+  if (offset > uint64_t(m.count()) || host.size() > uint64_t(m.count()) - offset) {
     return InvalidArgument("cuda lora: {} adapter parameters at offset {} overrun the adapters' {}", host.size(),
-                           offset, m.count);
+                           offset, m.count());
   }
   return CopyToDevice(m.P() + offset, host.data(), host.size_bytes(), m.s());
-}
-
-Status LoraLlamaEngine::RefreshWorkingCopy() {
-  Impl& m = *impl_;
-  if (!m.low()) return Status::Ok();
-  return Convert(m.P(), DType::kF32, m.working.data(), m.precision, m.count, m.s());
-}
-
-Status LoraLlamaEngine::CopyParametersTo(std::span<float> host) {
-  if (int64_t(host.size()) != impl_->count) {
-    return InvalidArgument("cuda lora: room for {} adapter parameters given, the adapters have {}", host.size(),
-                           impl_->count);
-  }
-  return CopyToHost(host.data(), impl_->P(), host.size_bytes(), impl_->s());
-}
-
-std::vector<ParameterUnit> LoraLlamaEngine::units() const { return impl_->layout.units; }
-
-Status LoraLlamaEngine::CopyGradientsTo(std::span<float> host) {
-  if (int64_t(host.size()) != impl_->count) {
-    return InvalidArgument("cuda lora: room for {} adapter gradients given, the adapters have {}", host.size(),
-                           impl_->count);
-  }
-  return CopyToHost(host.data(), impl_->G(), host.size_bytes(), impl_->s());
 }
 
 Status LoraLlamaEngine::ForwardBackwardAsync(const int32_t* tokens, const int32_t* targets, int batch, int seq,
@@ -286,7 +229,7 @@ Status LoraLlamaEngine::ForwardBackwardAsync(const int32_t* tokens, const int32_
   // Its own hooks would speak of base offsets: the adapters report here.
   BackwardOptions base_options = options;
   base_options.hooks = nullptr;
-  ESTUARY_RETURN_IF_ERROR(impl_->base->ForwardBackwardAsync(tokens, targets, batch, seq, base_options));
+  ESTUARY_RETURN_IF_ERROR(impl().base->ForwardBackwardAsync(tokens, targets, batch, seq, base_options));
   // Every adapter gradient is final once backward is enqueued: one report, so
   // DDP reduces the (small) adapter buffer after backward, not during it.
   if (options.hooks) options.hooks->GradientsFinal(0);
@@ -298,35 +241,8 @@ Result<float> LoraLlamaEngine::ForwardBackward(const int32_t* tokens, const int3
   return ReadLoss();
 }
 
-Result<float> LoraLlamaEngine::ReadLoss() { return impl_->base->ReadLoss(); }
-
 Status LoraLlamaEngine::Forward(const int32_t* tokens, int batch, int seq, float* logits) {
-  return impl_->base->Forward(tokens, batch, seq, logits);
+  return impl().base->Forward(tokens, batch, seq, logits);
 }
-
-DType LoraLlamaEngine::precision() const { return impl_->precision; }
-
-template <typename Optimizer>
-Result<bool> LoraLlamaEngine::StepWith(Optimizer& optimizer, double max_grad_norm) {
-  Impl& m = *impl_;
-  if (optimizer.size() != m.count) {
-    return InvalidArgument("cuda lora: the optimizer holds state for {} parameters, the adapters have {}",
-                           optimizer.size(), m.count);
-  }
-  if (!(max_grad_norm >= 0) || !std::isfinite(max_grad_norm)) {
-    return InvalidArgument("cuda lora: max_grad_norm {} must be finite and >= 0 (0: no clipping)", max_grad_norm);
-  }
-  if (max_grad_norm > 0) {
-    m.scratch.Reset();  // safe: its only users are earlier clips on this stream
-    ESTUARY_RETURN_IF_ERROR(ClipGradNorm(m.G(), m.count, max_grad_norm, m.norm_d(), m.scratch, m.s()));
-  }
-  WorkingCopy working;
-  if (m.low()) working = {m.working.data(), m.precision};
-  ESTUARY_RETURN_IF_ERROR(optimizer.Step(m.P(), m.G(), m.s(), working));
-  return true;
-}
-
-Result<bool> LoraLlamaEngine::Step(AdamW& optimizer, double max_grad_norm) { return StepWith(optimizer, max_grad_norm); }
-Result<bool> LoraLlamaEngine::Step(Sgd& optimizer, double max_grad_norm) { return StepWith(optimizer, max_grad_norm); }
 
 }  // namespace estuary::models::cuda

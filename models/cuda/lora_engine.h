@@ -1,5 +1,6 @@
 // LoraLlamaEngine: LoRA fine-tuning of the LLaMA decoder on one GPU — the
-// device twin of models::LoraLlama (models/lora.h), which is its reference.
+// device twin of models::LoraLlama (models/lora.h), which is its reference; a
+// cuda::Engine (models/cuda/engine.h) whose flat buffer is the adapters.
 //
 // Same LoraConfig and the same adapter layout (models::LoraLayoutOf: PEFT's
 // names, order and offsets), so adapter buffers, adapter files and federated
@@ -46,6 +47,7 @@
 #include <span>
 
 #include "base/status.h"
+#include "models/cuda/engine.h"
 #include "models/cuda/llama_engine.h"
 #include "models/cuda/optimizer.h"
 #include "models/llama.h"
@@ -55,7 +57,11 @@
 
 namespace estuary::models::cuda {
 
-class LoraLlamaEngine {
+// Beyond Engine: the flat buffer is the adapters'. manifest() equals
+// models::LoraLlama's for the same configs (and units() its units, one per
+// layer), Initialize draws models::InitializeLoraAdapters's bits (PEFT's init:
+// B = 0), and Step always runs (without f16 there is nothing to skip).
+class LoraLlamaEngine : public Engine {
  public:
   // A frozen base with zero weights (load them through base()) and zero
   // adapters (Initialize or CopyParametersFrom), with activation memory for
@@ -66,46 +72,23 @@ class LoraLlamaEngine {
   static Result<LoraLlamaEngine> Create(const LlamaConfig& config, const LoraConfig& lora, int max_batch,
                                         LlamaEngineOptions options = {});
 
-  LoraLlamaEngine(LoraLlamaEngine&&) noexcept;
-  LoraLlamaEngine& operator=(LoraLlamaEngine&&) noexcept;
-  ~LoraLlamaEngine();
+  LoraLlamaEngine(LoraLlamaEngine&&) noexcept = default;
+  LoraLlamaEngine& operator=(LoraLlamaEngine&&) noexcept = default;
 
   const LoraConfig& lora_config() const;
   // The frozen base: load or read its weights (CopyParametersFrom/To); its
   // gradients() is null and its Step refuses.
   LlamaEngine& base();
   const LlamaEngine& base() const;
-  cudaStream_t stream() const;
-
-  // The adapter buffers: manifest() equals models::LoraLlama's for the same
-  // configs; parameters() and gradients() are device buffers of
-  // parameter_count() fp32 elements in that layout.
-  const Manifest& manifest() const;
-  int64_t parameter_count() const;
-  float* parameters();
-  float* gradients();
-  // The adapter buffer's units, LoraLlama's (one per layer).
-  std::vector<ParameterUnit> units() const;
-  // The bf16 copy of the adapters their GEMMs read; null under f32.
-  const void* working_parameters() const;
   // Device bytes of the kept products x·Aᵀ and the backward scratch.
   size_t adapter_activation_bytes() const;
 
-  // models::LoraLlama::Initialize's draws (models::InitializeLoraAdapters).
-  Status Initialize(uint64_t seed);
-  // Host <-> device copies of the whole adapter buffer (sizes checked). From
-  // refreshes the working copy; To waits for the stream.
-  Status CopyParametersFrom(std::span<const float> host);
-  Status CopyParametersTo(std::span<float> host);
-  Status CopyGradientsTo(std::span<float> host);
+  Status Initialize(uint64_t seed) override;
+  using Engine::CopyParametersFrom;
   // Host values into [offset, offset + host.size()) of the adapter buffer
   // (bounds checked), leaving the working copy as it was: for a few tensors
   // at a time, followed by RefreshWorkingCopy.
   Status CopyParametersFrom(uint64_t offset, std::span<const float> host);
-  // Rewrites the bf16 working copy from the fp32 adapters, after their buffer
-  // was written from outside (a ZeRO all-gather, an optimizer stepping a
-  // shard, the copy above); nothing to do under f32.
-  Status RefreshWorkingCopy();
 
   // As LlamaEngine's, checked as there: overwrites gradients() (every adapter
   // gradient, scaled by options.grad_scale) and leaves the mean loss on the
@@ -115,24 +98,13 @@ class LoraLlamaEngine {
   Status ForwardBackwardAsync(const int32_t* tokens, const int32_t* targets, int batch, int seq,
                               const BackwardOptions& options = {});
   Result<float> ForwardBackward(const int32_t* tokens, const int32_t* targets, int batch, int seq);
-  Result<float> ReadLoss();  // waits for the stream
   // Logits [batch, seq, vocab] of the adapted model, to host memory (waits).
   Status Forward(const int32_t* tokens, int batch, int seq, float* logits);
-
-  // One AdamW or SGD step over the adapter buffer (optimizer.size() must be
-  // parameter_count()), also writing the bf16 working copy; with
-  // max_grad_norm > 0 the adapter gradients are first clipped to it. Returns
-  // true (the step ran): without f16 there is nothing to skip.
-  Result<bool> Step(AdamW& optimizer, double max_grad_norm = 0);
-  Result<bool> Step(Sgd& optimizer, double max_grad_norm = 0);
-  DType precision() const;
 
  private:
   struct Impl;
   explicit LoraLlamaEngine(std::unique_ptr<Impl> impl);
-  template <typename Optimizer>
-  Result<bool> StepWith(Optimizer& optimizer, double max_grad_norm);
-  std::unique_ptr<Impl> impl_;
+  Impl& impl() const;
 };
 
 }  // namespace estuary::models::cuda

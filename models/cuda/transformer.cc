@@ -2,10 +2,10 @@
 
 #include <climits>
 #include <cmath>
-#include <initializer_list>
 
 #include "models/cuda/check.h"
 #include "models/cuda/kernels.h"
+#include "models/cuda/sizes.h"
 #include "models/cuda/transformer_kernels.h"
 
 namespace estuary::models::cuda {
@@ -14,32 +14,13 @@ namespace {
 using internal::IsAligned;
 using internal::Kind;
 
-// a * b * ... when every factor is non-negative and the product fits an
-// int64, else -1.
-int64_t Product(std::initializer_list<int64_t> factors) {
-  int64_t p = 1;
-  for (int64_t f : factors) {
-    if (f < 0 || (f > 0 && p > INT64_MAX / f)) return -1;
-    p *= f;
-  }
-  return p;
-}
-
 Kind KindOf(DType dtype) { return Kind(dtype); }
-
-// p advanced by `elements` elements of dtype.
-const void* Advance(const void* p, int64_t elements, DType dtype) {
-  return static_cast<const char*>(p) + elements * int64_t(DTypeSize(dtype));
-}
-void* Advance(void* p, int64_t elements, DType dtype) {
-  return static_cast<char*>(p) + elements * int64_t(DTypeSize(dtype));
-}
 
 // Four elements per access need 16 bytes of fp32 or 8 of a 16-bit type.
 bool VectorAligned(const void* p, DType dtype) { return IsAligned(p, dtype == DType::kF32 ? 16 : 8); }
 
 Status CheckRows(const char* what, int n, int dim) {
-  if (n < 0 || dim < 1 || Product({n, dim}) < 0) {
+  if (n < 0 || dim < 1 || CheckedProduct({n, dim}) < 0) {
     return InvalidArgument("{}: needs n >= 0 rows of dim >= 1, got n={} dim={}", what, n, dim);
   }
   return Status::Ok();
@@ -51,8 +32,8 @@ Status CheckAttention(const char* what, int batch, int seq, int heads, int kv_he
                            "kv_heads divide heads", what, batch, seq, heads, kv_heads, head_dim);
   }
   // Element counts of qkv and of the [batch, heads, seq, seq] scores.
-  if (Product({batch, seq, heads + 2 * int64_t(kv_heads), head_dim}) < 0 || Product({batch, heads, seq, seq}) < 0 ||
-      int64_t(heads + 2 * int64_t(kv_heads)) * head_dim > INT_MAX) {
+  if (CheckedProduct({batch, seq, heads + 2 * int64_t(kv_heads), head_dim}) < 0 ||
+      CheckedProduct({batch, heads, seq, seq}) < 0 || int64_t(heads + 2 * int64_t(kv_heads)) * head_dim > INT_MAX) {
     return InvalidArgument("{}: batch={} seq={} heads={} kv_heads={} head_dim={} overflows", what, batch, seq, heads,
                            kv_heads, head_dim);
   }
@@ -71,7 +52,9 @@ Status EmbeddingForward(const int32_t* tokens, int n, const float* table, int vo
 Status EmbeddingForward(const int32_t* tokens, int n, const void* table, DType table_dtype, int vocab, int dim,
                         float* out, cudaStream_t stream) {
   ESTUARY_RETURN_IF_ERROR(CheckRows("cuda embedding", n, dim));
-  if (vocab < 1 || Product({vocab, dim}) < 0) return InvalidArgument("cuda embedding: vocab {} must be positive", vocab);
+  if (vocab < 1 || CheckedProduct({vocab, dim}) < 0) {
+    return InvalidArgument("cuda embedding: vocab {} must be positive", vocab);
+  }
   if (n == 0) return Status::Ok();
   if (!tokens || !table || !out) return InvalidArgument("cuda embedding: null buffer");
   const bool vec = dim % 4 == 0 && IsAligned(table, DTypeSize(table_dtype) * 4) && IsAligned(out, 16);
@@ -90,7 +73,7 @@ Result<size_t> EmbeddingBackwardScratchBytes(int n) {
 Status EmbeddingBackward(const int32_t* tokens, int n, const float* dout, int vocab, int dim, float* dtable,
                          Arena& arena, cudaStream_t stream) {
   ESTUARY_RETURN_IF_ERROR(CheckRows("cuda embedding backward", n, dim));
-  if (vocab < 1 || Product({vocab, dim}) < 0) {
+  if (vocab < 1 || CheckedProduct({vocab, dim}) < 0) {
     return InvalidArgument("cuda embedding backward: vocab {} must be positive", vocab);
   }
   if (n == 0) return Status::Ok();
@@ -156,7 +139,7 @@ Status Rope(const char* what, void* x, DType dtype, int batch, int seq, int head
     return InvalidArgument("{}: batch={} seq={} heads={} head_dim={}: sizes must be positive and head_dim even", what,
                            batch, seq, heads, head_dim);
   }
-  if (row_stride < int64_t(heads) * head_dim || Product({batch, seq, row_stride}) < 0) {
+  if (row_stride < int64_t(heads) * head_dim || CheckedProduct({batch, seq, row_stride}) < 0) {
     return InvalidArgument("{}: row_stride {} is shorter than heads * head_dim = {} or overflows", what, row_stride,
                            int64_t(heads) * head_dim);
   }
@@ -183,7 +166,7 @@ Status RopeBackward(void* dx, DType dtype, int batch, int seq, int heads, int he
 
 Status SwiGluForward(const void* gate_up, int n, int hidden, void* out, DType dtype, cudaStream_t stream) {
   ESTUARY_RETURN_IF_ERROR(CheckRows("cuda swiglu", n, hidden));
-  if (Product({n, 2, hidden}) < 0) return InvalidArgument("cuda swiglu: n={} hidden={} overflows", n, hidden);
+  if (CheckedProduct({n, 2, hidden}) < 0) return InvalidArgument("cuda swiglu: n={} hidden={} overflows", n, hidden);
   if (n == 0) return Status::Ok();
   if (!gate_up || !out) return InvalidArgument("cuda swiglu: null buffer");
   const bool vec = hidden % 4 == 0 && VectorAligned(gate_up, dtype) && VectorAligned(out, dtype);
@@ -194,7 +177,9 @@ Status SwiGluForward(const void* gate_up, int n, int hidden, void* out, DType dt
 Status SwiGluBackward(const void* gate_up, const void* dout, int n, int hidden, void* dgate_up, DType dtype,
                       cudaStream_t stream) {
   ESTUARY_RETURN_IF_ERROR(CheckRows("cuda swiglu backward", n, hidden));
-  if (Product({n, 2, hidden}) < 0) return InvalidArgument("cuda swiglu backward: n={} hidden={} overflows", n, hidden);
+  if (CheckedProduct({n, 2, hidden}) < 0) {
+    return InvalidArgument("cuda swiglu backward: n={} hidden={} overflows", n, hidden);
+  }
   if (n == 0) return Status::Ok();
   if (!gate_up || !dout || !dgate_up) return InvalidArgument("cuda swiglu backward: null buffer");
   const bool vec = hidden % 4 == 0 && VectorAligned(gate_up, dtype) && VectorAligned(dout, dtype) &&
@@ -308,7 +293,7 @@ Status ResidualAdd(const float* x, int64_t count, float* y, cudaStream_t stream)
 Status CrossEntropyForwardBackward(const float* logits, const int32_t* targets, int n, int vocab, void* dlogits,
                                    DType dlogits_dtype, float grad_scale, float* loss, Arena& arena,
                                    cudaStream_t stream) {
-  if (n < 1 || vocab < 1 || Product({n, vocab}) < 0) {
+  if (n < 1 || vocab < 1 || CheckedProduct({n, vocab}) < 0) {
     return InvalidArgument("cuda cross-entropy: needs n >= 1 rows of vocab >= 1 logits, got n={} vocab={}", n, vocab);
   }
   if (!logits || !targets || !dlogits || !loss) return InvalidArgument("cuda cross-entropy: null buffer");

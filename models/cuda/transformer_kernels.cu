@@ -4,94 +4,14 @@
 // softmaxes) give one warp or one block a row and reduce down to one lane, so
 // every thread uses the same bits; column sums go through fixed partials.
 // Nothing uses atomics, so results repeat bit for bit on one device.
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
 #include <cfloat>
 #include <cmath>
-#include <cub/device/device_radix_sort.cuh>
 
+#include "models/cuda/kernel_common.cuh"
 #include "models/cuda/transformer_kernels.h"
 
 namespace estuary::models::cuda::internal {
 namespace {
-
-using bf16 = __nv_bfloat16;
-using f16 = __half;
-
-int64_t Blocks(int64_t work_items, int threads = kThreads) {
-  const int64_t blocks = (work_items + threads - 1) / threads;
-  return blocks < 1 ? 1 : (blocks > kMaxBlocks ? kMaxBlocks : blocks);
-}
-size_t Round256(size_t bytes) { return (bytes + 255) / 256 * 256; }
-
-__device__ inline int64_t FirstIndex() { return int64_t(blockIdx.x) * blockDim.x + threadIdx.x; }
-__device__ inline int64_t Stride() { return int64_t(gridDim.x) * blockDim.x; }
-
-template <typename T>
-__device__ inline float ToFloat(T v);
-template <>
-__device__ inline float ToFloat<float>(float v) { return v; }
-template <>
-__device__ inline float ToFloat<bf16>(bf16 v) { return __bfloat162float(v); }
-template <>
-__device__ inline float ToFloat<f16>(f16 v) { return __half2float(v); }
-
-template <typename T>
-__device__ inline T FromFloat(float v);
-template <>
-__device__ inline float FromFloat<float>(float v) { return v; }
-template <>
-__device__ inline bf16 FromFloat<bf16>(float v) { return __float2bfloat16_rn(v); }
-template <>
-__device__ inline f16 FromFloat<f16>(float v) { return __float2half_rn(v); }
-
-// N consecutive elements to and from fp32. N == 4 is one 16-byte (fp32) or
-// 8-byte (16-bit) access: the caller guarantees that alignment.
-template <int N, typename T>
-__device__ inline void Load(const T* p, float (&v)[N]) {
-  if constexpr (N == 4 && sizeof(T) == 4) {
-    const float4 q = *reinterpret_cast<const float4*>(p);
-    v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
-  } else if constexpr (N == 4 && sizeof(T) == 2) {
-    const uint2 raw = *reinterpret_cast<const uint2*>(p);
-    T parts[4];
-    memcpy(parts, &raw, 8);
-#pragma unroll
-    for (int j = 0; j < 4; ++j) v[j] = ToFloat<T>(parts[j]);
-  } else {
-#pragma unroll
-    for (int j = 0; j < N; ++j) v[j] = ToFloat<T>(p[j]);
-  }
-}
-template <int N, typename T>
-__device__ inline void Store(T* p, const float (&v)[N]) {
-  if constexpr (N == 4 && sizeof(T) == 4) {
-    *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
-  } else if constexpr (N == 4 && sizeof(T) == 2) {
-    T parts[4];
-#pragma unroll
-    for (int j = 0; j < 4; ++j) parts[j] = FromFloat<T>(v[j]);
-    uint2 raw;
-    memcpy(&raw, parts, 8);
-    *reinterpret_cast<uint2*>(p) = raw;
-  } else {
-#pragma unroll
-    for (int j = 0; j < N; ++j) p[j] = FromFloat<T>(v[j]);
-  }
-}
-
-// Calls f with a value of the C++ type behind `kind`.
-template <typename F>
-cudaError_t Dispatch(Kind kind, F&& f) {
-  switch (kind) {
-    case Kind::kF32: return f(float{});
-    case Kind::kBF16: return f(bf16{});
-    case Kind::kF16: return f(f16{});
-    case Kind::kNone: break;
-  }
-  return cudaErrorInvalidValue;
-}
 
 // Warp reductions end in lane 0 and are broadcast from it, so all lanes hold
 // the same bits (an xor butterfly would add in a different order per lane).
@@ -121,47 +41,6 @@ __device__ float BlockReduce(float v, float* shared) {
   const float result = shared[0];
   __syncthreads();
   return result;
-}
-
-// ---------------------------------------------------------------- embedding
-
-template <int N, typename T>
-__global__ void __launch_bounds__(kThreads) EmbeddingForwardKernel(const int32_t* tokens, int64_t total,
-                                                                   const T* table, int vocab, int dim,
-                                                                   float* out) {
-  for (int64_t q = FirstIndex(); q < total / N; q += Stride()) {
-    const int64_t i = q * N, row = i / dim, col = i - row * dim;
-    const int32_t token = tokens[row];
-    float v[N];
-    if (token >= 0 && token < vocab) {
-      Load<N>(table + int64_t(token) * dim + col, v);
-    } else {
-#pragma unroll
-      for (int j = 0; j < N; ++j) v[j] = NAN;
-    }
-    Store<N>(out + i, v);
-  }
-}
-
-__global__ void IotaKernel(int32_t* values, int n) {
-  for (int64_t i = FirstIndex(); i < n; i += Stride()) values[i] = int32_t(i);
-}
-
-// keys: the tokens sorted (stably); positions: where each came from. Block
-// per run head; a run's positions ascend, so the sum has the CPU's order.
-__global__ void __launch_bounds__(kThreads) EmbeddingBackwardKernel(const int32_t* keys, const int32_t* positions,
-                                                                    int n, const float* dout, int vocab, int dim,
-                                                                    float* dtable) {
-  for (int s = blockIdx.x; s < n; s += gridDim.x) {
-    const int32_t token = keys[s];
-    if ((s > 0 && keys[s - 1] == token) || token < 0 || token >= vocab) continue;  // not a run head, or invalid
-    float* row = dtable + int64_t(token) * dim;
-    for (int col = threadIdx.x; col < dim; col += blockDim.x) {
-      float sum = row[col];
-      for (int t = s; t < n && keys[t] == token; ++t) sum += dout[int64_t(positions[t]) * dim + col];
-      row[col] = sum;
-    }
-  }
 }
 
 // ------------------------------------------------------------------ RMSNorm
@@ -412,60 +291,6 @@ __global__ void __launch_bounds__(kMeanThreads) MeanKernel(const float* values, 
 }  // namespace
 
 // ------------------------------------------------------------------ launchers
-
-cudaError_t EmbeddingForward(const int32_t* tokens, int n, const void* table, Kind table_kind, int vocab, int dim,
-                             float* out, bool vec, cudaStream_t s) {
-  const int64_t total = int64_t(n) * dim;
-  if (total <= 0) return cudaSuccess;
-  return Dispatch(table_kind, [&](auto tag) {
-    using T = decltype(tag);
-    const T* rows = static_cast<const T*>(table);
-    if (vec) {
-      EmbeddingForwardKernel<4, T><<<unsigned(Blocks(total / 4)), kThreads, 0, s>>>(tokens, total, rows, vocab, dim,
-                                                                                     out);
-    } else {
-      EmbeddingForwardKernel<1, T><<<unsigned(Blocks(total)), kThreads, 0, s>>>(tokens, total, rows, vocab, dim, out);
-    }
-    return cudaGetLastError();
-  });
-}
-
-cudaError_t EmbeddingBackwardScratchBytes(int n, size_t* bytes) {
-  size_t sort_bytes = 0;
-  const cudaError_t e = cub::DeviceRadixSort::SortPairs(nullptr, sort_bytes, static_cast<const int32_t*>(nullptr),
-                                                        static_cast<int32_t*>(nullptr),
-                                                        static_cast<const int32_t*>(nullptr),
-                                                        static_cast<int32_t*>(nullptr), n);
-  if (e != cudaSuccess) return e;
-  *bytes = 3 * Round256(size_t(n) * sizeof(int32_t)) + Round256(sort_bytes);
-  return cudaSuccess;
-}
-
-cudaError_t EmbeddingBackward(const int32_t* tokens, int n, const float* dout, int vocab, int dim, float* dtable,
-                              void* scratch, size_t scratch_bytes, cudaStream_t s) {
-  if (n <= 0 || dim <= 0) return cudaSuccess;
-  size_t needed = 0;
-  if (const cudaError_t e = EmbeddingBackwardScratchBytes(n, &needed); e != cudaSuccess) return e;
-  if (scratch_bytes < needed) return cudaErrorInvalidValue;
-  char* base = static_cast<char*>(scratch);
-  const size_t ints = Round256(size_t(n) * sizeof(int32_t));
-  auto* positions_in = reinterpret_cast<int32_t*>(base);
-  auto* keys = reinterpret_cast<int32_t*>(base + ints);
-  auto* positions = reinterpret_cast<int32_t*>(base + 2 * ints);
-  void* sort_scratch = base + 3 * ints;
-  size_t sort_bytes = scratch_bytes - 3 * ints;
-  IotaKernel<<<unsigned(Blocks(n)), kThreads, 0, s>>>(positions_in, n);
-  if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
-  // Radix sort is stable: equal tokens keep ascending positions.
-  if (const cudaError_t e = cub::DeviceRadixSort::SortPairs(sort_scratch, sort_bytes, tokens, keys, positions_in,
-                                                            positions, n, 0, int(sizeof(int32_t) * 8), s);
-      e != cudaSuccess) {
-    return e;
-  }
-  const int64_t blocks = n < kMaxBlocks ? n : kMaxBlocks;
-  EmbeddingBackwardKernel<<<unsigned(blocks), kThreads, 0, s>>>(keys, positions, n, dout, vocab, dim, dtable);
-  return cudaGetLastError();
-}
 
 cudaError_t RmsNormForward(const float* x, const float* weight, int n, int dim, float eps, void* y, Kind y_kind,
                            float* rstd, cudaStream_t s) {

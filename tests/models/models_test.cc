@@ -294,6 +294,18 @@ TEST(Manifest, ValidationFindsOverlapsGapsAndDuplicates) {
   EXPECT_FALSE(short_total.Validate().ok());
 }
 
+TEST(Manifest, AppendLaysTensorsEndToEnd) {
+  Manifest m;
+  EXPECT_EQ(m.Append("a", {2, 2}), 0u);
+  EXPECT_EQ(m.Append("b", {3}), 4u);
+  EXPECT_EQ(m.total_elements, 7u);
+  ASSERT_EQ(m.tensors.size(), 2u);
+  EXPECT_EQ(m.tensors[1].name, "b");
+  EXPECT_EQ(m.tensors[1].shape, std::vector<int64_t>{3});
+  EXPECT_EQ(m.tensors[1].dtype, DType::kF32);
+  EXPECT_TRUE(m.Validate().ok());
+}
+
 TEST(Checkpoint, RoundTripsAndRejectsCorruption) {
   testing::TempDir dir;
   auto model = MakeModel("mlp");
