@@ -247,13 +247,11 @@ void Agent::Train() {
   busy_training_ = true;
   const uint64_t round = round_->round();
   auto model = model_;
-  auto task = TaskFromProto(round_->task());
+  auto task = round_->task();
   auto manifest = manifest_;
   asio::post(training_, [self = shared_from_this(), model, task, manifest, round] {
     spdlog::debug("{}: round {} training starts", self->name_, round);
-    // A task this client cannot parse fails like one it cannot train.
-    Result<Update> update = task.ok() ? self->trainer_.Train(*model, manifest, *task, round, self->name_)
-                                      : Result<Update>(task.status());
+    Result<Update> update = self->trainer_.Train(*model, manifest, task, round, self->name_);
     asio::post(self->io_, [self, round, update = std::move(update)]() mutable { self->OnTrained(round, std::move(update)); });
   });
 }
@@ -281,7 +279,7 @@ void Agent::OnTrained(uint64_t round, Result<Update> update) {
     model_version_ = 0;
     model_checksum_.clear();
   }
-  spdlog::debug("{}: round {} trained in {:.3f} s; uploading", name_, round, update->seconds);
+  spdlog::info("{}: round {} trained on {} in {:.3f} s; uploading", name_, round, update->trained_on, update->seconds);
   auto payload = std::make_shared<const Update>(std::move(update).value());
   v1::Envelope envelope;
   auto* begin = envelope.mutable_update_begin();

@@ -3,7 +3,6 @@
 // with backoff when the server goes away, until the federation completes.
 // With --ranks N or --gpus the site trains on several ranks (client/launch.h
 // starts them, client/site.h runs them) and is still one client.
-#include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 #include <sys/wait.h>
 
@@ -13,6 +12,7 @@
 #include <numeric>
 #include <thread>
 
+#include "base/cli.h"
 #include "base/config_file.h"
 #include "base/host_port.h"
 #include "base/memory.h"
@@ -22,7 +22,6 @@
 #include "client/site.h"
 #include "crypto/tls.h"
 #include "client/compute.h"
-#include "client/text_trainer.h"
 #include "models/dataset.h"
 #include "models/text_corpus.h"
 #ifdef ESTUARY_HAVE_CUDA
@@ -38,18 +37,12 @@ namespace {
 
 using namespace estuary;
 
-int Fail(const Status& status) {
-  std::fprintf(stderr, "estuary-client: %s\n", status.message().c_str());
-  return 1;
-}
+int Fail(const Status& status) { return estuary::Fail("estuary-client", status); }
 
 // What a site's data directory holds: IDX files (images) or text files in the
 // fortunes format (documents between `%` lines). "auto" picks images when the
 // IDX training files are there. Exactly one of the two is set.
-struct SiteData {
-  std::shared_ptr<const models::Dataset> images;
-  std::shared_ptr<const std::vector<int32_t>> text;
-};
+using client::SiteData;
 
 Result<SiteData> LoadSiteData(const std::filesystem::path& dir, const std::string& kind) {
   if (kind != "auto" && kind != "images" && kind != "text") {
@@ -80,20 +73,6 @@ struct LoraSite {
   int rank = 0;
   DType base = DType::kF32;
 };
-
-// The single-process trainer: the one estuary-client always had.
-std::unique_ptr<client::Trainer> MakeTrainer(const SiteData& data, const client::Compute& compute,
-                                             const LoraSite& lora) {
-  if (data.text) {
-    auto trainer = std::make_unique<client::TextTrainer>(data.text, compute);
-    trainer->set_lora_rank(lora.rank);
-    trainer->set_lora_base(lora.base);
-    return trainer;
-  }
-  std::vector<uint32_t> all(data.images->size());
-  std::iota(all.begin(), all.end(), 0u);
-  return std::make_unique<client::ClassifierTrainer>(data.images, std::move(all), compute);
-}
 
 Result<int> GpuCount() {
 #ifdef ESTUARY_HAVE_NCCL
@@ -139,41 +118,17 @@ Result<RankLink> ConnectRanks(const client::SiteLayout& site, std::unique_ptr<co
 
 Result<std::unique_ptr<client::RankTrainer>> MakeRankTrainer(const RankLink& link, const SiteData& data,
                                                              const client::SiteLayout& site,
-                                                             const std::string& precision, const LoraSite& lora) {
+                                                             const client::Compute& compute, const LoraSite& lora) {
   comm::Communicator& comm = *link.comm;
   parallel::DataParallelOptions options;
   options.stage = site.zero;
-  if (comm.device() != Device::kCpu) {
-    if (site.zero == parallel::ZeroStage::kZero2 || site.zero == parallel::ZeroStage::kZero3) {
-      return InvalidArgument("--gpus with --zero {}: GPU ranks run DDP or ZeRO-1 (--zero 0|1); ZeRO-2/3 give pages "
-                             "of the flat buffers back between uses, which a GPU buffer cannot (they run on "
-                             "--ranks N --backend gloo)",
-                             int(site.zero));
-    }
-    ESTUARY_ASSIGN_OR_RETURN(const client::Compute compute,
-                             client::ParseCompute(fmt::format("cuda:{}", site.gpus[site.local_rank]), precision));
-    if (data.text) {
-      client::TextRankModels models;
-      models.decoder = [compute, stream = link.stream](const std::string& model, int batch) {
-        return client::MakeCudaRankDecoder(model, batch, compute, stream);
-      };
-      models.lora_decoder = [compute, stream = link.stream](const std::string& model, int batch,
-                                                            const models::LoraConfig& lora) {
-        return client::MakeCudaRankLoraDecoder(model, batch, lora, compute, stream);
-      };
-      models.lora_rank = lora.rank;
-      models.lora_base = lora.base;
-      return client::MakeTextRankTrainer(comm, data.text, options, std::move(models));
-    }
-    return client::MakeClassifierRankTrainer(comm, data.images, options,
-                                             [compute, stream = link.stream](const std::string& model, int batch) {
-                                               return client::MakeCudaRankClassifier(model, batch, compute, stream);
-                                             });
-  }
-  if (data.text) {
-    return client::MakeTextRankTrainer(comm, data.text, options, {.lora_rank = lora.rank, .lora_base = lora.base});
-  }
-  return client::MakeClassifierRankTrainer(comm, data.images, options);
+  client::RankModels models;
+  ESTUARY_RETURN_IF_ERROR(client::CheckStageOn(compute, site.zero));
+  if (compute.device == Device::kCuda) models = client::CudaModels(compute, link.stream);
+  models.lora_rank = lora.rank;
+  models.lora_base = lora.base;
+  if (data.text) return client::MakeTextRankTrainer(comm, data.text, options, std::move(models));
+  return client::MakeClassifierRankTrainer(comm, data.images, {}, options, std::move(models));
 }
 
 // Local rank 0's children: started with the same arguments, reaped here.
@@ -336,6 +291,7 @@ int main(int argc, char** argv) {
   using namespace estuary;
   RetainFreedMemory();
   CLI::App app{"estuary-client: a federated learning site"};
+  ShowDefaultsInHelp(app);
   std::string server = "127.0.0.1:7443", config;
   crypto::TlsFiles tls;
   std::string data, data_kind = "auto", device = "cpu", precision = "fp32";
@@ -352,10 +308,10 @@ int main(int argc, char** argv) {
   app.add_option("--crl", tls.crl, "the CA's revocation list (PEM): refuse a server whose certificate it revokes");
   app.add_option("--data", data, "this site's training data: a directory of IDX files, or of text files");
   app.add_option("--data-kind", data_kind, "auto | images | text");
-  app.add_option("--device", device, "where this site trains: cpu | cuda | cuda:N");
-  app.add_option("--precision", precision, "fp32 | bf16 | fp16 (bf16 and fp16 need cuda)");
+  app.add_option("--device", device, "where a site without --gpus trains: cpu | cuda | cuda:N");
+  app.add_option("--precision", precision, "fp32 | bf16 | fp16 (bf16 and fp16 need a GPU)");
   app.add_option("--max-backoff", max_backoff, "longest wait between reconnection attempts, seconds");
-  app.add_option("--log-level", log_level, "trace|debug|info|warn|error");
+  AddLogLevelFlag(app, &log_level);
   app.add_option("--lora-rank", lora_rank,
                  "lora federations that take mixed ranks: this site's adapter rank (0: the federation's)");
   app.add_option("--lora-base-dtype", lora_base,
@@ -374,11 +330,12 @@ int main(int argc, char** argv) {
   app.add_option("--rank-timeout", site_flags.rank_timeout_s, "seconds a rank waits for the others before the site fails");
   app.add_option("--local-rank", site_flags.local_rank, "internal: set by the launcher for the ranks it starts")
       ->group("");
-  CLI11_PARSE(app, argc, argv);
-  openblas_set_num_threads(std::max(1, blas_threads));
+  if (auto exit = ParseCommandLine(app, argc, argv, "estuary-client")) return *exit;
   if (!config.empty()) {
     if (Status s = ApplyConfigFile(app, config); !s.ok()) return Fail(s);
   }
+  if (blas_threads < 1) return Fail(InvalidArgument("--blas-threads {}: must be >= 1", blas_threads));
+  openblas_set_num_threads(blas_threads);
   LoraSite lora{lora_rank};
   if (auto dtype = ParseDType(lora_base); dtype.ok() && *dtype != DType::kF16) {
     lora.base = *dtype;
@@ -388,9 +345,8 @@ int main(int argc, char** argv) {
   auto site = client::MakeSiteLayout(site_flags, GpuCount);
   if (!site.ok()) return Fail(site.status());
   const bool agent_rank = site->global_rank() == 0;
-  spdlog::set_default_logger(spdlog::stderr_color_mt(
-      site->multi_rank() ? fmt::format("estuary-client rank {}", site->global_rank()) : "estuary-client"));
-  spdlog::set_level(spdlog::level::from_str(log_level));
+  StartLogging(site->multi_rank() ? fmt::format("estuary-client rank {}", site->global_rank()) : "estuary-client",
+               log_level);
   if (data.empty() || (agent_rank && (tls.cert.empty() || tls.key.empty() || tls.ca.empty()))) {
     return Fail(InvalidArgument("--cert, --key, --ca and --data are required"));
   }
@@ -398,8 +354,12 @@ int main(int argc, char** argv) {
   uint16_t port = 0;
   if (Status s = ParseHostPort(server, &host, &port); !s.ok()) return Fail(InvalidArgument("--server: {}", s.message()));
 
-  // GPU ranks take their device from --gpus and their precision from --precision.
-  auto compute = client::ParseCompute(device, site->backend == "nccl" ? "fp32" : precision);
+  // GPU ranks take their device from --gpus; a site without --gpus from --device.
+  if (!site->gpus.empty() && app.get_option("--device")->count() > 0) {
+    return Fail(InvalidArgument("--device {} with --gpus {}: the GPUs are --gpus's", device, site_flags.gpus));
+  }
+  auto compute = client::ParseCompute(
+      site->gpus.empty() ? device : fmt::format("cuda:{}", site->gpus[site->local_rank]), precision);
   if (!compute.ok()) return Fail(compute.status());
   if (site->multi_rank() && site->backend == "gloo" && compute->device != Device::kCpu) {
     return Fail(InvalidArgument("--device {} with {} ranks: gloo ranks train on the CPU; use --gpus for GPUs", device,
@@ -418,10 +378,16 @@ int main(int argc, char** argv) {
     options.tls = *context;
   }
 
-  if (!site->multi_rank()) {
-    auto trainer = MakeTrainer(*site_data, *compute, lora);
+  if (!site->multi_rank() && site_flags.backend.empty()) {
+    // One rank and no collectives asked for: the rank trains over a solo
+    // communicator. (A --backend given runs even one rank over it: how one
+    // GPU exercises NCCL.)
+    auto trainer = client::MakeLocalSite(
+        *site_data, {.compute = *compute, .stage = site->zero, .lora_rank = lora.rank, .lora_base = lora.base});
+    if (!trainer.ok()) return Fail(trainer.status());
+    spdlog::info("site of 1 rank on {} ({}, solo)", compute->ToString(), parallel::ZeroStageName(site->zero));
     uint64_t rounds = 0;
-    Status outcome = RunAgent(options, *trainer, nullptr, nullptr, site->timeout, &rounds);
+    Status outcome = RunAgent(options, **trainer, nullptr, nullptr, site->timeout, &rounds);
     if (!outcome.ok()) return Fail(outcome);
     spdlog::info("federation complete; trained {} rounds", rounds);
     return 0;
@@ -458,7 +424,7 @@ int main(int argc, char** argv) {
   auto link = ConnectRanks(*site, std::move(served));
   if (!link.ok()) return fail(link.status());
   comm::Communicator& comm = *link->comm;
-  auto rank_trainer = MakeRankTrainer(*link, *site_data, *site, precision, lora);
+  auto rank_trainer = MakeRankTrainer(*link, *site_data, *site, *compute, lora);
   if (!rank_trainer.ok()) return fail(rank_trainer.status());
   spdlog::info("rank {} of {} (pid {}, {}, {}) joined at {}", site->global_rank(), site->world(), getpid(), site->backend,
                site->zero == parallel::ZeroStage::kDdp ? "DDP" : fmt::format("ZeRO-{}", int(site->zero)),
@@ -469,7 +435,7 @@ int main(int argc, char** argv) {
     if (Status s = children.WaitAll(false); !s.ok()) return Fail(s);
     return 0;
   }
-  client::SiteTrainer trainer(comm, std::move(*rank_trainer), site->zero);
+  client::SiteTrainer trainer(comm, std::move(*rank_trainer), site->zero, *compute);
   uint64_t rounds = 0;
   Status outcome = RunAgent(options, trainer, &trainer, &children, site->timeout, &rounds);
   if (!outcome.ok()) return fail(outcome);

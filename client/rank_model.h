@@ -20,6 +20,8 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
+#include <optional>
 #include <memory>
 #include <span>
 #include <string>
@@ -39,6 +41,10 @@ class RankModel {
  public:
   virtual ~RankModel() = default;
   virtual const Manifest& manifest() const = 0;
+  // What trains, for the site's report of where a round ran: "models::Llama",
+  // "cuda::LlamaEngine", ...; and the precision its arithmetic runs in.
+  virtual std::string_view engine() const = 0;
+  virtual DType precision() const = 0;
   // Loads the round's global weights, starts a fresh optimizer for the task
   // and this round's DataParallel over the model's buffers. Collective.
   virtual Result<std::unique_ptr<parallel::DataParallel>> StartRound(comm::Communicator& comm, std::span<const float> global,
@@ -68,6 +74,13 @@ class RankClassifier : public RankModel {
   virtual int input_size() const = 0;
   virtual Result<float> ForwardBackward(const float* x, const int32_t* y, int n,
                                         const models::BackwardOptions& options) = 0;
+  // Forward, backward and a plain SGD step (no momentum) fused, where the
+  // model has such a step (models::Model::TrainStepSgd): the same update as
+  // ForwardBackward then OptimizerStep, for a step DataParallel would leave
+  // as it is (one rank, DDP, no clipping or scaling). nullopt: no fused step.
+  virtual std::optional<float> FusedSgdStep(const float* x, const int32_t* y, int n, float lr, float weight_decay) {
+    return std::nullopt;
+  }
 };
 
 // A decoder with LoRA adapters (models::LoraLlama on the CPU,
@@ -91,6 +104,36 @@ class RankLoraDecoder : public RankDecoder {
   // starts at: its dropout masks are those one process draws for those rows.
   virtual void SetFirstRow(int64_t row) = 0;
 };
+
+// The models a rank trains, kept between rounds: made on a key's first use
+// (the model, batch, adapters, device), reused after. A site keeps one model
+// at a time (capacity 1: a task of another model replaces it); simulated
+// sites share one cache per thread (ThreadModelCache), so a thousand sites on
+// two threads hold two threads' models, not a thousand, and pay no page
+// faults for fresh ones.
+class ModelCache {
+ public:
+  explicit ModelCache(size_t capacity = 1) : capacity_(capacity) {}
+  // The model under `key`, made by `make` if absent. A key names one model
+  // type: the caller asks for it always as the same M.
+  template <typename M>
+  Result<M*> Get(const std::string& key, const std::function<Result<std::unique_ptr<M>>()>& make) {
+    auto it = models_.find(key);
+    if (it == models_.end()) {
+      if (models_.size() >= capacity_) models_.clear();  // before making: never two at once
+      ESTUARY_ASSIGN_OR_RETURN(std::unique_ptr<M> made, make());
+      it = models_.emplace(key, std::move(made)).first;
+    }
+    return static_cast<M*>(it->second.get());
+  }
+
+ private:
+  size_t capacity_;
+  std::map<std::string, std::unique_ptr<RankModel>> models_;
+};
+
+// This thread's cache, of unbounded capacity.
+ModelCache& ThreadModelCache();
 
 // Makes a rank's model for a model name and batch size; called when a task
 // names a model or batch size the rank does not hold yet.

@@ -27,6 +27,7 @@ class CudaRankModel : public Base {
   explicit CudaRankModel(Engine engine) : engine_(std::move(engine)) {}
 
   const Manifest& manifest() const override { return engine_.manifest(); }
+  DType precision() const override { return engine_.precision(); }
 
   Result<std::unique_ptr<parallel::DataParallel>> StartRound(comm::Communicator& comm, std::span<const float> global,
                                                    const TaskConfig& task,
@@ -109,6 +110,7 @@ class CudaRankModel : public Base {
 class CudaRankDecoder : public CudaRankModel<models::cuda::LlamaEngine, RankDecoder> {
  public:
   using CudaRankModel::CudaRankModel;
+  std::string_view engine() const override { return "cuda::LlamaEngine"; }
   int max_seq_len() const override { return engine_.config().max_seq_len; }
   Result<float> ForwardBackward(const int32_t* tokens, const int32_t* targets, int batch, int seq,
                                 const models::BackwardOptions& options) override {
@@ -120,6 +122,7 @@ class CudaRankDecoder : public CudaRankModel<models::cuda::LlamaEngine, RankDeco
 class CudaRankClassifier : public CudaRankModel<models::cuda::ClassifierEngine, RankClassifier> {
  public:
   using CudaRankModel::CudaRankModel;
+  std::string_view engine() const override { return "cuda::ClassifierEngine"; }
   int input_size() const override { return engine_.input_size(); }
   Result<float> ForwardBackward(const float* x, const int32_t* y, int n,
                                 const models::BackwardOptions& options) override {
@@ -134,6 +137,7 @@ class CudaRankClassifier : public CudaRankModel<models::cuda::ClassifierEngine, 
 class CudaRankLoraDecoder : public CudaRankModel<models::cuda::LoraLlamaEngine, RankLoraDecoder> {
  public:
   using CudaRankModel::CudaRankModel;
+  std::string_view engine() const override { return "cuda::LoraLlamaEngine"; }
   int max_seq_len() const override { return engine_.base().config().max_seq_len; }
   const models::LoraConfig& lora_config() const override { return engine_.lora_config(); }
 

@@ -2,12 +2,13 @@
 // the in-process simulator.
 //
 // Given the global weights (a flat buffer and its manifest) and the round's
-// task, it trains a model on the site's own examples and returns the update:
-// delta = local - global over the same flat layout. Shuffling is seeded by
-// (task seed, round, client name), so a rerun produces the same bits.
-// The model itself is a per-thread workspace (classifier_backend.h: the CPU or
-// a CUDA GPU) reused by every trainer on that thread: a simulator runs thousands of trainers on a few threads, and a fresh
-// model per call would cost more in page faults than the training does.
+// task as the server sent it, it trains a model on the site's own examples and
+// returns the update: delta = local - global over the same flat layout (or,
+// in a lora federation, the site's adapter). Shuffling is seeded by (task
+// seed, round, client name), so a rerun produces the same bits.
+//
+// There is one implementation, client/site.h's SiteTrainer: a site of N ranks,
+// N >= 1; a site of one process is its one-rank case.
 #pragma once
 
 #include <chrono>
@@ -17,12 +18,11 @@
 #include <string>
 #include <vector>
 
+#include "base/manifest.h"
 #include "base/status.h"
-#include "client/compute.h"
 #include "client/task.h"
 #include "client/update_stream.h"
-#include "models/dataset.h"
-#include "models/model.h"
+#include "estuary.pb.h"
 
 namespace estuary::client {
 
@@ -31,6 +31,9 @@ struct Update {
   uint64_t num_examples = 0;
   double train_loss = 0;     // mean loss over the last local epoch
   double seconds = 0;        // wall time of local training
+  // Where the round trained, as the site ran it: "cuda::LlamaEngine on
+  // cuda:0 in bf16, 1 rank (solo, ddp)" (SiteTrainer says how).
+  std::string trained_on;
   Manifest manifest;
   std::vector<float> payload;
   // Set instead of payload when the delta streams slice by slice
@@ -46,35 +49,12 @@ class Trainer {
   // The weight of this site's update in the average (examples, or tokens).
   virtual uint64_t num_examples() const = 0;
 
-  // Fails if the task names a model this trainer's data cannot train, the
-  // global buffer does not match that model's manifest, the task asks for an
-  // update kind this trainer cannot produce, or the hyper-parameters are out
-  // of range.
-  virtual Result<Update> Train(std::span<const float> global, const Manifest& manifest,
-                               const TaskConfig& task, uint64_t round, std::string_view client_name) = 0;
+  // Fails if the task is out of range (client/task.h), names a model this
+  // trainer's data cannot train, the global buffer does not match that
+  // model's manifest, or asks for an update kind this trainer cannot produce.
+  virtual Result<Update> Train(std::span<const float> global, const Manifest& manifest, const v1::TaskConfig& task,
+                               uint64_t round, std::string_view client_name) = 0;
 };
-
-// Image classification (the MLP and CNN) on labelled examples.
-class ClassifierTrainer : public Trainer {
- public:
-  // Trains on all of `data`.
-  explicit ClassifierTrainer(models::Dataset data, Compute compute = {});
-  // Trains on the examples of a shared dataset at `indices` (a simulated
-  // client's shard, without copying it).
-  ClassifierTrainer(std::shared_ptr<const models::Dataset> data, std::vector<uint32_t> indices,
-                    Compute compute = {});
-
-  uint64_t num_examples() const override { return indices_.size(); }
-  Result<Update> Train(std::span<const float> global, const Manifest& manifest, const TaskConfig& task,
-                       uint64_t round, std::string_view client_name) override;
-
- private:
-  Compute compute_;
-  std::shared_ptr<const models::Dataset> data_;
-  std::vector<uint32_t> indices_;  // this trainer's examples within data_
-};
-
-Status ValidateTask(const TaskConfig& task);
 
 // An update's header (kind, weight, loss), or an error when the loss is not
 // finite: the site diverged, and nothing of it should reach the average.

@@ -8,7 +8,7 @@
 #include <set>
 
 #include "base/split.h"
-#include "client/text_trainer.h"
+#include "client/site.h"
 #include "models/checkpoint.h"
 #include "models/language_model.h"
 #include "models/lora_federation.h"
@@ -93,12 +93,13 @@ Result<LoraFortunesReport> RunLoraFortunes(const LoraFortunesOptions& o, const L
   fs::create_directories(o.workdir, ec);
   if (ec) return IoError("lora-fortunes: {}: {}", o.workdir.string(), ec.message());
   ESTUARY_ASSIGN_OR_RETURN(models::InitialWeights initial, models::InitialModel(o.model, o.seed));
-  client::TaskConfig pretraining;
-  pretraining.model = o.model;
-  pretraining.batch_size = o.batch;
-  pretraining.seq_len = o.seq_len;
-  pretraining.seed = o.seed;
-  pretraining.optimizer = client::OptimizerKind::kAdamW;
+  v1::TaskConfig pretraining = aggregation::DefaultFederation().task();
+  pretraining.clear_lora();
+  pretraining.set_model(o.model);
+  pretraining.set_batch_size(o.batch);
+  pretraining.set_seq_len(o.seq_len);
+  pretraining.set_seed(o.seed);
+  pretraining.set_optimizer("adamw");
   std::vector<float> base;
   fs::path base_path = o.base_model;
   report.full_bytes_per_update = initial.values.size() * sizeof(float);
@@ -110,13 +111,14 @@ Result<LoraFortunesReport> RunLoraFortunes(const LoraFortunesOptions& o, const L
     report.pretrain_tokens = pretrain.size();
     say(fmt::format("pretraining {} on {} bytes of the other topics for {} steps", o.model, pretrain.size(),
                     o.pretrain_steps));
-    pretraining.learning_rate = o.pretrain_lr;
-    pretraining.max_local_steps = o.pretrain_steps;
-    pretraining.epochs = EpochsFor(o.pretrain_steps, (pretrain.size() - 1) / o.seq_len, o.batch);
+    pretraining.set_learning_rate(o.pretrain_lr);
+    pretraining.set_max_local_steps(o.pretrain_steps);
+    pretraining.set_epochs(EpochsFor(o.pretrain_steps, (pretrain.size() - 1) / o.seq_len, o.batch));
     const size_t pretrain_tokens = pretrain.size();
-    client::TextTrainer pretrainer(std::make_shared<const std::vector<int32_t>>(std::move(pretrain)));
+    ESTUARY_ASSIGN_OR_RETURN(
+        auto pretrainer, client::MakeLocalSite({.text = std::make_shared<const std::vector<int32_t>>(std::move(pretrain))}, {}));
     ESTUARY_ASSIGN_OR_RETURN(client::Update pretrained,
-                             pretrainer.Train(initial.values, initial.manifest, pretraining, 0, "pretraining"));
+                             pretrainer->Train(initial.values, initial.manifest, pretraining, 0, "pretraining"));
     base = initial.values;
     for (size_t i = 0; i < base.size(); ++i) base[i] += pretrained.payload[i];
     report.pretrain_loss = pretrained.train_loss;
@@ -204,16 +206,14 @@ Result<LoraFortunesReport> RunLoraFortunes(const LoraFortunesOptions& o, const L
   report.central_steps = uint64_t(o.rounds) * topics.size() * o.local_steps;
   say(fmt::format("centralised LoRA: {} steps on the {} pooled bytes", report.central_steps, pooled.size()));
   ESTUARY_ASSIGN_OR_RETURN(models::InitialWeights start_model, models::LoraInitialModel(o.model, lora, o.seed, base_path));
-  client::TaskConfig central = pretraining;
-  central.learning_rate = o.lr;
-  central.update_kind = client::UpdateKind::kLora;
-  central.lora.config = lora;
-  central.lora.merge = "exact";
-  central.max_local_steps = uint32_t(report.central_steps);
-  central.epochs = EpochsFor(report.central_steps, (pooled.size() - 1) / o.seq_len, o.batch);
-  client::TextTrainer pooled_trainer(std::make_shared<const std::vector<int32_t>>(std::move(pooled)));
+  v1::TaskConfig central = task;  // the federation's adapters, trained on the pooled text
+  central.mutable_lora()->set_merge("exact");
+  central.set_max_local_steps(uint32_t(report.central_steps));
+  central.set_epochs(EpochsFor(report.central_steps, (pooled.size() - 1) / o.seq_len, o.batch));
+  ESTUARY_ASSIGN_OR_RETURN(
+      auto pooled_trainer, client::MakeLocalSite({.text = std::make_shared<const std::vector<int32_t>>(std::move(pooled))}, {}));
   ESTUARY_ASSIGN_OR_RETURN(client::Update adapter,
-                           pooled_trainer.Train(start_model.values, start_model.manifest, central, 1, "central"));
+                           pooled_trainer->Train(start_model.values, start_model.manifest, central, 1, "central"));
   std::vector<float> central_model = base;
   ESTUARY_RETURN_IF_ERROR(models::AddLoraToBase(layout.base, central_model, adapter.manifest, adapter.payload, o.alpha));
   for (auto& site : report.sites) {

@@ -20,7 +20,7 @@
 #include "base/split.h"
 #include "client/agent.h"
 #include "client/compute.h"
-#include "client/text_trainer.h"
+#include "client/site.h"
 #include "client/task.h"
 #include "client/trainer.h"
 #include "crypto/certs.h"
@@ -67,6 +67,16 @@ static std::vector<std::string> ClientNames(uint32_t n) {
   return names;
 }
 
+// Every simulated site is a site of one process on the scenario's device,
+// its models shared with the other sites its thread trains.
+static Result<client::LocalSiteOptions> SiteOptionsOf(const Scenario& s) {
+  client::LocalSiteOptions options;
+  ESTUARY_ASSIGN_OR_RETURN(options.compute, client::ParseCompute(s.device, s.precision));
+  options.lora_base = s.lora_base_dtype == "bf16" ? DType::kBF16 : DType::kF32;
+  options.cache = client::ThreadModelCache;
+  return options;
+}
+
 // The clients' local datasets, split from the training set by the scenario.
 static Result<std::vector<std::unique_ptr<client::Trainer>>> MakeTrainers(
     const Scenario& s, const std::shared_ptr<const models::Dataset>& train) {
@@ -74,9 +84,10 @@ static Result<std::vector<std::unique_ptr<client::Trainer>>> MakeTrainers(
   ESTUARY_ASSIGN_OR_RETURN(auto parts, Partition(train->labels, train->num_classes, int(s.clients), spec,
                                                  MixSeed(s.task().seed(), std::string_view("partition"))));
   std::vector<std::unique_ptr<client::Trainer>> trainers;
-  ESTUARY_ASSIGN_OR_RETURN(const client::Compute compute, client::ParseCompute(s.device, s.precision));
+  ESTUARY_ASSIGN_OR_RETURN(const client::LocalSiteOptions options, SiteOptionsOf(s));
   for (auto& indices : parts) {
-    trainers.push_back(std::make_unique<client::ClassifierTrainer>(train, std::move(indices), compute));
+    ESTUARY_ASSIGN_OR_RETURN(auto site, client::MakeLocalSite({.images = train, .indices = std::move(indices)}, options));
+    trainers.push_back(std::move(site));
   }
   return trainers;
 }
@@ -169,16 +180,16 @@ static Result<Workload> TextWorkload(const Scenario& s) {
     return InvalidArgument("sim: --clients {} but {} has {} topics with enough text; use --clients {} or fewer",
                            s.clients, s.data_dir.string(), sources.size(), sources.size());
   }
-  ESTUARY_ASSIGN_OR_RETURN(const client::Compute compute, client::ParseCompute(s.device, s.precision));
+  ESTUARY_ASSIGN_OR_RETURN(client::LocalSiteOptions options, SiteOptionsOf(s));
   ESTUARY_ASSIGN_OR_RETURN(const std::vector<int> site_ranks, SiteRanks(s));
   Workload w;
   for (uint32_t i = 0; i < s.clients; ++i) {
     w.names.push_back(sources[i].name);
-    auto trainer = std::make_unique<client::TextTrainer>(
-        std::make_shared<const std::vector<int32_t>>(std::move(sources[i].train)), compute);
-    if (!site_ranks.empty()) trainer->set_lora_rank(site_ranks[i % site_ranks.size()]);
-    if (s.lora_base_dtype == "bf16") trainer->set_lora_base(DType::kBF16);
-    w.trainers.push_back(std::move(trainer));
+    options.lora_rank = site_ranks.empty() ? 0 : site_ranks[i % site_ranks.size()];
+    ESTUARY_ASSIGN_OR_RETURN(
+        auto site, client::MakeLocalSite({.text = std::make_shared<const std::vector<int32_t>>(std::move(sources[i].train))},
+                                         options));
+    w.trainers.push_back(std::move(site));
   }
   return w;
 }
@@ -212,8 +223,7 @@ Result<Report> RunInproc(const Scenario& s, const RoundCallback& on_round, std::
   const auto& names = sim.clients.names;
   std::map<std::string, size_t> index_of;
   for (size_t i = 0; i < names.size(); ++i) index_of[names[i]] = i;
-  // What the server would send every site, mapped as a site maps it.
-  ESTUARY_ASSIGN_OR_RETURN(const client::TaskConfig task, client::TaskFromProto(sim.federation.config.task()));
+  const v1::TaskConfig& task = sim.federation.config.task();  // what the server would send every site
 
   Report report;
   report.scenario = ScenarioJson(s);
@@ -221,7 +231,7 @@ Result<Report> RunInproc(const Scenario& s, const RoundCallback& on_round, std::
   for (uint64_t round = 1; round <= s.rounds; ++round) {
     const auto round_start = Clock::now();
     const size_t k = aggregation::ClientsPerRound(s.per_round, names.size());
-    const auto selected = aggregation::SampleClients(names, k, task.seed, round);
+    const auto selected = aggregation::SampleClients(names, k, task.seed(), round);
     std::vector<std::optional<Result<client::Update>>> updates(k);
     std::atomic<size_t> next{0};
     auto work = [&] {

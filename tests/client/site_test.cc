@@ -11,7 +11,6 @@
 #include "comm/gloo_communicator.h"
 #include "client/launch.h"
 #include "client/site.h"
-#include "client/text_trainer.h"
 #include "models/language_model.h"
 #include "models/llama.h"
 #include "models/lora_federation.h"
@@ -148,14 +147,14 @@ struct Scenario {
   std::string model;  // "mlp", "cnn" or "llama-tiny"
   int ranks = 2;
   parallel::ZeroStage stage = parallel::ZeroStage::kDdp;
-  TaskConfig task;
+  v1::TaskConfig task;
   int lora_rank = 0;  // a lora site's own adapter rank (0: the federation's)
   DType lora_base = DType::kF32;
 };
 void PrintTo(const Scenario& s, std::ostream* os) {
   *os << s.model << " on " << s.ranks << " ranks, zero " << int(s.stage);
-  if (s.task.update_kind == UpdateKind::kLora) {
-    *os << ", lora " << s.task.lora.merge << " site rank " << s.lora_rank << " base " << DTypeName(s.lora_base);
+  if (s.task.update_kind() == v1::UPDATE_LORA) {
+    *os << ", lora " << s.task.lora().merge() << " site rank " << s.lora_rank << " base " << DTypeName(s.lora_base);
   }
 }
 
@@ -178,7 +177,10 @@ Result<std::vector<float>> Collect(UpdateStream& stream, size_t size) {
   return delta;
 }
 
-TaskConfig LoraTask(std::string merge, bool mixed_ranks = false);
+v1::TaskConfig LoraTask(std::string merge, bool mixed_ranks = false);
+
+// The adapters of a lora task, as a site reads them.
+models::LoraConfig AdaptersOf(const v1::TaskConfig& task) { return TaskFromProto(task)->lora.config; }
 
 // Rank 0 trains two rounds through SiteTrainer (with idle messages between
 // them) and checks each update against the single-process trainer's; the
@@ -192,14 +194,14 @@ Status RunSite(const Scenario& s, const std::string& address, int rank) {
   auto tokens = Text(4000);
   parallel::DataParallelOptions options{.stage = s.stage, .bucket_bytes = 64 << 10, .first_bucket_bytes = 4 << 10};
   auto rank_trainer = text ? MakeTextRankTrainer(*comm, tokens, options, {.lora_rank = s.lora_rank, .lora_base = s.lora_base})
-                           : MakeClassifierRankTrainer(*comm, images, options);
+                           : MakeClassifierRankTrainer(*comm, images, {}, options);
   if (rank != 0) return RunFollower(*comm, *rank_trainer);
 
-  const bool lora = s.task.update_kind == UpdateKind::kLora;
+  const bool lora = s.task.update_kind() == v1::UPDATE_LORA;
   std::vector<float> global;
   Manifest manifest;
   if (lora) {
-    ESTUARY_ASSIGN_OR_RETURN(auto initial, models::LoraInitialModel(s.model, s.task.lora.config, 3, ""));
+    ESTUARY_ASSIGN_OR_RETURN(auto initial, models::LoraInitialModel(s.model, AdaptersOf(s.task), 3, ""));
     global = std::move(initial.values);
     manifest = std::move(initial.manifest);
   } else if (text) {
@@ -214,18 +216,10 @@ Status RunSite(const Scenario& s, const std::string& address, int rank) {
     global.assign(model->parameters().begin(), model->parameters().end());
     manifest = model->manifest();
   }
-  std::unique_ptr<Trainer> single;
-  if (text) {
-    auto text_trainer = std::make_unique<TextTrainer>(tokens);
-    text_trainer->set_lora_rank(s.lora_rank);
-    text_trainer->set_lora_base(s.lora_base);
-    single = std::move(text_trainer);
-  } else {
-    std::vector<uint32_t> all(images->size());
-    std::iota(all.begin(), all.end(), 0u);
-    single = std::make_unique<ClassifierTrainer>(images, all);
-  }
-  SiteTrainer site(*comm, std::move(rank_trainer), s.stage);
+  // The one-rank case of the same site: one process, a solo communicator.
+  ESTUARY_ASSIGN_OR_RETURN(auto single, MakeLocalSite(text ? SiteData{.text = tokens} : SiteData{.images = images},
+                                                      {.lora_rank = s.lora_rank, .lora_base = s.lora_base}));
+  SiteTrainer site(*comm, std::move(rank_trainer), s.stage, Compute{});
   Status broken;
   site.on_broken = [&](const Status& st) { broken = st; };
   for (uint64_t round = 1; round <= 2; ++round) {
@@ -241,7 +235,7 @@ Status RunSite(const Scenario& s, const std::string& address, int rank) {
     // sum that cancels (one process, an all-reduce ring, a reduce-scatter ring
     // add in different orders) become visible steps on a few weights: its
     // deltas agree to 1e-4, SGD's to 1e-5 (measured: up to 1.4e-5 and 1.7e-6).
-    const double tolerance = s.task.optimizer == OptimizerKind::kAdamW ? 1e-4 : 1e-5;
+    const double tolerance = s.task.optimizer() == "adamw" ? 1e-4 : 1e-5;
     const double error = RelError(got.payload, want.payload);
     if (!(error <= tolerance)) {
       return Internal("round {}: update differs from one process by {} (relative L2)", round, error);
@@ -253,15 +247,25 @@ Status RunSite(const Scenario& s, const std::string& address, int rank) {
     if (got.kind != want.kind || !(got.manifest == want.manifest)) {
       return Internal("round {}: the update's kind or manifest is not one process's", round);
     }
+    // Where each trained, as each reports it: the same engine, N ranks over Gloo against one alone.
+    const std::string engine = lora ? "models::LoraLlama" : text ? "models::Llama" : "models::Model";
+    const std::string ranks = fmt::format("{} ranks (gloo, {})", s.ranks, parallel::ZeroStageName(s.stage));
+    if (got.trained_on != fmt::format("{} on cpu in f32, {}", engine, ranks)) {
+      return Internal("round {}: the site says it trained on '{}'", round, got.trained_on);
+    }
+    if (want.trained_on != fmt::format("{} on cpu in f32, 1 rank (solo, ddp)", engine)) {
+      return Internal("round {}: one process says it trained on '{}'", round, want.trained_on);
+    }
     if (s.lora_base != DType::kF32) {  // the base's storage does reach the model: f32 trains otherwise
-      ESTUARY_ASSIGN_OR_RETURN(Update f32, TextTrainer(tokens).Train(global, manifest, s.task, round, "site-x"));
+      ESTUARY_ASSIGN_OR_RETURN(auto f32_site, MakeLocalSite({.text = tokens}, {}));
+      ESTUARY_ASSIGN_OR_RETURN(Update f32, f32_site->Train(global, manifest, s.task, round, "site-x"));
       if (!(RelError(f32.payload, want.payload) > 1e-6)) return Internal("round {}: a bf16 base trained as f32", round);
     }
     if (lora) {
       // The next round starts from a global adapter whose B is not zero.
       std::mt19937 gen{unsigned(round)};
       std::normal_distribution<float> noise(0.0f, 0.02f);
-      const uint64_t adapter_at = models::MakeLoraGlobalLayout(*models::LlamaPreset(s.model), s.task.lora.config)
+      const uint64_t adapter_at = models::MakeLoraGlobalLayout(*models::LlamaPreset(s.model), AdaptersOf(s.task))
                                       ->adapter_offset();
       for (size_t i = adapter_at; i < global.size(); ++i) global[i] += noise(gen);
     } else {
@@ -269,12 +273,12 @@ Status RunSite(const Scenario& s, const std::string& address, int rank) {
     }
   }
   // A task rank 0 cannot train fails on rank 0 alone; the site carries on.
-  TaskConfig bad = s.task;
-  bad.update_kind = lora ? UpdateKind::kFull : UpdateKind::kLora;  // the global buffer is the other kind's
+  v1::TaskConfig bad = lora ? s.task : LoraTask("exact");
+  bad.set_update_kind(lora ? v1::UPDATE_FULL : v1::UPDATE_LORA);  // the global buffer is the other kind's
   if (site.Train(global, manifest, bad, 3, "site-x").ok()) return Internal("a task of the wrong kind trained");
   if (text && s.stage == parallel::ZeroStage::kZero3) {  // lora under ZeRO-3: one line, on rank 0 alone
-    TaskConfig lora_task = LoraTask("exact");
-    ESTUARY_ASSIGN_OR_RETURN(auto initial, models::LoraInitialModel(s.model, lora_task.lora.config, 3, ""));
+    v1::TaskConfig lora_task = LoraTask("exact");
+    ESTUARY_ASSIGN_OR_RETURN(auto initial, models::LoraInitialModel(s.model, AdaptersOf(lora_task), 3, ""));
     auto refused = site.Train(initial.values, initial.manifest, lora_task, 3, "site-x");
     if (refused.ok() || refused.status().message().find("under --zero 3") == std::string::npos) {
       return Internal("lora under ZeRO-3: {}", refused.status().ToString());
@@ -294,43 +298,45 @@ TEST_P(SiteMatchesOneProcess, OverTwoRounds) {
   }
 }
 
-TaskConfig ImageTask(float momentum) {
-  TaskConfig t;
-  t.model = "mlp";
-  t.epochs = 2;
-  t.batch_size = 7;  // 61 examples: 8 batches of 7 and one of 5, split unevenly
-  t.learning_rate = 0.05f;
-  t.momentum = momentum;
-  t.seed = 11;
+v1::TaskConfig ImageTask(float momentum) {
+  v1::TaskConfig t;
+  t.set_model("mlp");
+  t.set_epochs(2);
+  t.set_batch_size(7);  // 61 examples: 8 batches of 7 and one of 5, split unevenly
+  t.set_learning_rate(0.05f);
+  t.set_momentum(momentum);
+  t.set_seq_len(128);
+  t.set_seed(11);
   return t;
 }
 
-TaskConfig TextTask() {
-  TaskConfig t;
-  t.model = "llama-tiny";
-  t.epochs = 1;
-  t.batch_size = 5;
-  t.seq_len = 16;
-  t.max_local_steps = 3;
-  t.learning_rate = 0.003f;
-  t.optimizer = OptimizerKind::kAdamW;
-  t.weight_decay = 0.01f;
-  t.seed = 11;
+v1::TaskConfig TextTask() {
+  v1::TaskConfig t;
+  t.set_model("llama-tiny");
+  t.set_epochs(1);
+  t.set_batch_size(5);
+  t.set_seq_len(16);
+  t.set_max_local_steps(3);
+  t.set_learning_rate(0.003f);
+  t.set_optimizer("adamw");
+  t.set_weight_decay(0.01f);
+  t.set_seed(11);
   return t;
 }
 
 // A lora round of the same decoder: rank-4 adapters on q, v and down
 // (dropout 0.1: the ranks draw the masks one process draws for their rows).
-TaskConfig LoraTask(std::string merge, bool mixed_ranks) {
-  TaskConfig t = TextTask();
-  t.update_kind = UpdateKind::kLora;
-  t.learning_rate = 0.01f;
-  t.lora.config.rank = 4;
-  t.lora.config.alpha = 8;
-  t.lora.config.dropout = 0.1f;
-  t.lora.config.target_modules = {"q_proj", "v_proj", "down_proj"};
-  t.lora.merge = std::move(merge);
-  t.lora.mixed_ranks = mixed_ranks;
+v1::TaskConfig LoraTask(std::string merge, bool mixed_ranks) {
+  v1::TaskConfig t = TextTask();
+  t.set_update_kind(v1::UPDATE_LORA);
+  t.set_learning_rate(0.01f);
+  v1::LoraTask& lora = *t.mutable_lora();
+  lora.set_rank(4);
+  lora.set_alpha(8);
+  lora.set_dropout(0.1f);
+  for (const char* module : {"q_proj", "v_proj", "down_proj"}) lora.add_target_modules(module);
+  lora.set_merge(std::move(merge));
+  lora.set_mixed_ranks(mixed_ranks);
   return t;
 }
 
@@ -350,8 +356,8 @@ INSTANTIATE_TEST_SUITE_P(
     [](const auto& info) {
       const Scenario& s = info.param;
       std::string name = fmt::format("{}_{}ranks_zero{}", s.model == "mlp" ? "mlp" : "llama", s.ranks, int(s.stage));
-      if (s.task.update_kind == UpdateKind::kLora) {
-        name += fmt::format("_lora_{}", s.task.lora.merge == "frozen-a" ? "frozen_a" : s.task.lora.merge);
+      if (s.task.update_kind() == v1::UPDATE_LORA) {
+        name += fmt::format("_lora_{}", s.task.lora().merge() == "frozen-a" ? "frozen_a" : s.task.lora().merge());
         if (s.lora_rank != 0) name += fmt::format("_site_rank{}", s.lora_rank);
         if (s.lora_base != DType::kF32) name += fmt::format("_base_{}", DTypeName(s.lora_base));
       }
@@ -364,9 +370,10 @@ TEST(Site, FollowersHearRankZeroGiveUp) {
   auto outcomes = RunRanks(2, [&](int rank) -> Status {
     ESTUARY_ASSIGN_OR_RETURN(auto comm, comm::ConnectGloo({.address = address, .rank = rank, .size = 2, .timeout = 60s},
                                                     {.host = "127.0.0.1"}));
-    auto rank_trainer = MakeClassifierRankTrainer(*comm, Images(10), {});
+    auto rank_trainer = MakeClassifierRankTrainer(*comm, Images(10), {}, {});
     if (rank == 0) {
-      return SiteTrainer(*comm, std::move(rank_trainer), parallel::ZeroStage::kDdp).Finish(Aborted("the server refused us"));
+      return SiteTrainer(*comm, std::move(rank_trainer), parallel::ZeroStage::kDdp, Compute{})
+          .Finish(Aborted("the server refused us"));
     }
     Status s = RunFollower(*comm, *rank_trainer);
     if (s.message().find("rank 0 gave up: the server refused us") == std::string::npos) {

@@ -6,6 +6,7 @@
 #include <signal.h>
 
 #include <chrono>
+#include <map>
 #include <regex>
 #include <thread>
 
@@ -19,7 +20,21 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// Where the site says each round trained, from its log ("round 2 trained on
+// models::Model on cpu in f32, 2 ranks (gloo, ddp) in 0.41 s"), in round order.
+std::vector<std::string> TrainedOn(const std::string& log) {
+  static const std::regex line(R"(round (\d+) trained on (.+) in [0-9.]+ s; uploading)");
+  std::map<int, std::string> by_round;
+  for (auto it = std::sregex_iterator(log.begin(), log.end(), line); it != std::sregex_iterator(); ++it) {
+    by_round[std::stoi((*it)[1].str())] = (*it)[2].str();
+  }
+  std::vector<std::string> out;
+  for (const auto& [round, where] : by_round) out.push_back(where);
+  return out;
+}
+
 struct SiteRound {
+  std::string trained_on;  // as the site reported it
   std::string status;
   uint64_t examples = 0;
   double site_loss = 0;   // the multi-rank site's train loss, as the server recorded it
@@ -60,10 +75,13 @@ std::vector<SiteRound> RunTwoRounds(const std::vector<std::string>& flags,
   auto rounds = store->Rounds();
   EXPECT_TRUE(rounds.ok());
   if (!rounds.ok()) return out;
+  const std::vector<std::string> trained_on = TrainedOn(f.ClientLog("site-multi"));
+  EXPECT_EQ(trained_on.size(), rounds->size()) << f.ClientLog("site-multi");
   for (const auto& r : *rounds) {
     EXPECT_EQ(r.state, server::RoundState::kCommitted);
     auto participants = ParticipationsByName(*store, r.round);
     SiteRound s;
+    if (out.size() < trained_on.size()) s.trained_on = trained_on[out.size()];
     s.status = participants["site-multi"].status;
     s.examples = participants["site-multi"].examples;
     s.site_loss = participants["site-multi"].train_loss;
@@ -87,10 +105,13 @@ std::vector<SiteRound> RunTwoRounds(const std::vector<std::string>& flags,
 TEST(Site, RanksTrainTheUpdateOneProcessWould) {
   const auto reference = RunTwoRounds({"--ranks", "1"});
   ASSERT_EQ(reference.size(), 2u);
-  for (const auto& flags : std::vector<std::vector<std::string>>{
-           {"--ranks", "2", "--backend", "gloo"},
-           {"--ranks", "3", "--backend", "gloo", "--zero", "3"},
-           {"--nodes", "2", "--node-rank", "0", "--ranks", "2", "--zero", "1"},  // and node 1 below: 4 ranks
+  for (const auto& r : reference) EXPECT_EQ(r.trained_on, "models::Model on cpu in f32, 1 rank (solo, ddp)");
+  for (const auto& [flags, trained_on] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"--ranks", "2", "--backend", "gloo"}, "2 ranks (gloo, ddp)"},
+           {{"--ranks", "3", "--backend", "gloo", "--zero", "3"}, "3 ranks (gloo, zero3)"},
+           // and node 1 below: 4 ranks
+           {{"--nodes", "2", "--node-rank", "0", "--ranks", "2", "--zero", "1"}, "4 ranks (gloo, zero1)"},
+           {{"--zero", "1"}, "1 rank (solo, zero1)"},  // ZeRO on one rank: honoured, not dropped
        }) {
     SCOPED_TRACE(fmt::format("{}", fmt::join(flags, " ")));
     std::vector<std::string> second_node;
@@ -108,6 +129,7 @@ TEST(Site, RanksTrainTheUpdateOneProcessWould) {
       std::printf("round %zu: site loss %.9g (one process %.9g), test loss %.9g (%.9g)\n", i + 1,
                   rounds[i].site_loss, reference[i].site_loss, rounds[i].test_loss, reference[i].test_loss);
       EXPECT_EQ(rounds[i].status, "committed");
+      EXPECT_EQ(rounds[i].trained_on, "models::Model on cpu in f32, " + trained_on);
       EXPECT_EQ(rounds[i].clients, 2u);     // one client, not one per rank
       EXPECT_EQ(rounds[i].examples, 300u);  // the site's examples, counted once
       EXPECT_NEAR(rounds[i].site_loss, reference[i].site_loss, 1e-5 * reference[i].site_loss);
@@ -118,6 +140,7 @@ TEST(Site, RanksTrainTheUpdateOneProcessWould) {
 }
 
 struct TextRound {
+  std::string trained_on;  // as the site reported it
   double train_loss = 0;  // the site's, as the server logged it
   double test_loss = 0;   // the global model's after the round: it depends on every value uploaded
 };
@@ -148,10 +171,13 @@ std::vector<TextRound> TextSiteLosses(const std::vector<std::string>& flags,
   auto rounds = store->Rounds();
   EXPECT_TRUE(rounds.ok());
   if (!rounds.ok() || rounds->size() != 2) return out;
+  const std::vector<std::string> trained_on = TrainedOn(f.ClientLog("library"));
+  EXPECT_EQ(trained_on.size(), 2u) << f.ClientLog("library");
   for (const auto& r : *rounds) {
     auto p = ParticipationsByName(*store, r.round);
     EXPECT_EQ(p["library"].status, "committed");
-    out.push_back({p["library"].train_loss, r.test_loss.value_or(-1)});
+    out.push_back({out.size() < trained_on.size() ? trained_on[out.size()] : "", p["library"].train_loss,
+                   r.test_loss.value_or(-1)});
   }
   return out;
 }
@@ -166,6 +192,8 @@ TEST(Site, ATextSiteOnTwoRanksTrainsTheLanguageModelAsOnOne) {
   ASSERT_EQ(one.size(), 2u);
   ASSERT_EQ(two.size(), 2u);
   for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(one[i].trained_on, "models::Llama on cpu in f32, 1 rank (solo, ddp)");
+    EXPECT_EQ(two[i].trained_on, "models::Llama on cpu in f32, 2 ranks (gloo, zero2)");
     std::printf("round %zu: text site loss %.9g on 2 ranks, %.9g on one\n", i + 1, two[i].train_loss,
                 one[i].train_loss);
     EXPECT_NEAR(two[i].train_loss, one[i].train_loss, 1e-4 * one[i].train_loss) << "round " << i + 1;
@@ -184,6 +212,8 @@ TEST(Site, ALoraSiteOnTwoRanksTrainsItsAdaptersAsOnOne) {
   ASSERT_EQ(one.size(), 2u);
   ASSERT_EQ(two.size(), 2u);
   for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(one[i].trained_on, "models::LoraLlama on cpu in f32, 1 rank (solo, ddp)");
+    EXPECT_EQ(two[i].trained_on, "models::LoraLlama on cpu in f32, 2 ranks (gloo, zero1)");
     std::printf("round %zu: lora site loss %.9g on 2 ranks, %.9g on one; test loss %.9g, %.9g\n", i + 1,
                 two[i].train_loss, one[i].train_loss, two[i].test_loss, one[i].test_loss);
     EXPECT_NEAR(two[i].train_loss, one[i].train_loss, 1e-4 * one[i].train_loss) << "round " << i + 1;
@@ -192,58 +222,79 @@ TEST(Site, ALoraSiteOnTwoRanksTrainsItsAdaptersAsOnOne) {
   EXPECT_NE(one[0].test_loss, one[1].test_loss);  // the adapters moved the global model
 }
 
-// An image site on one GPU over NCCL (DDP and ZeRO-1 over the classifier
-// engine) reports what one --device cuda process trains: the logged train
-// loss and the global model's test loss after each round, within 1e-5.
-TEST(Site, AnImageSiteOnAGpuOverNcclTrainsAsOneCudaProcess) {
+// A site on one GPU (--gpus 0, or --device cuda) trains there, on the GPU
+// engine in the precision asked, over a solo communicator; with --backend
+// nccl the same one rank runs DDP and ZeRO-1 over NCCL instead and trains
+// the same thing (the logged losses within 1e-5). Each run's own report says
+// which engine, device, precision and communicator it ran.
+TEST(Site, AnImageSiteOnOneGpuTrainsThereInThePrecisionAsked) {
 #ifndef ESTUARY_HAVE_NCCL
   GTEST_SKIP() << "this build has no NCCL engine (CUDA or NCCL not found by CMake)";
 #else
   if (auto usable = client::ParseCompute("cuda", "fp32"); !usable.ok()) GTEST_SKIP() << usable.status().message();
-  const auto reference = RunTwoRounds({"--device", "cuda"}, {}, false);
+  const auto reference = RunTwoRounds({"--gpus", "0"}, {}, false);
   ASSERT_EQ(reference.size(), 2u);
+  for (const auto& r : reference) {
+    EXPECT_EQ(r.trained_on, "cuda::ClassifierEngine on cuda:0 in f32, 1 rank (solo, ddp)");
+  }
+  for (const auto& r : RunTwoRounds({"--device", "cuda"}, {}, false)) EXPECT_EQ(r.trained_on, reference[0].trained_on);
   for (const char* zero : {"0", "1"}) {
-    const auto rounds = RunTwoRounds({"--gpus", "0", "--zero", zero}, {}, false);
+    const auto rounds = RunTwoRounds({"--gpus", "0", "--backend", "nccl", "--zero", zero}, {}, false);
     ASSERT_EQ(rounds.size(), reference.size());
     for (size_t i = 0; i < rounds.size(); ++i) {
-      std::printf("round %zu: image site loss %.9g over NCCL (--zero %s), %.9g in one cuda process\n", i + 1,
-                  rounds[i].site_loss, zero, reference[i].site_loss);
+      std::printf("round %zu: image site loss %.9g over NCCL (--zero %s), %.9g alone\n", i + 1, rounds[i].site_loss,
+                  zero, reference[i].site_loss);
       EXPECT_EQ(rounds[i].status, "committed");
+      EXPECT_EQ(rounds[i].trained_on, fmt::format("cuda::ClassifierEngine on cuda:0 in f32, 1 rank (nccl, {})",
+                                                  zero[0] == '0' ? "ddp" : "zero1"));
       EXPECT_NEAR(rounds[i].site_loss, reference[i].site_loss, 1e-5 * reference[i].site_loss);
       EXPECT_NEAR(rounds[i].test_loss, reference[i].test_loss, 1e-5 * reference[i].test_loss);
     }
   }
-#endif
-}
-
-// The whole --gpus path on one GPU: NCCL, DDP and ZeRO-1 over the GPU
-// engine's buffers (client/rank_model.h), the site's broadcast and upload.
-// It trains what one --device cuda process trains: the logged losses agree to
-// 1e-5.
-TEST(Site, ATextSiteOnAGpuOverNcclTrainsAsOneCudaProcess) {
-#ifndef ESTUARY_HAVE_NCCL
-  GTEST_SKIP() << "this build has no NCCL engine (CUDA or NCCL not found by CMake)";
-#else
-  if (auto usable = client::ParseCompute("cuda", "fp32"); !usable.ok()) GTEST_SKIP() << usable.status().message();
-  const auto one = TextSiteLosses({"--device", "cuda"});
-  for (const char* zero : {"0", "1"}) {
-    const auto nccl = TextSiteLosses({"--gpus", "0", "--zero", zero});
-    ASSERT_EQ(one.size(), 2u);
-    ASSERT_EQ(nccl.size(), 2u);
-    for (size_t i = 0; i < 2; ++i) {
-      std::printf("round %zu: text site loss %.9g over NCCL (--zero %s), %.9g in one cuda process\n", i + 1,
-                  nccl[i].train_loss, zero, one[i].train_loss);
-      EXPECT_NEAR(nccl[i].train_loss, one[i].train_loss, 1e-5 * one[i].train_loss)
-          << "round " << i + 1 << ", --zero " << zero;
-    }
+  const auto bf16 = RunTwoRounds({"--gpus", "0", "--precision", "bf16"}, {}, false);
+  ASSERT_EQ(bf16.size(), reference.size());
+  for (size_t i = 0; i < bf16.size(); ++i) {
+    EXPECT_EQ(bf16[i].trained_on, "cuda::ClassifierEngine on cuda:0 in bf16, 1 rank (solo, ddp)");
+    EXPECT_NEAR(bf16[i].site_loss, reference[i].site_loss, 2e-2 * reference[i].site_loss);
   }
 #endif
 }
 
-// A lora site on one GPU (cuda::LoraLlamaEngine, fp32): in one --device cuda
-// process and over NCCL under DDP and ZeRO-1 it logs the same losses (1e-5),
-// and follows the CPU site within 1e-3.
-TEST(Site, ALoraSiteOnAGpuOverNcclTrainsAsOneCudaProcess) {
+// The decoder on one GPU: --gpus 0 alone, over NCCL under DDP and ZeRO-1, and
+// in bf16, each as its report says.
+TEST(Site, ATextSiteOnOneGpuTrainsThereInThePrecisionAsked) {
+#ifndef ESTUARY_HAVE_NCCL
+  GTEST_SKIP() << "this build has no NCCL engine (CUDA or NCCL not found by CMake)";
+#else
+  if (auto usable = client::ParseCompute("cuda", "fp32"); !usable.ok()) GTEST_SKIP() << usable.status().message();
+  const auto one = TextSiteLosses({"--gpus", "0"});
+  ASSERT_EQ(one.size(), 2u);
+  for (const auto& r : one) EXPECT_EQ(r.trained_on, "cuda::LlamaEngine on cuda:0 in f32, 1 rank (solo, ddp)");
+  for (const char* zero : {"0", "1"}) {
+    const auto nccl = TextSiteLosses({"--gpus", "0", "--backend", "nccl", "--zero", zero});
+    ASSERT_EQ(nccl.size(), 2u);
+    for (size_t i = 0; i < 2; ++i) {
+      std::printf("round %zu: text site loss %.9g over NCCL (--zero %s), %.9g alone\n", i + 1, nccl[i].train_loss,
+                  zero, one[i].train_loss);
+      EXPECT_EQ(nccl[i].trained_on, fmt::format("cuda::LlamaEngine on cuda:0 in f32, 1 rank (nccl, {})",
+                                                zero[0] == '0' ? "ddp" : "zero1"));
+      EXPECT_NEAR(nccl[i].train_loss, one[i].train_loss, 1e-5 * one[i].train_loss)
+          << "round " << i + 1 << ", --zero " << zero;
+    }
+  }
+  const auto bf16 = TextSiteLosses({"--gpus", "0", "--precision", "bf16"});
+  ASSERT_EQ(bf16.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(bf16[i].trained_on, "cuda::LlamaEngine on cuda:0 in bf16, 1 rank (solo, ddp)");
+    EXPECT_NEAR(bf16[i].train_loss, one[i].train_loss, 2e-2 * one[i].train_loss);
+  }
+#endif
+}
+
+// A lora site on one GPU (cuda::LoraLlamaEngine, fp32): alone and over NCCL
+// under DDP and ZeRO-1 it logs the same losses (1e-5), and follows the CPU
+// site within 1e-3.
+TEST(Site, ALoraSiteOnOneGpuTrainsThere) {
 #ifndef ESTUARY_HAVE_NCCL
   GTEST_SKIP() << "this build has no NCCL engine (CUDA or NCCL not found by CMake)";
 #else
@@ -251,19 +302,23 @@ TEST(Site, ALoraSiteOnAGpuOverNcclTrainsAsOneCudaProcess) {
   const std::vector<std::string> lora = {"--update-kind", "lora", "--lora-rank", "4", "--lora-alpha", "8",
                                          "--lora-merge", "exact"};
   const auto cpu = TextSiteLosses({}, lora);
-  const auto one = TextSiteLosses({"--device", "cuda"}, lora);
+  const auto one = TextSiteLosses({"--gpus", "0"}, lora);
   ASSERT_EQ(cpu.size(), 2u);
   ASSERT_EQ(one.size(), 2u);
   for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(cpu[i].trained_on, "models::LoraLlama on cpu in f32, 1 rank (solo, ddp)");
+    EXPECT_EQ(one[i].trained_on, "cuda::LoraLlamaEngine on cuda:0 in f32, 1 rank (solo, ddp)");
     EXPECT_NEAR(one[i].train_loss, cpu[i].train_loss, 1e-3 * cpu[i].train_loss) << "round " << i + 1;
     EXPECT_NEAR(one[i].test_loss, cpu[i].test_loss, 1e-3 * cpu[i].test_loss) << "round " << i + 1;
   }
   for (const char* zero : {"0", "1"}) {
-    const auto nccl = TextSiteLosses({"--gpus", "0", "--zero", zero}, lora);
+    const auto nccl = TextSiteLosses({"--gpus", "0", "--backend", "nccl", "--zero", zero}, lora);
     ASSERT_EQ(nccl.size(), 2u);
     for (size_t i = 0; i < 2; ++i) {
-      std::printf("round %zu: lora site loss %.9g over NCCL (--zero %s), %.9g in one cuda process, %.9g on the CPU\n",
-                  i + 1, nccl[i].train_loss, zero, one[i].train_loss, cpu[i].train_loss);
+      std::printf("round %zu: lora site loss %.9g over NCCL (--zero %s), %.9g alone, %.9g on the CPU\n", i + 1,
+                  nccl[i].train_loss, zero, one[i].train_loss, cpu[i].train_loss);
+      EXPECT_EQ(nccl[i].trained_on, fmt::format("cuda::LoraLlamaEngine on cuda:0 in f32, 1 rank (nccl, {})",
+                                                zero[0] == '0' ? "ddp" : "zero1"));
       EXPECT_NEAR(nccl[i].train_loss, one[i].train_loss, 1e-5 * one[i].train_loss)
           << "round " << i + 1 << ", --zero " << zero;
       EXPECT_NEAR(nccl[i].test_loss, one[i].test_loss, 1e-5 * one[i].test_loss)

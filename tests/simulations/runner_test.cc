@@ -11,7 +11,7 @@
 #include "base/split.h"
 #include "client/compute.h"
 #include "client/task.h"
-#include "client/text_trainer.h"
+#include "client/site.h"
 #include "crypto/sha256.h"
 #include "models/language_model.h"
 #include "models/lora_federation.h"
@@ -23,11 +23,15 @@
 namespace estuary::simulations {
 namespace {
 
-// The task the simulator hands its sites, mapped as a site maps it.
-client::TaskConfig SiteTask(const Scenario& s) {
-  auto task = client::TaskFromProto(FederationOf(s).task());
-  EXPECT_TRUE(task.ok()) << task.status().ToString();
-  return task.ok() ? *task : client::TaskConfig{};
+// The task the simulator hands its sites.
+v1::TaskConfig SiteTask(const Scenario& s) { return FederationOf(s).task(); }
+
+// A site of one process on `tokens`, training its own adapter rank.
+std::unique_ptr<client::Trainer> TextSite(const std::vector<int32_t>& tokens, int lora_rank = 0) {
+  auto site = client::MakeLocalSite({.text = std::make_shared<const std::vector<int32_t>>(tokens)},
+                                    {.lora_rank = lora_rank});
+  EXPECT_TRUE(site.ok()) << site.status().ToString();
+  return std::move(site).value();
 }
 
 void SetTargets(Scenario& s, const std::string& modules) {
@@ -326,7 +330,7 @@ TEST(LoraSimulation, TheInprocGlobalIsMergeLoraUpdatesOfTheSitesAdapters) {
   ASSERT_TRUE(initial.ok()) << initial.status().ToString();
   auto sources = models::LoadFortunes(s.data_dir, {.test_fraction = 0.1, .seed = s.task().seed(), .min_tokens = s.task().seq_len() + 1});
   ASSERT_TRUE(sources.ok());
-  const client::TaskConfig task = SiteTask(s);  // what the simulator sent its sites
+  const v1::TaskConfig task = SiteTask(s);  // what the simulator sent its sites
   std::map<std::string, std::vector<int32_t>> text;
   std::vector<std::string> names;
   for (auto& source : *sources) {
@@ -337,8 +341,7 @@ TEST(LoraSimulation, TheInprocGlobalIsMergeLoraUpdatesOfTheSitesAdapters) {
   std::vector<aggregation::LoraUpdate> updates;
   std::vector<double> weights;
   for (const std::string& name : order) {
-    client::TextTrainer trainer(std::make_shared<const std::vector<int32_t>>(text[name]));
-    auto update = trainer.Train(initial->values, initial->manifest, task, 1, name);
+    auto update = TextSite(text[name])->Train(initial->values, initial->manifest, task, 1, name);
     ASSERT_TRUE(update.ok()) << update.status().ToString();
     EXPECT_EQ(update->kind, client::UpdateKind::kLora);
     EXPECT_EQ(run->rounds[0].bytes_per_update, update->payload.size() * sizeof(float));
@@ -542,8 +545,8 @@ TEST(LoraSimulation, SitesOfOtherRanksJoinAnExactFederation) {
   ASSERT_EQ(g1.size(), initial->values.size());
   auto sources = models::LoadFortunes(s.data_dir, {.test_fraction = 0.1, .seed = s.task().seed(), .min_tokens = s.task().seq_len() + 1});
   ASSERT_TRUE(sources.ok());
-  const client::TaskConfig task = SiteTask(s);  // what the simulator sent its sites
-  ASSERT_TRUE(task.lora.mixed_ranks);
+  const v1::TaskConfig task = SiteTask(s);  // what the simulator sent its sites
+  ASSERT_TRUE(task.lora().mixed_ranks());
 
   // Round 2 by hand from the global of round 1.
   const size_t base_size = layout->base.total_elements;
@@ -553,9 +556,7 @@ TEST(LoraSimulation, SitesOfOtherRanksJoinAnExactFederation) {
   const int ranks[] = {2, 4, 8};
   for (size_t i = 0; i < sources->size(); ++i) {
     const auto& source = (*sources)[i];
-    client::TextTrainer trainer(std::make_shared<const std::vector<int32_t>>(source.train));
-    trainer.set_lora_rank(ranks[i]);
-    auto update = trainer.Train(g1, initial->manifest, task, 2, source.name);
+    auto update = TextSite(source.train, ranks[i])->Train(g1, initial->manifest, task, 2, source.name);
     ASSERT_TRUE(update.ok()) << update.status().ToString();
     const int64_t uploaded_rank = update->manifest.tensors[0].shape[0];
     EXPECT_EQ(uploaded_rank, ranks[i] == 4 ? 4 : 4 + ranks[i]) << source.name;
