@@ -22,7 +22,7 @@
 #include <random>
 #include <vector>
 
-#include "bench/decoder_options.h"
+#include "bench/decoder.h"
 #include "models/cuda/device.h"
 #include "models/cuda/llama_engine.h"
 #include "models/cuda/optimizer.h"

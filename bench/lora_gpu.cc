@@ -30,7 +30,7 @@
 #include <string>
 #include <vector>
 
-#include "bench/decoder_options.h"
+#include "bench/decoder.h"
 #include "models/cuda/device.h"
 #include "models/cuda/llama_engine.h"
 #include "models/cuda/lora_engine.h"
