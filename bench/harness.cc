@@ -4,8 +4,8 @@
 #include <sys/wait.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cstdio>
-#include <memory>
 
 namespace estuary::bench {
 
@@ -89,13 +89,31 @@ std::string ScriptCommand(const std::string& python, std::string_view script) {
   return fmt::format("{} {}/bench/{}", python, ESTUARY_SOURCE_DIR, script);
 }
 
+namespace {
+
+// A whole number of at least `least`. (CLI::PositiveNumber's message names
+// the largest double as the bound.)
+CLI::Validator AtLeast(int least) {
+  return CLI::Validator(
+      [least](std::string& text) -> std::string {
+        int value = 0;
+        const char* end = text.data() + text.size();
+        const auto parsed = std::from_chars(text.data(), end, value);
+        if (parsed.ec == std::errc() && parsed.ptr == end && value >= least) return {};
+        return fmt::format("{} is not a whole number of at least {}", text, least);
+      },
+      fmt::format(">= {}", least));
+}
+
+}  // namespace
+
 void Bench::AddRepetitions(Repetitions& r) {
-  app_.add_option("--steps", r.timed, "timed steps")->check(CLI::PositiveNumber);
-  app_.add_option("--warmup", r.warmup, "untimed steps first")->check(CLI::NonNegativeNumber);
+  app_.add_option("--steps", r.timed, "timed steps")->check(AtLeast(1));
+  app_.add_option("--warmup", r.warmup, "untimed steps first")->check(AtLeast(0));
 }
 
 void Bench::AddThreads(int& threads, const std::string& help) {
-  app_.add_option("--threads", threads, help)->check(CLI::PositiveNumber);
+  app_.add_option("--threads", threads, help)->check(AtLeast(1));
 }
 
 void Bench::AddPython(std::string& python) {
