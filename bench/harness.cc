@@ -89,10 +89,6 @@ std::string ScriptCommand(const std::string& python, std::string_view script) {
   return fmt::format("{} {}/bench/{}", python, ESTUARY_SOURCE_DIR, script);
 }
 
-namespace {
-
-// A whole number of at least `least`. (CLI::PositiveNumber's message names
-// the largest double as the bound.)
 CLI::Validator AtLeast(int least) {
   return CLI::Validator(
       [least](std::string& text) -> std::string {
@@ -105,8 +101,6 @@ CLI::Validator AtLeast(int least) {
       fmt::format(">= {}", least));
 }
 
-}  // namespace
-
 void Bench::AddRepetitions(Repetitions& r) {
   app_.add_option("--steps", r.timed, "timed steps")->check(AtLeast(1));
   app_.add_option("--warmup", r.warmup, "untimed steps first")->check(AtLeast(0));
@@ -118,6 +112,19 @@ void Bench::AddThreads(int& threads, const std::string& help) {
 
 void Bench::AddPython(std::string& python) {
   app_.add_option("--python", python, "the Python (with PyTorch) that runs the baseline");
+}
+
+void Bench::AddPrecision(DType& dtype, const std::string& help) {
+  const CLI::Validator known(
+      [](std::string& name) {
+        auto parsed = ParseDType(name);
+        return parsed.ok() ? std::string() : parsed.status().message();
+      },
+      "f32|bf16|f16");
+  app_.add_option_function<std::string>(
+          "--precision", [&dtype](const std::string& name) { dtype = *ParseDType(name); }, help)
+      ->check(known)
+      ->default_str(std::string(DTypeName(dtype)));
 }
 
 std::optional<int> Bench::Parse(int argc, char** argv) {
@@ -135,7 +142,7 @@ int Bench::Fail(const Status& status) const {
 }
 
 int Bench::NothingMeasured(std::string_view why) const {
-  fmt::print("{}: {}; nothing measured\n", name_, why);
+  fmt::print("{}: nothing measured: {}\n", name_, why);
   return 0;
 }
 

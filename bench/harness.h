@@ -4,9 +4,10 @@
 // what that takes besides the work itself:
 //
 // - Bench: the benchmark's name and command line, with the common flags
-//   (--steps/--warmup, --threads, --python), and the two ways it stops
-//   early: Fail ("name: error" on stderr, exit 1) and NothingMeasured (no
-//   device to measure on is no error: exit 0, saying why).
+//   (--steps/--warmup, --threads, --python, --precision), and the two ways
+//   it stops early: Fail ("name: error" on stderr, exit 1) and
+//   NothingMeasured (no device to measure on is no error: exit 0, saying
+//   why).
 // - Repeat times each of a number of calls after untimed warm-up calls;
 //   Samples reduces the times to what a report quotes (median, range, mean).
 //   SecondsPerCall times a block of calls as one, for work that is queued
@@ -28,6 +29,7 @@
 #include <utility>
 #include <vector>
 
+#include "base/manifest.h"
 #include "base/status.h"
 
 // OpenBLAS's own pool size, for the benchmarks that link it (declared here,
@@ -95,6 +97,10 @@ Status RunCommand(const std::string& command, const std::function<void(std::stri
 // The whole of `command`'s standard output.
 Result<std::string> CommandOutput(const std::string& command);
 
+// For a flag: a whole number of at least `least`. (CLI::PositiveNumber's
+// message names the largest double as its bound.)
+CLI::Validator AtLeast(int least);
+
 // `python` running bench/<script> of this source tree.
 std::string ScriptCommand(const std::string& python, std::string_view script);
 
@@ -102,7 +108,6 @@ class Bench {
  public:
   Bench(std::string name, const std::string& description) : name_(std::move(name)), app_(description, name_) {}
 
-  const std::string& name() const { return name_; }
   CLI::App& app() { return app_; }
 
   // --steps (timed calls, at least 1) and --warmup (untimed calls first),
@@ -112,6 +117,9 @@ class Bench {
   void AddThreads(int& threads, const std::string& help);
   // --python: the interpreter, with PyTorch, that runs the baseline.
   void AddPython(std::string& python);
+  // --precision f32 | bf16 | f16, into `dtype`, which holds the default;
+  // `help` says which of them the benchmark takes.
+  void AddPrecision(DType& dtype, const std::string& help);
 
   // Parses the command line: nothing to go on with, or the code to exit
   // with now (after --help, or a flag it refused).
@@ -119,7 +127,7 @@ class Bench {
 
   // "name: error" on stderr; returns 1, the exit code.
   int Fail(const Status& status) const;
-  // "name: why; nothing measured" on stdout; returns 0: nothing is wrong
+  // "name: nothing measured: why" on stdout; returns 0: nothing is wrong
   // with the benchmark where there is nothing to measure on.
   int NothingMeasured(std::string_view why) const;
 

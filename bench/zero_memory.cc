@@ -129,7 +129,7 @@ int main(int argc, char** argv) {
   int steps = 2, seq = 64;
   bench.app().add_option("--ranks", ranks)->delimiter(',');
   bench.app().add_option("--stages", stages, "0: DDP, 1-3: ZeRO stage")->delimiter(',')->check(CLI::Range(0, 3));
-  bench.app().add_option("--steps", steps, "all timed, no warm-up")->check(CLI::PositiveNumber);
+  bench.app().add_option("--steps", steps, "all timed, no warm-up")->check(bench::AtLeast(1));
   bench.app().add_option("--seq", seq, "tokens per rank per step (batch 1)")->check(CLI::Range(1, 1024));
   if (auto code = bench.Parse(argc, argv)) return *code;
 
