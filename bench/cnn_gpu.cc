@@ -14,60 +14,42 @@
 // when present, else synthetic pixels and labels (throughput does not depend
 // on the values). Exits 0 with a message when there is no usable GPU.
 //   build/bench/cnn_gpu [--clients 100] [--examples 80] [--batch 10] [--threads N] [--precision f32]
-#include <CLI/CLI.hpp>
+#include <fmt/format.h>
 
+#include <algorithm>
 #include <atomic>
-#include <chrono>
-#include <cstdio>
 #include <filesystem>
 #include <random>
 #include <thread>
 #include <vector>
 
+#include "bench/gpu.h"
+#include "bench/harness.h"
 #include "models/cuda/classifier_engine.h"
-#include "models/cuda/device.h"
 #include "models/cuda/optimizer.h"
 #include "models/dataset.h"
 #include "models/model.h"
 
-extern "C" void openblas_set_num_threads(int);
-
-namespace {
-
-using Clock = std::chrono::steady_clock;
-double Seconds(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
-
-}  // namespace
-
 int main(int argc, char** argv) {
   using namespace estuary;
   using namespace estuary::models;
-  CLI::App app{"MNIST CNN: many small clients' local training on one GPU vs the CPU backend"};
+  bench::Bench bench("cnn_gpu", "MNIST CNN: many small clients' local training on one GPU vs the CPU backend");
+  CLI::App& app = bench.app();
   int clients = 100, examples = 80, batch = 10, epochs = 1;
   int threads = int(std::max(1u, std::thread::hardware_concurrency()));
   float lr = 0.05f;
-  std::string data = ESTUARY_SOURCE_DIR "/data/mnist", precision = "f32";
-  app.add_option("--clients", clients)->check(CLI::PositiveNumber);
-  app.add_option("--examples", examples, "examples per client")->check(CLI::PositiveNumber);
-  app.add_option("--batch", batch)->check(CLI::PositiveNumber);
-  app.add_option("--epochs", epochs)->check(CLI::PositiveNumber);
-  app.add_option("--threads", threads, "CPU worker threads (one client per thread at a time)")
-      ->check(CLI::PositiveNumber);
+  std::string data = ESTUARY_SOURCE_DIR "/data/mnist";
+  DType precision = DType::kF32;
+  app.add_option("--clients", clients)->check(bench::AtLeast(1));
+  app.add_option("--examples", examples, "examples per client")->check(bench::AtLeast(1));
+  app.add_option("--batch", batch)->check(bench::AtLeast(1));
+  app.add_option("--epochs", epochs)->check(bench::AtLeast(1));
+  bench.AddThreads(threads, "CPU worker threads (one client per thread at a time)");
   app.add_option("--lr", lr);
   app.add_option("--data", data, "directory with the MNIST IDX files");
-  app.add_option("--precision", precision, "GPU precision: f32 or bf16");
-  CLI11_PARSE(app, argc, argv);
-
-  if (Status usable = cuda::CudaUsable(); !usable.ok()) {
-    std::printf("cnn_gpu: no usable GPU, nothing measured: %s\n", usable.message().c_str());
-    return 0;  // a clean exit: there is nothing wrong with the benchmark itself
-  }
-  auto fail = [](const Status& s) {
-    std::fprintf(stderr, "cnn_gpu: %s\n", s.ToString().c_str());
-    return 1;
-  };
-  auto dtype = ParseDType(precision);
-  if (!dtype.ok()) return fail(dtype.status());
+  bench.AddPrecision(precision, "GPU precision: f32 or bf16");
+  if (auto code = bench.Parse(argc, argv)) return *code;
+  if (auto why = bench::NoUsableGpu()) return bench.NothingMeasured(*why);
 
   // Client c trains examples [c * examples, (c + 1) * examples), wrapping around the set.
   const uint64_t needed = uint64_t(clients) * uint64_t(examples);
@@ -75,7 +57,7 @@ int main(int argc, char** argv) {
   std::string source;
   if (std::filesystem::exists(std::filesystem::path(data) / "train-images-idx3-ubyte")) {
     auto loaded = LoadIdx(data, Split::kTrain);
-    if (!loaded.ok()) return fail(loaded.status());
+    if (!loaded.ok()) return bench.Fail(loaded.status());
     set = std::move(*loaded);
     source = "MNIST from " + data;
   } else {
@@ -89,7 +71,7 @@ int main(int argc, char** argv) {
     for (int32_t& v : set.labels) v = int32_t(rng() % 10);
     source = "synthetic (no IDX files in " + data + ")";
   }
-  if (set.feature_size != 784 || set.size() == 0) return fail(InvalidArgument("expected 28x28 images"));
+  if (set.feature_size != 784 || set.size() == 0) return bench.Fail(InvalidArgument("expected 28x28 images"));
   // Each client's examples, contiguous, so both backends read the same batches.
   std::vector<float> client_x(needed * 784);
   std::vector<int32_t> client_y(needed);
@@ -100,7 +82,7 @@ int main(int argc, char** argv) {
   }
 
   auto reference = MakeModel("cnn");
-  if (!reference.ok()) return fail(reference.status());
+  if (!reference.ok()) return bench.Fail(reference.status());
   (*reference)->Initialize(1);
   const std::vector<float> global((*reference)->parameters().begin(), (*reference)->parameters().end());
   const int per_epoch = (examples + batch - 1) / batch, steps_per_client = epochs * per_epoch;
@@ -112,11 +94,11 @@ int main(int argc, char** argv) {
 
   // ------------------------------------------------------------------ GPU
   cuda::ClassifierEngineOptions options;
-  options.precision = *dtype;
+  options.precision = precision;
   auto engine = cuda::ClassifierEngine::Create("cnn", batch, options);
-  if (!engine.ok()) return fail(engine.status());
+  if (!engine.ok()) return bench.Fail(engine.status());
   auto sgd = cuda::Sgd::Create(engine->parameter_count(), lr, 0.0f, 0.0f);
-  if (!sgd.ok()) return fail(sgd.status());
+  if (!sgd.ok()) return bench.Fail(sgd.status());
   std::vector<float> local(global.size());
   double gpu_last_loss = 0;
   auto gpu_client = [&](int c) -> Status {
@@ -132,13 +114,13 @@ int main(int argc, char** argv) {
     gpu_last_loss += loss;
     return engine->CopyParametersTo(local);
   };
-  if (Status s = gpu_client(0); !s.ok()) return fail(s);  // warm-up: cuBLAS heuristics, first launches
+  if (Status s = gpu_client(0); !s.ok()) return bench.Fail(s);  // warm-up: cuBLAS heuristics, first launches
   gpu_last_loss = 0;
-  auto start = Clock::now();
+  const bench::Stopwatch gpu_watch;
   for (int c = 0; c < clients; ++c) {
-    if (Status s = gpu_client(c); !s.ok()) return fail(s);
+    if (Status s = gpu_client(c); !s.ok()) return bench.Fail(s);
   }
-  const double gpu_seconds = Seconds(start);
+  const double gpu_seconds = gpu_watch.Seconds();
 
   // ------------------------------------------------------------------ CPU
   openblas_set_num_threads(1);
@@ -146,7 +128,7 @@ int main(int argc, char** argv) {
   std::vector<std::unique_ptr<Model>> replicas;
   for (int w = 0; w < workers; ++w) {
     auto m = MakeModel("cnn");
-    if (!m.ok()) return fail(m.status());
+    if (!m.ok()) return bench.Fail(m.status());
     replicas.push_back(std::move(*m));
   }
   std::vector<double> cpu_loss(clients, 0.0);
@@ -162,7 +144,7 @@ int main(int argc, char** argv) {
   };
   cpu_client(*replicas[0], 0);  // warm-up: arena growth, page faults
   std::atomic<int> next{0};
-  start = Clock::now();
+  const bench::Stopwatch cpu_watch;
   std::vector<std::thread> pool;
   for (int w = 0; w < workers; ++w) {
     pool.emplace_back([&, w] {
@@ -170,18 +152,18 @@ int main(int argc, char** argv) {
     });
   }
   for (auto& t : pool) t.join();
-  const double cpu_seconds = Seconds(start);
+  const double cpu_seconds = cpu_watch.Seconds();
   double cpu_last_loss = 0;
   for (double l : cpu_loss) cpu_last_loss += l;
 
   const double samples = double(needed) * epochs;
   const double gpu_rate = samples / gpu_seconds, cpu_rate = samples / cpu_seconds;
-  std::printf("cnn_gpu: %d clients x %d examples x %d epoch(s), batch %d, data: %s\n", clients, examples, epochs,
-              batch, source.c_str());
-  std::printf("GPU ClassifierEngine (%s): %.0f samples/s (%.3f s, mean last loss %.4f)\n", precision.c_str(),
-              gpu_rate, gpu_seconds, gpu_last_loss / clients);
-  std::printf("CPU backend (%d threads): %.0f samples/s (%.3f s, mean last loss %.4f)\n", workers, cpu_rate,
-              cpu_seconds, cpu_last_loss / clients);
-  std::printf("ratio GPU / CPU: %.2fx\n", gpu_rate / cpu_rate);
+  fmt::print("cnn_gpu: {} clients x {} examples x {} epoch(s), batch {}, data: {}\n", clients, examples, epochs, batch,
+             source);
+  fmt::print("GPU ClassifierEngine ({}): {:.0f} samples/s ({:.3f} s, mean last loss {:.4f})\n", DTypeName(precision),
+             gpu_rate, gpu_seconds, gpu_last_loss / clients);
+  fmt::print("CPU backend ({} threads): {:.0f} samples/s ({:.3f} s, mean last loss {:.4f})\n", workers, cpu_rate,
+             cpu_seconds, cpu_last_loss / clients);
+  bench::PrintRatio("GPU / CPU, samples/s", gpu_rate / cpu_rate);
   return 0;
 }

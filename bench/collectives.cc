@@ -14,7 +14,6 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
 #include <chrono>
@@ -23,6 +22,7 @@
 #include <functional>
 #include <vector>
 
+#include "bench/harness.h"
 #include "comm/gloo_communicator.h"
 #ifdef ESTUARY_HAVE_NCCL
 #include <cuda_runtime_api.h>
@@ -34,26 +34,24 @@ namespace {
 
 using namespace estuary;
 using namespace estuary::comm;
-using Clock = std::chrono::steady_clock;
 
 // Where a rank's buffers live, and the baseline copy there.
 struct Memory {
   std::function<float*(size_t floats)> alloc;
   std::function<void(float*)> release;
   // Seconds per copy of `bytes` from src to dst, over `iters` copies.
-  std::function<double(float* dst, const float* src, size_t bytes, int iters)> copy_seconds;
+  std::function<Result<double>(float* dst, const float* src, size_t bytes, int iters)> copy_seconds;
 };
 
 Memory HostMemory() {
   return {[](size_t n) { return static_cast<float*>(std::calloc(std::max<size_t>(n, 1), sizeof(float))); },
           [](float* p) { std::free(p); },
           [](float* dst, const float* src, size_t bytes, int iters) {
-            const auto start = Clock::now();
-            for (int i = 0; i < iters; ++i) {
+            return bench::SecondsPerCall(iters, [&] {
               std::memcpy(dst, src, bytes);
               asm volatile("" : : "r"(dst) : "memory");  // keep every copy
-            }
-            return std::chrono::duration<double>(Clock::now() - start).count() / iters;
+              return Status::Ok();
+            });
           }};
 }
 
@@ -61,17 +59,24 @@ Memory HostMemory() {
 Memory DeviceMemory() {
   return {[](size_t n) {
             void* p = nullptr;
-            if (cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(float)) != cudaSuccess) return static_cast<float*>(nullptr);
-            cudaMemset(p, 0, std::max<size_t>(n, 1) * sizeof(float));
+            const size_t bytes = std::max<size_t>(n, 1) * sizeof(float);
+            if (cudaMalloc(&p, bytes) != cudaSuccess) return static_cast<float*>(nullptr);
+            cudaMemset(p, 0, bytes);
             return static_cast<float*>(p);
           },
           [](float* p) { cudaFree(p); },
           [](float* dst, const float* src, size_t bytes, int iters) {
             cudaDeviceSynchronize();
-            const auto start = Clock::now();
-            for (int i = 0; i < iters; ++i) cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, nullptr);
-            cudaDeviceSynchronize();
-            return std::chrono::duration<double>(Clock::now() - start).count() / iters;
+            return bench::SecondsPerCall(
+                iters,
+                [&] {
+                  cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, nullptr);
+                  return Status::Ok();
+                },
+                [] {
+                  cudaDeviceSynchronize();
+                  return Status::Ok();
+                });
           }};
 }
 #endif
@@ -98,7 +103,10 @@ Status RunRank(Communicator& c, const Memory& memory, size_t min_bytes, size_t m
     if (a == nullptr || b == nullptr) return Internal("cannot allocate {} bytes", size_bytes);
     const std::span<float> full(a, floats), block(b, floats / n);
     const int iters = Iterations(size_bytes);
-    const double copy = print ? memory.copy_seconds(b, a, size_bytes, iters) : 0;
+    double copy = 0;
+    if (print) {
+      ESTUARY_ASSIGN_OR_RETURN(copy, memory.copy_seconds(b, a, size_bytes, iters));
+    }
 
     struct Case {
       const char* name;
@@ -114,11 +122,16 @@ Status RunRank(Communicator& c, const Memory& memory, size_t min_bytes, size_t m
     for (const auto& test : cases) {
       ESTUARY_RETURN_IF_ERROR(test.launch()->Wait());  // warm up: connections, caches
       ESTUARY_RETURN_IF_ERROR(c.Barrier()->Wait());
-      const auto start = Clock::now();
       std::vector<std::unique_ptr<Work>> works;
-      for (int i = 0; i < iters; ++i) works.push_back(test.launch());
-      for (auto& w : works) ESTUARY_RETURN_IF_ERROR(w->Wait());
-      const double seconds = std::chrono::duration<double>(Clock::now() - start).count() / iters;
+      auto launch = [&] {
+        works.push_back(test.launch());
+        return Status::Ok();
+      };
+      auto wait_all = [&]() -> Status {
+        for (auto& w : works) ESTUARY_RETURN_IF_ERROR(w->Wait());
+        return Status::Ok();
+      };
+      ESTUARY_ASSIGN_OR_RETURN(const double seconds, bench::SecondsPerCall(iters, launch, wait_all));
       if (print) {
         const double algbw = size_bytes / seconds / 1e9, busbw = algbw * test.bus_factor;
         const double copy_bw = size_bytes / copy / 1e9;
@@ -167,40 +180,43 @@ size_t ParseBytes(const std::string& text) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"Bus bandwidth of the communicator's collectives against a plain copy"};
+  bench::Bench bench("collectives", "Bus bandwidth of the communicator's collectives against a plain copy");
   std::string backend = "gloo", min_text = "1K", max_text = "64M";
   int ranks = 2;
+  CLI::App& app = bench.app();
   app.add_option("--backend", backend, "gloo (CPU processes) or nccl (one process per visible GPU)")
       ->check(CLI::IsMember({"gloo", "nccl"}));
   app.add_option("--ranks", ranks, "Gloo processes")->check(CLI::Range(1, 64));
   app.add_option("--min-bytes", min_text, "smallest size (K, M suffixes)");
   app.add_option("--max-bytes", max_text, "largest size");
-  CLI11_PARSE(app, argc, argv);
+  if (auto code = bench.Parse(argc, argv)) return *code;
   const size_t min_bytes = ParseBytes(min_text), max_bytes = ParseBytes(max_text);
 
   std::string dir = (std::filesystem::temp_directory_path() / "estuary-bench-XXXXXX").string();
-  if (mkdtemp(dir.data()) == nullptr) {
-    fmt::print(stderr, "collectives: cannot make a rendezvous directory under {}\n", dir);
-    return 1;
-  }
+  if (mkdtemp(dir.data()) == nullptr) return bench.Fail(IoError("cannot make a rendezvous directory under {}", dir));
   const std::string address = "file://" + dir;
+  // Each rank process says what went wrong itself.
+  auto run_rank = [&](int rank, const Result<std::unique_ptr<Communicator>>& c, const Memory& memory) {
+    const Status status = c.ok() ? RunRank(**c, memory, min_bytes, max_bytes) : c.status();
+    if (!status.ok()) bench.Fail(Status(status.code(), fmt::format("rank {}: {}", rank, status.message())));
+    return status.ok() ? 0 : 1;
+  };
   int failed = 0;
   if (backend == "gloo") {
     failed = RunProcesses(ranks, [&](int rank) {
-      auto c = ConnectGloo({.address = address, .rank = rank, .size = ranks, .timeout = std::chrono::seconds(120)},
-                           {.host = "127.0.0.1"});
-      Status status = c.ok() ? RunRank(**c, HostMemory(), min_bytes, max_bytes) : c.status();
-      if (!status.ok()) fmt::print(stderr, "collectives: rank {}: {}\n", rank, status.ToString());
-      return status.ok() ? 0 : 1;
+      const RendezvousOptions rendezvous{
+          .address = address, .rank = rank, .size = ranks, .timeout = std::chrono::seconds(120)};
+      return run_rank(rank, ConnectGloo(rendezvous, {.host = "127.0.0.1"}), HostMemory());
     });
   } else {
 #ifndef ESTUARY_HAVE_NCCL
-    fmt::print("collectives: this build has no NCCL engine (CUDA or NCCL not found by CMake); nothing to measure\n");
+    std::filesystem::remove_all(dir);
+    return bench.NothingMeasured("this build has no NCCL engine (CUDA or NCCL not found by CMake)");
 #else
     // Count the GPUs in a child: a CUDA context in this process would not survive the forks.
     int gpus = 0;
     int fds[2];
-    if (pipe(fds) != 0) return 1;
+    if (pipe(fds) != 0) return bench.Fail(IoError("pipe failed"));
     RunProcesses(1, [&](int) {
       int n = 0;
       if (cudaGetDeviceCount(&n) != cudaSuccess) n = 0;
@@ -208,16 +224,14 @@ int main(int argc, char** argv) {
     });
     if (read(fds[0], &gpus, sizeof(gpus)) != sizeof(gpus)) gpus = 0;
     if (gpus == 0) {
-      fmt::print("collectives: no CUDA device visible; nothing to measure with --backend nccl\n");
-    } else {
-      failed = RunProcesses(gpus, [&](int rank) {
-        auto c = ConnectNccl({.address = address, .rank = rank, .size = gpus, .timeout = std::chrono::seconds(120)},
-                             rank);
-        Status status = c.ok() ? RunRank(**c, DeviceMemory(), min_bytes, max_bytes) : c.status();
-        if (!status.ok()) fmt::print(stderr, "collectives: rank {}: {}\n", rank, status.ToString());
-        return status.ok() ? 0 : 1;
-      });
+      std::filesystem::remove_all(dir);
+      return bench.NothingMeasured("no CUDA device visible for --backend nccl");
     }
+    failed = RunProcesses(gpus, [&](int rank) {
+      const RendezvousOptions rendezvous{
+          .address = address, .rank = rank, .size = gpus, .timeout = std::chrono::seconds(120)};
+      return run_rank(rank, ConnectNccl(rendezvous, rank), DeviceMemory());
+    });
 #endif
   }
   std::filesystem::remove_all(dir);

@@ -7,21 +7,17 @@
 // backward: the last block, the final norm and the head, which for a tied
 // model is the embedding).
 //   build/bench/lora_base_bf16 [--preset llama-124m] [--seq 128] [--batch 1] [--steps 5] [--threads 1]
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <chrono>
-#include <cstdio>
-#include <random>
 #include <vector>
 
+#include "bench/decoder.h"
+#include "bench/harness.h"
 #include "models/flat_buffer.h"
 #include "models/language_model.h"
 #include "models/lora.h"
 #include "models/optimizer.h"
-
-extern "C" void openblas_set_num_threads(int);
 
 namespace {
 
@@ -44,7 +40,7 @@ struct Measured {
   float loss = 0;
 };
 
-Result<Measured> Run(const models::LlamaConfig& c, bool bf16, int batch, int steps) {
+Result<Measured> Run(const models::LlamaConfig& c, bool bf16, int batch, const bench::Repetitions& steps) {
   ESTUARY_ASSIGN_OR_RETURN(models::Llama base, models::Llama::Create(c, batch));
   base.Initialize(1);
   models::LoraConfig lora;  // rank 8 on q, k, v, o
@@ -52,22 +48,19 @@ Result<Measured> Run(const models::LlamaConfig& c, bool bf16, int batch, int ste
   model.Initialize(2);
   if (bf16) model.StoreBaseInBf16();
   const int seq = c.max_seq_len;
-  std::vector<int32_t> tokens(size_t(batch) * seq), targets(tokens.size());
-  std::mt19937 rng(7);
-  for (auto& t : tokens) t = int32_t(rng() % uint32_t(c.vocab_size));
-  for (auto& t : targets) t = int32_t(rng() % uint32_t(c.vocab_size));
+  const bench::TokenBatch data = bench::RandomTokens(size_t(batch) * seq, c.vocab_size, 7);
   models::AdamW adamw({.lr = 1e-3f});
   Watch watch;
   watch.model = &model;
   Measured m;
-  for (int step = 0; step <= steps; ++step) {  // step 0 warms up
-    const auto start = std::chrono::steady_clock::now();
-    ESTUARY_ASSIGN_OR_RETURN(m.loss, model.ForwardBackward(tokens.data(), targets.data(), batch, seq,
+  auto step = [&]() -> Status {
+    ESTUARY_ASSIGN_OR_RETURN(m.loss, model.ForwardBackward(data.tokens.data(), data.targets.data(), batch, seq,
                                                            {.hooks = &watch}));
     adamw.Step(model.parameters(), model.gradients());
-    if (step > 0) m.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  }
-  m.seconds /= steps;
+    return Status::Ok();
+  };
+  ESTUARY_ASSIGN_OR_RETURN(const bench::Samples seconds, bench::Repeat(steps, step));
+  m.seconds = seconds.mean();
   m.base_bytes = watch.most + (bf16 ? model.base().parameters().size() * sizeof(uint16_t) : 0);
   // Most open at once: one unit, or at the turn from forward to backward the
   // last block, the final norm and the head (tied: the embedding).
@@ -82,32 +75,26 @@ Result<Measured> Run(const models::LlamaConfig& c, bool bf16, int batch, int ste
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"LoRA on the CPU: a bf16 base against an fp32 base"};
+  bench::Bench bench("lora_base_bf16", "LoRA on the CPU: a bf16 base against an fp32 base");
   std::string preset = "llama-124m";
-  int batch = 1, steps = 5, threads = 1;
-  app.add_option("--preset", preset);
-  app.add_option("--batch", batch);
-  app.add_option("--steps", steps);
-  app.add_option("--threads", threads);
-  int seq = 128;
-  app.add_option("--seq", seq, "sequence length of every step");
-  CLI11_PARSE(app, argc, argv);
+  int batch = 1, threads = 1, seq = 128;
+  bench::Repetitions steps{.warmup = 1, .timed = 5};
+  bench.app().add_option("--preset", preset);
+  bench.app().add_option("--batch", batch);
+  bench.app().add_option("--seq", seq, "sequence length of every step");
+  bench.AddRepetitions(steps);
+  bench.AddThreads(threads, "OpenBLAS threads");
+  if (auto code = bench.Parse(argc, argv)) return *code;
   openblas_set_num_threads(threads);
   auto config = models::LlamaPreset(preset);
-  if (!config.ok()) {
-    std::fprintf(stderr, "lora_base_bf16: %s\n", config.status().ToString().c_str());
-    return 1;
-  }
+  if (!config.ok()) return bench.Fail(config.status());
   config->max_seq_len = seq;
   auto f32 = Run(*config, false, batch, steps);
   auto bf16 = f32.ok() ? Run(*config, true, batch, steps) : f32;
-  if (!bf16.ok()) {
-    std::fprintf(stderr, "lora_base_bf16: %s\n", bf16.status().ToString().c_str());
-    return 1;
-  }
+  if (!bf16.ok()) return bench.Fail(bf16.status());
   const double mib = 1 << 20;
-  fmt::print("{}: LoRA rank 8 on q,k,v,o, batch {} x {} tokens, {} steps, {} thread(s)\n", preset, batch, seq, steps,
-             threads);
+  fmt::print("{}: LoRA rank 8 on q,k,v,o, batch {} x {} tokens, {} steps (mean), {} thread(s)\n", preset, batch, seq,
+             steps.timed, threads);
   fmt::print("| base kept in | base bytes at layer reports | at most | ms/step | loss |\n|---|---:|---:|---:|---:|\n");
   fmt::print("| f32 | {:.1f} MiB | {:.1f} MiB | {:.1f} | {:.4f} |\n", f32->base_bytes / mib, f32->peak_bytes / mib,
              1e3 * f32->seconds, f32->loss);

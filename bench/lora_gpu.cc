@@ -19,19 +19,16 @@
 // warm-up (it also counts cuBLAS's workspace and handle, scratch arenas and
 // the CUDA context's growth).
 //   build/bench/lora_gpu [--batch 8] [--steps 30] [--rank 8] [--alpha 16] [--precision bf16]
-#include <CLI/CLI.hpp>
 #include <cuda_runtime_api.h>
 #include <fmt/format.h>
 
-#include <chrono>
-#include <cstdio>
 #include <functional>
-#include <random>
 #include <string>
 #include <vector>
 
-#include "bench/decoder_options.h"
-#include "models/cuda/device.h"
+#include "bench/decoder.h"
+#include "bench/gpu.h"
+#include "bench/harness.h"
 #include "models/cuda/llama_engine.h"
 #include "models/cuda/lora_engine.h"
 #include "models/cuda/optimizer.h"
@@ -71,37 +68,36 @@ Result<size_t> FreeDeviceBytes() {
   return free;
 }
 
-// Warm-up, then `steps` timed steps; `step` enqueues one, `read_loss` waits.
-Status Time(int warmup, int steps, int64_t tokens_per_step, const std::function<Status()>& step,
-            const std::function<Result<float>()>& read_loss, size_t free_before, Run& run) {
-  for (int i = 0; i < warmup; ++i) ESTUARY_RETURN_IF_ERROR(step());
+struct Setup {
+  LlamaConfig config;
+  int batch = 8;
+  bench::Repetitions steps{.warmup = 3, .timed = 30};
+  DType precision = DType::kBF16;
+  bench::TokenBatch data;
+};
+
+// Warm-up, then the timed steps; `step` enqueues one, `read_loss` waits.
+Status Time(const Setup& s, const std::function<Status()>& step, const std::function<Result<float>()>& read_loss,
+            size_t free_before, Run& run) {
+  for (int i = 0; i < s.steps.warmup; ++i) ESTUARY_RETURN_IF_ERROR(step());
   ESTUARY_ASSIGN_OR_RETURN(run.first_loss, read_loss());  // also waits for the warm-up
   ESTUARY_ASSIGN_OR_RETURN(const size_t free_after, FreeDeviceBytes());
   run.memory.measured = double(free_before) - double(free_after);
-  const auto start = std::chrono::steady_clock::now();
-  for (int i = 0; i < steps; ++i) ESTUARY_RETURN_IF_ERROR(step());
-  ESTUARY_ASSIGN_OR_RETURN(run.last_loss, read_loss());
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  run.tokens_per_s = double(steps) * double(tokens_per_step) / seconds;
-  run.ms_per_step = seconds / steps * 1e3;
+  auto last_loss = [&]() -> Status {
+    ESTUARY_ASSIGN_OR_RETURN(run.last_loss, read_loss());
+    return Status::Ok();
+  };
+  ESTUARY_ASSIGN_OR_RETURN(const double seconds, bench::SecondsPerCall(s.steps.timed, step, last_loss));
+  run.tokens_per_s = double(s.batch) * double(s.config.max_seq_len) / seconds;
+  run.ms_per_step = seconds * 1e3;
   return Status::Ok();
 }
 
-struct Setup {
-  LlamaConfig config;
-  int batch = 8, steps = 30, warmup = 3;
-  DType precision = DType::kBF16;
-  AdamWOptions adamw;
-  std::vector<int32_t> tokens, targets;
-};
-
 Result<Run> FullFineTuning(const Setup& s) {
   ESTUARY_ASSIGN_OR_RETURN(const size_t free_before, FreeDeviceBytes());
-  cuda::LlamaEngineOptions options;
-  options.precision = s.precision;
-  ESTUARY_ASSIGN_OR_RETURN(cuda::LlamaEngine engine, cuda::LlamaEngine::Create(s.config, s.batch, options));
-  ESTUARY_RETURN_IF_ERROR(engine.Initialize(1));
-  ESTUARY_ASSIGN_OR_RETURN(cuda::AdamW opt, cuda::AdamW::Create(engine.parameter_count(), s.adamw, engine.stream()));
+  ESTUARY_ASSIGN_OR_RETURN(bench::LlamaTraining training,
+                           bench::LlamaTraining::Create(s.config, s.batch, {.precision = s.precision}));
+  cuda::LlamaEngine& engine = training.engine;
   const double n = double(engine.parameter_count());
   Run run;
   run.memory.parameters = n * (4 + (s.precision == DType::kF32 ? 0 : DTypeSize(s.precision)));
@@ -110,13 +106,10 @@ Result<Run> FullFineTuning(const Setup& s) {
   run.memory.activations = double(engine.activation_bytes());
   const int seq = s.config.max_seq_len;
   auto step = [&]() -> Status {
-    ESTUARY_RETURN_IF_ERROR(engine.ForwardBackwardAsync(s.tokens.data(), s.targets.data(), s.batch, seq));
-    ESTUARY_ASSIGN_OR_RETURN(const bool stepped, engine.Step(opt));
-    (void)stepped;  // bf16 and f32 never skip
-    return Status::Ok();
+    ESTUARY_RETURN_IF_ERROR(engine.ForwardBackwardAsync(s.data.tokens.data(), s.data.targets.data(), s.batch, seq));
+    return engine.Step(training.adamw).status();  // bf16 and f32 never skip
   };
-  ESTUARY_RETURN_IF_ERROR(
-      Time(s.warmup, s.steps, int64_t(s.batch) * seq, step, [&] { return engine.ReadLoss(); }, free_before, run));
+  ESTUARY_RETURN_IF_ERROR(Time(s, step, [&] { return engine.ReadLoss(); }, free_before, run));
   return run;
 }
 
@@ -124,11 +117,13 @@ Result<Run> LoraFineTuning(const Setup& s, const LoraConfig& lora, bool base_wit
   ESTUARY_ASSIGN_OR_RETURN(const size_t free_before, FreeDeviceBytes());
   cuda::LlamaEngineOptions options;
   options.precision = s.precision;
-  ESTUARY_ASSIGN_OR_RETURN(cuda::LoraLlamaEngine engine, cuda::LoraLlamaEngine::Create(s.config, lora, s.batch, options));
+  ESTUARY_ASSIGN_OR_RETURN(cuda::LoraLlamaEngine engine,
+                           cuda::LoraLlamaEngine::Create(s.config, lora, s.batch, options));
   if (base_without_master) ESTUARY_RETURN_IF_ERROR(engine.base().DropFp32Master());
   ESTUARY_RETURN_IF_ERROR(engine.base().Initialize(1));
   ESTUARY_RETURN_IF_ERROR(engine.Initialize(2));
-  ESTUARY_ASSIGN_OR_RETURN(cuda::AdamW opt, cuda::AdamW::Create(engine.parameter_count(), s.adamw, engine.stream()));
+  ESTUARY_ASSIGN_OR_RETURN(cuda::AdamW opt,
+                           cuda::AdamW::Create(engine.parameter_count(), bench::DecoderAdamW(), engine.stream()));
   const double adapters = double(engine.parameter_count());
   *trainable = engine.parameter_count();
   const double per_weight = 4 + (s.precision == DType::kF32 ? 0 : DTypeSize(s.precision));
@@ -139,69 +134,44 @@ Result<Run> LoraFineTuning(const Setup& s, const LoraConfig& lora, bool base_wit
   run.memory.activations = double(engine.base().activation_bytes() + engine.adapter_activation_bytes());
   const int seq = s.config.max_seq_len;
   auto step = [&]() -> Status {
-    ESTUARY_RETURN_IF_ERROR(engine.ForwardBackwardAsync(s.tokens.data(), s.targets.data(), s.batch, seq));
-    ESTUARY_ASSIGN_OR_RETURN(const bool stepped, engine.Step(opt));
-    (void)stepped;
-    return Status::Ok();
+    ESTUARY_RETURN_IF_ERROR(engine.ForwardBackwardAsync(s.data.tokens.data(), s.data.targets.data(), s.batch, seq));
+    return engine.Step(opt).status();
   };
-  ESTUARY_RETURN_IF_ERROR(
-      Time(s.warmup, s.steps, int64_t(s.batch) * seq, step, [&] { return engine.ReadLoss(); }, free_before, run));
+  ESTUARY_RETURN_IF_ERROR(Time(s, step, [&] { return engine.ReadLoss(); }, free_before, run));
   return run;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"LoRA fine-tuning against full fine-tuning on one GPU (tokens/s and device memory)"};
+  bench::Bench bench("lora_gpu", "LoRA fine-tuning against full fine-tuning on one GPU (tokens/s and device memory)");
   Setup s;
   LlamaConfig& c = s.config;
   c = *LlamaPreset("llama-124m");
   int rank = 8;
   float alpha = 16;
-  std::string precision = "bf16";
-  estuary::bench::AddDecoderOptions(app, c);
-  app.add_option("--batch", s.batch);
-  app.add_option("--steps", s.steps);
-  app.add_option("--warmup", s.warmup);
+  CLI::App& app = bench.app();
+  bench::AddDecoderOptions(app, c);
+  app.add_option("--batch", s.batch)->check(bench::AtLeast(1));
+  bench.AddRepetitions(s.steps);
   app.add_option("--rank", rank);
   app.add_option("--alpha", alpha);
-  app.add_option("--precision", precision, "f32 or bf16 (the LoRA engine refuses f16)");
-  CLI11_PARSE(app, argc, argv);
+  bench.AddPrecision(s.precision, "f32 or bf16 (the LoRA engine refuses f16)");
+  if (auto code = bench.Parse(argc, argv)) return *code;
 
-  if (Status usable = cuda::CudaUsable(); !usable.ok()) {
-    std::printf("lora_gpu: no usable GPU, nothing measured: %s\n", usable.message().c_str());
-    return 0;  // a clean exit: there is nothing wrong with the benchmark itself
-  }
-  auto dtype = ParseDType(precision);
-  if (!dtype.ok()) {
-    std::fprintf(stderr, "lora_gpu: --precision: %s\n", dtype.status().ToString().c_str());
-    return 2;
-  }
-  if (s.steps < 1 || s.warmup < 1 || s.batch < 1) {
-    std::fprintf(stderr, "lora_gpu: --steps %d, --warmup %d and --batch %d must each be at least 1\n", s.steps,
-                 s.warmup, s.batch);
-    return 2;
-  }
-  s.precision = *dtype;
-  s.adamw.lr = 3e-4f;
+  if (auto why = bench::NoUsableGpu()) return bench.NothingMeasured(*why);
+  // The first loss is read after the warm-up, so there must be one.
+  if (s.steps.warmup < 1) return bench.Fail(InvalidArgument("--warmup {}: at least 1", s.steps.warmup));
   const int seq = c.max_seq_len;
-  s.tokens.resize(size_t(s.batch) * seq);
-  s.targets.resize(s.tokens.size());
-  std::mt19937 rng(7);
-  for (auto& t : s.tokens) t = int32_t(rng() % uint32_t(c.vocab_size));
-  for (auto& t : s.targets) t = int32_t(rng() % uint32_t(c.vocab_size));
-  auto fail = [](const Status& st) {
-    std::fprintf(stderr, "lora_gpu: %s\n", st.ToString().c_str());
-    return 1;
-  };
+  s.data = bench::RandomTokens(size_t(s.batch) * seq, c.vocab_size, 7);
 
   auto full = FullFineTuning(s);
-  if (!full.ok()) return fail(full.status());
+  if (!full.ok()) return bench.Fail(full.status());
   const double n = double(LayoutOf(c).manifest.total_elements);
-  std::printf("full fine-tuning (LlamaEngine, %s): %.1fM trainable, batch %d x %d, %d steps: %.0f tokens/s, "
-              "%.1f ms/step (loss %.4f -> %.4f)\n  memory: %s\n",
-              precision.c_str(), n / 1e6, s.batch, seq, s.steps, full->tokens_per_s, full->ms_per_step,
-              full->first_loss, full->last_loss, full->memory.ToString().c_str());
+  fmt::print("full fine-tuning (LlamaEngine, {}): {:.1f}M trainable, batch {} x {}, {} steps: {:.0f} tokens/s, "
+             "{:.1f} ms/step (loss {:.4f} -> {:.4f})\n  memory: {}\n",
+             DTypeName(s.precision), n / 1e6, s.batch, seq, s.steps.timed, full->tokens_per_s, full->ms_per_step,
+             full->first_loss, full->last_loss, full->memory.ToString());
 
   struct Variant {
     const char* name;
@@ -213,7 +183,8 @@ int main(int argc, char** argv) {
       {"all 7", {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}},
   };
   if (s.precision == DType::kBF16) variants.push_back({"q,k,v,o, base in bf16", variants[0].targets, true});
-  std::vector<std::string> ratios;
+  // Printed together after the last run, where they are easy to find.
+  std::vector<std::pair<std::string, std::vector<std::pair<std::string, double>>>> ratios;
   for (const Variant& v : variants) {
     LoraConfig lora;
     lora.rank = rank;
@@ -221,16 +192,17 @@ int main(int argc, char** argv) {
     lora.target_modules = v.targets;
     int64_t trainable = 0;
     auto run = LoraFineTuning(s, lora, v.base_in_bf16, &trainable);
-    if (!run.ok()) return fail(run.status());
-    std::printf("LoRA r %d alpha %g on %s (LoraLlamaEngine, %s): %.2fM trainable (%.2f%%), %d steps: %.0f tokens/s, "
-                "%.1f ms/step (loss %.4f -> %.4f)\n  memory: %s\n",
-                rank, double(alpha), v.name, precision.c_str(), double(trainable) / 1e6, 100.0 * double(trainable) / n,
-                s.steps, run->tokens_per_s, run->ms_per_step, run->first_loss, run->last_loss,
-                run->memory.ToString().c_str());
-    ratios.push_back(fmt::format("ratio (LoRA {} / full fine-tuning): tokens/s {:.2f}, memory {:.2f} (measured {:.2f})",
-                                 v.name, run->tokens_per_s / full->tokens_per_s, run->memory.total() / full->memory.total(),
-                                 run->memory.measured / full->memory.measured));
+    if (!run.ok()) return bench.Fail(run.status());
+    fmt::print("LoRA r {} alpha {} on {} (LoraLlamaEngine, {}): {:.2f}M trainable ({:.2f}%), {} steps: "
+               "{:.0f} tokens/s, {:.1f} ms/step (loss {:.4f} -> {:.4f})\n  memory: {}\n",
+               rank, alpha, v.name, DTypeName(s.precision), double(trainable) / 1e6, 100.0 * double(trainable) / n,
+               s.steps.timed, run->tokens_per_s, run->ms_per_step, run->first_loss, run->last_loss,
+               run->memory.ToString());
+    ratios.push_back({fmt::format("LoRA {} / full fine-tuning", v.name),
+                      {{"tokens/s", run->tokens_per_s / full->tokens_per_s},
+                       {"memory", run->memory.total() / full->memory.total()},
+                       {"measured memory", run->memory.measured / full->memory.measured}}});
   }
-  for (const std::string& line : ratios) std::printf("%s\n", line.c_str());
+  for (const auto& [compared, figures] : ratios) bench::PrintRatio(compared, figures);
   return 0;
 }

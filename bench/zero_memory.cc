@@ -17,30 +17,26 @@
 //   DDP P+G+O;  ZeRO-1 P+G+O/N;  ZeRO-2 P+G/N+O/N;  ZeRO-3 (P+G+O)/N.
 // Configurations run one after another; each line is the largest rank.
 //   build/bench/zero_memory [--ranks 1,2,4] [--stages 0,1,2,3] [--steps 2] [--seq 64]
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <fstream>
-#include <random>
 #include <string>
 #include <vector>
 
-#include "parallel/data_parallel.h"
+#include "bench/decoder.h"
+#include "bench/harness.h"
 #include "bench/rank_processes.h"
 #include "comm/gloo_communicator.h"
 #include "models/language_model.h"
 #include "models/llama.h"
 #include "models/optimizer.h"
-
-extern "C" void openblas_set_num_threads(int);
+#include "parallel/data_parallel.h"
 
 namespace {
 
 using namespace estuary;
-using Clock = std::chrono::steady_clock;
 
 // What a rank sends back: a plain struct through a pipe (smaller than
 // PIPE_BUF, so the ranks' writes do not interleave).
@@ -67,60 +63,45 @@ size_t StatusBytes(const std::string& field) {
 // reading is the peak from here on.
 void ResetPeak() { std::ofstream("/proc/self/clear_refs") << "5"; }
 
-[[noreturn]] void Die(int rank, const Status& status) {
-  std::fprintf(stderr, "rank %d: %s\n", rank, status.ToString().c_str());
-  std::exit(1);
-}
-
-RankFigures RunRank(parallel::ZeroStage stage, int n, int rank, int steps, int seq, const std::string& address) {
+Result<RankFigures> RunRank(parallel::ZeroStage stage, int n, int rank, int steps, int seq,
+                            const std::string& address) {
   openblas_set_num_threads(1);
-  auto config = models::LlamaPreset("llama-124m");
-  if (!config.ok()) Die(rank, config.status());
-  auto model = models::Llama::Create(*config, 1);
-  if (!model.ok()) Die(rank, model.status());
-  model->Initialize(1);
-  std::mt19937 gen(11 + rank);
-  std::vector<int32_t> tokens(seq), targets(seq);
-  for (auto& t : tokens) t = int32_t(gen() % config->vocab_size);
-  for (auto& t : targets) t = int32_t(gen() % config->vocab_size);
+  ESTUARY_ASSIGN_OR_RETURN(const models::LlamaConfig config, models::LlamaPreset("llama-124m"));
+  ESTUARY_ASSIGN_OR_RETURN(models::Llama model, models::Llama::Create(config, 1));
+  model.Initialize(1);
+  const bench::TokenBatch data = bench::RandomTokens(seq, config.vocab_size, 11 + rank);
 
-  auto comm = comm::ConnectGloo({.address = address, .rank = rank, .size = n}, {.host = "127.0.0.1"});
-  if (!comm.ok()) Die(rank, comm.status());
+  ESTUARY_ASSIGN_OR_RETURN(auto communicator, comm::ConnectGloo({.address = address, .rank = rank, .size = n},
+                                                                {.host = "127.0.0.1"}));
   // Every rank initialised the same weights: no broadcast needed.
-  auto dp = parallel::DataParallel::Create(**comm, *model, {.stage = stage, .broadcast_parameters = false});
-  if (!dp.ok()) Die(rank, dp.status());
+  const parallel::DataParallelOptions options{.stage = stage, .broadcast_parameters = false};
+  ESTUARY_ASSIGN_OR_RETURN(auto dp, parallel::DataParallel::Create(*communicator, model, options));
   models::AdamW opt({.lr = 1e-4f});
 
   const size_t peak_setup = StatusBytes("VmHWM");
   ResetPeak();
-  const auto start = Clock::now();
-  for (int s = 0; s < steps; ++s) {
-    auto loss = model->ForwardBackward(tokens.data(), targets.data(), 1, seq, (*dp)->MicroBatch(1.0 / n, true));
-    if (!loss.ok()) Die(rank, loss.status());
-    auto r = (*dp)->Step([&](auto slices) { opt.Step(slices); });
-    if (!r.ok()) Die(rank, r.status());
-  }
+  // No warm-up: the peak over the steps is the figure, and the first step's
+  // page faults belong in it.
+  auto step = [&]() -> Status {
+    ESTUARY_RETURN_IF_ERROR(
+        model.ForwardBackward(data.tokens.data(), data.targets.data(), 1, seq, dp->MicroBatch(1.0 / n, true))
+            .status());
+    return dp->Step([&](auto slices) { opt.Step(slices); }).status();
+  };
   RankFigures f;
   f.rank = rank;
-  f.step_seconds = std::chrono::duration<double>(Clock::now() - start).count() / steps;
-  f.parameter_bytes = model->parameters().size_bytes();
-  auto m = (*dp)->Memory((opt.first_moment().size() + opt.second_moment().size()) * sizeof(float));
-  if (!m.ok()) Die(rank, m.status());
-  f.engine = *m;
-  auto arena = models::ResidentBytes(model->activation_arena());
-  if (!arena.ok()) Die(rank, arena.status());
-  f.arena = *arena;
+  ESTUARY_ASSIGN_OR_RETURN(f.step_seconds, bench::SecondsPerCall(steps, step));
+  f.parameter_bytes = model.parameters().size_bytes();
+  const size_t optimizer_bytes = (opt.first_moment().size() + opt.second_moment().size()) * sizeof(float);
+  ESTUARY_ASSIGN_OR_RETURN(f.engine, dp->Memory(optimizer_bytes));
+  ESTUARY_ASSIGN_OR_RETURN(f.arena, models::ResidentBytes(model.activation_arena()));
   f.peak_steps = StatusBytes("VmHWM");
   f.peak_process = std::max(peak_setup, f.peak_steps);
   return f;
 }
 
-}  // namespace
-
-namespace {
-
 // Runs n ranks as child processes and collects every rank's figures.
-std::vector<RankFigures> Launch(parallel::ZeroStage stage, int n, int steps, int seq) {
+Result<std::vector<RankFigures>> Launch(parallel::ZeroStage stage, int n, int steps, int seq) {
   return bench::RunRanks<RankFigures>("zero_memory", n, [&](int rank, const std::string& address) {
     return RunRank(stage, n, rank, steps, seq, address);
   });
@@ -142,42 +123,42 @@ std::string MiB(double bytes) { return fmt::format("{:.1f}", bytes / (1 << 20));
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"Memory per rank for DDP and ZeRO-1/2/3 on llama-124m over Gloo, against ZeRO's formula"};
+  bench::Bench bench("zero_memory",
+                     "Memory per rank for DDP and ZeRO-1/2/3 on llama-124m over Gloo, against ZeRO's formula");
   std::vector<int> ranks = {1, 2, 4}, stages = {0, 1, 2, 3};
   int steps = 2, seq = 64;
-  app.add_option("--ranks", ranks)->delimiter(',');
-  app.add_option("--stages", stages, "0: DDP, 1-3: ZeRO stage")->delimiter(',')->check(CLI::Range(0, 3));
-  app.add_option("--steps", steps)->check(CLI::PositiveNumber);
-  app.add_option("--seq", seq, "tokens per rank per step (batch 1)")->check(CLI::Range(1, 1024));
-  CLI11_PARSE(app, argc, argv);
+  bench.app().add_option("--ranks", ranks)->delimiter(',');
+  bench.app().add_option("--stages", stages, "0: DDP, 1-3: ZeRO stage")->delimiter(',')->check(CLI::Range(0, 3));
+  bench.app().add_option("--steps", steps, "all timed, no warm-up")->check(bench::AtLeast(1));
+  bench.app().add_option("--seq", seq, "tokens per rank per step (batch 1)")->check(CLI::Range(1, 1024));
+  if (auto code = bench.Parse(argc, argv)) return *code;
 
-  std::printf("MiB per rank (the largest rank of each column); engine = params + grads + shard + optimizer + staging\n");
-  std::printf("%-6s %2s %8s %8s %8s %9s %7s %8s %8s %6s %7s %11s %13s %7s\n", "stage", "N", "params", "grads",
-              "shard", "optimizer", "staging", "engine", "formula", "ratio", "arena", "peak steps", "peak process",
-              "step s");
+  fmt::print("MiB per rank (the largest rank of each column); engine = params + grads + shard + optimizer + staging\n");
+  fmt::print("{:<6} {:>2} {:>8} {:>8} {:>8} {:>9} {:>7} {:>8} {:>8} {:>6} {:>7} {:>11} {:>13} {:>7}\n", "stage", "N",
+             "params", "grads", "shard", "optimizer", "staging", "engine", "formula", "ratio", "arena", "peak steps",
+             "peak process", "step s");
   for (int n : ranks) {
     for (int k : stages) {
       const auto stage = parallel::ZeroStage(k);
-      const std::vector<RankFigures> figures = Launch(stage, n, steps, seq);
+      const Result<std::vector<RankFigures>> figures = Launch(stage, n, steps, seq);
+      if (!figures.ok()) return bench.Fail(figures.status());
       auto max = [&](auto field) {
         double m = 0;
-        for (const RankFigures& f : figures) m = std::max(m, double(field(f)));
+        for (const RankFigures& f : *figures) m = std::max(m, double(field(f)));
         return m;
       };
       const double engine = max([](const RankFigures& f) { return f.engine.total(); });
-      const double formula = Formula(stage, n, double(figures[0].parameter_bytes));
-      std::printf("%-6s %2d %8s %8s %8s %9s %7s %8s %8s %6.3f %7s %11s %13s %7.1f\n",
-                  std::string(parallel::ZeroStageName(stage)).c_str(), n,
-                  MiB(max([](const RankFigures& f) { return f.engine.parameters; })).c_str(),
-                  MiB(max([](const RankFigures& f) { return f.engine.gradients; })).c_str(),
-                  MiB(max([](const RankFigures& f) { return f.engine.shard_parameters + f.engine.shard_gradients; }))
-                      .c_str(),
-                  MiB(max([](const RankFigures& f) { return f.engine.optimizer_state; })).c_str(),
-                  MiB(max([](const RankFigures& f) { return f.engine.staging; })).c_str(), MiB(engine).c_str(),
-                  MiB(formula).c_str(), engine / formula, MiB(max([](const RankFigures& f) { return f.arena; })).c_str(),
-                  MiB(max([](const RankFigures& f) { return f.peak_steps; })).c_str(),
-                  MiB(max([](const RankFigures& f) { return f.peak_process; })).c_str(),
-                  max([](const RankFigures& f) { return f.step_seconds; }));
+      const double formula = Formula(stage, n, double((*figures)[0].parameter_bytes));
+      fmt::print("{:<6} {:>2} {:>8} {:>8} {:>8} {:>9} {:>7} {:>8} {:>8} {:>6.3f} {:>7} {:>11} {:>13} {:>7.1f}\n",
+                 parallel::ZeroStageName(stage), n, MiB(max([](const RankFigures& f) { return f.engine.parameters; })),
+                 MiB(max([](const RankFigures& f) { return f.engine.gradients; })),
+                 MiB(max([](const RankFigures& f) { return f.engine.shard_parameters + f.engine.shard_gradients; })),
+                 MiB(max([](const RankFigures& f) { return f.engine.optimizer_state; })),
+                 MiB(max([](const RankFigures& f) { return f.engine.staging; })), MiB(engine), MiB(formula),
+                 engine / formula, MiB(max([](const RankFigures& f) { return f.arena; })),
+                 MiB(max([](const RankFigures& f) { return f.peak_steps; })),
+                 MiB(max([](const RankFigures& f) { return f.peak_process; })),
+                 max([](const RankFigures& f) { return f.step_seconds; }));
       std::fflush(stdout);
     }
   }
