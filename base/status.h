@@ -45,34 +45,22 @@ class [[nodiscard]] Status {
   std::string message_;
 };
 
-template <typename... Args>
-Status InvalidArgument(fmt::format_string<Args...> f, Args&&... args) {
-  return {Code::kInvalidArgument, fmt::format(f, std::forward<Args>(args)...)};
-}
-template <typename... Args>
-Status NotFound(fmt::format_string<Args...> f, Args&&... args) {
-  return {Code::kNotFound, fmt::format(f, std::forward<Args>(args)...)};
-}
-template <typename... Args>
-Status IoError(fmt::format_string<Args...> f, Args&&... args) {
-  return {Code::kIo, fmt::format(f, std::forward<Args>(args)...)};
-}
-template <typename... Args>
-Status ProtocolError(fmt::format_string<Args...> f, Args&&... args) {
-  return {Code::kProtocol, fmt::format(f, std::forward<Args>(args)...)};
-}
-template <typename... Args>
-Status FailedPrecondition(fmt::format_string<Args...> f, Args&&... args) {
-  return {Code::kFailedPrecondition, fmt::format(f, std::forward<Args>(args)...)};
-}
-template <typename... Args>
-Status Aborted(fmt::format_string<Args...> f, Args&&... args) {
-  return {Code::kAborted, fmt::format(f, std::forward<Args>(args)...)};
-}
-template <typename... Args>
-Status Internal(fmt::format_string<Args...> f, Args&&... args) {
-  return {Code::kInternal, fmt::format(f, std::forward<Args>(args)...)};
-}
+// The error constructors, one per code, each formatting its message with fmt:
+//   return InvalidArgument("config: rounds = {}: must be >= 1", rounds);
+template <Code kCode>
+struct StatusWithCode {
+  template <typename... Args>
+  Status operator()(fmt::format_string<Args...> f, Args&&... args) const {
+    return {kCode, fmt::format(f, std::forward<Args>(args)...)};
+  }
+};
+inline constexpr StatusWithCode<Code::kInvalidArgument> InvalidArgument;
+inline constexpr StatusWithCode<Code::kNotFound> NotFound;
+inline constexpr StatusWithCode<Code::kIo> IoError;
+inline constexpr StatusWithCode<Code::kProtocol> ProtocolError;
+inline constexpr StatusWithCode<Code::kFailedPrecondition> FailedPrecondition;
+inline constexpr StatusWithCode<Code::kAborted> Aborted;
+inline constexpr StatusWithCode<Code::kInternal> Internal;
 
 template <typename T>
 class [[nodiscard]] Result {
