@@ -249,26 +249,11 @@ void Coordinator::StartRound() {
     auto session = connected_.at(name);
     const bool holds_model = held_[name].first == model_version_ && held_[name].second == global_checksum_;
     // A site that kept the previous version gets only what changed since.
-    const bool patch = !holds_model && (!changed_ranges_.empty() || !low_rank_.empty()) &&
+    const bool patch = !holds_model && !patch_.empty() &&
                        keeps_model_.contains(name) && model_version_ > 0 && held_[name].first == model_version_ - 1 &&
                        held_[name].second == previous_checksum_;
     start->set_model_follows(!holds_model);
-    start->clear_patch();
-    start->clear_low_rank();
-    if (patch) {
-      for (const auto& [offset, count] : changed_ranges_) {
-        auto* range = start->add_patch();
-        range->set_offset(offset);
-        range->set_count(count);
-      }
-      for (const aggregation::LowRankChange& change : low_rank_) {
-        auto* factors = start->add_low_rank();
-        factors->set_offset(change.offset);
-        factors->set_rows(change.delta.rows);
-        factors->set_cols(change.delta.cols);
-        factors->set_rank(change.delta.rank);
-      }
-    }
+    proto::WriteModelPatch(patch ? patch_ : proto::ModelPatch{}, start);
     start->set_patch_base_version(patch ? model_version_ - 1 : 0);
     session->Send(envelope);
     if (!holds_model) download_queue_.push_back(session);
@@ -280,8 +265,8 @@ void Coordinator::StartRound() {
     p.record.round = round_;
     p.record.client = name;
     p.record.status = "selected";
-    const uint64_t factor_bytes = low_rank_factors_ ? low_rank_factors_->size() * sizeof(float) : 0;
-    p.record.bytes_down = holds_model ? 0 : patch ? changed_elements_ * sizeof(float) + factor_bytes : model_bytes;
+    const uint64_t patch_bytes = (patch_.range_elements() + patch_.factor_count()) * sizeof(float);
+    p.record.bytes_down = holds_model ? 0 : patch ? patch_bytes : model_bytes;
     record_.bytes_down += p.record.bytes_down;
     LogIfError(store_.UpsertParticipation(p.record), "store");
   }
@@ -363,14 +348,8 @@ void Coordinator::StreamModels() {
     std::vector<std::pair<uint64_t, uint64_t>> bytes;  // empty: the whole model
     std::shared_ptr<const std::vector<float>> tail;
     if (p != participants_.end() && p->second.patch) {
-      for (const auto& [offset, count] : changed_ranges_) {
-        bytes.emplace_back(offset * sizeof(float), (offset + count) * sizeof(float));
-      }
-      if (!low_rank_.empty()) {  // the factors, past the buffer's end
-        const uint64_t end = global_->size() * sizeof(float);
-        bytes.emplace_back(end, end + low_rank_factors_->size() * sizeof(float));
-        tail = low_rank_factors_;
-      }
+      bytes = patch_.ByteRanges(manifest_.total_elements);
+      if (!low_rank_.empty()) tail = low_rank_factors_;  // the factors, past the buffer's end
     }
     // A session that closes mid-stream never calls back; its slot is
     // returned by OnClosed through the same counter.
@@ -386,24 +365,29 @@ void Coordinator::StreamModels() {
 }
 
 void Coordinator::FindChangedTensors() {
-  changed_ranges_.clear();
-  changed_elements_ = 0;
+  patch_ = {};
+  for (const aggregation::LowRankChange& change : low_rank_) {
+    patch_.low_rank.push_back(
+        {.offset = change.offset, .rows = change.delta.rows, .cols = change.delta.cols, .rank = change.delta.rank});
+  }
   if (!previous_global_ || previous_global_->size() != global_->size()) return;
   std::set<uint64_t> as_factors;
   for (const aggregation::LowRankChange& change : low_rank_) as_factors.insert(change.offset);
+  auto& ranges = patch_.ranges;
+  uint64_t changed = 0;
   for (const TensorSpec& spec : manifest_.tensors) {
     const size_t bytes = spec.numel() * sizeof(float);
     if (as_factors.contains(spec.offset)) continue;  // sent as its factors
     if (std::memcmp(previous_global_->data() + spec.offset, global_->data() + spec.offset, bytes) == 0) continue;
-    if (!changed_ranges_.empty() && changed_ranges_.back().first + changed_ranges_.back().second == spec.offset) {
-      changed_ranges_.back().second += spec.numel();  // adjacent tensors: one range
+    if (!ranges.empty() && ranges.back().first + ranges.back().second == spec.offset) {
+      ranges.back().second += spec.numel();  // adjacent tensors: one range
     } else {
-      changed_ranges_.emplace_back(spec.offset, spec.numel());
+      ranges.emplace_back(spec.offset, spec.numel());
     }
-    changed_elements_ += spec.numel();
+    changed += spec.numel();
   }
   // Everything changed (a full delta's round): a patch would be the whole model.
-  if (changed_elements_ == manifest_.total_elements) changed_ranges_.clear();
+  if (changed == manifest_.total_elements) ranges.clear();
 }
 
 void Coordinator::GrantSlots() {

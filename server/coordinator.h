@@ -27,6 +27,7 @@
 #include "aggregation/strategy.h"
 #include "models/dataset.h"
 #include "models/federated_model.h"
+#include "proto/model_patch.h"
 #include "server/config.h"
 #include "server/staging.h"
 #include "server/store.h"
@@ -69,7 +70,7 @@ class Coordinator {
     bool waiting_for_slot = false;
     v1::UpdateBegin begin;
     Manifest layout;  // the upload's: the global model's, or a LoRA site's adapter factors
-    bool patch = false;  // the download is changed_ranges_ only
+    bool patch = false;  // the download is patch_ only
     std::chrono::steady_clock::time_point started;
     bool resolved() const { return record.status != "selected" && record.status != "folding"; }
   };
@@ -87,7 +88,7 @@ class Coordinator {
   // kConcurrentDownloads streams are running: clients then receive it one
   // after another and start training early, instead of all at the end.
   void StreamModels();
-  // Fills changed_ranges_ for this round (previous_global_ against global_).
+  // Fills patch_ for this round (previous_global_ against global_).
   void FindChangedTensors();
   void ReleaseSlot(Participant& p);
   void OnFolded(const std::string& name, Status status);
@@ -128,11 +129,10 @@ class Coordinator {
   std::vector<aggregation::LowRankChange> low_rank_;
   std::shared_ptr<const std::vector<float>> low_rank_factors_;
   std::set<std::string> keeps_model_;  // sites whose Hello said they keep the model
-  // This round: the tensors of the global model that differ from the
-  // previous version's, as merged element ranges (empty: no previous version,
-  // or everything changed).
-  std::vector<std::pair<uint64_t, uint64_t>> changed_ranges_;
-  uint64_t changed_elements_ = 0;
+  // This round's patch from the previous version: the tensors of the global
+  // model that differ from it, as merged element ranges (none: no previous
+  // version, or everything changed), and low_rank_'s as their factors.
+  proto::ModelPatch patch_;
   uint64_t model_version_ = 0;
 
   std::map<std::string, std::shared_ptr<Session>> connected_;  // by certificate name
