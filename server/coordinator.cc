@@ -15,30 +15,36 @@
 #include "models/lora_federation.h"
 #include "proto/frame.h"
 #include "proto/wire.h"
-#include "server/session.h"
 
 namespace estuary::server {
 
 namespace asio = boost::asio;
-using Clock = std::chrono::steady_clock;
+using SteadyClock = std::chrono::steady_clock;
 
 static std::string ChecksumOf(const std::vector<float>& values) {
   return crypto::Sha256Hex(values.data(), values.size() * sizeof(float));
 }
 
-static double SecondsSince(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
+static double Millis(SteadyClock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
 
-static double Millis(Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
+Coordinator::Coordinator(const ServerConfig& config, Store& store, Clock& clock, asio::any_io_executor io,
+                         asio::any_io_executor worker)
+    : config_(config),
+      store_(store),
+      clock_(clock),
+      io_(std::move(io)),
+      worker_(std::move(worker)),
+      deadline_(clock.MakeTimer()),
+      retry_(clock.MakeTimer()) {}
 
-Coordinator::Coordinator(asio::io_context& io, const ServerConfig& config, Store& store)
-    : io_(io), config_(config), store_(store), deadline_(io), retry_(io) {}
-
-Coordinator::~Coordinator() { worker_.join(); }
+Coordinator::~Coordinator() = default;
 
 void Coordinator::LogIfError(const Status& status, const char* what) {
   if (!status.ok()) spdlog::error("{}: {}", what, status.ToString());
+}
+
+double Coordinator::SecondsSince(SteadyClock::time_point start) const {
+  return std::chrono::duration<double>(clock_.Now() - start).count();
 }
 
 Status Coordinator::Recover() {
@@ -124,29 +130,8 @@ Status Coordinator::Recover() {
   return Status::Ok();
 }
 
-void Coordinator::OnHandshakeRefused(const std::string& address, const std::string& reason) {
-  spdlog::warn("handshake refused from {}: {}", address, reason);
-  LogIfError(store_.RecordEvent({NowMs(), "handshake_refused", address, reason}), "store");
-}
-
-void Coordinator::OnBadFrame(Session& session, const std::string& reason) {
-  spdlog::warn("bad frame from {} ({}): {}", session.name(), session.address(), reason);
-  LogIfError(store_.RecordEvent({NowMs(), "frame_rejected", session.name() + "@" + session.address(), reason}),
-             "store");
-}
-
-void Coordinator::OnHello(const std::shared_ptr<Session>& session, const v1::Hello& hello) {
-  if (hello.protocol_version() != proto::kProtocolVersion) {
-    return session->SendErrorAndClose(
-        v1::Error::BAD_MESSAGE,
-        fmt::format("protocol version {} not supported (server speaks {})", hello.protocol_version(),
-                    proto::kProtocolVersion));
-  }
+void Coordinator::OnHello(const std::shared_ptr<ClientSession>& session, const v1::Hello& hello) {
   const std::string& name = session->name();
-  if (revoked_serials_.count(session->peer_serial())) {
-    // Its handshake passed before the list that revokes it was loaded.
-    return CloseAsRevoked(*session, "refusing its hello");
-  }
   auto it = connected_.find(name);
   if (it != connected_.end() && it->second != session) {
     auto old = it->second;
@@ -161,7 +146,7 @@ void Coordinator::OnHello(const std::shared_ptr<Session>& session, const v1::Hel
   } else {
     keeps_model_.erase(name);
   }
-  LogIfError(store_.ClientSeen(name, session->address(), NowMs()), "store");
+  LogIfError(store_.ClientSeen(name, session->address(), clock_.UnixMs()), "store");
   spdlog::info("client {} connected from {} ({} connected)", name, session->address(), connected_.size());
 
   v1::Envelope envelope;
@@ -185,7 +170,7 @@ void Coordinator::OnHello(const std::shared_ptr<Session>& session, const v1::Hel
   MaybeStartRound();
 }
 
-void Coordinator::OnMessage(const std::shared_ptr<Session>& session, v1::Envelope envelope) {
+void Coordinator::OnMessage(const std::shared_ptr<ClientSession>& session, v1::Envelope envelope) {
   switch (envelope.body_case()) {
     case v1::Envelope::kUpdateBegin: return OnUpdateBegin(session, envelope.update_begin());
     case v1::Envelope::kUpdateChunk: return OnUpdateChunk(session, envelope.update_chunk());
@@ -210,7 +195,7 @@ void Coordinator::StartRound() {
   record_ = RoundRecord{};
   record_.round = round_;
   record_.state = RoundState::kOpen;
-  record_.started_ms = NowMs();
+  record_.started_ms = clock_.UnixMs();
   record_.strategy = std::string(strategy_->name());
   record_.clients_selected = static_cast<uint32_t>(selected.size());
   Status begun = store_.BeginRound(record_);
@@ -221,7 +206,7 @@ void Coordinator::StartRound() {
   state_ = RoundState::kOpen;
   round_running_ = true;
   deadline_passed_ = false;
-  round_started_ = Clock::now();
+  round_started_ = clock_.Now();
   participants_.clear();
   slot_queue_.clear();
   download_queue_.clear();
@@ -233,7 +218,7 @@ void Coordinator::StartRound() {
     if (!status.ok()) spdlog::critical("strategy begin: {}", status.ToString());
   });
 
-  const int64_t deadline_ms = NowMs() + int64_t(config_.round_deadline_s * 1000);
+  const int64_t deadline_ms = clock_.UnixMs() + int64_t(config_.round_deadline_s * 1000);
   v1::Envelope envelope;
   auto* start = envelope.mutable_round_start();
   start->set_round(round_);
@@ -261,7 +246,7 @@ void Coordinator::StartRound() {
     Participant& p = participants_[name];
     p.patch = patch;
     p.session = session;
-    p.started = Clock::now();
+    p.started = clock_.Now();
     p.record.round = round_;
     p.record.client = name;
     p.record.status = "selected";
@@ -273,18 +258,17 @@ void Coordinator::StartRound() {
   StreamModels();
   spdlog::info("round {} open: {} of {} connected clients selected", round_, selected.size(), names.size());
   Transition(RoundState::kCollecting);
-  deadline_.expires_after(std::chrono::milliseconds(int64_t(config_.round_deadline_s * 1000)));
-  deadline_.async_wait([this, round = round_](const boost::system::error_code& ec) {
-    if (!ec && round_running_ && round_ == round && state_ == RoundState::kCollecting) OnDeadline();
+  deadline_->Arm(std::chrono::milliseconds(int64_t(config_.round_deadline_s * 1000)), [this, round = round_] {
+    if (round_running_ && round_ == round && state_ == RoundState::kCollecting) OnDeadline();
   });
 }
 
 void Coordinator::Transition(RoundState to, const std::string& detail) {
-  LogIfError(store_.Transition(round_, state_, to, NowMs(), detail), "store");
+  LogIfError(store_.Transition(round_, state_, to, clock_.UnixMs(), detail), "store");
   state_ = to;
 }
 
-void Coordinator::OnUpdateBegin(const std::shared_ptr<Session>& session, const v1::UpdateBegin& begin) {
+void Coordinator::OnUpdateBegin(const std::shared_ptr<ClientSession>& session, const v1::UpdateBegin& begin) {
   const std::string& name = session->name();
   if (!round_running_ || state_ != RoundState::kCollecting || begin.round() != round_) {
     return Reject(session, v1::Error::ROUND_NOT_OPEN,
@@ -422,7 +406,7 @@ void Coordinator::ReleaseSlot(Participant& p) {
   }
 }
 
-void Coordinator::OnUpdateChunk(const std::shared_ptr<Session>& session, const v1::UpdateChunk& chunk) {
+void Coordinator::OnUpdateChunk(const std::shared_ptr<ClientSession>& session, const v1::UpdateChunk& chunk) {
   auto it = participants_.find(session->name());
   if (!round_running_ || chunk.round() != round_ || it == participants_.end() || it->second.record.status != "selected") {
     return Reject(session, v1::Error::ROUND_NOT_OPEN,
@@ -434,7 +418,7 @@ void Coordinator::OnUpdateChunk(const std::shared_ptr<Session>& session, const v
   if (!appended.ok()) return Reject(session, v1::Error::BAD_CHUNK, appended.message());
 }
 
-void Coordinator::OnUpdateCommit(const std::shared_ptr<Session>& session, const v1::UpdateCommit& commit) {
+void Coordinator::OnUpdateCommit(const std::shared_ptr<ClientSession>& session, const v1::UpdateCommit& commit) {
   auto it = participants_.find(session->name());
   if (!round_running_ || commit.round() != round_ || it == participants_.end() || !it->second.staged ||
       it->second.record.status != "selected") {
@@ -491,9 +475,10 @@ void Coordinator::OnFolded(const std::string& name, Status status) {
   MaybeFinishRound();
 }
 
-void Coordinator::Reject(const std::shared_ptr<Session>& session, v1::Error::Code code, const std::string& message) {
+void Coordinator::Reject(const std::shared_ptr<ClientSession>& session, v1::Error::Code code,
+                         const std::string& message) {
   spdlog::warn("rejected {} ({}): {}", session->name(), session->address(), message);
-  LogIfError(store_.RecordEvent({NowMs(), "update_rejected", session->name() + "@" + session->address(),
+  LogIfError(store_.RecordEvent({clock_.UnixMs(), "update_rejected", session->name() + "@" + session->address(),
                                  fmt::format("{}: {}", v1::Error::Code_Name(code), message)}),
              "store");
   auto it = participants_.find(session->name());
@@ -510,7 +495,7 @@ void Coordinator::Reject(const std::shared_ptr<Session>& session, v1::Error::Cod
   MaybeFinishRound();
 }
 
-void Coordinator::OnClosed(Session& session) {
+void Coordinator::OnClosed(ClientSession& session) {
   auto it = connected_.find(session.name());
   if (it != connected_.end() && it->second.get() == &session) connected_.erase(it);
   auto p_it = participants_.find(session.name());
@@ -558,11 +543,11 @@ void Coordinator::MaybeFinishRound() {
 
 void Coordinator::Aggregate() {
   if (record_.updates_received == 0) return FailRound("no updates received");
-  deadline_.cancel();
+  deadline_->Cancel();
   Transition(RoundState::kAggregating);
   collect_seconds_ = SecondsSince(round_started_);
   asio::post(worker_, [this, round = round_, previous = global_] {
-    const auto start = Clock::now();
+    const auto start = SteadyClock::now();
     auto global = std::make_shared<std::vector<float>>(*previous);
     Status status = strategy_->Finish(*global);
     std::optional<models::EvalResult> eval;
@@ -572,12 +557,12 @@ void Coordinator::Aggregate() {
     if (status.ok()) low_rank = strategy_->low_rank_changes();
     if (status.ok()) {
       checksum = ChecksumOf(*global);
-      const auto finished = Clock::now();
+      const auto finished = SteadyClock::now();
       // The checkpoint mostly waits for fsync while evaluation computes: side by side,
       // the round is ready to commit when the longer of the two is done.
       auto checkpointed = std::async(std::launch::async, [&] {
         Status written = WriteCheckpoint(round, *global, checksum, &path);
-        return std::make_pair(written, Clock::now());
+        return std::make_pair(written, SteadyClock::now());
       });
       if (evaluator_) {
         auto scored = evaluator_->Evaluate(*global);
@@ -587,8 +572,8 @@ void Coordinator::Aggregate() {
           spdlog::error("round {}: evaluation failed: {}", round, scored.status().ToString());
         }
       }
-      const auto evaluated = Clock::now();
-      Clock::time_point written_at;
+      const auto evaluated = SteadyClock::now();
+      SteadyClock::time_point written_at;
       std::tie(status, written_at) = checkpointed.get();
       spdlog::debug("round {}: finished in {:.2f} ms, then evaluated in {:.2f} ms and checkpointed in {:.2f} ms",
                     round, Millis(finished - start), Millis(evaluated - finished), Millis(written_at - finished));
@@ -642,7 +627,7 @@ void Coordinator::OnAggregated(Status status, std::shared_ptr<std::vector<float>
                                        "client",
                                        strategy_->name(), per_update, changed_bytes)
                          : fmt::format("update kind full ({}): {} bytes per update", strategy_->name(), per_update);
-  record_.ended_ms = NowMs();
+  record_.ended_ms = clock_.UnixMs();
   record_.model_version = model_version_ + 1;
   record_.global_checksum = checksum;
   record_.train_loss = examples_sum_ > 0 ? loss_sum_ / examples_sum_ : 0;
@@ -651,7 +636,7 @@ void Coordinator::OnAggregated(Status status, std::shared_ptr<std::vector<float>
     record_.test_loss = eval->loss;
   }
   record_.state = RoundState::kCommitted;
-  Status committed = store_.CommitRound(record_, checkpoint, NowMs());
+  Status committed = store_.CommitRound(record_, checkpoint, clock_.UnixMs());
   if (!committed.ok()) return FailRound(fmt::format("cannot commit to the round log: {}", committed.ToString()));
   state_ = RoundState::kCommitted;
   previous_global_ = std::move(global_);
@@ -707,8 +692,8 @@ void Coordinator::OnAggregated(Status status, std::shared_ptr<std::vector<float>
 
 void Coordinator::FailRound(const std::string& reason) {
   spdlog::warn("round {} failed: {}", round_, reason);
-  deadline_.cancel();
-  LogIfError(store_.FailRound(round_, reason, NowMs()), "store");
+  deadline_->Cancel();
+  LogIfError(store_.FailRound(round_, reason, clock_.UnixMs()), "store");
   state_ = RoundState::kFailed;
   for (auto& [name, p] : participants_) ReleaseSlot(p);
   v1::Envelope envelope;
@@ -724,40 +709,20 @@ void Coordinator::FailRound(const std::string& reason) {
   round_running_ = false;
   // The same round number is tried again, after a pause so a flapping
   // federation does not spin.
-  retry_.expires_after(std::chrono::seconds(1));
-  retry_.async_wait([this](const boost::system::error_code& ec) {
-    if (!ec) MaybeStartRound();
-  });
+  retry_->Arm(std::chrono::seconds(1), [this] { MaybeStartRound(); });
 }
 
 void Coordinator::CloseAll() {
-  deadline_.cancel();
-  retry_.cancel();
+  deadline_->Cancel();
+  retry_->Cancel();
   auto sessions = connected_;
   for (auto& [name, session] : sessions) session->CloseAfterWrites();
 }
 
-std::vector<std::string> Coordinator::CloseRevoked(const crypto::CrlInfo& crl) {
-  revoked_serials_.clear();
-  for (const auto& r : crl.revoked) revoked_serials_.insert(r.serial);
-  std::vector<std::string> closed;
-  auto sessions = connected_;  // closing a session edits connected_
-  for (auto& [name, session] : sessions) {
-    if (!revoked_serials_.count(session->peer_serial())) continue;
-    CloseAsRevoked(*session, "closing its connection");
-    closed.push_back(name);
-  }
-  return closed;
-}
-
-void Coordinator::CloseAsRevoked(Session& session, const char* action) {
-  const std::string& serial = session.peer_serial();
-  spdlog::warn("{} ({}): certificate serial {} is revoked; {}", session.name(), session.address(), serial, action);
-  LogIfError(store_.RecordEvent({NowMs(), "certificate_revoked", session.name() + "@" + session.address(),
-                                 "serial " + serial}),
-             "store");
-  session.SendErrorAndClose(v1::Error::CERTIFICATE_REVOKED,
-                            fmt::format("certificate serial {} is revoked by the federation", serial));
+std::vector<std::shared_ptr<ClientSession>> Coordinator::Connected() const {
+  std::vector<std::shared_ptr<ClientSession>> sessions;
+  for (const auto& [name, session] : connected_) sessions.push_back(session);
+  return sessions;
 }
 
 void Coordinator::Broadcast(const v1::Envelope& envelope) {

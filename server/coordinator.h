@@ -8,12 +8,18 @@
 // deadline (then it aggregates if min_updates arrived, else the round fails
 // and is retried). Uploads are staged (at most staging_slots at once; a
 // client beyond that is paused, not refused) and folded into the Strategy
-// only when committed. Folding, evaluation and checkpointing run on a worker
-// thread; everything else on the I/O thread, so no locks are needed.
-// A restart resumes after the last committed round, from its checkpoint.
+// only when committed. Folding, evaluation and checkpointing run on the worker
+// executor; everything else on the I/O executor, one thread, so no locks are
+// needed. A restart resumes after the last committed round, from its
+// checkpoint. A Hello reaches it once Connections has checked the session's
+// protocol and certificate.
+//
+// Time comes from a Clock and the two executors are given to it, so tests
+// drive all of it from one thread. Everything posted to the worker must have
+// run (a joined thread pool) before the Coordinator is destroyed.
 #pragma once
 
-#include "base/asio.h"
+#include <chrono>
 #include <deque>
 #include <functional>
 #include <map>
@@ -25,46 +31,46 @@
 
 #include "aggregation/lora_strategy.h"
 #include "aggregation/strategy.h"
+#include "base/asio.h"
 #include "models/dataset.h"
 #include "models/federated_model.h"
 #include "proto/model_patch.h"
+#include "server/client_session.h"
+#include "server/clock.h"
 #include "server/config.h"
 #include "server/staging.h"
 #include "server/store.h"
 
 namespace estuary::server {
 
-class Session;
-
 class Coordinator {
  public:
-  Coordinator(boost::asio::io_context& io, const ServerConfig& config, Store& store);
+  Coordinator(const ServerConfig& config, Store& store, Clock& clock, boost::asio::any_io_executor io,
+              boost::asio::any_io_executor worker);
   ~Coordinator();
 
   // Loads the last committed checkpoint, or initialises the model from the seed.
   Status Recover();
 
-  void OnHello(const std::shared_ptr<Session>& session, const v1::Hello& hello);
-  void OnMessage(const std::shared_ptr<Session>& session, v1::Envelope envelope);
-  void OnClosed(Session& session);
-  void OnHandshakeRefused(const std::string& address, const std::string& reason);
-  void OnBadFrame(Session& session, const std::string& reason);
+  // A hello from a session that passed the connection's checks; it replaces
+  // an earlier connection under the same name.
+  void OnHello(const std::shared_ptr<ClientSession>& session, const v1::Hello& hello);
+  void OnMessage(const std::shared_ptr<ClientSession>& session, v1::Envelope envelope);
+  void OnClosed(ClientSession& session);
 
   // Called once the federation is complete (the last round committed).
   void set_on_complete(std::function<void()> fn) { on_complete_ = std::move(fn); }
   // Lets every connected client finish reading what is queued, then closes it.
   void CloseAll();
-  // Sends every connected client whose certificate `crl` revokes an Error
-  // (CERTIFICATE_REVOKED) and closes it; a selected one drops out of its
-  // round as any lost client does. A session whose handshake passed before
-  // the reload but whose Hello comes after is refused at its Hello the same
-  // way. Returns the names closed.
-  std::vector<std::string> CloseRevoked(const crypto::CrlInfo& crl);
+  // The sessions of the connected clients, in name order.
+  std::vector<std::shared_ptr<ClientSession>> Connected() const;
   bool complete() const { return round_ > config_.rounds; }
+  // The round running, or the next to run.
+  uint64_t round() const { return round_; }
 
  private:
   struct Participant {
-    std::weak_ptr<Session> session;
+    std::weak_ptr<ClientSession> session;
     Participation record;
     std::unique_ptr<StagedUpdate> staged;
     bool waiting_for_slot = false;
@@ -77,12 +83,10 @@ class Coordinator {
 
   void MaybeStartRound();
   void StartRound();
-  void OnUpdateBegin(const std::shared_ptr<Session>& session, const v1::UpdateBegin& begin);
-  void OnUpdateChunk(const std::shared_ptr<Session>& session, const v1::UpdateChunk& chunk);
-  void OnUpdateCommit(const std::shared_ptr<Session>& session, const v1::UpdateCommit& commit);
-  void Reject(const std::shared_ptr<Session>& session, v1::Error::Code code, const std::string& message);
-  // Tells a session its certificate is revoked, logs it and closes it.
-  void CloseAsRevoked(Session& session, const char* action);
+  void OnUpdateBegin(const std::shared_ptr<ClientSession>& session, const v1::UpdateBegin& begin);
+  void OnUpdateChunk(const std::shared_ptr<ClientSession>& session, const v1::UpdateChunk& chunk);
+  void OnUpdateCommit(const std::shared_ptr<ClientSession>& session, const v1::UpdateCommit& commit);
+  void Reject(const std::shared_ptr<ClientSession>& session, v1::Error::Code code, const std::string& message);
   void GrantSlots();
   // Streams the model to the next waiting client while fewer than
   // kConcurrentDownloads streams are running: clients then receive it one
@@ -102,15 +106,17 @@ class Coordinator {
   void Transition(RoundState to, const std::string& detail = {});
   void Broadcast(const v1::Envelope& envelope);
   void LogIfError(const Status& status, const char* what);
+  double SecondsSince(std::chrono::steady_clock::time_point start) const;
   Status WriteCheckpoint(uint64_t round, const std::vector<float>& global, const std::string& checksum,
                          std::string* path);
 
-  boost::asio::io_context& io_;
   const ServerConfig& config_;
   Store& store_;
-  boost::asio::thread_pool worker_{1};  // folds, evaluation, checkpoints: never the I/O thread
-  boost::asio::steady_timer deadline_;
-  boost::asio::steady_timer retry_;
+  Clock& clock_;
+  boost::asio::any_io_executor io_;
+  boost::asio::any_io_executor worker_;  // folds, evaluation, checkpoints: never the I/O thread
+  std::unique_ptr<Timer> deadline_;
+  std::unique_ptr<Timer> retry_;
 
   std::unique_ptr<aggregation::Strategy> strategy_;  // touched only on worker_
   std::optional<aggregation::LoraStrategyOptions> lora_;  // set in a federation of update kind lora
@@ -135,8 +141,7 @@ class Coordinator {
   proto::ModelPatch patch_;
   uint64_t model_version_ = 0;
 
-  std::map<std::string, std::shared_ptr<Session>> connected_;  // by certificate name
-  std::set<std::string> revoked_serials_;  // the last reloaded revocation list's
+  std::map<std::string, std::shared_ptr<ClientSession>> connected_;  // by certificate name
   uint64_t round_ = 1;
   bool round_running_ = false;
   RoundState state_ = RoundState::kOpen;
@@ -147,7 +152,7 @@ class Coordinator {
   std::deque<std::string> slot_queue_;
   uint32_t folds_in_flight_ = 0;
   bool deadline_passed_ = false;
-  std::deque<std::weak_ptr<Session>> download_queue_;
+  std::deque<std::weak_ptr<ClientSession>> download_queue_;
   uint32_t downloads_in_flight_ = 0;
   uint64_t attempt_ = 0;  // counts StartRound calls: a retried round reuses its number
   double collect_seconds_ = 0;
