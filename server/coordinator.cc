@@ -6,15 +6,12 @@
 
 #include <cmath>
 #include <cstring>
-#include <future>
-#include <tuple>
 
 #include "aggregation/sampling.h"
 #include "crypto/sha256.h"
-#include "models/checkpoint.h"
-#include "models/lora_federation.h"
 #include "proto/frame.h"
 #include "proto/wire.h"
+#include "server/federation.h"
 
 namespace estuary::server {
 
@@ -24,8 +21,6 @@ using SteadyClock = std::chrono::steady_clock;
 static std::string ChecksumOf(const std::vector<float>& values) {
   return crypto::Sha256Hex(values.data(), values.size() * sizeof(float));
 }
-
-static double Millis(SteadyClock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
 
 Coordinator::Coordinator(const ServerConfig& config, Store& store, Clock& clock, asio::any_io_executor io,
                          asio::any_io_executor worker)
@@ -48,39 +43,12 @@ double Coordinator::SecondsSince(SteadyClock::time_point start) const {
 }
 
 Status Coordinator::Recover() {
-  models::InitialWeights initial;
-  if (config_.task.update_kind() == v1::UPDATE_LORA) {
-    // The global model is the base followed by the global adapter
-    // (models/lora_federation.h); the strategy merges the sites' adapters.
-    ESTUARY_ASSIGN_OR_RETURN(lora_, LoraOptionsOf(config_.task));
-    models::LoraConfig lora;
-    lora.rank = int(lora_->merge.rank);
-    lora.alpha = lora_->merge.alpha;
-    lora.target_modules.assign(config_.task.lora().target_modules().begin(),
-                               config_.task.lora().target_modules().end());
-    ESTUARY_ASSIGN_OR_RETURN(initial,
-                             models::LoraInitialModel(config_.task.model(), lora, config_.seed, config_.base_model));
-    if (!(initial.manifest == lora_->layout.global)) {
-      return Internal("server: the LoRA initial model's layout differs from the strategy's");
-    }
-    ESTUARY_ASSIGN_OR_RETURN(strategy_, aggregation::LoraStrategy::Make(*lora_));
-  } else {
-    ESTUARY_ASSIGN_OR_RETURN(initial, models::InitialModel(config_.task.model(), config_.seed));
-    ESTUARY_ASSIGN_OR_RETURN(strategy_, aggregation::MakeStrategy(config_.strategy));
-  }
-  manifest_ = initial.manifest;
-  if (!config_.eval_data.empty()) {
-    // Evaluation runs between rounds, when the clients are idle: two threads.
-    ESTUARY_ASSIGN_OR_RETURN(evaluator_, models::MakeEvaluator(config_.task.model(), config_.eval_data,
-                                                               {.threads = 2,
-                                                                .seq_len = int(config_.task.seq_len()),
-                                                                .max_windows = config_.eval_windows,
-                                                                .seed = config_.seed}));
-    if (lora_) evaluator_ = models::MakeLoraEvaluator(std::move(evaluator_), lora_->layout, lora_->merge.alpha);
-  }
-  std::error_code ec;
-  std::filesystem::create_directories(config_.checkpoint_dir, ec);
-  if (ec) return IoError("server: {}: cannot create checkpoint directory: {}", config_.checkpoint_dir.string(), ec.message());
+  ESTUARY_ASSIGN_OR_RETURN(Federation federation, BuildFederation(config_));
+  lora_ = std::move(federation.lora);
+  manifest_ = federation.initial.manifest;
+  ESTUARY_ASSIGN_OR_RETURN(Checkpointer checkpointer, Checkpointer::Open(config_.checkpoint_dir, config_.task, lora_));
+  aggregator_ = std::make_unique<Aggregator>(std::move(federation.strategy), std::move(federation.evaluator),
+                                             std::move(checkpointer), manifest_);
 
   ESTUARY_ASSIGN_OR_RETURN(auto stored_model, store_.GetMeta("model"));
   if (stored_model && *stored_model != config_.task.model()) {
@@ -92,7 +60,7 @@ Status Coordinator::Recover() {
 
   ESTUARY_ASSIGN_OR_RETURN(auto last, store_.LastCommittedRound());
   if (!last) {
-    auto global = std::make_shared<std::vector<float>>(std::move(initial.values));
+    auto global = std::make_shared<std::vector<float>>(std::move(federation.initial.values));
     global_checksum_ = ChecksumOf(*global);
     global_ = std::move(global);
     model_version_ = 0;
@@ -103,26 +71,9 @@ Status Coordinator::Recover() {
   }
   ESTUARY_ASSIGN_OR_RETURN(auto path, store_.CheckpointFor(last->round));
   if (!path) return FailedPrecondition("server: round {} is committed but has no checkpoint row", last->round);
-  ESTUARY_ASSIGN_OR_RETURN(auto checkpoint, models::LoadCheckpoint(*path));
-  if (!(checkpoint.manifest == manifest_)) {
-    return FailedPrecondition("server: {}: checkpoint does not match model '{}'", *path, config_.task.model());
-  }
-  global_checksum_ = ChecksumOf(checkpoint.data);
-  if (global_checksum_ != last->global_checksum) {
-    return FailedPrecondition("server: {}: checksum {} but the round log says {}", *path, global_checksum_,
-                              last->global_checksum);
-  }
-  global_ = std::make_shared<std::vector<float>>(std::move(checkpoint.data));
-  const std::filesystem::path state_path = *path + ".strategy";
-  if (std::filesystem::exists(state_path)) {
-    ESTUARY_ASSIGN_OR_RETURN(auto state_file, models::LoadCheckpoint(state_path));
-    std::map<std::string, std::vector<float>> state;
-    for (const auto& spec : state_file.manifest.tensors) {
-      auto begin = state_file.data.begin() + spec.offset;
-      state[spec.name].assign(begin, begin + spec.numel());
-    }
-    ESTUARY_RETURN_IF_ERROR(strategy_->LoadState(state));
-  }
+  ESTUARY_ASSIGN_OR_RETURN(std::vector<float> global, aggregator_->Restore(*path, last->global_checksum));
+  global_ = std::make_shared<std::vector<float>>(std::move(global));
+  global_checksum_ = last->global_checksum;
   model_version_ = last->model_version;
   round_ = last->round + 1;
   spdlog::info("resumed after round {}: model version {}, checksum {}", last->round, model_version_,
@@ -196,7 +147,7 @@ void Coordinator::StartRound() {
   record_.round = round_;
   record_.state = RoundState::kOpen;
   record_.started_ms = clock_.UnixMs();
-  record_.strategy = std::string(strategy_->name());
+  record_.strategy = std::string(aggregator_->name());
   record_.clients_selected = static_cast<uint32_t>(selected.size());
   Status begun = store_.BeginRound(record_);
   if (!begun.ok()) {
@@ -214,7 +165,7 @@ void Coordinator::StartRound() {
   ++attempt_;
   loss_sum_ = examples_sum_ = 0;
   asio::post(worker_, [this, round = round_, global = global_] {
-    Status status = strategy_->Begin(round, *global);
+    Status status = aggregator_->Begin(round, *global);
     if (!status.ok()) spdlog::critical("strategy begin: {}", status.ToString());
   });
 
@@ -443,7 +394,7 @@ void Coordinator::OnUpdateCommit(const std::shared_ptr<ClientSession>& session, 
   std::shared_ptr<StagedUpdate> staged = std::move(p.staged);
   const double weight = double(p.begin.num_examples());
   asio::post(worker_, [this, staged, weight, name = session->name(), layout = p.layout] {
-    Status folded = strategy_->FoldUpdate(name, layout, staged->values(), weight);
+    Status folded = aggregator_->Fold(name, layout, staged->values(), weight);
     asio::post(io_, [this, name, folded] { OnFolded(name, folded); });
   });
 }
@@ -546,103 +497,39 @@ void Coordinator::Aggregate() {
   deadline_->Cancel();
   Transition(RoundState::kAggregating);
   collect_seconds_ = SecondsSince(round_started_);
-  asio::post(worker_, [this, round = round_, previous = global_] {
-    const auto start = SteadyClock::now();
-    auto global = std::make_shared<std::vector<float>>(*previous);
-    Status status = strategy_->Finish(*global);
-    std::optional<models::EvalResult> eval;
-    std::string path, checksum;
-    const uint64_t changed = status.ok() ? strategy_->changed_bytes() : 0;
-    std::vector<aggregation::LowRankChange> low_rank;
-    if (status.ok()) low_rank = strategy_->low_rank_changes();
-    if (status.ok()) {
-      checksum = ChecksumOf(*global);
-      const auto finished = SteadyClock::now();
-      // The checkpoint mostly waits for fsync while evaluation computes: side by side,
-      // the round is ready to commit when the longer of the two is done.
-      auto checkpointed = std::async(std::launch::async, [&] {
-        Status written = WriteCheckpoint(round, *global, checksum, &path);
-        return std::make_pair(written, SteadyClock::now());
-      });
-      if (evaluator_) {
-        auto scored = evaluator_->Evaluate(*global);
-        if (scored.ok()) {
-          eval = *scored;
-        } else {
-          spdlog::error("round {}: evaluation failed: {}", round, scored.status().ToString());
-        }
-      }
-      const auto evaluated = SteadyClock::now();
-      SteadyClock::time_point written_at;
-      std::tie(status, written_at) = checkpointed.get();
-      spdlog::debug("round {}: finished in {:.2f} ms, then evaluated in {:.2f} ms and checkpointed in {:.2f} ms",
-                    round, Millis(finished - start), Millis(evaluated - finished), Millis(written_at - finished));
-    }
-    asio::post(io_, [=, this, low_rank = std::move(low_rank)]() mutable {
-      OnAggregated(status, global, eval, path, checksum, changed, std::move(low_rank));
-    });
+  asio::post(worker_, [this, round = round_, previous = GlobalModel{global_, global_checksum_, model_version_}] {
+    Aggregator::Finished result = aggregator_->Finish(round, previous);
+    asio::post(io_, [this, result = std::move(result)]() mutable { OnAggregated(std::move(result)); });
   });
 }
 
-Status Coordinator::WriteCheckpoint(uint64_t round, const std::vector<float>& global, const std::string& checksum,
-                                    std::string* path) {
-  const auto file = config_.checkpoint_dir / fmt::format("global-r{:05}.safetensors", round);
-  std::map<std::string, std::string> metadata = {
-      {"round", std::to_string(round)}, {"model", config_.task.model()}, {"sha256", checksum},
-      {"strategy", std::string(strategy_->name())}, {"update_kind", lora_ ? "lora" : "full"}};
-  if (lora_) {
-    // What `estuary-server export` needs to write the adapter in PEFT's layout.
-    const auto& targets = config_.task.lora().target_modules();
-    metadata["lora_rank"] = std::to_string(lora_->merge.rank);
-    metadata["lora_alpha"] = fmt::format("{}", lora_->merge.alpha);
-    metadata["lora_targets"] = fmt::format("{}", fmt::join(targets.begin(), targets.end(), ","));
-    metadata["lora_merge"] = config_.task.lora().merge();
-    metadata["lora_dropout"] = fmt::format("{}", config_.task.lora().dropout());
-  }
-  ESTUARY_RETURN_IF_ERROR(models::SaveCheckpoint(file, manifest_, global, metadata));
-  const auto state = strategy_->SaveState();
-  const std::filesystem::path state_file = file.string() + ".strategy";
-  if (!state.empty()) {
-    Manifest state_manifest;
-    std::vector<float> flat;
-    for (const auto& [name, values] : state) {
-      state_manifest.tensors.push_back({name, {int64_t(values.size())}, DType::kF32, flat.size()});
-      flat.insert(flat.end(), values.begin(), values.end());
-    }
-    state_manifest.total_elements = flat.size();
-    ESTUARY_RETURN_IF_ERROR(models::SaveCheckpoint(state_file, state_manifest, flat, {{"round", std::to_string(round)}}));
-  }
-  *path = file.string();
-  return Status::Ok();
-}
-
-void Coordinator::OnAggregated(Status status, std::shared_ptr<std::vector<float>> global,
-                               std::optional<models::EvalResult> eval, std::string checkpoint, std::string checksum,
-                               uint64_t changed_bytes, std::vector<aggregation::LowRankChange> low_rank) {
-  if (!status.ok()) return FailRound(status.ToString());
+void Coordinator::OnAggregated(Aggregator::Finished result) {
+  if (!result.status.ok()) return FailRound(result.status.ToString());
+  const uint64_t changed_bytes = result.changed_bytes;
+  const auto& eval = result.eval;
   const uint64_t per_update = record_.updates_received > 0 ? record_.bytes_up / record_.updates_received : 0;
   // The round log says what an update cost, for either kind; for lora also
   // what the merge changed per client (exact: adapters plus residuals).
   record_.detail = lora_ ? fmt::format("update kind lora ({}): {} bytes per update; the merge changed {} bytes per "
                                        "client",
-                                       strategy_->name(), per_update, changed_bytes)
-                         : fmt::format("update kind full ({}): {} bytes per update", strategy_->name(), per_update);
+                                       aggregator_->name(), per_update, changed_bytes)
+                         : fmt::format("update kind full ({}): {} bytes per update", aggregator_->name(), per_update);
   record_.ended_ms = clock_.UnixMs();
   record_.model_version = model_version_ + 1;
-  record_.global_checksum = checksum;
+  record_.global_checksum = result.model.checksum;
   record_.train_loss = examples_sum_ > 0 ? loss_sum_ / examples_sum_ : 0;
   if (eval) {
     record_.test_accuracy = eval->accuracy;
     record_.test_loss = eval->loss;
   }
   record_.state = RoundState::kCommitted;
-  Status committed = store_.CommitRound(record_, checkpoint, clock_.UnixMs());
+  Status committed = store_.CommitRound(record_, result.checkpoint, clock_.UnixMs());
   if (!committed.ok()) return FailRound(fmt::format("cannot commit to the round log: {}", committed.ToString()));
   state_ = RoundState::kCommitted;
   previous_global_ = std::move(global_);
   previous_checksum_ = std::move(global_checksum_);
-  global_ = std::move(global);
-  low_rank_ = std::move(low_rank);
+  global_ = std::move(result.model.values);
+  low_rank_ = std::move(result.low_rank);
   auto factors = std::make_shared<std::vector<float>>();
   for (auto& change : low_rank_) {
     factors->insert(factors->end(), change.delta.u.begin(), change.delta.u.end());
@@ -651,7 +538,7 @@ void Coordinator::OnAggregated(Status status, std::shared_ptr<std::vector<float>
     change.delta.v = {};
   }
   low_rank_factors_ = std::move(factors);
-  global_checksum_ = checksum;
+  global_checksum_ = std::move(result.model.checksum);
   model_version_ = record_.model_version;
   const double seconds = SecondsSince(round_started_);
   spdlog::info("round {} committed: {} updates, train loss {:.4f}{}, {:.3f} s ({:.3f} s collecting)", round_,

@@ -8,9 +8,9 @@
 // deadline (then it aggregates if min_updates arrived, else the round fails
 // and is retried). Uploads are staged (at most staging_slots at once; a
 // client beyond that is paused, not refused) and folded into the Strategy
-// only when committed. Folding, evaluation and checkpointing run on the worker
-// executor; everything else on the I/O executor, one thread, so no locks are
-// needed. A restart resumes after the last committed round, from its
+// only when committed. Folding, evaluation and checkpointing (Aggregator) run
+// on the worker executor; everything else on the I/O executor, one thread, so
+// no locks are needed. A restart resumes after the last committed round, from its
 // checkpoint. A Hello reaches it once Connections has checked the session's
 // protocol and certificate.
 //
@@ -30,11 +30,9 @@
 #include <vector>
 
 #include "aggregation/lora_strategy.h"
-#include "aggregation/strategy.h"
 #include "base/asio.h"
-#include "models/dataset.h"
-#include "models/federated_model.h"
 #include "proto/model_patch.h"
+#include "server/aggregator.h"
 #include "server/client_session.h"
 #include "server/clock.h"
 #include "server/config.h"
@@ -49,7 +47,8 @@ class Coordinator {
               boost::asio::any_io_executor worker);
   ~Coordinator();
 
-  // Loads the last committed checkpoint, or initialises the model from the seed.
+  // Builds the federation (BuildFederation), then loads the last committed
+  // round's checkpoint, or starts from the initial model.
   Status Recover();
 
   // A hello from a session that passed the connection's checks; it replaces
@@ -99,16 +98,12 @@ class Coordinator {
   void OnDeadline();
   void MaybeFinishRound();
   void Aggregate();
-  void OnAggregated(Status status, std::shared_ptr<std::vector<float>> global, std::optional<models::EvalResult> eval,
-                    std::string checkpoint, std::string checksum, uint64_t changed_bytes,
-                    std::vector<aggregation::LowRankChange> low_rank);
+  void OnAggregated(Aggregator::Finished result);
   void FailRound(const std::string& reason);
   void Transition(RoundState to, const std::string& detail = {});
   void Broadcast(const v1::Envelope& envelope);
   void LogIfError(const Status& status, const char* what);
   double SecondsSince(std::chrono::steady_clock::time_point start) const;
-  Status WriteCheckpoint(uint64_t round, const std::vector<float>& global, const std::string& checksum,
-                         std::string* path);
 
   const ServerConfig& config_;
   Store& store_;
@@ -118,9 +113,8 @@ class Coordinator {
   std::unique_ptr<Timer> deadline_;
   std::unique_ptr<Timer> retry_;
 
-  std::unique_ptr<aggregation::Strategy> strategy_;  // touched only on worker_
+  std::unique_ptr<Aggregator> aggregator_;  // touched only on worker_, but for its name
   std::optional<aggregation::LoraStrategyOptions> lora_;  // set in a federation of update kind lora
-  std::unique_ptr<models::Evaluator> evaluator_;  // null without eval data; touched only on worker_
   Manifest manifest_;
   std::shared_ptr<const std::vector<float>> global_;
   std::string global_checksum_;
