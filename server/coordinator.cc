@@ -1,11 +1,8 @@
 #include "server/coordinator.h"
 
-#include <fmt/ranges.h>
-
 #include <spdlog/spdlog.h>
 
 #include <cmath>
-#include <cstring>
 
 #include "aggregation/sampling.h"
 #include "crypto/sha256.h"
@@ -60,24 +57,22 @@ Status Coordinator::Recover() {
 
   ESTUARY_ASSIGN_OR_RETURN(auto last, store_.LastCommittedRound());
   if (!last) {
-    auto global = std::make_shared<std::vector<float>>(std::move(federation.initial.values));
-    global_checksum_ = ChecksumOf(*global);
-    global_ = std::move(global);
-    model_version_ = 0;
+    auto initial = std::make_shared<const std::vector<float>>(std::move(federation.initial.values));
+    const std::string checksum = ChecksumOf(*initial);
+    distribution_.Reset(manifest_, {std::move(initial), checksum, 0});
     round_ = 1;
     spdlog::info("new federation: model {} ({} parameters), checksum {}", config_.task.model(),
-                 manifest_.total_elements, global_checksum_.substr(0, 12));
+                 manifest_.total_elements, checksum.substr(0, 12));
     return Status::Ok();
   }
   ESTUARY_ASSIGN_OR_RETURN(auto path, store_.CheckpointFor(last->round));
   if (!path) return FailedPrecondition("server: round {} is committed but has no checkpoint row", last->round);
   ESTUARY_ASSIGN_OR_RETURN(std::vector<float> global, aggregator_->Restore(*path, last->global_checksum));
-  global_ = std::make_shared<std::vector<float>>(std::move(global));
-  global_checksum_ = last->global_checksum;
-  model_version_ = last->model_version;
+  distribution_.Reset(manifest_, {std::make_shared<const std::vector<float>>(std::move(global)),
+                                  last->global_checksum, last->model_version});
   round_ = last->round + 1;
-  spdlog::info("resumed after round {}: model version {}, checksum {}", last->round, model_version_,
-               global_checksum_.substr(0, 12));
+  spdlog::info("resumed after round {}: model version {}, checksum {}", last->round, last->model_version,
+               last->global_checksum.substr(0, 12));
   return Status::Ok();
 }
 
@@ -91,12 +86,7 @@ void Coordinator::OnHello(const std::shared_ptr<ClientSession>& session, const v
                                                             session->address()));
   }
   connected_[name] = session;
-  held_[name] = {hello.model_version_held(), hello.model_checksum_held()};
-  if (hello.keeps_model()) {
-    keeps_model_.insert(name);
-  } else {
-    keeps_model_.erase(name);
-  }
+  distribution_.OnHello(name, hello);
   LogIfError(store_.ClientSeen(name, session->address(), clock_.UnixMs()), "store");
   spdlog::info("client {} connected from {} ({} connected)", name, session->address(), connected_.size());
 
@@ -112,8 +102,8 @@ void Coordinator::OnHello(const std::shared_ptr<ClientSession>& session, const v
     v1::Envelope done;
     done.mutable_round_closed()->set_round(config_.rounds);
     done.mutable_round_closed()->set_committed(true);
-    done.mutable_round_closed()->set_model_version(model_version_);
-    done.mutable_round_closed()->set_model_checksum(global_checksum_);
+    done.mutable_round_closed()->set_model_version(distribution_.current().version);
+    done.mutable_round_closed()->set_model_checksum(distribution_.current().checksum);
     done.mutable_round_closed()->set_federation_complete(true);
     session->Send(done);
     return;
@@ -160,12 +150,11 @@ void Coordinator::StartRound() {
   round_started_ = clock_.Now();
   participants_.clear();
   slot_queue_.clear();
-  download_queue_.clear();
-  downloads_in_flight_ = 0;
-  ++attempt_;
+  distribution_.BeginRound(round_);
   loss_sum_ = examples_sum_ = 0;
-  asio::post(worker_, [this, round = round_, global = global_] {
-    Status status = aggregator_->Begin(round, *global);
+  const GlobalModel& global = distribution_.current();
+  asio::post(worker_, [this, round = round_, values = global.values] {
+    Status status = aggregator_->Begin(round, *values);
     if (!status.ok()) spdlog::critical("strategy begin: {}", status.ToString());
   });
 
@@ -173,40 +162,27 @@ void Coordinator::StartRound() {
   v1::Envelope envelope;
   auto* start = envelope.mutable_round_start();
   start->set_round(round_);
-  start->set_model_version(model_version_);
-  start->set_model_checksum(global_checksum_);
+  start->set_model_version(global.version);
+  start->set_model_checksum(global.checksum);
   *start->mutable_manifest() = proto::ToProto(manifest_);
   *start->mutable_task() = config_.task;
   start->mutable_task()->set_seed(config_.seed);
   start->set_deadline_unix_ms(deadline_ms);
-  const uint64_t model_bytes = manifest_.byte_size();
-  FindChangedTensors();
   for (const auto& name : selected) {
     auto session = connected_.at(name);
-    const bool holds_model = held_[name].first == model_version_ && held_[name].second == global_checksum_;
-    // A site that kept the previous version gets only what changed since.
-    const bool patch = !holds_model && !patch_.empty() &&
-                       keeps_model_.contains(name) && model_version_ > 0 && held_[name].first == model_version_ - 1 &&
-                       held_[name].second == previous_checksum_;
-    start->set_model_follows(!holds_model);
-    proto::WriteModelPatch(patch ? patch_ : proto::ModelPatch{}, start);
-    start->set_patch_base_version(patch ? model_version_ - 1 : 0);
+    const uint64_t bytes_down = distribution_.Offer(session, start);
     session->Send(envelope);
-    if (!holds_model) download_queue_.push_back(session);
-    held_[name] = {model_version_, global_checksum_};
     Participant& p = participants_[name];
-    p.patch = patch;
     p.session = session;
     p.started = clock_.Now();
     p.record.round = round_;
     p.record.client = name;
     p.record.status = "selected";
-    const uint64_t patch_bytes = (patch_.range_elements() + patch_.factor_count()) * sizeof(float);
-    p.record.bytes_down = holds_model ? 0 : patch ? patch_bytes : model_bytes;
+    p.record.bytes_down = bytes_down;
     record_.bytes_down += p.record.bytes_down;
     LogIfError(store_.UpsertParticipation(p.record), "store");
   }
-  StreamModels();
+  distribution_.StreamQueued();
   spdlog::info("round {} open: {} of {} connected clients selected", round_, selected.size(), names.size());
   Transition(RoundState::kCollecting);
   deadline_->Arm(std::chrono::milliseconds(int64_t(config_.round_deadline_s * 1000)), [this, round = round_] {
@@ -269,60 +245,6 @@ void Coordinator::OnUpdateBegin(const std::shared_ptr<ClientSession>& session, c
   if (!staged.ok()) return Reject(session, v1::Error::SERVER_BUSY, staged.status().message());
   p.staged = std::move(staged).value();
   ++staging_in_use_;
-}
-
-constexpr uint32_t kConcurrentDownloads = 2;
-
-void Coordinator::StreamModels() {
-  while (downloads_in_flight_ < kConcurrentDownloads && !download_queue_.empty()) {
-    auto session = download_queue_.front().lock();
-    download_queue_.pop_front();
-    if (!session || session->closed()) continue;
-    ++downloads_in_flight_;
-    auto p = participants_.find(session->name());
-    std::vector<std::pair<uint64_t, uint64_t>> bytes;  // empty: the whole model
-    std::shared_ptr<const std::vector<float>> tail;
-    if (p != participants_.end() && p->second.patch) {
-      bytes = patch_.ByteRanges(manifest_.total_elements);
-      if (!low_rank_.empty()) tail = low_rank_factors_;  // the factors, past the buffer's end
-    }
-    // A session that closes mid-stream never calls back; its slot is
-    // returned by OnClosed through the same counter.
-    session->SendModel(
-        round_, global_,
-        [this, attempt = attempt_] {
-          if (attempt != attempt_) return;
-          --downloads_in_flight_;
-          StreamModels();
-        },
-        std::move(bytes), std::move(tail));
-  }
-}
-
-void Coordinator::FindChangedTensors() {
-  patch_ = {};
-  for (const aggregation::LowRankChange& change : low_rank_) {
-    patch_.low_rank.push_back(
-        {.offset = change.offset, .rows = change.delta.rows, .cols = change.delta.cols, .rank = change.delta.rank});
-  }
-  if (!previous_global_ || previous_global_->size() != global_->size()) return;
-  std::set<uint64_t> as_factors;
-  for (const aggregation::LowRankChange& change : low_rank_) as_factors.insert(change.offset);
-  auto& ranges = patch_.ranges;
-  uint64_t changed = 0;
-  for (const TensorSpec& spec : manifest_.tensors) {
-    const size_t bytes = spec.numel() * sizeof(float);
-    if (as_factors.contains(spec.offset)) continue;  // sent as its factors
-    if (std::memcmp(previous_global_->data() + spec.offset, global_->data() + spec.offset, bytes) == 0) continue;
-    if (!ranges.empty() && ranges.back().first + ranges.back().second == spec.offset) {
-      ranges.back().second += spec.numel();  // adjacent tensors: one range
-    } else {
-      ranges.emplace_back(spec.offset, spec.numel());
-    }
-    changed += spec.numel();
-  }
-  // Everything changed (a full delta's round): a patch would be the whole model.
-  if (changed == manifest_.total_elements) ranges.clear();
 }
 
 void Coordinator::GrantSlots() {
@@ -497,7 +419,7 @@ void Coordinator::Aggregate() {
   deadline_->Cancel();
   Transition(RoundState::kAggregating);
   collect_seconds_ = SecondsSince(round_started_);
-  asio::post(worker_, [this, round = round_, previous = GlobalModel{global_, global_checksum_, model_version_}] {
+  asio::post(worker_, [this, round = round_, previous = distribution_.current()] {
     Aggregator::Finished result = aggregator_->Finish(round, previous);
     asio::post(io_, [this, result = std::move(result)]() mutable { OnAggregated(std::move(result)); });
   });
@@ -515,7 +437,7 @@ void Coordinator::OnAggregated(Aggregator::Finished result) {
                                        aggregator_->name(), per_update, changed_bytes)
                          : fmt::format("update kind full ({}): {} bytes per update", aggregator_->name(), per_update);
   record_.ended_ms = clock_.UnixMs();
-  record_.model_version = model_version_ + 1;
+  record_.model_version = distribution_.current().version + 1;
   record_.global_checksum = result.model.checksum;
   record_.train_loss = examples_sum_ > 0 ? loss_sum_ / examples_sum_ : 0;
   if (eval) {
@@ -526,20 +448,8 @@ void Coordinator::OnAggregated(Aggregator::Finished result) {
   Status committed = store_.CommitRound(record_, result.checkpoint, clock_.UnixMs());
   if (!committed.ok()) return FailRound(fmt::format("cannot commit to the round log: {}", committed.ToString()));
   state_ = RoundState::kCommitted;
-  previous_global_ = std::move(global_);
-  previous_checksum_ = std::move(global_checksum_);
-  global_ = std::move(result.model.values);
-  low_rank_ = std::move(result.low_rank);
-  auto factors = std::make_shared<std::vector<float>>();
-  for (auto& change : low_rank_) {
-    factors->insert(factors->end(), change.delta.u.begin(), change.delta.u.end());
-    factors->insert(factors->end(), change.delta.v.begin(), change.delta.v.end());
-    change.delta.u = {};  // the offsets and shapes are what RoundStart needs from here on
-    change.delta.v = {};
-  }
-  low_rank_factors_ = std::move(factors);
-  global_checksum_ = std::move(result.model.checksum);
-  model_version_ = record_.model_version;
+  result.model.version = record_.model_version;
+  distribution_.Publish(std::move(result.model), std::move(result.low_rank));
   const double seconds = SecondsSince(round_started_);
   spdlog::info("round {} committed: {} updates, train loss {:.4f}{}, {:.3f} s ({:.3f} s collecting)", round_,
                record_.updates_received, record_.train_loss,
@@ -549,8 +459,8 @@ void Coordinator::OnAggregated(Aggregator::Finished result) {
   auto* closed = envelope.mutable_round_closed();
   closed->set_round(round_);
   closed->set_committed(true);
-  closed->set_model_version(model_version_);
-  closed->set_model_checksum(global_checksum_);
+  closed->set_model_version(distribution_.current().version);
+  closed->set_model_checksum(distribution_.current().checksum);
   closed->set_clients_selected(record_.clients_selected);
   closed->set_updates_received(record_.updates_received);
   closed->set_train_loss(record_.train_loss);
@@ -587,8 +497,8 @@ void Coordinator::FailRound(const std::string& reason) {
   auto* closed = envelope.mutable_round_closed();
   closed->set_round(round_);
   closed->set_committed(false);
-  closed->set_model_version(model_version_);
-  closed->set_model_checksum(global_checksum_);
+  closed->set_model_version(distribution_.current().version);
+  closed->set_model_checksum(distribution_.current().checksum);
   closed->set_clients_selected(record_.clients_selected);
   closed->set_updates_received(record_.updates_received);
   closed->set_detail(reason);
