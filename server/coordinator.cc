@@ -27,7 +27,8 @@ Coordinator::Coordinator(const ServerConfig& config, Store& store, Clock& clock,
       io_(std::move(io)),
       worker_(std::move(worker)),
       deadline_(clock.MakeTimer()),
-      retry_(clock.MakeTimer()) {}
+      retry_(clock.MakeTimer()),
+      slots_(config.staging_slots, config.staging_memory_bytes, config.spill_dir) {}
 
 Coordinator::~Coordinator() = default;
 
@@ -149,7 +150,7 @@ void Coordinator::StartRound() {
   deadline_passed_ = false;
   round_started_ = clock_.Now();
   participants_.clear();
-  slot_queue_.clear();
+  slots_.Reset();
   distribution_.BeginRound(round_);
   loss_sum_ = examples_sum_ = 0;
   const GlobalModel& global = distribution_.current();
@@ -208,7 +209,7 @@ void Coordinator::OnUpdateBegin(const std::shared_ptr<ClientSession>& session, c
     return Reject(session, v1::Error::NOT_SELECTED, fmt::format("{} was not selected for round {}", name, round_));
   }
   Participant& p = it->second;
-  if (p.staged || p.waiting_for_slot || p.record.status != "selected") {
+  if (slots_.Staged(name) || slots_.Queued(name) || p.record.status != "selected") {
     return Reject(session, v1::Error::DUPLICATE_UPDATE,
                   fmt::format("second update from {} in round {}", name, round_));
   }
@@ -235,48 +236,12 @@ void Coordinator::OnUpdateBegin(const std::shared_ptr<ClientSession>& session, c
   }
   p.begin = begin;
   p.layout = std::move(manifest).value();
-  if (staging_in_use_ >= config_.staging_slots) {
-    p.waiting_for_slot = true;
-    slot_queue_.push_back(name);
-    session->Pause();  // backpressure: its chunks wait in the socket until a slot frees
-    return;
-  }
-  auto staged = StagedUpdate::Create(p.layout, config_.staging_memory_bytes, config_.spill_dir);
-  if (!staged.ok()) return Reject(session, v1::Error::SERVER_BUSY, staged.status().message());
-  p.staged = std::move(staged).value();
-  ++staging_in_use_;
+  Status staged = slots_.Begin(session, p.layout);
+  if (!staged.ok()) return Reject(session, v1::Error::SERVER_BUSY, staged.message());
 }
 
 void Coordinator::GrantSlots() {
-  while (staging_in_use_ < config_.staging_slots && !slot_queue_.empty()) {
-    const std::string name = slot_queue_.front();
-    slot_queue_.pop_front();
-    auto it = participants_.find(name);
-    if (it == participants_.end() || !it->second.waiting_for_slot) continue;
-    Participant& p = it->second;
-    p.waiting_for_slot = false;
-    auto session = p.session.lock();
-    if (!session || session->closed()) continue;
-    auto staged = StagedUpdate::Create(p.layout, config_.staging_memory_bytes, config_.spill_dir);
-    if (!staged.ok()) {
-      Reject(session, v1::Error::SERVER_BUSY, staged.status().message());
-      continue;
-    }
-    p.staged = std::move(staged).value();
-    ++staging_in_use_;
-    session->Resume();
-  }
-}
-
-void Coordinator::ReleaseSlot(Participant& p) {
-  if (p.staged) {
-    p.staged.reset();
-    --staging_in_use_;
-  }
-  if (p.waiting_for_slot) {
-    p.waiting_for_slot = false;
-    std::erase(slot_queue_, p.record.client);
-  }
+  for (const auto& [session, why] : slots_.Grant()) Reject(session, v1::Error::SERVER_BUSY, why.message());
 }
 
 void Coordinator::OnUpdateChunk(const std::shared_ptr<ClientSession>& session, const v1::UpdateChunk& chunk) {
@@ -285,15 +250,16 @@ void Coordinator::OnUpdateChunk(const std::shared_ptr<ClientSession>& session, c
     return Reject(session, v1::Error::ROUND_NOT_OPEN,
                   fmt::format("update chunk for round {}, which is not open for this client", chunk.round()));
   }
-  Participant& p = it->second;
-  if (!p.staged) return Reject(session, v1::Error::BAD_MESSAGE, "update chunk before update_begin");
-  Status appended = p.staged->Append(chunk.offset(), chunk.dtype(), chunk.data());
+  StagedUpdate* staged = slots_.Staged(session->name());
+  if (!staged) return Reject(session, v1::Error::BAD_MESSAGE, "update chunk before update_begin");
+  Status appended = staged->Append(chunk.offset(), chunk.dtype(), chunk.data());
   if (!appended.ok()) return Reject(session, v1::Error::BAD_CHUNK, appended.message());
 }
 
 void Coordinator::OnUpdateCommit(const std::shared_ptr<ClientSession>& session, const v1::UpdateCommit& commit) {
-  auto it = participants_.find(session->name());
-  if (!round_running_ || commit.round() != round_ || it == participants_.end() || !it->second.staged ||
+  const std::string& name = session->name();
+  auto it = participants_.find(name);
+  if (!round_running_ || commit.round() != round_ || it == participants_.end() || !slots_.Staged(name) ||
       it->second.record.status != "selected") {
     return Reject(session, v1::Error::ROUND_NOT_OPEN,
                   fmt::format("update commit for round {}, which has no open upload from this client", commit.round()));
@@ -302,20 +268,20 @@ void Coordinator::OnUpdateCommit(const std::shared_ptr<ClientSession>& session, 
   if (commit.checksum().size() != 64) {
     return Reject(session, v1::Error::BAD_MESSAGE, "update checksum is not a sha256 hex digest");
   }
-  Status committed = p.staged->Commit(commit.checksum());
+  Status committed = slots_.Staged(name)->Commit(commit.checksum());
   if (!committed.ok()) return Reject(session, v1::Error::CHECKSUM_MISMATCH, committed.message());
 
+  std::shared_ptr<StagedUpdate> staged = slots_.TakeForFold(name);
   p.record.status = "folding";
   p.record.examples = p.begin.num_examples();
   p.record.train_loss = p.begin.train_loss();
-  p.record.bytes_up = p.staged->received_bytes();
+  p.record.bytes_up = staged->received_bytes();
   p.record.seconds = SecondsSince(p.started);
-  spdlog::debug("round {}: update from {} committed after {:.3f} s (trained {:.3f} s)", round_, session->name(),
+  spdlog::debug("round {}: update from {} committed after {:.3f} s (trained {:.3f} s)", round_, name,
                 p.record.seconds, p.begin.train_seconds());
   ++folds_in_flight_;
-  std::shared_ptr<StagedUpdate> staged = std::move(p.staged);
   const double weight = double(p.begin.num_examples());
-  asio::post(worker_, [this, staged, weight, name = session->name(), layout = p.layout] {
+  asio::post(worker_, [this, staged, weight, name, layout = p.layout] {
     Status folded = aggregator_->Fold(name, layout, staged->values(), weight);
     asio::post(io_, [this, name, folded] { OnFolded(name, folded); });
   });
@@ -323,7 +289,7 @@ void Coordinator::OnUpdateCommit(const std::shared_ptr<ClientSession>& session, 
 
 void Coordinator::OnFolded(const std::string& name, Status status) {
   --folds_in_flight_;
-  --staging_in_use_;
+  slots_.FoldDone();
   Participant& p = participants_.at(name);
   auto session = p.session.lock();
   if (status.ok()) {
@@ -358,7 +324,7 @@ void Coordinator::Reject(const std::shared_ptr<ClientSession>& session, v1::Erro
   if (round_running_ && it != participants_.end() && it->second.session.lock() == session &&
       it->second.record.status == "selected") {
     Participant& p = it->second;
-    ReleaseSlot(p);
+    slots_.Release(p.record.client);
     p.record.status = "rejected";
     p.record.detail = message;
     LogIfError(store_.UpsertParticipation(p.record), "store");
@@ -375,7 +341,7 @@ void Coordinator::OnClosed(ClientSession& session) {
   if (round_running_ && p_it != participants_.end() && p_it->second.session.lock().get() == &session &&
       p_it->second.record.status == "selected") {
     Participant& p = p_it->second;
-    ReleaseSlot(p);  // a partial upload is discarded here, unread
+    slots_.Release(p.record.client);  // a partial upload is discarded here, unread
     p.record.status = "dropped";
     p.record.detail = "connection lost";
     p.record.seconds = SecondsSince(p.started);
@@ -390,7 +356,7 @@ void Coordinator::OnDeadline() {
   deadline_passed_ = true;
   for (auto& [name, p] : participants_) {
     if (p.record.status != "selected") continue;
-    ReleaseSlot(p);
+    slots_.Release(name);
     p.record.status = "late";
     p.record.detail = "no update before the deadline";
     p.record.seconds = SecondsSince(p.started);
@@ -492,7 +458,7 @@ void Coordinator::FailRound(const std::string& reason) {
   deadline_->Cancel();
   LogIfError(store_.FailRound(round_, reason, clock_.UnixMs()), "store");
   state_ = RoundState::kFailed;
-  for (auto& [name, p] : participants_) ReleaseSlot(p);
+  for (auto& [name, p] : participants_) slots_.Release(name);
   v1::Envelope envelope;
   auto* closed = envelope.mutable_round_closed();
   closed->set_round(round_);

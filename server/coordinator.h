@@ -7,8 +7,8 @@
 // (ModelDistribution), and collects updates until every selected client has
 // answered or dropped, or until the deadline (then it aggregates if
 // min_updates arrived, else the round fails and is retried after a pause).
-// Uploads are staged (at most staging_slots at once; a client beyond that is
-// paused, not refused) and folded into the strategy only when committed.
+// Uploads are staged (StagingSlots: a client beyond staging_slots is paused,
+// not refused) and folded into the strategy only when committed.
 // Folding, aggregation, evaluation and checkpointing (Aggregator) run on the
 // worker executor; everything else on the I/O executor, one thread, so no
 // locks are needed. A restart resumes after the last committed round, from
@@ -21,7 +21,6 @@
 #pragma once
 
 #include <chrono>
-#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -36,7 +35,7 @@
 #include "server/clock.h"
 #include "server/config.h"
 #include "server/distribution.h"
-#include "server/staging.h"
+#include "server/staging_slots.h"
 #include "server/store.h"
 
 namespace estuary::server {
@@ -71,8 +70,6 @@ class Coordinator {
   struct Participant {
     std::weak_ptr<ClientSession> session;
     Participation record;
-    std::unique_ptr<StagedUpdate> staged;
-    bool waiting_for_slot = false;
     v1::UpdateBegin begin;
     Manifest layout;  // the upload's: the global model's, or a LoRA site's adapter factors
     std::chrono::steady_clock::time_point started;
@@ -85,8 +82,8 @@ class Coordinator {
   void OnUpdateChunk(const std::shared_ptr<ClientSession>& session, const v1::UpdateChunk& chunk);
   void OnUpdateCommit(const std::shared_ptr<ClientSession>& session, const v1::UpdateCommit& commit);
   void Reject(const std::shared_ptr<ClientSession>& session, v1::Error::Code code, const std::string& message);
+  // Stages waiting uploads as slots free; an upload that cannot be staged is rejected.
   void GrantSlots();
-  void ReleaseSlot(Participant& p);
   void OnFolded(const std::string& name, Status status);
   void OnDeadline();
   void MaybeFinishRound();
@@ -110,6 +107,7 @@ class Coordinator {
   std::optional<aggregation::LoraStrategyOptions> lora_;  // set in a federation of update kind lora
   Manifest manifest_;
   ModelDistribution distribution_;
+  StagingSlots slots_;
 
   std::map<std::string, std::shared_ptr<ClientSession>> connected_;  // by certificate name
   uint64_t round_ = 1;
@@ -118,8 +116,6 @@ class Coordinator {
   RoundRecord record_;
   std::chrono::steady_clock::time_point round_started_;
   std::map<std::string, Participant> participants_;
-  uint32_t staging_in_use_ = 0;
-  std::deque<std::string> slot_queue_;
   uint32_t folds_in_flight_ = 0;
   bool deadline_passed_ = false;
   double collect_seconds_ = 0;
