@@ -2,22 +2,17 @@
 
 #include <spdlog/spdlog.h>
 
-#include <cmath>
-
 #include "aggregation/sampling.h"
 #include "crypto/sha256.h"
 #include "proto/frame.h"
-#include "proto/wire.h"
 #include "server/federation.h"
+#include "server/round_messages.h"
+#include "server/update_checks.h"
 
 namespace estuary::server {
 
 namespace asio = boost::asio;
 using SteadyClock = std::chrono::steady_clock;
-
-static std::string ChecksumOf(const std::vector<float>& values) {
-  return crypto::Sha256Hex(values.data(), values.size() * sizeof(float));
-}
 
 Coordinator::Coordinator(const ServerConfig& config, Store& store, Clock& clock, asio::any_io_executor io,
                          asio::any_io_executor worker)
@@ -59,7 +54,7 @@ Status Coordinator::Recover() {
   ESTUARY_ASSIGN_OR_RETURN(auto last, store_.LastCommittedRound());
   if (!last) {
     auto initial = std::make_shared<const std::vector<float>>(std::move(federation.initial.values));
-    const std::string checksum = ChecksumOf(*initial);
+    const std::string checksum = crypto::Sha256Hex(initial->data(), initial->size() * sizeof(float));
     distribution_.Reset(manifest_, {std::move(initial), checksum, 0});
     round_ = 1;
     spdlog::info("new federation: model {} ({} parameters), checksum {}", config_.task.model(),
@@ -91,24 +86,8 @@ void Coordinator::OnHello(const std::shared_ptr<ClientSession>& session, const v
   LogIfError(store_.ClientSeen(name, session->address(), clock_.UnixMs()), "store");
   spdlog::info("client {} connected from {} ({} connected)", name, session->address(), connected_.size());
 
-  v1::Envelope envelope;
-  auto* welcome = envelope.mutable_welcome();
-  welcome->set_protocol_version(proto::kProtocolVersion);
-  welcome->set_client_name(name);
-  welcome->set_max_frame_bytes(config_.max_frame_bytes);
-  welcome->set_chunk_bytes(config_.chunk_bytes);
-  welcome->set_heartbeat_ms(config_.heartbeat_ms);
-  session->Send(envelope);
-  if (complete()) {
-    v1::Envelope done;
-    done.mutable_round_closed()->set_round(config_.rounds);
-    done.mutable_round_closed()->set_committed(true);
-    done.mutable_round_closed()->set_model_version(distribution_.current().version);
-    done.mutable_round_closed()->set_model_checksum(distribution_.current().checksum);
-    done.mutable_round_closed()->set_federation_complete(true);
-    session->Send(done);
-    return;
-  }
+  session->Send(WelcomeMessage(name, config_));
+  if (complete()) return session->Send(FederationCompleteMessage(config_.rounds, distribution_.current()));
   MaybeStartRound();
 }
 
@@ -160,18 +139,10 @@ void Coordinator::StartRound() {
   });
 
   const int64_t deadline_ms = clock_.UnixMs() + int64_t(config_.round_deadline_s * 1000);
-  v1::Envelope envelope;
-  auto* start = envelope.mutable_round_start();
-  start->set_round(round_);
-  start->set_model_version(global.version);
-  start->set_model_checksum(global.checksum);
-  *start->mutable_manifest() = proto::ToProto(manifest_);
-  *start->mutable_task() = config_.task;
-  start->mutable_task()->set_seed(config_.seed);
-  start->set_deadline_unix_ms(deadline_ms);
+  v1::Envelope envelope = RoundStartMessage(round_, global, manifest_, config_, deadline_ms);
   for (const auto& name : selected) {
     auto session = connected_.at(name);
-    const uint64_t bytes_down = distribution_.Offer(session, start);
+    const uint64_t bytes_down = distribution_.Offer(session, envelope.mutable_round_start());
     session->Send(envelope);
     Participant& p = participants_[name];
     p.session = session;
@@ -213,29 +184,10 @@ void Coordinator::OnUpdateBegin(const std::shared_ptr<ClientSession>& session, c
     return Reject(session, v1::Error::DUPLICATE_UPDATE,
                   fmt::format("second update from {} in round {}", name, round_));
   }
-  if (begin.kind() != config_.task.update_kind()) {
-    return Reject(session, v1::Error::BAD_MESSAGE,
-                  fmt::format("update kind {} from {}, but this federation takes {}",
-                              begin.kind() == v1::UPDATE_LORA ? "lora" : "full", name, lora_ ? "lora" : "full"));
-  }
-  if (begin.num_examples() == 0 || begin.num_examples() > (uint64_t{1} << 40)) {
-    return Reject(session, v1::Error::BAD_MESSAGE, fmt::format("num_examples {} out of range", begin.num_examples()));
-  }
-  if (!std::isfinite(begin.train_loss())) {
-    return Reject(session, v1::Error::BAD_MESSAGE, fmt::format("train_loss {} is not finite", begin.train_loss()));
-  }
-  auto manifest = proto::FromProto(begin.manifest(), manifest_.total_elements);
-  if (!manifest.ok()) return Reject(session, v1::Error::BAD_MESSAGE, manifest.status().message());
-  if (lora_) {
-    // Names, ranks and shapes against the federation's LoRA config, before
-    // a byte is staged: a bad adapter never reaches the aggregate.
-    Status fits = aggregation::CheckLoraUpload(name, *manifest, *lora_);
-    if (!fits.ok()) return Reject(session, v1::Error::BAD_MESSAGE, fits.message());
-  } else if (!(*manifest == manifest_)) {
-    return Reject(session, v1::Error::BAD_MESSAGE, "update manifest does not match the global model's");
-  }
+  auto layout = CheckUpdateBegin(begin, name, config_.task.update_kind(), manifest_, lora_);
+  if (!layout.ok()) return Reject(session, v1::Error::BAD_MESSAGE, layout.status().message());
   p.begin = begin;
-  p.layout = std::move(manifest).value();
+  p.layout = std::move(layout).value();
   Status staged = slots_.Begin(session, p.layout);
   if (!staged.ok()) return Reject(session, v1::Error::SERVER_BUSY, staged.message());
 }
@@ -303,13 +255,7 @@ void Coordinator::OnFolded(const std::string& name, Status status) {
     p.record.detail = status.message();
   }
   LogIfError(store_.UpsertParticipation(p.record), "store");
-  if (session && !session->closed()) {
-    v1::Envelope envelope;
-    envelope.mutable_update_ack()->set_round(round_);
-    envelope.mutable_update_ack()->set_accepted(status.ok());
-    envelope.mutable_update_ack()->set_detail(status.ok() ? "" : status.message());
-    session->Send(envelope);
-  }
+  if (session && !session->closed()) session->Send(UpdateAckMessage(round_, status));
   GrantSlots();
   MaybeFinishRound();
 }
@@ -393,19 +339,18 @@ void Coordinator::Aggregate() {
 
 void Coordinator::OnAggregated(Aggregator::Finished result) {
   if (!result.status.ok()) return FailRound(result.status.ToString());
-  const uint64_t changed_bytes = result.changed_bytes;
-  const auto& eval = result.eval;
   const uint64_t per_update = record_.updates_received > 0 ? record_.bytes_up / record_.updates_received : 0;
   // The round log says what an update cost, for either kind; for lora also
   // what the merge changed per client (exact: adapters plus residuals).
   record_.detail = lora_ ? fmt::format("update kind lora ({}): {} bytes per update; the merge changed {} bytes per "
                                        "client",
-                                       aggregator_->name(), per_update, changed_bytes)
+                                       aggregator_->name(), per_update, result.changed_bytes)
                          : fmt::format("update kind full ({}): {} bytes per update", aggregator_->name(), per_update);
   record_.ended_ms = clock_.UnixMs();
   record_.model_version = distribution_.current().version + 1;
   record_.global_checksum = result.model.checksum;
   record_.train_loss = examples_sum_ > 0 ? loss_sum_ / examples_sum_ : 0;
+  const auto& eval = result.eval;
   if (eval) {
     record_.test_accuracy = eval->accuracy;
     record_.test_loss = eval->loss;
@@ -421,27 +366,7 @@ void Coordinator::OnAggregated(Aggregator::Finished result) {
                record_.updates_received, record_.train_loss,
                eval ? fmt::format(", test accuracy {:.4f}", eval->accuracy) : std::string(), seconds, collect_seconds_);
 
-  v1::Envelope envelope;
-  auto* closed = envelope.mutable_round_closed();
-  closed->set_round(round_);
-  closed->set_committed(true);
-  closed->set_model_version(distribution_.current().version);
-  closed->set_model_checksum(distribution_.current().checksum);
-  closed->set_clients_selected(record_.clients_selected);
-  closed->set_updates_received(record_.updates_received);
-  closed->set_train_loss(record_.train_loss);
-  closed->set_has_test_metrics(eval.has_value());
-  if (eval) {
-    closed->set_test_accuracy(eval->accuracy);
-    closed->set_test_loss(eval->loss);
-  }
-  closed->set_seconds(seconds);
-  closed->set_bytes_up(record_.bytes_up);
-  closed->set_bytes_down(record_.bytes_down);
-  closed->set_bytes_per_update(per_update);
-  closed->set_merge_bytes_down(changed_bytes);
-  closed->set_federation_complete(round_ == config_.rounds);
-  Broadcast(envelope);
+  Broadcast(RoundCommittedMessage(record_, seconds, per_update, result.changed_bytes, round_ == config_.rounds));
 
   round_running_ = false;
   ++round_;
@@ -459,16 +384,7 @@ void Coordinator::FailRound(const std::string& reason) {
   LogIfError(store_.FailRound(round_, reason, clock_.UnixMs()), "store");
   state_ = RoundState::kFailed;
   for (auto& [name, p] : participants_) slots_.Release(name);
-  v1::Envelope envelope;
-  auto* closed = envelope.mutable_round_closed();
-  closed->set_round(round_);
-  closed->set_committed(false);
-  closed->set_model_version(distribution_.current().version);
-  closed->set_model_checksum(distribution_.current().checksum);
-  closed->set_clients_selected(record_.clients_selected);
-  closed->set_updates_received(record_.updates_received);
-  closed->set_detail(reason);
-  Broadcast(envelope);
+  Broadcast(RoundFailedMessage(record_, distribution_.current(), reason));
   round_running_ = false;
   // The same round number is tried again, after a pause so a flapping
   // federation does not spin.

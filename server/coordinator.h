@@ -7,13 +7,13 @@
 // (ModelDistribution), and collects updates until every selected client has
 // answered or dropped, or until the deadline (then it aggregates if
 // min_updates arrived, else the round fails and is retried after a pause).
-// Uploads are staged (StagingSlots: a client beyond staging_slots is paused,
-// not refused) and folded into the strategy only when committed.
-// Folding, aggregation, evaluation and checkpointing (Aggregator) run on the
-// worker executor; everything else on the I/O executor, one thread, so no
-// locks are needed. A restart resumes after the last committed round, from
-// its checkpoint. A Hello reaches it once Connections has checked the
-// session's protocol and certificate.
+// Uploads are checked (CheckUpdateBegin), staged (StagingSlots: a client
+// beyond staging_slots is paused, not refused) and folded into the strategy
+// only when committed. Folding, aggregation, evaluation and checkpointing
+// (Aggregator) run on the worker executor; everything else on the I/O
+// executor, one thread, so no locks are needed. A restart resumes after the
+// last committed round, from its checkpoint. A Hello reaches it once
+// Connections has checked the session's protocol and certificate.
 //
 // Time comes from a Clock and the two executors are given to it, so tests
 // drive all of it from one thread. Everything posted to the worker must have
@@ -21,6 +21,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>

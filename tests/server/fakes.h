@@ -133,8 +133,10 @@ struct Executors {
   size_t RunUntilIdle();
 };
 
-// A federation of the "mlp" model (fedavg) whose round deadline is 60 s,
-// with its store and checkpoints in a temporary directory.
+// A federation of the "mlp" model (fedavg): three rounds of two clients,
+// which start once two are connected and aggregate from one update, with a
+// deadline of 60 s; its store and checkpoints in a temporary directory. A
+// test changes `config` before Start().
 struct CoordinatorRig {
   CoordinatorRig();
   // Finalizes `config`, opens the store and recovers a Coordinator of it.
