@@ -7,10 +7,10 @@
 #include <cstring>
 #include <random>
 
-#include "client/model_patch.h"
 #include "crypto/sha256.h"
 #include "crypto/tls.h"
 #include "proto/frame.h"
+#include "proto/model_patch.h"
 #include "proto/wire.h"
 
 namespace estuary::client {
@@ -158,11 +158,15 @@ void Agent::OnRoundStart(const v1::RoundStart& start) {
       return Disconnected(fmt::format("round {}: a patch on version {}, but we hold version {}", start.round(),
                                       start.patch_base_version(), model_ ? model_version_ : 0));
     }
-    auto patch = ReadModelPatch(start, manifest_);
+    auto patch = proto::ReadModelPatch(start, manifest_);
     if (!patch.ok()) return Disconnected(patch.status().message());
-    incoming_ranges_ = std::move(patch->byte_ranges);
-    incoming_low_rank_ = std::move(patch->low_rank);
-    incoming_factors_.assign(patch->factor_count, 0.0f);
+    incoming_ranges_ = patch->ByteRanges(manifest_.total_elements);
+    // u and v stay empty until their factors arrive (ApplyLowRank).
+    for (const proto::LowRankPatch& change : patch->low_rank) {
+      incoming_low_rank_.push_back(
+          {change.offset, models::LowRankMatrix{.rows = change.rows, .cols = change.cols, .rank = change.rank}});
+    }
+    incoming_factors_.assign(patch->factor_count(), 0.0f);
     incoming_.assign(model_->begin(), model_->end());
   } else if (start.model_follows()) {
     incoming_.assign(manifest_.total_elements, 0.0f);

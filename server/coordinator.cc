@@ -1,44 +1,38 @@
 #include "server/coordinator.h"
 
-#include <fmt/ranges.h>
-
 #include <spdlog/spdlog.h>
-
-#include <cmath>
-#include <cstring>
-#include <future>
-#include <tuple>
 
 #include "aggregation/sampling.h"
 #include "crypto/sha256.h"
-#include "models/checkpoint.h"
-#include "models/lora_federation.h"
 #include "proto/frame.h"
-#include "proto/wire.h"
-#include "server/session.h"
+#include "aggregation/federation.h"
+#include "server/round_messages.h"
+#include "server/update_checks.h"
 
 namespace estuary::server {
 
 namespace asio = boost::asio;
-using Clock = std::chrono::steady_clock;
+using SteadyClock = std::chrono::steady_clock;
 
-static std::string ChecksumOf(const std::vector<float>& values) {
-  return crypto::Sha256Hex(values.data(), values.size() * sizeof(float));
-}
+Coordinator::Coordinator(const ServerConfig& config, Store& store, Clock& clock, asio::any_io_executor io,
+                         asio::any_io_executor worker)
+    : config_(config),
+      store_(store),
+      clock_(clock),
+      io_(std::move(io)),
+      worker_(std::move(worker)),
+      deadline_(clock.MakeTimer()),
+      retry_(clock.MakeTimer()),
+      slots_(config.staging_slots, config.staging_memory_bytes, config.spill_dir) {}
 
-static double SecondsSince(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
-static double Millis(Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
-
-Coordinator::Coordinator(asio::io_context& io, const ServerConfig& config, Store& store)
-    : io_(io), config_(config), store_(store), deadline_(io), retry_(io) {}
-
-Coordinator::~Coordinator() { worker_.join(); }
+Coordinator::~Coordinator() = default;
 
 void Coordinator::LogIfError(const Status& status, const char* what) {
   if (!status.ok()) spdlog::error("{}: {}", what, status.ToString());
+}
+
+double Coordinator::SecondsSince(SteadyClock::time_point start) const {
+  return std::chrono::duration<double>(clock_.Now() - start).count();
 }
 
 Status Coordinator::Recover() {
@@ -46,13 +40,11 @@ Status Coordinator::Recover() {
   ESTUARY_ASSIGN_OR_RETURN(aggregation::Federation federation,
                            aggregation::MakeFederation(config_.federation, {.data = config_.eval_data, .threads = 2}));
   task_ = federation.config.task();
-  manifest_ = std::move(federation.manifest);
-  strategy_ = std::move(federation.strategy);
-  evaluator_ = std::move(federation.evaluator);
   lora_ = std::move(federation.lora);
-  std::error_code ec;
-  std::filesystem::create_directories(config_.checkpoint_dir, ec);
-  if (ec) return IoError("server: {}: cannot create checkpoint directory: {}", config_.checkpoint_dir.string(), ec.message());
+  manifest_ = federation.manifest;
+  ESTUARY_ASSIGN_OR_RETURN(Checkpointer checkpointer, Checkpointer::Open(config_.checkpoint_dir, task_, lora_));
+  aggregator_ = std::make_unique<Aggregator>(std::move(federation.strategy), std::move(federation.evaluator),
+                                             std::move(checkpointer), manifest_);
 
   ESTUARY_ASSIGN_OR_RETURN(auto stored_model, store_.GetMeta("model"));
   if (stored_model && *stored_model != task_.model()) {
@@ -64,67 +56,27 @@ Status Coordinator::Recover() {
 
   ESTUARY_ASSIGN_OR_RETURN(auto last, store_.LastCommittedRound());
   if (!last) {
-    auto global = std::make_shared<std::vector<float>>(std::move(federation.initial));
-    global_checksum_ = ChecksumOf(*global);
-    global_ = std::move(global);
-    model_version_ = 0;
+    auto initial = std::make_shared<const std::vector<float>>(std::move(federation.initial));
+    const std::string checksum = crypto::Sha256Hex(initial->data(), initial->size() * sizeof(float));
+    distribution_.Reset(manifest_, {std::move(initial), checksum, 0});
     round_ = 1;
     spdlog::info("new federation: model {} ({} parameters), checksum {}", task_.model(),
-                 manifest_.total_elements, global_checksum_.substr(0, 12));
+                 manifest_.total_elements, checksum.substr(0, 12));
     return Status::Ok();
   }
   ESTUARY_ASSIGN_OR_RETURN(auto path, store_.CheckpointFor(last->round));
   if (!path) return FailedPrecondition("server: round {} is committed but has no checkpoint row", last->round);
-  ESTUARY_ASSIGN_OR_RETURN(auto checkpoint, models::LoadCheckpoint(*path));
-  if (!(checkpoint.manifest == manifest_)) {
-    return FailedPrecondition("server: {}: checkpoint does not match model '{}'", *path, task_.model());
-  }
-  global_checksum_ = ChecksumOf(checkpoint.data);
-  if (global_checksum_ != last->global_checksum) {
-    return FailedPrecondition("server: {}: checksum {} but the round log says {}", *path, global_checksum_,
-                              last->global_checksum);
-  }
-  global_ = std::make_shared<std::vector<float>>(std::move(checkpoint.data));
-  const std::filesystem::path state_path = *path + ".strategy";
-  if (std::filesystem::exists(state_path)) {
-    ESTUARY_ASSIGN_OR_RETURN(auto state_file, models::LoadCheckpoint(state_path));
-    std::map<std::string, std::vector<float>> state;
-    for (const auto& spec : state_file.manifest.tensors) {
-      auto begin = state_file.data.begin() + spec.offset;
-      state[spec.name].assign(begin, begin + spec.numel());
-    }
-    ESTUARY_RETURN_IF_ERROR(strategy_->LoadState(state));
-  }
-  model_version_ = last->model_version;
+  ESTUARY_ASSIGN_OR_RETURN(std::vector<float> global, aggregator_->Restore(*path, last->global_checksum));
+  distribution_.Reset(manifest_, {std::make_shared<const std::vector<float>>(std::move(global)),
+                                  last->global_checksum, last->model_version});
   round_ = last->round + 1;
-  spdlog::info("resumed after round {}: model version {}, checksum {}", last->round, model_version_,
-               global_checksum_.substr(0, 12));
+  spdlog::info("resumed after round {}: model version {}, checksum {}", last->round, last->model_version,
+               last->global_checksum.substr(0, 12));
   return Status::Ok();
 }
 
-void Coordinator::OnHandshakeRefused(const std::string& address, const std::string& reason) {
-  spdlog::warn("handshake refused from {}: {}", address, reason);
-  LogIfError(store_.RecordEvent({NowMs(), "handshake_refused", address, reason}), "store");
-}
-
-void Coordinator::OnBadFrame(Session& session, const std::string& reason) {
-  spdlog::warn("bad frame from {} ({}): {}", session.name(), session.address(), reason);
-  LogIfError(store_.RecordEvent({NowMs(), "frame_rejected", session.name() + "@" + session.address(), reason}),
-             "store");
-}
-
-void Coordinator::OnHello(const std::shared_ptr<Session>& session, const v1::Hello& hello) {
-  if (hello.protocol_version() != proto::kProtocolVersion) {
-    return session->SendErrorAndClose(
-        v1::Error::BAD_MESSAGE,
-        fmt::format("protocol version {} not supported (server speaks {})", hello.protocol_version(),
-                    proto::kProtocolVersion));
-  }
+void Coordinator::OnHello(const std::shared_ptr<ClientSession>& session, const v1::Hello& hello) {
   const std::string& name = session->name();
-  if (revoked_serials_.count(session->peer_serial())) {
-    // Its handshake passed before the list that revokes it was loaded.
-    return CloseAsRevoked(*session, "refusing its hello");
-  }
   auto it = connected_.find(name);
   if (it != connected_.end() && it->second != session) {
     auto old = it->second;
@@ -133,37 +85,16 @@ void Coordinator::OnHello(const std::shared_ptr<Session>& session, const v1::Hel
                                                             session->address()));
   }
   connected_[name] = session;
-  held_[name] = {hello.model_version_held(), hello.model_checksum_held()};
-  if (hello.keeps_model()) {
-    keeps_model_.insert(name);
-  } else {
-    keeps_model_.erase(name);
-  }
-  LogIfError(store_.ClientSeen(name, session->address(), NowMs()), "store");
+  distribution_.OnHello(name, hello);
+  LogIfError(store_.ClientSeen(name, session->address(), clock_.UnixMs()), "store");
   spdlog::info("client {} connected from {} ({} connected)", name, session->address(), connected_.size());
 
-  v1::Envelope envelope;
-  auto* welcome = envelope.mutable_welcome();
-  welcome->set_protocol_version(proto::kProtocolVersion);
-  welcome->set_client_name(name);
-  welcome->set_max_frame_bytes(config_.max_frame_bytes);
-  welcome->set_chunk_bytes(config_.chunk_bytes);
-  welcome->set_heartbeat_ms(config_.heartbeat_ms);
-  session->Send(envelope);
-  if (complete()) {
-    v1::Envelope done;
-    done.mutable_round_closed()->set_round(config_.rounds);
-    done.mutable_round_closed()->set_committed(true);
-    done.mutable_round_closed()->set_model_version(model_version_);
-    done.mutable_round_closed()->set_model_checksum(global_checksum_);
-    done.mutable_round_closed()->set_federation_complete(true);
-    session->Send(done);
-    return;
-  }
+  session->Send(WelcomeMessage(name, config_));
+  if (complete()) return session->Send(FederationCompleteMessage(config_.rounds, distribution_.current()));
   MaybeStartRound();
 }
 
-void Coordinator::OnMessage(const std::shared_ptr<Session>& session, v1::Envelope envelope) {
+void Coordinator::OnMessage(const std::shared_ptr<ClientSession>& session, v1::Envelope envelope) {
   switch (envelope.body_case()) {
     case v1::Envelope::kUpdateBegin: return OnUpdateBegin(session, envelope.update_begin());
     case v1::Envelope::kUpdateChunk: return OnUpdateChunk(session, envelope.update_chunk());
@@ -188,8 +119,8 @@ void Coordinator::StartRound() {
   record_ = RoundRecord{};
   record_.round = round_;
   record_.state = RoundState::kOpen;
-  record_.started_ms = NowMs();
-  record_.strategy = std::string(strategy_->name());
+  record_.started_ms = clock_.UnixMs();
+  record_.strategy = std::string(aggregator_->name());
   record_.clients_selected = static_cast<uint32_t>(selected.size());
   Status begun = store_.BeginRound(record_);
   if (!begun.ok()) {
@@ -199,84 +130,47 @@ void Coordinator::StartRound() {
   state_ = RoundState::kOpen;
   round_running_ = true;
   deadline_passed_ = false;
-  round_started_ = Clock::now();
+  round_started_ = clock_.Now();
   participants_.clear();
-  slot_queue_.clear();
-  download_queue_.clear();
-  downloads_in_flight_ = 0;
-  ++attempt_;
+  slots_.Reset();
+  distribution_.BeginRound(round_);
   loss_sum_ = examples_sum_ = 0;
-  asio::post(worker_, [this, round = round_, global = global_] {
-    Status status = strategy_->Begin(round, *global);
+  const GlobalModel& global = distribution_.current();
+  asio::post(worker_, [this, round = round_, values = global.values] {
+    Status status = aggregator_->Begin(round, *values);
     if (!status.ok()) spdlog::critical("strategy begin: {}", status.ToString());
   });
 
-  const int64_t deadline_ms = NowMs() + int64_t(config_.round_deadline_s * 1000);
-  v1::Envelope envelope;
-  auto* start = envelope.mutable_round_start();
-  start->set_round(round_);
-  start->set_model_version(model_version_);
-  start->set_model_checksum(global_checksum_);
-  *start->mutable_manifest() = proto::ToProto(manifest_);
-  *start->mutable_task() = task_;
-  start->set_deadline_unix_ms(deadline_ms);
-  const uint64_t model_bytes = manifest_.byte_size();
-  FindChangedTensors();
+  const int64_t deadline_ms = clock_.UnixMs() + int64_t(config_.round_deadline_s * 1000);
+  v1::Envelope envelope = RoundStartMessage(round_, global, manifest_, task_, deadline_ms);
   for (const auto& name : selected) {
     auto session = connected_.at(name);
-    const bool holds_model = held_[name].first == model_version_ && held_[name].second == global_checksum_;
-    // A site that kept the previous version gets only what changed since.
-    const bool patch = !holds_model && (!changed_ranges_.empty() || !low_rank_.empty()) &&
-                       keeps_model_.contains(name) && model_version_ > 0 && held_[name].first == model_version_ - 1 &&
-                       held_[name].second == previous_checksum_;
-    start->set_model_follows(!holds_model);
-    start->clear_patch();
-    start->clear_low_rank();
-    if (patch) {
-      for (const auto& [offset, count] : changed_ranges_) {
-        auto* range = start->add_patch();
-        range->set_offset(offset);
-        range->set_count(count);
-      }
-      for (const aggregation::LowRankChange& change : low_rank_) {
-        auto* factors = start->add_low_rank();
-        factors->set_offset(change.offset);
-        factors->set_rows(change.delta.rows);
-        factors->set_cols(change.delta.cols);
-        factors->set_rank(change.delta.rank);
-      }
-    }
-    start->set_patch_base_version(patch ? model_version_ - 1 : 0);
+    const uint64_t bytes_down = distribution_.Offer(session, envelope.mutable_round_start());
     session->Send(envelope);
-    if (!holds_model) download_queue_.push_back(session);
-    held_[name] = {model_version_, global_checksum_};
     Participant& p = participants_[name];
-    p.patch = patch;
     p.session = session;
-    p.started = Clock::now();
+    p.started = clock_.Now();
     p.record.round = round_;
     p.record.client = name;
     p.record.status = "selected";
-    const uint64_t factor_bytes = low_rank_factors_ ? low_rank_factors_->size() * sizeof(float) : 0;
-    p.record.bytes_down = holds_model ? 0 : patch ? changed_elements_ * sizeof(float) + factor_bytes : model_bytes;
+    p.record.bytes_down = bytes_down;
     record_.bytes_down += p.record.bytes_down;
     LogIfError(store_.UpsertParticipation(p.record), "store");
   }
-  StreamModels();
+  distribution_.StreamQueued();
   spdlog::info("round {} open: {} of {} connected clients selected", round_, selected.size(), names.size());
   Transition(RoundState::kCollecting);
-  deadline_.expires_after(std::chrono::milliseconds(int64_t(config_.round_deadline_s * 1000)));
-  deadline_.async_wait([this, round = round_](const boost::system::error_code& ec) {
-    if (!ec && round_running_ && round_ == round && state_ == RoundState::kCollecting) OnDeadline();
+  deadline_->Arm(std::chrono::milliseconds(int64_t(config_.round_deadline_s * 1000)), [this, round = round_] {
+    if (round_running_ && round_ == round && state_ == RoundState::kCollecting) OnDeadline();
   });
 }
 
 void Coordinator::Transition(RoundState to, const std::string& detail) {
-  LogIfError(store_.Transition(round_, state_, to, NowMs(), detail), "store");
+  LogIfError(store_.Transition(round_, state_, to, clock_.UnixMs(), detail), "store");
   state_ = to;
 }
 
-void Coordinator::OnUpdateBegin(const std::shared_ptr<Session>& session, const v1::UpdateBegin& begin) {
+void Coordinator::OnUpdateBegin(const std::shared_ptr<ClientSession>& session, const v1::UpdateBegin& begin) {
   const std::string& name = session->name();
   if (!round_running_ || state_ != RoundState::kCollecting || begin.round() != round_) {
     return Reject(session, v1::Error::ROUND_NOT_OPEN,
@@ -289,147 +183,38 @@ void Coordinator::OnUpdateBegin(const std::shared_ptr<Session>& session, const v
     return Reject(session, v1::Error::NOT_SELECTED, fmt::format("{} was not selected for round {}", name, round_));
   }
   Participant& p = it->second;
-  if (p.staged || p.waiting_for_slot || p.record.status != "selected") {
+  if (slots_.Staged(name) || slots_.Queued(name) || p.record.status != "selected") {
     return Reject(session, v1::Error::DUPLICATE_UPDATE,
                   fmt::format("second update from {} in round {}", name, round_));
   }
-  if (begin.kind() != task_.update_kind()) {
-    return Reject(session, v1::Error::BAD_MESSAGE,
-                  fmt::format("update kind {} from {}, but this federation takes {}",
-                              begin.kind() == v1::UPDATE_LORA ? "lora" : "full", name, lora_ ? "lora" : "full"));
-  }
-  if (begin.num_examples() == 0 || begin.num_examples() > (uint64_t{1} << 40)) {
-    return Reject(session, v1::Error::BAD_MESSAGE, fmt::format("num_examples {} out of range", begin.num_examples()));
-  }
-  if (!std::isfinite(begin.train_loss())) {
-    return Reject(session, v1::Error::BAD_MESSAGE, fmt::format("train_loss {} is not finite", begin.train_loss()));
-  }
-  auto manifest = proto::FromProto(begin.manifest(), manifest_.total_elements);
-  if (!manifest.ok()) return Reject(session, v1::Error::BAD_MESSAGE, manifest.status().message());
-  if (lora_) {
-    // Names, ranks and shapes against the federation's LoRA config, before
-    // a byte is staged: a bad adapter never reaches the aggregate.
-    Status fits = aggregation::CheckLoraUpload(name, *manifest, *lora_);
-    if (!fits.ok()) return Reject(session, v1::Error::BAD_MESSAGE, fits.message());
-  } else if (!(*manifest == manifest_)) {
-    return Reject(session, v1::Error::BAD_MESSAGE, "update manifest does not match the global model's");
-  }
+  auto layout = CheckUpdateBegin(begin, name, task_.update_kind(), manifest_, lora_);
+  if (!layout.ok()) return Reject(session, v1::Error::BAD_MESSAGE, layout.status().message());
   p.begin = begin;
-  p.layout = std::move(manifest).value();
-  if (staging_in_use_ >= config_.staging_slots) {
-    p.waiting_for_slot = true;
-    slot_queue_.push_back(name);
-    session->Pause();  // backpressure: its chunks wait in the socket until a slot frees
-    return;
-  }
-  auto staged = StagedUpdate::Create(p.layout, config_.staging_memory_bytes, config_.spill_dir);
-  if (!staged.ok()) return Reject(session, v1::Error::SERVER_BUSY, staged.status().message());
-  p.staged = std::move(staged).value();
-  ++staging_in_use_;
-}
-
-constexpr uint32_t kConcurrentDownloads = 2;
-
-void Coordinator::StreamModels() {
-  while (downloads_in_flight_ < kConcurrentDownloads && !download_queue_.empty()) {
-    auto session = download_queue_.front().lock();
-    download_queue_.pop_front();
-    if (!session || session->closed()) continue;
-    ++downloads_in_flight_;
-    auto p = participants_.find(session->name());
-    std::vector<std::pair<uint64_t, uint64_t>> bytes;  // empty: the whole model
-    std::shared_ptr<const std::vector<float>> tail;
-    if (p != participants_.end() && p->second.patch) {
-      for (const auto& [offset, count] : changed_ranges_) {
-        bytes.emplace_back(offset * sizeof(float), (offset + count) * sizeof(float));
-      }
-      if (!low_rank_.empty()) {  // the factors, past the buffer's end
-        const uint64_t end = global_->size() * sizeof(float);
-        bytes.emplace_back(end, end + low_rank_factors_->size() * sizeof(float));
-        tail = low_rank_factors_;
-      }
-    }
-    // A session that closes mid-stream never calls back; its slot is
-    // returned by OnClosed through the same counter.
-    session->SendModel(
-        round_, global_,
-        [this, attempt = attempt_] {
-          if (attempt != attempt_) return;
-          --downloads_in_flight_;
-          StreamModels();
-        },
-        std::move(bytes), std::move(tail));
-  }
-}
-
-void Coordinator::FindChangedTensors() {
-  changed_ranges_.clear();
-  changed_elements_ = 0;
-  if (!previous_global_ || previous_global_->size() != global_->size()) return;
-  std::set<uint64_t> as_factors;
-  for (const aggregation::LowRankChange& change : low_rank_) as_factors.insert(change.offset);
-  for (const TensorSpec& spec : manifest_.tensors) {
-    const size_t bytes = spec.numel() * sizeof(float);
-    if (as_factors.contains(spec.offset)) continue;  // sent as its factors
-    if (std::memcmp(previous_global_->data() + spec.offset, global_->data() + spec.offset, bytes) == 0) continue;
-    if (!changed_ranges_.empty() && changed_ranges_.back().first + changed_ranges_.back().second == spec.offset) {
-      changed_ranges_.back().second += spec.numel();  // adjacent tensors: one range
-    } else {
-      changed_ranges_.emplace_back(spec.offset, spec.numel());
-    }
-    changed_elements_ += spec.numel();
-  }
-  // Everything changed (a full delta's round): a patch would be the whole model.
-  if (changed_elements_ == manifest_.total_elements) changed_ranges_.clear();
+  p.layout = std::move(layout).value();
+  Status staged = slots_.Begin(session, p.layout);
+  if (!staged.ok()) return Reject(session, v1::Error::SERVER_BUSY, staged.message());
 }
 
 void Coordinator::GrantSlots() {
-  while (staging_in_use_ < config_.staging_slots && !slot_queue_.empty()) {
-    const std::string name = slot_queue_.front();
-    slot_queue_.pop_front();
-    auto it = participants_.find(name);
-    if (it == participants_.end() || !it->second.waiting_for_slot) continue;
-    Participant& p = it->second;
-    p.waiting_for_slot = false;
-    auto session = p.session.lock();
-    if (!session || session->closed()) continue;
-    auto staged = StagedUpdate::Create(p.layout, config_.staging_memory_bytes, config_.spill_dir);
-    if (!staged.ok()) {
-      Reject(session, v1::Error::SERVER_BUSY, staged.status().message());
-      continue;
-    }
-    p.staged = std::move(staged).value();
-    ++staging_in_use_;
-    session->Resume();
-  }
+  for (const auto& [session, why] : slots_.Grant()) Reject(session, v1::Error::SERVER_BUSY, why.message());
 }
 
-void Coordinator::ReleaseSlot(Participant& p) {
-  if (p.staged) {
-    p.staged.reset();
-    --staging_in_use_;
-  }
-  if (p.waiting_for_slot) {
-    p.waiting_for_slot = false;
-    std::erase(slot_queue_, p.record.client);
-  }
-}
-
-void Coordinator::OnUpdateChunk(const std::shared_ptr<Session>& session, const v1::UpdateChunk& chunk) {
+void Coordinator::OnUpdateChunk(const std::shared_ptr<ClientSession>& session, const v1::UpdateChunk& chunk) {
   auto it = participants_.find(session->name());
   if (!round_running_ || chunk.round() != round_ || it == participants_.end() || it->second.record.status != "selected") {
     return Reject(session, v1::Error::ROUND_NOT_OPEN,
                   fmt::format("update chunk for round {}, which is not open for this client", chunk.round()));
   }
-  Participant& p = it->second;
-  if (!p.staged) return Reject(session, v1::Error::BAD_MESSAGE, "update chunk before update_begin");
-  Status appended = p.staged->Append(chunk.offset(), chunk.dtype(), chunk.data());
+  StagedUpdate* staged = slots_.Staged(session->name());
+  if (!staged) return Reject(session, v1::Error::BAD_MESSAGE, "update chunk before update_begin");
+  Status appended = staged->Append(chunk.offset(), chunk.dtype(), chunk.data());
   if (!appended.ok()) return Reject(session, v1::Error::BAD_CHUNK, appended.message());
 }
 
-void Coordinator::OnUpdateCommit(const std::shared_ptr<Session>& session, const v1::UpdateCommit& commit) {
-  auto it = participants_.find(session->name());
-  if (!round_running_ || commit.round() != round_ || it == participants_.end() || !it->second.staged ||
+void Coordinator::OnUpdateCommit(const std::shared_ptr<ClientSession>& session, const v1::UpdateCommit& commit) {
+  const std::string& name = session->name();
+  auto it = participants_.find(name);
+  if (!round_running_ || commit.round() != round_ || it == participants_.end() || !slots_.Staged(name) ||
       it->second.record.status != "selected") {
     return Reject(session, v1::Error::ROUND_NOT_OPEN,
                   fmt::format("update commit for round {}, which has no open upload from this client", commit.round()));
@@ -438,28 +223,28 @@ void Coordinator::OnUpdateCommit(const std::shared_ptr<Session>& session, const 
   if (commit.checksum().size() != 64) {
     return Reject(session, v1::Error::BAD_MESSAGE, "update checksum is not a sha256 hex digest");
   }
-  Status committed = p.staged->Commit(commit.checksum());
+  Status committed = slots_.Staged(name)->Commit(commit.checksum());
   if (!committed.ok()) return Reject(session, v1::Error::CHECKSUM_MISMATCH, committed.message());
 
+  std::shared_ptr<StagedUpdate> staged = slots_.TakeForFold(name);
   p.record.status = "folding";
   p.record.examples = p.begin.num_examples();
   p.record.train_loss = p.begin.train_loss();
-  p.record.bytes_up = p.staged->received_bytes();
+  p.record.bytes_up = staged->received_bytes();
   p.record.seconds = SecondsSince(p.started);
-  spdlog::debug("round {}: update from {} committed after {:.3f} s (trained {:.3f} s)", round_, session->name(),
+  spdlog::debug("round {}: update from {} committed after {:.3f} s (trained {:.3f} s)", round_, name,
                 p.record.seconds, p.begin.train_seconds());
   ++folds_in_flight_;
-  std::shared_ptr<StagedUpdate> staged = std::move(p.staged);
   const double weight = double(p.begin.num_examples());
-  asio::post(worker_, [this, staged, weight, name = session->name(), layout = p.layout] {
-    Status folded = strategy_->FoldUpdate(name, layout, staged->values(), weight);
+  asio::post(worker_, [this, staged, weight, name, layout = p.layout] {
+    Status folded = aggregator_->Fold(name, layout, staged->values(), weight);
     asio::post(io_, [this, name, folded] { OnFolded(name, folded); });
   });
 }
 
 void Coordinator::OnFolded(const std::string& name, Status status) {
   --folds_in_flight_;
-  --staging_in_use_;
+  slots_.FoldDone();
   Participant& p = participants_.at(name);
   auto session = p.session.lock();
   if (status.ok()) {
@@ -473,27 +258,22 @@ void Coordinator::OnFolded(const std::string& name, Status status) {
     p.record.detail = status.message();
   }
   LogIfError(store_.UpsertParticipation(p.record), "store");
-  if (session && !session->closed()) {
-    v1::Envelope envelope;
-    envelope.mutable_update_ack()->set_round(round_);
-    envelope.mutable_update_ack()->set_accepted(status.ok());
-    envelope.mutable_update_ack()->set_detail(status.ok() ? "" : status.message());
-    session->Send(envelope);
-  }
+  if (session && !session->closed()) session->Send(UpdateAckMessage(round_, status));
   GrantSlots();
   MaybeFinishRound();
 }
 
-void Coordinator::Reject(const std::shared_ptr<Session>& session, v1::Error::Code code, const std::string& message) {
+void Coordinator::Reject(const std::shared_ptr<ClientSession>& session, v1::Error::Code code,
+                         const std::string& message) {
   spdlog::warn("rejected {} ({}): {}", session->name(), session->address(), message);
-  LogIfError(store_.RecordEvent({NowMs(), "update_rejected", session->name() + "@" + session->address(),
+  LogIfError(store_.RecordEvent({clock_.UnixMs(), "update_rejected", session->name() + "@" + session->address(),
                                  fmt::format("{}: {}", v1::Error::Code_Name(code), message)}),
              "store");
   auto it = participants_.find(session->name());
   if (round_running_ && it != participants_.end() && it->second.session.lock() == session &&
       it->second.record.status == "selected") {
     Participant& p = it->second;
-    ReleaseSlot(p);
+    slots_.Release(p.record.client);
     p.record.status = "rejected";
     p.record.detail = message;
     LogIfError(store_.UpsertParticipation(p.record), "store");
@@ -503,14 +283,14 @@ void Coordinator::Reject(const std::shared_ptr<Session>& session, v1::Error::Cod
   MaybeFinishRound();
 }
 
-void Coordinator::OnClosed(Session& session) {
+void Coordinator::OnClosed(ClientSession& session) {
   auto it = connected_.find(session.name());
   if (it != connected_.end() && it->second.get() == &session) connected_.erase(it);
   auto p_it = participants_.find(session.name());
   if (round_running_ && p_it != participants_.end() && p_it->second.session.lock().get() == &session &&
       p_it->second.record.status == "selected") {
     Participant& p = p_it->second;
-    ReleaseSlot(p);  // a partial upload is discarded here, unread
+    slots_.Release(p.record.client);  // a partial upload is discarded here, unread
     p.record.status = "dropped";
     p.record.detail = "connection lost";
     p.record.seconds = SecondsSince(p.started);
@@ -525,7 +305,7 @@ void Coordinator::OnDeadline() {
   deadline_passed_ = true;
   for (auto& [name, p] : participants_) {
     if (p.record.status != "selected") continue;
-    ReleaseSlot(p);
+    slots_.Release(name);
     p.record.status = "late";
     p.record.detail = "no update before the deadline";
     p.record.seconds = SecondsSince(p.started);
@@ -551,142 +331,45 @@ void Coordinator::MaybeFinishRound() {
 
 void Coordinator::Aggregate() {
   if (record_.updates_received == 0) return FailRound("no updates received");
-  deadline_.cancel();
+  deadline_->Cancel();
   Transition(RoundState::kAggregating);
   collect_seconds_ = SecondsSince(round_started_);
-  asio::post(worker_, [this, round = round_, previous = global_] {
-    const auto start = Clock::now();
-    auto global = std::make_shared<std::vector<float>>(*previous);
-    Status status = strategy_->Finish(*global);
-    std::optional<models::EvalResult> eval;
-    std::string path, checksum;
-    const uint64_t changed = status.ok() ? strategy_->changed_bytes() : 0;
-    std::vector<aggregation::LowRankChange> low_rank;
-    if (status.ok()) low_rank = strategy_->low_rank_changes();
-    if (status.ok()) {
-      checksum = ChecksumOf(*global);
-      const auto finished = Clock::now();
-      // The checkpoint mostly waits for fsync while evaluation computes: side by side,
-      // the round is ready to commit when the longer of the two is done.
-      auto checkpointed = std::async(std::launch::async, [&] {
-        Status written = WriteCheckpoint(round, *global, checksum, &path);
-        return std::make_pair(written, Clock::now());
-      });
-      if (evaluator_) {
-        auto scored = evaluator_->Evaluate(*global);
-        if (scored.ok()) {
-          eval = *scored;
-        } else {
-          spdlog::error("round {}: evaluation failed: {}", round, scored.status().ToString());
-        }
-      }
-      const auto evaluated = Clock::now();
-      Clock::time_point written_at;
-      std::tie(status, written_at) = checkpointed.get();
-      spdlog::debug("round {}: finished in {:.2f} ms, then evaluated in {:.2f} ms and checkpointed in {:.2f} ms",
-                    round, Millis(finished - start), Millis(evaluated - finished), Millis(written_at - finished));
-    }
-    asio::post(io_, [=, this, low_rank = std::move(low_rank)]() mutable {
-      OnAggregated(status, global, eval, path, checksum, changed, std::move(low_rank));
-    });
+  asio::post(worker_, [this, round = round_, previous = distribution_.current()] {
+    Aggregator::Finished result = aggregator_->Finish(round, previous);
+    asio::post(io_, [this, result = std::move(result)]() mutable { OnAggregated(std::move(result)); });
   });
 }
 
-Status Coordinator::WriteCheckpoint(uint64_t round, const std::vector<float>& global, const std::string& checksum,
-                                    std::string* path) {
-  const auto file = config_.checkpoint_dir / fmt::format("global-r{:05}.safetensors", round);
-  std::map<std::string, std::string> metadata = {
-      {"round", std::to_string(round)}, {"model", task_.model()}, {"sha256", checksum},
-      {"strategy", std::string(strategy_->name())}, {"update_kind", lora_ ? "lora" : "full"}};
-  if (lora_) {
-    // What `estuary-server export` needs to write the adapter in PEFT's layout.
-    const auto& targets = task_.lora().target_modules();
-    metadata["lora_rank"] = std::to_string(lora_->merge.rank);
-    metadata["lora_alpha"] = fmt::format("{}", lora_->merge.alpha);
-    metadata["lora_targets"] = fmt::format("{}", fmt::join(targets.begin(), targets.end(), ","));
-    metadata["lora_merge"] = task_.lora().merge();
-    metadata["lora_dropout"] = fmt::format("{}", task_.lora().dropout());
-  }
-  ESTUARY_RETURN_IF_ERROR(models::SaveCheckpoint(file, manifest_, global, metadata));
-  const auto state = strategy_->SaveState();
-  const std::filesystem::path state_file = file.string() + ".strategy";
-  if (!state.empty()) {
-    Manifest state_manifest;
-    std::vector<float> flat;
-    for (const auto& [name, values] : state) {
-      state_manifest.tensors.push_back({name, {int64_t(values.size())}, DType::kF32, flat.size()});
-      flat.insert(flat.end(), values.begin(), values.end());
-    }
-    state_manifest.total_elements = flat.size();
-    ESTUARY_RETURN_IF_ERROR(models::SaveCheckpoint(state_file, state_manifest, flat, {{"round", std::to_string(round)}}));
-  }
-  *path = file.string();
-  return Status::Ok();
-}
-
-void Coordinator::OnAggregated(Status status, std::shared_ptr<std::vector<float>> global,
-                               std::optional<models::EvalResult> eval, std::string checkpoint, std::string checksum,
-                               uint64_t changed_bytes, std::vector<aggregation::LowRankChange> low_rank) {
-  if (!status.ok()) return FailRound(status.ToString());
+void Coordinator::OnAggregated(Aggregator::Finished result) {
+  if (!result.status.ok()) return FailRound(result.status.ToString());
   const uint64_t per_update = record_.updates_received > 0 ? record_.bytes_up / record_.updates_received : 0;
   // The round log says what an update cost, for either kind; for lora also
   // what the merge changed per client (exact: adapters plus residuals).
   record_.detail = lora_ ? fmt::format("update kind lora ({}): {} bytes per update; the merge changed {} bytes per "
                                        "client",
-                                       strategy_->name(), per_update, changed_bytes)
-                         : fmt::format("update kind full ({}): {} bytes per update", strategy_->name(), per_update);
-  record_.ended_ms = NowMs();
-  record_.model_version = model_version_ + 1;
-  record_.global_checksum = checksum;
+                                       aggregator_->name(), per_update, result.changed_bytes)
+                         : fmt::format("update kind full ({}): {} bytes per update", aggregator_->name(), per_update);
+  record_.ended_ms = clock_.UnixMs();
+  record_.model_version = distribution_.current().version + 1;
+  record_.global_checksum = result.model.checksum;
   record_.train_loss = examples_sum_ > 0 ? loss_sum_ / examples_sum_ : 0;
+  const auto& eval = result.eval;
   if (eval) {
     record_.test_accuracy = eval->accuracy;
     record_.test_loss = eval->loss;
   }
   record_.state = RoundState::kCommitted;
-  Status committed = store_.CommitRound(record_, checkpoint, NowMs());
+  Status committed = store_.CommitRound(record_, result.checkpoint, clock_.UnixMs());
   if (!committed.ok()) return FailRound(fmt::format("cannot commit to the round log: {}", committed.ToString()));
   state_ = RoundState::kCommitted;
-  previous_global_ = std::move(global_);
-  previous_checksum_ = std::move(global_checksum_);
-  global_ = std::move(global);
-  low_rank_ = std::move(low_rank);
-  auto factors = std::make_shared<std::vector<float>>();
-  for (auto& change : low_rank_) {
-    factors->insert(factors->end(), change.delta.u.begin(), change.delta.u.end());
-    factors->insert(factors->end(), change.delta.v.begin(), change.delta.v.end());
-    change.delta.u = {};  // the offsets and shapes are what RoundStart needs from here on
-    change.delta.v = {};
-  }
-  low_rank_factors_ = std::move(factors);
-  global_checksum_ = checksum;
-  model_version_ = record_.model_version;
+  result.model.version = record_.model_version;
+  distribution_.Publish(std::move(result.model), std::move(result.low_rank));
   const double seconds = SecondsSince(round_started_);
   spdlog::info("round {} committed: {} updates, train loss {:.4f}{}, {:.3f} s ({:.3f} s collecting)", round_,
                record_.updates_received, record_.train_loss,
                eval ? fmt::format(", test accuracy {:.4f}", eval->accuracy) : std::string(), seconds, collect_seconds_);
 
-  v1::Envelope envelope;
-  auto* closed = envelope.mutable_round_closed();
-  closed->set_round(round_);
-  closed->set_committed(true);
-  closed->set_model_version(model_version_);
-  closed->set_model_checksum(global_checksum_);
-  closed->set_clients_selected(record_.clients_selected);
-  closed->set_updates_received(record_.updates_received);
-  closed->set_train_loss(record_.train_loss);
-  closed->set_has_test_metrics(eval.has_value());
-  if (eval) {
-    closed->set_test_accuracy(eval->accuracy);
-    closed->set_test_loss(eval->loss);
-  }
-  closed->set_seconds(seconds);
-  closed->set_bytes_up(record_.bytes_up);
-  closed->set_bytes_down(record_.bytes_down);
-  closed->set_bytes_per_update(per_update);
-  closed->set_merge_bytes_down(changed_bytes);
-  closed->set_federation_complete(round_ == config_.rounds);
-  Broadcast(envelope);
+  Broadcast(RoundCommittedMessage(record_, seconds, per_update, result.changed_bytes, round_ == config_.rounds));
 
   round_running_ = false;
   ++round_;
@@ -700,57 +383,28 @@ void Coordinator::OnAggregated(Status status, std::shared_ptr<std::vector<float>
 
 void Coordinator::FailRound(const std::string& reason) {
   spdlog::warn("round {} failed: {}", round_, reason);
-  deadline_.cancel();
-  LogIfError(store_.FailRound(round_, reason, NowMs()), "store");
+  deadline_->Cancel();
+  LogIfError(store_.FailRound(round_, reason, clock_.UnixMs()), "store");
   state_ = RoundState::kFailed;
-  for (auto& [name, p] : participants_) ReleaseSlot(p);
-  v1::Envelope envelope;
-  auto* closed = envelope.mutable_round_closed();
-  closed->set_round(round_);
-  closed->set_committed(false);
-  closed->set_model_version(model_version_);
-  closed->set_model_checksum(global_checksum_);
-  closed->set_clients_selected(record_.clients_selected);
-  closed->set_updates_received(record_.updates_received);
-  closed->set_detail(reason);
-  Broadcast(envelope);
+  for (auto& [name, p] : participants_) slots_.Release(name);
+  Broadcast(RoundFailedMessage(record_, distribution_.current(), reason));
   round_running_ = false;
   // The same round number is tried again, after a pause so a flapping
   // federation does not spin.
-  retry_.expires_after(std::chrono::seconds(1));
-  retry_.async_wait([this](const boost::system::error_code& ec) {
-    if (!ec) MaybeStartRound();
-  });
+  retry_->Arm(std::chrono::seconds(1), [this] { MaybeStartRound(); });
 }
 
 void Coordinator::CloseAll() {
-  deadline_.cancel();
-  retry_.cancel();
+  deadline_->Cancel();
+  retry_->Cancel();
   auto sessions = connected_;
   for (auto& [name, session] : sessions) session->CloseAfterWrites();
 }
 
-std::vector<std::string> Coordinator::CloseRevoked(const crypto::CrlInfo& crl) {
-  revoked_serials_.clear();
-  for (const auto& r : crl.revoked) revoked_serials_.insert(r.serial);
-  std::vector<std::string> closed;
-  auto sessions = connected_;  // closing a session edits connected_
-  for (auto& [name, session] : sessions) {
-    if (!revoked_serials_.count(session->peer_serial())) continue;
-    CloseAsRevoked(*session, "closing its connection");
-    closed.push_back(name);
-  }
-  return closed;
-}
-
-void Coordinator::CloseAsRevoked(Session& session, const char* action) {
-  const std::string& serial = session.peer_serial();
-  spdlog::warn("{} ({}): certificate serial {} is revoked; {}", session.name(), session.address(), serial, action);
-  LogIfError(store_.RecordEvent({NowMs(), "certificate_revoked", session.name() + "@" + session.address(),
-                                 "serial " + serial}),
-             "store");
-  session.SendErrorAndClose(v1::Error::CERTIFICATE_REVOKED,
-                            fmt::format("certificate serial {} is revoked by the federation", serial));
+std::vector<std::shared_ptr<ClientSession>> Coordinator::Connected() const {
+  std::vector<std::shared_ptr<ClientSession>> sessions;
+  for (const auto& [name, session] : connected_) sessions.push_back(session);
+  return sessions;
 }
 
 void Coordinator::Broadcast(const v1::Envelope& envelope) {

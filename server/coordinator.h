@@ -3,156 +3,124 @@
 // A round is an explicit state machine, every transition recorded in the
 // Store:  open -> collecting -> aggregating -> committed | failed.
 // It opens when min_clients are connected, samples clients_per_round of them
-// with the seed, sends each a RoundStart and the global model, and collects
-// updates until every selected client has answered or dropped, or until the
-// deadline (then it aggregates if min_updates arrived, else the round fails
-// and is retried). Uploads are staged (at most staging_slots at once; a
-// client beyond that is paused, not refused) and folded into the Strategy
-// only when committed. Folding, evaluation and checkpointing run on a worker
-// thread; everything else on the I/O thread, so no locks are needed.
-// A restart resumes after the last committed round, from its checkpoint.
+// with the seed, sends each a RoundStart and what it must download
+// (ModelDistribution), and collects updates until every selected client has
+// answered or dropped, or until the deadline (then it aggregates if
+// min_updates arrived, else the round fails and is retried after a pause).
+// Uploads are checked (CheckUpdateBegin), staged (StagingSlots: a client
+// beyond staging_slots is paused, not refused) and folded into the strategy
+// only when committed. Folding, aggregation, evaluation and checkpointing
+// (Aggregator) run on the worker executor; everything else on the I/O
+// executor, one thread, so no locks are needed. A restart resumes after the
+// last committed round, from its checkpoint. A Hello reaches it once
+// Connections has checked the session's protocol and certificate.
+//
+// Time comes from a Clock and the two executors are given to it, so tests
+// drive all of it from one thread. Everything posted to the worker must have
+// run (a joined thread pool) before the Coordinator is destroyed.
 #pragma once
 
-#include "base/asio.h"
-#include <deque>
+#include <chrono>
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
 #include <optional>
-#include <set>
 #include <string>
 #include <vector>
 
 #include "aggregation/lora_strategy.h"
-#include "aggregation/strategy.h"
-#include "models/dataset.h"
-#include "models/federated_model.h"
+#include "base/asio.h"
+#include "server/aggregator.h"
+#include "server/client_session.h"
+#include "server/clock.h"
 #include "server/config.h"
-#include "server/staging.h"
+#include "server/distribution.h"
+#include "server/staging_slots.h"
 #include "server/store.h"
 
 namespace estuary::server {
 
-class Session;
-
 class Coordinator {
  public:
-  Coordinator(boost::asio::io_context& io, const ServerConfig& config, Store& store);
+  Coordinator(const ServerConfig& config, Store& store, Clock& clock, boost::asio::any_io_executor io,
+              boost::asio::any_io_executor worker);
   ~Coordinator();
 
-  // Loads the last committed checkpoint, or initialises the model from the seed.
+  // Builds the federation (aggregation::MakeFederation), then loads the last committed
+  // round's checkpoint, or starts from the initial model.
   Status Recover();
 
-  void OnHello(const std::shared_ptr<Session>& session, const v1::Hello& hello);
-  void OnMessage(const std::shared_ptr<Session>& session, v1::Envelope envelope);
-  void OnClosed(Session& session);
-  void OnHandshakeRefused(const std::string& address, const std::string& reason);
-  void OnBadFrame(Session& session, const std::string& reason);
+  // A hello from a session that passed the connection's checks; it replaces
+  // an earlier connection under the same name.
+  void OnHello(const std::shared_ptr<ClientSession>& session, const v1::Hello& hello);
+  void OnMessage(const std::shared_ptr<ClientSession>& session, v1::Envelope envelope);
+  void OnClosed(ClientSession& session);
 
   // Called once the federation is complete (the last round committed).
   void set_on_complete(std::function<void()> fn) { on_complete_ = std::move(fn); }
   // Lets every connected client finish reading what is queued, then closes it.
   void CloseAll();
-  // Sends every connected client whose certificate `crl` revokes an Error
-  // (CERTIFICATE_REVOKED) and closes it; a selected one drops out of its
-  // round as any lost client does. A session whose handshake passed before
-  // the reload but whose Hello comes after is refused at its Hello the same
-  // way. Returns the names closed.
-  std::vector<std::string> CloseRevoked(const crypto::CrlInfo& crl);
+  // The sessions of the connected clients, in name order.
+  std::vector<std::shared_ptr<ClientSession>> Connected() const;
   bool complete() const { return round_ > config_.rounds; }
+  // The round running, or the next to run.
+  uint64_t round() const { return round_; }
 
  private:
   struct Participant {
-    std::weak_ptr<Session> session;
+    std::weak_ptr<ClientSession> session;
     Participation record;
-    std::unique_ptr<StagedUpdate> staged;
-    bool waiting_for_slot = false;
     v1::UpdateBegin begin;
     Manifest layout;  // the upload's: the global model's, or a LoRA site's adapter factors
-    bool patch = false;  // the download is changed_ranges_ only
     std::chrono::steady_clock::time_point started;
     bool resolved() const { return record.status != "selected" && record.status != "folding"; }
   };
 
   void MaybeStartRound();
   void StartRound();
-  void OnUpdateBegin(const std::shared_ptr<Session>& session, const v1::UpdateBegin& begin);
-  void OnUpdateChunk(const std::shared_ptr<Session>& session, const v1::UpdateChunk& chunk);
-  void OnUpdateCommit(const std::shared_ptr<Session>& session, const v1::UpdateCommit& commit);
-  void Reject(const std::shared_ptr<Session>& session, v1::Error::Code code, const std::string& message);
-  // Tells a session its certificate is revoked, logs it and closes it.
-  void CloseAsRevoked(Session& session, const char* action);
+  void OnUpdateBegin(const std::shared_ptr<ClientSession>& session, const v1::UpdateBegin& begin);
+  void OnUpdateChunk(const std::shared_ptr<ClientSession>& session, const v1::UpdateChunk& chunk);
+  void OnUpdateCommit(const std::shared_ptr<ClientSession>& session, const v1::UpdateCommit& commit);
+  void Reject(const std::shared_ptr<ClientSession>& session, v1::Error::Code code, const std::string& message);
+  // Stages waiting uploads as slots free; an upload that cannot be staged is rejected.
   void GrantSlots();
-  // Streams the model to the next waiting client while fewer than
-  // kConcurrentDownloads streams are running: clients then receive it one
-  // after another and start training early, instead of all at the end.
-  void StreamModels();
-  // Fills changed_ranges_ for this round (previous_global_ against global_).
-  void FindChangedTensors();
-  void ReleaseSlot(Participant& p);
   void OnFolded(const std::string& name, Status status);
   void OnDeadline();
   void MaybeFinishRound();
   void Aggregate();
-  void OnAggregated(Status status, std::shared_ptr<std::vector<float>> global, std::optional<models::EvalResult> eval,
-                    std::string checkpoint, std::string checksum, uint64_t changed_bytes,
-                    std::vector<aggregation::LowRankChange> low_rank);
+  void OnAggregated(Aggregator::Finished result);
   void FailRound(const std::string& reason);
   void Transition(RoundState to, const std::string& detail = {});
   void Broadcast(const v1::Envelope& envelope);
   void LogIfError(const Status& status, const char* what);
-  Status WriteCheckpoint(uint64_t round, const std::vector<float>& global, const std::string& checksum,
-                         std::string* path);
+  double SecondsSince(std::chrono::steady_clock::time_point start) const;
 
-  boost::asio::io_context& io_;
   const ServerConfig& config_;
   Store& store_;
-  boost::asio::thread_pool worker_{1};  // folds, evaluation, checkpoints: never the I/O thread
-  boost::asio::steady_timer deadline_;
-  boost::asio::steady_timer retry_;
+  Clock& clock_;
+  boost::asio::any_io_executor io_;
+  boost::asio::any_io_executor worker_;  // folds, evaluation, checkpoints: never the I/O thread
+  std::unique_ptr<Timer> deadline_;
+  std::unique_ptr<Timer> retry_;
 
   v1::TaskConfig task_;  // what every selected client trains (the federation's, as built)
-  std::unique_ptr<aggregation::Strategy> strategy_;  // touched only on worker_
+  std::unique_ptr<Aggregator> aggregator_;  // touched only on worker_, but for its name
   std::optional<aggregation::LoraStrategyOptions> lora_;  // set in a federation of update kind lora
-  std::unique_ptr<models::Evaluator> evaluator_;  // null without eval data; touched only on worker_
   Manifest manifest_;
-  std::shared_ptr<const std::vector<float>> global_;
-  std::string global_checksum_;
-  // The global model before the last commit: a site that holds it and keeps
-  // models gets only the tensors that changed since (a lora federation's
-  // adapter, and the base weights exact folded residuals into).
-  std::shared_ptr<const std::vector<float>> previous_global_;
-  std::string previous_checksum_;
-  // The tensors the last commit changed by a low-rank product (previous_global_
-  // to global_), which a patch sends as factors: their offsets, and every
-  // change's u then v, the stream's tail after the patch ranges.
-  std::vector<aggregation::LowRankChange> low_rank_;
-  std::shared_ptr<const std::vector<float>> low_rank_factors_;
-  std::set<std::string> keeps_model_;  // sites whose Hello said they keep the model
-  // This round: the tensors of the global model that differ from the
-  // previous version's, as merged element ranges (empty: no previous version,
-  // or everything changed).
-  std::vector<std::pair<uint64_t, uint64_t>> changed_ranges_;
-  uint64_t changed_elements_ = 0;
-  uint64_t model_version_ = 0;
+  ModelDistribution distribution_;
+  StagingSlots slots_;
 
-  std::map<std::string, std::shared_ptr<Session>> connected_;  // by certificate name
-  std::set<std::string> revoked_serials_;  // the last reloaded revocation list's
+  std::map<std::string, std::shared_ptr<ClientSession>> connected_;  // by certificate name
   uint64_t round_ = 1;
   bool round_running_ = false;
   RoundState state_ = RoundState::kOpen;
   RoundRecord record_;
   std::chrono::steady_clock::time_point round_started_;
   std::map<std::string, Participant> participants_;
-  uint32_t staging_in_use_ = 0;
-  std::deque<std::string> slot_queue_;
   uint32_t folds_in_flight_ = 0;
   bool deadline_passed_ = false;
-  std::deque<std::weak_ptr<Session>> download_queue_;
-  uint32_t downloads_in_flight_ = 0;
-  uint64_t attempt_ = 0;  // counts StartRound calls: a retried round reuses its number
   double collect_seconds_ = 0;
-  std::map<std::string, std::pair<uint64_t, std::string>> held_;  // name -> model version, checksum
   double loss_sum_ = 0;
   double examples_sum_ = 0;
   std::function<void()> on_complete_;

@@ -51,8 +51,10 @@ Result<std::unique_ptr<Server>> Server::Create(ServerConfig config) {
     server->crl_next_update_ = crl.next_update;
   }
   ESTUARY_ASSIGN_OR_RETURN(server->store_, Store::Open(c.db));
-  server->coordinator_ = std::make_unique<Coordinator>(server->io_, server->config_, *server->store_);
+  server->coordinator_ = std::make_unique<Coordinator>(server->config_, *server->store_, server->clock_,
+                                                       server->io_.get_executor(), server->worker_.get_executor());
   ESTUARY_RETURN_IF_ERROR(server->coordinator_->Recover());
+  server->connections_ = std::make_unique<Connections>(*server->coordinator_, *server->store_);
 
   std::string host;
   uint16_t port;
@@ -72,7 +74,8 @@ Result<std::unique_ptr<Server>> Server::Create(ServerConfig config) {
   return server;
 }
 
-Server::~Server() = default;
+// The worker's jobs call back into the Coordinator: they end before it does.
+Server::~Server() { worker_.join(); }
 
 Status Server::Run() {
   // Read before anything can Stop (and so close) the acceptor: a server
@@ -109,7 +112,7 @@ void Server::Accept() {
                                                       : fmt::format("{}:{}", remote.address().to_string(), remote.port());
       socket.set_option(tcp::no_delay(true), ignored);
       auto session = std::make_shared<Session>(Session::SslStream(std::move(socket), *tls_), std::move(address),
-                                               *coordinator_, config_);
+                                               *connections_, config_);
       session->Start();
     } else {
       spdlog::warn("accept: {}", ec.message());
@@ -139,7 +142,7 @@ void Server::ReloadCrl() {
   }
   LogCrl("SIGHUP: reloaded", config_.tls.crl, *crl);
   crl_next_update_ = crl->next_update;
-  coordinator_->CloseRevoked(*crl);
+  connections_->Revoke(*crl);
 }
 
 // A server runs for months: the expiry warning is repeated daily, not only

@@ -1,19 +1,23 @@
-// Server: the TLS listener that owns the Coordinator and the Store.
+// Server: the TLS listener that owns the Coordinator, the Store and the
+// worker thread that folds, evaluates and checkpoints.
 //
 // Run() accepts connections on the configured address until SIGINT/SIGTERM,
 // or, with exit_when_done, until the last round has been committed and
 // announced. SIGHUP rereads the revocation list (tls.crl): later handshakes
-// check against it, connected clients it revokes are closed, and a bad file
-// is logged and changes nothing. While the list nears its next update (past
-// it, every handshake fails) the log says so, on loading and daily. "listening on HOST:PORT" goes to stdout once the socket is bound,
-// so a parent process can learn the port when it asked for port 0.
+// check against it, connected clients it revokes are closed (Connections),
+// and a bad file is logged and changes nothing. While the list nears its next
+// update (past it, every handshake fails) the log says so, on loading and
+// daily. "listening on HOST:PORT" goes to stdout once the socket is bound, so
+// a parent process can learn the port when it asked for port 0.
 #pragma once
 
 #include "base/asio.h"
 #include <memory>
 
 #include "base/status.h"
+#include "server/clock.h"
 #include "server/config.h"
+#include "server/connections.h"
 #include "server/coordinator.h"
 #include "server/store.h"
 
@@ -41,7 +45,10 @@ class Server {
   boost::asio::io_context io_{1};
   std::shared_ptr<boost::asio::ssl::context> tls_;
   std::unique_ptr<Store> store_;
+  boost::asio::thread_pool worker_{1};  // folds, evaluation, checkpoints: never the I/O thread
+  AsioClock clock_{io_.get_executor()};
   std::unique_ptr<Coordinator> coordinator_;
+  std::unique_ptr<Connections> connections_;
   std::unique_ptr<boost::asio::ip::tcp::acceptor> acceptor_;
   std::unique_ptr<boost::asio::signal_set> signals_;
   std::unique_ptr<boost::asio::signal_set> reload_;  // SIGHUP

@@ -5,7 +5,6 @@
 #include "crypto/tls.h"
 #include "proto/frame.h"
 #include "server/config.h"
-#include "server/coordinator.h"
 
 namespace estuary::server {
 
@@ -13,10 +12,10 @@ namespace asio = boost::asio;
 using boost::system::error_code;
 
 
-Session::Session(SslStream stream, std::string address, Coordinator& coordinator, const ServerConfig& config)
+Session::Session(SslStream stream, std::string address, SessionListener& listener, const ServerConfig& config)
     : stream_(std::move(stream)),
       address_(std::move(address)),
-      coordinator_(coordinator),
+      listener_(listener),
       config_(config),
       timer_(stream_.get_executor()) {}
 
@@ -33,13 +32,13 @@ void Session::OnHandshake(const error_code& ec) {
   if (closed_) return;
   if (ec) {
     const std::string reason = crypto::HandshakeFailureReason(stream_.native_handle(), ec);
-    coordinator_.OnHandshakeRefused(address_, reason);
+    listener_.OnHandshakeRefused(address_, reason);
     Close();
     return;
   }
   auto name = crypto::PeerCommonName(stream_.native_handle());
   if (!name.ok()) {
-    coordinator_.OnHandshakeRefused(address_, name.status().message());
+    listener_.OnHandshakeRefused(address_, name.status().message());
     Close();
     return;
   }
@@ -65,7 +64,7 @@ void Session::ReadHeader() {
     if (ec) return self->Fail(ec == asio::error::eof ? "connection closed by peer" : ec.message());
     auto size = proto::ParseFrameHeader(self->header_, self->config_.max_frame_bytes);
     if (!size.ok()) {
-      self->coordinator_.OnBadFrame(*self, size.status().message());
+      self->listener_.OnBadFrame(*self, size.status().message());
       return self->SendErrorAndClose(v1::Error::BAD_FRAME, size.status().message());
     }
     self->ReadBody(*size);
@@ -81,7 +80,7 @@ void Session::ReadBody(uint32_t size) {
     if (ec) return self->Fail(ec == asio::error::eof ? "connection closed by peer" : ec.message());
     auto envelope = proto::ParseEnvelope(self->body_.data(), self->body_.size());
     if (!envelope.ok()) {
-      self->coordinator_.OnBadFrame(*self, envelope.status().message());
+      self->listener_.OnBadFrame(*self, envelope.status().message());
       return self->SendErrorAndClose(v1::Error::BAD_FRAME, envelope.status().message());
     }
     self->ArmIdleTimer();
@@ -95,16 +94,16 @@ void Session::Dispatch(v1::Envelope envelope) {
   if (!hello_seen_) {
     if (envelope.body_case() != v1::Envelope::kHello) {
       const std::string what = fmt::format("expected hello first, got {}", proto::BodyName(envelope));
-      coordinator_.OnBadFrame(*this, what);
+      listener_.OnBadFrame(*this, what);
       return SendErrorAndClose(v1::Error::BAD_MESSAGE, what);
     }
     hello_seen_ = true;
-    return coordinator_.OnHello(shared_from_this(), envelope.hello());
+    return listener_.OnHello(shared_from_this(), envelope.hello());
   }
   if (envelope.body_case() == v1::Envelope::kHeartbeat) {
     return Send(envelope);  // echoed, so the client can tell the server is alive
   }
-  coordinator_.OnMessage(shared_from_this(), std::move(envelope));
+  listener_.OnMessage(shared_from_this(), std::move(envelope));
 }
 
 void Session::Resume() {
@@ -202,7 +201,7 @@ void Session::Close() {
   error_code ignored;
   stream_.lowest_layer().shutdown(asio::ip::tcp::socket::shutdown_both, ignored);
   stream_.lowest_layer().close(ignored);
-  if (hello_seen_) coordinator_.OnClosed(*this);
+  if (hello_seen_) listener_.OnClosed(*this);
 }
 
 }  // namespace estuary::server

@@ -1,12 +1,12 @@
-// Session: the server's end of one client connection.
+// Session: the server's end of one client connection (a ClientSession).
 //
 // One object per TLS connection, kept alive by the handlers that hold
 // shared_from_this(). It performs the handshake (with a timeout), learns the
 // client's name from its certificate, then runs a read loop of frames that
-// it hands to the Coordinator, and a write queue drained one frame at a time.
-// The global model is streamed lazily: the next chunk is encoded only when
-// the previous one has been written, so a slow client holds one chunk, not a
-// copy of the model. All of it runs on the server's single I/O thread.
+// it hands to its SessionListener, and a write queue drained one frame at a
+// time. The global model is streamed lazily: the next chunk is encoded only
+// when the previous one has been written, so a slow client holds one chunk,
+// not a copy of the model. All of it runs on the server's single I/O thread.
 #pragma once
 
 #include "base/asio.h"
@@ -18,43 +18,34 @@
 
 #include "estuary.pb.h"
 #include "proto/frame.h"
+#include "server/client_session.h"
 
 namespace estuary::server {
 
-class Coordinator;
 struct ServerConfig;
 
-class Session : public std::enable_shared_from_this<Session> {
+class Session final : public ClientSession, public std::enable_shared_from_this<Session> {
  public:
   using SslStream = boost::asio::ssl::stream<boost::asio::ip::tcp::socket>;
 
-  Session(SslStream stream, std::string address, Coordinator& coordinator, const ServerConfig& config);
+  Session(SslStream stream, std::string address, SessionListener& listener, const ServerConfig& config);
 
   void Start();
-  void Send(const v1::Envelope& envelope);
-  // Streams `model` as ModelChunk frames for `round` after what is queued;
-  // `on_sent` runs once: when the last chunk is written or the session closes.
-  // All of it, or only the byte ranges [begin, end) of `ranges` (a patch over
-  // a model the client holds; ascending, disjoint, non-empty), no chunk
-  // crossing a range. Offsets past the model's end address `tail` (a
-  // patch's low-rank factors), from 0 there.
-  void SendModel(uint64_t round, std::shared_ptr<const std::vector<float>> model, std::function<void()> on_sent = {},
-                 std::vector<std::pair<uint64_t, uint64_t>> ranges = {},
-                 std::shared_ptr<const std::vector<float>> tail = nullptr);
-  // Sends an Error and closes once it is written.
-  void SendErrorAndClose(v1::Error::Code code, const std::string& message);
-  // Closes after everything queued is written.
-  void CloseAfterWrites();
   void Close();
-  // Backpressure: stop reading frames until Resume().
-  void Pause() { paused_ = true; }
-  void Resume();
 
-  const std::string& name() const { return name_; }
-  // The serial of the client's verified certificate (crypto::PeerSerial).
-  const std::string& peer_serial() const { return peer_serial_; }
-  const std::string& address() const { return address_; }
-  bool closed() const { return closed_; }
+  // ClientSession
+  const std::string& name() const override { return name_; }
+  const std::string& peer_serial() const override { return peer_serial_; }
+  const std::string& address() const override { return address_; }
+  void Send(const v1::Envelope& envelope) override;
+  void SendModel(uint64_t round, std::shared_ptr<const std::vector<float>> model, std::function<void()> on_sent,
+                 std::vector<std::pair<uint64_t, uint64_t>> ranges,
+                 std::shared_ptr<const std::vector<float>> tail) override;
+  void SendErrorAndClose(v1::Error::Code code, const std::string& message) override;
+  void CloseAfterWrites() override;
+  void Pause() override { paused_ = true; }
+  void Resume() override;
+  bool closed() const override { return closed_; }
 
  private:
   void OnHandshake(const boost::system::error_code& ec);
@@ -69,7 +60,7 @@ class Session : public std::enable_shared_from_this<Session> {
   std::string address_;
   std::string name_;
   std::string peer_serial_;
-  Coordinator& coordinator_;
+  SessionListener& listener_;
   const ServerConfig& config_;
   boost::asio::steady_timer timer_;
   std::array<uint8_t, 4> header_{};

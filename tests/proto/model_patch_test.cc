@@ -1,6 +1,6 @@
-// ReadModelPatch (client/model_patch.h): what a client that holds the
-// previous model accepts from a RoundStart's patch, and the one line it
-// answers anything else with.
+// ModelPatch (proto/model_patch.h): what a client that holds the previous
+// model accepts from a RoundStart's patch, the one line it answers anything
+// else with, and the server's writing of it read back the same.
 #include <gtest/gtest.h>
 
 #include <array>
@@ -8,9 +8,9 @@
 #include <utility>
 #include <vector>
 
-#include "client/model_patch.h"
+#include "proto/model_patch.h"
 
-namespace estuary::client {
+namespace estuary::proto {
 namespace {
 
 // a [4, 6] at 0, w [16, 32] at 24, w2 [16, 32] at 536, b [8] at 1048: 1056 elements.
@@ -48,21 +48,39 @@ TEST(ModelPatch, RangesThenTheFactorsPastTheEnd) {
   auto patch = ReadModelPatch(Start({{0, 24}, {1048, 8}}, {{24, 16, 32, 2}, {536, 16, 32, 3}}), Layout());
   ASSERT_TRUE(patch.ok()) << patch.status().ToString();
   const uint64_t factors = 2 * (16 + 32) + 3 * (16 + 32);
-  EXPECT_EQ(patch->factor_count, factors);
+  EXPECT_EQ(patch->factor_count(), factors);
   const std::vector<std::pair<uint64_t, uint64_t>> want = {
       {0, 24 * 4}, {1048 * 4, 1056 * 4}, {1056 * 4, (1056 + factors) * 4}};
-  EXPECT_EQ(patch->byte_ranges, want);
+  EXPECT_EQ(patch->ByteRanges(1056), want);
   ASSERT_EQ(patch->low_rank.size(), 2u);
-  EXPECT_EQ(patch->low_rank[1].first, 536u);
-  EXPECT_EQ(patch->low_rank[1].second.rows, 16u);
-  EXPECT_EQ(patch->low_rank[1].second.cols, 32u);
-  EXPECT_EQ(patch->low_rank[1].second.rank, 3u);
-  EXPECT_TRUE(patch->low_rank[1].second.u.empty());
+  EXPECT_EQ(patch->low_rank[1].offset, 536u);
+  EXPECT_EQ(patch->low_rank[1].rows, 16u);
+  EXPECT_EQ(patch->low_rank[1].cols, 32u);
+  EXPECT_EQ(patch->low_rank[1].rank, 3u);
 
   auto dense_only = ReadModelPatch(Start({{24, 512}}, {}), Layout());
   ASSERT_TRUE(dense_only.ok());
-  EXPECT_EQ(dense_only->byte_ranges.size(), 1u);
-  EXPECT_EQ(dense_only->factor_count, 0u);
+  EXPECT_EQ(dense_only->ByteRanges(1056).size(), 1u);
+  EXPECT_EQ(dense_only->factor_count(), 0u);
+}
+
+TEST(ModelPatch, WhatTheServerWritesTheClientReadsBack) {
+  ModelPatch written;
+  written.ranges = {{0, 24}, {1048, 8}};
+  written.low_rank = {{.offset = 24, .rows = 16, .cols = 32, .rank = 2}, {.offset = 536, .rows = 16, .cols = 32, .rank = 3}};
+  v1::RoundStart start = Start({{5, 5}}, {{24, 16, 32, 9}});  // replaced, not added to
+  start.set_round(7);
+  WriteModelPatch(written, &start);
+  auto read = ReadModelPatch(start, Layout());
+  ASSERT_TRUE(read.ok()) << read.status().ToString();
+  EXPECT_EQ(read->ranges, written.ranges);
+  EXPECT_EQ(read->low_rank, written.low_rank);
+  EXPECT_EQ(read->range_elements(), 32u);
+  EXPECT_EQ(read->ByteRanges(1056), written.ByteRanges(1056));
+
+  WriteModelPatch(ModelPatch{}, &start);
+  EXPECT_EQ(start.patch_size(), 0);
+  EXPECT_EQ(start.low_rank_size(), 0);
 }
 
 TEST(ModelPatch, AnythingElseIsOneLineNamingTheEntry) {
@@ -92,4 +110,4 @@ TEST(ModelPatch, AnythingElseIsOneLineNamingTheEntry) {
 }
 
 }  // namespace
-}  // namespace estuary::client
+}  // namespace estuary::proto

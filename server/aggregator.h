@@ -1,0 +1,64 @@
+// Aggregator: the federation's state that only the worker thread touches —
+// the strategy, the evaluator and the checkpointer — and a round's work on
+// it: Begin, Fold each committed update, then Finish, which computes the new
+// global model and writes its checkpoint while the evaluator scores it.
+//
+// The Coordinator posts every call but name() to the worker executor and
+// takes the results back on the I/O thread, so nothing here is locked:
+// nothing here is touched from two threads at once. Restore runs at
+// recovery, before anything is posted.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "aggregation/strategy.h"
+#include "base/manifest.h"
+#include "base/status.h"
+#include "models/federated_model.h"
+#include "server/checkpointer.h"
+#include "server/global_model.h"
+
+namespace estuary::server {
+
+class Aggregator {
+ public:
+  // What Finish hands back.
+  struct Finished {
+    Status status;
+    GlobalModel model;  // the values and their checksum; the version is the commit's to set
+    std::optional<models::EvalResult> eval;  // with an evaluator, unless scoring failed (logged)
+    std::filesystem::path checkpoint;
+    uint64_t changed_bytes = 0;                       // Strategy::changed_bytes
+    std::vector<aggregation::LowRankChange> low_rank;  // Strategy::low_rank_changes
+  };
+
+  // `evaluator` may be null. `manifest` is the global model's layout.
+  Aggregator(std::unique_ptr<aggregation::Strategy> strategy, std::unique_ptr<models::Evaluator> evaluator,
+             Checkpointer checkpointer, Manifest manifest);
+
+  // The strategy's name: constant, so any thread may ask.
+  std::string_view name() const { return strategy_->name(); }
+
+  // The committed round's model written at `path`, checked against the
+  // round log's `logged_checksum`; the strategy's state comes back with it.
+  Result<std::vector<float>> Restore(const std::filesystem::path& path, const std::string& logged_checksum);
+
+  Status Begin(uint64_t round, std::span<const float> global);
+  Status Fold(std::string_view client, const Manifest& layout, std::span<const float> values, double weight);
+  Finished Finish(uint64_t round, const GlobalModel& previous);
+
+ private:
+  std::unique_ptr<aggregation::Strategy> strategy_;
+  std::unique_ptr<models::Evaluator> evaluator_;
+  Checkpointer checkpointer_;
+  Manifest manifest_;
+};
+
+}  // namespace estuary::server

@@ -1,0 +1,61 @@
+// Checkpointer: the server's model files, and the only code that knows
+// their format.
+//
+// When round r commits, its directory holds global-r{r:05}.safetensors: the
+// global model, with the metadata round, model, sha256, strategy and
+// update_kind, and in a lora federation lora_rank, lora_alpha, lora_targets,
+// lora_merge and lora_dropout (what `estuary-server export` reads). Beside
+// it, the same name plus ".strategy" holds the strategy's cross-round state
+// (Strategy::SaveState: named flat tensors) when it has any. Each file is
+// written atomically (models/checkpoint.h). At recovery Load reads the model
+// back, refuses it unless its layout and SHA-256 agree with the federation's
+// model and the round log, and gives the strategy its state back.
+// Write runs on the worker while the I/O thread goes on: it reads only what
+// it was given and its own constant members.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "aggregation/lora_strategy.h"
+#include "aggregation/strategy.h"
+#include "base/manifest.h"
+#include "base/status.h"
+#include "estuary.pb.h"
+
+namespace estuary::server {
+
+class Checkpointer {
+ public:
+  // Writes into `dir`, created if need be, the checkpoints of a federation
+  // training `task` (with `lora`: a lora federation's options).
+  static Result<Checkpointer> Open(std::filesystem::path dir, const v1::TaskConfig& task,
+                                   const std::optional<aggregation::LoraStrategyOptions>& lora);
+
+  // Writes round `round`'s global model (of layout `manifest`, whose sha256
+  // hex is `checksum`) and `strategy`'s state; returns the model file's path.
+  Result<std::filesystem::path> Write(uint64_t round, const Manifest& manifest, std::span<const float> global,
+                                      const std::string& checksum, const aggregation::Strategy& strategy) const;
+  // Reads the model file at `path` back: it must be of layout `manifest` and
+  // hash to `logged_checksum`, the round log's. Loads `strategy`'s state
+  // from beside it when there is one.
+  Result<std::vector<float>> Load(const std::filesystem::path& path, const Manifest& manifest,
+                                  const std::string& logged_checksum, aggregation::Strategy& strategy) const;
+
+  const std::filesystem::path& dir() const { return dir_; }
+
+ private:
+  Checkpointer(std::filesystem::path dir, std::string model, std::map<std::string, std::string> metadata)
+      : dir_(std::move(dir)), model_(std::move(model)), metadata_(std::move(metadata)) {}
+
+  std::filesystem::path dir_;
+  std::string model_;
+  std::map<std::string, std::string> metadata_;  // what every round's file says of the federation
+};
+
+}  // namespace estuary::server

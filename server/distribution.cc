@@ -1,0 +1,110 @@
+#include "server/distribution.h"
+
+#include <cstring>
+
+namespace estuary::server {
+
+void ModelDistribution::Reset(Manifest manifest, GlobalModel current) {
+  manifest_ = std::move(manifest);
+  current_ = std::move(current);
+  previous_ = {};
+  patch_ = {};
+  factors_.reset();
+}
+
+void ModelDistribution::Publish(GlobalModel next, std::vector<aggregation::LowRankChange> low_rank) {
+  previous_ = std::move(current_);
+  current_ = std::move(next);
+  patch_ = {};
+  auto factors = std::make_shared<std::vector<float>>();
+  for (const aggregation::LowRankChange& change : low_rank) {
+    factors->insert(factors->end(), change.delta.u.begin(), change.delta.u.end());
+    factors->insert(factors->end(), change.delta.v.begin(), change.delta.v.end());
+    patch_.low_rank.push_back(
+        {.offset = change.offset, .rows = change.delta.rows, .cols = change.delta.cols, .rank = change.delta.rank});
+  }
+  factors_ = std::move(factors);
+  FindChangedRanges();
+}
+
+void ModelDistribution::FindChangedRanges() {
+  const auto& previous = previous_.values;
+  const auto& current = current_.values;
+  if (!previous || previous->size() != current->size()) return;
+  std::set<uint64_t> as_factors;
+  for (const proto::LowRankPatch& change : patch_.low_rank) as_factors.insert(change.offset);
+  auto& ranges = patch_.ranges;
+  uint64_t changed = 0;
+  for (const TensorSpec& spec : manifest_.tensors) {
+    if (as_factors.contains(spec.offset)) continue;  // sent as its factors
+    const size_t bytes = spec.numel() * sizeof(float);
+    if (std::memcmp(previous->data() + spec.offset, current->data() + spec.offset, bytes) == 0) continue;
+    if (!ranges.empty() && ranges.back().first + ranges.back().second == spec.offset) {
+      ranges.back().second += spec.numel();  // adjacent tensors: one range
+    } else {
+      ranges.emplace_back(spec.offset, spec.numel());
+    }
+    changed += spec.numel();
+  }
+  // Everything changed (a full delta's round): a patch would be the whole model.
+  if (changed == manifest_.total_elements) ranges.clear();
+}
+
+void ModelDistribution::OnHello(const std::string& name, const v1::Hello& hello) {
+  held_[name] = {hello.model_version_held(), hello.model_checksum_held()};
+  if (hello.keeps_model()) {
+    keeps_model_.insert(name);
+  } else {
+    keeps_model_.erase(name);
+  }
+}
+
+void ModelDistribution::BeginRound(uint64_t round) {
+  round_ = round;
+  ++attempt_;
+  queue_.clear();
+  streaming_ = 0;
+}
+
+uint64_t ModelDistribution::Offer(const std::shared_ptr<ClientSession>& session, v1::RoundStart* start) {
+  Held& held = held_[session->name()];
+  const uint64_t version = current_.version;
+  const bool holds_model = held.version == version && held.checksum == current_.checksum;
+  const bool patch = !holds_model && !patch_.empty() && keeps_model_.contains(session->name()) && version > 0 &&
+                     held.version == version - 1 && held.checksum == previous_.checksum;
+  start->set_model_follows(!holds_model);
+  proto::WriteModelPatch(patch ? patch_ : proto::ModelPatch{}, start);
+  start->set_patch_base_version(patch ? version - 1 : 0);
+  held = {version, current_.checksum};
+  if (holds_model) return 0;
+  queue_.push_back({session, patch});
+  return patch ? (patch_.range_elements() + patch_.factor_count()) * sizeof(float) : manifest_.byte_size();
+}
+
+void ModelDistribution::StreamQueued() {
+  while (streaming_ < kConcurrentDownloads && !queue_.empty()) {
+    const Download next = queue_.front();
+    queue_.pop_front();
+    auto session = next.session.lock();
+    if (!session || session->closed()) continue;
+    ++streaming_;
+    std::vector<std::pair<uint64_t, uint64_t>> bytes;  // empty: the whole model
+    std::shared_ptr<const std::vector<float>> tail;
+    if (next.patch) {
+      bytes = patch_.ByteRanges(manifest_.total_elements);
+      if (!patch_.low_rank.empty()) tail = factors_;
+    }
+    // A session that closes mid-stream calls back too, so its place frees
+    // either way.
+    session->SendModel(
+        round_, current_.values,
+        [this, attempt = attempt_] {
+          if (attempt != attempt_) return;
+          --streaming_;
+          StreamQueued();
+        },
+        std::move(bytes), std::move(tail));
+  }
+}
+
+}  // namespace estuary::server

@@ -1,0 +1,35 @@
+#include "server/update_checks.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+
+#include "proto/wire.h"
+
+namespace estuary::server {
+
+Result<Manifest> CheckUpdateBegin(const v1::UpdateBegin& begin, std::string_view client,
+                                  v1::UpdateKind federation_kind, const Manifest& global,
+                                  const std::optional<aggregation::LoraStrategyOptions>& lora) {
+  if (begin.kind() != federation_kind) {
+    return ProtocolError("update kind {} from {}, but this federation takes {}",
+                         begin.kind() == v1::UPDATE_LORA ? "lora" : "full", client, lora ? "lora" : "full");
+  }
+  if (begin.num_examples() == 0 || begin.num_examples() > (uint64_t{1} << 40)) {
+    return ProtocolError("num_examples {} out of range", begin.num_examples());
+  }
+  if (!std::isfinite(begin.train_loss())) {
+    return ProtocolError("train_loss {} is not finite", begin.train_loss());
+  }
+  ESTUARY_ASSIGN_OR_RETURN(Manifest layout, proto::FromProto(begin.manifest(), global.total_elements));
+  if (lora) {
+    // Names, ranks and shapes against the federation's LoRA config, before
+    // a byte is staged: a bad adapter never reaches the aggregate.
+    ESTUARY_RETURN_IF_ERROR(aggregation::CheckLoraUpload(client, layout, *lora));
+  } else if (!(layout == global)) {
+    return ProtocolError("update manifest does not match the global model's");
+  }
+  return layout;
+}
+
+}  // namespace estuary::server

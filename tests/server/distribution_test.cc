@@ -1,0 +1,174 @@
+// ModelDistribution: which site downloads what of the global model, two at a
+// time, checked through what the sites would receive.
+#include <gtest/gtest.h>
+
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "crypto/sha256.h"
+#include "proto/model_patch.h"
+#include "server/distribution.h"
+#include "tests/server/fakes.h"
+
+namespace estuary::server {
+namespace {
+
+using fake::FakeSession;
+
+// a [4, 6] at 0, w [16, 32] at 24, w2 [16, 32] at 536, b [8] at 1048: 1056 elements.
+Manifest Layout() {
+  Manifest m;
+  for (const auto& [name, shape] : std::vector<std::pair<std::string, std::vector<int64_t>>>{
+           {"a", {4, 6}}, {"w", {16, 32}}, {"w2", {16, 32}}, {"b", {8}}}) {
+    TensorSpec spec{name, shape, DType::kF32, m.total_elements};
+    m.total_elements += spec.numel();
+    m.tensors.push_back(spec);
+  }
+  return m;
+}
+
+GlobalModel ModelOf(std::vector<float> values, uint64_t version) {
+  const std::string checksum = crypto::Sha256Hex(values.data(), values.size() * sizeof(float));
+  return {std::make_shared<const std::vector<float>>(std::move(values)), checksum, version};
+}
+
+v1::Hello Holding(const GlobalModel& model, bool keeps_model) {
+  v1::Hello hello;
+  hello.set_model_version_held(model.version);
+  hello.set_model_checksum_held(model.checksum);
+  hello.set_keeps_model(keeps_model);
+  return hello;
+}
+
+class DistributionTest : public ::testing::Test {
+ protected:
+  DistributionTest() {
+    std::vector<float> values(Layout().total_elements);
+    std::iota(values.begin(), values.end(), 0.0f);
+    v0 = ModelOf(values, 0);
+    distribution.Reset(Layout(), v0);
+    // Round 1 changes w and b densely, and w2 by a rank-2 product.
+    for (uint64_t i = 24; i < 536; ++i) values[i] += 1;
+    for (uint64_t i = 1048; i < 1056; ++i) values[i] -= 1;
+    for (uint64_t i = 536; i < 1048; ++i) values[i] *= 2;
+    v1 = ModelOf(values, 1);
+    change.offset = 536;
+    change.delta = {.rows = 16, .cols = 32, .rank = 2, .u = std::vector<float>(32, 0.5f),
+                    .v = std::vector<float>(64, 0.25f)};
+  }
+
+  std::shared_ptr<FakeSession> Site(const std::string& name, const v1::Hello& hello) {
+    auto session = std::make_shared<FakeSession>(name);
+    distribution.OnHello(name, hello);
+    return session;
+  }
+
+  ModelDistribution distribution;
+  GlobalModel v0, v1;
+  aggregation::LowRankChange change;
+};
+
+TEST_F(DistributionTest, APatchOnlyForASiteThatKeptExactlyThePreviousVersion) {
+  auto keeper = Site("keeper", Holding(v0, true));
+  auto forgetful = Site("forgetful", Holding(v0, false));
+  GlobalModel other = v0;
+  other.checksum = std::string(64, '0');
+  auto diverged = Site("diverged", Holding(other, true));
+  auto fresh = Site("fresh", v1::Hello());
+  distribution.Publish(v1, {change});
+  auto current = Site("current", Holding(v1, true));
+  distribution.BeginRound(2);
+
+  const uint64_t whole = Layout().byte_size();
+  v1::RoundStart start;
+  start.set_round(2);
+  EXPECT_EQ(distribution.Offer(keeper, &start), (512 + 8 + 2 * (16 + 32)) * sizeof(float));
+  EXPECT_TRUE(start.model_follows());
+  EXPECT_EQ(start.patch_base_version(), 0u);
+  auto patch = proto::ReadModelPatch(start, Layout());
+  ASSERT_TRUE(patch.ok()) << patch.status().ToString();
+  EXPECT_EQ(patch->ranges, (std::vector<std::pair<uint64_t, uint64_t>>{{24, 512}, {1048, 8}}));
+  EXPECT_EQ(patch->low_rank, (std::vector<proto::LowRankPatch>{{.offset = 536, .rows = 16, .cols = 32, .rank = 2}}));
+
+  for (const auto& site : {forgetful, diverged, fresh}) {
+    EXPECT_EQ(distribution.Offer(site, &start), whole) << site->name();
+    EXPECT_TRUE(start.model_follows());
+    EXPECT_EQ(start.patch_size() + start.low_rank_size(), 0) << site->name();
+    EXPECT_EQ(start.patch_base_version(), 0u);
+  }
+  EXPECT_EQ(distribution.Offer(current, &start), 0u);
+  EXPECT_FALSE(start.model_follows());
+  EXPECT_EQ(start.patch_size() + start.low_rank_size(), 0);
+
+  // Two streams at a time, in the order offered; none for the current holder.
+  distribution.StreamQueued();
+  ASSERT_EQ(keeper->models.size(), 1u);
+  ASSERT_EQ(forgetful->models.size(), 1u);
+  EXPECT_TRUE(diverged->models.empty());
+  EXPECT_EQ(keeper->models[0].round, 2u);
+  EXPECT_EQ(keeper->models[0].model, v1.values) << "shared, not copied";
+  EXPECT_EQ(keeper->models[0].ranges, patch->ByteRanges(1056));
+  ASSERT_TRUE(keeper->models[0].tail);
+  std::vector<float> factors(32, 0.5f);
+  factors.insert(factors.end(), 64, 0.25f);
+  EXPECT_EQ(*keeper->models[0].tail, factors) << "u, then v";
+  EXPECT_TRUE(forgetful->models[0].ranges.empty()) << "the whole model";
+  EXPECT_FALSE(forgetful->models[0].tail);
+
+  keeper->FinishDownload();
+  EXPECT_EQ(diverged->models.size(), 1u);
+  EXPECT_TRUE(fresh->models.empty());
+  forgetful->Close();  // a closed session frees its stream too
+  EXPECT_EQ(fresh->models.size(), 1u);
+  EXPECT_TRUE(current->models.empty());
+
+  // Everyone offered now holds version 1: the next round sends nothing.
+  distribution.BeginRound(3);
+  for (const auto& site : {keeper, diverged, fresh, current}) {
+    EXPECT_EQ(distribution.Offer(site, &start), 0u) << site->name();
+    EXPECT_FALSE(start.model_follows());
+  }
+}
+
+TEST_F(DistributionTest, AModelThatChangedEverywhereGoesWhole) {
+  auto keeper = Site("keeper", Holding(v0, true));
+  std::vector<float> values = *v0.values;
+  for (float& x : values) x += 1;
+  distribution.Publish(ModelOf(values, 1), {});
+  EXPECT_TRUE(distribution.patch().empty());
+  distribution.BeginRound(2);
+  v1::RoundStart start;
+  EXPECT_EQ(distribution.Offer(keeper, &start), Layout().byte_size());
+  EXPECT_TRUE(start.model_follows());
+  EXPECT_EQ(start.patch_size(), 0);
+}
+
+TEST_F(DistributionTest, ARetriedRoundForgetsTheStreamsOfTheAttemptBefore) {
+  auto a = Site("a", v1::Hello());
+  auto b = Site("b", v1::Hello());
+  auto c = Site("c", v1::Hello());
+  distribution.BeginRound(1);
+  v1::RoundStart start;
+  for (const auto& site : {a, b}) distribution.Offer(site, &start);
+  distribution.StreamQueued();
+  // The round failed and starts again; c never held the model, a and b now do.
+  distribution.BeginRound(1);
+  distribution.Offer(c, &start);
+  distribution.StreamQueued();
+  ASSERT_EQ(c->models.size(), 1u) << "the first attempt's streams do not count against the second";
+  auto d = Site("d", v1::Hello());
+  auto e = Site("e", v1::Hello());
+  distribution.Offer(d, &start);
+  distribution.Offer(e, &start);
+  distribution.StreamQueued();
+  EXPECT_EQ(d->models.size(), 1u);
+  EXPECT_TRUE(e->models.empty());
+  a->FinishDownload();  // the first attempt's: frees nothing of the second's
+  EXPECT_TRUE(e->models.empty());
+  c->FinishDownload();
+  EXPECT_EQ(e->models.size(), 1u);
+}
+
+}  // namespace
+}  // namespace estuary::server

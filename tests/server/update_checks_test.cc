@@ -1,0 +1,71 @@
+// CheckUpdateBegin: what an announced update must be before it is staged,
+// and the one line a sender gets back otherwise.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "proto/wire.h"
+#include "server/update_checks.h"
+
+namespace estuary::server {
+namespace {
+
+Manifest Layout() {
+  Manifest m;
+  m.tensors.push_back({"w", {4, 8}, DType::kF32, 0});
+  m.tensors.push_back({"b", {8}, DType::kF32, 32});
+  m.total_elements = 40;
+  return m;
+}
+
+v1::UpdateBegin Announced(const Manifest& layout) {
+  v1::UpdateBegin begin;
+  begin.set_round(1);
+  begin.set_kind(v1::UPDATE_FULL);
+  begin.set_num_examples(100);
+  begin.set_train_loss(0.5);
+  *begin.mutable_manifest() = proto::ToProto(layout);
+  return begin;
+}
+
+std::string Refusal(const v1::UpdateBegin& begin) {
+  auto layout = CheckUpdateBegin(begin, "site-a", v1::UPDATE_FULL, Layout(), std::nullopt);
+  EXPECT_FALSE(layout.ok());
+  return layout.ok() ? "" : layout.status().message();
+}
+
+TEST(UpdateChecks, AnUpdateOfTheGlobalLayoutPasses) {
+  auto layout = CheckUpdateBegin(Announced(Layout()), "site-a", v1::UPDATE_FULL, Layout(), std::nullopt);
+  ASSERT_TRUE(layout.ok()) << layout.status().ToString();
+  EXPECT_TRUE(*layout == Layout());
+}
+
+TEST(UpdateChecks, EachRefusalNamesWhatIsWrong) {
+  v1::UpdateBegin begin = Announced(Layout());
+  begin.set_kind(v1::UPDATE_LORA);
+  EXPECT_EQ(Refusal(begin), "update kind lora from site-a, but this federation takes full");
+
+  begin = Announced(Layout());
+  begin.set_num_examples(0);
+  EXPECT_EQ(Refusal(begin), "num_examples 0 out of range");
+  begin.set_num_examples((uint64_t{1} << 40) + 1);
+  EXPECT_EQ(Refusal(begin), "num_examples 1099511627777 out of range");
+
+  begin = Announced(Layout());
+  begin.set_train_loss(std::nan(""));
+  EXPECT_EQ(Refusal(begin), "train_loss nan is not finite");
+
+  Manifest renamed = Layout();
+  renamed.tensors[1].name = "bias";
+  EXPECT_EQ(Refusal(Announced(renamed)), "update manifest does not match the global model's");
+
+  Manifest larger = Layout();
+  larger.tensors[1].shape = {9};
+  larger.total_elements = 41;
+  const std::string too_large = Refusal(Announced(larger));
+  EXPECT_FALSE(too_large.empty());
+  EXPECT_EQ(too_large.find('\n'), std::string::npos);
+}
+
+}  // namespace
+}  // namespace estuary::server
