@@ -87,7 +87,12 @@ void Coordinator::OnHello(const std::shared_ptr<ClientSession>& session, const v
   connected_[name] = session;
   distribution_.OnHello(name, hello);
   LogIfError(store_.ClientSeen(name, session->address(), clock_.UnixMs()), "store");
-  spdlog::info("client {} connected from {} ({} connected)", name, session->address(), connected_.size());
+  // Until round 1 opens, the operator's question is how many are still missing.
+  const bool waiting = !round_running_ && !complete() && connected_.size() < config_.min_clients;
+  spdlog::info("client {} connected from {} ({} connected{})", name, session->address(), connected_.size(),
+               waiting ? fmt::format("; waiting for {} more before round {} opens", config_.min_clients -
+                                                                                      connected_.size(), round_)
+                       : "");
 
   session->Send(WelcomeMessage(name, config_));
   if (complete()) return session->Send(FederationCompleteMessage(config_.rounds, distribution_.current()));

@@ -97,6 +97,7 @@ Status Server::Run() {
   }
   fmt::print("listening on {}:{}\n", endpoint.address().to_string(), endpoint.port());
   std::fflush(stdout);
+  if (!coordinator_->complete()) spdlog::info("waiting for {} clients to connect", config_.min_clients);
   if (!stopping_) Accept();
   io_.run();
   return Status::Ok();

@@ -37,6 +37,11 @@ TEST(Federation, TwoSitesTrainTwoRoundsAndTheOperatorReadsTheLog) {
   EXPECT_EQ(a->Wait(), 0);
   EXPECT_EQ(b->Wait(), 0);
   ASSERT_EQ(f.WaitServer(), 0) << f.ServerLog();
+  // The operator sees how many sites the first round still waits for.
+  const std::string log = f.ServerLog();
+  EXPECT_NE(log.find("waiting for 2 clients to connect"), std::string::npos) << log;
+  EXPECT_NE(log.find("(1 connected; waiting for 1 more before round 1 opens)"), std::string::npos) << log;
+  EXPECT_NE(log.find("(2 connected)"), std::string::npos) << log;
 
   auto store = f.OpenStore();
   ASSERT_TRUE(store);
@@ -942,6 +947,16 @@ TEST(Federation, BadConfigurationGetsOneLineNamingTheFile) {
                              (f.dir() / "no-such-dir").string()));
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.output.find("no-such-dir"), std::string::npos) << r.output;
+  EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
+
+  // A client's config file counts like its flags: a bad blas_threads there is refused.
+  const fs::path client_toml = f.dir() / "client.toml";
+  std::ofstream(client_toml) << "blas_threads = 0\n";
+  r = RunCommand(fmt::format("{} --config {} --server 127.0.0.1:1 --cert {} --key {} --ca {} --data {}", client,
+                             client_toml.string(), files.cert.string(), files.key.string(), files.ca.string(),
+                             f.data().string()));
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("--blas-threads 0: must be >= 1"), std::string::npos) << r.output;
   EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
 
   // A corrupt data directory: a truncated image file.
