@@ -41,14 +41,8 @@ v1::FederationConfig DefaultFederation() {
   return config;
 }
 
-StrategyOptions StrategyOptionsOf(const v1::StrategyConfig& config) {
-  StrategyOptions options;
-  options.name = config.name();
-  options.server_lr = config.server_lr();
-  options.beta1 = config.beta1();
-  options.beta2 = config.beta2();
-  options.tau = config.tau();
-  return options;
+StrategyOptions StrategyOptionsOf(const v1::StrategyConfig& c) {
+  return {.name = c.name(), .server_lr = c.server_lr(), .beta1 = c.beta1(), .beta2 = c.beta2(), .tau = c.tau()};
 }
 
 models::LoraConfig LoraConfigOf(const v1::TaskConfig& task) {

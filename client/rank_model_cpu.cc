@@ -53,18 +53,19 @@ Result<std::unique_ptr<parallel::DataParallel>> StartRound(comm::Communicator& c
   return parallel::DataParallel::Create(comm, model, options);
 }
 
-// A CPU rank's model (models::Llama, models::Model) with the site's host
-// optimizers, stepping whatever slices DataParallel hands them.
+// A CPU rank's model (models::Model, models::Llama, models::LoraLlama) with
+// the site's host optimizers, stepping whatever slices DataParallel hands them.
 template <typename Model, typename Base>
 class CpuRankModel : public Base {
  public:
-  const Manifest& manifest() const override { return model().manifest(); }
+  explicit CpuRankModel(std::unique_ptr<Model> model) : model_(std::move(model)) {}
+  const Manifest& manifest() const override { return model_->manifest(); }
   DType precision() const override { return DType::kF32; }
   Result<std::unique_ptr<parallel::DataParallel>> StartRound(comm::Communicator& comm, std::span<const float> global,
-                                                   const TaskConfig& task,
-                                                   const parallel::DataParallelOptions& options) override {
+                                                             const TaskConfig& task,
+                                                             const parallel::DataParallelOptions& options) override {
     optimizer_.emplace(task);
-    return client::StartRound(comm, model(), global, task, options);
+    return client::StartRound(comm, *model_, global, task, options);
   }
   void OptimizerStep(std::span<const models::ParameterSlice> slices) override { optimizer_->Step(slices); }
   Status FinishStep() override { return Status::Ok(); }
@@ -73,32 +74,33 @@ class CpuRankModel : public Base {
   }
 
  protected:
-  virtual Model& model() = 0;
-  virtual const Model& model() const = 0;
+  std::unique_ptr<Model> model_;
 
  private:
   std::optional<RoundOptimizer> optimizer_;
 };
 
-class CpuRankDecoder : public CpuRankModel<models::Llama, RankDecoder> {
+// The decoders, full and adapted: token windows in, the mean loss out.
+template <typename Model, typename Base>
+class CpuDecoderModel : public CpuRankModel<Model, Base> {
  public:
-  explicit CpuRankDecoder(models::Llama model) : model_(std::move(model)) {}
-  std::string_view engine() const override { return "models::Llama"; }
-  int max_seq_len() const override { return model_.config().max_seq_len; }
+  using CpuRankModel<Model, Base>::CpuRankModel;
   Result<float> ForwardBackward(const int32_t* tokens, const int32_t* targets, int batch, int seq,
                                 const models::BackwardOptions& options) override {
-    return model_.ForwardBackward(tokens, targets, batch, seq, options);
+    return this->model_->ForwardBackward(tokens, targets, batch, seq, options);
   }
+};
 
- private:
-  models::Llama& model() override { return model_; }
-  const models::Llama& model() const override { return model_; }
-  models::Llama model_;
+class CpuRankDecoder : public CpuDecoderModel<models::Llama, RankDecoder> {
+ public:
+  using CpuDecoderModel::CpuDecoderModel;
+  std::string_view engine() const override { return "models::Llama"; }
+  int max_seq_len() const override { return model_->config().max_seq_len; }
 };
 
 class CpuRankClassifier : public CpuRankModel<models::Model, RankClassifier> {
  public:
-  explicit CpuRankClassifier(std::unique_ptr<models::Model> model) : model_(std::move(model)) {}
+  using CpuRankModel::CpuRankModel;
   std::string_view engine() const override { return "models::Model"; }
   int input_size() const override { return model_->input_size(); }
   Result<float> ForwardBackward(const float* x, const int32_t* y, int n,
@@ -108,58 +110,45 @@ class CpuRankClassifier : public CpuRankModel<models::Model, RankClassifier> {
   std::optional<float> FusedSgdStep(const float* x, const int32_t* y, int n, float lr, float weight_decay) override {
     return model_->TrainStepSgd(x, y, n, lr, weight_decay);
   }
-
- private:
-  models::Model& model() override { return *model_; }
-  const models::Model& model() const override { return *model_; }
-  std::unique_ptr<models::Model> model_;
 };
 
-class CpuRankLoraDecoder : public CpuRankModel<models::LoraLlama, RankLoraDecoder> {
+class CpuRankLoraDecoder : public CpuDecoderModel<models::LoraLlama, RankLoraDecoder> {
  public:
-  explicit CpuRankLoraDecoder(models::LoraLlama model) : model_(std::move(model)) {}
+  using CpuDecoderModel::CpuDecoderModel;
   std::string_view engine() const override { return "models::LoraLlama"; }
-  int max_seq_len() const override { return model_.base().config().max_seq_len; }
-  const models::LoraConfig& lora_config() const override { return model_.lora_config(); }
+  int max_seq_len() const override { return model_->base().config().max_seq_len; }
+  const models::LoraConfig& lora_config() const override { return model_->lora_config(); }
 
   Status KeepBaseIn(DType dtype) override {
-    if (dtype == DType::kF32 && !model_.base_in_bf16()) return Status::Ok();
+    if (dtype == DType::kF32 && !model_->base_in_bf16()) return Status::Ok();
     if (dtype == DType::kBF16) {
-      if (!model_.base_in_bf16()) model_.StoreBaseInBf16();
+      if (!model_->base_in_bf16()) model_->StoreBaseInBf16();
       return Status::Ok();
     }
-    return InvalidArgument("site: a frozen base in {} on the CPU (f32 or bf16, chosen once)",
-                           DTypeName(dtype));
+    return InvalidArgument("site: a frozen base in {} on the CPU (f32 or bf16, chosen once)", DTypeName(dtype));
   }
   Status LoadBase(std::span<const float> base, uint64_t dropout_seed) override {
-    ESTUARY_RETURN_IF_ERROR(model_.LoadBase(base));
-    model_.SeedDropout(dropout_seed);
+    ESTUARY_RETURN_IF_ERROR(model_->LoadBase(base));
+    model_->SeedDropout(dropout_seed);
     return Status::Ok();
   }
-  void SetFirstRow(int64_t row) override { model_.SetDropoutFirstRow(row); }
+  void SetFirstRow(int64_t row) override { model_->SetDropoutFirstRow(row); }
 
   Result<std::unique_ptr<parallel::DataParallel>> StartRound(comm::Communicator& comm, std::span<const float> global,
-                                                   const TaskConfig& task,
-                                                   const parallel::DataParallelOptions& options) override {
-    ESTUARY_ASSIGN_OR_RETURN(auto dp, CpuRankModel::StartRound(comm, global, task, options));
+                                                             const TaskConfig& task,
+                                                             const parallel::DataParallelOptions& options) override {
+    ESTUARY_ASSIGN_OR_RETURN(auto dp, CpuDecoderModel::StartRound(comm, global, task, options));
     frozen_.Start(task, global);
     return dp;
   }
   Status FinishStep() override {
-    return frozen_.Restore(model_.manifest(), [&](uint64_t offset, std::span<const float> a) {
-      std::copy(a.begin(), a.end(), model_.parameters().begin() + offset);
+    return frozen_.Restore(model_->manifest(), [&](uint64_t offset, std::span<const float> a) {
+      std::copy(a.begin(), a.end(), model_->parameters().begin() + offset);
       return Status::Ok();
     });
   }
-  Result<float> ForwardBackward(const int32_t* tokens, const int32_t* targets, int batch, int seq,
-                                const models::BackwardOptions& options) override {
-    return model_.ForwardBackward(tokens, targets, batch, seq, options);
-  }
 
  private:
-  models::LoraLlama& model() override { return model_; }
-  const models::LoraLlama& model() const override { return model_; }
-  models::LoraLlama model_;
   FrozenA frozen_;
 };
 
@@ -173,7 +162,7 @@ ModelCache& ThreadModelCache() {
 Result<std::unique_ptr<RankDecoder>> MakeCpuRankDecoder(const std::string& model, int max_batch) {
   ESTUARY_ASSIGN_OR_RETURN(auto config, models::LlamaPreset(model));
   ESTUARY_ASSIGN_OR_RETURN(auto llama, models::Llama::Create(config, max_batch));
-  return std::unique_ptr<RankDecoder>(std::make_unique<CpuRankDecoder>(std::move(llama)));
+  return std::unique_ptr<RankDecoder>(std::make_unique<CpuRankDecoder>(std::make_unique<models::Llama>(std::move(llama))));
 }
 
 Result<std::unique_ptr<RankLoraDecoder>> MakeCpuRankLoraDecoder(const std::string& model, int max_batch,
@@ -181,7 +170,7 @@ Result<std::unique_ptr<RankLoraDecoder>> MakeCpuRankLoraDecoder(const std::strin
   ESTUARY_ASSIGN_OR_RETURN(auto config, models::LlamaPreset(model));
   ESTUARY_ASSIGN_OR_RETURN(auto base, models::Llama::Create(config, max_batch));
   ESTUARY_ASSIGN_OR_RETURN(auto adapted, models::LoraLlama::Create(std::move(base), lora));
-  return std::unique_ptr<RankLoraDecoder>(std::make_unique<CpuRankLoraDecoder>(std::move(adapted)));
+  return std::unique_ptr<RankLoraDecoder>(std::make_unique<CpuRankLoraDecoder>(std::make_unique<models::LoraLlama>(std::move(adapted))));
 }
 
 Result<std::unique_ptr<RankClassifier>> MakeCpuRankClassifier(const std::string& model, int) {

@@ -16,26 +16,17 @@ std::string_view OptimizerName(OptimizerKind kind) { return kind == OptimizerKin
 
 Result<TaskConfig> TaskFromProto(const v1::TaskConfig& t) {
   ESTUARY_RETURN_IF_ERROR(proto::CheckTask(t));
-  TaskConfig task;
-  task.model = t.model();
-  task.epochs = t.epochs();
-  task.batch_size = t.batch_size();
-  task.learning_rate = t.learning_rate();
-  task.momentum = t.momentum();
-  task.weight_decay = t.weight_decay();
-  task.update_kind = t.update_kind() == v1::UPDATE_LORA ? UpdateKind::kLora : UpdateKind::kFull;
-  task.seed = t.seed();
-  if (!t.optimizer().empty()) {
-    ESTUARY_ASSIGN_OR_RETURN(task.optimizer, ParseOptimizer(t.optimizer()));
-  }
-  task.seq_len = t.seq_len();
-  task.max_local_steps = t.max_local_steps();
+  ESTUARY_ASSIGN_OR_RETURN(const OptimizerKind optimizer,
+                           t.optimizer().empty() ? OptimizerKind::kSgd : ParseOptimizer(t.optimizer()));
+  TaskConfig task{.model = t.model(), .epochs = t.epochs(), .batch_size = t.batch_size(),
+                  .learning_rate = t.learning_rate(), .momentum = t.momentum(), .weight_decay = t.weight_decay(),
+                  .update_kind = t.update_kind() == v1::UPDATE_LORA ? UpdateKind::kLora : UpdateKind::kFull,
+                  .seed = t.seed(), .optimizer = optimizer, .seq_len = t.seq_len(),
+                  .max_local_steps = t.max_local_steps()};
   if (task.update_kind == UpdateKind::kLora) {
     const v1::LoraTask& l = t.lora();
-    task.lora.config.rank = int(std::min<uint32_t>(l.rank(), 1u << 20));
-    task.lora.config.alpha = l.alpha();
-    task.lora.config.dropout = l.dropout();
-    task.lora.config.target_modules.assign(l.target_modules().begin(), l.target_modules().end());
+    task.lora.config = {.rank = int(std::min<uint32_t>(l.rank(), 1u << 20)), .alpha = l.alpha(),
+                        .dropout = l.dropout(), .target_modules = {l.target_modules().begin(), l.target_modules().end()}};
     task.lora.merge = l.merge();
     task.lora.mixed_ranks = l.mixed_ranks();
     ESTUARY_RETURN_IF_ERROR(task.lora.config.Validate());

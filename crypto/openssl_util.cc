@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <system_error>
 
@@ -111,19 +112,29 @@ Result<X509Ptr> ReadCertificate(const std::filesystem::path& path) {
   return std::move(certs.front());
 }
 
-Result<PkeyPtr> ReadPrivateKey(const std::filesystem::path& path) {
+// The one PEM object of a small file, read by `read` (a PEM_read_bio_*
+// function): one line naming the file, what it should hold and why not.
+template <typename Ptr, typename Read>
+Result<Ptr> ReadPemObject(const std::filesystem::path& path, Read read, std::string_view what, const char* block,
+                          const std::function<Ptr(const std::string&)>& first_try = nullptr) {
   ESTUARY_ASSIGN_OR_RETURN(std::string contents, ReadSmallFile(path));
   ESTUARY_RETURN_IF_ERROR(CheckLooksLikePem(path, contents));
   ERR_clear_error();
-  if (PkeyPtr key = ReadEcPrivateKey(contents)) return key;
-  ERR_clear_error();
-  BioPtr bio = MemoryBio(contents);
-  PkeyPtr key(PEM_read_bio_PrivateKey(bio.get(), nullptr, RefusePassphrase, nullptr));
-  if (!key) {
-    return InvalidArgument("crypto: {}: cannot read private key: {}", path.string(),
-                           TakeOpenSslErrors("no PRIVATE KEY block"));
+  if (first_try) {
+    if (Ptr object = first_try(contents)) return object;
+    ERR_clear_error();
   }
-  return key;
+  BioPtr bio = MemoryBio(contents);
+  Ptr object(read(bio.get(), nullptr, RefusePassphrase, nullptr));
+  if (!object) {
+    return InvalidArgument("crypto: {}: cannot read {}: {}", path.string(), what,
+                           TakeOpenSslErrors(fmt::format("no {} block", block)));
+  }
+  return object;
+}
+
+Result<PkeyPtr> ReadPrivateKey(const std::filesystem::path& path) {
+  return ReadPemObject<PkeyPtr>(path, PEM_read_bio_PrivateKey, "private key", "PRIVATE KEY", ReadEcPrivateKey);
 }
 
 Status CheckKeyMatches(X509* cert, EVP_PKEY* key, const std::filesystem::path& cert_path,
@@ -162,16 +173,7 @@ std::string SerialHex(const ASN1_INTEGER* serial) {
 }
 
 Result<CrlPtr> ReadCrlFile(const std::filesystem::path& path) {
-  ESTUARY_ASSIGN_OR_RETURN(std::string contents, ReadSmallFile(path));
-  ESTUARY_RETURN_IF_ERROR(CheckLooksLikePem(path, contents));
-  ERR_clear_error();
-  BioPtr bio = MemoryBio(contents);
-  CrlPtr crl(PEM_read_bio_X509_CRL(bio.get(), nullptr, RefusePassphrase, nullptr));
-  if (!crl) {
-    return InvalidArgument("crypto: {}: cannot read a certificate revocation list: {}", path.string(),
-                           TakeOpenSslErrors("no X509 CRL block"));
-  }
-  return crl;
+  return ReadPemObject<CrlPtr>(path, PEM_read_bio_X509_CRL, "a certificate revocation list", "X509 CRL");
 }
 
 }  // namespace estuary::crypto::internal

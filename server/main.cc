@@ -107,33 +107,32 @@ int main(int argc, char** argv) {
                     "the whole federation (task, strategy, seed, base model) from a protobuf text file "
                     "(proto/federation.proto) instead of its flags");
 
-  // rounds, clients
+  // rounds, clients, events, export: the operator's views of a round log
   std::string db;
   bool json = false;
   uint64_t round_number = 0;
+  // A view of the round log at --db, in text or (--json) for machines.
+  auto add_view = [&](CLI::App* parent, const std::string& name, const std::string& help) {
+    auto* view = parent->add_subcommand(name, help);
+    view->add_option("--db", db, "SQLite round log")->required();
+    view->add_flag("--json", json, "machine-readable output");
+    return view;
+  };
   auto* rounds = app.add_subcommand("rounds", "inspect the round log");
   rounds->require_subcommand(1);
-  auto* list = rounds->add_subcommand("list", "one line per round");
-  list->add_option("--db", db, "SQLite round log")->required();
-  list->add_flag("--json", json, "machine-readable output");
-  auto* show = rounds->add_subcommand("show", "one round: participants, dropouts, metrics");
+  auto* list = add_view(rounds, "list", "one line per round");
+  auto* show = add_view(rounds, "show", "one round: participants, dropouts, metrics");
   show->add_option("round", round_number, "round number")->required();
-  show->add_option("--db", db, "SQLite round log")->required();
-  show->add_flag("--json", json, "machine-readable output");
+  int event_limit = 50;
+  auto* events = add_view(&app, "events", "refused handshakes, rejected frames, revoked certificates");
+  events->add_option("--limit", event_limit, "the last N events");
+  auto* clients = add_view(&app, "clients", "the client registry");
   std::string export_dir;
   auto* export_round = app.add_subcommand("export", "a committed round's model for other tools: a PEFT adapter, "
                                                     "its base and the merged model (lora), or a Hugging Face model");
   export_round->add_option("--db", db, "SQLite round log")->required();
   export_round->add_option("--round", round_number, "the round (default: the last committed)");
   export_round->add_option("--out", export_dir, "directory to write into")->required();
-  int event_limit = 50;
-  auto* events = app.add_subcommand("events", "refused handshakes, rejected frames, revoked certificates");
-  events->add_option("--db", db, "SQLite round log")->required();
-  events->add_option("--limit", event_limit, "the last N events");
-  events->add_flag("--json", json, "machine-readable output");
-  auto* clients = app.add_subcommand("clients", "the client registry");
-  clients->add_option("--db", db, "SQLite round log")->required();
-  clients->add_flag("--json", json, "machine-readable output");
 
   if (auto exit = ParseCommandLine(app, argc, argv, "estuary-server")) return *exit;
 

@@ -385,19 +385,13 @@ Result<Report> RunLoopback(const Scenario& s, const RoundCallback& on_round) {
     auto agent = std::make_shared<client::Agent>(io, options, *trainers[i], training.get_executor());
     agent->on_round_closed = [&](const v1::RoundClosed& closed) {
       if (!closed.committed() || !rounds_seen.insert(closed.round()).second) return;
-      RoundReport row;
-      row.round = closed.round();
-      row.clients_selected = closed.clients_selected();
-      row.updates_received = closed.updates_received();
-      row.test_accuracy = closed.test_accuracy();
-      row.test_loss = closed.test_loss();
-      row.train_loss = closed.train_loss();
-      row.seconds = closed.seconds();
-      row.bytes_up = closed.bytes_up();
-      row.bytes_down = closed.bytes_down();
-      row.bytes_per_update = closed.bytes_per_update();
-      row.merge_bytes_down = closed.merge_bytes_down();
-      row.global_checksum = closed.model_checksum();
+      const RoundReport row{
+          .round = closed.round(), .clients_selected = closed.clients_selected(),
+          .updates_received = closed.updates_received(), .test_accuracy = closed.test_accuracy(),
+          .test_loss = closed.test_loss(), .train_loss = closed.train_loss(), .seconds = closed.seconds(),
+          .bytes_up = closed.bytes_up(), .bytes_down = closed.bytes_down(),
+          .bytes_per_update = closed.bytes_per_update(), .merge_bytes_down = closed.merge_bytes_down(),
+          .global_checksum = closed.model_checksum()};
       report.rounds.push_back(row);
       if (on_round) on_round(row, s.rounds);
     };

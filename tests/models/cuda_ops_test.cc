@@ -572,7 +572,9 @@ TEST_F(CudaOps, OptimizersStepSlicesLyingApartAsTheCpuOnesDo) {
     for (size_t i = 0, at = gap, from = 0; i < 3; from = at + sizes[i], at += sizes[i] + gap, ++i) {
       for (size_t k = from; k < at; ++k) ASSERT_EQ(got[k], before[k]) << "the gap before slice " << i << " moved";
     }
-    if (use_adamw) EXPECT_EQ(adamw->step_count(), 3);
+    if (use_adamw) {
+      EXPECT_EQ(adamw->step_count(), 3);
+    }
   }
   // Slices that do not hold the optimizer's count are refused, naming both.
   auto adamw = cuda::AdamW::Create(10, {}, s());

@@ -160,7 +160,9 @@ TEST(TorchOracle, OptimizersStepSlicesLyingApartAsOneParameterSet) {
     Values got;
     for (int i = 0; i < 3; ++i) got.insert(got.end(), params.begin() + at[i], params.begin() + at[i] + sizes[i]);
     EXPECT_LE(RelativeError(got.data(), Get(f, "result")), kTolerance);
-    if (!is_sgd) EXPECT_EQ(adamw.step_count(), 5);
+    if (!is_sgd) {
+      EXPECT_EQ(adamw.step_count(), 5);
+    }
     for (size_t i = 0, to = 0; i < 3; to = at[i] + sizes[i], ++i) {
       for (size_t k = to; k < at[i]; ++k) EXPECT_EQ(params[k], -7.0f) << "the gap before slice " << i << " moved";
     }
