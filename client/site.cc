@@ -74,23 +74,29 @@ Result<Update> SiteTrainer::Train(std::span<const float> global, const Manifest&
   // it, like a task a single process cannot train: the site carries on.
   ESTUARY_RETURN_IF_ERROR(rank_->Check(task, manifest, global.size()));
   const auto start = std::chrono::steady_clock::now();
-  v1::SiteRound site_round;
-  site_round.set_round(round);
-  site_round.set_client_name(std::string(client_name));
-  *site_round.mutable_task() = sent;
-  site_round.set_global_size(global.size());
-  std::string message = site_round.SerializeAsString();
-  // The broadcast's source (Broadcast takes a mutable span), then the round's
-  // global weights for the delta.
-  std::vector<float> source(global.begin(), global.end());
-  if (Status s = SendHeader(kRound, message.size()); !s.ok()) return Broken(s);
-  if (Status s = Await(comm_.Broadcast(std::as_writable_bytes(std::span<char>(message)), 0)); !s.ok()) {
-    return Broken(s);
+  // The other ranks hear of the round and get its weights; a broadcast takes
+  // a mutable buffer, so they go out of a copy, which the ranks then train
+  // from. A site of one rank trains from the caller's buffer: no copy.
+  std::vector<float> sent_weights;
+  std::span<const float> weights = global;
+  if (comm_.size() > 1) {
+    v1::SiteRound site_round;
+    site_round.set_round(round);
+    site_round.set_client_name(std::string(client_name));
+    *site_round.mutable_task() = sent;
+    site_round.set_global_size(global.size());
+    std::string message = site_round.SerializeAsString();
+    sent_weights.assign(global.begin(), global.end());
+    if (Status s = SendHeader(kRound, message.size()); !s.ok()) return Broken(s);
+    if (Status s = Await(comm_.Broadcast(std::as_writable_bytes(std::span<char>(message)), 0)); !s.ok()) {
+      return Broken(s);
+    }
+    if (Status s = Await(comm_.Broadcast(std::span<float>(sent_weights), 0)); !s.ok()) return Broken(s);
+    weights = sent_weights;
   }
-  if (Status s = Await(comm_.Broadcast(std::span<float>(source), 0)); !s.ok()) return Broken(s);
   // After the broadcast the others are in this round too: any failure leaves
   // them somewhere in it, so the site cannot go on.
-  Result<double> loss = rank_->TrainRound(source, task, round, client_name);
+  Result<double> loss = rank_->TrainRound(weights, task, round, client_name);
   if (!loss.ok()) return Broken(loss.status());
 
   if (stage_ != parallel::ZeroStage::kZero3) {  // a lora round never runs under ZeRO-3 (Check)
@@ -109,9 +115,11 @@ Result<Update> SiteTrainer::Train(std::span<const float> global, const Manifest&
     return update;
   }
 
-  // ZeRO-3: the delta leaves unit by unit, as the Agent uploads it.
+  // ZeRO-3: the delta leaves unit by unit, as the Agent uploads it, taken
+  // against the global weights it keeps.
+  if (sent_weights.empty()) sent_weights.assign(global.begin(), global.end());
   auto stream = std::make_shared<UpdateStream>(
-      [this, global = std::move(source)](UpdateStream& out) {
+      [this, global = std::move(sent_weights)](UpdateStream& out) {
         Status cancelled;
         Status read = rank_->ReadOut([&](uint64_t offset, std::span<const float> values) {
           UpdateStream::Slice slice{offset, std::vector<float>(values.begin(), values.end())};
