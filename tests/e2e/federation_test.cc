@@ -878,6 +878,28 @@ TEST(Federation, AClientReconnectsAfterTheServerCrashes) {
   for (const auto& r : *rounds) EXPECT_EQ(r.state, server::RoundState::kCommitted) << r.round;
 }
 
+// Every program's --help shows each flag's default, the federation's flags
+// the same in the server and the simulator.
+TEST(Federation, EveryHelpShowsTheDefaults) {
+  const std::pair<std::string, std::vector<std::string>> cases[] = {
+      {"estuary-server serve", {"--rounds UINT=20", "--min-clients UINT=10", "--epochs UINT=5", "--strategy TEXT=fedavg",
+                                "--lora-targets TEXT=q_proj,k_proj,v_proj,o_proj", "--exit-when-done"}},
+      {"estuary-sim", {"--clients UINT=100", "--rounds UINT=20", "--epochs UINT=5", "--strategy TEXT=fedavg",
+                       "--threads UINT=2"}},
+      {"estuary-client", {"--server TEXT=127.0.0.1:7443", "--device TEXT=cpu", "--blas-threads INT=1",
+                          "--rank-timeout FLOAT=60"}},
+  };
+  for (const auto& [program, expected] : cases) {
+    const std::string binary = program.substr(0, program.find(' '));
+    const std::string rest = program.size() > binary.size() ? program.substr(binary.size()) : "";
+    auto r = RunCommand(BinaryPath(binary).string() + rest + " --help");
+    EXPECT_EQ(r.exit_code, 0) << program;
+    for (const std::string& flag : expected) {
+      EXPECT_NE(r.output.find(flag), std::string::npos) << program << ": " << flag << "\n" << r.output;
+    }
+  }
+}
+
 TEST(Federation, BadConfigurationGetsOneLineNamingTheFile) {
   Federation f;
   const std::string server = BinaryPath("estuary-server").string();
