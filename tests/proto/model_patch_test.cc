@@ -16,12 +16,10 @@ namespace {
 // a [4, 6] at 0, w [16, 32] at 24, w2 [16, 32] at 536, b [8] at 1048: 1056 elements.
 Manifest Layout() {
   Manifest m;
-  for (const auto& [name, shape] : std::vector<std::pair<std::string, std::vector<int64_t>>>{
-           {"a", {4, 6}}, {"w", {16, 32}}, {"w2", {16, 32}}, {"b", {8}}}) {
-    TensorSpec spec{name, shape, DType::kF32, m.total_elements};
-    m.total_elements += spec.numel();
-    m.tensors.push_back(spec);
-  }
+  m.Append("a", {4, 6});
+  m.Append("w", {16, 32});
+  m.Append("w2", {16, 32});
+  m.Append("b", {8});
   return m;
 }
 

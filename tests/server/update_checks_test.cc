@@ -10,11 +10,11 @@
 namespace estuary::server {
 namespace {
 
+// w [4, 8] at 0, b [8] at 32: 40 elements.
 Manifest Layout() {
   Manifest m;
-  m.tensors.push_back({"w", {4, 8}, DType::kF32, 0});
-  m.tensors.push_back({"b", {8}, DType::kF32, 32});
-  m.total_elements = 40;
+  m.Append("w", {4, 8});
+  m.Append("b", {8});
   return m;
 }
 
