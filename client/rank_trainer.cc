@@ -47,10 +47,7 @@ class RoundState {
     ESTUARY_ASSIGN_OR_RETURN(const double total, dp_->SumOverRanks(loss_sum));
     return total / loss_count;
   }
-  Status ReadOut(const std::function<Status(uint64_t, std::span<const float>)>& fn) {
-    return ReadOut([&](parallel::DataParallel& dp) { return dp.ForEachSlice(fn); });
-  }
-  // The same, through a reader of the round's DataParallel.
+  // Hands the round's DataParallel to `read` (the model's read-out), then ends the round.
   Status ReadOut(const std::function<Status(parallel::DataParallel&)>& read) {
     if (!dp_) return FailedPrecondition("site: ReadOut without a trained round");
     Status s = read(*dp_);
