@@ -1,6 +1,7 @@
 #include "aggregation/fedadam.h"
 
 #include <cmath>
+#include <limits>
 
 namespace estuary::aggregation {
 namespace {
@@ -12,6 +13,18 @@ constexpr uint64_t kMaxStep = uint64_t{1} << 24;
 }  // namespace
 
 FedAdam::FedAdam(const StrategyOptions& options) : options_(options) {}
+
+Status FedAdam::CheckDelta(std::span<const float> delta) const {
+  static const float kLargest = std::sqrt(std::numeric_limits<float>::max());
+  for (size_t i = 0; i < delta.size(); ++i) {
+    if (std::abs(delta[i]) > kLargest) {
+      return InvalidArgument("aggregation: fedadam: delta[{}] is {}: beyond {:.3g}, its square overflows the second "
+                             "moment",
+                             i, delta[i], kLargest);
+    }
+  }
+  return Status::Ok();
+}
 
 Status FedAdam::OnBegin(size_t size) {
   if (m_.empty()) {  // first round ever, or state reset: moments start at zero

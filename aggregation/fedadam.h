@@ -10,7 +10,9 @@
 // m and v start at zero and persist across rounds; SaveState/LoadState carry
 // them as "m", "v" and "step" (t, stored as a float: exact up to 2^24 rounds)
 // so a restarted server continues bit-for-bit. Moments are kept in float, the
-// arithmetic of each step in double.
+// arithmetic of each step in double. A delta with a value beyond √FLT_MAX
+// (~1.8e19) is refused at Fold: its square would overflow v, and the round
+// could not finish; refused there, it is that site's update alone that fails.
 #pragma once
 
 #include "aggregation/weighted_mean.h"
@@ -31,6 +33,7 @@ class FedAdam final : public MeanDeltaStrategy {
 
  private:
   Status OnBegin(size_t size) override;
+  Status CheckDelta(std::span<const float> delta) const override;
   Status Apply(std::span<float> out) override;
 
   StrategyOptions options_;

@@ -38,6 +38,9 @@ v1::FederationConfig DefaultFederation() {
   s.set_beta2(strategy.beta2);
   s.set_tau(strategy.tau);
   config.set_eval_windows(256);
+  // An update ten times the last round's median is an outlier no honest site
+  // sends; bounding it costs an honest federation nothing.
+  config.mutable_limits()->set_max_norm_over_median(10);
   return config;
 }
 
@@ -60,7 +63,20 @@ Status CheckFederation(const v1::FederationConfig& config) {
   const v1::TaskConfig& task = config.task();
   if (Status valid = proto::CheckTask(task); !valid.ok()) return InvalidArgument("federation: {}", valid.message());
   if (config.eval_windows() == 0) return InvalidArgument("federation: eval_windows = 0: must be >= 1");
+  const v1::UpdateLimits& limits = config.limits();
+  if (!(limits.max_norm() >= 0) || !std::isfinite(limits.max_norm())) {
+    return InvalidArgument("federation: max_update_norm = {}: must be a number >= 0 (0: none)", limits.max_norm());
+  }
+  if (!(limits.max_norm_over_median() >= 0) || !std::isfinite(limits.max_norm_over_median())) {
+    return InvalidArgument("federation: max_norm_over_median = {}: must be a number >= 0 (0: none)",
+                           limits.max_norm_over_median());
+  }
   if (task.update_kind() == v1::UPDATE_LORA) {
+    if (limits.max_norm() > 0) {
+      return InvalidArgument("federation: max_update_norm = {} with update_kind = lora: norm bounds apply to full "
+                             "updates; adapters are bounded by their shapes",
+                             limits.max_norm());
+    }
     if (config.strategy().name() != "fedavg") {
       // The adapters merge by the task's rule; a server optimizer over them is not built.
       return InvalidArgument("federation: strategy = {} with update_kind = lora: a lora federation merges its "
@@ -162,6 +178,7 @@ Result<Federation> MakeFederation(const v1::FederationConfig& config, const Eval
   }
   f.manifest = std::move(initial.manifest);
   f.initial = std::move(initial.values);
+  f.bound = UpdateBound(config.limits(), /*full_updates=*/!f.lora);
   if (!evaluation.data.empty()) {
     ESTUARY_ASSIGN_OR_RETURN(f.evaluator, models::MakeEvaluator(task.model(), evaluation.data,
                                                                 {.threads = evaluation.threads,

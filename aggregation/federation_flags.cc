@@ -96,6 +96,15 @@ std::vector<CLI::Option*> AddFederationFlags(CLI::App& app, v1::FederationConfig
             "lora: the base model's safetensors (default: the preset initialised from --seed)");
   flags.Add("--eval-windows", config->eval_windows(), [config](uint64_t v) { config->set_eval_windows(v); },
             "language models: held-out windows scored per round");
+
+  v1::UpdateLimits* limits = config->mutable_limits();
+  flags.Add("--max-update-norm", limits->max_norm(), [limits](double v) { limits->set_max_norm(v); },
+            "full updates: scale an update whose L2 norm exceeds this down to it (0: none)");
+  flags.Add("--max-norm-over-median", limits->max_norm_over_median(),
+            [limits](double v) { limits->set_max_norm_over_median(v); },
+            "full updates: the same, at this many times the median norm of the last round's updates (0: none)");
+  flags.Add("--max-examples", limits->max_examples(), [limits](uint64_t v) { limits->set_max_examples(v); },
+            "refuse an update claiming more examples than this as its weight (0: none)");
   return flags.added();
 }
 

@@ -1,7 +1,8 @@
 // The flags that define a federation, the same for `estuary-server serve`
 // and `estuary-sim`: the task (--model, --epochs, --batch, --lr, ..., the
 // --lora-* keys), the strategy (--strategy, --server-lr, --beta1, --beta2,
-// --tau), --seed, --base-model and --eval-windows. Each flag writes its field
+// --tau), --seed, --base-model, --eval-windows and the limits on an update
+// (--max-update-norm, --max-norm-over-median, --max-examples). Each flag writes its field
 // of the v1::FederationConfig straight away, so the message stays the one
 // definition; --help shows each field's value when the flags were added (the
 // defaults). A TOML config file takes the same keys (base/config_file.h).

@@ -73,7 +73,8 @@ Status MeanDeltaStrategy::Begin(uint64_t round, std::span<const float> global) {
 
 Status MeanDeltaStrategy::Fold(std::span<const float> delta, double weight) {
   if (!round_open_) return FailedPrecondition("aggregation: {}: Fold outside a round (call Begin)", name());
-  Status status = mean_.Add(delta, weight);
+  Status status = CheckDelta(delta);
+  if (status.ok()) status = mean_.Add(delta, weight);
   if (!status.ok()) return {status.code(), fmt::format("{} (round {}, {})", status.message(), round_, name())};
   return Status::Ok();
 }

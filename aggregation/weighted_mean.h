@@ -48,6 +48,9 @@ class MeanDeltaStrategy : public Strategy {
  protected:
   // Hook for Begin, after the base checks, e.g. to size cross-round state.
   virtual Status OnBegin(size_t size) { return Status::Ok(); }
+  // Hook for Fold, before anything is added: refuses a delta this strategy
+  // could not finish without overflowing. A refused delta changes nothing.
+  virtual Status CheckDelta(std::span<const float> delta) const { return Status::Ok(); }
   // Writes the new model into `out` (size checked). Must not write anything
   // if it fails.
   virtual Status Apply(std::span<float> out) = 0;

@@ -14,22 +14,42 @@ using SteadyClock = std::chrono::steady_clock;
 
 static double Millis(SteadyClock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
 
-Aggregator::Aggregator(std::unique_ptr<aggregation::Strategy> strategy, std::unique_ptr<models::Evaluator> evaluator,
-                       Checkpointer checkpointer, Manifest manifest)
+Aggregator::Aggregator(std::unique_ptr<aggregation::Strategy> strategy, aggregation::UpdateBound bound,
+                       std::unique_ptr<models::Evaluator> evaluator, Checkpointer checkpointer, Manifest manifest)
     : strategy_(std::move(strategy)),
+      bound_(std::move(bound)),
       evaluator_(std::move(evaluator)),
       checkpointer_(std::move(checkpointer)),
       manifest_(std::move(manifest)) {}
 
+namespace {
+
+// The bound's state rides beside the strategy's, under its own prefix.
+constexpr std::string_view kBoundPrefix = "update_bound/";
+
+}  // namespace
+
 Result<std::vector<float>> Aggregator::Restore(const std::filesystem::path& path, const std::string& logged_checksum) {
-  return checkpointer_.Load(path, manifest_, logged_checksum, *strategy_);
+  ESTUARY_ASSIGN_OR_RETURN(Checkpointer::Loaded loaded, checkpointer_.Load(path, manifest_, logged_checksum));
+  Checkpointer::State strategy_state, bound_state;
+  for (auto& [name, values] : loaded.state) {
+    (name.starts_with(kBoundPrefix) ? bound_state : strategy_state)[name] = std::move(values);
+  }
+  ESTUARY_RETURN_IF_ERROR(strategy_->LoadState(strategy_state));
+  ESTUARY_RETURN_IF_ERROR(bound_.LoadState(bound_state));
+  return std::move(loaded.values);
 }
 
-Status Aggregator::Begin(uint64_t round, std::span<const float> global) { return strategy_->Begin(round, global); }
+Status Aggregator::Begin(uint64_t round, std::span<const float> global) {
+  bound_.BeginRound();
+  return strategy_->Begin(round, global);
+}
 
-Status Aggregator::Fold(std::string_view client, const Manifest& layout, std::span<const float> values,
-                        double weight) {
-  return strategy_->FoldUpdate(client, layout, values, weight);
+Result<std::string> Aggregator::Fold(std::string_view client, const Manifest& layout, std::span<const float> values,
+                                     uint64_t examples) {
+  ESTUARY_ASSIGN_OR_RETURN(const aggregation::UpdateBound::Admitted admitted, bound_.Admit(values, examples));
+  ESTUARY_RETURN_IF_ERROR(strategy_->FoldUpdate(client, layout, admitted.values(), double(examples)));
+  return admitted.note();
 }
 
 Aggregator::Finished Aggregator::Finish(uint64_t round, const GlobalModel& previous) {
@@ -38,6 +58,7 @@ Aggregator::Finished Aggregator::Finish(uint64_t round, const GlobalModel& previ
   auto global = std::make_shared<std::vector<float>>(*previous.values);
   result.status = strategy_->Finish(*global);
   if (!result.status.ok()) return result;
+  bound_.CommitRound();  // before the checkpoint, which saves the median it now holds
   result.changed_bytes = strategy_->changed_bytes();
   result.low_rank = strategy_->low_rank_changes();
   result.model.checksum = crypto::Sha256Hex(global->data(), global->size() * sizeof(float));
@@ -45,7 +66,9 @@ Aggregator::Finished Aggregator::Finish(uint64_t round, const GlobalModel& previ
   // The checkpoint mostly waits for fsync while evaluation computes: side by side,
   // the round is ready to commit when the longer of the two is done.
   auto checkpointed = std::async(std::launch::async, [&] {
-    auto written = checkpointer_.Write(round, manifest_, *global, result.model.checksum, *strategy_);
+    Checkpointer::State state = strategy_->SaveState();
+    state.merge(bound_.SaveState());
+    auto written = checkpointer_.Write(round, manifest_, *global, result.model.checksum, strategy_->name(), state);
     return std::make_pair(std::move(written), SteadyClock::now());
   });
   if (evaluator_) {

@@ -1,7 +1,9 @@
 // Aggregator: the federation's state that only the worker thread touches —
-// the strategy, the evaluator and the checkpointer — and a round's work on
-// it: Begin, Fold each committed update, then Finish, which computes the new
-// global model and writes its checkpoint while the evaluator scores it.
+// the strategy, the update bound, the evaluator and the checkpointer — and a
+// round's work on it: Begin, Fold each committed update (within the
+// federation's limits: aggregation/update_bound.h), then Finish, which
+// computes the new global model and writes its checkpoint while the
+// evaluator scores it.
 //
 // The Coordinator posts every call but name() to the worker executor and
 // takes the results back on the I/O thread, so nothing here is locked:
@@ -19,6 +21,7 @@
 #include <vector>
 
 #include "aggregation/strategy.h"
+#include "aggregation/update_bound.h"
 #include "base/manifest.h"
 #include "base/status.h"
 #include "models/federated_model.h"
@@ -40,22 +43,28 @@ class Aggregator {
   };
 
   // `evaluator` may be null. `manifest` is the global model's layout.
-  Aggregator(std::unique_ptr<aggregation::Strategy> strategy, std::unique_ptr<models::Evaluator> evaluator,
-             Checkpointer checkpointer, Manifest manifest);
+  Aggregator(std::unique_ptr<aggregation::Strategy> strategy, aggregation::UpdateBound bound,
+             std::unique_ptr<models::Evaluator> evaluator, Checkpointer checkpointer, Manifest manifest);
 
   // The strategy's name: constant, so any thread may ask.
   std::string_view name() const { return strategy_->name(); }
 
   // The committed round's model written at `path`, checked against the
-  // round log's `logged_checksum`; the strategy's state comes back with it.
+  // round log's `logged_checksum`; the strategy's and the bound's state come
+  // back with it.
   Result<std::vector<float>> Restore(const std::filesystem::path& path, const std::string& logged_checksum);
 
   Status Begin(uint64_t round, std::span<const float> global);
-  Status Fold(std::string_view client, const Manifest& layout, std::span<const float> values, double weight);
+  // Folds one update of `examples` examples, as the bound admits it. Returns
+  // what the bound did to it ("norm ... scaled down to the bound ..."), or
+  // empty; an error when it was refused, the strategy untouched.
+  Result<std::string> Fold(std::string_view client, const Manifest& layout, std::span<const float> values,
+                           uint64_t examples);
   Finished Finish(uint64_t round, const GlobalModel& previous);
 
  private:
   std::unique_ptr<aggregation::Strategy> strategy_;
+  aggregation::UpdateBound bound_;
   std::unique_ptr<models::Evaluator> evaluator_;
   Checkpointer checkpointer_;
   Manifest manifest_;

@@ -32,14 +32,13 @@ static std::filesystem::path StateFileOf(const std::filesystem::path& checkpoint
 
 Result<std::filesystem::path> Checkpointer::Write(uint64_t round, const Manifest& manifest,
                                                   std::span<const float> global, const std::string& checksum,
-                                                  const aggregation::Strategy& strategy) const {
+                                                  std::string_view strategy, const State& state) const {
   const auto file = dir_ / fmt::format("global-r{:05}.safetensors", round);
   std::map<std::string, std::string> metadata = metadata_;
   metadata["round"] = std::to_string(round);
   metadata["sha256"] = checksum;
-  metadata["strategy"] = std::string(strategy.name());
+  metadata["strategy"] = std::string(strategy);
   ESTUARY_RETURN_IF_ERROR(models::SaveCheckpoint(file, manifest, global, metadata));
-  const auto state = strategy.SaveState();
   if (!state.empty()) {
     Manifest state_manifest;
     std::vector<float> flat;
@@ -54,9 +53,8 @@ Result<std::filesystem::path> Checkpointer::Write(uint64_t round, const Manifest
   return file;
 }
 
-Result<std::vector<float>> Checkpointer::Load(const std::filesystem::path& path, const Manifest& manifest,
-                                              const std::string& logged_checksum,
-                                              aggregation::Strategy& strategy) const {
+Result<Checkpointer::Loaded> Checkpointer::Load(const std::filesystem::path& path, const Manifest& manifest,
+                                                const std::string& logged_checksum) const {
   ESTUARY_ASSIGN_OR_RETURN(auto checkpoint, models::LoadCheckpoint(path));
   if (!(checkpoint.manifest == manifest)) {
     return FailedPrecondition("server: {}: checkpoint does not match model '{}'", path.string(), model_);
@@ -66,17 +64,17 @@ Result<std::vector<float>> Checkpointer::Load(const std::filesystem::path& path,
     return FailedPrecondition("server: {}: checksum {} but the round log says {}", path.string(), checksum,
                               logged_checksum);
   }
+  Loaded loaded;
   const std::filesystem::path state_path = StateFileOf(path);
   if (std::filesystem::exists(state_path)) {
     ESTUARY_ASSIGN_OR_RETURN(auto state_file, models::LoadCheckpoint(state_path));
-    std::map<std::string, std::vector<float>> state;
     for (const auto& spec : state_file.manifest.tensors) {
       auto begin = state_file.data.begin() + spec.offset;
-      state[spec.name].assign(begin, begin + spec.numel());
+      loaded.state[spec.name].assign(begin, begin + spec.numel());
     }
-    ESTUARY_RETURN_IF_ERROR(strategy.LoadState(state));
   }
-  return std::move(checkpoint.data);
+  loaded.values = std::move(checkpoint.data);
+  return loaded;
 }
 
 }  // namespace estuary::server

@@ -43,8 +43,8 @@ Status Coordinator::Recover() {
   lora_ = std::move(federation.lora);
   manifest_ = federation.manifest;
   ESTUARY_ASSIGN_OR_RETURN(Checkpointer checkpointer, Checkpointer::Open(config_.checkpoint_dir, task_, lora_));
-  aggregator_ = std::make_unique<Aggregator>(std::move(federation.strategy), std::move(federation.evaluator),
-                                             std::move(checkpointer), manifest_);
+  aggregator_ = std::make_unique<Aggregator>(std::move(federation.strategy), std::move(federation.bound),
+                                             std::move(federation.evaluator), std::move(checkpointer), manifest_);
 
   ESTUARY_ASSIGN_OR_RETURN(auto stored_model, store_.GetMeta("model"));
   if (stored_model && *stored_model != task_.model()) {
@@ -192,7 +192,7 @@ void Coordinator::OnUpdateBegin(const std::shared_ptr<ClientSession>& session, c
     return Reject(session, v1::Error::DUPLICATE_UPDATE,
                   fmt::format("second update from {} in round {}", name, round_));
   }
-  auto layout = CheckUpdateBegin(begin, name, task_.update_kind(), manifest_, lora_);
+  auto layout = CheckUpdateBegin(begin, name, task_.update_kind(), config_.federation.limits(), manifest_, lora_);
   if (!layout.ok()) return Reject(session, v1::Error::BAD_MESSAGE, layout.status().message());
   p.begin = begin;
   p.layout = std::move(layout).value();
@@ -240,20 +240,22 @@ void Coordinator::OnUpdateCommit(const std::shared_ptr<ClientSession>& session, 
   spdlog::debug("round {}: update from {} committed after {:.3f} s (trained {:.3f} s)", round_, name,
                 p.record.seconds, p.begin.train_seconds());
   ++folds_in_flight_;
-  const double weight = double(p.begin.num_examples());
-  asio::post(worker_, [this, staged, weight, name, layout = p.layout] {
-    Status folded = aggregator_->Fold(name, layout, staged->values(), weight);
-    asio::post(io_, [this, name, folded] { OnFolded(name, folded); });
+  asio::post(worker_, [this, staged, examples = p.begin.num_examples(), name, layout = p.layout] {
+    Result<std::string> folded = aggregator_->Fold(name, layout, staged->values(), examples);
+    asio::post(io_, [this, name, folded = std::move(folded)] { OnFolded(name, folded); });
   });
 }
 
-void Coordinator::OnFolded(const std::string& name, Status status) {
+void Coordinator::OnFolded(const std::string& name, const Result<std::string>& folded) {
   --folds_in_flight_;
   slots_.FoldDone();
   Participant& p = participants_.at(name);
   auto session = p.session.lock();
+  const Status status = folded.status();
   if (status.ok()) {
     p.record.status = "committed";
+    p.record.detail = *folded;  // what the federation's bound did to it, if anything
+    if (!folded->empty()) spdlog::warn("round {}: update from {}: {}", round_, name, *folded);
     ++record_.updates_received;
     record_.bytes_up += p.record.bytes_up;
     loss_sum_ += p.record.train_loss * double(p.record.examples);

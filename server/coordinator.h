@@ -85,7 +85,7 @@ class Coordinator {
   void Reject(const std::shared_ptr<ClientSession>& session, v1::Error::Code code, const std::string& message);
   // Stages waiting uploads as slots free; an upload that cannot be staged is rejected.
   void GrantSlots();
-  void OnFolded(const std::string& name, Status status);
+  void OnFolded(const std::string& name, const Result<std::string>& folded);
   void OnDeadline();
   void MaybeFinishRound();
   void Aggregate();

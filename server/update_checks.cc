@@ -8,8 +8,19 @@
 
 namespace estuary::server {
 
+namespace {
+
+// Far above any cross-entropy a training reports (ln of a 10^6-token
+// vocabulary is 13.8), far below what breaks a log's layout or a mean.
+constexpr double kLargestLoss = 1e6;
+// A round longer than a year is not a measurement.
+constexpr double kLongestTraining = 365.0 * 24 * 3600;
+
+}  // namespace
+
 Result<Manifest> CheckUpdateBegin(const v1::UpdateBegin& begin, std::string_view client,
-                                  v1::UpdateKind federation_kind, const Manifest& global,
+                                  v1::UpdateKind federation_kind, const v1::UpdateLimits& limits,
+                                  const Manifest& global,
                                   const std::optional<aggregation::LoraStrategyOptions>& lora) {
   if (begin.kind() != federation_kind) {
     return ProtocolError("update kind {} from {}, but this federation takes {}",
@@ -18,8 +29,18 @@ Result<Manifest> CheckUpdateBegin(const v1::UpdateBegin& begin, std::string_view
   if (begin.num_examples() == 0 || begin.num_examples() > (uint64_t{1} << 40)) {
     return ProtocolError("num_examples {} out of range", begin.num_examples());
   }
+  if (limits.max_examples() > 0 && begin.num_examples() > limits.max_examples()) {
+    return ProtocolError("num_examples {} beyond the federation's max_examples of {}", begin.num_examples(),
+                         limits.max_examples());
+  }
   if (!std::isfinite(begin.train_loss())) {
     return ProtocolError("train_loss {} is not finite", begin.train_loss());
+  }
+  if (begin.train_loss() < 0 || begin.train_loss() > kLargestLoss) {
+    return ProtocolError("train_loss {} is not a loss (expected one in [0, {:g}])", begin.train_loss(), kLargestLoss);
+  }
+  if (!(begin.train_seconds() >= 0 && begin.train_seconds() <= kLongestTraining)) {
+    return ProtocolError("train_seconds {} is not a training time", begin.train_seconds());
   }
   ESTUARY_ASSIGN_OR_RETURN(Manifest layout, proto::FromProto(begin.manifest(), global.total_elements));
   if (lora) {

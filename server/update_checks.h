@@ -1,7 +1,9 @@
 // What an announced update (UpdateBegin) must be before a byte of it is
 // staged. Whether its round is open and its sender selected is the
 // Coordinator's to say; this checks the announcement itself: the
-// federation's update kind, a plausible example count, a finite loss, and a
+// federation's update kind, an example count within the federation's
+// max_examples, a loss a training can report (finite, not negative: the
+// losses here are cross-entropies), a training time that is a time, and a
 // layout that is the global model's (full updates) or the federation's
 // adapters (lora: aggregation::CheckLoraUpload). A failure is one line that
 // the sender gets back as an Error BAD_MESSAGE.
@@ -14,13 +16,15 @@
 #include "base/manifest.h"
 #include "base/status.h"
 #include "estuary.pb.h"
+#include "federation.pb.h"
 
 namespace estuary::server {
 
 // Returns the upload's layout. `lora` is set in a federation of update kind
 // lora, whose kind is `federation_kind`.
 Result<Manifest> CheckUpdateBegin(const v1::UpdateBegin& begin, std::string_view client,
-                                  v1::UpdateKind federation_kind, const Manifest& global,
+                                  v1::UpdateKind federation_kind, const v1::UpdateLimits& limits,
+                                  const Manifest& global,
                                   const std::optional<aggregation::LoraStrategyOptions>& lora);
 
 }  // namespace estuary::server

@@ -244,7 +244,10 @@ Result<Report> RunInproc(const Scenario& s, const RoundCallback& on_round, std::
     work();
     for (auto& thread : pool) thread.join();
 
-    // Fold in the sorted order of the names, whatever order training finished in.
+    // Fold in the sorted order of the names, whatever order training finished
+    // in, each as the federation's limits admit it, as the server does.
+    aggregation::UpdateBound& bound = sim.federation.bound;
+    bound.BeginRound();
     ESTUARY_RETURN_IF_ERROR(strategy.Begin(round, global));
     RoundReport row;
     row.round = round;
@@ -253,8 +256,11 @@ Result<Report> RunInproc(const Scenario& s, const RoundCallback& on_round, std::
     for (size_t i = 0; i < k; ++i) {
       if (!updates[i]->ok()) return updates[i]->status();
       const client::Update& update = updates[i]->value();
+      ESTUARY_ASSIGN_OR_RETURN(const aggregation::UpdateBound::Admitted admitted,
+                               bound.Admit(update.payload, update.num_examples));
+      if (!admitted.note().empty()) spdlog::warn("round {}: update from {}: {}", round, selected[i], admitted.note());
       ESTUARY_RETURN_IF_ERROR(
-          strategy.FoldUpdate(selected[i], update.manifest, update.payload, double(update.num_examples)));
+          strategy.FoldUpdate(selected[i], update.manifest, admitted.values(), double(update.num_examples)));
       ++row.updates_received;
       row.bytes_up += update.payload.size() * sizeof(float);
       row.bytes_down += manifest.byte_size();
@@ -265,6 +271,7 @@ Result<Report> RunInproc(const Scenario& s, const RoundCallback& on_round, std::
     // The mean, as the server reports it: sites of other ranks upload more.
     row.bytes_per_update = row.bytes_up / row.updates_received;
     ESTUARY_RETURN_IF_ERROR(strategy.Finish(global));
+    bound.CommitRound();
     row.merge_bytes_down = strategy.changed_bytes();
     ESTUARY_ASSIGN_OR_RETURN(const models::EvalResult eval, sim.federation.evaluator->Evaluate(global));
     row.train_loss = loss_sum / examples;

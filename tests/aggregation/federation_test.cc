@@ -6,6 +6,7 @@
 #include <google/protobuf/util/message_differencer.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <functional>
 
 #include "aggregation/federation_flags.h"
@@ -52,6 +53,8 @@ TEST(Federation, EachBadFieldIsOneLineNamingItsKey) {
       {[](auto& c) { c.set_eval_windows(0); }, "eval_windows = 0"},
       {[](auto& c) { c.mutable_task()->set_update_kind(v1::UPDATE_LORA); },
        "update_kind = lora needs a language model (llama-*), not 'mlp'"},
+      {[](auto& c) { c.mutable_limits()->set_max_norm(-1); }, "max_update_norm = -1"},
+      {[](auto& c) { c.mutable_limits()->set_max_norm_over_median(std::nan("")); }, "max_norm_over_median = nan"},
   };
   for (const auto& [mutate, expected] : cases) {
     v1::FederationConfig config = DefaultFederation();
@@ -75,6 +78,10 @@ TEST(Federation, ALoraFederationIsRefusedAServerOptimizerAndBadAdapters) {
   config.mutable_task()->mutable_lora()->set_merge("naive");
   config.mutable_task()->mutable_lora()->set_mixed_ranks(true);
   EXPECT_NE(CheckFederation(config).message().find("only exact merges adapters of mixed ranks"), std::string::npos);
+  config = Lora();
+  config.mutable_limits()->set_max_norm(5);
+  EXPECT_NE(CheckFederation(config).message().find("norm bounds apply to full updates"), std::string::npos)
+      << CheckFederation(config).message();
   config = Lora();
   config.mutable_task()->mutable_lora()->add_target_modules("qkv");
   EXPECT_NE(CheckFederation(config).message().find("target module 'qkv'"), std::string::npos);
@@ -123,7 +130,8 @@ TEST(FederationFlags, EachFlagSetsItsFieldAndHelpShowsTheDefaults) {
 
   std::vector<std::string> args = {"--model",      "llama-tiny", "--epochs",     "3",     "--update-kind",
                                    "lora",         "--lora-targets", "q_proj,v_proj", "--lora-mixed-ranks",
-                                   "--server-lr",  "0.25",       "--max-local-steps", "7"};
+                                   "--server-lr",  "0.25",       "--max-local-steps", "7",
+                                   "--max-update-norm", "3.5",   "--max-examples", "5000"};
   std::reverse(args.begin(), args.end());  // CLI11 parses a vector back to front
   app.parse(args);
   EXPECT_EQ(config.task().model(), "llama-tiny");
@@ -134,6 +142,9 @@ TEST(FederationFlags, EachFlagSetsItsFieldAndHelpShowsTheDefaults) {
   EXPECT_TRUE(config.task().lora().mixed_ranks());
   EXPECT_DOUBLE_EQ(config.strategy().server_lr(), 0.25);
   EXPECT_EQ(config.task().max_local_steps(), 7u);
+  EXPECT_DOUBLE_EQ(config.limits().max_norm(), 3.5);
+  EXPECT_EQ(config.limits().max_examples(), 5000u);
+  EXPECT_DOUBLE_EQ(config.limits().max_norm_over_median(), 10) << "the default";
   EXPECT_EQ(config.task().batch_size(), 10u);  // untouched
 
   CLI::App strict;

@@ -885,7 +885,7 @@ TEST(Federation, EveryHelpShowsTheDefaults) {
       {"estuary-server serve", {"--rounds UINT=20", "--min-clients UINT=10", "--epochs UINT=5", "--strategy TEXT=fedavg",
                                 "--lora-targets TEXT=q_proj,k_proj,v_proj,o_proj", "--exit-when-done"}},
       {"estuary-sim", {"--clients UINT=100", "--rounds UINT=20", "--epochs UINT=5", "--strategy TEXT=fedavg",
-                       "--threads UINT=2"}},
+                       "--threads UINT=2", "--max-norm-over-median FLOAT=10"}},
       {"estuary-client", {"--server TEXT=127.0.0.1:7443", "--device TEXT=cpu", "--blas-threads INT=1",
                           "--rank-timeout FLOAT=60"}},
   };

@@ -2,6 +2,8 @@
 // the new model, its checksum, its checkpoint and its score.
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include <numeric>
 
 #include "crypto/sha256.h"
@@ -45,12 +47,13 @@ class AggregatorTest : public ::testing::Test {
     previous = {std::make_shared<const std::vector<float>>(values), Checksum(values), 4};
   }
 
-  std::unique_ptr<Aggregator> Make(std::unique_ptr<models::Evaluator> evaluator = nullptr) {
+  std::unique_ptr<Aggregator> Make(std::unique_ptr<models::Evaluator> evaluator = nullptr,
+                                   const v1::UpdateLimits& limits = {}) {
     auto strategy = aggregation::MakeStrategy({});
     auto checkpointer = Checkpointer::Open(dir.path(), task(), std::nullopt);
     EXPECT_TRUE(strategy.ok() && checkpointer.ok());
-    return std::make_unique<Aggregator>(std::move(strategy).value(), std::move(evaluator),
-                                        std::move(checkpointer).value(), Layout());
+    return std::make_unique<Aggregator>(std::move(strategy).value(), aggregation::UpdateBound(limits, true),
+                                        std::move(evaluator), std::move(checkpointer).value(), Layout());
   }
   static v1::TaskConfig task() {
     v1::TaskConfig t;
@@ -92,6 +95,47 @@ TEST_F(AggregatorTest, FinishWritesTheNewModelsCheckpointWhileTheEvaluatorScores
   auto restored = Make()->Restore(finished.checkpoint, Checksum(expected));
   ASSERT_TRUE(restored.ok()) << restored.status().ToString();
   EXPECT_EQ(*restored, expected);
+}
+
+// With limits: an update beyond the norm bound is folded scaled down to it
+// (and says so), one claiming too many examples is refused with the strategy
+// untouched, and the median that sets the next round's relative bound is
+// saved in the checkpoint and restored with it.
+TEST_F(AggregatorTest, UpdatesAreFoldedWithinTheFederationsLimits) {
+  v1::UpdateLimits limits;
+  limits.set_max_norm(10);
+  limits.set_max_norm_over_median(2);
+  limits.set_max_examples(100);
+  auto aggregator = Make(nullptr, limits);
+  ASSERT_TRUE(aggregator->Begin(5, *previous.values).ok());
+  auto honest = aggregator->Fold("site-a", Layout(), std::vector<float>(40, 0.5f), 1);  // norm √40/2 ≈ 3.16
+  ASSERT_TRUE(honest.ok()) << honest.status().ToString();
+  EXPECT_EQ(*honest, "");
+  auto poisoned = aggregator->Fold("site-b", Layout(), std::vector<float>(40, 1e30f), 1);
+  ASSERT_TRUE(poisoned.ok()) << poisoned.status().ToString();
+  EXPECT_NE(poisoned->find("scaled down to the bound 10"), std::string::npos) << *poisoned;
+  auto greedy = aggregator->Fold("site-c", Layout(), std::vector<float>(40, 0.5f), 1ull << 40);
+  ASSERT_FALSE(greedy.ok());
+  EXPECT_NE(greedy.status().message().find("beyond the federation's max_examples of 100"), std::string::npos)
+      << greedy.status().message();
+  const Aggregator::Finished finished = aggregator->Finish(5, previous);
+  ASSERT_TRUE(finished.status.ok()) << finished.status.ToString();
+  // The mean of 0.5 and the poisoned delta scaled to norm 10 (each value 10/√40), weights 1 and 1.
+  const double clipped = 10.0 / std::sqrt(40.0);
+  for (size_t i = 0; i < 40; ++i) {
+    EXPECT_NEAR((*finished.model.values)[i], (*previous.values)[i] + (0.5 + clipped) / 2, 1e-5) << i;
+  }
+
+  // The next round's relative bound is 2 × the median of this round's norms as folded (3.16 and the
+  // poisoned one at 10: their mean 6.58), so 13.16; it is saved with the checkpoint, and a restarted
+  // aggregator with only the relative bound bounds the next round there.
+  limits.set_max_norm(0);
+  auto restarted = Make(nullptr, limits);
+  ASSERT_TRUE(restarted->Restore(finished.checkpoint, finished.model.checksum).ok());
+  ASSERT_TRUE(restarted->Begin(6, *finished.model.values).ok());
+  auto next = restarted->Fold("site-a", Layout(), std::vector<float>(40, 1e31f), 1);
+  ASSERT_TRUE(next.ok());
+  EXPECT_NE(next->find("scaled down to the bound 13.16"), std::string::npos) << *next;
 }
 
 TEST_F(AggregatorTest, ARoundWithNothingFoldedFailsAndWritesNothing) {

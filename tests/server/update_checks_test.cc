@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 
 #include "proto/wire.h"
 #include "server/update_checks.h"
@@ -28,14 +29,14 @@ v1::UpdateBegin Announced(const Manifest& layout) {
   return begin;
 }
 
-std::string Refusal(const v1::UpdateBegin& begin) {
-  auto layout = CheckUpdateBegin(begin, "site-a", v1::UPDATE_FULL, Layout(), std::nullopt);
+std::string Refusal(const v1::UpdateBegin& begin, const v1::UpdateLimits& limits = {}) {
+  auto layout = CheckUpdateBegin(begin, "site-a", v1::UPDATE_FULL, limits, Layout(), std::nullopt);
   EXPECT_FALSE(layout.ok());
   return layout.ok() ? "" : layout.status().message();
 }
 
 TEST(UpdateChecks, AnUpdateOfTheGlobalLayoutPasses) {
-  auto layout = CheckUpdateBegin(Announced(Layout()), "site-a", v1::UPDATE_FULL, Layout(), std::nullopt);
+  auto layout = CheckUpdateBegin(Announced(Layout()), "site-a", v1::UPDATE_FULL, {}, Layout(), std::nullopt);
   ASSERT_TRUE(layout.ok()) << layout.status().ToString();
   EXPECT_TRUE(*layout == Layout());
 }
@@ -52,8 +53,26 @@ TEST(UpdateChecks, EachRefusalNamesWhatIsWrong) {
   EXPECT_EQ(Refusal(begin), "num_examples 1099511627777 out of range");
 
   begin = Announced(Layout());
+  v1::UpdateLimits limits;
+  limits.set_max_examples(1000);
+  EXPECT_TRUE(CheckUpdateBegin(begin, "site-a", v1::UPDATE_FULL, limits, Layout(), std::nullopt).ok())
+      << "100 examples are within 1000";
+  begin.set_num_examples(1001);
+  EXPECT_EQ(Refusal(begin, limits), "num_examples 1001 beyond the federation's max_examples of 1000");
+
+  begin = Announced(Layout());
   begin.set_train_loss(std::nan(""));
   EXPECT_EQ(Refusal(begin), "train_loss nan is not finite");
+  begin.set_train_loss(-1e300);
+  EXPECT_EQ(Refusal(begin), "train_loss -1e+300 is not a loss (expected one in [0, 1e+06])");
+  begin.set_train_loss(2e6);
+  EXPECT_EQ(Refusal(begin), "train_loss 2000000 is not a loss (expected one in [0, 1e+06])");
+
+  begin = Announced(Layout());
+  begin.set_train_seconds(-1);
+  EXPECT_EQ(Refusal(begin), "train_seconds -1 is not a training time");
+  begin.set_train_seconds(std::numeric_limits<double>::infinity());
+  EXPECT_EQ(Refusal(begin), "train_seconds inf is not a training time");
 
   Manifest renamed = Layout();
   renamed.tensors[1].name = "bias";
