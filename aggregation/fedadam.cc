@@ -15,6 +15,7 @@ constexpr uint64_t kMaxStep = uint64_t{1} << 24;
 FedAdam::FedAdam(const StrategyOptions& options) : options_(options) {}
 
 Status FedAdam::CheckDelta(std::span<const float> delta) const {
+  ESTUARY_RETURN_IF_ERROR(MeanDeltaStrategy::CheckDelta(delta));
   static const float kLargest = std::sqrt(std::numeric_limits<float>::max());
   for (size_t i = 0; i < delta.size(); ++i) {
     if (std::abs(delta[i]) > kLargest) {

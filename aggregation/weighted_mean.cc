@@ -71,6 +71,18 @@ Status MeanDeltaStrategy::Begin(uint64_t round, std::span<const float> global) {
   return Status::Ok();
 }
 
+Status MeanDeltaStrategy::CheckDelta(std::span<const float> delta) const {
+  if (delta.size() != start_.size()) return Status::Ok();  // WeightedMean::Add names the size
+  for (size_t i = 0; i < delta.size(); ++i) {
+    const double moved = double(start_[i]) + double(delta[i]);
+    if (std::isfinite(delta[i]) && !std::isfinite(float(moved))) {
+      return InvalidArgument("aggregation: {}: delta[{}] = {} takes the parameter to {}, beyond float", name(), i,
+                             delta[i], moved);
+    }
+  }
+  return Status::Ok();
+}
+
 Status MeanDeltaStrategy::Fold(std::span<const float> delta, double weight) {
   if (!round_open_) return FailedPrecondition("aggregation: {}: Fold outside a round (call Begin)", name());
   Status status = CheckDelta(delta);

@@ -49,8 +49,12 @@ class MeanDeltaStrategy : public Strategy {
   // Hook for Begin, after the base checks, e.g. to size cross-round state.
   virtual Status OnBegin(size_t size) { return Status::Ok(); }
   // Hook for Fold, before anything is added: refuses a delta this strategy
-  // could not finish without overflowing. A refused delta changes nothing.
-  virtual Status CheckDelta(std::span<const float> delta) const { return Status::Ok(); }
+  // could not finish without overflowing, so a refused delta is that one
+  // update's failure, not the round's. A refused delta changes nothing. By
+  // default: a delta that would take a parameter beyond float's range
+  // (the round's mean is a convex combination of the deltas, so when none
+  // does, the new model cannot either).
+  virtual Status CheckDelta(std::span<const float> delta) const;
   // Writes the new model into `out` (size checked). Must not write anything
   // if it fails.
   virtual Status Apply(std::span<float> out) = 0;

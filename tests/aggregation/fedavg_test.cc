@@ -172,14 +172,22 @@ TEST(FedAvg, BeginRejectsBadGlobal) {
   EXPECT_EQ(fedavg.Begin(1, std::vector<float>{1, std::nanf("")}).code(), Code::kInvalidArgument);
 }
 
-TEST(FedAvg, OverflowIsRefusedWithoutWriting) {
+// A delta that would take a parameter beyond float's range is refused at
+// its fold, touching nothing: that update fails, and the round still
+// finishes with the others (the mean of deltas that each stay in range
+// stays in range too).
+TEST(FedAvg, ADeltaThatWouldOverflowIsRefusedAtItsFold) {
   const std::vector<float> global = {FLT_MAX, 1};
   FedAvg fedavg;
   ASSERT_TRUE(fedavg.Begin(1, global).ok());
-  ASSERT_TRUE(fedavg.Fold(std::vector<float>{FLT_MAX, 1}, 1).ok());
+  const Status refused = fedavg.Fold(std::vector<float>{FLT_MAX, 1}, 1);
+  EXPECT_EQ(refused.code(), Code::kInvalidArgument);
+  EXPECT_NE(refused.message().find("delta[0]"), std::string::npos) << refused.message();
+  EXPECT_EQ(fedavg.folded(), 0u);
+  ASSERT_TRUE(fedavg.Fold(std::vector<float>{-1, 2}, 1).ok());
   std::vector<float> out = {-1, -1};
-  EXPECT_EQ(fedavg.Finish(out).code(), Code::kFailedPrecondition);
-  EXPECT_EQ(out, (std::vector<float>{-1, -1}));
+  ASSERT_TRUE(fedavg.Finish(out).ok());
+  EXPECT_EQ(out, (std::vector<float>{FLT_MAX, 3}));  // FLT_MAX - 1 rounds to FLT_MAX
 }
 
 TEST(MakeStrategy, ByName) {
