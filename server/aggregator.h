@@ -61,6 +61,8 @@ class Aggregator {
   Result<std::string> Fold(std::string_view client, const Manifest& layout, std::span<const float> values,
                            uint64_t examples);
   Finished Finish(uint64_t round, const GlobalModel& previous);
+  // After the round log committed `round`: Checkpointer::MarkCommitted.
+  Status MarkCommitted(uint64_t round) { return checkpointer_.MarkCommitted(round); }
 
  private:
   std::unique_ptr<aggregation::Strategy> strategy_;

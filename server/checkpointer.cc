@@ -9,7 +9,8 @@
 namespace estuary::server {
 
 Result<Checkpointer> Checkpointer::Open(std::filesystem::path dir, const v1::TaskConfig& task,
-                                        const std::optional<aggregation::LoraStrategyOptions>& lora) {
+                                        const std::optional<aggregation::LoraStrategyOptions>& lora,
+                                        const LogView& log) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) return IoError("server: {}: cannot create checkpoint directory: {}", dir.string(), ec.message());
@@ -23,7 +24,9 @@ Result<Checkpointer> Checkpointer::Open(std::filesystem::path dir, const v1::Tas
     metadata["lora_merge"] = task.lora().merge();
     metadata["lora_dropout"] = fmt::format("{}", task.lora().dropout());
   }
-  return Checkpointer(std::move(dir), task.model(), std::move(metadata));
+  Checkpointer checkpointer(std::move(dir), task.model(), std::move(metadata));
+  ESTUARY_RETURN_IF_ERROR(checkpointer.Reconcile(log));
+  return checkpointer;
 }
 
 static std::filesystem::path StateFileOf(const std::filesystem::path& checkpoint) {
@@ -34,6 +37,10 @@ Result<std::filesystem::path> Checkpointer::Write(uint64_t round, const Manifest
                                                   std::span<const float> global, const std::string& checksum,
                                                   std::string_view strategy, const State& state) const {
   const auto file = dir_ / fmt::format("global-r{:05}.safetensors", round);
+  if (round <= last_committed_) {
+    return FailedPrecondition("server: {}: round {} is committed; its checkpoint is never written again",
+                              file.string(), round);
+  }
   std::map<std::string, std::string> metadata = metadata_;
   metadata["round"] = std::to_string(round);
   metadata["sha256"] = checksum;
@@ -58,6 +65,11 @@ Result<Checkpointer::Loaded> Checkpointer::Load(const std::filesystem::path& pat
   ESTUARY_ASSIGN_OR_RETURN(auto checkpoint, models::LoadCheckpoint(path));
   if (!(checkpoint.manifest == manifest)) {
     return FailedPrecondition("server: {}: checkpoint does not match model '{}'", path.string(), model_);
+  }
+  const auto id = checkpoint.metadata.find("federation_id");
+  if (id != checkpoint.metadata.end() && id->second != federation_id_) {
+    return FailedPrecondition("server: {}: a checkpoint of federation {}, not of this one ({})", path.string(),
+                              id->second, federation_id_);
   }
   const std::string checksum = crypto::Sha256Hex(checkpoint.data.data(), checkpoint.data.size() * sizeof(float));
   if (checksum != logged_checksum) {

@@ -11,8 +11,20 @@
 // (models/checkpoint.h). At recovery Load reads the model back, refuses it
 // unless its layout and SHA-256 agree with the federation's model and the
 // round log, and hands the state back.
+//
+// The directory and the round log know each other, so that neither can be
+// emptied, deleted, swapped or rolled back under the other unnoticed: the
+// directory's FEDERATION file holds the federation's id (also in every
+// model file's metadata and in the log's meta table) and the last round
+// committed, advanced after each commit (MarkCommitted). Open compares it
+// with what the log says and refuses, in one line, a log that holds less
+// than the directory (missing, empty, truncated, or a lost WAL), another
+// federation's log, or a log without its directory. A committed round's
+// file is never written again; files of a round written but never
+// committed, and temporaries of a killed write, are removed at Open.
+//
 // Write runs on the worker while the I/O thread goes on: it reads only what
-// it was given and its own constant members.
+// it was given and members that change only between rounds.
 #pragma once
 
 #include <cstdint>
@@ -33,10 +45,19 @@ namespace estuary::server {
 
 class Checkpointer {
  public:
+  // What the round log says of the federation it records.
+  struct LogView {
+    std::string path;                          // for messages
+    std::optional<std::string> federation_id;  // its meta table's
+    uint64_t last_committed = 0;               // 0: none
+  };
+
   // Writes into `dir`, created if need be, the checkpoints of a federation
-  // training `task` (with `lora`: a lora federation's options).
+  // training `task` (with `lora`: a lora federation's options), reconciled
+  // with `log` as above. A new federation gets a fresh id (is_new()); the
+  // caller records it in the log.
   static Result<Checkpointer> Open(std::filesystem::path dir, const v1::TaskConfig& task,
-                                   const std::optional<aggregation::LoraStrategyOptions>& lora);
+                                   const std::optional<aggregation::LoraStrategyOptions>& lora, const LogView& log);
 
   using State = std::map<std::string, std::vector<float>>;
 
@@ -55,15 +76,29 @@ class Checkpointer {
   Result<Loaded> Load(const std::filesystem::path& path, const Manifest& manifest,
                       const std::string& logged_checksum) const;
 
+  // Records in the directory that the log committed `round`: call after the
+  // log's commit, before another Write.
+  Status MarkCommitted(uint64_t round);
+
   const std::filesystem::path& dir() const { return dir_; }
+  const std::string& federation_id() const { return federation_id_; }
+  bool is_new() const { return is_new_; }
+  // What Open removed (leftovers of a killed write or an uncommitted round).
+  const std::vector<std::string>& removed() const { return removed_; }
 
  private:
   Checkpointer(std::filesystem::path dir, std::string model, std::map<std::string, std::string> metadata)
       : dir_(std::move(dir)), model_(std::move(model)), metadata_(std::move(metadata)) {}
+  // Brings the directory into agreement with `log`, or says why it cannot.
+  Status Reconcile(const LogView& log);
 
   std::filesystem::path dir_;
   std::string model_;
   std::map<std::string, std::string> metadata_;  // what every round's file says of the federation
+  std::string federation_id_;
+  uint64_t last_committed_ = 0;
+  bool is_new_ = false;
+  std::vector<std::string> removed_;
 };
 
 }  // namespace estuary::server

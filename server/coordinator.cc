@@ -42,25 +42,33 @@ Status Coordinator::Recover() {
   task_ = federation.config.task();
   lora_ = std::move(federation.lora);
   manifest_ = federation.manifest;
-  ESTUARY_ASSIGN_OR_RETURN(Checkpointer checkpointer, Checkpointer::Open(config_.checkpoint_dir, task_, lora_));
-  aggregator_ = std::make_unique<Aggregator>(std::move(federation.strategy), std::move(federation.bound),
-                                             std::move(federation.evaluator), std::move(checkpointer), manifest_);
-
   ESTUARY_ASSIGN_OR_RETURN(auto stored_model, store_.GetMeta("model"));
   if (stored_model && *stored_model != task_.model()) {
     return FailedPrecondition("server: {} holds a federation of model '{}', not '{}'", config_.db.string(),
                               *stored_model, task_.model());
   }
+  ESTUARY_ASSIGN_OR_RETURN(auto last, store_.LastCommittedRound());
+  Checkpointer::LogView log{.path = config_.db.string(), .last_committed = last ? last->round : 0};
+  ESTUARY_ASSIGN_OR_RETURN(log.federation_id, store_.GetMeta("federation_id"));
+  ESTUARY_ASSIGN_OR_RETURN(Checkpointer checkpointer,
+                           Checkpointer::Open(config_.checkpoint_dir, task_, lora_, log));
+  for (const auto& name : checkpointer.removed()) {
+    spdlog::info("removed {} from {}: left by a write or a round that never committed", name,
+                 config_.checkpoint_dir.string());
+  }
+  federation_id_ = checkpointer.federation_id();
+  ESTUARY_RETURN_IF_ERROR(store_.SetMeta("federation_id", federation_id_));
   ESTUARY_RETURN_IF_ERROR(store_.SetMeta("model", task_.model()));
   ESTUARY_RETURN_IF_ERROR(store_.SetMeta("strategy", config_.federation.strategy().name()));
+  aggregator_ = std::make_unique<Aggregator>(std::move(federation.strategy), std::move(federation.bound),
+                                             std::move(federation.evaluator), std::move(checkpointer), manifest_);
 
-  ESTUARY_ASSIGN_OR_RETURN(auto last, store_.LastCommittedRound());
   if (!last) {
     auto initial = std::make_shared<const std::vector<float>>(std::move(federation.initial));
     const std::string checksum = crypto::Sha256Hex(initial->data(), initial->size() * sizeof(float));
     distribution_.Reset(manifest_, {std::move(initial), checksum, 0});
     round_ = 1;
-    spdlog::info("new federation: model {} ({} parameters), checksum {}", task_.model(),
+    spdlog::info("new federation {}: model {} ({} parameters), checksum {}", federation_id_, task_.model(),
                  manifest_.total_elements, checksum.substr(0, 12));
     return Status::Ok();
   }
@@ -70,8 +78,8 @@ Status Coordinator::Recover() {
   distribution_.Reset(manifest_, {std::make_shared<const std::vector<float>>(std::move(global)),
                                   last->global_checksum, last->model_version});
   round_ = last->round + 1;
-  spdlog::info("resumed after round {}: model version {}, checksum {}", last->round, last->model_version,
-               last->global_checksum.substr(0, 12));
+  spdlog::info("federation {} resumed after round {}: model version {}, checksum {}", federation_id_, last->round,
+               last->model_version, last->global_checksum.substr(0, 12));
   return Status::Ok();
 }
 
@@ -368,6 +376,9 @@ void Coordinator::OnAggregated(Aggregator::Finished result) {
   record_.state = RoundState::kCommitted;
   Status committed = store_.CommitRound(record_, result.checkpoint, clock_.UnixMs());
   if (!committed.ok()) return FailRound(fmt::format("cannot commit to the round log: {}", committed.ToString()));
+  // The log holds the commit; a marker left behind is brought forward from
+  // the log at the next start, so a failure here costs only that check.
+  LogIfError(aggregator_->MarkCommitted(round_), "checkpoint directory");
   state_ = RoundState::kCommitted;
   result.model.version = record_.model_version;
   distribution_.Publish(std::move(result.model), std::move(result.low_rank));

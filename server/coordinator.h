@@ -124,6 +124,7 @@ class Coordinator {
   double loss_sum_ = 0;
   double examples_sum_ = 0;
   std::function<void()> on_complete_;
+  std::string federation_id_;  // the checkpoint directory's and the round log's
 };
 
 }  // namespace estuary::server

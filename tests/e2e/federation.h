@@ -39,6 +39,17 @@ class Federation {
   // Starts estuary-server on an ephemeral port; returns the port.
   uint16_t StartServer(uint64_t rounds, uint32_t clients, const std::vector<std::string>& extra = {},
                        const std::string& listen = "127.0.0.1:0") {
+    server_ = std::make_unique<simulations::ServerProcess>();
+    EXPECT_TRUE(server_->Spawn(BinaryPath("estuary-server"), ServeArgs(rounds, clients, extra, listen),
+                               dir_ / "server.log")
+                    .ok());
+    auto port = server_->WaitForPort();
+    EXPECT_TRUE(port.ok()) << port.status().ToString() << "\n" << ServerLog();
+    return port.ok() ? *port : 0;
+  }
+  // `estuary-server serve`'s arguments for this federation.
+  std::vector<std::string> ServeArgs(uint64_t rounds, uint32_t clients, const std::vector<std::string>& extra = {},
+                                     const std::string& listen = "127.0.0.1:0") const {
     std::vector<std::string> args = {
         "serve", "--listen", listen, "--cert", Files("server").cert.string(), "--key",
         Files("server").key.string(), "--ca", Files("server").ca.string(), "--db", db().string(), "--rounds",
@@ -52,11 +63,7 @@ class Federation {
     for (const auto& [flag, value] : defaults) {
       if (std::find(extra.begin(), extra.end(), flag) == extra.end()) args.insert(args.end(), {flag, value});
     }
-    server_ = std::make_unique<simulations::ServerProcess>();
-    EXPECT_TRUE(server_->Spawn(BinaryPath("estuary-server"), args, dir_ / "server.log").ok());
-    auto port = server_->WaitForPort();
-    EXPECT_TRUE(port.ok()) << port.status().ToString() << "\n" << ServerLog();
-    return port.ok() ? *port : 0;
+    return args;
   }
 
   // extra: more flags for estuary-client (a multi-rank site's --ranks, ...).
@@ -109,6 +116,7 @@ class Federation {
     return {std::istreambuf_iterator<char>(in), {}};
   }
   fs::path db() const { return dir_ / "rounds.db"; }
+  fs::path checkpoints() const { return dir_ / "rounds.db.checkpoints"; }
   const fs::path& data() const { return data_; }
   const fs::path& certs() const { return certs_; }
   const TempDir& dir() const { return dir_; }

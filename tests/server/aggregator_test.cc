@@ -3,7 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-
+#include <fstream>
 #include <numeric>
 
 #include "crypto/sha256.h"
@@ -50,7 +50,7 @@ class AggregatorTest : public ::testing::Test {
   std::unique_ptr<Aggregator> Make(std::unique_ptr<models::Evaluator> evaluator = nullptr,
                                    const v1::UpdateLimits& limits = {}) {
     auto strategy = aggregation::MakeStrategy({});
-    auto checkpointer = Checkpointer::Open(dir.path(), task(), std::nullopt);
+    auto checkpointer = Checkpointer::Open(dir.path(), task(), std::nullopt, log);
     EXPECT_TRUE(strategy.ok() && checkpointer.ok());
     return std::make_unique<Aggregator>(std::move(strategy).value(), aggregation::UpdateBound(limits, true),
                                         std::move(evaluator), std::move(checkpointer).value(), Layout());
@@ -61,7 +61,20 @@ class AggregatorTest : public ::testing::Test {
     return t;
   }
 
+  // After `aggregator` finished `round`: the round log commits it, so the
+  // next Make is a restart that finds it.
+  void Commit(Aggregator& aggregator, uint64_t round) {
+    ASSERT_TRUE(aggregator.MarkCommitted(round).ok());
+    std::ifstream marker(dir / "FEDERATION");
+    std::string line;
+    while (std::getline(marker, line)) {
+      if (line.starts_with("federation_id ")) log.federation_id = line.substr(14);
+    }
+    log.last_committed = round;
+  }
+
   testing::TempDir dir;
+  Checkpointer::LogView log;  // the round log as the next Make finds it
   GlobalModel previous;
 };
 
@@ -91,7 +104,8 @@ TEST_F(AggregatorTest, FinishWritesTheNewModelsCheckpointWhileTheEvaluatorScores
   EXPECT_EQ(written->data, expected);
   EXPECT_EQ(written->metadata["sha256"], Checksum(expected));
 
-  // And it reads back at recovery, against the round log's checksum.
+  // And once committed, it reads back at recovery, against the round log's checksum.
+  Commit(*aggregator, 5);
   auto restored = Make()->Restore(finished.checkpoint, Checksum(expected));
   ASSERT_TRUE(restored.ok()) << restored.status().ToString();
   EXPECT_EQ(*restored, expected);
@@ -130,6 +144,7 @@ TEST_F(AggregatorTest, UpdatesAreFoldedWithinTheFederationsLimits) {
   // poisoned one at 10: their mean 6.58), so 13.16; it is saved with the checkpoint, and a restarted
   // aggregator with only the relative bound bounds the next round there.
   limits.set_max_norm(0);
+  Commit(*aggregator, 5);
   auto restarted = Make(nullptr, limits);
   ASSERT_TRUE(restarted->Restore(finished.checkpoint, finished.model.checksum).ok());
   ASSERT_TRUE(restarted->Begin(6, *finished.model.values).ok());
