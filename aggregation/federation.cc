@@ -178,7 +178,7 @@ Result<Federation> MakeFederation(const v1::FederationConfig& config, const Eval
   }
   f.manifest = std::move(initial.manifest);
   f.initial = std::move(initial.values);
-  f.bound = UpdateBound(config.limits(), /*full_updates=*/!f.lora);
+  f.bound = UpdateBound(config.limits());
   if (!evaluation.data.empty()) {
     ESTUARY_ASSIGN_OR_RETURN(f.evaluator, models::MakeEvaluator(task.model(), evaluation.data,
                                                                 {.threads = evaluation.threads,

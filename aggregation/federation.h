@@ -58,7 +58,7 @@ struct Federation {
   Manifest manifest;            // the global model's layout
   std::vector<float> initial;   // the global model before round 1
   std::unique_ptr<Strategy> strategy;
-  UpdateBound bound{v1::UpdateLimits(), true};   // what each update is folded as (config.limits)
+  UpdateBound bound{v1::UpdateLimits()};         // what each update is folded as (config.limits)
   std::unique_ptr<models::Evaluator> evaluator;  // null without evaluation data
   std::optional<LoraStrategyOptions> lora;       // set in a federation of update kind lora
 };

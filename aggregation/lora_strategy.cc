@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 namespace estuary::aggregation {
 
@@ -139,13 +140,21 @@ Status LoraStrategy::FoldUpdate(std::string_view client, const Manifest& layout,
     return InvalidArgument("lora update from {}: weight {} must be finite and > 0", client, weight);
   }
   const bool frozen_a = options_.merge.rule == LoraMergeRule::kFrozenA;
+  // Every merged value is a weighted mean of (alpha/r)·Σ_k b·a over r terms,
+  // so factors within ±largest keep it under FLT_MAX / 4: a merge that
+  // could overflow is refused here, at its own update, not at Finish.
+  const double largest = std::sqrt(double(std::numeric_limits<float>::max()) / 4 /
+                                   std::max(1.0, double(options_.merge.alpha)));
   LoraUpdate update;
   for (const TensorSpec& spec : layout.tensors) {
     const float* v = values.data() + spec.offset;
     for (uint64_t i = 0; i < spec.numel(); ++i) {
-      if (!std::isfinite(v[i])) {
-        return InvalidArgument("lora update from {}: module {}: {} element {} is {}", client,
-                               models::LoraModuleOf(spec.name), Factor(spec.name), i, v[i]);
+      if (!std::isfinite(v[i]) || std::abs(v[i]) > largest) {
+        return InvalidArgument("lora update from {}: module {}: {} element {} is {}{}", client,
+                               models::LoraModuleOf(spec.name), Factor(spec.name), i, v[i],
+                               std::isfinite(v[i]) ? fmt::format(", beyond {:.3g}: the merge would overflow float",
+                                                                 largest)
+                                                   : "");
       }
     }
     LoraAdapter& adapter = update.modules[models::LoraModuleOf(spec.name)];

@@ -14,13 +14,11 @@ constexpr const char* kMedianKey = "update_bound/median_norm";
 
 }  // namespace
 
-UpdateBound::UpdateBound(const v1::UpdateLimits& limits, bool full_updates)
-    : limits_(limits), full_updates_(full_updates) {}
+UpdateBound::UpdateBound(const v1::UpdateLimits& limits) : limits_(limits) {}
 
 void UpdateBound::BeginRound() {
   norms_.clear();
   bound_ = 0;
-  if (!full_updates_) return;
   double bound = limits_.max_norm() > 0 ? limits_.max_norm() : std::numeric_limits<double>::infinity();
   if (limits_.max_norm_over_median() > 0 && median_ > 0) {
     bound = std::min(bound, limits_.max_norm_over_median() * median_);

@@ -8,12 +8,12 @@
 //   ...
 //   bound.CommitRound();                                  // its norms set the next round's bound
 //
-// A full update whose L2 norm exceeds the round's bound is scaled down to it
+// An update whose L2 norm exceeds the round's bound is scaled down to it
 // (norm bounding); the bound is max_norm, or max_norm_over_median times the
 // median norm of the last committed round's updates, whichever is smaller.
 // An update claiming more than max_examples examples, or whose values are
-// not finite, is refused. In a federation of adapters (lora) only the
-// examples and finiteness are checked. The median survives a restart as
+// not finite, is refused. An adapter upload (lora) is bounded the same way,
+// as one vector: scaling it by s scales its B·A by s². The median survives a restart as
 // state saved beside the strategy's (SaveState/LoadState).
 #pragma once
 
@@ -30,7 +30,7 @@ namespace estuary::aggregation {
 
 class UpdateBound {
  public:
-  UpdateBound(const v1::UpdateLimits& limits, bool full_updates);
+  explicit UpdateBound(const v1::UpdateLimits& limits);
 
   // What an update is folded as: its own values, or a scaled copy of them.
   class Admitted {
@@ -64,7 +64,6 @@ class UpdateBound {
 
  private:
   v1::UpdateLimits limits_;
-  bool full_updates_;
   double bound_ = 0;
   double median_ = 0;          // of the last committed round's norms; 0: none yet
   std::vector<double> norms_;  // this round's, as folded

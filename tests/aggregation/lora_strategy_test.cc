@@ -187,6 +187,30 @@ TEST(LoraStrategy, FrozenATakesBOnlyAndKeepsTheFederationsA) {
       << refused.message();
 }
 
+// A factor large enough for the merge to overflow float is refused at its
+// own fold, so the round finishes with the others; the largest factor
+// allowed still merges to a finite model.
+TEST(LoraStrategy, AnAdapterWhoseMergeWouldOverflowIsRefusedAtItsFold) {
+  for (LoraMergeRule rule : {LoraMergeRule::kExact, LoraMergeRule::kNaive}) {
+    SCOPED_TRACE(LoraMergeRuleName(rule));
+    const LoraStrategyOptions o = Options(rule);
+    auto strategy = LoraStrategy::Make(o);
+    ASSERT_TRUE(strategy.ok());
+    std::vector<float> global = Random(o.layout.global.total_elements, 5, 0.05f);
+    ASSERT_TRUE((*strategy)->Begin(1, global).ok());
+    const Manifest layout = ExpectedLoraUpload(o);
+    Status refused = (*strategy)->FoldUpdate("poisoner", layout, std::vector<float>(layout.total_elements, 1e19f), 1);
+    ASSERT_FALSE(refused.ok());
+    EXPECT_NE(refused.message().find("is 1e+19, beyond 3.26e+18: the merge would overflow float"), std::string::npos)
+        << refused.message();
+    EXPECT_EQ((*strategy)->folded(), 0u);
+    ASSERT_TRUE((*strategy)->FoldUpdate("large", layout, std::vector<float>(layout.total_elements, 3e18f), 1).ok());
+    ASSERT_TRUE((*strategy)->FoldUpdate("honest", layout, Random(layout.total_elements, 6, 0.2f), 1).ok());
+    ASSERT_TRUE((*strategy)->Finish(global).ok());
+    for (float v : AdaptedModel(o, global)) ASSERT_TRUE(std::isfinite(v));
+  }
+}
+
 TEST(LoraStrategy, BadUploadsAreRefusedByClientModuleAndFieldAndNotKept) {
   const LoraStrategyOptions o = Options(LoraMergeRule::kExact);
   auto strategy = LoraStrategy::Make(o);

@@ -21,7 +21,7 @@ v1::UpdateLimits Limits(double max_norm, double over_median, uint64_t max_exampl
 std::vector<float> Of(size_t n, float v) { return std::vector<float>(n, v); }
 
 TEST(UpdateBound, WithinTheBoundAnUpdateIsFoldedAsItIs) {
-  UpdateBound bound(Limits(10, 0), true);
+  UpdateBound bound(Limits(10, 0));
   bound.BeginRound();
   EXPECT_EQ(bound.bound(), 10);
   const auto values = Of(4, 2.0f);  // norm 4
@@ -34,7 +34,7 @@ TEST(UpdateBound, WithinTheBoundAnUpdateIsFoldedAsItIs) {
 }
 
 TEST(UpdateBound, BeyondTheBoundAnUpdateIsScaledDownToItExactly) {
-  UpdateBound bound(Limits(10, 0), true);
+  UpdateBound bound(Limits(10, 0));
   bound.BeginRound();
   auto admitted = bound.Admit(Of(100, 1e30f), 7);  // norm 1e31
   ASSERT_TRUE(admitted.ok());
@@ -46,7 +46,7 @@ TEST(UpdateBound, BeyondTheBoundAnUpdateIsScaledDownToItExactly) {
 }
 
 TEST(UpdateBound, TheRelativeBoundFollowsTheLastCommittedRoundsMedianAsFolded) {
-  UpdateBound bound(Limits(0, 3), true);
+  UpdateBound bound(Limits(0, 3));
   bound.BeginRound();
   EXPECT_EQ(bound.bound(), 0) << "no median yet: the first round has only the absolute bound";
   for (float v : {1.0f, 2.0f, 1000.0f}) ASSERT_TRUE(bound.Admit(Of(1, v), 1).ok());  // norms 1, 2, 1000
@@ -63,18 +63,18 @@ TEST(UpdateBound, TheRelativeBoundFollowsTheLastCommittedRoundsMedianAsFolded) {
   bound.BeginRound();
   EXPECT_DOUBLE_EQ(bound.bound(), 18) << "3 × the median of 6, 6, 1 as folded, not of 1e9";
 
-  UpdateBound both(Limits(5, 3), true);
+  UpdateBound both(Limits(5, 3));
   ASSERT_TRUE(both.LoadState(bound.SaveState()).ok());
   both.BeginRound();
   EXPECT_DOUBLE_EQ(both.bound(), 5) << "the smaller of the two";
 }
 
 TEST(UpdateBound, ItsMedianSurvivesARestart) {
-  UpdateBound bound(Limits(0, 2), true);
+  UpdateBound bound(Limits(0, 2));
   bound.BeginRound();
   for (float v : {0.3f, 0.7f}) ASSERT_TRUE(bound.Admit(Of(1, v), 1).ok());
   bound.CommitRound();
-  UpdateBound restarted(Limits(0, 2), true);
+  UpdateBound restarted(Limits(0, 2));
   ASSERT_TRUE(restarted.LoadState(bound.SaveState()).ok());
   bound.BeginRound();
   restarted.BeginRound();
@@ -84,7 +84,7 @@ TEST(UpdateBound, ItsMedianSurvivesARestart) {
 }
 
 TEST(UpdateBound, ClaimsBeyondTheCapAndUpdatesThatAreNotFiniteAreRefused) {
-  UpdateBound bound(Limits(0, 0, 100), true);
+  UpdateBound bound(Limits(0, 0, 100));
   bound.BeginRound();
   EXPECT_TRUE(bound.Admit(Of(3, 1), 100).ok());
   auto greedy = bound.Admit(Of(3, 1), 101);
@@ -93,15 +93,6 @@ TEST(UpdateBound, ClaimsBeyondTheCapAndUpdatesThatAreNotFiniteAreRefused) {
   std::vector<float> broken = Of(3, 1);
   broken[1] = std::numeric_limits<float>::infinity();
   EXPECT_FALSE(bound.Admit(broken, 1).ok());
-}
-
-TEST(UpdateBound, AdaptersAreNotNormBounded) {
-  UpdateBound bound(Limits(1, 1), false);
-  bound.BeginRound();
-  EXPECT_EQ(bound.bound(), 0);
-  auto admitted = bound.Admit(Of(4, 100.0f), 1);
-  ASSERT_TRUE(admitted.ok());
-  EXPECT_EQ(admitted->scale(), 1);
 }
 
 }  // namespace

@@ -52,7 +52,7 @@ class AggregatorTest : public ::testing::Test {
     auto strategy = aggregation::MakeStrategy({});
     auto checkpointer = Checkpointer::Open(dir.path(), task(), std::nullopt, log);
     EXPECT_TRUE(strategy.ok() && checkpointer.ok());
-    return std::make_unique<Aggregator>(std::move(strategy).value(), aggregation::UpdateBound(limits, true),
+    return std::make_unique<Aggregator>(std::move(strategy).value(), aggregation::UpdateBound(limits),
                                         std::move(evaluator), std::move(checkpointer).value(), Layout());
   }
   static v1::TaskConfig task() {
