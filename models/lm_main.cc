@@ -47,7 +47,12 @@ Status Tokenize(const TokenizeFlags& flags) {
         ok = ids[i].is_number_integer() && ids[i].get<int64_t>() >= 0 && ids[i].get<int64_t>() <= INT32_MAX;
         if (ok) values.push_back(int32_t(ids[i].get<int64_t>()));
       }
-      if (!ok) return InvalidArgument("standard input, line {}: not a JSON array of token ids", number);
+      if (!ok) {
+        // What the lines before it gave is written first.
+        std::fwrite(out.data(), 1, out.size(), stdout);
+        std::fflush(stdout);
+        return InvalidArgument("standard input, line {}: not a JSON array of token ids", number);
+      }
       out += tokenizer.Decode(values, flags.skip_special_tokens);
       out += '\n';
     }
