@@ -331,6 +331,18 @@ Result<std::optional<int32_t>> ConfigToken(const Field& f, const TokenizerImpl& 
   return std::optional<int32_t>(it->second);
 }
 
+// The file's JSON object; a syntax error names the byte where it was found.
+Result<Json> ParseObject(std::string_view text, const std::string& name) {
+  Json json;
+  try {
+    json = Json::parse(text);
+  } catch (const Json::parse_error& e) {
+    return InvalidArgument("{}: not valid JSON (at byte {})", name, e.byte);
+  }
+  if (!json.is_object()) return InvalidArgument("{}: not a JSON object", name);
+  return json;
+}
+
 Result<std::string> ReadFile(const std::filesystem::path& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return NotFound("{}: cannot open: {}", path.string(), std::strerror(errno));
@@ -345,8 +357,7 @@ Result<std::string> ReadFile(const std::filesystem::path& path) {
 Result<Tokenizer> Tokenizer::FromJson(std::string_view json_text, std::string_view config_text, const std::string& name) {
   auto t = std::make_shared<TokenizerImpl>();
   t->name = name;
-  const Json json = Json::parse(json_text, nullptr, false);
-  if (json.is_discarded() || !json.is_object()) return InvalidArgument("{}: not a JSON object", name);
+  ESTUARY_ASSIGN_OR_RETURN(const Json json, ParseObject(json_text, name));
   const Field root{json, "", name};
   ESTUARY_RETURN_IF_ERROR(ReadNormalizer(root["normalizer"], &t->normalizers));
   ESTUARY_RETURN_IF_ERROR(ReadPreTokenizer(root["pre_tokenizer"], &t->pre_tokenizers));
@@ -363,8 +374,7 @@ Result<Tokenizer> Tokenizer::FromJson(std::string_view json_text, std::string_vi
   }
   if (!config_text.empty()) {
     const std::string config_name = (std::filesystem::path(name).parent_path() / "tokenizer_config.json").string();
-    const Json config = Json::parse(config_text, nullptr, false);
-    if (config.is_discarded() || !config.is_object()) return InvalidArgument("{}: not a JSON object", config_name);
+    ESTUARY_ASSIGN_OR_RETURN(const Json config, ParseObject(config_text, config_name));
     const Field c{config, "", config_name};
     ESTUARY_ASSIGN_OR_RETURN(t->bos, ConfigToken(c["bos_token"], *t));
     ESTUARY_ASSIGN_OR_RETURN(t->eos, ConfigToken(c["eos_token"], *t));

@@ -124,7 +124,8 @@ void ExpectRefused(const Json& json, const std::string& message) {
 }
 
 TEST(Tokenizer, AMalformedFileIsRefusedNamingTheFileAndTheField) {
-  ExpectRefused(nullptr, "m/tokenizer.json: not a JSON object");
+  ExpectRefused(nullptr, "m/tokenizer.json: not valid JSON (at byte 2)");
+  ExpectRefused(Json::array(), "m/tokenizer.json: not a JSON object");
   Json j = CharTokenizer();
   j["model"]["type"] = "WordPiece";
   ExpectRefused(j, "m/tokenizer.json: model.type: 'WordPiece' is not supported");
