@@ -301,11 +301,9 @@ void RunDecoder(const DecoderStep& step, std::vector<std::string>* tokens) {
       }
       return;
     case DecoderStep::kMetaspace:
-      for (size_t i = 0; i < tokens->size(); ++i) {
-        std::string& token = (*tokens)[i];
-        ReplaceAll(&token, step.text, " ");
-        if (i == 0 && step.prepend && token.starts_with(' ')) token.erase(0, 1);
-      }
+      // Hugging Face drops every replacement of the first token, not only a
+      // leading one, unless the encoder never prepends.
+      for (size_t i = 0; i < tokens->size(); ++i) ReplaceAll(&(*tokens)[i], step.text, i == 0 && step.prepend ? "" : " ");
       return;
   }
 }

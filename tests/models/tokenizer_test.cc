@@ -117,6 +117,25 @@ TEST(Tokenizer, AddedTokensStripSingleWordAndNormalizedAsHuggingFace) {
   EXPECT_EQ(t.vocab_size(), 24);
 }
 
+TEST(Tokenizer, MetaspaceEncodesAndDecodesAsHuggingFace) {
+  Json vocab = {{"<unk>", 0}, {"\u2581", 1}, {"a", 2}, {"b", 3}, {"\u2581a", 4}, {"</s>", 5}};
+  Json json = {
+      {"pre_tokenizer", {{"type", "Metaspace"}, {"replacement", "\u2581"}, {"prepend_scheme", "first"}, {"split", true}}},
+      {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", Json::array({"\u2581 a"})}, {"unk_token", "<unk>"}}},
+      {"added_tokens", {{{"id", 5}, {"content", "</s>"}, {"special", true}}}},
+      {"decoder", {{"type", "Metaspace"}, {"replacement", "\u2581"}, {"prepend_scheme", "first"}}},
+  };
+  const Tokenizer t = MustParse(json);
+  using V = std::vector<int32_t>;
+  // "first": only the text at the input's start gets the prepended marker; split: each marker starts a word.
+  EXPECT_EQ(t.Encode("a b</s>a", false), (V{4, 1, 3, 5, 2}));
+  EXPECT_EQ(t.Encode("</s>a a", false), (V{5, 2, 4}));
+  // The decoder drops every marker of the first token, and turns the others into spaces.
+  EXPECT_EQ(t.Decode(V{4, 1, 3}, false), "a b");
+  EXPECT_EQ(t.Decode(V{3, 4, 1, 4}, false), "b a  a");
+  EXPECT_EQ(t.Decode(V{1, 4}, false), " a");
+}
+
 void ExpectRefused(const Json& json, const std::string& message) {
   Result<Tokenizer> t = Tokenizer::FromJson(json.is_null() ? "{" : json.dump(), "", "m/tokenizer.json");
   ASSERT_FALSE(t.ok());
