@@ -55,14 +55,24 @@ Status Manifest::Validate() const {
     if (t.name.empty()) return InvalidArgument("manifest: a tensor has an empty name");
     if (!names.insert(t.name).second) return InvalidArgument("manifest: tensor '{}' appears twice", t.name);
     if (t.shape.empty()) return InvalidArgument("manifest: tensor '{}' has no shape", t.name);
+    // The element count, and where the tensor ends, computed without
+    // overflow: a shape whose product wraps around 2^64 would otherwise pass
+    // as a tensor of a few elements (or none).
+    uint64_t n = 1;
     for (int64_t d : t.shape) {
       if (d <= 0) return InvalidArgument("manifest: tensor '{}' has dimension {}", t.name, d);
+      if (__builtin_mul_overflow(n, static_cast<uint64_t>(d), &n) || n > kMaxElements) {
+        return InvalidArgument("manifest: tensor '{}' has more than {} elements", t.name, kMaxElements);
+      }
     }
     if (t.offset != next) {
       return InvalidArgument("manifest: tensor '{}' starts at {} but the previous one ends at {}", t.name, t.offset,
                              next);
     }
-    next = t.offset + t.numel();
+    if (n > kMaxElements - next) {
+      return InvalidArgument("manifest: tensor '{}' ends past {} elements", t.name, kMaxElements);
+    }
+    next += n;
   }
   if (next != total_elements) {
     return InvalidArgument("manifest: tensors cover {} elements but total_elements is {}", next, total_elements);

@@ -30,8 +30,11 @@ struct TensorSpec {
 };
 
 // Tensors are sorted by offset, do not overlap and tile [0, total_elements)
-// exactly; Validate() checks all of that.
+// exactly; Validate() checks all of that, and that no element count, offset
+// or byte size can overflow (at most kMaxElements elements in all).
 struct Manifest {
+  static constexpr uint64_t kMaxElements = uint64_t{1} << 60;
+
   std::vector<TensorSpec> tensors;
   uint64_t total_elements = 0;
 

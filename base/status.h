@@ -28,10 +28,15 @@ enum class Code {
 
 const char* CodeName(Code code);
 
+// `message` as one line: each line break or other control character (a
+// name read from a file or sent by a peer may hold any) written as an escape,
+// \n, \r or \xNN, so an error can neither split a log line nor forge one.
+std::string OneLine(std::string message);
+
 class [[nodiscard]] Status {
  public:
   Status() = default;
-  Status(Code code, std::string message) : code_(code), message_(std::move(message)) {}
+  Status(Code code, std::string message) : code_(code), message_(OneLine(std::move(message))) {}
 
   static Status Ok() { return {}; }
   bool ok() const { return code_ == Code::kOk; }
@@ -95,6 +100,22 @@ inline const char* CodeName(Code code) {
     case Code::kInternal: return "internal error";
   }
   return "unknown";
+}
+
+inline std::string OneLine(std::string message) {
+  auto is_control = [](char c) { return (static_cast<unsigned char>(c) < 0x20 && c != '\t') || c == 0x7f; };
+  size_t at = 0;
+  while (at < message.size() && !is_control(message[at])) ++at;
+  if (at == message.size()) return message;
+  std::string out = message.substr(0, at);
+  for (; at < message.size(); ++at) {
+    const char c = message[at];
+    if (c == '\n') out += "\\n";
+    else if (c == '\r') out += "\\r";
+    else if (is_control(c)) out += fmt::format("\\x{:02x}", static_cast<unsigned char>(c));
+    else out += c;
+  }
+  return out;
 }
 
 inline std::string Status::ToString() const {

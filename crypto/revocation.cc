@@ -50,7 +50,13 @@ Result<Clock::time_point> TimeOf(const ASN1_TIME* time, const std::filesystem::p
   if (time == nullptr || ASN1_TIME_to_tm(time, &tm) != 1) {
     return InvalidArgument("crypto: {}: {} is missing or unreadable", path.string(), what);
   }
-  return Clock::from_time_t(timegm(&tm));
+  // ASN.1 times run from year 0 to 9999 (RFC 5280 even writes 99991231235959Z
+  // for "no expiry"), but the clock's nanoseconds end in 2262: a time outside
+  // [1970, ~2116] is taken as the nearer end of that range, so that neither
+  // the conversion nor a later `time - now` can overflow.
+  constexpr time_t kLast = std::chrono::duration_cast<std::chrono::seconds>(Clock::duration::max()).count() / 2;
+  const time_t seconds = std::clamp<time_t>(timegm(&tm), 0, kLast);
+  return Clock::time_point(std::chrono::seconds(seconds));
 }
 
 // The federation's CA and its key, checked to belong together.

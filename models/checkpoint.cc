@@ -18,7 +18,9 @@ Status SaveCheckpoint(const fs::path& path, const Manifest& manifest, std::span<
   if (data.size() != manifest.total_elements) {
     return InvalidArgument("{}: {} values for a manifest of {}", path.string(), data.size(), manifest.total_elements);
   }
-  nlohmann::ordered_json header;
+  // An object even with no tensors and no metadata ("{}", which LoadCheckpoint
+  // reads back; a default json would be written as "null").
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
   for (const auto& t : manifest.tensors) {
     if (t.dtype != DType::kF32) return InvalidArgument("{}: tensor '{}' is not f32", path.string(), t.name);
@@ -64,7 +66,8 @@ Result<Checkpoint> LoadCheckpoint(const fs::path& path) {
       }
       continue;
     }
-    if (!value.is_object() || value.value("dtype", "") != "F32" || !value.contains("shape") ||
+    // (value.value("dtype", "") would throw on a dtype that is not a string.)
+    if (!value.is_object() || !value.contains("dtype") || value["dtype"] != "F32" || !value.contains("shape") ||
         !value["shape"].is_array() || !value.contains("data_offsets") || !value["data_offsets"].is_array() ||
         value["data_offsets"].size() != 2) {
       return InvalidArgument("{}: tensor '{}' needs dtype F32, shape and data_offsets", path.string(), name);
@@ -99,7 +102,7 @@ Result<Checkpoint> LoadCheckpoint(const fs::path& path) {
     return InvalidArgument("{}: tensors do not tile the data section: {}", path.string(), valid.message());
   }
   checkpoint.data.resize(checkpoint.manifest.total_elements);
-  std::memcpy(checkpoint.data.data(), bytes.data() + 8 + n, data_bytes);
+  if (data_bytes > 0) std::memcpy(checkpoint.data.data(), bytes.data() + 8 + n, data_bytes);
   return checkpoint;
 }
 

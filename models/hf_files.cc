@@ -7,7 +7,9 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cfloat>
 #include <climits>
+#include <cmath>
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -70,9 +72,8 @@ struct JsonConfig {
 // On error nothing is copied; the message names the file and the tensor,
 // `shape_source` what gave the expected shape and `expected` what the
 // unexpected tensors are not.
-Status CopyCheckedTensors(const fs::path& file, const Checkpoint& checkpoint, const Manifest& want_manifest,
-                          std::span<float> values, std::string_view shape_source, std::string_view expected,
-                          bool (*ignored)(std::string_view name)) {
+Status CheckTensors(const fs::path& file, const Checkpoint& checkpoint, const Manifest& want_manifest,
+                    std::string_view shape_source, std::string_view expected, bool (*ignored)(std::string_view name)) {
   for (const TensorSpec& want : want_manifest.tensors) {
     const TensorSpec* got = checkpoint.manifest.Find(want.name);
     if (!got) return InvalidArgument("{}: tensor '{}' is missing", file.string(), want.name);
@@ -85,6 +86,13 @@ Status CopyCheckedTensors(const fs::path& file, const Checkpoint& checkpoint, co
     if (want_manifest.Find(got.name) || (ignored && ignored(got.name))) continue;
     return InvalidArgument("{}: unexpected tensor '{}' ({})", file.string(), got.name, expected);
   }
+  return Status::Ok();
+}
+
+Status CopyCheckedTensors(const fs::path& file, const Checkpoint& checkpoint, const Manifest& want_manifest,
+                          std::span<float> values, std::string_view shape_source, std::string_view expected,
+                          bool (*ignored)(std::string_view name)) {
+  ESTUARY_RETURN_IF_ERROR(CheckTensors(file, checkpoint, want_manifest, shape_source, expected, ignored));
   for (const TensorSpec& want : want_manifest.tensors) {
     const TensorSpec* got = checkpoint.manifest.Find(want.name);
     std::memcpy(values.data() + want.offset, checkpoint.data.data() + got->offset, sizeof(float) * want.numel());
@@ -180,7 +188,8 @@ Result<LlamaConfig> ReadHfConfig(const fs::path& path) {
   // transformers 5 writes RoPE's settings as one object in place of rope_theta and rope_scaling.
   if (json.contains("rope_parameters") && !json["rope_parameters"].is_null()) {
     const auto& rope = json["rope_parameters"];
-    if (!rope.is_object() || rope.value("rope_type", std::string("default")) != "default") {
+    // (rope.value("rope_type", ...) would throw on a rope_type that is not a string.)
+    if (!rope.is_object() || (rope.contains("rope_type") && rope["rope_type"] != "default")) {
       return InvalidArgument("{}: 'rope_parameters' is {}; only rope_type \"default\" is supported", path.string(),
                              rope.dump());
     }
@@ -212,13 +221,18 @@ Result<LlamaConfig> ReadHfConfig(const fs::path& path) {
 
 Result<Llama> LoadHfCheckpoint(const fs::path& dir, int max_batch) {
   ESTUARY_ASSIGN_OR_RETURN(LlamaConfig config, ReadHfConfig(dir / "config.json"));
-  ESTUARY_ASSIGN_OR_RETURN(Llama model, Llama::Create(config, max_batch));
   const fs::path file = dir / "model.safetensors";
   ESTUARY_ASSIGN_OR_RETURN(Checkpoint checkpoint, LoadCheckpoint(file));  // checks every dtype is F32
   // Older transformers saved this non-trainable buffer; it is recomputed from rope_theta.
   auto recomputed = [](std::string_view name) { return name.ends_with("self_attn.rotary_emb.inv_freq"); };
   const std::string expected = fmt::format("not part of this config's LlamaForCausalLM{}",
                                            config.tie_embeddings ? ", whose embeddings are tied" : "");
+  // The file must hold the config's model before the model is made: a
+  // config.json alone (every absent key takes Hugging Face's 7B default)
+  // must not make the loader map the parameters of a model it was not given.
+  ESTUARY_RETURN_IF_ERROR(
+      CheckTensors(file, checkpoint, LayoutOf(config).manifest, "config.json implies", expected, recomputed));
+  ESTUARY_ASSIGN_OR_RETURN(Llama model, Llama::Create(config, max_batch));
   ESTUARY_RETURN_IF_ERROR(CopyCheckedTensors(file, checkpoint, model.manifest(), model.parameters(),
                                              "config.json implies", expected, recomputed));
   return model;
@@ -278,17 +292,18 @@ Result<LoraConfig> ReadLoraConfig(const fs::path& dir) {
     return InvalidArgument("{}: 'r' is {}; expected a positive integer", path.string(), json["r"].dump());
   }
   c.rank = json["r"].get<int>();
-  ESTUARY_RETURN_IF_ERROR(need("lora_alpha"));
-  if (!json["lora_alpha"].is_number()) {
-    return InvalidArgument("{}: 'lora_alpha' is {}; expected a number", path.string(), json["lora_alpha"].dump());
-  }
-  c.alpha = json["lora_alpha"].get<float>();
-  if (json.contains("lora_dropout")) {
-    if (!json["lora_dropout"].is_number()) {
-      return InvalidArgument("{}: 'lora_dropout' is {}; expected a number", path.string(), json["lora_dropout"].dump());
+  // A number that a float holds (a double past FLT_MAX made float is undefined).
+  auto real = [&](const char* key, float* out) -> Status {
+    const auto& v = json[key];
+    if (!v.is_number() || !(std::fabs(v.get<double>()) <= FLT_MAX)) {
+      return InvalidArgument("{}: '{}' is {}; expected a number", path.string(), key, v.dump());
     }
-    c.dropout = json["lora_dropout"].get<float>();
-  }
+    *out = static_cast<float>(v.get<double>());
+    return Status::Ok();
+  };
+  ESTUARY_RETURN_IF_ERROR(need("lora_alpha"));
+  ESTUARY_RETURN_IF_ERROR(real("lora_alpha", &c.alpha));
+  if (json.contains("lora_dropout")) ESTUARY_RETURN_IF_ERROR(real("lora_dropout", &c.dropout));
   ESTUARY_RETURN_IF_ERROR(need("target_modules"));
   const auto& targets = json["target_modules"];
   const auto is_string = [](const nlohmann::json& t) { return t.is_string(); };

@@ -32,6 +32,24 @@ Status LlamaConfig::Validate() const {
   if (num_heads % num_kv_heads != 0) {
     return InvalidArgument("llama config: num_kv_heads {} does not divide num_heads {}", num_kv_heads, num_heads);
   }
+  // What the layout and the activations are computed from must fit, with
+  // room: every matrix dimension an int, and the parameters and one
+  // sequence's activations (num_heads x max_seq_len^2 attention weights per
+  // layer) at most Manifest::kMaxElements, so that no count overflows.
+  // (A config.json may say anything; estimated in double, exact enough for a bound.)
+  const double V = vocab_size, D = hidden_size, I = intermediate_size, L = num_layers, H = num_heads,
+               KV = num_kv_heads, S = max_seq_len, hd = head_dim();
+  if ((H + 2 * KV) * hd > INT_MAX || 2 * I > INT_MAX) {
+    return InvalidArgument("llama config: the attention's {} or the MLP's {} rows do not fit an int",
+                           (H + 2 * KV) * hd, 2 * I);
+  }
+  const double parameters = 2 * V * D + L * ((2 * H + 2 * KV) * hd * D + 3 * I * D + 2 * D) + D;
+  const double activations = S * D * (L + 1) + L * (H * S * S + S * (4 * D + (2 * H + 2 * KV) * hd + 3 * I)) + S * V;
+  constexpr double kMax = double(Manifest::kMaxElements);
+  if (parameters > kMax || activations > kMax) {
+    return InvalidArgument("llama config: {:.3g} parameters and {:.3g} activations per sequence exceed {:.3g}",
+                           parameters, activations, kMax);
+  }
   if (!(rms_norm_eps > 0) || !std::isfinite(rms_norm_eps)) {
     return InvalidArgument("llama config: rms_norm_eps {} must be positive and finite", rms_norm_eps);
   }

@@ -137,6 +137,16 @@ TEST_F(Revocation, RenewingWithoutAListWritesAnEmptyOne) {
   EXPECT_EQ(VerifyWithCrl(dir(), "site-a"), X509_V_OK);
 }
 
+TEST_F(Revocation, AListValidPastTheClocksRangeIsReadAsValid) {
+  // Found by fuzzing (fuzz/corpus/crl/regress_time_past_2262): a nextUpdate
+  // past 2262 overflowed system_clock's nanoseconds in from_time_t (undefined;
+  // in practice a date before 1970, so the list was refused as expired).
+  ASSERT_TRUE(RenewCrl(dir(), {.valid_for = std::chrono::hours(24 * 365 * 400)}).ok());
+  const CrlInfo info = Read();
+  EXPECT_GT(info.next_update, std::chrono::system_clock::now() + std::chrono::hours(24 * 365 * 80));
+  EXPECT_GT(DaysValid(info), 365 * 80);
+}
+
 TEST_F(Revocation, BadRequestsAreRefusedInOneLine) {
   ExpectOneLine(RevokeCertificate(dir(), "site-z").status(), (dir() / "site-z.pem").string() + ": no such file");
   ExpectOneLine(RevokeCertificate(dir(), "../site-a").status(), "'../site-a'");

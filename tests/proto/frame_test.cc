@@ -110,6 +110,37 @@ TEST(Wire, ManifestRoundTripsAndIsValidated) {
   EXPECT_FALSE(FromProto(negative, 1000).ok());
 }
 
+TEST(Wire, RefusesAManifestWhoseElementCountsOverflow) {
+  // Each dimension is within a site's limit of 2^34 elements, but 2^32 x 2^32
+  // wraps to 0 in 64 bits: once a tensor of no elements with that shape.
+  v1::Manifest wire;
+  auto* t = wire.add_tensors();
+  t->set_name("w");
+  t->add_shape(int64_t{1} << 32);
+  t->add_shape(int64_t{1} << 32);
+  auto wrapped = FromProto(wire, uint64_t{1} << 34);
+  ASSERT_FALSE(wrapped.ok());
+  EXPECT_NE(wrapped.status().message().find("tensor 'w' has more than"), std::string::npos)
+      << wrapped.status().message();
+  // Two tensors whose ends wrap.
+  Manifest m;
+  m.tensors.push_back({"a", {int64_t{1} << 62}, DType::kF32, 0});
+  m.tensors.push_back({"b", {int64_t{1} << 62}, DType::kF32, uint64_t{1} << 62});
+  EXPECT_FALSE(m.Validate().ok());
+}
+
+TEST(Wire, AnErrorIsOneLineWhateverThePeerSent) {
+  // A peer's tensor name with line breaks must not split the error, or the server's log line.
+  auto wire = ToProto(TwoTensors());
+  wire.mutable_tensors(0)->set_name("evil\n[error] forged line\r\x1b[2J");
+  wire.mutable_tensors(0)->set_shape(0, 0);
+  auto refused = FromProto(wire, 1000);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().message(),
+            "wire: tensor 'evil\\n[error] forged line\\r\\x1b[2J' has bad dimension 0");
+  EXPECT_EQ(Status(Code::kInternal, "tab\tstays").message(), "tab\tstays");
+}
+
 TEST(Wire, ChunksMustContinueTheBufferInOrderWithTheRightDtype) {
   const auto m = TwoTensors();  // 44 bytes
   EXPECT_TRUE(CheckChunk(m, 0, 0, 16, v1::DTYPE_F32).ok());
