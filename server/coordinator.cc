@@ -95,8 +95,9 @@ void Coordinator::OnHello(const std::shared_ptr<ClientSession>& session, const v
                        : "");
 
   session->Send(WelcomeMessage(name, config_));
-  if (complete()) return session->Send(FederationCompleteMessage(config_.rounds, distribution_.current()));
-  MaybeStartRound();
+  if (complete()) session->Send(FederationCompleteMessage(config_.rounds, distribution_.current()));
+  if (closing_) return session->CloseAfterWrites();
+  if (!complete()) MaybeStartRound();
 }
 
 void Coordinator::OnMessage(const std::shared_ptr<ClientSession>& session, v1::Envelope envelope) {
@@ -111,7 +112,7 @@ void Coordinator::OnMessage(const std::shared_ptr<ClientSession>& session, v1::E
 }
 
 void Coordinator::MaybeStartRound() {
-  if (round_running_ || complete() || connected_.size() < config_.min_clients) return;
+  if (closing_ || round_running_ || complete() || connected_.size() < config_.min_clients) return;
   StartRound();
 }
 
@@ -400,6 +401,7 @@ void Coordinator::FailRound(const std::string& reason) {
 }
 
 void Coordinator::CloseAll() {
+  closing_ = true;
   deadline_->Cancel();
   retry_->Cancel();
   auto sessions = connected_;

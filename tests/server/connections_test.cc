@@ -27,7 +27,7 @@ class ConnectionsTest : public ::testing::Test {
   void SetUp() override {
     rig.config.min_clients = 10;  // no round: these clients only connect
     ASSERT_TRUE(rig.Start().ok());
-    connections = std::make_unique<Connections>(*rig.coordinator, *rig.store);
+    connections = std::make_unique<Connections>(*rig.coordinator, *rig.store, rig.clock);
   }
 
   std::shared_ptr<FakeSession> Hello(const std::string& name, const std::string& serial,
@@ -128,7 +128,7 @@ TEST_F(ConnectionsTest, RefusedHandshakesAndBadFramesAreEvents) {
 TEST(Connections, ARevokedSiteDropsOutOfItsRoundAsALostConnectionDoes) {
   CoordinatorRig rig;
   ASSERT_TRUE(rig.Start().ok());
-  Connections connections(*rig.coordinator, *rig.store);
+  Connections connections(*rig.coordinator, *rig.store, rig.clock);
   std::vector<std::shared_ptr<FakeSession>> sites;
   for (const auto& [name, serial] : {std::pair{"site-a", "a1"}, std::pair{"site-b", "b2"}}) {
     auto session = std::make_shared<FakeSession>(name, serial);
