@@ -4,6 +4,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
+
 #include <spdlog/spdlog.h>
 
 #include "server/config.h"
@@ -40,6 +42,17 @@ bool DescriptorsExhausted(const error_code& ec) {
 std::string AddressOf(const tcp::endpoint& remote) {
   return remote.address().is_v6() ? fmt::format("[{}]:{}", remote.address().to_string(), remote.port())
                                   : fmt::format("{}:{}", remote.address().to_string(), remote.port());
+}
+
+// What the caps per address count by: an IPv4 address, or an IPv6 one's
+// /64, the block one host is given (it may pick any address within it).
+std::string PeerKey(const asio::ip::address& address) {
+  if (address.is_v4()) return address.to_string();
+  const asio::ip::address_v6 v6 = address.to_v6();
+  if (v6.is_v4_mapped()) return asio::ip::make_address_v4(asio::ip::v4_mapped, v6).to_string();
+  asio::ip::address_v6::bytes_type bytes = v6.to_bytes();
+  std::fill(bytes.begin() + 8, bytes.end(), 0);
+  return asio::ip::make_address_v6(bytes).to_string() + "/64";
 }
 
 }  // namespace
@@ -103,7 +116,7 @@ void Acceptor::Admit(tcp::socket socket) {
   const tcp::endpoint remote = socket.remote_endpoint(ec);
   if (ec) return;  // gone already; closing the socket is all there is to do
   const std::string address = AddressOf(remote);
-  const std::string host = remote.address().to_string();
+  const std::string host = PeerKey(remote.address());
   uint32_t& from_host = pending_by_host_[host];
   if (pending_.size() >= config_.max_handshakes) {
     if (from_host == 0) pending_by_host_.erase(host);

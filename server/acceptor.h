@@ -3,7 +3,8 @@
 //
 // A connection is pending from accept until its session says Hello (or
 // closes): at most max_handshakes are pending at once, and at most
-// max_handshakes_per_address from one peer address (its IP). A connection
+// max_handshakes_per_address from one peer address (an IPv4 address, or an
+// IPv6 /64: a host may take any address of its block). A connection
 // beyond either is closed at once, before any TLS, counted, and logged and
 // recorded as a connection_refused event in aggregate (EventThrottle). When
 // the process runs out of descriptors, accepting does not spin: what waits

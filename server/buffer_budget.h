@@ -5,7 +5,9 @@
 //
 // Lock-free: sessions on any thread take and give. A session that cannot
 // take what it needs waits and tries again (Session); small control frames
-// are forced through (Force), since each session bounds its own queue.
+// are forced through (Force), since each session bounds its own queue. The
+// most taken at once is kept (TakePeak), so the server can give memory back
+// to the system once a burst has passed.
 #pragma once
 
 #include <atomic>
@@ -25,18 +27,29 @@ class BufferBudget {
     do {
       if (used + bytes > limit_) return false;
     } while (!used_.compare_exchange_weak(used, used + bytes, std::memory_order_relaxed));
+    NotePeak(used + bytes);
     return true;
   }
   // Takes `bytes` whether or not they fit.
-  void Force(uint64_t bytes) { used_.fetch_add(bytes, std::memory_order_relaxed); }
+  void Force(uint64_t bytes) { NotePeak(used_.fetch_add(bytes, std::memory_order_relaxed) + bytes); }
   void Give(uint64_t bytes) { used_.fetch_sub(bytes, std::memory_order_relaxed); }
 
   uint64_t used() const { return used_.load(std::memory_order_relaxed); }
   uint64_t limit() const { return limit_; }
+  // The most taken at once since the last call; starts over from what is
+  // taken now.
+  uint64_t TakePeak() { return peak_.exchange(used(), std::memory_order_relaxed); }
 
  private:
+  void NotePeak(uint64_t used) {
+    uint64_t peak = peak_.load(std::memory_order_relaxed);
+    while (used > peak && !peak_.compare_exchange_weak(peak, used, std::memory_order_relaxed)) {
+    }
+  }
+
   const uint64_t limit_;
   std::atomic<uint64_t> used_{0};
+  std::atomic<uint64_t> peak_{0};
 };
 
 }  // namespace estuary::server

@@ -23,6 +23,7 @@ Status ServerConfig::Finalize() {
   for (const auto& [key, seconds] : {std::pair{"handshake_timeout", handshake_timeout_s},
                                      {"idle_timeout", idle_timeout_s},
                                      {"write_timeout", write_timeout_s},
+                                     {"download_slot_timeout", download_slot_timeout_s},
                                      {"event_interval", event_interval_s}}) {
     if (!(seconds > 0)) return InvalidArgument("config: {} = {}: must be > 0", key, seconds);
   }

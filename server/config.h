@@ -38,6 +38,9 @@ struct ServerConfig {
   double handshake_timeout_s = 10;
   double idle_timeout_s = 60;                  // no frame for this long: the peer is gone
   double write_timeout_s = 30;                 // a frame not written for this long: the peer does not read
+  // A model download holds one of the concurrent download places this long
+  // at most; then the next starts beside it (ModelDistribution).
+  double download_slot_timeout_s = 30;
   // Limits on what connections may cost before they are sites (Acceptor):
   // connections between accept and their Hello, at once, and from one
   // peer address; one beyond either is closed at once.

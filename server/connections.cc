@@ -32,12 +32,15 @@ void Connections::Report(const char* kind, const std::string& host, const std::s
     spdlog::warn("{} from {}: {}", Said(kind), peer, detail);
     RecordEvent({clock_.UnixMs(), kind, peer, detail});
   }
+  // Once stopped, no timer may keep the server from exiting: what is counted
+  // is written at once (the sessions still closing, no more).
+  if (stopped_) return WriteSummaries(throttle_.FlushAll(clock_.Now()));
   ArmFlush();
 }
 
 void Connections::ArmFlush() {
   const auto next = throttle_.NextFlush();
-  if (flush_armed_ || !next) return;
+  if (flush_armed_ || stopped_ || !next) return;
   flush_armed_ = true;
   flush_->Arm(*next - clock_.Now(), [this] {
     flush_armed_ = false;
@@ -55,6 +58,7 @@ void Connections::WriteSummaries(const std::vector<EventThrottle::Summary>& summ
 }
 
 void Connections::Stop() {
+  stopped_ = true;
   flush_->Cancel();
   flush_armed_ = false;
   WriteSummaries(throttle_.FlushAll(clock_.Now()));

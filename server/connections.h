@@ -62,6 +62,7 @@ class Connections final : public SessionListener {
   EventThrottle throttle_;
   std::unique_ptr<Timer> flush_;
   bool flush_armed_ = false;
+  bool stopped_ = false;
   std::set<std::string> revoked_serials_;  // the last reloaded list's
 };
 

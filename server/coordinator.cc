@@ -23,6 +23,7 @@ Coordinator::Coordinator(const ServerConfig& config, Store& store, Clock& clock,
       worker_(std::move(worker)),
       deadline_(clock.MakeTimer()),
       retry_(clock.MakeTimer()),
+      distribution_(clock, std::chrono::milliseconds(int64_t(config.download_slot_timeout_s * 1000))),
       slots_(config.staging_slots, config.staging_memory_bytes, config.spill_dir) {}
 
 Coordinator::~Coordinator() = default;
@@ -189,6 +190,9 @@ void Coordinator::OnUpdateBegin(const std::shared_ptr<ClientSession>& session, c
     return Reject(session, v1::Error::NOT_SELECTED, fmt::format("{} was not selected for round {}", name, round_));
   }
   Participant& p = it->second;
+  // It trains only on a model whose checksum it verified: it holds this
+  // round's version now.
+  distribution_.Confirm(name);
   if (slots_.Staged(name) || slots_.Queued(name) || p.record.status != "selected") {
     return Reject(session, v1::Error::DUPLICATE_UPDATE,
                   fmt::format("second update from {} in round {}", name, round_));

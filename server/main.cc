@@ -103,6 +103,9 @@ int main(int argc, char** argv) {
   serve->add_option("--handshake-timeout", config.handshake_timeout_s, "seconds a TLS handshake may take");
   serve->add_option("--write-timeout", config.write_timeout_s,
                     "seconds a frame may wait to be written before the peer is dropped as one that does not read");
+  serve->add_option("--download-slot-timeout", config.download_slot_timeout_s,
+                    "seconds a model download may hold one of the two download places before the next starts "
+                    "beside it");
   serve->add_option("--max-handshakes", config.max_handshakes,
                     "connections between accept and their hello, at once; more are closed at once");
   serve->add_option("--max-handshakes-per-address", config.max_handshakes_per_address,

@@ -1,5 +1,8 @@
 #include "server/server.h"
 
+#include <malloc.h>
+#include <sys/resource.h>
+
 #include <spdlog/spdlog.h>
 
 #include <chrono>
@@ -36,6 +39,23 @@ void LogCrl(const std::string& what, const std::filesystem::path& path, const cr
   WarnIfCrlExpires(path, crl.next_update);
 }
 
+// Each connection is a descriptor: the soft limit (often 1024) goes up to
+// the hard one, which the operator sets.
+void RaiseDescriptorLimit() {
+  rlimit limit{};
+  if (::getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur >= limit.rlim_max) return;
+  const rlim_t before = limit.rlim_cur;
+  limit.rlim_cur = limit.rlim_max;
+  if (::setrlimit(RLIMIT_NOFILE, &limit) == 0) {
+    spdlog::debug("descriptor limit raised from {} to {}", before, limit.rlim_cur);
+  }
+}
+
+// Frames buffered past this, all sessions together, are given back to the
+// system once the burst is over (most of them gone again).
+constexpr uint64_t kTrimAfterBytes = 16u << 20;
+constexpr auto kTrimCheck = std::chrono::seconds(1);
+
 }  // namespace
 
 Server::Server(ServerConfig config)
@@ -47,6 +67,7 @@ Server::Server(ServerConfig config)
 
 Result<std::unique_ptr<Server>> Server::Create(ServerConfig config) {
   ESTUARY_RETURN_IF_ERROR(config.Finalize());
+  RaiseDescriptorLimit();
   std::unique_ptr<Server> server(new Server(std::move(config)));
   const ServerConfig& c = server->config_;
   crypto::TlsFiles without_crl = c.tls;
@@ -108,6 +129,7 @@ Status Server::Run() {
   reload_ = std::make_unique<asio::signal_set>(front_, SIGHUP);
   AwaitReload();
   if (!config_.tls.crl.empty()) asio::post(front_, [this] { WatchCrlExpiry(); });
+  asio::post(front_, [this] { GiveBackMemory(); });
   asio::post(core_, [this] {
     if (config_.exit_when_done) {
       coordinator_->set_on_complete([this] { Stop(); });
@@ -128,7 +150,7 @@ Status Server::Run() {
 
 void Server::AwaitReload() {
   reload_->async_wait([this](const boost::system::error_code& ec, int) {
-    if (ec) return;
+    if (ec || front_stopped_) return;
     // OpenSSL reads the trust store during handshakes, on any I/O thread:
     // the store is swapped while none runs.
     acceptor_->Quiesce([this] { ReloadCrl(); });
@@ -156,9 +178,28 @@ void Server::ReloadCrl() {
 void Server::WatchCrlExpiry() {
   crl_timer_.expires_after(std::chrono::hours(24));
   crl_timer_.async_wait([this](const boost::system::error_code& ec) {
-    if (ec) return;
+    if (ec || front_stopped_) return;
     WarnIfCrlExpires(config_.tls.crl, crl_next_update_);
     WatchCrlExpiry();
+  });
+}
+
+// The process keeps freed buffers for reuse (RetainFreedMemory): after a
+// burst of buffered frames, such as many connections each sending a large
+// frame at once, what they held goes back to the system instead.
+void Server::GiveBackMemory() {
+  trim_timer_.expires_after(kTrimCheck);
+  trim_timer_.async_wait([this](const boost::system::error_code& ec) {
+    if (ec || front_stopped_) return;
+    burst_ = std::max(burst_, budget_.TakePeak());
+    const uint64_t used = budget_.used();
+    if (burst_ >= kTrimAfterBytes && used <= burst_ / 4) {
+      malloc_trim(0);
+      spdlog::debug("frames buffered peaked at {} MiB, now {} MiB: freed memory given back", burst_ >> 20,
+                    used >> 20);
+      burst_ = used;
+    }
+    GiveBackMemory();
   });
 }
 
@@ -168,9 +209,12 @@ void Server::Stop() {
   boost::system::error_code ignored;
   signals_->cancel(ignored);
   asio::post(front_, [this] {
+    // A handler already due still runs: it finds the flag and arms nothing.
+    front_stopped_ = true;
     boost::system::error_code ignored;
     reload_->cancel(ignored);
     crl_timer_.cancel();
+    trim_timer_.cancel();
   });
   acceptor_->Stop();
   connections_->Stop();

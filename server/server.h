@@ -5,7 +5,9 @@
 // a strand of its own, so a slow handshake holds one thread, not the server;
 // the Coordinator, Connections and the Store on one strand (the core), so the
 // round logic needs no locks; the Acceptor, the signals and the revocation
-// list on another (the front).
+// list on another (the front). Frames buffered, all sessions together, are
+// bounded (BufferBudget, frame_memory_bytes), and once a burst of them has
+// passed the memory they held goes back to the system.
 //
 // Run() accepts connections on the configured address until SIGINT/SIGTERM,
 // or, with exit_when_done, until the last round has been committed and
@@ -50,6 +52,7 @@ class Server {
   void AwaitReload();
   void ReloadCrl();  // on the front, quiesced
   void WatchCrlExpiry();
+  void GiveBackMemory();  // on the front, every second
 
   ServerConfig config_;
   boost::asio::io_context io_;
@@ -66,10 +69,13 @@ class Server {
   std::unique_ptr<boost::asio::signal_set> signals_;
   std::unique_ptr<boost::asio::signal_set> reload_;  // SIGHUP
   boost::asio::steady_timer crl_timer_{front_};
+  boost::asio::steady_timer trim_timer_{front_};
+  uint64_t burst_ = 0;  // the most frames buffered since memory was last given back
   std::chrono::system_clock::time_point crl_next_update_;  // the loaded list's
   uint16_t port_ = 0;
   std::string listening_;  // HOST:PORT, as bound
   bool stopping_ = false;  // on the core
+  bool front_stopped_ = false;  // on the front
 };
 
 }  // namespace estuary::server

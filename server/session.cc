@@ -185,11 +185,15 @@ void Session::Dispatch(v1::Envelope envelope) {
     FireMilestone(milestones_.identified);
   } else if (envelope.body_case() == v1::Envelope::kHeartbeat) {
     GiveBackBody();
-    // Echoed, so the client can tell the server is alive; one at a time, so
-    // a peer that never reads its echoes cannot queue them without end.
+    // Echoed, so the client can tell the server is alive: one at a time, so
+    // a peer that never reads its echoes cannot queue them without end, and
+    // rebuilt from its timestamp alone, so fields this server does not know
+    // (which protobuf would carry along) cannot make the echo large.
     if (!heartbeat_queued_) {
       heartbeat_queued_ = true;
-      Queue(std::make_shared<const proto::Frame>(proto::EncodeFrame(envelope)), true, 0);
+      v1::Envelope echo;
+      echo.mutable_heartbeat()->set_sent_unix_ms(envelope.heartbeat().sent_unix_ms());
+      Queue(std::make_shared<const proto::Frame>(proto::EncodeFrame(echo)), true, 0);
     }
     return ReadHeader();
   }

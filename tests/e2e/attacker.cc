@@ -16,6 +16,8 @@
 #include <memory>
 #include <sstream>
 
+#include "proto/frame.h"
+
 namespace estuary::testing {
 
 Result<PlainConnection> PlainConnection::Open(uint16_t port, const std::string& source) {
@@ -151,6 +153,51 @@ Status LimitDescriptors(pid_t pid, uint64_t limit) {
     return IoError("prlimit {} RLIMIT_NOFILE {}: {}", pid, limit, std::strerror(errno));
   }
   return Status::Ok();
+}
+
+PeakResident::PeakResident(pid_t pid)
+    : thread_([this, pid] {
+        while (!stop_.load()) {
+          const uint64_t now = ResidentBytes(pid);
+          if (now > peak_.load()) peak_.store(now);
+          std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        }
+      }) {}
+
+PeakResident::~PeakResident() {
+  stop_.store(true);
+  thread_.join();
+}
+
+std::string Frames(const v1::Envelope& envelope, size_t count) {
+  const proto::Frame frame = proto::EncodeFrame(envelope);
+  std::string bytes;
+  bytes.reserve(frame.size() * count);
+  for (size_t i = 0; i < count; ++i) bytes.append(reinterpret_cast<const char*>(frame.data()), frame.size());
+  return bytes;
+}
+
+v1::Envelope PaddedHeartbeat(size_t padding) {
+  v1::Heartbeat heartbeat;
+  heartbeat.set_sent_unix_ms(1);
+  // Field 15, length-delimited: tag 15 << 3 | 2, the length as a varint.
+  std::string bytes = heartbeat.SerializeAsString();
+  bytes.push_back(char(15 << 3 | 2));
+  for (uint64_t n = padding; ; n >>= 7) {
+    if (n < 0x80) {
+      bytes.push_back(char(n));
+      break;
+    }
+    bytes.push_back(char((n & 0x7f) | 0x80));
+  }
+  bytes.append(padding, 'x');
+  v1::Envelope envelope;
+  envelope.mutable_heartbeat()->ParseFromString(bytes);
+  return envelope;
+}
+
+std::string FrameHeader(uint32_t size) {
+  return {char(size >> 24), char(size >> 16 & 0xff), char(size >> 8 & 0xff), char(size & 0xff)};
 }
 
 }  // namespace estuary::testing

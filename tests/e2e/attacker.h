@@ -6,12 +6,15 @@
 
 #include <sys/types.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "base/status.h"
+#include "estuary.pb.h"
 
 namespace estuary::testing {
 
@@ -49,5 +52,28 @@ uint64_t FileBytes(const std::string& path);
 
 // Lowers the descriptor limit of a running process (prlimit), soft and hard.
 Status LimitDescriptors(pid_t pid, uint64_t limit);
+
+// The largest resident size of a process while it lives: /proc sampled
+// every millisecond on a thread of its own.
+class PeakResident {
+ public:
+  explicit PeakResident(pid_t pid);
+  ~PeakResident();
+  uint64_t peak() const { return peak_.load(); }
+
+ private:
+  std::atomic<uint64_t> peak_{0};
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+// The frames a site sends as raw bytes: `count` frames of `envelope`, back
+// to back.
+std::string Frames(const v1::Envelope& envelope, size_t count);
+// A Heartbeat padded with `padding` bytes in a field this protocol does not
+// define, which protobuf keeps when it parses and writes when it serializes.
+v1::Envelope PaddedHeartbeat(size_t padding);
+// A frame header announcing `size` bytes.
+std::string FrameHeader(uint32_t size);
 
 }  // namespace estuary::testing
