@@ -274,6 +274,9 @@ void Session::Queue(std::shared_ptr<const proto::Frame> frame, bool heartbeat, u
 void Session::StartModel(uint64_t round, std::shared_ptr<const std::vector<float>> model,
                          std::function<void()> on_sent, std::vector<std::pair<uint64_t, uint64_t>> ranges,
                          std::shared_ptr<const std::vector<float>> tail) {
+  // A stream still running (a retried round's) is over: its callback runs
+  // too, and its chunks already queued go before the new round's start.
+  ModelStreamOver();
   on_model_sent_ = std::move(on_sent);
   if (closed_ || close_after_writes_) return ModelStreamOver();
   model_ = std::move(model);

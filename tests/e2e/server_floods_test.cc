@@ -41,13 +41,13 @@ size_t AwaitClosed(std::vector<PlainConnection>& connections, size_t count, Cloc
 // One address floods the server with replays of a ClientHello offering only
 // ffdhe8192 (each costs the server a large key exchange where the group is
 // accepted, the flood nothing), another with connections that never speak.
-// Beyond 16 from one address they are closed at once, before any TLS; and a
+// Beyond 8 from one address they are closed at once, before any TLS; and a
 // site from a third address completes its Hello within seconds meanwhile,
 // where one I/O thread would have queued it behind every replay.
 TEST(ServerFloods, HandshakesBeyondTheCapPerAddressAreClosedAndASiteStillGetsIn) {
   Federation f;
   f.Issue("site-1");
-  const uint16_t port = f.StartServer(1, 2, {"--max-handshakes-per-address", "16"});
+  const uint16_t port = f.StartServer(1, 2, {"--max-handshakes-per-address", "8"});
   ASSERT_NE(port, 0);
   const pid_t pid = f.server().pid();
   auto hello = RecordClientHello("ffdhe8192");
@@ -74,12 +74,12 @@ TEST(ServerFloods, HandshakesBeyondTheCapPerAddressAreClosedAndASiteStillGetsIn)
     ASSERT_TRUE(connection.ok()) << connection.status().ToString();
     silent.push_back(std::move(*connection));
   }
-  EXPECT_EQ(AwaitClosed(silent, 84, seconds(5)), 84u) << "closed at once, beyond 16 pending from 127.0.0.2";
+  EXPECT_EQ(AwaitClosed(silent, 92, seconds(5)), 92u) << "closed at once, beyond 8 pending from 127.0.0.2";
   size_t still_open = 0;
   for (auto& connection : silent) still_open += connection.Await(milliseconds(0)) == PlainConnection::State::kOpen;
-  EXPECT_EQ(still_open, 16u) << "the 16 pending ones wait for their handshake's timeout";
+  EXPECT_EQ(still_open, 8u) << "the 8 pending ones wait for their handshake's timeout";
   EXPECT_TRUE(f.AwaitLog("connection from 127.0.0.2:")) << f.ServerLog();
-  EXPECT_NE(f.ServerLog().find("16 connections from 127.0.0.2 are between accept and hello already"),
+  EXPECT_NE(f.ServerLog().find("8 connections from 127.0.0.2 are between accept and hello already"),
             std::string::npos)
       << f.ServerLog();
   std::printf("handshake flood: a site's Hello took %.3f s; the server used %.2f s of CPU\n", hello_seconds,
@@ -91,6 +91,14 @@ TEST(ServerFloods, HandshakesBeyondTheCapPerAddressAreClosedAndASiteStillGetsIn)
 TEST(ServerFloods, RunningOutOfDescriptorsNeitherSpinsNorFloodsTheLog) {
   Federation f;
   f.Issue("site-1");
+#if defined(__SANITIZE_ADDRESS__)
+  // UBSan (built beside ASan) checks a vptr by first testing, through a
+  // pipe, that the vtable is readable (sanitizer_common's
+  // IsAccessibleMemoryRange). A process out of descriptors has no pipe, so
+  // its first virtual call of a type not checked before reads as a bad vptr;
+  // and UBSan reads its suppressions only then, when it cannot open them.
+  GTEST_SKIP() << "UBSan cannot check a process that has run out of descriptors";
+#endif
   const uint16_t port = f.StartServer(1, 2, {"--handshake-timeout", "2"});
   ASSERT_NE(port, 0);
   const pid_t pid = f.server().pid();

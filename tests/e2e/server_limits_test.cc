@@ -26,6 +26,15 @@ using std::chrono::seconds;
 
 constexpr uint64_t kMiB = 1u << 20;
 
+// Under a sanitizer the server's resident size says nothing of its buffers
+// (freed memory waits in quarantine; shadow memory): the attacks run, the
+// bounds on memory are not checked.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+constexpr bool kMemoryMeasurable = false;
+#else
+constexpr bool kMemoryMeasurable = true;
+#endif
+
 double MiB(uint64_t bytes) { return double(bytes) / double(kMiB); }
 double SecondsSince(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
 
@@ -102,7 +111,9 @@ TEST(ServerLimits, ASiteThatNeverReadsItsHeartbeatEchoesCostsTheServerNoMemory) 
   }
   const double sending = SecondsSince(start);
   EXPECT_EQ(sent, small.size() + 48 * padded.size()) << "the server read all of it";
-  EXPECT_LT(grown, 16 * kMiB) << "resident growth while " << MiB(sent) << " MiB of heartbeats arrived";
+  if (kMemoryMeasurable) {
+    EXPECT_LT(grown, 16 * kMiB) << "resident growth while " << MiB(sent) << " MiB of heartbeats arrived";
+  }
   std::printf("heartbeats never read: %.1f MiB sent in %.2f s; server resident %.1f MiB before, peak +%.1f MiB\n",
               MiB(sent), sending, MiB(before), MiB(grown));
 }
@@ -135,7 +146,9 @@ TEST(ServerLimits, AFrameLargerThanAHelloBeforeTheHelloIsRefusedUnread) {
     std::this_thread::sleep_for(milliseconds(200));
     grown = peak.peak() > before ? peak.peak() - before : 0;
   }
-  EXPECT_LT(grown, 32 * kMiB) << kConnections << " frames of 4 MiB before hello";
+  if (kMemoryMeasurable) {
+    EXPECT_LT(grown, 32 * kMiB) << kConnections << " frames of 4 MiB before hello";
+  }
   EXPECT_TRUE(f.AwaitLog("exceeds the limit of 65536 bytes before hello", seconds(5))) << f.ServerLog();
   std::printf("%d connections sending a 4 MiB frame before hello: %.2f s; server resident %.1f MiB before, "
               "peak +%.1f MiB\n",
@@ -175,16 +188,20 @@ TEST(ServerLimits, FramesBeingReceivedStayWithinTheServersBudgetAndAreGivenBack)
     std::this_thread::sleep_for(milliseconds(300));
     grown = peak.peak() > before ? peak.peak() - before : 0;
   }
-  EXPECT_LT(grown, 28 * kMiB) << "16 MiB of frames at most, not " << kSites * 4;
+  if (kMemoryMeasurable) {
+    EXPECT_LT(grown, 28 * kMiB) << "16 MiB of frames at most, not " << kSites * 4;
+  }
   for (auto& site : sites) site->Abort();
   sites.clear();
   const auto gone = Clock::now();
   uint64_t after = ResidentBytes(pid);
-  while (after > before + 6 * kMiB && Clock::now() - gone < seconds(5)) {
+  while (kMemoryMeasurable && after > before + 6 * kMiB && Clock::now() - gone < seconds(5)) {
     std::this_thread::sleep_for(milliseconds(100));
     after = ResidentBytes(pid);
   }
-  EXPECT_LT(after, before + 6 * kMiB) << "given back";
+  if (kMemoryMeasurable) {
+    EXPECT_LT(after, before + 6 * kMiB) << "given back";
+  }
   std::printf("%d sites each sending a 4 MiB frame less its last byte (budget 16 MiB): server resident %.1f MiB "
               "before, peak +%.1f MiB, +%.1f MiB %.1f s after they left\n",
               kSites, MiB(before), MiB(grown), MiB(after > before ? after - before : 0), SecondsSince(gone));
@@ -215,7 +232,7 @@ TEST(ServerLimits, TwoSelectedSitesThatNeverReadDoNotStallTheRound) {
   const auto start = Clock::now();
   std::vector<std::unique_ptr<ChildProcess>> honest;
   for (const auto& name : honest_names) honest.push_back(f.StartClient(name, port));
-  EXPECT_TRUE(f.AwaitCommitted(1, seconds(30))) << f.ServerLog();
+  ASSERT_TRUE(f.AwaitCommitted(1, seconds(30))) << f.ServerLog();
   const double committed = SecondsSince(start);
   EXPECT_EQ(f.WaitServer(), 0) << f.ServerLog();
   for (auto& client : honest) EXPECT_EQ(client->Wait(), 0);
@@ -284,13 +301,13 @@ TEST(ServerLimits, ARetriedRoundSendsTheModelAgainToASiteThatNeverConfirmedIt) {
 
 // Finding 9: a site paused for a staging slot kept its idle timer running
 // and was closed while it waited for the server. One slot: site-1 holds it
-// (sending heartbeats), site-2 waits paused, silent for 2.5 s with an idle
-// timeout of 1 s, and still uploads once site-1 is done.
+// (sending heartbeats), site-2 waits paused, silent for 4.5 s with an idle
+// timeout of 2 s, and still uploads once site-1 is done.
 TEST(ServerLimits, ASitePausedForAStagingSlotIsNotClosedAsIdle) {
   Federation f;
   f.Issue("site-1");
   f.Issue("site-2");
-  const uint16_t port = f.StartServer(1, 2, {"--staging-slots", "1", "--idle-timeout", "1"});
+  const uint16_t port = f.StartServer(1, 2, {"--staging-slots", "1", "--idle-timeout", "2"});
   ASSERT_NE(port, 0);
   std::vector<std::unique_ptr<RawClient>> sites;
   for (const char* name : {"site-1", "site-2"}) {
@@ -314,7 +331,7 @@ TEST(ServerLimits, ASitePausedForAStagingSlotIsNotClosedAsIdle) {
   ASSERT_TRUE(waiter.Send(MakeUpdateBegin(starts[1], zeros, 50)).ok());
   v1::Envelope beat;
   beat.mutable_heartbeat()->set_sent_unix_ms(1);
-  for (int i = 0; i < 10; ++i) {  // 2.5 s: site-1 stays alive, site-2 says nothing
+  for (int i = 0; i < 18; ++i) {  // 4.5 s: site-1 stays alive, site-2 says nothing
     std::this_thread::sleep_for(milliseconds(250));
     ASSERT_TRUE(holder.Send(beat).ok());
   }
