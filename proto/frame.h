@@ -19,6 +19,10 @@ inline constexpr uint32_t kProtocolVersion = 1;
 inline constexpr size_t kFrameHeaderBytes = 4;
 inline constexpr uint64_t kDefaultMaxFrameBytes = 4u << 20;
 inline constexpr uint32_t kDefaultChunkBytes = 1u << 20;
+// A connection's frames before its Hello (the Hello included) may not exceed
+// this: a Hello is a few dozen bytes, so a peer not yet a site cannot make
+// the server hold a large buffer.
+inline constexpr uint64_t kMaxHelloFrameBytes = 64u << 10;
 
 // A frame ready to write: the length prefix, then the serialized envelope,
 // in one buffer allocated without zero-filling (model-sized frames are filled

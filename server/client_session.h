@@ -5,7 +5,10 @@
 // SessionListener is what a connection reports. Session (session.h) is the
 // TLS implementation of the first and Connections (connections.h) the
 // server's implementation of the second; tests put fakes in their place, so
-// the round logic runs without sockets. Every call happens on the I/O thread.
+// the round logic runs without sockets. The listener's calls, and the
+// ClientSession calls it makes, all run on one strand (the Coordinator's): a
+// Session carries each call over to its own strand, and reports back by
+// posting to the listener's, in the order things happened on the connection.
 #pragma once
 
 #include <cstdint>
@@ -34,8 +37,9 @@ class ClientSession {
   // Streams `model` as ModelChunk frames for `round` after what is queued:
   // all of it, or only the byte ranges [begin, end) of `ranges` (ascending,
   // disjoint, non-empty; no chunk crosses one). Offsets past the model's end
-  // address `tail` from its start. `on_sent` runs once: when the last chunk
-  // is written or the session closes. The model is shared, never copied.
+  // address `tail` from its start. `on_sent` runs once, on the caller's
+  // strand: when the last chunk is written or the session closes. The model
+  // is shared, never copied.
   virtual void SendModel(uint64_t round, std::shared_ptr<const std::vector<float>> model,
                          std::function<void()> on_sent, std::vector<std::pair<uint64_t, uint64_t>> ranges,
                          std::shared_ptr<const std::vector<float>> tail) = 0;
@@ -43,11 +47,12 @@ class ClientSession {
   virtual void SendErrorAndClose(v1::Error::Code code, const std::string& message) = 0;
   // Closes once everything queued is written.
   virtual void CloseAfterWrites() = 0;
-  // Backpressure: no frame is read from the client until Resume().
+  // Backpressure: no frame is read from the client after the one being
+  // handled until Resume(); meanwhile its idle timeout does not run.
   virtual void Pause() = 0;
   virtual void Resume() = 0;
-  // Closed: nothing more is sent or read, and the listener has been told
-  // (OnClosed) if the session had said hello.
+  // Closed: nothing more is sent or read, and the listener is told
+  // (OnClosed) if the session had said hello. Safe from any thread.
   virtual bool closed() const = 0;
 };
 

@@ -20,6 +20,20 @@ Status ServerConfig::Finalize() {
                            max_frame_bytes);
   }
   if (staging_slots == 0) return InvalidArgument("config: staging_slots = 0: must be >= 1");
+  for (const auto& [key, seconds] : {std::pair{"handshake_timeout", handshake_timeout_s},
+                                     {"idle_timeout", idle_timeout_s},
+                                     {"write_timeout", write_timeout_s},
+                                     {"download_slot_timeout", download_slot_timeout_s},
+                                     {"event_interval", event_interval_s}}) {
+    if (!(seconds > 0)) return InvalidArgument("config: {} = {}: must be > 0", key, seconds);
+  }
+  if (max_handshakes == 0) return InvalidArgument("config: max_handshakes = 0: must be >= 1");
+  if (max_handshakes_per_address == 0) return InvalidArgument("config: max_handshakes_per_address = 0: must be >= 1");
+  if (io_threads == 0) return InvalidArgument("config: io_threads = 0: must be >= 1");
+  if (frame_memory_bytes < max_frame_bytes) {
+    return InvalidArgument("config: frame_memory = {}: must hold one frame of max_frame = {}", frame_memory_bytes,
+                           max_frame_bytes);
+  }
   return aggregation::CheckFederation(federation);
 }
 

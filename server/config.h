@@ -37,6 +37,20 @@ struct ServerConfig {
   std::filesystem::path spill_dir;             // default: checkpoint_dir
   double handshake_timeout_s = 10;
   double idle_timeout_s = 60;                  // no frame for this long: the peer is gone
+  double write_timeout_s = 30;                 // a frame not written for this long: the peer does not read
+  // A model download holds one of the concurrent download places this long
+  // at most; then the next starts beside it (ModelDistribution).
+  double download_slot_timeout_s = 30;
+  // Limits on what connections may cost before they are sites (Acceptor):
+  // connections between accept and their Hello, at once, and from one
+  // peer address; one beyond either is closed at once.
+  uint32_t max_handshakes = 512;
+  uint32_t max_handshakes_per_address = 128;
+  // Frames being received and model chunks being sent, all sessions
+  // together (BufferBudget).
+  uint64_t frame_memory_bytes = 256u << 20;
+  uint32_t io_threads = 4;                     // run the sessions; the round logic keeps its own strand
+  double event_interval_s = 10;                // repeated events from one address: a summary per interval
   uint64_t heartbeat_ms = 5000;
   bool exit_when_done = false;                 // stop serving after the last round
 

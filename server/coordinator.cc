@@ -23,6 +23,7 @@ Coordinator::Coordinator(const ServerConfig& config, Store& store, Clock& clock,
       worker_(std::move(worker)),
       deadline_(clock.MakeTimer()),
       retry_(clock.MakeTimer()),
+      distribution_(clock, std::chrono::milliseconds(int64_t(config.download_slot_timeout_s * 1000))),
       slots_(config.staging_slots, config.staging_memory_bytes, config.spill_dir) {}
 
 Coordinator::~Coordinator() = default;
@@ -103,8 +104,9 @@ void Coordinator::OnHello(const std::shared_ptr<ClientSession>& session, const v
                        : "");
 
   session->Send(WelcomeMessage(name, config_));
-  if (complete()) return session->Send(FederationCompleteMessage(config_.rounds, distribution_.current()));
-  MaybeStartRound();
+  if (complete()) session->Send(FederationCompleteMessage(config_.rounds, distribution_.current()));
+  if (closing_) return session->CloseAfterWrites();
+  if (!complete()) MaybeStartRound();
 }
 
 void Coordinator::OnMessage(const std::shared_ptr<ClientSession>& session, v1::Envelope envelope) {
@@ -119,7 +121,7 @@ void Coordinator::OnMessage(const std::shared_ptr<ClientSession>& session, v1::E
 }
 
 void Coordinator::MaybeStartRound() {
-  if (round_running_ || complete() || connected_.size() < config_.min_clients) return;
+  if (closing_ || round_running_ || complete() || connected_.size() < config_.min_clients) return;
   StartRound();
 }
 
@@ -196,6 +198,9 @@ void Coordinator::OnUpdateBegin(const std::shared_ptr<ClientSession>& session, c
     return Reject(session, v1::Error::NOT_SELECTED, fmt::format("{} was not selected for round {}", name, round_));
   }
   Participant& p = it->second;
+  // It trains only on a model whose checksum it verified: it holds this
+  // round's version now.
+  distribution_.Confirm(name);
   if (slots_.Staged(name) || slots_.Queued(name) || p.record.status != "selected") {
     return Reject(session, v1::Error::DUPLICATE_UPDATE,
                   fmt::format("second update from {} in round {}", name, round_));
@@ -413,6 +418,7 @@ void Coordinator::FailRound(const std::string& reason) {
 }
 
 void Coordinator::CloseAll() {
+  closing_ = true;
   deadline_->Cancel();
   retry_->Cancel();
   auto sessions = connected_;

@@ -11,7 +11,7 @@
 // beyond staging_slots is paused, not refused) and folded into the strategy
 // only when committed. Folding, aggregation, evaluation and checkpointing
 // (Aggregator) run on the worker executor; everything else on the I/O
-// executor, one thread, so no locks are needed. A restart resumes after the
+// executor, a strand, so no locks are needed. A restart resumes after the
 // last committed round, from its checkpoint. A Hello reaches it once
 // Connections has checked the session's protocol and certificate.
 //
@@ -59,7 +59,8 @@ class Coordinator {
 
   // Called once the federation is complete (the last round committed).
   void set_on_complete(std::function<void()> fn) { on_complete_ = std::move(fn); }
-  // Lets every connected client finish reading what is queued, then closes it.
+  // Lets every connected client finish reading what is queued, then closes
+  // it; a Hello from then on is closed the same way.
   void CloseAll();
   // The sessions of the connected clients, in name order.
   std::vector<std::shared_ptr<ClientSession>> Connected() const;
@@ -113,6 +114,7 @@ class Coordinator {
 
   std::map<std::string, std::shared_ptr<ClientSession>> connected_;  // by certificate name
   uint64_t round_ = 1;
+  bool closing_ = false;  // CloseAll has run
   bool round_running_ = false;
   RoundState state_ = RoundState::kOpen;
   RoundRecord record_;

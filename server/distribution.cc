@@ -2,6 +2,8 @@
 
 #include <cstring>
 
+#include <spdlog/spdlog.h>
+
 namespace estuary::server {
 
 void ModelDistribution::Reset(Manifest manifest, GlobalModel current) {
@@ -61,24 +63,38 @@ void ModelDistribution::OnHello(const std::string& name, const v1::Hello& hello)
 
 void ModelDistribution::BeginRound(uint64_t round) {
   round_ = round;
-  ++attempt_;
   queue_.clear();
+  streams_.clear();  // their timers with them; their on_sent finds nothing
   streaming_ = 0;
+  offered_.clear();
 }
 
 uint64_t ModelDistribution::Offer(const std::shared_ptr<ClientSession>& session, v1::RoundStart* start) {
-  Held& held = held_[session->name()];
+  const std::string& name = session->name();
+  const Held& held = held_[name];
   const uint64_t version = current_.version;
   const bool holds_model = held.version == version && held.checksum == current_.checksum;
-  const bool patch = !holds_model && !patch_.empty() && keeps_model_.contains(session->name()) && version > 0 &&
+  const bool patch = !holds_model && !patch_.empty() && keeps_model_.contains(name) && version > 0 &&
                      held.version == version - 1 && held.checksum == previous_.checksum;
   start->set_model_follows(!holds_model);
   proto::WriteModelPatch(patch ? patch_ : proto::ModelPatch{}, start);
   start->set_patch_base_version(patch ? version - 1 : 0);
-  held = {version, current_.checksum};
+  offered_[name] = {version, current_.checksum};
   if (holds_model) return 0;
   queue_.push_back({session, patch});
   return patch ? (patch_.range_elements() + patch_.factor_count()) * sizeof(float) : manifest_.byte_size();
+}
+
+void ModelDistribution::Confirm(const std::string& name) {
+  auto it = offered_.find(name);
+  if (it == offered_.end()) return;
+  // A site that does not keep its models drops this one once trained.
+  if (keeps_model_.contains(name)) {
+    held_[name] = it->second;
+  } else {
+    held_[name] = {};
+  }
+  offered_.erase(it);
 }
 
 void ModelDistribution::StreamQueued() {
@@ -87,7 +103,18 @@ void ModelDistribution::StreamQueued() {
     queue_.pop_front();
     auto session = next.session.lock();
     if (!session || session->closed()) continue;
+    const uint64_t id = next_stream_++;
+    Stream& stream = streams_[id];
+    stream.name = session->name();
+    stream.slot_timer = clock_.MakeTimer();
     ++streaming_;
+    stream.slot_timer->Arm(slot_timeout_, [this, id] {
+      auto it = streams_.find(id);
+      if (it == streams_.end() || !it->second.holds_place) return;
+      spdlog::info("round {}: {}'s download still streams after {:.0f} s; the next starts beside it", round_,
+                   it->second.name, std::chrono::duration<double>(slot_timeout_).count());
+      FreeSlot(id);
+    });
     std::vector<std::pair<uint64_t, uint64_t>> bytes;  // empty: the whole model
     std::shared_ptr<const std::vector<float>> tail;
     if (next.patch) {
@@ -95,16 +122,29 @@ void ModelDistribution::StreamQueued() {
       if (!patch_.low_rank.empty()) tail = factors_;
     }
     // A session that closes mid-stream calls back too, so its place frees
-    // either way.
+    // either way; a stream of an earlier attempt is no longer in streams_.
     session->SendModel(
         round_, current_.values,
-        [this, attempt = attempt_] {
-          if (attempt != attempt_) return;
-          --streaming_;
-          StreamQueued();
+        [this, id] {
+          auto it = streams_.find(id);
+          if (it == streams_.end()) return;
+          const bool holds_place = it->second.holds_place;
+          streams_.erase(it);
+          if (holds_place) {
+            --streaming_;
+            StreamQueued();
+          }
         },
         std::move(bytes), std::move(tail));
   }
+}
+
+void ModelDistribution::FreeSlot(uint64_t id) {
+  auto it = streams_.find(id);
+  if (it == streams_.end() || !it->second.holds_place) return;
+  it->second.holds_place = false;
+  --streaming_;
+  StreamQueued();
 }
 
 }  // namespace estuary::server

@@ -9,10 +9,21 @@
 // those that changed by a low-rank product as their factors; every other site
 // gets the whole model. At most kConcurrentDownloads stream at once, in the
 // order the sites were offered, so the first sites start training while the
-// last still download instead of all of them finishing together. Runs on the
-// I/O thread.
+// last still download instead of all of them finishing together; a download
+// that has held its place for `slot_timeout` gives it to the next one and
+// goes on beside it, so sites that read slowly, or not at all, cannot hold
+// back the rest (a site that reads nothing is cut off by its session's write
+// deadline).
+//
+// What a site holds is what it said in its Hello, and a version it was sent
+// only once it has confirmed it: its UpdateBegin for the round (it trains
+// only on a model whose checksum it verified) while it keeps its models. A
+// download written to the socket proves nothing: a retried round sends the
+// model again to every site that did not confirm it. Runs on the
+// Coordinator's strand; its timers come from the Clock.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <map>
@@ -26,6 +37,7 @@
 #include "estuary.pb.h"
 #include "proto/model_patch.h"
 #include "server/client_session.h"
+#include "server/clock.h"
 #include "server/global_model.h"
 
 namespace estuary::server {
@@ -33,6 +45,9 @@ namespace estuary::server {
 class ModelDistribution {
  public:
   static constexpr uint32_t kConcurrentDownloads = 2;
+
+  ModelDistribution(Clock& clock, std::chrono::steady_clock::duration slot_timeout)
+      : clock_(clock), slot_timeout_(slot_timeout) {}
 
   // The model a server starts from (new, or recovered): there is no previous
   // version to patch from.
@@ -51,14 +66,20 @@ class ModelDistribution {
   // Which version the site says it holds, and whether it keeps its models.
   void OnHello(const std::string& name, const v1::Hello& hello);
   // Round `round` begins: downloads queued or running for an earlier
-  // attempt no longer count.
+  // attempt no longer count, and what was offered then is forgotten unless
+  // confirmed.
   void BeginRound(uint64_t round);
   // Sets the model fields of `start` for `session` (model_follows, the patch,
-  // patch_base_version), records that the site holds the current version
-  // from now on, and queues its download. Returns the bytes it downloads.
+  // patch_base_version) and queues its download. Returns the bytes it
+  // downloads.
   uint64_t Offer(const std::shared_ptr<ClientSession>& session, v1::RoundStart* start);
+  // The site began its update for this round: it holds what it was offered,
+  // and keeps it if its Hello said so.
+  void Confirm(const std::string& name);
   // Starts queued downloads while fewer than kConcurrentDownloads stream.
   void StreamQueued();
+  // Downloads streaming that hold a place (for tests and logs).
+  uint32_t streaming() const { return streaming_; }
 
  private:
   struct Held {
@@ -69,8 +90,17 @@ class ModelDistribution {
     std::weak_ptr<ClientSession> session;
     bool patch = false;
   };
+  // A download streaming: until it is written (or its session closes) or
+  // its place times out.
+  struct Stream {
+    std::string name;
+    bool holds_place = true;
+    std::unique_ptr<Timer> slot_timer;
+  };
 
   void FindChangedRanges();
+  // `id`'s download no longer holds a place: the next queued one starts.
+  void FreeSlot(uint64_t id);
 
   Manifest manifest_;
   GlobalModel current_;
@@ -78,13 +108,17 @@ class ModelDistribution {
   proto::ModelPatch patch_;  // previous_ to current_
   // Every low-rank change's u then v: the stream's tail after the ranges.
   std::shared_ptr<const std::vector<float>> factors_;
-  std::map<std::string, Held> held_;
+  Clock& clock_;
+  const std::chrono::steady_clock::duration slot_timeout_;
+  std::map<std::string, Held> held_;     // said in a Hello, or confirmed
+  std::map<std::string, Held> offered_;  // this attempt's offers, until confirmed
   std::set<std::string> keeps_model_;
 
   uint64_t round_ = 0;
-  uint64_t attempt_ = 0;  // a retried round reuses its number, not its attempt
   std::deque<Download> queue_;
-  uint32_t streaming_ = 0;
+  std::map<uint64_t, Stream> streams_;  // by id; only this attempt's
+  uint64_t next_stream_ = 0;
+  uint32_t streaming_ = 0;              // streams_ that hold a place
 };
 
 }  // namespace estuary::server

@@ -100,6 +100,21 @@ int main(int argc, char** argv) {
   serve->add_option("--staging-slots", config.staging_slots, "uploads staged at once");
   serve->add_option("--staging-memory", config.staging_memory_bytes, "bytes per upload held in memory before spilling to disk");
   serve->add_option("--idle-timeout", config.idle_timeout_s, "seconds without a frame before a client is dropped");
+  serve->add_option("--handshake-timeout", config.handshake_timeout_s, "seconds a TLS handshake may take");
+  serve->add_option("--write-timeout", config.write_timeout_s,
+                    "seconds a frame may wait to be written before the peer is dropped as one that does not read");
+  serve->add_option("--download-slot-timeout", config.download_slot_timeout_s,
+                    "seconds a model download may hold one of the two download places before the next starts "
+                    "beside it");
+  serve->add_option("--max-handshakes", config.max_handshakes,
+                    "connections between accept and their hello, at once; more are closed at once");
+  serve->add_option("--max-handshakes-per-address", config.max_handshakes_per_address,
+                    "the same, from one peer address");
+  serve->add_option("--frame-memory", config.frame_memory_bytes,
+                    "bytes of frames being received and model chunks being sent, all connections together");
+  serve->add_option("--io-threads", config.io_threads, "threads running the connections");
+  serve->add_option("--event-interval", config.event_interval_s,
+                    "seconds over which repeated events from one address are summarised in one log line and row");
   serve->add_flag("--exit-when-done", config.exit_when_done, "exit after the last round");
   AddLogLevelFlag(*serve, &log_level);
   const std::vector<CLI::Option*> federation_flags = aggregation::AddFederationFlags(*serve, &config.federation);

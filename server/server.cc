@@ -1,8 +1,13 @@
 #include "server/server.h"
 
+#include <malloc.h>
+#include <sys/resource.h>
+
 #include <spdlog/spdlog.h>
 
 #include <chrono>
+#include <thread>
+#include <vector>
 
 #include "base/utc.h"
 #include "server/session.h"
@@ -34,10 +39,35 @@ void LogCrl(const std::string& what, const std::filesystem::path& path, const cr
   WarnIfCrlExpires(path, crl.next_update);
 }
 
+// Each connection is a descriptor: the soft limit (often 1024) goes up to
+// the hard one, which the operator sets.
+void RaiseDescriptorLimit() {
+  rlimit limit{};
+  if (::getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur >= limit.rlim_max) return;
+  const rlim_t before = limit.rlim_cur;
+  limit.rlim_cur = limit.rlim_max;
+  if (::setrlimit(RLIMIT_NOFILE, &limit) == 0) {
+    spdlog::debug("descriptor limit raised from {} to {}", before, limit.rlim_cur);
+  }
+}
+
+// Frames buffered past this, all sessions together, are given back to the
+// system once the burst is over (most of them gone again).
+constexpr uint64_t kTrimAfterBytes = 16u << 20;
+constexpr auto kTrimCheck = std::chrono::seconds(1);
+
 }  // namespace
+
+Server::Server(ServerConfig config)
+    : config_(std::move(config)),
+      io_(int(config_.io_threads)),
+      core_(asio::make_strand(io_)),
+      front_(asio::make_strand(io_)),
+      budget_(config_.frame_memory_bytes) {}
 
 Result<std::unique_ptr<Server>> Server::Create(ServerConfig config) {
   ESTUARY_RETURN_IF_ERROR(config.Finalize());
+  RaiseDescriptorLimit();
   std::unique_ptr<Server> server(new Server(std::move(config)));
   const ServerConfig& c = server->config_;
   crypto::TlsFiles without_crl = c.tls;
@@ -52,9 +82,11 @@ Result<std::unique_ptr<Server>> Server::Create(ServerConfig config) {
   }
   ESTUARY_ASSIGN_OR_RETURN(server->store_, Store::Open(c.db));
   server->coordinator_ = std::make_unique<Coordinator>(server->config_, *server->store_, server->clock_,
-                                                       server->io_.get_executor(), server->worker_.get_executor());
+                                                       server->core_, server->worker_.get_executor());
   ESTUARY_RETURN_IF_ERROR(server->coordinator_->Recover());
-  server->connections_ = std::make_unique<Connections>(*server->coordinator_, *server->store_);
+  server->connections_ = std::make_unique<Connections>(
+      *server->coordinator_, *server->store_, server->clock_,
+      std::chrono::milliseconds(int64_t(c.event_interval_s * 1000)));
 
   std::string host;
   uint16_t port;
@@ -62,15 +94,24 @@ Result<std::unique_ptr<Server>> Server::Create(ServerConfig config) {
   boost::system::error_code ec;
   const auto address = asio::ip::make_address(host, ec);
   if (ec) return InvalidArgument("server: listen address '{}': {}", host, ec.message());
-  auto acceptor = std::make_unique<tcp::acceptor>(server->io_);
+  tcp::acceptor listener(server->front_);
   const tcp::endpoint endpoint(address, port);
-  acceptor->open(endpoint.protocol(), ec);
-  if (!ec) acceptor->set_option(tcp::acceptor::reuse_address(true), ec);
-  if (!ec) acceptor->bind(endpoint, ec);
-  if (!ec) acceptor->listen(asio::socket_base::max_listen_connections, ec);
+  listener.open(endpoint.protocol(), ec);
+  if (!ec) listener.set_option(tcp::acceptor::reuse_address(true), ec);
+  if (!ec) listener.bind(endpoint, ec);
+  if (!ec) listener.listen(asio::socket_base::max_listen_connections, ec);
   if (ec) return IoError("server: cannot listen on {}: {}", c.listen, ec.message());
-  server->port_ = acceptor->local_endpoint().port();
-  server->acceptor_ = std::move(acceptor);
+  const tcp::endpoint bound = listener.local_endpoint();
+  server->port_ = bound.port();
+  server->listening_ = fmt::format("{}:{}", bound.address().to_string(), bound.port());
+  Server* self = server.get();
+  const Session::Context sessions{server->connections_.get(), server->core_, &server->config_, &server->budget_};
+  server->acceptor_ = std::make_unique<Acceptor>(server->io_, std::move(listener), server->tls_, sessions, c,
+                                                 [self](Event event) {
+                                                   asio::post(self->core_, [self, event = std::move(event)] {
+                                                     self->connections_->RecordEvent(event);
+                                                   });
+                                                 });
   return server;
 }
 
@@ -78,59 +119,45 @@ Result<std::unique_ptr<Server>> Server::Create(ServerConfig config) {
 Server::~Server() { worker_.join(); }
 
 Status Server::Run() {
-  // Read before anything can Stop (and so close) the acceptor: a server
-  // resumed after the federation's last round stops at once, below.
-  const auto endpoint = acceptor_->local_endpoint();
-  signals_ = std::make_unique<asio::signal_set>(io_, SIGINT, SIGTERM);
+  signals_ = std::make_unique<asio::signal_set>(core_, SIGINT, SIGTERM);
   signals_->async_wait([this](const boost::system::error_code& ec, int signal) {
     if (!ec) {
       spdlog::info("signal {}: stopping", signal);
       Stop();
     }
   });
-  reload_ = std::make_unique<asio::signal_set>(io_, SIGHUP);
+  reload_ = std::make_unique<asio::signal_set>(front_, SIGHUP);
   AwaitReload();
-  if (!config_.tls.crl.empty()) WatchCrlExpiry();
-  if (config_.exit_when_done) {
-    coordinator_->set_on_complete([this] { Stop(); });
-    if (coordinator_->complete()) Stop();
-  }
-  fmt::print("listening on {}:{}\n", endpoint.address().to_string(), endpoint.port());
-  std::fflush(stdout);
-  if (!coordinator_->complete()) spdlog::info("waiting for {} clients to connect", config_.min_clients);
-  if (!stopping_) Accept();
-  io_.run();
-  return Status::Ok();
-}
-
-void Server::Accept() {
-  acceptor_->async_accept([this](const boost::system::error_code& ec, tcp::socket socket) {
-    if (stopping_) return;
-    if (!ec) {
-      boost::system::error_code ignored;
-      const auto remote = socket.remote_endpoint(ignored);
-      std::string address = remote.address().is_v6() ? fmt::format("[{}]:{}", remote.address().to_string(), remote.port())
-                                                      : fmt::format("{}:{}", remote.address().to_string(), remote.port());
-      socket.set_option(tcp::no_delay(true), ignored);
-      auto session = std::make_shared<Session>(Session::SslStream(std::move(socket), *tls_), std::move(address),
-                                               *connections_, config_);
-      session->Start();
-    } else {
-      spdlog::warn("accept: {}", ec.message());
+  if (!config_.tls.crl.empty()) asio::post(front_, [this] { WatchCrlExpiry(); });
+  asio::post(front_, [this] { GiveBackMemory(); });
+  asio::post(core_, [this] {
+    if (config_.exit_when_done) {
+      coordinator_->set_on_complete([this] { Stop(); });
+      // A server resumed after the federation's last round stops at once.
+      if (coordinator_->complete()) return Stop();
     }
-    Accept();
+    if (!coordinator_->complete()) spdlog::info("waiting for {} clients to connect", config_.min_clients);
   });
+  fmt::print("listening on {}\n", listening_);
+  std::fflush(stdout);
+  acceptor_->Start();
+  std::vector<std::thread> threads;
+  for (uint32_t i = 1; i < config_.io_threads; ++i) threads.emplace_back([this] { io_.run(); });
+  io_.run();
+  for (auto& thread : threads) thread.join();
+  return Status::Ok();
 }
 
 void Server::AwaitReload() {
   reload_->async_wait([this](const boost::system::error_code& ec, int) {
-    if (ec || stopping_) return;
-    ReloadCrl();
+    if (ec || front_stopped_) return;
+    // OpenSSL reads the trust store during handshakes, on any I/O thread:
+    // the store is swapped while none runs.
+    acceptor_->Quiesce([this] { ReloadCrl(); });
     AwaitReload();
   });
 }
 
-// On the I/O thread, between handshakes: the swap needs no lock.
 void Server::ReloadCrl() {
   if (config_.tls.crl.empty()) {
     spdlog::warn("SIGHUP: no revocation list (--crl) to reload");
@@ -143,7 +170,7 @@ void Server::ReloadCrl() {
   }
   LogCrl("SIGHUP: reloaded", config_.tls.crl, *crl);
   crl_next_update_ = crl->next_update;
-  connections_->Revoke(*crl);
+  asio::post(core_, [this, crl = std::move(crl).value()] { connections_->Revoke(crl); });
 }
 
 // A server runs for months: the expiry warning is repeated daily, not only
@@ -151,9 +178,28 @@ void Server::ReloadCrl() {
 void Server::WatchCrlExpiry() {
   crl_timer_.expires_after(std::chrono::hours(24));
   crl_timer_.async_wait([this](const boost::system::error_code& ec) {
-    if (ec || stopping_) return;
+    if (ec || front_stopped_) return;
     WarnIfCrlExpires(config_.tls.crl, crl_next_update_);
     WatchCrlExpiry();
+  });
+}
+
+// The process keeps freed buffers for reuse (RetainFreedMemory): after a
+// burst of buffered frames, such as many connections each sending a large
+// frame at once, what they held goes back to the system instead.
+void Server::GiveBackMemory() {
+  trim_timer_.expires_after(kTrimCheck);
+  trim_timer_.async_wait([this](const boost::system::error_code& ec) {
+    if (ec || front_stopped_) return;
+    burst_ = std::max(burst_, budget_.TakePeak());
+    const uint64_t used = budget_.used();
+    if (burst_ >= kTrimAfterBytes && used <= burst_ / 4) {
+      malloc_trim(0);
+      spdlog::debug("frames buffered peaked at {} MiB, now {} MiB: freed memory given back", burst_ >> 20,
+                    used >> 20);
+      burst_ = used;
+    }
+    GiveBackMemory();
   });
 }
 
@@ -161,10 +207,17 @@ void Server::Stop() {
   if (stopping_) return;
   stopping_ = true;
   boost::system::error_code ignored;
-  acceptor_->close(ignored);
   signals_->cancel(ignored);
-  if (reload_) reload_->cancel(ignored);
-  crl_timer_.cancel();
+  asio::post(front_, [this] {
+    // A handler already due still runs: it finds the flag and arms nothing.
+    front_stopped_ = true;
+    boost::system::error_code ignored;
+    reload_->cancel(ignored);
+    crl_timer_.cancel();
+    trim_timer_.cancel();
+  });
+  acceptor_->Stop();
+  connections_->Stop();
   coordinator_->CloseAll();
 }
 

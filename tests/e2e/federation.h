@@ -54,12 +54,14 @@ class Federation {
         "serve", "--listen", listen, "--cert", Files("server").cert.string(), "--key",
         Files("server").key.string(), "--ca", Files("server").ca.string(), "--db", db().string(), "--rounds",
         std::to_string(rounds), "--clients-per-round", std::to_string(clients),
-        "--min-clients", std::to_string(clients), "--exit-when-done", "--round-deadline", "60",
-        "--log-level", "debug"};
+        "--min-clients", std::to_string(clients), "--exit-when-done", "--log-level", "debug"};
     args.insert(args.end(), extra.begin(), extra.end());
     // Defaults for what `extra` does not set (a flag may be given only once).
-    const std::pair<const char*, std::string> defaults[] = {
-        {"--epochs", "1"}, {"--batch", "10"}, {"--lr", "0.05"}, {"--eval-data", data_.string()}};
+    const std::pair<const char*, std::string> defaults[] = {{"--epochs", "1"},
+                                                            {"--batch", "10"},
+                                                            {"--lr", "0.05"},
+                                                            {"--eval-data", data_.string()},
+                                                            {"--round-deadline", "60"}};
     for (const auto& [flag, value] : defaults) {
       if (std::find(extra.begin(), extra.end(), flag) == extra.end()) args.insert(args.end(), {flag, value});
     }

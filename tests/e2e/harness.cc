@@ -209,6 +209,13 @@ bool RawClient::Closed() {
   }
 }
 
+void RawClient::SetTimeouts(std::chrono::milliseconds limit) {
+  const int fd = stream_->lowest_layer().native_handle();
+  timeval timeout{time_t(limit.count() / 1000), suseconds_t(limit.count() % 1000 * 1000)};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout);
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof timeout);
+}
+
 void RawClient::Abort() {
   boost::system::error_code ec;
   // shutdown, not just close: a child process spawned since may hold a copy of the descriptor.

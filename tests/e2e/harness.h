@@ -79,6 +79,8 @@ class RawClient {
   Result<v1::RoundStart> AwaitRound(std::vector<float>* model);
   // True when the server has closed the connection (the next read fails).
   bool Closed();
+  // A blocking read or write gives up after `limit` (30 s unless set).
+  void SetTimeouts(std::chrono::milliseconds limit);
   void Abort();  // close the socket without a goodbye
 
  private:

@@ -4,6 +4,7 @@
 
 #include "proto/frame.h"
 #include "server/connections.h"
+#include "server/event_throttle.h"
 #include "tests/server/fakes.h"
 
 namespace estuary::server {
@@ -27,7 +28,7 @@ class ConnectionsTest : public ::testing::Test {
   void SetUp() override {
     rig.config.min_clients = 10;  // no round: these clients only connect
     ASSERT_TRUE(rig.Start().ok());
-    connections = std::make_unique<Connections>(*rig.coordinator, *rig.store);
+    connections = std::make_unique<Connections>(*rig.coordinator, *rig.store, rig.clock);
   }
 
   std::shared_ptr<FakeSession> Hello(const std::string& name, const std::string& serial,
@@ -125,10 +126,70 @@ TEST_F(ConnectionsTest, RefusedHandshakesAndBadFramesAreEvents) {
   EXPECT_EQ(bad[0].detail, "frame of 99999999 bytes");
 }
 
+// Finding 7 of issue 16: every refused handshake was a row and a log line
+// (2,400 rows/s under a replay). The first few from an address are written
+// in full, the rest as one summary per interval that still counts them all.
+TEST_F(ConnectionsTest, RefusedHandshakesFromOneAddressAreSummarisedPerInterval) {
+  for (int i = 0; i < 200; ++i) {
+    connections->OnHandshakeRefused(fmt::format("10.0.0.9:{}", 4000 + i), fmt::format("no certificate #{}", i));
+  }
+  connections->OnHandshakeRefused("10.0.0.7:5000", "no certificate");
+  auto refused = EventsOf("handshake_refused");
+  ASSERT_EQ(refused.size(), EventThrottle::kFullPerKey + 1) << "the first five from 10.0.0.9, one from 10.0.0.7";
+  EXPECT_EQ(refused[0].peer, "10.0.0.9:4000");
+  EXPECT_EQ(refused.back().peer, "10.0.0.7:5000");
+
+  rig.clock.Advance(std::chrono::seconds(10));
+  refused = EventsOf("handshake_refused");
+  ASSERT_EQ(refused.size(), EventThrottle::kFullPerKey + 2);
+  EXPECT_EQ(refused.back().peer, "10.0.0.9");
+  EXPECT_EQ(refused.back().detail, "195 more in the last 10 s; the last: no certificate #199");
+
+  // Still flooding: the next interval is one summary too, with no event in full.
+  for (int i = 0; i < 50; ++i) connections->OnHandshakeRefused("10.0.0.9:6000", "again");
+  EXPECT_EQ(EventsOf("handshake_refused").size(), EventThrottle::kFullPerKey + 2);
+  rig.clock.Advance(std::chrono::seconds(10));
+  refused = EventsOf("handshake_refused");
+  ASSERT_EQ(refused.size(), EventThrottle::kFullPerKey + 3);
+  EXPECT_EQ(refused.back().detail, "50 more in the last 10 s; the last: again");
+
+  // A quiet interval forgets the address; stopping writes what is counted.
+  rig.clock.Advance(std::chrono::seconds(20));
+  EXPECT_EQ(rig.clock.armed(), 0u) << "nothing held: no timer";
+  for (int i = 0; i < 7; ++i) connections->OnHandshakeRefused("10.0.0.9:7000", "late");
+  refused = EventsOf("handshake_refused");
+  EXPECT_EQ(refused.size(), 2 * EventThrottle::kFullPerKey + 3) << "five in full again";
+  connections->Stop();
+  refused = EventsOf("handshake_refused");
+  ASSERT_EQ(refused.size(), 2 * EventThrottle::kFullPerKey + 4);
+  EXPECT_EQ(refused.back().detail, "2 more in the last 0 s; the last: late");
+  connections->OnHandshakeRefused("10.0.0.9:7001", "after stop");
+  EXPECT_EQ(EventsOf("handshake_refused").size(), 2 * EventThrottle::kFullPerKey + 5) << "counted and written at once";
+  EXPECT_EQ(rig.clock.armed(), 0u) << "a stopped server arms no timer";
+}
+
+TEST(EventThrottle, AFloodFromManyAddressesIsBoundedToo) {
+  EventThrottle throttle(std::chrono::seconds(10));
+  const auto now = std::chrono::steady_clock::time_point{} + std::chrono::hours(1);
+  int full = 0;
+  for (int host = 0; host < 1000; ++host) {
+    full += throttle.Admit("handshake_refused", fmt::format("10.0.{}.{}", host / 256, host % 256), "x", now);
+  }
+  EXPECT_EQ(full, int(EventThrottle::kFullPerInterval)) << "at most this many in full per interval, all keys together";
+  const auto summaries = throttle.Flush(now + std::chrono::seconds(10));
+  uint64_t counted = 0;
+  for (const auto& s : summaries) counted += s.count;
+  EXPECT_EQ(counted, 900u);
+  EXPECT_LE(summaries.size(), EventThrottle::kMaxKeys + 1) << "addresses beyond the cap count as one";
+  EXPECT_EQ(summaries.back().host, "other addresses");
+  EXPECT_EQ(HostOf("10.0.0.9:4000"), "10.0.0.9");
+  EXPECT_EQ(HostOf("[::1]:4000"), "::1");
+}
+
 TEST(Connections, ARevokedSiteDropsOutOfItsRoundAsALostConnectionDoes) {
   CoordinatorRig rig;
   ASSERT_TRUE(rig.Start().ok());
-  Connections connections(*rig.coordinator, *rig.store);
+  Connections connections(*rig.coordinator, *rig.store, rig.clock);
   std::vector<std::shared_ptr<FakeSession>> sites;
   for (const auto& [name, serial] : {std::pair{"site-a", "a1"}, std::pair{"site-b", "b2"}}) {
     auto session = std::make_shared<FakeSession>(name, serial);

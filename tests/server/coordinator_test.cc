@@ -298,7 +298,7 @@ TEST(Coordinator, ARoundShortOfMinUpdatesAtTheDeadlineFailsAndIsRetriedAfterTheP
     const auto starts = RoundStarts(*site);
     ASSERT_EQ(starts.size(), 2u);
     EXPECT_EQ(starts[1].round(), 1u) << "the same round number";
-    EXPECT_FALSE(starts[1].model_follows()) << "the site holds the model it was sent";
+    EXPECT_TRUE(starts[1].model_follows()) << "sent, but never confirmed by an update from a site that keeps it";
   }
   EXPECT_EQ(RoundOf(rig, 1).state, RoundState::kCollecting);
   rig.Upload(a, 1, Filled(rig, 1.0f));
@@ -307,6 +307,35 @@ TEST(Coordinator, ARoundShortOfMinUpdatesAtTheDeadlineFailsAndIsRetriedAfterTheP
   round = RoundOf(rig, 1);
   EXPECT_EQ(round.state, RoundState::kCommitted);
   EXPECT_EQ(round.global_checksum, Checksum(Plus(rig.initial(), 2.0))) << "only the retry's updates";
+}
+
+// Finding 5 of issue 16: a retried round told sites that never received the
+// model that they held it. Only an update confirms the version it trained on.
+TEST(Coordinator, ARetriedRoundSendsTheModelToEverySiteThatDidNotConfirmIt) {
+  CoordinatorRig rig;
+  rig.config.min_updates = 3;
+  rig.config.clients_per_round = 3;
+  rig.config.min_clients = 3;
+  ASSERT_TRUE(rig.Start().ok());
+  auto uploader = rig.Connect("site-a", "01", /*keeps_model=*/true);
+  auto reader = rig.Connect("site-b", "01", /*keeps_model=*/true);
+  auto stalled = rig.Connect("site-c", "01", /*keeps_model=*/true);
+  // site-a and site-b receive the whole model; site-c's download never ends.
+  rig.FinishDownloads({uploader, reader});
+  EXPECT_TRUE(stalled->downloading());
+  rig.Upload(uploader, 1, Filled(rig, 1.0f));
+  rig.executors.RunUntilIdle();
+  rig.clock.Advance(seconds(60));
+  ASSERT_EQ(RoundOf(rig, 1).state, RoundState::kFailed);
+  rig.clock.Advance(seconds(1));
+  auto retried = [](const FakeSession& site) {
+    const auto starts = RoundStarts(site);
+    return starts.size() == 2 ? starts[1] : v1::RoundStart();
+  };
+  EXPECT_EQ(retried(*uploader).round(), 1u);
+  EXPECT_FALSE(retried(*uploader).model_follows()) << "its update confirmed the version";
+  EXPECT_TRUE(retried(*reader).model_follows()) << "written to its socket, never confirmed";
+  EXPECT_TRUE(retried(*stalled).model_follows()) << "never received";
 }
 
 TEST(Coordinator, DuplicateOutOfRoundAndUnselectedUpdatesAreRejectedAndTheRoundCarriesOn) {

@@ -1,5 +1,6 @@
 // ModelDistribution: which site downloads what of the global model, two at a
-// time, checked through what the sites would receive.
+// time, checked through what the sites would receive; a download that holds
+// its place too long gives it up; a site holds a version once it confirms it.
 #include <gtest/gtest.h>
 
 #include <numeric>
@@ -14,7 +15,9 @@
 namespace estuary::server {
 namespace {
 
+using fake::FakeClock;
 using fake::FakeSession;
+using std::chrono::seconds;
 
 // a [4, 6] at 0, w [16, 32] at 24, w2 [16, 32] at 536, b [8] at 1048: 1056 elements.
 Manifest Layout() {
@@ -62,7 +65,8 @@ class DistributionTest : public ::testing::Test {
     return session;
   }
 
-  ModelDistribution distribution;
+  FakeClock clock;
+  ModelDistribution distribution{clock, seconds(30)};
   GlobalModel v0, v1;
   aggregation::LowRankChange change;
 };
@@ -121,12 +125,73 @@ TEST_F(DistributionTest, APatchOnlyForASiteThatKeptExactlyThePreviousVersion) {
   EXPECT_EQ(fresh->models.size(), 1u);
   EXPECT_TRUE(current->models.empty());
 
-  // Everyone offered now holds version 1: the next round sends nothing.
+  // A download written is no proof: until a site confirms (its
+  // UpdateBegin), the next attempt sends the model again.
+  distribution.BeginRound(2);
+  for (const auto& site : {keeper, forgetful, diverged, fresh}) {
+    EXPECT_GT(distribution.Offer(site, &start), 0u) << site->name();
+    EXPECT_TRUE(start.model_follows()) << site->name();
+  }
+  EXPECT_EQ(distribution.Offer(current, &start), 0u) << "its Hello said it holds version 1";
+  for (const auto& site : {keeper, forgetful, diverged, fresh, current}) distribution.Confirm(site->name());
+
+  // Confirmed: those that keep their models hold version 1, the one that
+  // does not holds nothing.
   distribution.BeginRound(3);
-  for (const auto& site : {keeper, diverged, fresh, current}) {
+  for (const auto& site : {keeper, diverged, current}) {
     EXPECT_EQ(distribution.Offer(site, &start), 0u) << site->name();
     EXPECT_FALSE(start.model_follows());
   }
+  for (const auto& site : {forgetful, fresh}) {
+    EXPECT_EQ(distribution.Offer(site, &start), whole) << site->name();
+    EXPECT_TRUE(start.model_follows());
+  }
+}
+
+TEST_F(DistributionTest, AConfirmationCountsOnlyForTheAttemptThatOfferedIt) {
+  auto keeper = Site("keeper", Holding(v0, true));
+  distribution.Publish(v1, {});
+  distribution.BeginRound(2);
+  v1::RoundStart start;
+  distribution.Offer(keeper, &start);
+  distribution.BeginRound(2);  // retried before the site confirmed
+  distribution.Confirm("keeper");
+  distribution.BeginRound(2);
+  distribution.Offer(keeper, &start);
+  EXPECT_TRUE(start.model_follows()) << "a confirmation for no offer of this attempt holds nothing";
+}
+
+// Two sites that read nothing were offered first: after the place timeout
+// the next downloads start beside them, and a stalled download's end (its
+// session cut off) frees no second place.
+TEST_F(DistributionTest, ADownloadThatHoldsItsPlaceTooLongLetsTheNextStart) {
+  std::vector<std::shared_ptr<FakeSession>> sites;
+  for (const char* name : {"stalled-1", "stalled-2", "honest-1", "honest-2", "honest-3"}) {
+    sites.push_back(Site(name, v1::Hello()));
+  }
+  distribution.BeginRound(1);
+  v1::RoundStart start;
+  for (const auto& site : sites) distribution.Offer(site, &start);
+  distribution.StreamQueued();
+  EXPECT_EQ(sites[0]->models.size() + sites[1]->models.size(), 2u);
+  EXPECT_TRUE(sites[2]->models.empty());
+
+  clock.Advance(seconds(29));
+  EXPECT_TRUE(sites[2]->models.empty()) << "not before the timeout";
+  clock.Advance(seconds(1));
+  EXPECT_EQ(sites[2]->models.size(), 1u);
+  EXPECT_EQ(sites[3]->models.size(), 1u);
+  EXPECT_TRUE(sites[4]->models.empty());
+  EXPECT_EQ(distribution.streaming(), 2u);
+
+  sites[0]->Close();  // cut off by its write deadline: it held no place any more
+  EXPECT_TRUE(sites[4]->models.empty());
+  sites[2]->FinishDownload();
+  EXPECT_EQ(sites[4]->models.size(), 1u);
+  sites[3]->FinishDownload();
+  sites[4]->FinishDownload();
+  EXPECT_EQ(distribution.streaming(), 0u);
+  EXPECT_EQ(clock.armed(), 0u) << "a finished download's timer goes with it";
 }
 
 TEST_F(DistributionTest, AModelThatChangedEverywhereGoesWhole) {

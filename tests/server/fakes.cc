@@ -90,11 +90,13 @@ Status CoordinatorRig::Start() {
   return Status::Ok();
 }
 
-std::shared_ptr<FakeSession> CoordinatorRig::Connect(const std::string& name, const std::string& serial) {
+std::shared_ptr<FakeSession> CoordinatorRig::Connect(const std::string& name, const std::string& serial,
+                                                     bool keeps_model) {
   auto session = std::make_shared<FakeSession>(name, serial);
   session->on_closed = [this](ClientSession& closed) { coordinator->OnClosed(closed); };
   v1::Hello hello;
   hello.set_protocol_version(proto::kProtocolVersion);
+  hello.set_keeps_model(keeps_model);
   coordinator->OnHello(session, hello);
   return session;
 }

@@ -141,8 +141,10 @@ struct CoordinatorRig {
   CoordinatorRig();
   // Finalizes `config`, opens the store and recovers a Coordinator of it.
   Status Start();
-  // A client of that name says hello, holding no model.
-  std::shared_ptr<FakeSession> Connect(const std::string& name, const std::string& serial = "01");
+  // A client of that name says hello, holding no model (and keeping the
+  // models it trains from, if `keeps_model`).
+  std::shared_ptr<FakeSession> Connect(const std::string& name, const std::string& serial = "01",
+                                       bool keeps_model = false);
   // Every selected session's download is written, as often as it takes.
   void FinishDownloads(const std::vector<std::shared_ptr<FakeSession>>& sessions);
 
