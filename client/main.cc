@@ -24,6 +24,7 @@
 #include "client/compute.h"
 #include "models/dataset.h"
 #include "models/text_corpus.h"
+#include "proto/frame.h"
 #ifdef ESTUARY_HAVE_CUDA
 #include "models/cuda/device.h"
 #endif
@@ -288,6 +289,7 @@ Status RunAgent(const client::AgentOptions& options, client::Trainer& trainer, c
 }  // namespace
 
 int main(int argc, char** argv) {
+  estuary::proto::QuietProtobufLog();
   using namespace estuary;
   RetainFreedMemory();
   CLI::App app{"estuary-client: a federated learning site"};

@@ -1,8 +1,10 @@
 #include "proto/frame.h"
 
 #include <google/protobuf/io/coded_stream.h>
+#include <google/protobuf/stubs/logging.h>
 #include <google/protobuf/wire_format_lite.h>
 
+#include <cstdio>
 #include <cstring>
 
 namespace estuary::proto {
@@ -110,6 +112,13 @@ Result<Envelope> ParseEnvelope(const void* data, size_t size) {
     return ProtocolError("frame: envelope carries no message (unknown type or empty)");
   }
   return envelope;
+}
+
+void QuietProtobufLog() {
+  google::protobuf::SetLogHandler([](google::protobuf::LogLevel level, const char* file, int line,
+                                     const std::string& message) {
+    if (level == google::protobuf::LOGLEVEL_FATAL) std::fprintf(stderr, "protobuf: %s:%d: %s\n", file, line, message.c_str());
+  });
 }
 
 std::string_view BodyName(const Envelope& envelope) {

@@ -70,6 +70,12 @@ Result<uint32_t> ParseFrameHeader(const std::array<uint8_t, kFrameHeaderBytes>& 
 
 // Parses a frame body; an error if it is not an Envelope or carries no message.
 Result<Envelope> ParseEnvelope(const void* data, size_t size);
+// Protobuf writes its own line to stderr for every string field that is not
+// UTF-8, before the parse fails: a peer could make the process write one per
+// frame, beside the refusal ParseEnvelope returns (which the server counts
+// and aggregates). Each program calls this once at start: protobuf's lines
+// below FATAL are dropped.
+void QuietProtobufLog();
 
 // "round_start", "update_chunk", ... for logs and errors.
 std::string_view BodyName(const Envelope& envelope);

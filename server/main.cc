@@ -18,6 +18,7 @@
 #include "base/memory.h"
 #include "crypto/certs.h"
 #include "crypto/revocation.h"
+#include "proto/frame.h"
 #include "server/export.h"
 #include "server/operator_views.h"
 #include "server/server.h"
@@ -39,6 +40,7 @@ int Print(const Status& status, const std::string& out) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  estuary::proto::QuietProtobufLog();
   // The server's only BLAS work is evaluation on a small test set; idle BLAS
   // threads would spin against the I/O thread and co-located clients.
   RetainFreedMemory();

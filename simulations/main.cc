@@ -15,6 +15,7 @@
 #include "base/config_file.h"
 #include "base/memory.h"
 #include "models/checkpoint.h"
+#include "proto/frame.h"
 #include "simulations/lora_fortunes.h"
 #include "simulations/runner.h"
 
@@ -85,6 +86,7 @@ int RunLoraFortunesScenario(const CLI::App& app, const simulations::Scenario& s,
 }  // namespace
 
 int main(int argc, char** argv) {
+  estuary::proto::QuietProtobufLog();
   // Clients train in parallel, one per thread; BLAS must not oversubscribe the cores.
   RetainFreedMemory();
   openblas_set_num_threads(1);

@@ -155,5 +155,24 @@ TEST(Wire, ChunksMustContinueTheBufferInOrderWithTheRightDtype) {
   EXPECT_NE(wrong.message().find("DTYPE_BF16"), std::string::npos);
 }
 
+// A string that is not UTF-8 is refused by the parse alone: protobuf's own
+// line on stderr, one per frame a peer sends, is dropped.
+TEST(Frame, AStringThatIsNotUtf8IsRefusedWithoutProtobufsOwnLine) {
+  Envelope envelope;
+  envelope.mutable_error()->set_message("caf\xe9");
+  std::string bytes;
+  ::testing::internal::CaptureStderr();
+  ASSERT_TRUE(envelope.SerializeToString(&bytes));  // protobuf complains here too
+  const std::string unquieted = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(unquieted.find("UTF-8"), std::string::npos) << "protobuf logs it unless told not to: " << unquieted;
+
+  QuietProtobufLog();
+  ::testing::internal::CaptureStderr();
+  auto parsed = ParseEnvelope(bytes.data(), bytes.size());
+  EXPECT_EQ(::testing::internal::GetCapturedStderr(), "");
+  ASSERT_FALSE(parsed.ok());
+  EXPECT_NE(parsed.status().message().find("are not a valid estuary.v1.Envelope"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace estuary::proto
