@@ -69,7 +69,7 @@ double LogAInteger(double q, double z, int64_t alpha) {
 // The generalized binomial C(α,i) is positive up to i = ⌊α⌋ + 1 and then
 // alternates in sign; positive and negative terms are summed apart in log
 // space and subtracted at the end. The terms fall off like i^{−α−2}, and past
-// i = α + 1 each series alternates, so stopping once a term is below 2^{−60} of
+// i = α + 1 each series alternates, so stopping once a term is below 1e-15 of
 // the sum bounds the truncation error by that term.
 Result<double> LogAFractional(double q, double z, double alpha) {
   const double log_q = std::log(q), log_1mq = std::log1p(-q);
@@ -79,6 +79,7 @@ Result<double> LogAFractional(double q, double z, double alpha) {
   double log_binom = 0;  // log |C(α, 0)|
   bool negative = false;
   constexpr int64_t kMaxTerms = 10'000'000;
+  const double kLogTolerance = std::log(1e-15);
   for (int64_t i = 0; i < kMaxTerms; ++i) {
     if (i > 0) {
       const double factor = (alpha - static_cast<double>(i) + 1) / static_cast<double>(i);
@@ -96,7 +97,7 @@ Result<double> LogAFractional(double q, double z, double alpha) {
     } else {
       pos = LogAdd(pos, term);
     }
-    if (id > alpha + 1 && term < LogSub(pos, neg) - 60 * std::log(2.0)) {
+    if (id > alpha + 1 && term < LogSub(pos, neg) + kLogTolerance) {
       if (neg >= pos) return Internal("privacy: the fractional series at order {} lost all precision", alpha);
       return LogSub(pos, neg);
     }
