@@ -18,6 +18,7 @@ const std::map<std::string, std::set<std::string>>& DesignGraph() {
       {"crypto", {"base"}},
       {"models", {"base"}},
       {"comm", {"base"}},
+      {"privacy", {"base"}},
       {"parallel", {"comm", "models"}},
       {"aggregation", {"models", "proto"}},
       {"client", {"parallel", "models", "proto", "crypto"}},
