@@ -2,6 +2,7 @@
 
 #include <openssl/evp.h>
 
+#include <algorithm>
 #include <cassert>
 #include <cstdio>
 #include <cstdlib>
@@ -69,6 +70,11 @@ std::string Sha256Hex(const void* data, size_t size) {
   hasher.Update(data, size);
   const auto digest = hasher.Final();
   return ToHex(digest);
+}
+
+bool SameHexDigest(std::string_view a, std::string_view b) {
+  auto lower = [](char c) { return c >= 'A' && c <= 'F' ? char(c - 'A' + 'a') : c; };
+  return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [&](char x, char y) { return lower(x) == lower(y); });
 }
 
 }  // namespace estuary::crypto

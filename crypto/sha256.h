@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <string_view>
 
 namespace estuary::crypto {
 
@@ -25,5 +26,9 @@ class Sha256 {
 std::string ToHex(std::span<const uint8_t> bytes);
 // Lowercase hex SHA-256 of a byte range.
 std::string Sha256Hex(const void* data, size_t size);
+
+// Whether two hex digests spell the same bytes, in either case: a peer may
+// write "AB12" for our "ab12". Anything but hex digits compares as written.
+bool SameHexDigest(std::string_view a, std::string_view b);
 
 }  // namespace estuary::crypto

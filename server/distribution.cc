@@ -4,6 +4,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include "crypto/sha256.h"
+
 namespace estuary::server {
 
 void ModelDistribution::Reset(Manifest manifest, GlobalModel current) {
@@ -73,9 +75,9 @@ uint64_t ModelDistribution::Offer(const std::shared_ptr<ClientSession>& session,
   const std::string& name = session->name();
   const Held& held = held_[name];
   const uint64_t version = current_.version;
-  const bool holds_model = held.version == version && held.checksum == current_.checksum;
+  const bool holds_model = held.version == version && crypto::SameHexDigest(held.checksum, current_.checksum);
   const bool patch = !holds_model && !patch_.empty() && keeps_model_.contains(name) && version > 0 &&
-                     held.version == version - 1 && held.checksum == previous_.checksum;
+                     held.version == version - 1 && crypto::SameHexDigest(held.checksum, previous_.checksum);
   start->set_model_follows(!holds_model);
   proto::WriteModelPatch(patch ? patch_ : proto::ModelPatch{}, start);
   start->set_patch_base_version(patch ? version - 1 : 0);

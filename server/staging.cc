@@ -57,7 +57,7 @@ Status StagedUpdate::Commit(const std::string& sha256_hex) {
   }
   const auto digest = hasher_.Final();
   const std::string actual = crypto::ToHex(digest);
-  if (actual != sha256_hex) {
+  if (!crypto::SameHexDigest(actual, sha256_hex)) {
     return ProtocolError("commit: payload sha256 {} does not match the announced {}", actual, sha256_hex);
   }
   committed_ = true;

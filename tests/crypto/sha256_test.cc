@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cctype>
 #include <string>
 
 namespace estuary::crypto {
@@ -31,6 +32,20 @@ TEST(Sha256, IncrementalEqualsOneShot) {
   }
   const auto digest = hasher.Final();
   EXPECT_EQ(ToHex(digest), Sha256Hex(message.data(), message.size()));
+}
+
+TEST(Sha256, DigestsCompareInEitherCase) {
+  const std::string digest = Sha256Hex("abc", 3);
+  std::string upper = digest;
+  for (char& c : upper) c = char(std::toupper(static_cast<unsigned char>(c)));
+  ASSERT_NE(upper, digest);
+  EXPECT_TRUE(SameHexDigest(digest, upper));
+  EXPECT_TRUE(SameHexDigest(upper, digest));
+  EXPECT_TRUE(SameHexDigest("00Ff", "00fF"));
+  EXPECT_FALSE(SameHexDigest(digest, Sha256Hex("abd", 3)));
+  EXPECT_FALSE(SameHexDigest(digest, digest.substr(1)));
+  EXPECT_FALSE(SameHexDigest("0g", "0G")) << "only hex digits fold";
+  EXPECT_FALSE(SameHexDigest("", "a"));
 }
 
 TEST(Sha256, ToHexIsLowercase) {

@@ -3,6 +3,7 @@
 // its place too long gives it up; a site holds a version once it confirms it.
 #include <gtest/gtest.h>
 
+#include <cctype>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -205,6 +206,27 @@ TEST_F(DistributionTest, AModelThatChangedEverywhereGoesWhole) {
   EXPECT_EQ(distribution.Offer(keeper, &start), Layout().byte_size());
   EXPECT_TRUE(start.model_follows());
   EXPECT_EQ(start.patch_size(), 0);
+}
+
+// A site that writes the checksum it holds in upper case holds the same
+// model: it is sent nothing, or only the patch (it used to get the whole
+// model again).
+TEST_F(DistributionTest, AHeldChecksumInUpperCaseIsTheSameChecksum) {
+  auto upper = [](GlobalModel model) {
+    for (char& c : model.checksum) c = char(std::toupper(static_cast<unsigned char>(c)));
+    return model;
+  };
+  auto keeper = Site("keeper", Holding(upper(v0), true));
+  distribution.Publish(v1, {change});
+  auto current = Site("current", Holding(upper(v1), true));
+  distribution.BeginRound(2);
+  v1::RoundStart start;
+  EXPECT_EQ(distribution.Offer(current, &start), 0u);
+  EXPECT_FALSE(start.model_follows());
+  EXPECT_LT(distribution.Offer(keeper, &start), Layout().byte_size()) << "a patch on the version it holds";
+  EXPECT_TRUE(start.model_follows());
+  EXPECT_EQ(start.patch_base_version(), 0u);
+  EXPECT_GT(start.patch_size(), 0);
 }
 
 TEST_F(DistributionTest, ARetriedRoundForgetsTheStreamsOfTheAttemptBefore) {
