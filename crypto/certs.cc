@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <string_view>
@@ -27,6 +28,13 @@ constexpr size_t kMaxNameLength = 64;  // ub-common-name in RFC 5280
 bool IsNameChar(char c) {
   return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
          c == '_' || c == '-';
+}
+
+bool IsIpAddress(const std::string& text) {
+  ASN1_OCTET_STRING* ip = a2i_IPADDRESS(text.c_str());
+  if (ip == nullptr) return false;
+  ASN1_OCTET_STRING_free(ip);
+  return true;
 }
 
 Status ValidateCaName(const std::string& common_name) {
@@ -189,6 +197,54 @@ Status WritePair(X509* cert, EVP_PKEY* key, const std::filesystem::path& cert_pa
   return cert_status;
 }
 
+// A host name as sites will type it: dot-separated labels of letters, digits
+// and inner hyphens (RFC 1123). No wildcard: a federation has one server.
+Status ValidateDnsName(const std::string& name) {
+  if (name.empty() || name.size() > 253) {
+    return InvalidArgument("crypto: DNS name '{}' must be 1..253 characters", name);
+  }
+  if (IsIpAddress(name)) {
+    return InvalidArgument("crypto: DNS name '{}' is an IP address; name it as an address instead", name);
+  }
+  size_t start = 0;
+  while (start <= name.size()) {
+    const size_t end = std::min(name.find('.', start), name.size());
+    const std::string_view label = std::string_view(name).substr(start, end - start);
+    const bool alnum_ends = !label.empty() && label.front() != '-' && label.back() != '-';
+    if (label.size() > 63 || !alnum_ends ||
+        !std::all_of(label.begin(), label.end(), [](char c) { return IsNameChar(c) && c != '_' && c != '.'; })) {
+      return InvalidArgument("crypto: DNS name '{}' is not a host name (labels of letters, digits and inner hyphens)",
+                             name);
+    }
+    start = end + 1;
+  }
+  return Status::Ok();
+}
+
+// The extensions that make a certificate a site's or the server's.
+Result<std::vector<Extension>> RoleExtensions(const CertOptions& options) {
+  if (options.role == CertRole::kSite) {
+    if (!options.dns.empty() || !options.ips.empty()) {
+      return InvalidArgument("crypto: a site's certificate names no host; DNS names and IP addresses are for the "
+                             "server's");
+    }
+    return std::vector<Extension>{{NID_ext_key_usage, "clientAuth"}};
+  }
+  std::vector<std::string> names;
+  for (const std::string& dns : options.dns) {
+    ESTUARY_RETURN_IF_ERROR(ValidateDnsName(dns));
+    names.push_back("DNS:" + dns);
+  }
+  for (const std::string& ip : options.ips) {
+    if (!IsIpAddress(ip)) return InvalidArgument("crypto: '{}' is not an IPv4 or IPv6 address", ip);
+    names.push_back("IP:" + ip);
+  }
+  if (names.empty()) names = {"DNS:localhost", "IP:127.0.0.1", "IP:::1"};
+  std::string san;
+  for (const std::string& entry : names) san += (san.empty() ? "" : ",") + entry;
+  return std::vector<Extension>{{NID_ext_key_usage, "serverAuth"}, {NID_subject_alt_name, san}};
+}
+
 Status EnsureDirectory(const std::filesystem::path& dir) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
@@ -198,8 +254,8 @@ Status EnsureDirectory(const std::filesystem::path& dir) {
 
 }  // namespace
 
-// Site names become file names and DNS SANs, so the alphabet is kept to what
-// is safe for both; "." and ".." would also escape the directory.
+// Site names become file names, so the alphabet is kept to what is safe
+// there; "." and ".." would also escape the directory.
 Status ValidateSiteName(const std::string& name) {
   if (name.empty() || name.size() > kMaxNameLength) {
     return InvalidArgument("crypto: certificate name '{}' must be 1..{} characters", name, kMaxNameLength);
@@ -239,6 +295,7 @@ Status IssueCertificateWith(const std::filesystem::path& ca_cert_path, const std
                             const std::filesystem::path& out_key, const CertOptions& options) {
   ESTUARY_RETURN_IF_ERROR(ValidateSiteName(name));
   ESTUARY_RETURN_IF_ERROR(ValidateWindow(options));
+  ESTUARY_ASSIGN_OR_RETURN(const std::vector<Extension> role, RoleExtensions(options));
   ESTUARY_RETURN_IF_ERROR(RefuseExisting(out_cert));
   ESTUARY_RETURN_IF_ERROR(RefuseExisting(out_key));
 
@@ -251,15 +308,13 @@ Status IssueCertificateWith(const std::filesystem::path& ca_cert_path, const std
   }
 
   ESTUARY_ASSIGN_OR_RETURN(PkeyPtr key, NewP256Key());
-  const std::string san = fmt::format("DNS:{},DNS:localhost,IP:127.0.0.1,IP:::1", name);
-  ESTUARY_ASSIGN_OR_RETURN(
-      X509Ptr cert, BuildCertificate(name, key.get(), ca_cert.get(), ca_key.get(), options,
-                                     {{NID_basic_constraints, "critical,CA:FALSE"},
-                                      {NID_key_usage, "critical,digitalSignature"},
-                                      {NID_ext_key_usage, "serverAuth,clientAuth"},
-                                      {NID_subject_alt_name, san},
-                                      {NID_subject_key_identifier, "hash"},
-                                      {NID_authority_key_identifier, "keyid:always"}}));
+  std::vector<Extension> extensions = {{NID_basic_constraints, "critical,CA:FALSE"},
+                                       {NID_key_usage, "critical,digitalSignature"}};
+  extensions.insert(extensions.end(), role.begin(), role.end());
+  extensions.push_back({NID_subject_key_identifier, "hash"});
+  extensions.push_back({NID_authority_key_identifier, "keyid:always"});
+  ESTUARY_ASSIGN_OR_RETURN(X509Ptr cert,
+                           BuildCertificate(name, key.get(), ca_cert.get(), ca_key.get(), options, extensions));
   return WritePair(cert.get(), key.get(), out_cert, out_key);
 }
 

@@ -1,5 +1,6 @@
 #include "crypto/revocation.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <openssl/err.h>
 #include <openssl/pem.h>
@@ -297,6 +298,32 @@ const char* CertificateStateName(CertificateStatus::State state) {
   return "?";
 }
 
+namespace {
+
+// The DNS names and IP addresses of a certificate's subjectAltName, in order.
+std::vector<std::string> SubjectAltNames(X509* cert) {
+  std::vector<std::string> out;
+  auto* names = static_cast<GENERAL_NAMES*>(X509_get_ext_d2i(cert, NID_subject_alt_name, nullptr, nullptr));
+  for (int i = 0; names != nullptr && i < sk_GENERAL_NAME_num(names); ++i) {
+    const GENERAL_NAME* name = sk_GENERAL_NAME_value(names, i);
+    if (name->type == GEN_DNS) {
+      out.emplace_back(reinterpret_cast<const char*>(ASN1_STRING_get0_data(name->d.dNSName)),
+                       size_t(ASN1_STRING_length(name->d.dNSName)));
+    } else if (name->type == GEN_IPADD) {
+      char text[INET6_ADDRSTRLEN] = "";
+      const int length = name->d.iPAddress->length;
+      if ((length == 4 || length == 16) &&
+          inet_ntop(length == 4 ? AF_INET : AF_INET6, name->d.iPAddress->data, text, sizeof text) != nullptr) {
+        out.emplace_back(text);
+      }
+    }
+  }
+  GENERAL_NAMES_free(names);
+  return out;
+}
+
+}  // namespace
+
 Result<std::vector<CertificateStatus>> ListCertificates(const std::filesystem::path& dir) {
   ESTUARY_ASSIGN_OR_RETURN(X509Ptr ca, internal::ReadCertificate(dir / "ca.pem"));
   CrlInfo crl;
@@ -317,6 +344,14 @@ Result<std::vector<CertificateStatus>> ListCertificates(const std::filesystem::p
     for (const RevokedCertificate& r : crl.revoked) {
       if (ours && r.serial == status.serial) status.revocation = r;
     }
+    const uint32_t usage = (X509_get_extension_flags(cert.get()) & EXFLAG_XKUSAGE) != 0
+                               ? X509_get_extended_key_usage(cert.get()) & (XKU_SSL_SERVER | XKU_SSL_CLIENT)
+                               : 0;
+    status.role = usage == XKU_SSL_CLIENT   ? "site"
+                  : usage == XKU_SSL_SERVER ? "server"
+                  : usage != 0              ? "both"
+                                            : "none";
+    status.hosts = SubjectAltNames(cert.get());
     status.state = !ours                            ? CertificateStatus::State::kForeign
                    : status.revocation              ? CertificateStatus::State::kRevoked
                    : status.not_after <= Clock::now() ? CertificateStatus::State::kExpired

@@ -72,6 +72,11 @@ struct CertificateStatus {
   std::chrono::system_clock::time_point not_after;
   enum class State { kValid, kExpired, kRevoked, kForeign } state = State::kValid;  // foreign: not dir/ca.pem's
   std::optional<RevokedCertificate> revocation;  // when revoked
+  // What its extendedKeyUsage states (crypto/certs.h CertRole): "site"
+  // (clientAuth only), "server" (serverAuth only), "both" (issued before
+  // roles: neither end accepts it any more) or "none".
+  std::string role;
+  std::vector<std::string> hosts;  // its subjectAltName: "localhost", "10.0.0.5", ...
 };
 const char* CertificateStateName(CertificateStatus::State state);  // "valid", "expired", "revoked", "foreign"
 

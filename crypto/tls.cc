@@ -19,6 +19,57 @@ using internal::X509Ptr;
 // client certificates; without it a resumed session is refused.
 constexpr unsigned char kSessionIdContext[] = "estuary";
 
+// The key exchange groups and signature algorithms both ends offer and
+// accept: the 128-bit level of our certificates (ECDSA P-256) and nothing
+// slower. OpenSSL's defaults add P-384, P-521, X448 and ffdhe2048-8192, and a
+// ClientHello that offers only ffdhe8192 costs the server 145 ms of CPU (X25519:
+// under half a millisecond), which an unauthenticated peer can ask for at will.
+constexpr char kGroups[] = "X25519:P-256";
+constexpr char kSignatureAlgorithms[] = "ecdsa_secp256r1_sha256";
+
+// The roles `cert` states in its extendedKeyUsage: XKU_SSL_SERVER,
+// XKU_SSL_CLIENT, both or neither. A certificate without the extension is
+// valid for every use as far as OpenSSL's purpose check goes, and one issued
+// before roles (estuary 0.1) states both: either could serve a federation as
+// well as join it. We want exactly one role stated, so a site's certificate
+// cannot pass as the server's or the reverse.
+uint32_t StatedRoles(X509* cert) {
+  if ((X509_get_extension_flags(cert) & EXFLAG_XKUSAGE) == 0) return 0;
+  return X509_get_extended_key_usage(cert) & (XKU_SSL_SERVER | XKU_SSL_CLIENT);
+}
+
+// Runs after OpenSSL's own checks of each certificate in the peer's chain
+// (purpose included): the peer's own certificate must also state its role
+// and only that one.
+int RequireStatedRole(int preverified, X509_STORE_CTX* store) {
+  if (preverified != 1 || X509_STORE_CTX_get_error_depth(store) != 0) return preverified;
+  auto* ssl = static_cast<SSL*>(X509_STORE_CTX_get_ex_data(store, SSL_get_ex_data_X509_STORE_CTX_idx()));
+  const uint32_t role = ssl != nullptr && SSL_is_server(ssl) ? XKU_SSL_CLIENT : XKU_SSL_SERVER;
+  if (StatedRoles(X509_STORE_CTX_get_current_cert(store)) == role) return 1;
+  X509_STORE_CTX_set_error(store, X509_V_ERR_INVALID_PURPOSE);
+  return 0;
+}
+
+// Fails, naming the file, unless our own certificate states our side's role
+// and only it: a peer would refuse it at every handshake, so say so before
+// the first.
+Status CheckOwnRole(X509* cert, const std::filesystem::path& path, bool server) {
+  const uint32_t roles = StatedRoles(cert);
+  const char* what = server ? "server" : "site";
+  const char* usage = server ? "serverAuth" : "clientAuth";
+  if (roles == (XKU_SSL_SERVER | XKU_SSL_CLIENT)) {
+    return InvalidArgument(
+        "crypto: {}: not a {} certificate: its extendedKeyUsage states both serverAuth and clientAuth (issued before "
+        "certificate roles); issue it anew (estuary-server certs issue{})",
+        path.string(), what, server ? " --role server --dns/--ip ..." : "");
+  }
+  if (roles != (server ? XKU_SSL_SERVER : XKU_SSL_CLIENT)) {
+    return InvalidArgument("crypto: {}: not a {} certificate: its extendedKeyUsage lacks {}", path.string(), what,
+                           usage);
+  }
+  return Status::Ok();
+}
+
 // Puts the CA certificates into `store`, and with a CRL, the list too and
 // the check of every leaf certificate against it (a revoked one fails to
 // verify: "certificate revoked"). Returns the CRL's contents (none: empty).
@@ -41,7 +92,7 @@ Result<CrlInfo> Trust(X509_STORE* store, const TlsFiles& files) {
 // Loads our chain + key and the CA into `ctx`. Each file is parsed by us first
 // so that every failure names the file; the parsed objects are then handed to
 // OpenSSL directly rather than re-reading the files.
-Status LoadFiles(SSL_CTX* ctx, const TlsFiles& files) {
+Status LoadFiles(SSL_CTX* ctx, const TlsFiles& files, bool server) {
   if (files.cert.empty() && files.key.empty()) {  // trust only: identities come per connection
     return Trust(SSL_CTX_get_cert_store(ctx), files).status();
   }
@@ -62,7 +113,8 @@ Status LoadFiles(SSL_CTX* ctx, const TlsFiles& files) {
   if (SSL_CTX_use_PrivateKey(ctx, key.get()) != 1 || SSL_CTX_check_private_key(ctx) != 1) {
     return InvalidArgument("crypto: {}: private key refused: {}", files.key.string(), TakeOpenSslErrors());
   }
-  return Trust(SSL_CTX_get_cert_store(ctx), files).status();
+  ESTUARY_RETURN_IF_ERROR(Trust(SSL_CTX_get_cert_store(ctx), files).status());
+  return CheckOwnRole(chain.front().get(), files.cert, server);
 }
 
 Result<std::shared_ptr<ssl::context>> MakeContext(const TlsFiles& files, bool server) {
@@ -85,9 +137,22 @@ Result<std::shared_ptr<ssl::context>> MakeContext(const TlsFiles& files, bool se
   if (SSL_CTX_set_ciphersuites(ctx, "TLS_AES_128_GCM_SHA256:TLS_AES_256_GCM_SHA384:TLS_CHACHA20_POLY1305_SHA256") != 1) {
     return Internal("crypto: cannot set the TLS 1.3 cipher suites: {}", TakeOpenSslErrors());
   }
-  ESTUARY_RETURN_IF_ERROR(LoadFiles(ctx, files));
+  if (SSL_CTX_set1_groups_list(ctx, kGroups) != 1) {
+    return Internal("crypto: cannot set the key exchange groups {}: {}", kGroups, TakeOpenSslErrors());
+  }
+  if (SSL_CTX_set1_sigalgs_list(ctx, kSignatureAlgorithms) != 1) {
+    return Internal("crypto: cannot set the signature algorithms {}: {}", kSignatureAlgorithms, TakeOpenSslErrors());
+  }
+  // Each end checks the other's role: the server wants a site (clientAuth),
+  // a site wants the server (serverAuth); RequireStatedRole below.
+  if (SSL_CTX_set_purpose(ctx, server ? X509_PURPOSE_SSL_CLIENT : X509_PURPOSE_SSL_SERVER) != 1) {
+    return Internal("crypto: cannot set the peer's certificate purpose: {}", TakeOpenSslErrors());
+  }
+  ESTUARY_RETURN_IF_ERROR(LoadFiles(ctx, files, server));
 
   boost::system::error_code ec;
+  // Set first: set_verify_mode keeps the context's callback.
+  SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER, RequireStatedRole);
   if (server) {
     context->set_verify_mode(ssl::verify_peer | ssl::verify_fail_if_no_peer_cert, ec);
     if (!ec && SSL_CTX_set_session_id_context(ctx, kSessionIdContext, sizeof(kSessionIdContext) - 1) != 1) {
@@ -166,6 +231,7 @@ Result<std::shared_ptr<const Identity>> LoadIdentity(const std::filesystem::path
   ESTUARY_ASSIGN_OR_RETURN(parts->chain, internal::ReadCertificates(cert));
   ESTUARY_ASSIGN_OR_RETURN(parts->key, internal::ReadPrivateKey(key));
   ESTUARY_RETURN_IF_ERROR(internal::CheckKeyMatches(parts->chain.front().get(), parts->key.get(), cert, key));
+  ESTUARY_RETURN_IF_ERROR(CheckOwnRole(parts->chain.front().get(), cert, false));
   return std::make_shared<const Identity>(std::move(parts));
 }
 
@@ -204,7 +270,9 @@ Status VerifyServerName(SSL* ssl, const std::string& host_in) {
     }
     return Status::Ok();
   }
-  X509_VERIFY_PARAM_set_hostflags(param, X509_CHECK_FLAG_NO_PARTIAL_WILDCARDS);
+  // Names come from subjectAltName only: a site's certificate names no host,
+  // and its common name must not stand in for one.
+  X509_VERIFY_PARAM_set_hostflags(param, X509_CHECK_FLAG_NO_PARTIAL_WILDCARDS | X509_CHECK_FLAG_NEVER_CHECK_SUBJECT);
   if (SSL_set1_host(ssl, host.c_str()) != 1) {
     return InvalidArgument("crypto: cannot expect server name '{}': {}", host, TakeOpenSslErrors());
   }
@@ -212,6 +280,26 @@ Status VerifyServerName(SSL* ssl, const std::string& host_in) {
     return InvalidArgument("crypto: cannot set SNI '{}': {}", host, TakeOpenSslErrors());
   }
   return Status::Ok();
+}
+
+std::string PeerVerifyError(SSL* ssl) {
+  if (ssl == nullptr) return "";
+  const long verify = SSL_get_verify_result(ssl);
+  return verify == X509_V_OK ? "" : X509_verify_cert_error_string(verify);
+}
+
+bool PeerVerifyErrorIsLasting(SSL* ssl) {
+  if (ssl == nullptr) return false;
+  switch (SSL_get_verify_result(ssl)) {
+    case X509_V_OK:
+    case X509_V_ERR_CERT_NOT_YET_VALID:
+    case X509_V_ERR_CERT_HAS_EXPIRED:
+    case X509_V_ERR_CRL_NOT_YET_VALID:
+    case X509_V_ERR_CRL_HAS_EXPIRED:
+      return false;
+    default:
+      return true;
+  }
 }
 
 Result<std::string> PeerCommonName(SSL* ssl) {

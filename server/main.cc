@@ -1,7 +1,7 @@
 // estuary-server: the aggregation server and the operator's tools.
 //
 //   estuary-server certs init  --dir D              a federation CA
-//   estuary-server certs issue --dir D --name N     a site's (or the server's) certificate
+//   estuary-server certs issue --dir D --name N     a site's certificate (--role server: the server's)
 //   estuary-server certs revoke --dir D --name N    add a site's certificate to D/crl.pem
 //   estuary-server certs crl --dir D                re-sign D/crl.pem with a fresh validity
 //   estuary-server certs list --dir D               each certificate: serial, expiry, valid/expired/revoked
@@ -10,6 +10,8 @@
 //   estuary-server clients --db F                   the client registry
 //   estuary-server events --db F                    refused handshakes, rejected frames, revocations
 //   estuary-server export --db F --out D [--round N]  a round's model: PEFT adapter, base, merged (lora)
+#include <fmt/ranges.h>
+
 #include <cstdio>
 
 #include "aggregation/federation_flags.h"
@@ -59,8 +61,19 @@ int main(int argc, char** argv) {
   init->add_option("--name", ca_name, "the CA's common name");
   auto* issue = certs->add_subcommand("issue", "issue DIR/NAME.pem and DIR/NAME.key signed by DIR/ca.*");
   issue->add_option("--dir", cert_dir, "directory holding ca.pem and ca.key")->required();
-  issue->add_option("--name", cert_name, "the site's name: its identity in the federation")->required();
+  issue->add_option("--name", cert_name, "the certificate's name (DIR/NAME.pem): a site's identity in the federation")
+      ->required();
   issue->add_option("--days", cert_days, "validity in days");
+  std::string cert_role;
+  std::vector<std::string> cert_dns, cert_ips;
+  issue->add_option("--role", cert_role,
+                    "site: a site's certificate, for client authentication only; server: the server's, for server "
+                    "authentication as the hosts in --dns/--ip (default: server for --name server, site otherwise)")
+      ->check(CLI::IsMember({"site", "server"}));
+  issue->add_option("--dns", cert_dns, "a DNS name sites reach the server by (repeatable; the server role only)");
+  issue->add_option("--ip", cert_ips,
+                    "an IP address sites reach the server by (repeatable; the server role only; with no --dns or "
+                    "--ip: localhost, 127.0.0.1 and ::1)");
   std::string revoke_reason = "unspecified";
   int crl_days = 365;
   auto* revoke = certs->add_subcommand("revoke", "revoke DIR/NAME.pem: add its serial to DIR/crl.pem, signed by DIR/ca.*");
@@ -162,9 +175,23 @@ int main(int argc, char** argv) {
     if (cert_days < 1) return Fail(InvalidArgument("certs issue: --days {}: a certificate is valid for 1 day or more", cert_days));
     crypto::CertOptions options;
     options.not_after = std::chrono::hours(24 * int64_t(cert_days));
+    // "server" names the server in every script and README line since before
+    // roles: it keeps meaning the server's certificate.
+    const bool server_role = cert_role.empty() ? cert_name == "server" : cert_role == "server";
+    if (!server_role && (!cert_dns.empty() || !cert_ips.empty())) {
+      return Fail(InvalidArgument("certs issue: --dns and --ip name the server's hosts; a site's certificate (--role "
+                                  "site) names none"));
+    }
+    options.role = server_role ? crypto::CertRole::kServer : crypto::CertRole::kSite;
+    options.dns = cert_dns;
+    options.ips = cert_ips;
     if (Status s = crypto::IssueCertificate(cert_dir, cert_name, options); !s.ok()) return Fail(s);
-    std::printf("issued %s/%s.pem and %s/%s.key\n", cert_dir.c_str(), cert_name.c_str(), cert_dir.c_str(),
-                cert_name.c_str());
+    std::vector<std::string> hosts = cert_dns;
+    hosts.insert(hosts.end(), cert_ips.begin(), cert_ips.end());
+    if (hosts.empty()) hosts = {"localhost", "127.0.0.1", "::1"};
+    const std::string what = server_role ? fmt::format("the server's, for {}", fmt::join(hosts, ", ")) : "a site's";
+    std::printf("issued %s/%s.pem and %s/%s.key: %s\n", cert_dir.c_str(), cert_name.c_str(), cert_dir.c_str(),
+                cert_name.c_str(), what.c_str());
     return 0;
   }
   if (cert_list->parsed()) {

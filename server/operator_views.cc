@@ -180,19 +180,23 @@ Status ListCertificates(const std::filesystem::path& dir, bool json, std::string
         revoked = {{"at", estuary::Utc(c.revocation->revoked_at)},
                    {"reason", crypto::RevocationReasonName(c.revocation->reason)}};
       }
-      array.push_back({{"name", c.name}, {"serial", c.serial}, {"not_after", estuary::Utc(c.not_after)},
-                       {"state", crypto::CertificateStateName(c.state)}, {"revoked", revoked}});
+      array.push_back({{"name", c.name}, {"role", c.role}, {"hosts", c.hosts}, {"serial", c.serial},
+                       {"not_after", estuary::Utc(c.not_after)}, {"state", crypto::CertificateStateName(c.state)},
+                       {"revoked", revoked}});
     }
     *out = array.dump(2) + "\n";
     return Status::Ok();
   }
-  *out = fmt::format("{:<20}  {:<34}  {:<20}  {}\n", "name", "serial", "not after (UTC)", "state");
+  *out = fmt::format("{:<20}  {:<6}  {:<34}  {:<20}  {}\n", "name", "role", "serial", "not after (UTC)", "state");
   for (const auto& c : certs) {
     std::string state = crypto::CertificateStateName(c.state);
     if (c.revocation) {
       state += fmt::format(" {} ({})", estuary::Utc(c.revocation->revoked_at), crypto::RevocationReasonName(c.revocation->reason));
     }
-    *out += fmt::format("{:<20}  {:<34}  {:<20}  {}\n", c.name, c.serial, estuary::Utc(c.not_after), state);
+    // Neither end takes a certificate of both roles any more (crypto/tls.h).
+    if (c.role == "both") state += "; issued before certificate roles: issue it anew";
+    *out += fmt::format("{:<20}  {:<6}  {:<34}  {:<20}  {}\n", c.name, c.role, c.serial, estuary::Utc(c.not_after),
+                        state);
   }
   if (certs.empty()) *out += "(no certificates besides the CA's)\n";
   return Status::Ok();

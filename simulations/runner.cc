@@ -24,6 +24,7 @@
 #include "client/task.h"
 #include "client/trainer.h"
 #include "crypto/certs.h"
+#include "crypto/revocation.h"
 #include "crypto/sha256.h"
 #include "crypto/tls.h"
 #include "models/dataset.h"
@@ -290,13 +291,28 @@ Result<Report> RunInproc(const Scenario& s, const RoundCallback& on_round, std::
 
 namespace {
 
-Status ProvisionCertificates(const fs::path& dir, const std::vector<std::string>& names) {
+// The sites' certificates (client authentication), or with `role` kServer the
+// server's, for the loopback addresses the sites dial. One already in `dir`
+// is kept if it plays that role; one that does not (a workdir from before
+// certificate roles: both usages) is issued anew.
+Status ProvisionCertificates(const fs::path& dir, const std::vector<std::string>& names,
+                             crypto::CertRole role = crypto::CertRole::kSite) {
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) return IoError("sim: {}: {}", dir.string(), ec.message());
   if (!fs::exists(dir / "ca.pem")) ESTUARY_RETURN_IF_ERROR(crypto::InitCa(dir));
+  std::map<std::string, std::string> roles;
+  ESTUARY_ASSIGN_OR_RETURN(auto listed, crypto::ListCertificates(dir));
+  for (const auto& cert : listed) {
+    if (cert.state == crypto::CertificateStatus::State::kValid) roles[cert.name] = cert.role;
+  }
+  const std::string wanted = role == crypto::CertRole::kServer ? "server" : "site";
   for (const auto& name : names) {
-    if (!fs::exists(dir / (name + ".pem"))) ESTUARY_RETURN_IF_ERROR(crypto::IssueCertificate(dir, name));
+    const fs::path pem = dir / (name + ".pem"), key = dir / (name + ".key");
+    if (fs::exists(pem) && roles[name] == wanted) continue;
+    fs::remove(pem, ec);
+    fs::remove(key, ec);
+    ESTUARY_RETURN_IF_ERROR(crypto::IssueCertificate(dir, name, {.role = role}));
   }
   return Status::Ok();
 }
@@ -307,7 +323,7 @@ Result<Report> RunLoopback(const Scenario& s, const RoundCallback& on_round) {
   ESTUARY_RETURN_IF_ERROR(CheckScenario(s));
   const auto start = Clock::now();
   const fs::path certs = s.workdir / "certs";
-  ESTUARY_RETURN_IF_ERROR(ProvisionCertificates(certs, {"server"}));
+  ESTUARY_RETURN_IF_ERROR(ProvisionCertificates(certs, {"server"}, crypto::CertRole::kServer));
 
   ServerProcess server;
   std::string host = "127.0.0.1";

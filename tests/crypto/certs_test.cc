@@ -49,28 +49,27 @@ TEST(Certs, CaAndLeafVerify) {
   X509Ptr leaf = LoadCert(dir.path() / "site-a.pem");
   ASSERT_TRUE(ca && leaf);
 
+  // A site's certificate is for client authentication only and names no host.
   EXPECT_EQ(Verify(leaf.get(), ca.get(), X509_PURPOSE_SSL_CLIENT), X509_V_OK);
-  EXPECT_EQ(Verify(leaf.get(), ca.get(), X509_PURPOSE_SSL_SERVER), X509_V_OK);
+  EXPECT_EQ(Verify(leaf.get(), ca.get(), X509_PURPOSE_SSL_SERVER), X509_V_ERR_INVALID_PURPOSE);
   EXPECT_EQ(X509_check_ca(ca.get()), 1);
   EXPECT_EQ(X509_check_ca(leaf.get()), 0);
   EXPECT_EQ(X509_get_version(leaf.get()), X509_VERSION_3);
   EXPECT_EQ(X509_get_signature_nid(leaf.get()), NID_ecdsa_with_SHA256);
   EXPECT_EQ(*internal::CommonName(leaf.get()), "site-a");
   EXPECT_EQ(*internal::CommonName(ca.get()), "estuary-ca");
-
-  EXPECT_EQ(X509_check_host(leaf.get(), "site-a", 0, 0, nullptr), 1);
-  EXPECT_EQ(X509_check_host(leaf.get(), "localhost", 0, 0, nullptr), 1);
-  EXPECT_EQ(X509_check_ip_asc(leaf.get(), "127.0.0.1", 0), 1);
-  EXPECT_EQ(X509_check_ip_asc(leaf.get(), "::1", 0), 1);
-  EXPECT_EQ(X509_check_host(leaf.get(), "site-b", 0, 0, nullptr), 0);
+  EXPECT_EQ(X509_get_ext_by_NID(leaf.get(), NID_subject_alt_name, -1), -1);
+  for (const char* host : {"site-a", "localhost"}) {
+    EXPECT_EQ(X509_check_host(leaf.get(), host, 0, X509_CHECK_FLAG_NEVER_CHECK_SUBJECT, nullptr), 0) << host;
+  }
+  EXPECT_EQ(X509_check_ip_asc(leaf.get(), "127.0.0.1", 0), 0);
 
   const uint32_t usage = X509_get_key_usage(leaf.get());
   EXPECT_TRUE(usage & KU_DIGITAL_SIGNATURE);
   EXPECT_FALSE(usage & KU_KEY_CERT_SIGN);
   EXPECT_TRUE(X509_get_key_usage(ca.get()) & KU_KEY_CERT_SIGN);
   EXPECT_TRUE(X509_get_key_usage(ca.get()) & KU_CRL_SIGN);
-  const uint32_t eku = X509_get_extended_key_usage(leaf.get());
-  EXPECT_TRUE((eku & XKU_SSL_SERVER) && (eku & XKU_SSL_CLIENT));
+  EXPECT_EQ(X509_get_extended_key_usage(leaf.get()), uint32_t{XKU_SSL_CLIENT});
 
   // Key identifiers chain the leaf to the CA.
   const ASN1_OCTET_STRING* ca_ski = X509_get0_subject_key_id(ca.get());
@@ -82,6 +81,65 @@ TEST(Certs, CaAndLeafVerify) {
 
   EXPECT_EQ(ModeOf(dir.path() / "ca.key"), 0600u);
   EXPECT_EQ(ModeOf(dir.path() / "site-a.key"), 0600u);
+}
+
+// The server's certificate: server authentication only, for the hosts the
+// operator names, or the loopback ones.
+TEST(Certs, TheServerRoleNamesItsHostsAndOnlyThem) {
+  TempDir dir;
+  ASSERT_TRUE(InitCa(dir.path()).ok());
+  ASSERT_TRUE(IssueCertificate(dir.path(), "server", {.role = CertRole::kServer}).ok());
+  ASSERT_TRUE(IssueCertificate(dir.path(), "named",
+                               {.role = CertRole::kServer, .dns = {"fl.example.org", "agg-2.example.org"},
+                                .ips = {"10.0.0.5", "fd00::5"}})
+                  .ok());
+  X509Ptr ca = LoadCert(dir.path() / "ca.pem");
+  X509Ptr loopback = LoadCert(dir.path() / "server.pem");
+  X509Ptr named = LoadCert(dir.path() / "named.pem");
+  ASSERT_TRUE(ca && loopback && named);
+  for (X509* cert : {loopback.get(), named.get()}) {
+    EXPECT_EQ(Verify(cert, ca.get(), X509_PURPOSE_SSL_SERVER), X509_V_OK);
+    EXPECT_EQ(Verify(cert, ca.get(), X509_PURPOSE_SSL_CLIENT), X509_V_ERR_INVALID_PURPOSE);
+    EXPECT_EQ(X509_get_extended_key_usage(cert), uint32_t{XKU_SSL_SERVER});
+  }
+  constexpr unsigned kSanOnly = X509_CHECK_FLAG_NEVER_CHECK_SUBJECT;
+  EXPECT_EQ(X509_check_host(loopback.get(), "localhost", 0, kSanOnly, nullptr), 1);
+  EXPECT_EQ(X509_check_ip_asc(loopback.get(), "127.0.0.1", 0), 1);
+  EXPECT_EQ(X509_check_ip_asc(loopback.get(), "::1", 0), 1);
+  EXPECT_EQ(X509_check_host(loopback.get(), "server", 0, kSanOnly, nullptr), 0) << "its name is not a host";
+
+  for (const char* host : {"fl.example.org", "agg-2.example.org", "FL.Example.ORG"}) {
+    EXPECT_EQ(X509_check_host(named.get(), host, 0, kSanOnly, nullptr), 1) << host;
+  }
+  EXPECT_EQ(X509_check_ip_asc(named.get(), "10.0.0.5", 0), 1);
+  EXPECT_EQ(X509_check_ip_asc(named.get(), "fd00:0::5", 0), 1);
+  for (const char* host : {"localhost", "example.org", "x.fl.example.org", "named"}) {
+    EXPECT_EQ(X509_check_host(named.get(), host, 0, kSanOnly, nullptr), 0) << host;
+  }
+  EXPECT_EQ(X509_check_ip_asc(named.get(), "127.0.0.1", 0), 0) << "given hosts replace the loopback ones";
+}
+
+TEST(Certs, HostsAreRefusedForASiteAndMustBeHostsForTheServer) {
+  TempDir dir;
+  ASSERT_TRUE(InitCa(dir.path()).ok());
+  Status site_with_host = IssueCertificate(dir.path(), "site-a", {.dns = {"site-a.example.org"}});
+  EXPECT_EQ(site_with_host.code(), Code::kInvalidArgument);
+  EXPECT_NE(site_with_host.message().find("a site's certificate names no host"), std::string::npos)
+      << site_with_host.message();
+  EXPECT_EQ(IssueCertificate(dir.path(), "site-a", {.ips = {"10.0.0.1"}}).code(), Code::kInvalidArgument);
+  for (const std::string& bad : std::vector<std::string>{"", "*.example.org", "a..b", "-a.org", "a-.org", "under_score.org", "sp ace",
+                                                         "trailing.", "a,DNS:evil.org", "10.0.0.5",
+                                                         std::string(64, 'x') + ".org"}) {
+    Status status = IssueCertificate(dir.path(), "server", {.role = CertRole::kServer, .dns = {bad}});
+    EXPECT_EQ(status.code(), Code::kInvalidArgument) << "'" << bad << "': " << status.ToString();
+    EXPECT_NE(status.message().find("'" + bad + "'"), std::string::npos) << status.message();
+  }
+  for (const char* bad : {"", "10.0.0", "10.0.0.256", "localhost", "::g", "10.0.0.1,IP:10.0.0.2"}) {
+    Status status = IssueCertificate(dir.path(), "server", {.role = CertRole::kServer, .ips = {bad}});
+    EXPECT_EQ(status.code(), Code::kInvalidArgument) << "'" << bad << "': " << status.ToString();
+  }
+  EXPECT_FALSE(std::filesystem::exists(dir.path() / "server.key")) << "nothing written for a refused request";
+  EXPECT_FALSE(std::filesystem::exists(dir.path() / "site-a.key"));
 }
 
 TEST(Certs, KeysAreP256) {

@@ -170,6 +170,7 @@ TEST_F(Revocation, BadRequestsAreRefusedInOneLine) {
 
 // The operator's list: every certificate's state against the CA and its list.
 TEST_F(Revocation, ListCertificatesSaysWhichAreValidExpiredRevokedOrForeign) {
+  ASSERT_TRUE(IssueCertificate(dir(), "server", {.role = CertRole::kServer}).ok());
   ASSERT_TRUE(IssueCertificate(dir(), "site-old", {.not_before = -std::chrono::hours(48),
                                                    .not_after = -std::chrono::hours(24)})
                   .ok());
@@ -184,7 +185,7 @@ TEST_F(Revocation, ListCertificatesSaysWhichAreValidExpiredRevokedOrForeign) {
   ASSERT_TRUE(listed.ok()) << listed.status().ToString();
   std::map<std::string, CertificateStatus> by_name;
   for (const auto& c : *listed) by_name[c.name] = c;
-  ASSERT_EQ(by_name.size(), 5u);
+  ASSERT_EQ(by_name.size(), 6u);
   EXPECT_EQ(by_name["site-a"].state, CertificateStatus::State::kValid);
   EXPECT_EQ(by_name["site-b"].state, CertificateStatus::State::kRevoked);
   ASSERT_TRUE(by_name["site-b"].revocation.has_value());
@@ -193,8 +194,14 @@ TEST_F(Revocation, ListCertificatesSaysWhichAreValidExpiredRevokedOrForeign) {
   EXPECT_EQ(by_name["site-c"].state, CertificateStatus::State::kValid);
   EXPECT_EQ(by_name["site-old"].state, CertificateStatus::State::kExpired);
   EXPECT_EQ(by_name["site-x"].state, CertificateStatus::State::kForeign);
+  for (const auto& [name, c] : by_name) {
+    EXPECT_EQ(c.role, name == "server" ? "server" : "site") << name;
+    const std::vector<std::string> hosts =
+        name == "server" ? std::vector<std::string>{"localhost", "127.0.0.1", "::1"} : std::vector<std::string>{};
+    EXPECT_EQ(c.hosts, hosts) << name;
+  }
   for (const auto& c : *before) EXPECT_NE(c.state, CertificateStatus::State::kRevoked) << c.name;
-  EXPECT_EQ(listed->front().name, "site-a") << "sorted by name";
+  EXPECT_EQ(listed->front().name, "server") << "sorted by name";
   // A file that is not a certificate is named.
   WriteText(dir() / "notes.pem", "not a certificate\n");
   ExpectOneLine(ListCertificates(dir()).status(), (dir() / "notes.pem").string());

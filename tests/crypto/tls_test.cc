@@ -12,9 +12,15 @@
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/write.hpp>
 #include <chrono>
+#include <functional>
 #include <optional>
+#include <vector>
+
+#include <openssl/pem.h>
+#include <openssl/x509v3.h>
 
 #include "crypto/certs.h"
+#include "crypto/openssl_util.h"
 #include "crypto/revocation.h"
 #include "test_dir.h"
 
@@ -39,6 +45,9 @@ struct SideOutcome {
   bool greeting_ok = false;       // data flowed after the handshake
   std::string greeting_failure;
   bool revoked_alert = false;     // the peer said "certificate revoked"
+  // The client's: the signature algorithms the server's CertificateRequest
+  // asked for (TLS code points).
+  std::vector<uint16_t> peer_sigalgs;
 };
 
 struct Outcome {
@@ -119,6 +128,12 @@ Outcome RunConnection(ssl::context& server_ctx, ssl::context& client_ctx, const 
       }
       out.client.handshake_ok = true;
       out.client.cipher = SSL_CIPHER_get_name(SSL_get_current_cipher(client.native_handle()));
+      const int sigalgs = SSL_get_sigalgs(client.native_handle(), 0, nullptr, nullptr, nullptr, nullptr, nullptr);
+      for (int i = 0; i < sigalgs; ++i) {
+        unsigned char sig = 0, hash = 0;
+        SSL_get_sigalgs(client.native_handle(), i, nullptr, nullptr, nullptr, &sig, &hash);
+        out.client.peer_sigalgs.push_back(uint16_t(hash << 8 | sig));
+      }
       if (auto cn = PeerCommonName(client.native_handle()); cn.ok()) out.client.peer_cn = *cn;
       asio::async_read(client, asio::buffer(&client_byte, 1), [&](const boost::system::error_code& ec, size_t) {
         out.client.greeting_ok = !ec && client_byte == kGreeting;
@@ -149,8 +164,15 @@ class TlsTest : public ::testing::Test {
     foreign_ = new TempDir;
     const auto& d = dir_->path();
     ASSERT_TRUE(InitCa(d).ok());
-    ASSERT_TRUE(IssueCertificate(d, "server").ok());
+    ASSERT_TRUE(IssueCertificate(d, "server", {.role = CertRole::kServer}).ok());
+    ASSERT_TRUE(IssueCertificate(d, "elsewhere", {.role = CertRole::kServer, .dns = {"fl.example.org"}}).ok());
     ASSERT_TRUE(IssueCertificate(d, "site-a").ok());
+    ASSERT_TRUE(IssueCertificate(d, "site-b").ok());
+    // The same two certificates with no extendedKeyUsage: valid for every use, as far as OpenSSL is concerned.
+    WithExtendedKeyUsage("site-b", "site-unstated", "");
+    WithExtendedKeyUsage("server", "server-unstated", "");
+    // As every certificate was issued before roles: both, and the loopback names.
+    WithExtendedKeyUsage("server", "both-roles", "serverAuth,clientAuth");
     ASSERT_TRUE(IssueCertificate(d, "site-old", {.not_before = -std::chrono::hours(48),
                                                  .not_after = -std::chrono::hours(24)})
                     .ok());
@@ -167,6 +189,41 @@ class TlsTest : public ::testing::Test {
   static TlsFiles FilesFor(const std::string& name) {
     const auto& d = dir_->path();
     return {d / (name + ".pem"), d / (name + ".key"), d / "ca.pem"};
+  }
+  // name.pem re-signed by the CA as out.pem/out.key with extendedKeyUsage
+  // `usage` ("serverAuth,clientAuth"; empty: without the extension).
+  static void WithExtendedKeyUsage(const std::string& name, const std::string& out, const std::string& usage) {
+    const auto& d = dir_->path();
+    auto cert = internal::ReadCertificate(d / (name + ".pem"));
+    auto ca_key = internal::ReadPrivateKey(d / "ca.key");
+    ASSERT_TRUE(cert.ok() && ca_key.ok());
+    X509_EXTENSION* eku = X509_delete_ext(cert->get(), X509_get_ext_by_NID(cert->get(), NID_ext_key_usage, -1));
+    ASSERT_NE(eku, nullptr);
+    X509_EXTENSION_free(eku);
+    if (!usage.empty()) {
+      X509_EXTENSION* stated = X509V3_EXT_conf_nid(nullptr, nullptr, NID_ext_key_usage, usage.c_str());
+      ASSERT_NE(stated, nullptr);
+      ASSERT_EQ(X509_add_ext(cert->get(), stated, -1), 1);
+      X509_EXTENSION_free(stated);
+    }
+    ASSERT_GT(X509_sign(cert->get(), ca_key->get(), EVP_sha256()), 0);
+    internal::BioPtr bio(BIO_new_file((d / (out + ".pem")).c_str(), "w"));
+    ASSERT_EQ(PEM_write_bio_X509(bio.get(), cert->get()), 1);
+    std::filesystem::copy_file(d / (name + ".key"), d / (out + ".key"));
+  }
+  // A context as OpenSSL makes it (TLS 1.3, its default groups and signature
+  // algorithms, its default purpose check) with `name`'s certificate: a peer
+  // that does not run our code. `tweak` narrows it further.
+  static std::shared_ptr<ssl::context> Plain(const std::string& name, bool server,
+                                             const std::function<void(SSL_CTX*)>& tweak = {}) {
+    auto ctx = std::make_shared<ssl::context>(ssl::context::tls);
+    SSL_CTX_set_min_proto_version(ctx->native_handle(), TLS1_3_VERSION);
+    ctx->use_certificate_chain_file(FilesFor(name).cert.string());
+    ctx->use_private_key_file(FilesFor(name).key.string(), ssl::context::pem);
+    ctx->load_verify_file(FilesFor(name).ca.string());
+    ctx->set_verify_mode(server ? ssl::verify_peer | ssl::verify_fail_if_no_peer_cert : ssl::verify_peer);
+    if (tweak) tweak(ctx->native_handle());
+    return ctx;
   }
   static std::shared_ptr<ssl::context> Server() {
     auto ctx = MakeServerContext(FilesFor("server"));
@@ -257,7 +314,7 @@ TEST_F(TlsTest, ServerNameVerification) {
   auto server = Server();
   auto client = Client("site-a");
   ASSERT_TRUE(server && client);
-  for (const std::string good : {"127.0.0.1", "localhost", "server", "::1", "[::1]"}) {
+  for (const std::string good : {"127.0.0.1", "localhost", "::1", "[::1]"}) {
     Outcome out = RunConnection(*server, *client, good);
     ASSERT_FALSE(out.timed_out) << good << ": " << Describe(out);
     EXPECT_TRUE(out.client.handshake_ok && out.server.handshake_ok) << good << ": " << Describe(out);
@@ -266,14 +323,158 @@ TEST_F(TlsTest, ServerNameVerification) {
     std::string name;
     std::string verify_error;
   };
+  // The certificate's name is not a host name: only its subjectAltName counts.
   for (const Wrong& wrong : {Wrong{"wrong.example", "hostname mismatch"}, Wrong{"site-a", "hostname mismatch"},
-                             Wrong{"10.1.2.3", "IP address mismatch"}}) {
+                             Wrong{"server", "hostname mismatch"}, Wrong{"10.1.2.3", "IP address mismatch"}}) {
     Outcome out = RunConnection(*server, *client, wrong.name);
     ASSERT_FALSE(out.timed_out) << wrong.name << ": " << Describe(out);
     EXPECT_FALSE(out.client.handshake_ok) << wrong.name << ": " << Describe(out);
     EXPECT_NE(out.client.failure.find(wrong.verify_error), std::string::npos) << wrong.name << ": " << Describe(out);
     EXPECT_FALSE(out.server.handshake_ok) << wrong.name << ": " << Describe(out);
   }
+}
+
+// The server's certificate presented by a site: refused, though the CA signed it.
+TEST_F(TlsTest, TheServersCertificateIsRefusedAsASite) {
+  auto server = Server();
+  ASSERT_TRUE(server);
+  for (const char* name : {"server", "server-unstated", "both-roles"}) {
+    Outcome out = RunConnection(*server, *Plain(name, false), "");
+    ASSERT_FALSE(out.timed_out) << name << ": " << Describe(out);
+    EXPECT_FALSE(out.server.handshake_ok) << name << ": " << Describe(out);
+    EXPECT_NE(out.server.failure.find("unsuitable certificate purpose"), std::string::npos)
+        << name << ": " << Describe(out);
+    EXPECT_FALSE(out.client.greeting_ok) << name << ": " << Describe(out);
+  }
+}
+
+// A server holding a site's certificate, or a server's for other hosts: a
+// site refuses it at the handshake.
+TEST_F(TlsTest, ASiteRefusesAServerThatIsNotTheServerItDialled) {
+  auto client = Client("site-a");
+  ASSERT_TRUE(client);
+  struct Rogue {
+    std::string cert;
+    std::string verify_error;
+  };
+  for (const Rogue& rogue : {Rogue{"site-b", "unsuitable certificate purpose"},
+                             Rogue{"site-unstated", "IP address mismatch"},  // it names no host either
+                             Rogue{"server-unstated", "unsuitable certificate purpose"},
+                             // A certificate issued before roles names 127.0.0.1 and states serverAuth, but
+                             // clientAuth too: any site's could have been it.
+                             Rogue{"both-roles", "unsuitable certificate purpose"},
+                             Rogue{"elsewhere", "IP address mismatch"}}) {
+    Outcome out = RunConnection(*Plain(rogue.cert, true), *client, "127.0.0.1");
+    ASSERT_FALSE(out.timed_out) << rogue.cert << ": " << Describe(out);
+    EXPECT_FALSE(out.client.handshake_ok) << rogue.cert << ": " << Describe(out);
+    EXPECT_NE(out.client.failure.find(rogue.verify_error), std::string::npos) << rogue.cert << ": " << Describe(out);
+  }
+  // The server's certificate for a DNS name verifies under that name only.
+  Outcome named = RunConnection(*Plain("elsewhere", true), *client, "fl.example.org");
+  EXPECT_TRUE(named.client.handshake_ok && named.client.greeting_ok) << Describe(named);
+}
+
+// Our own certificate in the wrong role is refused before any handshake,
+// naming the file.
+TEST_F(TlsTest, AContextRefusesACertificateOfTheOtherRole) {
+  struct Case {
+    Result<std::shared_ptr<ssl::context>> made;
+    std::string name;
+    std::string problem;
+  };
+  Case cases[] = {{MakeServerContext(FilesFor("site-a")), "site-a", "not a server certificate"},
+                  {MakeServerContext(FilesFor("server-unstated")), "server-unstated", "not a server certificate"},
+                  {MakeClientContext(FilesFor("server")), "server", "not a site certificate"},
+                  {MakeClientContext(FilesFor("site-unstated")), "site-unstated", "not a site certificate"}};
+  for (const Case& c : cases) {
+    ASSERT_FALSE(c.made.ok()) << c.name;
+    EXPECT_EQ(c.made.status().message(),
+              fmt::format("crypto: {}: {}: its extendedKeyUsage lacks {}", FilesFor(c.name).cert.string(), c.problem,
+                          c.problem == "not a server certificate" ? "serverAuth" : "clientAuth"));
+  }
+  // A certificate issued before roles, either way: it says how to replace it.
+  for (const bool server : {true, false}) {
+    auto made = server ? MakeServerContext(FilesFor("both-roles")) : MakeClientContext(FilesFor("both-roles"));
+    ASSERT_FALSE(made.ok()) << server;
+    EXPECT_EQ(made.status().message(),
+              fmt::format("crypto: {}: not a {} certificate: its extendedKeyUsage states both serverAuth and clientAuth "
+                          "(issued before certificate roles); issue it anew (estuary-server certs issue{})",
+                          FilesFor("both-roles").cert.string(), server ? "server" : "site",
+                          server ? " --role server --dns/--ip ..." : ""));
+  }
+  EXPECT_FALSE(LoadIdentity(FilesFor("both-roles").cert, FilesFor("both-roles").key).ok());
+  auto identity = LoadIdentity(FilesFor("server").cert, FilesFor("server").key);
+  ASSERT_FALSE(identity.ok());
+  EXPECT_NE(identity.status().message().find("not a site certificate"), std::string::npos)
+      << identity.status().message();
+  EXPECT_TRUE(LoadIdentity(FilesFor("site-a").cert, FilesFor("site-a").key).ok());
+}
+
+// The groups a peer may offer: X25519 and P-256 only. What OpenSSL offers by
+// default besides costs the server far more per handshake (ffdhe8192: about
+// 300 times X25519's), so a ClientHello with only those is refused at once.
+TEST_F(TlsTest, TheServerTakesOnlyTheModernGroups) {
+  auto server = Server();
+  ASSERT_TRUE(server);
+  std::vector<std::string> accepted;
+  for (const char* group : {"X25519", "P-256", "P-384", "P-521", "X448", "ffdhe2048", "ffdhe3072", "ffdhe4096",
+                            "ffdhe6144", "ffdhe8192"}) {
+    auto client = Plain("site-a", false, [&](SSL_CTX* ctx) { ASSERT_EQ(SSL_CTX_set1_groups_list(ctx, group), 1); });
+    Outcome out = RunConnection(*server, *client, "");
+    ASSERT_FALSE(out.timed_out) << group << ": " << Describe(out);
+    if (out.server.handshake_ok && out.client.greeting_ok) {
+      accepted.push_back(group);
+    } else {
+      EXPECT_NE(out.server.failure.find("no suitable key share"), std::string::npos) << group << ": " << Describe(out);
+    }
+  }
+  EXPECT_EQ(accepted, (std::vector<std::string>{"X25519", "P-256"}));
+}
+
+// Each end offers exactly the profile: the client in its ClientHello (groups
+// and signature algorithms), the server in its CertificateRequest.
+TEST_F(TlsTest, BothEndsOfferOnlyTheProfile) {
+  struct Hello {
+    std::vector<uint16_t> groups, sigalgs;
+  } hello;
+  auto listen = Plain("server", true, [&](SSL_CTX* ctx) {
+    SSL_CTX_set_client_hello_cb(
+        ctx,
+        [](SSL* ssl, int*, void* arg) {
+          auto list = [&](unsigned type) {
+            const unsigned char* data = nullptr;
+            size_t size = 0;
+            std::vector<uint16_t> out;
+            if (SSL_client_hello_get0_ext(ssl, type, &data, &size) != 1 || size < 2) return out;
+            for (size_t i = 2; i + 1 < size; i += 2) out.push_back(uint16_t(data[i] << 8 | data[i + 1]));
+            return out;
+          };
+          auto* seen = static_cast<Hello*>(arg);
+          seen->groups = list(TLSEXT_TYPE_supported_groups);
+          seen->sigalgs = list(TLSEXT_TYPE_signature_algorithms);
+          return int(SSL_CLIENT_HELLO_SUCCESS);
+        },
+        &hello);
+  });
+  auto client = Client("site-a");
+  ASSERT_TRUE(client);
+  Outcome out = RunConnection(*listen, *client, "127.0.0.1");
+  EXPECT_TRUE(out.client.handshake_ok) << Describe(out);
+  constexpr uint16_t kX25519 = 0x001d, kSecp256r1 = 0x0017, kEcdsaSecp256r1Sha256 = 0x0403;
+  EXPECT_EQ(hello.groups, (std::vector<uint16_t>{kX25519, kSecp256r1}));
+  EXPECT_EQ(hello.sigalgs, (std::vector<uint16_t>{kEcdsaSecp256r1Sha256}));
+
+  auto server = Server();
+  ASSERT_TRUE(server);
+  Outcome asked = RunConnection(*server, *Plain("site-a", false), "");
+  ASSERT_TRUE(asked.client.handshake_ok) << Describe(asked);
+  EXPECT_EQ(asked.client.peer_sigalgs, (std::vector<uint16_t>{kEcdsaSecp256r1Sha256}));
+
+  // And a server that insists on a slow group finds no client to take it.
+  auto slow = Plain("server", true, [](SSL_CTX* ctx) { ASSERT_EQ(SSL_CTX_set1_groups_list(ctx, "ffdhe2048"), 1); });
+  Outcome refused = RunConnection(*slow, *client, "127.0.0.1");
+  ASSERT_FALSE(refused.timed_out) << Describe(refused);
+  EXPECT_FALSE(refused.client.handshake_ok) << Describe(refused);
 }
 
 TEST_F(TlsTest, VerifyServerNameRejectsEmpty) {
@@ -335,7 +536,8 @@ class TlsRevocation : public ::testing::Test {
  protected:
   void SetUp() override {
     ASSERT_TRUE(InitCa(dir()).ok());
-    for (const char* name : {"server", "site-a", "site-b"}) ASSERT_TRUE(IssueCertificate(dir(), name).ok());
+    ASSERT_TRUE(IssueCertificate(dir(), "server", {.role = CertRole::kServer}).ok());
+    for (const char* name : {"site-a", "site-b"}) ASSERT_TRUE(IssueCertificate(dir(), name).ok());
     ASSERT_TRUE(RenewCrl(dir()).ok());  // an empty list
   }
   const std::filesystem::path& dir() const { return dir_.path(); }

@@ -24,7 +24,7 @@ class Federation {
  public:
   Federation() {
     EXPECT_TRUE(crypto::InitCa(certs_).ok());
-    Issue("server");
+    Issue("server", {.role = crypto::CertRole::kServer});
     WriteSyntheticMnist(data_, 300, 200, 7);
   }
 

@@ -12,6 +12,8 @@
 #include "client/compute.h"
 #include "client/task.h"
 #include "client/site.h"
+#include "crypto/certs.h"
+#include "crypto/revocation.h"
 #include "crypto/sha256.h"
 #include "models/language_model.h"
 #include "models/lora_federation.h"
@@ -121,6 +123,34 @@ TEST(Simulation, LoopbackAgreesWithInproc) {
     EXPECT_NEAR(loopback->rounds[r].test_accuracy, inproc->rounds[r].test_accuracy, 0.005) << "round " << r + 1;
     EXPECT_NEAR(loopback->rounds[r].test_loss, inproc->rounds[r].test_loss, 1e-3);
   }
+}
+
+// A workdir whose certificates play the wrong roles (as every one issued
+// before roles does: both usages; here the reverse ones) gets them issued
+// anew: the server would refuse to start with them, the sites to connect.
+TEST(Simulation, LoopbackIssuesCertificatesOfTheWrongRoleAnew) {
+  testing::TempDir dir;
+  testing::WriteSyntheticMnist(dir / "data", 600, 200, 3);
+  Scenario s = Small(dir / "data", dir / "run");
+  s.rounds = 1;
+  s.server_binary = testing::BinaryPath("estuary-server");
+  s.mode = "loopback";
+  const auto certs = dir / "run" / "certs";
+  std::filesystem::create_directories(certs);
+  ASSERT_TRUE(crypto::InitCa(certs).ok());
+  ASSERT_TRUE(crypto::IssueCertificate(certs, "server", {.role = crypto::CertRole::kSite}).ok());
+  ASSERT_TRUE(crypto::IssueCertificate(certs, "client-000", {.role = crypto::CertRole::kServer}).ok());
+  ASSERT_TRUE(crypto::IssueCertificate(certs, "client-001").ok());
+  const auto kept = crypto::CertificateSerial(certs / "client-001.pem");
+  ASSERT_TRUE(kept.ok());
+  auto report = RunLoopback(s, nullptr);
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  EXPECT_EQ(report->rounds.size(), 1u);
+  auto listed = crypto::ListCertificates(certs);
+  ASSERT_TRUE(listed.ok());
+  for (const auto& cert : *listed) EXPECT_EQ(cert.role, cert.name == "server" ? "server" : "site") << cert.name;
+  EXPECT_EQ(crypto::CertificateSerial(certs / "client-001.pem").value(), *kept)
+      << "a certificate of the right role is kept";
 }
 
 }  // namespace
