@@ -28,7 +28,25 @@ Agent::Agent(asio::io_context& io, AgentOptions options, Trainer& trainer, Execu
       resolver_(io),
       reconnect_timer_(io),
       heartbeat_timer_(io),
+      stage_timer_(io),
+      read_timer_(io),
+      write_timer_(io),
       chunk_bytes_(options_.chunk_bytes) {}
+
+namespace {
+
+std::chrono::steady_clock::duration Seconds(double seconds) {
+  return std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(seconds));
+}
+
+// A deadline timer's wait ends with success when it fires, but also when it
+// fired just before it was re-armed or disarmed (its handler already
+// queued); its handler checks the expiry, which re-arming moves on and
+// disarming moves to never.
+void Disarm(boost::asio::steady_timer& timer) { timer.expires_at(boost::asio::steady_timer::time_point::max()); }
+bool Due(const boost::asio::steady_timer& timer) { return boost::asio::steady_timer::clock_type::now() >= timer.expiry(); }
+
+}  // namespace
 
 void Agent::Start() { Connect(); }
 
@@ -37,10 +55,44 @@ void Agent::Stop() {
   DropUpload();
   reconnect_timer_.cancel();
   heartbeat_timer_.cancel();
+  stage_timer_.cancel();
+  read_timer_.cancel();
+  write_timer_.cancel();
+  resolver_.cancel();
   if (stream_) {
     error_code ignored;
     stream_->lowest_layer().close(ignored);
   }
+}
+
+std::string Agent::Peer() const {
+  const bool ipv6 = options_.host.find(':') != std::string::npos && options_.host.front() != '[';
+  return ipv6 ? fmt::format("[{}]:{}", options_.host, options_.port) : fmt::format("{}:{}", options_.host, options_.port);
+}
+
+void Agent::ArmStage(const char* stage, const std::string& peer, double seconds) {
+  stage_timer_.expires_after(Seconds(seconds));
+  stage_timer_.async_wait([self = shared_from_this(), connection = connection_, stage, peer, seconds](const error_code& ec) {
+    if (ec || connection != self->connection_ || self->stopped_ || !Due(self->stage_timer_)) return;
+    self->resolver_.cancel();
+    self->Disconnected(fmt::format("{} {}: timed out after {} s", stage, peer, seconds));
+  });
+}
+
+Agent::Clock::time_point Agent::Patience(double seconds) const {
+  const Clock::time_point until = Clock::now() + Seconds(seconds);
+  return awaiting_answer_ ? std::max(until, round_deadline_ + Seconds(seconds)) : until;
+}
+
+void Agent::ArmRead() {
+  // Once welcomed, the server echoes our heartbeats: allow three of them.
+  const double seconds = std::max(options_.read_timeout_s, welcomed_ ? 3 * double(heartbeat_ms_) / 1000 : 0.0);
+  read_timer_.expires_at(Patience(seconds));
+  read_timer_.async_wait([self = shared_from_this(), connection = connection_](const error_code& ec) {
+    if (ec || connection != self->connection_ || self->stopped_ || !Due(self->read_timer_)) return;
+    self->Disconnected(fmt::format("read from {}: nothing from the server for {:.1f} s", self->Peer(),
+                                   std::chrono::duration<double>(Clock::now() - self->last_frame_).count()));
+  });
 }
 
 void Agent::Connect() {
@@ -49,26 +101,42 @@ void Agent::Connect() {
   stream_ = std::make_shared<SslStream>(io_, *options_.tls);
   outbox_.clear();
   writing_ = false;
+  awaiting_answer_ = false;
+  welcomed_ = false;
   DropUpload();
   Status named = crypto::VerifyServerName(stream_->native_handle(), options_.host);
   if (named.ok() && options_.identity) named = crypto::UseIdentity(stream_->native_handle(), *options_.identity);
   if (!named.ok()) return Finish(named);
+  ArmStage("resolve", options_.host, options_.resolve_timeout_s);
   resolver_.async_resolve(options_.host, std::to_string(options_.port),
                           [self = shared_from_this(), connection, stream = stream_](const error_code& ec, tcp::resolver::results_type results) {
     if (connection != self->connection_ || self->stopped_) return;
     if (ec) return self->Disconnected(fmt::format("resolve {}: {}", self->options_.host, ec.message()));
+    self->ArmStage("connect to", self->Peer(), self->options_.connect_timeout_s);
     asio::async_connect(stream->lowest_layer(), results,
                         [self, connection, stream](const error_code& ec, const tcp::endpoint&) {
       if (connection != self->connection_ || self->stopped_) return;
-      if (ec) return self->Disconnected(fmt::format("connect: {}", ec.message()));
+      if (ec) return self->Disconnected(fmt::format("connect to {}: {}", self->Peer(), ec.message()));
       error_code ignored;
       self->stream_->lowest_layer().set_option(tcp::no_delay(true), ignored);
+      self->ArmStage("TLS handshake with", self->Peer(), self->options_.handshake_timeout_s);
       stream->async_handshake(asio::ssl::stream_base::client, [self, connection, stream](const error_code& ec) {
         if (connection != self->connection_ || self->stopped_) return;
+        Disarm(self->stage_timer_);
         if (crypto::IsCertificateRevokedAlert(ec)) return self->Revoked("the server refused it in the TLS handshake");
+        // Not the network: the certificate is not the federation's server's
+        // for the host we dialled (another role, another host, another CA,
+        // revoked), and will not be next time. Nothing was sent to it.
+        if (const std::string refused = crypto::PeerVerifyError(stream->native_handle());
+            ec && !refused.empty() && crypto::PeerVerifyErrorIsLasting(stream->native_handle())) {
+          return self->Finish(FailedPrecondition(
+              "{}: refused the server at {}: its certificate failed verification ({}): it is not the federation's "
+              "server for that address; nothing was sent to it",
+              self->name_.empty() ? self->options_.label : self->name_, self->Peer(), refused));
+        }
         if (ec) {
-          return self->Disconnected(
-              fmt::format("TLS handshake: {}", crypto::HandshakeFailureReason(self->stream_->native_handle(), ec)));
+          return self->Disconnected(fmt::format("TLS handshake with {}: {}", self->Peer(),
+                                                crypto::HandshakeFailureReason(stream->native_handle(), ec)));
         }
         self->OnConnected();
       });
@@ -86,6 +154,8 @@ void Agent::OnConnected() {
   hello->set_model_checksum_held(model_checksum_);
   hello->set_keeps_model(options_.keep_model);
   Send(envelope);
+  last_frame_ = Clock::now();
+  ArmRead();
   ReadHeader();
 }
 
@@ -103,6 +173,8 @@ void Agent::ReadHeader() {
       if (ec) return self->Disconnected(ec.message());
       auto envelope = proto::ParseEnvelope(self->body_.data(), self->body_.size());
       if (!envelope.ok()) return self->Disconnected(envelope.status().message());
+      self->last_frame_ = Clock::now();
+      self->ArmRead();
       self->Dispatch(std::move(envelope).value());
       self->body_.Trim();
       if (connection == self->connection_ && !self->stopped_) self->ReadHeader();
@@ -118,18 +190,22 @@ void Agent::Dispatch(v1::Envelope envelope) {
       failures_ = 0;
       if (welcome.chunk_bytes() >= 4) chunk_bytes_ = std::min(options_.chunk_bytes, welcome.chunk_bytes() & ~3u);
       if (welcome.heartbeat_ms() > 0) heartbeat_ms_ = welcome.heartbeat_ms();
+      welcomed_ = true;
+      ArmRead();
       Heartbeat();
       return;
     }
     case v1::Envelope::kRoundStart: return OnRoundStart(envelope.round_start());
     case v1::Envelope::kModelChunk: return OnModelChunk(envelope.model_chunk());
     case v1::Envelope::kUpdateAck:
+      awaiting_answer_ = false;
       if (!envelope.update_ack().accepted()) {
         spdlog::warn("{}: update for round {} refused: {}", name_, envelope.update_ack().round(),
                      envelope.update_ack().detail());
       }
       return;
     case v1::Envelope::kRoundClosed:
+      awaiting_answer_ = false;
       if (on_round_closed) on_round_closed(envelope.round_closed());
       if (envelope.round_closed().federation_complete()) Finish(Status::Ok());
       return;
@@ -149,6 +225,11 @@ void Agent::OnRoundStart(const v1::RoundStart& start) {
   if (!manifest.ok()) return Disconnected(fmt::format("round {}: {}", start.round(), manifest.status().message()));
   round_ = start;
   round_connection_ = connection_;
+  // The server's deadline on our clock: it bounds how long an upload may wait for a staging slot.
+  const auto to_deadline = std::chrono::milliseconds(start.deadline_unix_ms()) -
+                           std::chrono::duration_cast<std::chrono::milliseconds>(
+                               std::chrono::system_clock::now().time_since_epoch());
+  round_deadline_ = Clock::now() + std::max<std::chrono::milliseconds>(to_deadline, std::chrono::milliseconds(0));
   manifest_ = std::move(manifest).value();
   incoming_low_rank_.clear();
   incoming_factors_.clear();
@@ -181,7 +262,7 @@ void Agent::OnRoundStart(const v1::RoundStart& start) {
     if (incoming_low_rank_.empty()) download_hasher_->Update(incoming_.data(), incoming_offset_);
     return;
   }
-  if (!model_ || model_version_ != start.model_version() || model_checksum_ != start.model_checksum()) {
+  if (!model_ || model_version_ != start.model_version() || !crypto::SameHexDigest(model_checksum_, start.model_checksum())) {
     return Disconnected(fmt::format("round {}: server sent no model but we hold version {}", start.round(), model_version_));
   }
   Train();
@@ -231,7 +312,7 @@ void Agent::OnModelChunk(const v1::ModelChunk& chunk) {
   }
   const std::string checksum = crypto::ToHex(download_hasher_->Final());
   download_hasher_.reset();
-  if (checksum != round_->model_checksum()) {
+  if (!crypto::SameHexDigest(checksum, round_->model_checksum())) {
     return Disconnected(fmt::format("round {}: model checksum {} != announced {}", round_->round(), checksum,
                                     round_->model_checksum()));
   }
@@ -293,6 +374,8 @@ void Agent::OnTrained(uint64_t round, Result<Update> update) {
   begin->set_train_loss(payload->train_loss);
   *begin->mutable_manifest() = proto::ToProto(payload->manifest);
   begin->set_train_seconds(payload->seconds);
+  awaiting_answer_ = true;
+  ArmRead();  // from here the server may read nothing from us until a staging slot frees
   Send(envelope);
   upload_ = payload;
   upload_round_ = round;
@@ -402,8 +485,15 @@ void Agent::WriteNext() {
   writing_ = true;
   auto frame = outbox_.front();
   const uint64_t connection = connection_;
+  write_timer_.expires_at(Patience(options_.write_timeout_s));
+  write_timer_.async_wait([self = shared_from_this(), connection, bytes = frame->size()](const error_code& ec) {
+    if (ec || connection != self->connection_ || self->stopped_ || !Due(self->write_timer_)) return;
+    self->Disconnected(fmt::format("write to {}: a frame of {} bytes not taken in {} s", self->Peer(), bytes,
+                                   self->options_.write_timeout_s));
+  });
   asio::async_write(*stream_, asio::buffer(frame->data(), frame->size()), [self = shared_from_this(), frame, connection, stream = stream_](const error_code& ec, size_t) {
     if (connection != self->connection_ || self->stopped_) return;
+    Disarm(self->write_timer_);
     self->writing_ = false;
     self->outbox_.pop_front();
     if (ec) return self->Disconnected(ec.message());
@@ -428,6 +518,9 @@ void Agent::Disconnected(const std::string& reason) {
   if (stopped_) return;
   ++connection_;  // every handler of the old connection is now stale
   heartbeat_timer_.cancel();
+  stage_timer_.cancel();
+  read_timer_.cancel();
+  write_timer_.cancel();
   if (stream_) {
     error_code ignored;
     stream_->lowest_layer().close(ignored);

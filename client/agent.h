@@ -13,11 +13,17 @@
 // rest comes from the model held, and the checksum is checked over the whole.
 // When the connection drops it reconnects with
 // exponential backoff, until the server announces the federation complete.
+// Every stage of a connection has a deadline (AgentOptions); one that passes
+// counts as a dropped connection. A server whose certificate fails our check
+// (not signed by the CA, not the server's role, not for the host dialled,
+// revoked) is never retried: the agent finishes with that error and has sent
+// it nothing. One that is only expired or not yet valid is retried.
 // Everything except training runs on the io_context given to it; many agents
 // may share one io_context (the loopback simulator does).
 #pragma once
 
 #include "base/asio.h"
+#include <chrono>
 #include <deque>
 #include <functional>
 #include <memory>
@@ -52,6 +58,18 @@ struct AgentOptions {
   // needs no download. A simulator with many agents turns it off: otherwise
   // it holds one model per client, O(clients x model).
   bool keep_model = true;
+  // Seconds each stage may take before the agent gives the connection up
+  // with one line naming the stage and the server, and reconnects after its
+  // backoff. read: the longest silence from the server once connected (at
+  // least three of the heartbeat intervals it asks for; it echoes ours);
+  // write: one frame. While an upload awaits the server's answer both
+  // stretch past the round's deadline: the server reads nothing from a site
+  // whose upload waits for a staging slot.
+  double resolve_timeout_s = 10;
+  double connect_timeout_s = 10;
+  double handshake_timeout_s = 10;
+  double read_timeout_s = 60;
+  double write_timeout_s = 60;
 };
 
 class Agent : public std::enable_shared_from_this<Agent> {
@@ -80,7 +98,16 @@ class Agent : public std::enable_shared_from_this<Agent> {
  private:
   using SslStream = boost::asio::ssl::stream<boost::asio::ip::tcp::socket>;
 
+  using Clock = std::chrono::steady_clock;
+
   void Connect();
+  // Gives the connection up if the stage ("connect to", ...) outlasts `seconds`.
+  void ArmStage(const char* stage, const std::string& peer, double seconds);
+  // The latest moment a read or write begun now may end, for a timeout of
+  // `seconds` (stretched while an upload awaits the server).
+  Clock::time_point Patience(double seconds) const;
+  void ArmRead();
+  std::string Peer() const;  // "host:port"
   void OnConnected();
   void ReadHeader();
   void Dispatch(v1::Envelope envelope);
@@ -111,6 +138,13 @@ class Agent : public std::enable_shared_from_this<Agent> {
   boost::asio::ip::tcp::resolver resolver_;
   boost::asio::steady_timer reconnect_timer_;
   boost::asio::steady_timer heartbeat_timer_;
+  boost::asio::steady_timer stage_timer_;  // resolve, connect, handshake
+  boost::asio::steady_timer read_timer_;
+  boost::asio::steady_timer write_timer_;
+  Clock::time_point last_frame_;     // when the server last sent a frame (or we connected)
+  bool awaiting_answer_ = false;     // an upload begun on this connection and not yet answered
+  bool welcomed_ = false;            // the server's Welcome came on this connection
+  Clock::time_point round_deadline_;  // the round's deadline on our clock
   uint64_t connection_ = 0;  // bumps on every (re)connect; stale handlers check it
   int failures_ = 0;
   bool stopped_ = false;
