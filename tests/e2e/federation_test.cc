@@ -849,12 +849,6 @@ TEST(Federation, FedAdamStateSurvivesARestartBitForBit) {
   EXPECT_EQ((*round)->global_checksum, continuous);
 }
 
-uint16_t FreePort() {
-  boost::asio::io_context io;
-  boost::asio::ip::tcp::acceptor acceptor(io, {boost::asio::ip::make_address("127.0.0.1"), 0});
-  return acceptor.local_endpoint().port();
-}
-
 // The server is killed (SIGKILL) at some instant after round 1 committed and
 // restarted on the same port; the client reconnects on its own and the
 // federation finishes from the last committed round.

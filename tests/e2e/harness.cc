@@ -67,6 +67,12 @@ fs::path BinaryPath(const std::string& name) {
   return build / name;
 }
 
+uint16_t FreePort() {
+  boost::asio::io_context io;
+  boost::asio::ip::tcp::acceptor acceptor(io, {boost::asio::ip::make_address("127.0.0.1"), 0});
+  return acceptor.local_endpoint().port();
+}
+
 CommandResult RunCommand(const std::string& command_line) {
   CommandResult result;
   FILE* pipe = popen((command_line + " 2>&1").c_str(), "r");

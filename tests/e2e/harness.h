@@ -44,6 +44,10 @@ struct CommandResult {
 };
 CommandResult RunCommand(const std::string& command_line);
 
+// A port on 127.0.0.1 that was free a moment ago: for a server that must
+// come back on the same port after it is killed.
+uint16_t FreePort();
+
 // A child process (estuary-client), killed and reaped when destroyed.
 class ChildProcess {
  public:

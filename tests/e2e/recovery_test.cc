@@ -33,12 +33,6 @@ std::map<std::string, std::string> Snapshot(const fs::path& dir) {
   return files;
 }
 
-uint16_t FreePort() {
-  boost::asio::io_context io;
-  boost::asio::ip::tcp::acceptor acceptor(io, {boost::asio::ip::make_address("127.0.0.1"), 0});
-  return acceptor.local_endpoint().port();
-}
-
 // Runs 2 rounds with one site to the end.
 void RunTwoRounds(Federation& f) {
   f.Issue("site-a");
