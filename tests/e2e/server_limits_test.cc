@@ -3,7 +3,7 @@
 // memory a connection may buffer, alone and all of them together, before
 // and after its Hello; the model downloads a site that does not read holds
 // up; which version a site is taken to hold; the idle timeout of a site the
-// server itself holds paused. Each test is a finding of issue 16 that the
+// server itself holds paused. Each test is an attack that the
 // server before these limits failed, and prints what it measured.
 #include <gtest/gtest.h>
 
@@ -78,7 +78,7 @@ Result<v1::UpdateAck> AwaitAck(RawClient& site) {
   }
 }
 
-// Finding 4 of issue 16: heartbeats from a site that never read the echoes
+// Before: heartbeats from a site that never read the echoes
 // took the server to 783 MB (7.6 MB per MiB sent). One echo now waits at a
 // time, rebuilt from the timestamp alone, so neither many heartbeats nor
 // large ones (fields the protocol does not define, which protobuf would
@@ -118,7 +118,7 @@ TEST(ServerLimits, ASiteThatNeverReadsItsHeartbeatEchoesCostsTheServerNoMemory) 
               MiB(sent), sending, MiB(before), MiB(grown));
 }
 
-// Finding 4: 200 connections each holding a 4 MiB frame less one byte
+// Before: 200 connections each holding a 4 MiB frame less one byte
 // before any Hello took the server to 864 MB. Until its Hello a frame may
 // hold 64 KiB: a larger one is refused at its length prefix, unread.
 TEST(ServerLimits, AFrameLargerThanAHelloBeforeTheHelloIsRefusedUnread) {
@@ -155,7 +155,7 @@ TEST(ServerLimits, AFrameLargerThanAHelloBeforeTheHelloIsRefusedUnread) {
               kConnections, SecondsSince(start), MiB(before), MiB(grown));
 }
 
-// Finding 4: the frames all sessions are receiving share one budget
+// Before: the frames all sessions are receiving share one budget
 // (--frame-memory). Sixteen sites each send a frame of the largest size but
 // its last byte: four fit in 16 MiB, the others wait unread. Once they are
 // gone the memory goes back to the system.
@@ -207,7 +207,7 @@ TEST(ServerLimits, FramesBeingReceivedStayWithinTheServersBudgetAndAreGivenBack)
               kSites, MiB(before), MiB(grown), MiB(after > before ? after - before : 0), SecondsSince(gone));
 }
 
-// Finding 5: two selected sites that never read held both download places;
+// Before: two selected sites that never read held both download places;
 // the three honest sites received none of the 6.65 MB model and the round
 // failed. Now a download gives its place to the next after
 // --download-slot-timeout, and a site that reads nothing is cut off by the
@@ -255,7 +255,7 @@ TEST(ServerLimits, TwoSelectedSitesThatNeverReadDoNotStallTheRound) {
               committed);
 }
 
-// Finding 5: on a retried round the server told sites that never received
+// Before: on a retried round the server told sites that never received
 // the model that they held it (model_follows = false). A site holds a
 // version once its update for the round confirms it (and it keeps models);
 // a download written to its socket is not enough.
@@ -299,7 +299,7 @@ TEST(ServerLimits, ARetriedRoundSendsTheModelAgainToASiteThatNeverConfirmedIt) {
   EXPECT_TRUE(retried[1].model_follows()) << "site-2 was sent the model but never confirmed it";
 }
 
-// Finding 9: a site paused for a staging slot kept its idle timer running
+// Before: a site paused for a staging slot kept its idle timer running
 // and was closed while it waited for the server. One slot: site-1 holds it
 // (sending heartbeats), site-2 waits paused, silent for 4.5 s with an idle
 // timeout of 2 s, and still uploads once site-1 is done.

@@ -126,7 +126,7 @@ TEST_F(ConnectionsTest, RefusedHandshakesAndBadFramesAreEvents) {
   EXPECT_EQ(bad[0].detail, "frame of 99999999 bytes");
 }
 
-// Finding 7 of issue 16: every refused handshake was a row and a log line
+// Before: every refused handshake was a row and a log line
 // (2,400 rows/s under a replay). The first few from an address are written
 // in full, the rest as one summary per interval that still counts them all.
 TEST_F(ConnectionsTest, RefusedHandshakesFromOneAddressAreSummarisedPerInterval) {

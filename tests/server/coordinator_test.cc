@@ -309,7 +309,7 @@ TEST(Coordinator, ARoundShortOfMinUpdatesAtTheDeadlineFailsAndIsRetriedAfterTheP
   EXPECT_EQ(round.global_checksum, Checksum(Plus(rig.initial(), 2.0))) << "only the retry's updates";
 }
 
-// Finding 5 of issue 16: a retried round told sites that never received the
+// Before: a retried round told sites that never received the
 // model that they held it. Only an update confirms the version it trained on.
 TEST(Coordinator, ARetriedRoundSendsTheModelToEverySiteThatDidNotConfirmIt) {
   CoordinatorRig rig;
