@@ -230,6 +230,14 @@ Result<Llama> LoadHfCheckpoint(const fs::path& dir, int max_batch) {
   // The file must hold the config's model before the model is made: a
   // config.json alone (every absent key takes Hugging Face's 7B default)
   // must not make the loader map the parameters of a model it was not given.
+  // A claim of far more tensors than the file holds is refused by count, as
+  // the layout that names them costs memory in proportion to the layers a
+  // config claims (a few bytes of JSON must not make millions of names); a
+  // near miss goes on to name the first tensor missing.
+  if (TensorCountOf(config) > 2 * int64_t(checkpoint.manifest.tensors.size()) + 16) {
+    return InvalidArgument("{}: config.json implies {} tensors ({} layers), but the file holds {}", file.string(),
+                           TensorCountOf(config), config.num_layers, checkpoint.manifest.tensors.size());
+  }
   ESTUARY_RETURN_IF_ERROR(
       CheckTensors(file, checkpoint, LayoutOf(config).manifest, "config.json implies", expected, recomputed));
   ESTUARY_ASSIGN_OR_RETURN(Llama model, Llama::Create(config, max_batch));

@@ -14,6 +14,12 @@
 
 namespace estuary::models {
 
+double LlamaConfig::ParameterCount() const {
+  const double V = vocab_size, D = hidden_size, I = intermediate_size, L = num_layers, H = num_heads,
+               KV = num_kv_heads, hd = head_dim();
+  return (tie_embeddings ? 1 : 2) * V * D + L * ((2 * H + 2 * KV) * hd * D + 3 * I * D + 2 * D) + D;
+}
+
 Status LlamaConfig::Validate() const {
   const std::pair<const char*, int> sizes[] = {
       {"vocab_size", vocab_size}, {"hidden_size", hidden_size}, {"intermediate_size", intermediate_size},
@@ -43,7 +49,7 @@ Status LlamaConfig::Validate() const {
     return InvalidArgument("llama config: the attention's {} or the MLP's {} rows do not fit an int",
                            (H + 2 * KV) * hd, 2 * I);
   }
-  const double parameters = 2 * V * D + L * ((2 * H + 2 * KV) * hd * D + 3 * I * D + 2 * D) + D;
+  const double parameters = ParameterCount();
   const double activations = S * D * (L + 1) + L * (H * S * S + S * (4 * D + (2 * H + 2 * KV) * hd + 3 * I)) + S * V;
   constexpr double kMax = double(Manifest::kMaxElements);
   if (parameters > kMax || activations > kMax) {
@@ -92,6 +98,10 @@ LlamaLayout LayoutOf(const LlamaConfig& config) {
   layout.units.push_back({config.tie_embeddings ? "model.norm" : "model.norm+lm_head", layout.final_norm,
                           layout.manifest.total_elements});
   return layout;
+}
+
+int64_t TensorCountOf(const LlamaConfig& config) {
+  return 9 * int64_t(config.num_layers) + (config.tie_embeddings ? 2 : 3);
 }
 
 Llama::Llama(const LlamaConfig& config, int max_batch) : config_(config), max_batch_(max_batch) {

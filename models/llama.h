@@ -58,6 +58,9 @@ struct LlamaConfig {
   bool tie_embeddings = false;
 
   int head_dim() const { return num_heads > 0 ? hidden_size / num_heads : 0; }
+  // The parameters LayoutOf(*this) holds, in double so that any config.json's
+  // values give a number (exact below 2^53).
+  double ParameterCount() const;
   // Every size positive, heads dividing hidden_size into an even head_dim,
   // kv heads dividing heads; the message names the field and its value.
   Status Validate() const;
@@ -80,6 +83,10 @@ struct LlamaLayout {
   std::vector<ParameterUnit> units;
 };
 LlamaLayout LayoutOf(const LlamaConfig& config);
+// How many tensors LayoutOf(config) holds, counted without naming them (nine
+// per block, the embedding, the final norm and an untied LM head): a reader
+// compares it with a file's before a config's layer count can cost memory.
+int64_t TensorCountOf(const LlamaConfig& config);
 
 // Hugging Face's init into a buffer of manifest.total_elements floats:
 // normal(0, 0.02) for every matrix (embedding, projections, LM head), ones for

@@ -95,7 +95,7 @@ TEST(HfCheckpointReader, ChecksTheFileBeforeMakingTheModelItsConfigDescribes) {
   auto model = Llama::Create(Tiny(), 1);
   ASSERT_TRUE(model.ok());
   ASSERT_TRUE(SaveHfCheckpoint(dir.path(), *model).ok());
-  Write(dir / "config.json", R"({"num_hidden_layers":2,"max_position_embeddings":8})");
+  Write(dir / "config.json", R"({"num_hidden_layers":1,"max_position_embeddings":8})");
   auto loaded = LoadHfCheckpoint(dir.path());
   ASSERT_FALSE(loaded.ok());
   EXPECT_NE(loaded.status().message().find("tensor 'model.embed_tokens.weight' has shape [8, 4], but config.json "
@@ -121,6 +121,29 @@ TEST(HfCheckpointReader, RefusesSizesWhoseCountsOverflow) {
   c = Tiny();
   c.max_seq_len = 1 << 30;  // num_heads x max_seq_len^2 attention weights per layer
   EXPECT_FALSE(c.Validate().ok());
+}
+
+TEST(HfCheckpointReader, CountsTheTensorsBeforeNamingThemAll) {
+  // Once (CI's fuzzing): 200 bytes of config.json claiming three million
+  // layers made the loader name 27 million tensors, 2.5 GB, before it
+  // compared them with a file that held one.
+  TempDir dir;
+  Write(dir / "config.json", R"({"vocab_size":1,"hidden_size":2,"intermediate_size":1,"num_hidden_layers":3000000,
+                                 "num_attention_heads":1,"num_key_value_heads":1,"max_position_embeddings":1})");
+  Write(dir / "model.safetensors",
+        Safetensors(R"({"model.embed_tokens.weight":{"dtype":"F32","shape":[1,2],"data_offsets":[0,8]}})",
+                    std::string(8, '\0')));
+  auto loaded = LoadHfCheckpoint(dir.path());
+  ASSERT_FALSE(loaded.ok());
+  EXPECT_NE(loaded.status().message().find("config.json implies 27000003 tensors (3000000 layers), but the file "
+                                           "holds 1"),
+            std::string::npos)
+      << loaded.status().message();
+  for (bool tied : {false, true}) {
+    LlamaConfig c = Tiny();
+    c.tie_embeddings = tied;
+    EXPECT_EQ(TensorCountOf(c), int64_t(LayoutOf(c).manifest.tensors.size())) << "tied " << tied;
+  }
 }
 
 TEST(HfCheckpointReader, RefusesARopeTypeThatIsNotAString) {
