@@ -35,6 +35,12 @@ inline Status ApplyConfigFile(CLI::App& app, const std::filesystem::path& path) 
       return InvalidArgument("config: {}: unknown key '{}'", path.string(), name);
     }
     if (option->count() > 0) continue;  // given on the command line
+    // A flag takes true or false only: CLI11 would read any other string as
+    // a number, and throw std::invalid_argument out of its callback.
+    const bool is_flag = option->get_expected_max() == 0;
+    if (is_flag && !node.is_boolean()) {
+      return InvalidArgument("config: {}: key '{}' is a flag; it must be true or false", path.string(), name);
+    }
     std::string value;
     if (auto s = node.value_exact<std::string>()) value = *s;
     else if (auto i = node.value_exact<int64_t>()) value = std::to_string(*i);
@@ -44,7 +50,7 @@ inline Status ApplyConfigFile(CLI::App& app, const std::filesystem::path& path) 
     try {
       option->add_result(value);
       option->run_callback();
-    } catch (const CLI::Error& e) {
+    } catch (const std::exception& e) {  // CLI::Error, and what a conversion inside CLI11 throws
       return InvalidArgument("config: {}: key '{}' = {}: {}", path.string(), name, value, e.what());
     }
   }

@@ -910,6 +910,15 @@ TEST(Federation, BadConfigurationGetsOneLineNamingTheFile) {
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.output.find("unknown key 'roundz'"), std::string::npos) << r.output;
 
+  // Once (fuzzing): a flag given a string in the file made CLI11 throw
+  // std::invalid_argument past the config reader, and the server abort.
+  const fs::path flag_string = f.dir() / "flag.toml";
+  std::ofstream(flag_string) << "exit_when_done = \"adamw\"\n";
+  r = RunCommand(fmt::format("{} serve --config {}", server, flag_string.string()));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("key 'exit_when_done' is a flag; it must be true or false"), std::string::npos)
+      << r.output;
+
   const fs::path missing_key = f.dir() / "nope.key";
   r = RunCommand(fmt::format("{} serve --cert {} --key {} --ca {} --db {}", server,
                              f.Files("server").cert.string(), missing_key.string(), f.Files("server").ca.string(),
