@@ -136,6 +136,9 @@ class Llama {
   // The adapted model runs this model's own arena and ops, with adapters
   // added around the projections and a frozen backward (models/lora.h).
   friend class LoraLlama;
+  // The incremental decoder (models/generate.h) reads the weights and RoPE
+  // tables and calls the same ops as RunForward, one token at a time.
+  friend class KvCacheDecoder;
 
   struct Layer {
     Linear qkv, o, gate_up, down;  // q/k/v and gate/up are adjacent in the buffer: one GEMM each
