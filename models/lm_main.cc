@@ -4,6 +4,11 @@
 //       each line of standard input (without its newline) -> a JSON array of ids
 //   estuary-lm tokenize --tokenizer DIR/tokenizer.json --decode [--skip-special-tokens] < ids
 //       each line a JSON array of ids -> its text
+//   estuary-lm generate --model DIR --tokenizer FILE --prompt TEXT [--adapter DIR] [--max-new-tokens N]
+//                       [--temperature T] [--top-k K] [--top-p P] [--seed S] [--stop-id ID]... [--json]
+//       the prompt (with the tokenizer's special tokens, e.g. BOS) continued by a Hugging Face model
+//       directory (with a PEFT LoRA adapter merged in), on the CPU (models/generate.h); prints the new
+//       text, or with --json the prompt's and the new ids, each new token's log-probability and the text
 //
 // The tokenizer is Hugging Face's tokenizer.json (models/tokenizer.h), with
 // tokenizer_config.json read from beside it when there. Errors are one line
@@ -17,6 +22,9 @@
 #include <string>
 
 #include "base/cli.h"
+#include "models/generate.h"
+#include "models/llama.h"
+#include "models/lora.h"
 #include "models/tokenizer.h"
 
 namespace {
@@ -66,6 +74,66 @@ Status Tokenize(const TokenizeFlags& flags) {
   return Status::Ok();
 }
 
+struct GenerateFlags {
+  std::string model, tokenizer, prompt, adapter;
+  int max_new_tokens = 64;
+  models::SamplingOptions sampling;
+  std::vector<int32_t> stop_ids;
+  bool json = false;
+};
+
+CLI::App* AddGenerateCommand(CLI::App& app, GenerateFlags& flags) {
+  auto* command = app.add_subcommand("generate", "continue a prompt with a language model (CPU, KV cache)");
+  command->add_option("--model", flags.model, "a Hugging Face model directory (config.json, model.safetensors)")
+      ->required();
+  command->add_option("--tokenizer", flags.tokenizer, "a Hugging Face tokenizer.json")->required();
+  command->add_option("--prompt", flags.prompt, "the text to continue")->required();
+  command->add_option("--adapter", flags.adapter, "a PEFT LoRA adapter directory, merged into the model");
+  command->add_option("--max-new-tokens", flags.max_new_tokens, "at most this many new tokens");
+  command->add_option("--temperature", flags.sampling.temperature, "0: greedy (argmax)");
+  command->add_option("--top-k", flags.sampling.top_k, "sample among the k most likely tokens (0: all)");
+  command->add_option("--top-p", flags.sampling.top_p, "sample within the smallest set of this probability");
+  command->add_option("--seed", flags.sampling.seed, "the same seed gives the same tokens");
+  command->add_option("--stop-id", flags.stop_ids, "stop after this token id too (the tokenizer's EOS always stops)");
+  command->add_flag("--json", flags.json, "print ids, per-token log-probabilities and text as JSON");
+  return command;
+}
+
+// The model to generate with: the checkpoint, with the adapter merged in when one is given.
+Result<models::Llama> LoadGenerationModel(const GenerateFlags& flags) {
+  ESTUARY_ASSIGN_OR_RETURN(models::Llama base, models::LoadHfCheckpoint(flags.model));
+  if (flags.adapter.empty()) return base;
+  ESTUARY_ASSIGN_OR_RETURN(models::LoraConfig config, models::ReadLoraConfig(flags.adapter));
+  ESTUARY_ASSIGN_OR_RETURN(models::LoraLlama adapted, models::LoraLlama::Create(std::move(base), config));
+  ESTUARY_RETURN_IF_ERROR(models::LoadLoraAdapter(flags.adapter, adapted));
+  return adapted.Merged();
+}
+
+Status RunGenerate(const GenerateFlags& flags) {
+  ESTUARY_RETURN_IF_ERROR(flags.sampling.Validate());
+  ESTUARY_ASSIGN_OR_RETURN(models::Tokenizer tokenizer, models::Tokenizer::Load(flags.tokenizer));
+  ESTUARY_ASSIGN_OR_RETURN(models::Llama model, LoadGenerationModel(flags));
+  if (tokenizer.vocab_size() > model.config().vocab_size) {
+    return InvalidArgument("{}: {} tokens, more than the vocab_size {} of the model in {}", flags.tokenizer,
+                           tokenizer.vocab_size(), model.config().vocab_size, flags.model);
+  }
+  models::GenerateOptions options{.max_new_tokens = flags.max_new_tokens, .sampling = flags.sampling,
+                                  .stop_tokens = flags.stop_ids};
+  if (tokenizer.eos_id()) options.stop_tokens.push_back(*tokenizer.eos_id());
+  const std::vector<int32_t> prompt = tokenizer.Encode(flags.prompt, /*add_special_tokens=*/true);
+  ESTUARY_ASSIGN_OR_RETURN(models::Generation out, models::Generate(model, prompt, options));
+  const std::string text = tokenizer.Decode(out.tokens, /*skip_special_tokens=*/true);
+  if (flags.json) {
+    const nlohmann::json report = {{"prompt_ids", prompt}, {"ids", out.tokens}, {"log_probs", out.log_probs},
+                                   {"stopped", out.stopped}, {"text", text}};
+    fmt::print("{}\n", report.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+  } else {
+    fmt::print("{}\n", text);
+  }
+  if (std::fflush(stdout) != 0) return IoError("standard output: cannot write");
+  return Status::Ok();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -81,9 +149,16 @@ int main(int argc, char** argv) {
   tok->add_flag("--decode", tokenize.decode, "read JSON arrays of ids, write their text");
   tok->add_flag("--skip-special-tokens", tokenize.skip_special_tokens, "with --decode: leave special tokens out");
 
+  GenerateFlags generate;
+  CLI::App* generate_command = AddGenerateCommand(app, generate);
+
   if (auto exit = ParseCommandLine(app, argc, argv, kProgram)) return *exit;
   if (tok->parsed()) {
     Status s = Tokenize(tokenize);
+    if (!s.ok()) return Fail(kProgram, s);
+  }
+  if (generate_command->parsed()) {
+    Status s = RunGenerate(generate);
     if (!s.ok()) return Fail(kProgram, s);
   }
   return 0;

@@ -1,21 +1,26 @@
 // Generation (models/generate.h, models/sampling.h): the cached decoder
 // against the model's own full forward at every step, sampling's filtered
 // distributions against Hugging Face's warpers in PyTorch (torch_sampling.py,
-// the models_torch_sampling fixture), and draw frequencies against those
-// distributions.
+// the models_torch_sampling fixture), draw frequencies against those
+// distributions, and `estuary-lm generate` against the library call.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <random>
 #include <set>
 
 #include "models/generate.h"
 #include "models/lora.h"
+#include "models/tokenizer.h"
 
 namespace estuary::models {
 namespace {
@@ -288,6 +293,120 @@ TEST(Sampling, DrawFrequenciesMatchTheDistribution) {
     ++checked;
   }
   EXPECT_GE(checked, 6);
+}
+
+// ---------------------------------------------------------------- the tool
+
+struct ShellRun {
+  int exit_code;
+  std::string output;
+};
+
+ShellRun RunShell(const std::string& command) {
+  ShellRun run{-1, ""};
+  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
+  char buffer[4096];
+  for (size_t n; (n = std::fread(buffer, 1, sizeof buffer, pipe)) > 0;) run.output.append(buffer, n);
+  const int status = pclose(pipe);
+  run.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return run;
+}
+
+const std::string kLm = std::string(ESTUARY_BINARY_DIR) + "/models/estuary-lm";
+const fs::path kLlama2 = fs::path(ESTUARY_BINARY_DIR) / "tests/models/tokenizer/tokenizers/llama2/tokenizer.json";
+
+class GenerateCommand : public testing::Test {
+ protected:
+  void SetUp() override {
+    auto tokenizer = Tokenizer::Load(kLlama2);
+    ASSERT_TRUE(tokenizer.ok()) << tokenizer.status().ToString();
+    tokenizer_.emplace(*tokenizer);
+    // A random model over the fixture tokenizer's vocabulary.
+    LlamaConfig c{.vocab_size = tokenizer_->vocab_size(), .hidden_size = 32, .intermediate_size = 48,
+                  .num_layers = 2, .num_heads = 4, .num_kv_heads = 2, .max_seq_len = 64, .tie_embeddings = true};
+    auto model = Llama::Create(c, 1);
+    ASSERT_TRUE(model.ok()) << model.status().ToString();
+    model->Initialize(21);
+    for (float& p : model->parameters()) p *= 4;
+    dir_ = fs::temp_directory_path() / fmt::format("estuary-generate-test-{}", getpid());
+    ASSERT_TRUE(SaveHfCheckpoint(dir_ / "model", *model).ok());
+    model_.emplace(std::move(*model));
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  std::string Command(const std::string& flags) const {
+    return fmt::format("{} generate --model {} --tokenizer {} --prompt 'Hello world' {}", kLm,
+                       (dir_ / "model").string(), kLlama2.string(), flags);
+  }
+
+  std::optional<Tokenizer> tokenizer_;
+  std::optional<Llama> model_;
+  fs::path dir_;
+};
+
+TEST_F(GenerateCommand, GreedyOutputIsTheLibrarys) {
+  ShellRun run = RunShell(Command("--temperature 0 --max-new-tokens 12 --json"));
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  const Json out = Json::parse(run.output);
+  const std::vector<int32_t> prompt = tokenizer_->Encode("Hello world", /*add_special_tokens=*/true);
+  EXPECT_EQ(out["prompt_ids"].get<std::vector<int32_t>>(), prompt);
+  const GenerateOptions greedy{
+      .max_new_tokens = 12, .sampling = {.temperature = 0}, .stop_tokens = {*tokenizer_->eos_id()}};
+  auto expected = Generate(*model_, prompt, greedy);
+  ASSERT_TRUE(expected.ok());
+  EXPECT_EQ(out["ids"].get<std::vector<int32_t>>(), expected->tokens);
+  const std::vector<double> log_probs = out["log_probs"];
+  ASSERT_EQ(log_probs.size(), expected->log_probs.size());
+  for (size_t i = 0; i < log_probs.size(); ++i) EXPECT_NEAR(log_probs[i], expected->log_probs[i], 1e-9);
+  EXPECT_EQ(out["text"], tokenizer_->Decode(expected->tokens, /*skip_special_tokens=*/true));
+  // Without --json: the text alone.
+  run = RunShell(Command("--temperature 0 --max-new-tokens 12"));
+  EXPECT_EQ(run.output, out["text"].get<std::string>() + "\n");
+}
+
+TEST_F(GenerateCommand, AnAdapterIsMergedIn) {
+  auto base = LoadHfCheckpoint(dir_ / "model");
+  ASSERT_TRUE(base.ok()) << base.status().ToString();
+  auto adapted = LoraLlama::Create(std::move(*base), {.rank = 2, .alpha = 4});
+  ASSERT_TRUE(adapted.ok());
+  std::mt19937_64 rng(8);
+  for (float& p : adapted->parameters()) p = float(0.2 * (double(rng() >> 11) * 0x1.0p-53 - 0.5));
+  ASSERT_TRUE(SaveLoraAdapter(dir_ / "adapter", *adapted).ok());
+  ShellRun run = RunShell(Command(fmt::format("--adapter {} --temperature 0 --max-new-tokens 12 --json",
+                                              (dir_ / "adapter").string())));
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  auto merged = adapted->Merged();
+  ASSERT_TRUE(merged.ok());
+  const std::vector<int32_t> prompt = tokenizer_->Encode("Hello world", /*add_special_tokens=*/true);
+  const GenerateOptions greedy{
+      .max_new_tokens = 12, .sampling = {.temperature = 0}, .stop_tokens = {*tokenizer_->eos_id()}};
+  auto expected = Generate(*merged, prompt, greedy), plain = Generate(*model_, prompt, greedy);
+  ASSERT_TRUE(expected.ok() && plain.ok());
+  EXPECT_EQ(Json::parse(run.output)["ids"].get<std::vector<int32_t>>(), expected->tokens);
+  EXPECT_NE(expected->tokens, plain->tokens) << "the adapter changed nothing";
+}
+
+TEST_F(GenerateCommand, TheSeedDecidesTheSample) {
+  const std::string flags = "--top-k 50 --top-p 0.9 --temperature 1.2 --max-new-tokens 16 --json --seed ";
+  const ShellRun first = RunShell(Command(flags + "7")), again = RunShell(Command(flags + "7")),
+                 other = RunShell(Command(flags + "8"));
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  EXPECT_EQ(first.output, again.output);
+  EXPECT_NE(Json::parse(first.output)["ids"], Json::parse(other.output)["ids"]);
+}
+
+TEST_F(GenerateCommand, BadInputIsOneLine) {
+  ShellRun run = RunShell(Command("--top-p 1.5"));
+  EXPECT_EQ(run.exit_code, 1);
+  EXPECT_EQ(run.output, "estuary-lm: sampling: top_p 1.5 must be in (0, 1]\n");
+  run = RunShell(fmt::format("{} generate --model {} --tokenizer {} --prompt hi", kLm, (dir_ / "missing").string(),
+                             kLlama2.string()));
+  EXPECT_EQ(run.exit_code, 1);
+  EXPECT_EQ(std::count(run.output.begin(), run.output.end(), '\n'), 1) << run.output;
+  EXPECT_NE(run.output.find((dir_ / "missing").string()), std::string::npos) << run.output;
+  run = RunShell(Command("--max-new-tokens 100"));
+  EXPECT_EQ(run.exit_code, 1);
+  EXPECT_EQ(run.output, "estuary-lm: generate: a prompt of 3 tokens and 100 new ones exceed the context of 64\n");
 }
 
 }  // namespace
