@@ -48,6 +48,16 @@ void KvCacheDecoder::Reserve(int rows) {
   reserved_rows_ = rows;
 }
 
+// Linear::Forward (the same bias and product) for a pass of `rows` tokens,
+// with one row through GEMV: OpenBLAS packs a GEMM's whole weight matrix even
+// for one row, which doubles the bytes a decode step moves.
+static void Project(const Linear& linear, const float* x, int rows, float* y) {
+  if (rows > 1) return linear.Forward(x, rows, y);
+  if (linear.b) std::memcpy(y, linear.b, sizeof(float) * linear.out);
+  cblas_sgemv(CblasRowMajor, CblasNoTrans, linear.out, linear.in, 1.0f, linear.w, linear.in, x, 1,
+              linear.b ? 1.0f : 0.0f, y, 1);
+}
+
 // Llama::RunForward for rows at positions past ... past + rows - 1, with the
 // attention reading keys and values from the cache. Each op is the one the
 // full forward calls, in the same order, so the two agree to GEMM rounding.
@@ -83,7 +93,7 @@ Status KvCacheDecoder::Append(std::span<const int32_t> tokens, std::span<float> 
   for (int l = 0; l < c.num_layers; ++l) {
     const Llama::Layer& layer = m.layers_[l];
     RmsNormForward(x_.data(), layer.input_norm, rows, D, eps, xn_.data(), rstd_.data());
-    layer.qkv.Forward(xn_.data(), rows, qkv_.data());
+    Project(layer.qkv, xn_.data(), rows, qkv_.data());
     RopeForward(qkv_.data(), 1, rows, H, hd, qkv_width, cos, sin);
     RopeForward(qkv_.data() + int64_t(H) * hd, 1, rows, KV, hd, qkv_width, cos, sin);
     for (int g = 0; g < KV; ++g) {
@@ -121,19 +131,19 @@ Status KvCacheDecoder::Append(std::span<const int32_t> tokens, std::span<float> 
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hd, length, 1.0f, p, length, values, hd, 0.0f,
                   attn_.data() + int64_t(h) * hd, int(attn_width));
     }
-    layer.o.Forward(attn_.data(), rows, h_.data());
+    Project(layer.o, attn_.data(), rows, h_.data());
     ResidualAdd(x_.data(), int64_t(rows) * D, h_.data());
     RmsNormForward(h_.data(), layer.post_norm, rows, D, eps, xn_.data(), rstd_.data());
-    layer.gate_up.Forward(xn_.data(), rows, gate_up_.data());
+    Project(layer.gate_up, xn_.data(), rows, gate_up_.data());
     SwiGluForward(gate_up_.data(), rows, I, act_.data());
-    layer.down.Forward(act_.data(), rows, x_.data());
+    Project(layer.down, act_.data(), rows, x_.data());
     ResidualAdd(h_.data(), int64_t(rows) * D, x_.data());
   }
   // Only the last token's logits are wanted: the final norm and the LM head
   // on one row.
   const float* last = x_.data() + int64_t(rows - 1) * D;
   RmsNormForward(last, m.final_norm_, 1, D, eps, xn_.data(), rstd_.data());
-  m.lm_head_.Forward(xn_.data(), 1, logits.data());
+  Project(m.lm_head_, xn_.data(), 1, logits.data());
   length_ = length;
   return Status::Ok();
 }
@@ -145,16 +155,16 @@ Result<Generation> Generate(const Llama& model, std::span<const int32_t> prompt,
   if (options.max_new_tokens < 0) {
     return InvalidArgument("generate: max_new_tokens {} must be >= 0", options.max_new_tokens);
   }
-  if (int64_t(prompt.size()) + options.max_new_tokens - 1 > context) {
+  // The last new token is never fed back, so it needs no position.
+  const int64_t positions = int64_t(prompt.size()) + std::max(options.max_new_tokens - 1, 0);
+  if (positions > context) {
     return InvalidArgument("generate: a prompt of {} tokens and {} new ones exceed the context of {}", prompt.size(),
                            options.max_new_tokens, context);
   }
-  Generation out;
-  if (options.max_new_tokens == 0) return out;
-  const int capacity = int(std::min<int64_t>(context, int64_t(prompt.size()) + options.max_new_tokens - 1));
-  ESTUARY_ASSIGN_OR_RETURN(KvCacheDecoder decoder, KvCacheDecoder::Create(model, capacity));
+  ESTUARY_ASSIGN_OR_RETURN(KvCacheDecoder decoder, KvCacheDecoder::Create(model, int(positions)));
   std::vector<float> logits(model.config().vocab_size);
   ESTUARY_RETURN_IF_ERROR(decoder.Append(prompt, logits));
+  Generation out;
   TokenSampler sampler(options.sampling);
   for (int step = 0; step < options.max_new_tokens; ++step) {
     if (step > 0) ESTUARY_RETURN_IF_ERROR(decoder.Append(std::span(&out.tokens.back(), 1), logits));
