@@ -73,22 +73,31 @@ int main(int argc, char** argv) {
   model->Initialize(1);
   const std::vector<int32_t> prompt = bench::RandomTokens(size_t(prompt_length), config->vocab_size, 7).tokens;
 
+  // The two alternate, run by run, so that load from elsewhere on a shared
+  // machine falls on both alike.
   std::vector<int32_t> cached_tokens, recomputed_tokens;
-  auto cached = bench::Repeat(runs, [&] { return CachedGreedy(*model, prompt, new_tokens, cached_tokens); });
-  if (!cached.ok()) return bench.Fail(cached.status());
-  auto recomputed =
-      bench::Repeat(runs, [&] { return RecomputedGreedy(*model, prompt, new_tokens, recomputed_tokens); });
-  if (!recomputed.ok()) return bench.Fail(recomputed.status());
+  bench::Samples cached, recomputed;
+  for (int run = 0; run < runs.warmup + runs.timed; ++run) {
+    bench::Stopwatch cached_clock;
+    if (Status s = CachedGreedy(*model, prompt, new_tokens, cached_tokens); !s.ok()) return bench.Fail(s);
+    const double cached_seconds = cached_clock.Seconds();
+    bench::Stopwatch recomputed_clock;
+    if (Status s = RecomputedGreedy(*model, prompt, new_tokens, recomputed_tokens); !s.ok()) return bench.Fail(s);
+    if (run >= runs.warmup) {
+      cached.Add(cached_seconds);
+      recomputed.Add(recomputed_clock.Seconds());
+    }
+  }
 
   size_t agreeing = 0;
   while (agreeing < cached_tokens.size() && cached_tokens[agreeing] == recomputed_tokens[agreeing]) ++agreeing;
   fmt::print("{}: {} parameters, prompt {} tokens, {} new tokens (greedy), {} thread(s), median of {} runs\n", preset,
              model->parameters().size(), prompt_length, new_tokens, threads, runs.timed);
-  fmt::print("KV cache:  {:8.1f} tokens/s  ({} per run)\n", new_tokens / cached->median(),
-             bench::MedianAndRangeMs(*cached));
-  fmt::print("recompute: {:8.1f} tokens/s  ({} per run)\n", new_tokens / recomputed->median(),
-             bench::MedianAndRangeMs(*recomputed));
+  fmt::print("KV cache:  {:8.1f} tokens/s  ({} per run)\n", new_tokens / cached.median(),
+             bench::MedianAndRangeMs(cached));
+  fmt::print("recompute: {:8.1f} tokens/s  ({} per run)\n", new_tokens / recomputed.median(),
+             bench::MedianAndRangeMs(recomputed));
   fmt::print("same tokens: {} of {}\n", agreeing, new_tokens);
-  bench::PrintRatio("KV cache / recompute, tokens/s", recomputed->median() / cached->median());
+  bench::PrintRatio("KV cache / recompute, tokens/s", recomputed.median() / cached.median());
   return 0;
 }
