@@ -58,15 +58,60 @@ static void Project(const Linear& linear, const float* x, int rows, float* y) {
               linear.b ? 1.0f : 0.0f, y, 1);
 }
 
+// Caches the pass's keys and values (qkv_ after RoPE) at positions length_
+// on, then runs AttentionForward's steps for each query head over every
+// cached position: scores, a causal softmax (token t sees positions up to
+// length_ + t), the weighted values into attn_.
+void KvCacheDecoder::Attend(int layer, int rows) {
+  const LlamaConfig& c = model_->config();
+  const int hd = c.head_dim(), H = c.num_heads, KV = c.num_kv_heads, group = H / KV;
+  const int past = length_, length = past + rows;
+  const int64_t qkv_width = int64_t(H + 2 * KV) * hd, attn_width = int64_t(H) * hd;
+  const float scale = 1.0f / std::sqrt(float(hd));
+  for (int g = 0; g < KV; ++g) {
+    float* keys = Keys(layer, g);
+    float* values = Values(layer, g);
+    for (int t = 0; t < rows; ++t) {
+      const float* row = qkv_.data() + t * qkv_width;
+      std::memcpy(keys + int64_t(past + t) * hd, row + int64_t(H + g) * hd, sizeof(float) * hd);
+      std::memcpy(values + int64_t(past + t) * hd, row + int64_t(H + KV + g) * hd, sizeof(float) * hd);
+    }
+  }
+  for (int h = 0; h < H; ++h) {
+    const float* keys = Keys(layer, h / group);
+    const float* values = Values(layer, h / group);
+    float* p = scores_.data();
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, length, hd, scale, qkv_.data() + int64_t(h) * hd,
+                int(qkv_width), keys, hd, 0.0f, p, length);
+    for (int t = 0; t < rows; ++t) {
+      float* row = p + int64_t(t) * length;
+      const int last = past + t;
+      float max = row[0];
+      for (int j = 1; j <= last; ++j) max = row[j] > max ? row[j] : max;
+      float sum = 0;
+      for (int j = 0; j <= last; ++j) {
+        row[j] = std::exp(row[j] - max);
+        sum += row[j];
+      }
+      const float inv = 1.0f / sum;
+      for (int j = 0; j <= last; ++j) row[j] *= inv;
+      for (int j = last + 1; j < length; ++j) row[j] = 0.0f;
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hd, length, 1.0f, p, length, values, hd, 0.0f,
+                attn_.data() + int64_t(h) * hd, int(attn_width));
+  }
+}
+
 // Llama::RunForward for rows at positions past ... past + rows - 1, with the
 // attention reading keys and values from the cache. Each op is the one the
-// full forward calls, in the same order, so the two agree to GEMM rounding.
+// full forward calls, in the same order (a single row's projections as GEMV),
+// so the two agree to the rounding of the matrix products.
 Status KvCacheDecoder::Append(std::span<const int32_t> tokens, std::span<float> logits) {
   const Llama& m = *model_;
   const LlamaConfig& c = m.config();
-  const int rows = int(std::min<size_t>(tokens.size(), size_t(capacity_) + 1)), past = length_;
+  const int past = length_;
   if (tokens.empty()) return InvalidArgument("kv cache: no tokens to append");
-  if (past + rows > capacity_) {
+  if (tokens.size() > size_t(capacity_ - past)) {
     return InvalidArgument("kv cache: {} cached + {} new positions exceed the capacity {}", past, tokens.size(),
                            capacity_);
   }
@@ -80,11 +125,12 @@ Status KvCacheDecoder::Append(std::span<const int32_t> tokens, std::span<float> 
     return InvalidArgument("kv cache: a logits span of {} floats for a vocabulary of {}", logits.size(),
                            c.vocab_size);
   }
+  const int rows = int(tokens.size());
   Reserve(rows);
   const int D = c.hidden_size, I = c.intermediate_size, hd = c.head_dim(), H = c.num_heads, KV = c.num_kv_heads;
-  const int64_t qkv_width = int64_t(H + 2 * KV) * hd, attn_width = int64_t(H) * hd;
-  const int group = H / KV, half = hd / 2, length = past + rows;
-  const float eps = float(c.rms_norm_eps), scale = 1.0f / std::sqrt(float(hd));
+  const int64_t qkv_width = int64_t(H + 2 * KV) * hd;
+  const int half = hd / 2;
+  const float eps = float(c.rms_norm_eps);
   // Token t of this pass has position past + t: the tables from row `past` on.
   const float* cos = m.rope_cos_.data() + int64_t(past) * half;
   const float* sin = m.rope_sin_.data() + int64_t(past) * half;
@@ -96,41 +142,7 @@ Status KvCacheDecoder::Append(std::span<const int32_t> tokens, std::span<float> 
     Project(layer.qkv, xn_.data(), rows, qkv_.data());
     RopeForward(qkv_.data(), 1, rows, H, hd, qkv_width, cos, sin);
     RopeForward(qkv_.data() + int64_t(H) * hd, 1, rows, KV, hd, qkv_width, cos, sin);
-    for (int g = 0; g < KV; ++g) {
-      float* keys = Keys(l, g);
-      float* values = Values(l, g);
-      for (int t = 0; t < rows; ++t) {
-        const float* row = qkv_.data() + t * qkv_width;
-        std::memcpy(keys + int64_t(past + t) * hd, row + int64_t(H + g) * hd, sizeof(float) * hd);
-        std::memcpy(values + int64_t(past + t) * hd, row + int64_t(H + KV + g) * hd, sizeof(float) * hd);
-      }
-    }
-    // AttentionForward's steps for one query head, over the cached positions:
-    // scores, a causal softmax (token t sees positions up to past + t), then
-    // the weighted values.
-    for (int h = 0; h < H; ++h) {
-      const float* keys = Keys(l, h / group);
-      const float* values = Values(l, h / group);
-      float* p = scores_.data();
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, length, hd, scale, qkv_.data() + int64_t(h) * hd,
-                  int(qkv_width), keys, hd, 0.0f, p, length);
-      for (int t = 0; t < rows; ++t) {
-        float* row = p + int64_t(t) * length;
-        const int last = past + t;
-        float max = row[0];
-        for (int j = 1; j <= last; ++j) max = row[j] > max ? row[j] : max;
-        float sum = 0;
-        for (int j = 0; j <= last; ++j) {
-          row[j] = std::exp(row[j] - max);
-          sum += row[j];
-        }
-        const float inv = 1.0f / sum;
-        for (int j = 0; j <= last; ++j) row[j] *= inv;
-        for (int j = last + 1; j < length; ++j) row[j] = 0.0f;
-      }
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hd, length, 1.0f, p, length, values, hd, 0.0f,
-                  attn_.data() + int64_t(h) * hd, int(attn_width));
-    }
+    Attend(l, rows);
     Project(layer.o, attn_.data(), rows, h_.data());
     ResidualAdd(x_.data(), int64_t(rows) * D, h_.data());
     RmsNormForward(h_.data(), layer.post_norm, rows, D, eps, xn_.data(), rstd_.data());
@@ -144,7 +156,7 @@ Status KvCacheDecoder::Append(std::span<const int32_t> tokens, std::span<float> 
   const float* last = x_.data() + int64_t(rows - 1) * D;
   RmsNormForward(last, m.final_norm_, 1, D, eps, xn_.data(), rstd_.data());
   Project(m.lm_head_, xn_.data(), 1, logits.data());
-  length_ = length;
+  length_ = past + rows;
   return Status::Ok();
 }
 

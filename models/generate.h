@@ -50,6 +50,8 @@ class KvCacheDecoder {
   // Grows the per-pass buffers to `rows` tokens (a prefill allocates; a
   // one-token step after it does not).
   void Reserve(int rows);
+  // One layer's attention for the pass's `rows` tokens, caching their keys and values.
+  void Attend(int layer, int rows);
   float* Keys(int layer, int kv_head) { return keys_.data() + CacheOffset(layer, kv_head); }
   float* Values(int layer, int kv_head) { return values_.data() + CacheOffset(layer, kv_head); }
   size_t CacheOffset(int layer, int kv_head) const;
