@@ -111,6 +111,17 @@ Status LlamaConfig::Validate() const {
   return Status::Ok();
 }
 
+std::string GpuEngineLacks(const LlamaConfig& config) {
+  if (config.qkv_bias || config.o_bias) return "attention biases (attention_bias, or Qwen2's q/k/v biases)";
+  if (config.mlp_bias) return "MLP biases (mlp_bias)";
+  if (config.explicit_head_dim > 0 && config.explicit_head_dim * config.num_heads != config.hidden_size) {
+    return fmt::format("a head_dim of {} other than hidden_size / num_attention_heads ({})", config.explicit_head_dim,
+                       config.hidden_size / config.num_heads);
+  }
+  if (config.rope_scaling.kind != RopeScaling::Kind::kNone) return "RoPE scaling (rope_scaling)";
+  return "";
+}
+
 // ------------------------------------------------------------------ layout
 
 LlamaLayout LayoutOf(const LlamaConfig& config) {

@@ -104,6 +104,13 @@ struct LlamaConfig {
   Status Validate() const;
 };
 
+// The first feature of `config` that the CUDA engine (models/cuda/llama_engine.h,
+// which lays q/k/v and gate/up out as single matrices and RoPE from theta
+// alone) does not implement, named as config.json names it, or empty when it
+// implements them all. Here rather than in models/cuda/ so that builds without
+// CUDA test it.
+std::string GpuEngineLacks(const LlamaConfig& config);
+
 // Where each tensor of a decoder lives in the flat buffer: Hugging Face's
 // state_dict order, which also makes q, k, v (and gate, up) adjacent, so each
 // group is one [rows, hidden] matrix and one GEMM. The CPU model and the CUDA

@@ -150,6 +150,23 @@ TEST_P(RealConfig, SavedDirectoryReloadsAndTorchLoadsIt) {
   EXPECT_LE(RelativeError(logits.data(), torch_logits), kModelTolerance);
 }
 
+// The GPU engine (models/cuda/) refuses what it does not implement, naming it.
+TEST_P(RealConfig, TheGpuEngineNamesWhatItLacks) {
+  auto config = ReadHfConfig(kReference / ("real_" + name()), kContext);
+  ASSERT_TRUE(config.ok()) << config.status().ToString();
+  const std::string lacks = GpuEngineLacks(*config);
+  if (name() == "qwen2_05b") {
+    EXPECT_EQ(lacks, "attention biases (attention_bias, or Qwen2's q/k/v biases)");
+  } else if (name() == "llama32_1b") {
+    EXPECT_EQ(lacks, "RoPE scaling (rope_scaling)");
+  } else {
+    EXPECT_EQ(lacks, "");
+  }
+  config->explicit_head_dim = 2 * config->head_dim();
+  config->qkv_bias = config->o_bias = false;
+  EXPECT_NE(GpuEngineLacks(*config).find("a head_dim of"), std::string::npos);
+}
+
 INSTANTIATE_TEST_SUITE_P(Published, RealConfig,
                          ::testing::Values("smollm_135m", "tinyllama_1b", "llama32_1b", "qwen2_05b"));
 
