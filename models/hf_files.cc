@@ -365,17 +365,28 @@ Result<ShardIndex> ReadShardIndex(const fs::path& path) {
   return out;
 }
 
-Status CheckMemory(const fs::path& dir, const LlamaConfig& config, uint64_t max_bytes) {
+Status CheckMemory(const fs::path& dir, const LlamaConfig& config, int max_batch, uint64_t max_bytes) {
   const bool physical = max_bytes == 0;
   const double limit = physical ? double(PhysicalMemoryBytes()) : double(max_bytes);
-  const double parameters = config.ParameterCount(), needed = parameters * 2 * sizeof(float);
-  if (needed <= limit) return Status::Ok();
+  const char* const of = physical ? "this machine's physical memory" : "max_bytes";
   constexpr double kGiB = 1024.0 * 1024 * 1024;
-  return FailedPrecondition(
-      "{}: {} parameters x 4 bytes x 2 (fp32 weights and gradients) = {:.0f} bytes ({:.2f} GiB), more than the "
-      "{:.0f} bytes ({:.2f} GiB) of {}",
-      dir.string(), parameters, needed, needed / kGiB, limit, limit / kGiB,
-      physical ? "this machine's physical memory" : "max_bytes");
+  const double parameters = config.ParameterCount(), needed = parameters * 2 * sizeof(float);
+  if (needed > limit) {
+    return FailedPrecondition(
+        "{}: {} parameters x 4 bytes x 2 (fp32 weights and gradients) = {:.0f} bytes ({:.2f} GiB), more than the "
+        "{:.0f} bytes ({:.2f} GiB) of {}",
+        dir.string(), parameters, needed, needed / kGiB, limit, limit / kGiB, of);
+  }
+  // The activation arena is mapped, not touched, but a published context of
+  // 128k tokens asks for terabytes of address space.
+  const double arena = config.ActivationsPerSequence() * max_batch * sizeof(float);
+  if (arena > limit) {
+    return FailedPrecondition(
+        "{}: the activation arena for {} x {} tokens (max_position_embeddings, or the context asked for) would map "
+        "{:.0f} bytes ({:.2f} GiB), more than the {:.0f} bytes ({:.2f} GiB) of {}; load at a shorter context",
+        dir.string(), max_batch, config.max_seq_len, arena, arena / kGiB, limit, limit / kGiB, of);
+  }
+  return Status::Ok();
 }
 
 }  // namespace
@@ -418,7 +429,7 @@ Result<Llama> LoadHfCheckpoint(const fs::path& dir, const HfLoadOptions& options
     }
     ESTUARY_RETURN_IF_ERROR(
         CheckTensors(file, checkpoint, LayoutOf(config).manifest, "config.json implies", expected, recomputed));
-    ESTUARY_RETURN_IF_ERROR(CheckMemory(dir, config, options.max_bytes));
+    ESTUARY_RETURN_IF_ERROR(CheckMemory(dir, config, options.max_batch, options.max_bytes));
     ESTUARY_ASSIGN_OR_RETURN(Llama model, Llama::Create(config, options.max_batch));
     ESTUARY_RETURN_IF_ERROR(CopyCheckedTensors(file, checkpoint, model.manifest(), model.parameters(),
                                                "config.json implies", expected, recomputed));
@@ -443,7 +454,7 @@ Result<Llama> LoadHfCheckpoint(const fs::path& dir, const HfLoadOptions& options
       return InvalidArgument("{}: unexpected tensor '{}' ({})", index_path.string(), tensor, expected);
     }
   }
-  ESTUARY_RETURN_IF_ERROR(CheckMemory(dir, config, options.max_bytes));
+  ESTUARY_RETURN_IF_ERROR(CheckMemory(dir, config, options.max_batch, options.max_bytes));
   ESTUARY_ASSIGN_OR_RETURN(Llama model, Llama::Create(config, options.max_batch));
   std::map<std::string, std::string> found;  // tensor -> the shard it was read from
   for (const std::string& shard : index.shards) {

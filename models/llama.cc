@@ -21,6 +21,12 @@ double LlamaConfig::ParameterCount() const {
   return (tie_embeddings ? 1 : 2) * V * D + L * ((2 * H + 2 * KV) * hd * D + 3 * I * D + 2 * D + biases) + D;
 }
 
+double LlamaConfig::ActivationsPerSequence() const {
+  const double V = vocab_size, D = hidden_size, I = intermediate_size, L = num_layers, H = num_heads,
+               KV = num_kv_heads, S = max_seq_len, hd = head_dim();
+  return S * D * (L + 1) + L * (H * S * S + S * (4 * D + (2 * H + 2 * KV) * hd + 3 * I)) + S * V;
+}
+
 std::vector<double> LlamaConfig::RopeInverseFrequencies() const {
   const int dim = head_dim();
   std::vector<double> inv_freq(dim / 2);
@@ -96,7 +102,7 @@ Status LlamaConfig::Validate() const {
                            (H + 2 * KV) * hd, 2 * I);
   }
   const double parameters = ParameterCount();
-  const double activations = S * D * (L + 1) + L * (H * S * S + S * (4 * D + (2 * H + 2 * KV) * hd + 3 * I)) + S * V;
+  const double activations = ActivationsPerSequence();
   constexpr double kMax = double(Manifest::kMaxElements);
   if (parameters > kMax || activations > kMax) {
     return InvalidArgument("llama config: {:.3g} parameters and {:.3g} activations per sequence exceed {:.3g}",

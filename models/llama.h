@@ -95,6 +95,9 @@ struct LlamaConfig {
   // RoPE's head_dim / 2 inverse frequencies, theta^(-2j/head_dim) rescaled
   // as rope_scaling says; in double.
   std::vector<double> RopeInverseFrequencies() const;
+  // About the floats one sequence of max_seq_len tokens keeps for backward
+  // (the attention weights grow with its square), in double.
+  double ActivationsPerSequence() const;
   // The parameters LayoutOf(*this) holds, in double so that any config.json's
   // values give a number (exact below 2^53).
   double ParameterCount() const;

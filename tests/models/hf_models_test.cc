@@ -292,6 +292,12 @@ TEST(HfCheckpointLimits, AModelTooLargeIsRefusedWithTheArithmetic) {
                                {.max_batch = 1, .max_seq_len = kContext, .max_bytes = uint64_t(8 * parameters)})
                   .ok());
   EXPECT_GT(PhysicalMemoryBytes(), uint64_t(1) << 28);
+
+  // At the config's own context, 131072 tokens, Llama 3.2's attention arena
+  // alone is terabytes: refused, naming the context.
+  const std::string arena = LoadError(kReference / "real_llama32_1b", {.max_batch = 1});
+  EXPECT_NE(arena.find("the activation arena for 1 x 131072 tokens"), std::string::npos) << arena;
+  EXPECT_NE(arena.find("load at a shorter context"), std::string::npos) << arena;
 }
 
 TEST(HfCheckpointConfig, ArchitecturesAndWindowsItCannotRunAreRefused) {
@@ -344,6 +350,99 @@ TEST(HfCheckpointConfig, ArchitecturesAndWindowsItCannotRunAreRefused) {
             (dir / "model.safetensors").string() + ": tensor 'model.layers.0.self_attn.q_proj.bias' is missing");
   with({});
   EXPECT_TRUE(LoadHfCheckpoint(dir, {.max_batch = 1, .max_seq_len = kContext}).ok());
+}
+
+// ------------------------------------------------------- estuary-lm inspect
+
+// The config.json files the published models ship (as their repositories hold
+// them), with the parameter counts their model cards state.
+struct Published {
+  const char* name;
+  const char* config;
+  int64_t parameters;
+};
+const Published kPublished[] = {
+    {"SmolLM-135M",
+     R"({"architectures":["LlamaForCausalLM"],"attention_bias":false,"attention_dropout":0.0,"bos_token_id":0,
+         "eos_token_id":0,"hidden_act":"silu","hidden_size":576,"initializer_range":0.02,"intermediate_size":1536,
+         "max_position_embeddings":2048,"model_type":"llama","num_attention_heads":9,"num_hidden_layers":30,
+         "num_key_value_heads":3,"pretraining_tp":1,"rms_norm_eps":1e-05,"rope_scaling":null,"rope_theta":10000.0,
+         "tie_word_embeddings":true,"torch_dtype":"float32","transformers_version":"4.40.1","use_cache":true,
+         "vocab_size":49152})",
+     134515008},
+    {"TinyLlama-1.1B",
+     R"({"architectures":["LlamaForCausalLM"],"bos_token_id":1,"eos_token_id":2,"hidden_act":"silu",
+         "hidden_size":2048,"initializer_range":0.02,"intermediate_size":5632,"max_position_embeddings":2048,
+         "model_type":"llama","num_attention_heads":32,"num_hidden_layers":22,"num_key_value_heads":4,
+         "pretraining_tp":1,"rms_norm_eps":1e-05,"rope_scaling":null,"rope_theta":10000.0,
+         "tie_word_embeddings":false,"torch_dtype":"bfloat16","transformers_version":"4.35.0","use_cache":true,
+         "vocab_size":32000})",
+     1100048384},
+    {"Llama-3.2-1B",
+     R"({"architectures":["LlamaForCausalLM"],"attention_bias":false,"attention_dropout":0.0,
+         "bos_token_id":128000,"eos_token_id":128001,"head_dim":64,"hidden_act":"silu","hidden_size":2048,
+         "initializer_range":0.02,"intermediate_size":8192,"max_position_embeddings":131072,"mlp_bias":false,
+         "model_type":"llama","num_attention_heads":32,"num_hidden_layers":16,"num_key_value_heads":8,
+         "pretraining_tp":1,"rms_norm_eps":1e-05,"rope_scaling":{"factor":32.0,"high_freq_factor":4.0,
+         "low_freq_factor":1.0,"original_max_position_embeddings":8192,"rope_type":"llama3"},
+         "rope_theta":500000.0,"tie_word_embeddings":true,"torch_dtype":"bfloat16",
+         "transformers_version":"4.45.0.dev0","use_cache":true,"vocab_size":128256})",
+     1235814400},
+    {"Qwen2-0.5B",
+     R"({"architectures":["Qwen2ForCausalLM"],"attention_dropout":0.0,"bos_token_id":151643,
+         "eos_token_id":151643,"hidden_act":"silu","hidden_size":896,"initializer_range":0.02,
+         "intermediate_size":4864,"max_position_embeddings":131072,"max_window_layers":24,"model_type":"qwen2",
+         "num_attention_heads":14,"num_hidden_layers":24,"num_key_value_heads":2,"rms_norm_eps":1e-06,
+         "rope_theta":1000000.0,"sliding_window":131072,"tie_word_embeddings":true,"torch_dtype":"bfloat16",
+         "transformers_version":"4.40.1","use_cache":true,"use_sliding_window":false,"vocab_size":151936})",
+     494032768},
+    {"Mistral-7B-v0.1",
+     R"({"architectures":["MistralForCausalLM"],"bos_token_id":1,"eos_token_id":2,"hidden_act":"silu",
+         "hidden_size":4096,"initializer_range":0.02,"intermediate_size":14336,"max_position_embeddings":32768,
+         "model_type":"mistral","num_attention_heads":32,"num_hidden_layers":32,"num_key_value_heads":8,
+         "rms_norm_eps":1e-05,"rope_theta":10000.0,"sliding_window":4096,"tie_word_embeddings":false,
+         "torch_dtype":"bfloat16","transformers_version":"4.34.0.dev0","use_cache":true,"vocab_size":32000})",
+     7241732096},
+};
+
+const std::string kLm = std::string(ESTUARY_BINARY_DIR) + "/models/estuary-lm";
+
+TEST(EstuaryLmInspect, PublishedConfigsGiveTheirModelCardsParameterCounts) {
+  testing::TempDir tmp;
+  for (const Published& p : kPublished) {
+    const fs::path dir = tmp / p.name;
+    fs::create_directories(dir);
+    std::ofstream(dir / "config.json") << p.config;
+    auto run = testing::RunCommand(kLm + " inspect --model " + dir.string());
+    ASSERT_EQ(run.exit_code, 0) << p.name << ": " << run.output;
+    const nlohmann::json out = nlohmann::json::parse(run.output, nullptr, false);
+    ASSERT_FALSE(out.is_discarded()) << run.output;
+    const nlohmann::json config = nlohmann::json::parse(p.config);
+    EXPECT_EQ(out["architecture"], config["architectures"][0]) << p.name;
+    EXPECT_EQ(out["parameters"], p.parameters) << p.name;
+    EXPECT_EQ(out["bytes"]["weights_f32"], 4 * p.parameters) << p.name;
+    EXPECT_EQ(out["bytes"]["weights_bf16"], 2 * p.parameters) << p.name;
+    EXPECT_EQ(out["bytes"]["training_f32_adamw"], 16 * p.parameters) << p.name;
+    for (const char* key : {"hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                            "num_key_value_heads", "vocab_size", "max_position_embeddings"}) {
+      EXPECT_EQ(out["config"][key], config[key]) << p.name << " " << key;
+    }
+    EXPECT_EQ(out["config"]["head_dim"], config["hidden_size"].get<int>() / config["num_attention_heads"].get<int>());
+  }
+}
+
+TEST(EstuaryLmInspect, ErrorsAreOneLine) {
+  testing::TempDir tmp;
+  std::ofstream(tmp / "config.json") << R"({"architectures":["GemmaForCausalLM"],"model_type":"gemma"})";
+  auto run = testing::RunCommand(kLm + " inspect --model " + tmp.path().string());
+  EXPECT_EQ(run.exit_code, 1);
+  EXPECT_EQ(run.output, "estuary-lm: " + (tmp / "config.json").string() +
+                            ": 'architectures' is [\"GemmaForCausalLM\"]; expected it to list LlamaForCausalLM, "
+                            "MistralForCausalLM or Qwen2ForCausalLM\n");
+  run = testing::RunCommand(kLm + " inspect --model " + (tmp / "absent").string());
+  EXPECT_EQ(run.exit_code, 1);
+  EXPECT_EQ(run.output, "estuary-lm: " + (tmp / "absent/config.json").string() +
+                            ": cannot open: No such file or directory\n");
 }
 
 }  // namespace
