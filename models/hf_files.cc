@@ -186,7 +186,8 @@ Status ReadRope(const fs::path& path, const char* key, const nlohmann::json& rop
   };
   if (!rope.is_object()) return refuse();
   // transformers 4.3x wrote the kind as "type".
-  const nlohmann::json type = rope.contains("rope_type") ? rope["rope_type"] : rope.value("type", nlohmann::json("default"));
+  const nlohmann::json type =
+      rope.contains("rope_type") ? rope["rope_type"] : rope.value("type", nlohmann::json("default"));
   if (type != "default" && type != "linear" && type != "llama3") return refuse();
   auto number = [&](const char* name, double* out, bool required) -> Status {
     if (!rope.contains(name)) {
@@ -411,9 +412,10 @@ Result<Llama> LoadHfCheckpoint(const fs::path& dir, const HfLoadOptions& options
   const std::string expected = fmt::format("not part of this config's {}{}", config.architecture,
                                            config.tie_embeddings ? ", whose embeddings are tied" : "");
   const CheckpointReadOptions widen{.widen_half = true};
+  // As from_pretrained: the single file where there is one, else the index.
   const fs::path index_path = dir / "model.safetensors.index.json";
   std::error_code error;
-  if (!fs::exists(index_path, error)) {
+  if (fs::exists(dir / "model.safetensors", error) || !fs::exists(index_path, error)) {
     const fs::path file = dir / "model.safetensors";
     ESTUARY_ASSIGN_OR_RETURN(Checkpoint checkpoint, LoadCheckpoint(file, widen));
     // The file must hold the config's model before the model is made: a

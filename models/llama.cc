@@ -71,7 +71,9 @@ Status LlamaConfig::Validate() const {
     return InvalidArgument("llama config: num_heads {} does not divide hidden_size {}", num_heads, hidden_size);
   }
   if (head_dim() % 2 != 0) {
-    if (explicit_head_dim > 0) return InvalidArgument("llama config: head_dim {} is odd; RoPE rotates pairs", head_dim());
+    if (explicit_head_dim > 0) {
+      return InvalidArgument("llama config: head_dim {} is odd; RoPE rotates pairs", head_dim());
+    }
     return InvalidArgument("llama config: head_dim {} (hidden_size {} / num_heads {}) is odd; RoPE rotates pairs",
                            head_dim(), hidden_size, num_heads);
   }

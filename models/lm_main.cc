@@ -137,8 +137,9 @@ int main(int argc, char** argv) {
   tok->add_flag("--skip-special-tokens", tokenize.skip_special_tokens, "with --decode: leave special tokens out");
 
   std::string model_dir;
-  auto* inspect = app.add_subcommand("inspect", "a Hugging Face model directory's shapes, parameters and memory, as JSON");
-  inspect->add_option("--model", model_dir, "a directory with config.json (LlamaForCausalLM, Mistral, Qwen2)")->required();
+  auto* inspect =
+      app.add_subcommand("inspect", "a Hugging Face model directory's shapes, parameters and memory, as JSON");
+  inspect->add_option("--model", model_dir, "a directory with config.json (Llama, Mistral or Qwen2)")->required();
 
   if (auto exit = ParseCommandLine(app, argc, argv, kProgram)) return *exit;
   if (tok->parsed()) {

@@ -115,7 +115,8 @@ TEST_P(RealConfig, LoraLogitsLossAndEveryAdapterGradientMatchTorch) {
   EXPECT_LE(RelativeError(&*loss, Get(f, "lora_loss")), kModelTolerance);
   double worst = 0;
   for (const TensorSpec& t : model->manifest().tensors) {
-    const double error = RelativeError(model->gradients().data() + t.offset, Tensor(expected, "lora:" + t.name + ".grad"));
+    const double error =
+        RelativeError(model->gradients().data() + t.offset, Tensor(expected, "lora:" + t.name + ".grad"));
     EXPECT_LE(error, kModelTolerance) << t.name;
     worst = std::max(worst, error);
   }
@@ -137,7 +138,9 @@ TEST_P(RealConfig, SavedDirectoryReloadsAndTorchLoadsIt) {
   EXPECT_EQ(again->config().architecture, model->config().architecture);
 
   nlohmann::json request = {{"tokens", nlohmann::json::array()}};
-  for (int b = 0; b < batch; ++b) request["tokens"].push_back(Ids(tokens.begin() + b * seq, tokens.begin() + (b + 1) * seq));
+  for (int b = 0; b < batch; ++b) {
+    request["tokens"].push_back(Ids(tokens.begin() + b * seq, tokens.begin() + (b + 1) * seq));
+  }
   std::ofstream(dir / "tokens.json") << request.dump();
   auto run = testing::RunCommand(TorchPython() + " " + ESTUARY_SOURCE_DIR + "/tests/models/torch_llama.py --check-hf " +
                                  dir.path().string());
@@ -210,7 +213,9 @@ TEST(HfCheckpointDtypes, EveryHalfBitPatternWidensAsTorchDoes) {
     for (size_t i = 0; i < want.size(); ++i) {
       const float got = loaded->data[i];
       const bool same = std::isnan(want[i]) ? std::isnan(got) : std::memcmp(&got, &want[i], 4) == 0;
-      if (!same && ++mismatches < 5) ADD_FAILURE() << dtype << " bits 0x" << std::hex << i << ": " << got << " vs " << want[i];
+      if (!same && ++mismatches < 5) {
+        ADD_FAILURE() << dtype << " bits 0x" << std::hex << i << ": " << got << " vs " << want[i];
+      }
     }
     EXPECT_EQ(mismatches, 0) << dtype;
   }
@@ -281,8 +286,9 @@ TEST(HfCheckpointLimits, AModelTooLargeIsRefusedWithTheArithmetic) {
   auto config = ReadHfConfig(kReference / "real_smollm_135m", kContext);
   ASSERT_TRUE(config.ok());
   const double parameters = config->ParameterCount();
-  const std::string error = LoadError(kReference / "real_smollm_135m",
-                                      {.max_batch = 1, .max_seq_len = kContext, .max_bytes = uint64_t(8 * parameters) - 1});
+  const uint64_t just_short = uint64_t(8 * parameters) - 1;
+  const std::string error =
+      LoadError(kReference / "real_smollm_135m", {.max_batch = 1, .max_seq_len = kContext, .max_bytes = just_short});
   EXPECT_NE(error.find(fmt::format("{} parameters x 4 bytes x 2 (fp32 weights and gradients) = {:.0f} bytes",
                                    parameters, 8 * parameters)),
             std::string::npos)
@@ -333,11 +339,12 @@ TEST(HfCheckpointConfig, ArchitecturesAndWindowsItCannotRunAreRefused) {
   with({{"max_position_embeddings", 16}});
   EXPECT_EQ(LoadError(dir), config_path.string() + ": a context of 32 is longer than max_position_embeddings 16");
   with({{"rope_scaling", {{"rope_type", "yarn"}, {"factor", 4.0}}}});
-  EXPECT_NE(LoadError(dir).find("'rope_scaling' is {\"factor\":4.0,\"rope_type\":\"yarn\"}; only rope_type \"default\", "
-                                "\"linear\" and \"llama3\" are supported"),
+  EXPECT_NE(LoadError(dir).find("'rope_scaling' is {\"factor\":4.0,\"rope_type\":\"yarn\"}; only rope_type "
+                                "\"default\", \"linear\" and \"llama3\" are supported"),
             std::string::npos);
   with({{"rope_scaling", {{"rope_type", "llama3"}, {"factor", 8.0}}}});
-  EXPECT_EQ(LoadError(dir), config_path.string() + ": 'rope_scaling.low_freq_factor' is missing (rope_type \"llama3\")");
+  EXPECT_EQ(LoadError(dir),
+            config_path.string() + ": 'rope_scaling.low_freq_factor' is missing (rope_type \"llama3\")");
   with({{"head_dim", 63}});
   EXPECT_EQ(LoadError(dir), config_path.string() + ": llama config: head_dim 63 is odd; RoPE rotates pairs");
   // A head_dim other than hidden / heads changes q_proj's shape: the file must agree.
