@@ -77,17 +77,25 @@ float F16BitsToFloat(uint16_t bits) {
 Result<Checkpoint> LoadCheckpoint(const fs::path& path, const CheckpointReadOptions& options) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return NotFound("{}: cannot open checkpoint: {}", path.string(), std::strerror(errno));
-  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (bytes.size() < 8) return InvalidArgument("{}: too short for a safetensors file", path.string());
+  // The header is read whole; the data tensor by tensor, straight into the
+  // fp32 buffer (a published model's shards are gigabytes: no second copy).
+  in.seekg(0, std::ios::end);
+  const uint64_t file_size = uint64_t(std::streamoff(in.tellg()));
+  in.seekg(0);
+  if (!in || file_size < 8) return InvalidArgument("{}: too short for a safetensors file", path.string());
+  unsigned char length[8];
+  in.read(reinterpret_cast<char*>(length), 8);
   uint64_t n = 0;
-  for (int i = 0; i < 8; ++i) n |= uint64_t(uint8_t(bytes[i])) << (8 * i);
-  if (n > bytes.size() - 8) return InvalidArgument("{}: header length {} runs past the file", path.string(), n);
-  auto header = nlohmann::json::parse(bytes.begin() + 8, bytes.begin() + 8 + n, nullptr, false);
+  for (int i = 0; i < 8; ++i) n |= uint64_t(length[i]) << (8 * i);
+  if (n > file_size - 8) return InvalidArgument("{}: header length {} runs past the file", path.string(), n);
+  std::string header_text(n, '\0');
+  in.read(header_text.data(), std::streamsize(n));
+  if (!in) return IoError("{}: cannot read the header: {}", path.string(), std::strerror(errno));
+  auto header = nlohmann::json::parse(header_text, nullptr, false);
   if (header.is_discarded() || !header.is_object()) {
     return InvalidArgument("{}: the safetensors header is not a JSON object", path.string());
   }
-  const uint64_t data_bytes = bytes.size() - 8 - n;
-  const char* const data = bytes.data() + 8 + n;
+  const uint64_t data_bytes = file_size - 8 - n;
   Checkpoint checkpoint;
   struct Entry {
     uint64_t begin, end;
@@ -164,20 +172,20 @@ Result<Checkpoint> LoadCheckpoint(const fs::path& path, const CheckpointReadOpti
                            valid.ok() ? gap : valid.message());
   }
   checkpoint.data.resize(checkpoint.manifest.total_elements);
+  std::vector<uint16_t> halves;
   for (const Entry& e : entries) {
     float* out = checkpoint.data.data() + e.spec.offset;
-    const char* src = data + e.begin;
     const uint64_t count = e.spec.numel();
+    in.seekg(std::streamoff(8 + n + e.begin));
     if (e.stored == DType::kF32) {
-      if (count > 0) std::memcpy(out, src, count * 4);
-      continue;
+      in.read(reinterpret_cast<char*>(out), std::streamsize(count * 4));  // little-endian, as the host
+    } else {
+      float (*widen)(uint16_t) = e.stored == DType::kBF16 ? Bf16BitsToFloat : F16BitsToFloat;
+      halves.resize(count);
+      in.read(reinterpret_cast<char*>(halves.data()), std::streamsize(count * 2));
+      for (uint64_t i = 0; i < count; ++i) out[i] = widen(halves[i]);
     }
-    float (*widen)(uint16_t) = e.stored == DType::kBF16 ? Bf16BitsToFloat : F16BitsToFloat;
-    for (uint64_t i = 0; i < count; ++i) {
-      uint16_t bits;
-      std::memcpy(&bits, src + 2 * i, 2);  // little-endian, as the host
-      out[i] = widen(bits);
-    }
+    if (!in) return IoError("{}: cannot read tensor '{}': {}", path.string(), e.spec.name, std::strerror(errno));
   }
   return checkpoint;
 }
