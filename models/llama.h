@@ -115,8 +115,8 @@ struct LlamaConfig {
 std::string GpuEngineLacks(const LlamaConfig& config);
 
 // Where each tensor of a decoder lives in the flat buffer: Hugging Face's
-// state_dict order, which also makes q, k, v (and gate, up) adjacent, so each
-// group is one [rows, hidden] matrix and one GEMM. The CPU model and the CUDA
+// state_dict order, which, without biases, also makes q, k, v (and gate, up)
+// adjacent, so each group is one [rows, hidden] matrix and one GEMM. The CPU model and the CUDA
 // engine both lay out their buffers from this. Offsets count elements.
 struct LlamaLayout {
   // Offsets of each block's tensors. Without biases q, k, v (and gate, up)
@@ -251,8 +251,8 @@ struct HfLoadOptions {
   // max_position_embeddings. Published models claim 32k to 128k positions,
   // whose attention arena no CPU step needs.
   int max_seq_len = 0;
-  // The most bytes the fp32 weights and gradients may take; 0: the machine's
-  // physical memory.
+  // The most bytes the fp32 weights and gradients may take, and apart from
+  // them the activation arena; 0: the machine's physical memory.
   uint64_t max_bytes = 0;
 };
 
