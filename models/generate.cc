@@ -102,6 +102,16 @@ void KvCacheDecoder::Attend(int layer, int rows) {
   }
 }
 
+// LinearGroup::Forward likewise: one row's parts each write their slice.
+static void Project(const LinearGroup& group, const float* x, int rows, float* y) {
+  if (rows > 1) return group.Forward(x, rows, y);
+  int column = 0;
+  for (int k = 0; k < group.count; ++k) {
+    Project(group.parts[k], x, 1, y + column);
+    column += group.parts[k].out;
+  }
+}
+
 // Llama::RunForward for rows at positions past ... past + rows - 1, with the
 // attention reading keys and values from the cache. Each op is the one the
 // full forward calls, in the same order (a single row's projections as GEMV),

@@ -42,6 +42,52 @@ void Linear::BackwardSgd(const float* x, const float* dy, int n, float* dx, floa
   }
 }
 
+void LinearGroup::Forward(const float* x, int n, float* y) const {
+  if (count == 1) return parts[0].Forward(x, n, y);
+  int column = 0;
+  for (int k = 0; k < count; ++k) {
+    const Linear& p = parts[k];
+    float* slice = y + column;
+    if (p.b) {
+      for (int i = 0; i < n; ++i) std::memcpy(slice + int64_t(i) * width, p.b, sizeof(float) * p.out);
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, p.out, p.in, 1.0f, x, p.in, p.w, p.in, p.b ? 1.0f : 0.0f,
+                slice, width);
+    column += p.out;
+  }
+}
+
+void LinearGroup::Backward(const float* x, const float* dy, int n, float* dx, bool accumulate) const {
+  if (count == 1) return parts[0].Backward(x, dy, n, dx, accumulate);
+  int column = 0;
+  for (int k = 0; k < count; ++k) {
+    const Linear& p = parts[k];
+    const float* slice = dy + column;
+    if (p.dw) {
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, p.out, p.in, n, 1.0f, slice, width, x, p.in,
+                  accumulate ? 1.0f : 0.0f, p.dw, p.in);
+    }
+    if (p.db) {
+      for (int o = 0; !accumulate && o < p.out; ++o) p.db[o] = 0;
+      for (int i = 0; i < n; ++i) {
+        const float* row = slice + int64_t(i) * width;
+        for (int o = 0; o < p.out; ++o) p.db[o] += row[o];
+      }
+    }
+    if (dx) {
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, p.in, p.out, 1.0f, slice, width, p.w, p.in,
+                  k == 0 ? 0.0f : 1.0f, dx, p.in);
+    }
+    column += p.out;
+  }
+}
+
+LinearGroup LinearGroup::Frozen() const {
+  LinearGroup frozen = *this;
+  for (Linear& p : frozen.parts) p.dw = p.db = nullptr;
+  return frozen;
+}
+
 void ReluForward(float* x, int64_t count) {
   for (int64_t i = 0; i < count; ++i) x[i] = x[i] > 0.0f ? x[i] : 0.0f;
 }

@@ -8,6 +8,7 @@
 // Matrix products go to OpenBLAS; layouts follow PyTorch.
 #pragma once
 
+#include <array>
 #include <cstdint>
 
 namespace estuary::models {
@@ -26,6 +27,23 @@ struct Linear {
   // Plain SGD fused into backward: dx = dy · W with the old W, then
   // W = (1 - lr·wd)·W - lr·dy^T·x in the same GEMM, so dW never exists.
   void BackwardSgd(const float* x, const float* dy, int n, float* dx, float lr, float wd) const;
+};
+
+// Projections of one input whose outputs sit side by side in each row of one
+// buffer (q, k, v of attention; gate and up of SwiGLU). When their weights
+// are adjacent and there is no bias they are a single Linear and one GEMM
+// (count 1); otherwise (Hugging Face's state_dict puts each bias right after
+// its weight) each part is a GEMM writing its column slice of the rows.
+struct LinearGroup {
+  std::array<Linear, 3> parts;  // the first `count`, in output-column order
+  int count = 0;
+  int width = 0;  // the parts' outputs together
+
+  void Forward(const float* x, int n, float* y) const;
+  // As Linear::Backward, with dy [n, width]; dx is formed once from every part.
+  void Backward(const float* x, const float* dy, int n, float* dx, bool accumulate = false) const;
+  // A copy without weight or bias gradients (a frozen base: dx only).
+  LinearGroup Frozen() const;
 };
 
 // In place: x = max(x, 0).

@@ -17,7 +17,43 @@ namespace estuary::models {
 double LlamaConfig::ParameterCount() const {
   const double V = vocab_size, D = hidden_size, I = intermediate_size, L = num_layers, H = num_heads,
                KV = num_kv_heads, hd = head_dim();
-  return (tie_embeddings ? 1 : 2) * V * D + L * ((2 * H + 2 * KV) * hd * D + 3 * I * D + 2 * D) + D;
+  const double biases = (qkv_bias ? (H + 2 * KV) * hd : 0) + (o_bias ? D : 0) + (mlp_bias ? 2 * I + D : 0);
+  return (tie_embeddings ? 1 : 2) * V * D + L * ((2 * H + 2 * KV) * hd * D + 3 * I * D + 2 * D + biases) + D;
+}
+
+double LlamaConfig::ActivationsPerSequence() const {
+  const double V = vocab_size, D = hidden_size, I = intermediate_size, L = num_layers, H = num_heads,
+               KV = num_kv_heads, S = max_seq_len, hd = head_dim();
+  return S * D * (L + 1) + L * (H * S * S + S * (4 * D + (2 * H + 2 * KV) * hd + 3 * I)) + S * V;
+}
+
+std::vector<double> LlamaConfig::RopeInverseFrequencies() const {
+  const int dim = head_dim();
+  std::vector<double> inv_freq(dim / 2);
+  const RopeScaling& r = rope_scaling;
+  const double low_wavelength = r.original_max_position_embeddings / r.low_freq_factor;
+  const double high_wavelength = r.original_max_position_embeddings / r.high_freq_factor;
+  for (int j = 0; j < dim / 2; ++j) {
+    const double f = 1.0 / std::pow(rope_theta, double(2 * j) / dim);
+    double scaled = f;
+    if (r.kind == RopeScaling::Kind::kLinear) {
+      scaled = f / r.factor;
+    } else if (r.kind == RopeScaling::Kind::kLlama3) {
+      // Wavelengths longer than the original context are stretched by factor,
+      // those well inside it kept; between the two, a blend linear in
+      // original / wavelength.
+      const double wavelength = 2 * std::numbers::pi / f;
+      if (wavelength > low_wavelength) {
+        scaled = f / r.factor;
+      } else if (wavelength >= high_wavelength) {
+        const double smooth = (r.original_max_position_embeddings / wavelength - r.low_freq_factor) /
+                              (r.high_freq_factor - r.low_freq_factor);
+        scaled = (1 - smooth) * f / r.factor + smooth * f;
+      }
+    }
+    inv_freq[j] = scaled;
+  }
+  return inv_freq;
 }
 
 Status LlamaConfig::Validate() const {
@@ -28,15 +64,33 @@ Status LlamaConfig::Validate() const {
   for (const auto& [name, value] : sizes) {
     if (value <= 0) return InvalidArgument("llama config: {} is {}; it must be positive", name, value);
   }
-  if (hidden_size % num_heads != 0) {
+  if (explicit_head_dim < 0) {
+    return InvalidArgument("llama config: head_dim is {}; it must be positive", explicit_head_dim);
+  }
+  if (explicit_head_dim == 0 && hidden_size % num_heads != 0) {
     return InvalidArgument("llama config: num_heads {} does not divide hidden_size {}", num_heads, hidden_size);
   }
   if (head_dim() % 2 != 0) {
+    if (explicit_head_dim > 0) {
+      return InvalidArgument("llama config: head_dim {} is odd; RoPE rotates pairs", head_dim());
+    }
     return InvalidArgument("llama config: head_dim {} (hidden_size {} / num_heads {}) is odd; RoPE rotates pairs",
                            head_dim(), hidden_size, num_heads);
   }
   if (num_heads % num_kv_heads != 0) {
     return InvalidArgument("llama config: num_kv_heads {} does not divide num_heads {}", num_kv_heads, num_heads);
+  }
+  const RopeScaling& r = rope_scaling;
+  if (r.kind != RopeScaling::Kind::kNone && !(r.factor > 0 && std::isfinite(r.factor))) {
+    return InvalidArgument("llama config: rope_scaling factor {} must be positive and finite", r.factor);
+  }
+  if (r.kind == RopeScaling::Kind::kLlama3 &&
+      !(r.low_freq_factor > 0 && r.high_freq_factor > r.low_freq_factor && std::isfinite(r.high_freq_factor) &&
+        r.original_max_position_embeddings > 0)) {
+    return InvalidArgument(
+        "llama config: rope_scaling low_freq_factor {}, high_freq_factor {}, original_max_position_embeddings {} "
+        "must satisfy 0 < low < high and original > 0",
+        r.low_freq_factor, r.high_freq_factor, r.original_max_position_embeddings);
   }
   // What the layout and the activations are computed from must fit, with
   // room: every matrix dimension an int, and the parameters and one
@@ -50,7 +104,7 @@ Status LlamaConfig::Validate() const {
                            (H + 2 * KV) * hd, 2 * I);
   }
   const double parameters = ParameterCount();
-  const double activations = S * D * (L + 1) + L * (H * S * S + S * (4 * D + (2 * H + 2 * KV) * hd + 3 * I)) + S * V;
+  const double activations = ActivationsPerSequence();
   constexpr double kMax = double(Manifest::kMaxElements);
   if (parameters > kMax || activations > kMax) {
     return InvalidArgument("llama config: {:.3g} parameters and {:.3g} activations per sequence exceed {:.3g}",
@@ -65,6 +119,17 @@ Status LlamaConfig::Validate() const {
   return Status::Ok();
 }
 
+std::string GpuEngineLacks(const LlamaConfig& config) {
+  if (config.qkv_bias || config.o_bias) return "attention biases (attention_bias, or Qwen2's q/k/v biases)";
+  if (config.mlp_bias) return "MLP biases (mlp_bias)";
+  if (config.explicit_head_dim > 0 && config.explicit_head_dim * config.num_heads != config.hidden_size) {
+    return fmt::format("a head_dim of {} other than hidden_size / num_attention_heads ({})", config.explicit_head_dim,
+                       config.hidden_size / config.num_heads);
+  }
+  if (config.rope_scaling.kind != RopeScaling::Kind::kNone) return "RoPE scaling (rope_scaling)";
+  return "";
+}
+
 // ------------------------------------------------------------------ layout
 
 LlamaLayout LayoutOf(const LlamaConfig& config) {
@@ -76,14 +141,20 @@ LlamaLayout LayoutOf(const LlamaConfig& config) {
   layout.embed = manifest.Append("model.embed_tokens.weight", {V, D});
   for (int i = 0; i < config.num_layers; ++i) {
     const std::string p = fmt::format("model.layers.{}.", i);
+    // A projection's weight, then its bias where the config has one.
+    auto projection = [&](const char* name, int64_t rows, int64_t cols, bool bias, uint64_t* bias_at) {
+      const uint64_t at = manifest.Append(p + name + ".weight", {rows, cols});
+      if (bias) *bias_at = manifest.Append(p + name + ".bias", {rows});
+      return at;
+    };
     LlamaLayout::Layer o;
-    o.qkv = manifest.Append(p + "self_attn.q_proj.weight", {q_rows, D});
-    manifest.Append(p + "self_attn.k_proj.weight", {kv_rows, D});
-    manifest.Append(p + "self_attn.v_proj.weight", {kv_rows, D});
-    o.o = manifest.Append(p + "self_attn.o_proj.weight", {D, q_rows});
-    o.gate_up = manifest.Append(p + "mlp.gate_proj.weight", {I, D});
-    manifest.Append(p + "mlp.up_proj.weight", {I, D});
-    o.down = manifest.Append(p + "mlp.down_proj.weight", {D, I});
+    o.qkv = projection("self_attn.q_proj", q_rows, D, config.qkv_bias, &o.q_bias);
+    o.k = projection("self_attn.k_proj", kv_rows, D, config.qkv_bias, &o.k_bias);
+    o.v = projection("self_attn.v_proj", kv_rows, D, config.qkv_bias, &o.v_bias);
+    o.o = projection("self_attn.o_proj", D, q_rows, config.o_bias, &o.o_bias);
+    o.gate_up = projection("mlp.gate_proj", I, D, config.mlp_bias, &o.gate_bias);
+    o.up = projection("mlp.up_proj", I, D, config.mlp_bias, &o.up_bias);
+    o.down = projection("mlp.down_proj", D, I, config.mlp_bias, &o.down_bias);
     o.input_norm = manifest.Append(p + "input_layernorm.weight", {D});
     o.post_norm = manifest.Append(p + "post_attention_layernorm.weight", {D});
     layout.layers.push_back(o);
@@ -101,7 +172,8 @@ LlamaLayout LayoutOf(const LlamaConfig& config) {
 }
 
 int64_t TensorCountOf(const LlamaConfig& config) {
-  return 9 * int64_t(config.num_layers) + (config.tie_embeddings ? 2 : 3);
+  const int64_t per_block = 9 + (config.qkv_bias ? 3 : 0) + (config.o_bias ? 1 : 0) + (config.mlp_bias ? 3 : 0);
+  return per_block * int64_t(config.num_layers) + (config.tie_embeddings ? 2 : 3);
 }
 
 Llama::Llama(const LlamaConfig& config, int max_batch) : config_(config), max_batch_(max_batch) {
@@ -115,18 +187,36 @@ Llama::Llama(const LlamaConfig& config, int max_batch) : config_(config), max_ba
   grads_ = FlatBuffer<float>(manifest_.total_elements);
   float* P = params_.data();
   float* G = grads_.data();
-  auto linear = [&](int in, int out, uint64_t offset) {
+  auto linear = [&](int in, int out, uint64_t offset, uint64_t bias = LlamaLayout::kNone) {
     Linear l{in, out};
     l.w = P + offset;
     l.dw = G + offset;
+    if (bias != LlamaLayout::kNone) {
+      l.b = P + bias;
+      l.db = G + bias;
+    }
     return l;
+  };
+  // Without biases the parts are adjacent: one fused Linear, one GEMM.
+  auto group = [&](std::initializer_list<Linear> parts) {
+    LinearGroup g;
+    for (const Linear& p : parts) g.width += p.out;
+    const bool biased = std::any_of(parts.begin(), parts.end(), [](const Linear& p) { return p.b != nullptr; });
+    if (!biased) {
+      g.count = 1;
+      g.parts[0] = linear(parts.begin()->in, g.width, uint64_t(parts.begin()->w - P));
+      return g;
+    }
+    for (const Linear& p : parts) g.parts[g.count++] = p;
+    return g;
   };
   for (const LlamaLayout::Layer& o : layout.layers) {
     Layer layer;
-    layer.qkv = linear(int(D), int(q_rows + 2 * kv_rows), o.qkv);
-    layer.o = linear(int(q_rows), int(D), o.o);
-    layer.gate_up = linear(int(D), int(2 * I), o.gate_up);
-    layer.down = linear(int(I), int(D), o.down);
+    layer.qkv = group({linear(int(D), int(q_rows), o.qkv, o.q_bias), linear(int(D), int(kv_rows), o.k, o.k_bias),
+                       linear(int(D), int(kv_rows), o.v, o.v_bias)});
+    layer.o = linear(int(q_rows), int(D), o.o, o.o_bias);
+    layer.gate_up = group({linear(int(D), int(I), o.gate_up, o.gate_bias), linear(int(D), int(I), o.up, o.up_bias)});
+    layer.down = linear(int(I), int(D), o.down, o.down_bias);
     layer.input_norm = P + o.input_norm;
     layer.d_input_norm = G + o.input_norm;
     layer.post_norm = P + o.post_norm;
@@ -143,7 +233,8 @@ Llama::Llama(const LlamaConfig& config, int max_batch) : config_(config), max_ba
 
   rope_cos_.resize(size_t(config.max_seq_len) * config.head_dim() / 2);
   rope_sin_.resize(rope_cos_.size());
-  RopeTables(config.max_seq_len, config.head_dim(), config.rope_theta, rope_cos_.data(), rope_sin_.data());
+  RopeTables(config.max_seq_len, config.head_dim() / 2, config.RopeInverseFrequencies().data(), rope_cos_.data(),
+             rope_sin_.data());
 
   acts_.layers.resize(config.num_layers);
   // Fresh pages, not a zeroed vector: a vector would make the whole arena

@@ -35,6 +35,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "base/status.h"
@@ -44,6 +45,21 @@
 #include "models/tensor.h"
 
 namespace estuary::models {
+
+// How RoPE's inverse frequencies are rescaled for a longer context
+// (config.json's rope_scaling): kLinear divides every frequency by factor
+// (positions divided by factor); kLlama3 divides the low frequencies (those
+// whose wavelength exceeds original_max_position_embeddings / low_freq_factor)
+// by factor, keeps the high ones (wavelength below original / high_freq_factor)
+// and interpolates smoothly between, as transformers' llama3 rope type does.
+struct RopeScaling {
+  enum class Kind { kNone, kLinear, kLlama3 };
+  Kind kind = Kind::kNone;
+  double factor = 1.0;
+  double low_freq_factor = 1.0;
+  double high_freq_factor = 4.0;
+  int original_max_position_embeddings = 8192;
+};
 
 struct LlamaConfig {
   int vocab_size = 0;
@@ -56,23 +72,63 @@ struct LlamaConfig {
   double rms_norm_eps = 1e-5;
   double rope_theta = 10000.0;
   bool tie_embeddings = false;
+  // config.json's head_dim where it is given (then q_proj is [heads * head_dim,
+  // hidden], which need not be hidden); 0: hidden_size / num_heads.
+  int explicit_head_dim = 0;
+  RopeScaling rope_scaling;
+  bool qkv_bias = false;  // q_proj, k_proj and v_proj have biases (attention_bias; Qwen2 always)
+  bool o_bias = false;    // o_proj has one (attention_bias; never in Qwen2)
+  bool mlp_bias = false;  // gate_proj, up_proj and down_proj have biases
+  // config.json's max_position_embeddings, written back as read, where the
+  // model runs at a shorter context (max_seq_len); 0: max_seq_len.
+  int max_position_embeddings = 0;
+  // config.json's sliding_window (Mistral, Qwen2), written back as read; it
+  // is at least max_seq_len, so attention is plainly causal. 0: none.
+  int sliding_window = 0;
+  // What config.json names the model ("LlamaForCausalLM", "MistralForCausalLM"
+  // or "Qwen2ForCausalLM"): the same computation, written back as read.
+  std::string architecture = "LlamaForCausalLM";
 
-  int head_dim() const { return num_heads > 0 ? hidden_size / num_heads : 0; }
+  int head_dim() const {
+    return explicit_head_dim > 0 ? explicit_head_dim : num_heads > 0 ? hidden_size / num_heads : 0;
+  }
+  // RoPE's head_dim / 2 inverse frequencies, theta^(-2j/head_dim) rescaled
+  // as rope_scaling says; in double.
+  std::vector<double> RopeInverseFrequencies() const;
+  // About the floats one sequence of max_seq_len tokens keeps for backward
+  // (the attention weights grow with its square), in double.
+  double ActivationsPerSequence() const;
   // The parameters LayoutOf(*this) holds, in double so that any config.json's
   // values give a number (exact below 2^53).
   double ParameterCount() const;
-  // Every size positive, heads dividing hidden_size into an even head_dim,
-  // kv heads dividing heads; the message names the field and its value.
+  // Every size positive, heads dividing hidden_size into an even head_dim
+  // (or an even explicit head_dim), kv heads dividing heads, rope_scaling's
+  // numbers in range; the message names the field and its value.
   Status Validate() const;
 };
 
+// The first feature of `config` that the CUDA engine (models/cuda/llama_engine.h,
+// which lays q/k/v and gate/up out as single matrices and RoPE from theta
+// alone) does not implement, named as config.json names it, or empty when it
+// implements them all. Here rather than in models/cuda/ so that builds without
+// CUDA test it.
+std::string GpuEngineLacks(const LlamaConfig& config);
+
 // Where each tensor of a decoder lives in the flat buffer: Hugging Face's
-// state_dict order, which also makes q, k, v (and gate, up) adjacent, so each
-// group is one [rows, hidden] matrix and one GEMM. The CPU model and the CUDA
+// state_dict order, which, without biases, also makes q, k, v (and gate, up)
+// adjacent, so each group is one [rows, hidden] matrix and one GEMM. The CPU model and the CUDA
 // engine both lay out their buffers from this. Offsets count elements.
 struct LlamaLayout {
+  // Offsets of each block's tensors. Without biases q, k, v (and gate, up)
+  // are adjacent, so qkv (gate_up) is one [rows, hidden] matrix; a bias
+  // follows its weight, as in Hugging Face's state_dict, and splits the
+  // group. kNone marks an absent bias.
+  static constexpr uint64_t kNone = ~uint64_t(0);
   struct Layer {
     uint64_t qkv, o, gate_up, down, input_norm, post_norm;
+    uint64_t k = 0, v = 0, up = 0;
+    uint64_t q_bias = kNone, k_bias = kNone, v_bias = kNone, o_bias = kNone;
+    uint64_t gate_bias = kNone, up_bias = kNone, down_bias = kNone;
   };
   Manifest manifest;
   std::vector<Layer> layers;
@@ -84,7 +140,7 @@ struct LlamaLayout {
 };
 LlamaLayout LayoutOf(const LlamaConfig& config);
 // How many tensors LayoutOf(config) holds, counted without naming them (nine
-// per block, the embedding, the final norm and an untied LM head): a reader
+// per block and its biases, the embedding, the final norm and an untied LM head): a reader
 // compares it with a file's before a config's layer count can cost memory.
 int64_t TensorCountOf(const LlamaConfig& config);
 
@@ -141,7 +197,8 @@ class Llama {
   friend class KvCacheDecoder;
 
   struct Layer {
-    Linear qkv, o, gate_up, down;  // q/k/v and gate/up are adjacent in the buffer: one GEMM each
+    LinearGroup qkv, gate_up;  // one GEMM each unless biases split them (layers.h)
+    Linear o, down;
     float *input_norm = nullptr, *d_input_norm = nullptr, *post_norm = nullptr, *d_post_norm = nullptr;
   };
   // What one block keeps for backward (n = batch * seq rows).
@@ -186,15 +243,40 @@ class Llama {
 };
 
 // A Hugging Face model directory: model.safetensors (fp32, names as
-// manifest()) and config.json (LlamaConfig's keys, architectures
-// ["LlamaForCausalLM"]), which LlamaForCausalLM.from_pretrained(dir) loads.
+// manifest()) and config.json (LlamaConfig's keys, architectures as
+// config.architecture), which transformers' from_pretrained(dir) loads.
 // Both files are written atomically; the directory is created if needed.
 Status SaveHfCheckpoint(const std::filesystem::path& dir, const Llama& model);
 
-// Reads such a directory into a model with an arena for max_batch sequences.
-// Keys absent from config.json take Hugging Face's defaults. Every tensor's
-// name, shape and dtype is checked; the first mismatch is reported with the
-// file and the tensor's name.
+struct HfLoadOptions {
+  int max_batch = 1;
+  // The context the model runs at (its arena and RoPE tables); 0: config.json's
+  // max_position_embeddings. Published models claim 32k to 128k positions,
+  // whose attention arena no CPU step needs.
+  int max_seq_len = 0;
+  // The most bytes the fp32 weights and gradients may take, and apart from
+  // them the activation arena; 0: the machine's physical memory.
+  uint64_t max_bytes = 0;
+};
+
+// Reads dir/config.json: LlamaForCausalLM, MistralForCausalLM (no sliding
+// window shorter than the context) and Qwen2ForCausalLM, with transformers'
+// defaults for absent keys; anything else is refused in one line naming the
+// key. max_seq_len as in HfLoadOptions.
+Result<LlamaConfig> ReadHfConfig(const std::filesystem::path& dir, int max_seq_len = 0);
+
+// Reads such a directory into a model with an arena for max_batch sequences:
+// config.json, and model.safetensors or the shards that
+// model.safetensors.index.json's weight_map names (each tensor in exactly the
+// shard it names), stored as F32, BF16 or F16 (widened exactly to fp32).
+// Every tensor's name and shape is checked, then the fp32 weights and
+// gradients the model would map against options.max_bytes, before the model
+// is made; the first error is reported with the file and the tensor's name.
+Result<Llama> LoadHfCheckpoint(const std::filesystem::path& dir, const HfLoadOptions& options);
 Result<Llama> LoadHfCheckpoint(const std::filesystem::path& dir, int max_batch = 1);
+
+// What LoadHfCheckpoint will check the weights and gradients against: the
+// machine's physical memory.
+uint64_t PhysicalMemoryBytes();
 
 }  // namespace estuary::models

@@ -10,8 +10,15 @@
 //       directory (with a PEFT LoRA adapter merged in), on the CPU (models/generate.h); prints the new
 //       text, or with --json the prompt's and the new ids, each new token's log-probability and the text
 //
+//   estuary-lm inspect --model DIR
+//       a Hugging Face model directory's config.json -> JSON on stdout: the
+//       architecture, the shapes, the parameter count and the memory its
+//       weights take in f32 and bf16, and fp32 training with AdamW
+//       (weights, gradients and two moments: 16 bytes a parameter)
+//
 // The tokenizer is Hugging Face's tokenizer.json (models/tokenizer.h), with
-// tokenizer_config.json read from beside it when there. Errors are one line
+// tokenizer_config.json read from beside it when there; the model directory is
+// what models::LoadHfCheckpoint reads (models/llama.h). Errors are one line
 // on stderr, naming the file and the field or the input line; exit 1.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -134,6 +141,53 @@ Status RunGenerate(const GenerateFlags& flags) {
   return Status::Ok();
 }
 
+Status Inspect(const std::string& dir) {
+  // At a context of one token: inspect describes the weights, and no 128k-token
+  // attention arena (nor a sliding window shorter than it) is in question.
+  ESTUARY_ASSIGN_OR_RETURN(const models::LlamaConfig c, models::ReadHfConfig(dir, /*max_seq_len=*/1));
+  const double parameters = c.ParameterCount();
+  nlohmann::ordered_json rope_scaling = nullptr;
+  if (c.rope_scaling.kind == models::RopeScaling::Kind::kLinear) {
+    rope_scaling = {{"rope_type", "linear"}, {"factor", c.rope_scaling.factor}};
+  } else if (c.rope_scaling.kind == models::RopeScaling::Kind::kLlama3) {
+    rope_scaling = {{"rope_type", "llama3"},
+                    {"factor", c.rope_scaling.factor},
+                    {"low_freq_factor", c.rope_scaling.low_freq_factor},
+                    {"high_freq_factor", c.rope_scaling.high_freq_factor},
+                    {"original_max_position_embeddings", c.rope_scaling.original_max_position_embeddings}};
+  }
+  const std::string gpu_lacks = models::GpuEngineLacks(c);
+  const nlohmann::ordered_json out = {
+      {"model", dir},
+      {"architecture", c.architecture},
+      {"config",
+       {{"vocab_size", c.vocab_size},
+        {"hidden_size", c.hidden_size},
+        {"intermediate_size", c.intermediate_size},
+        {"num_hidden_layers", c.num_layers},
+        {"num_attention_heads", c.num_heads},
+        {"num_key_value_heads", c.num_kv_heads},
+        {"head_dim", c.head_dim()},
+        {"max_position_embeddings", c.max_position_embeddings},
+        {"tie_word_embeddings", c.tie_embeddings},
+        {"qkv_bias", c.qkv_bias},
+        {"o_bias", c.o_bias},
+        {"mlp_bias", c.mlp_bias},
+        {"rms_norm_eps", c.rms_norm_eps},
+        {"rope_theta", c.rope_theta},
+        {"rope_scaling", rope_scaling}}},
+      {"parameters", int64_t(parameters)},
+      {"bytes",
+       {{"weights_f32", int64_t(4 * parameters)},
+        {"weights_bf16", int64_t(2 * parameters)},
+        {"training_f32_adamw", int64_t(16 * parameters)}}},
+      {"gpu_engine", gpu_lacks.empty() ? nlohmann::ordered_json("supported") : nlohmann::ordered_json(gpu_lacks)},
+  };
+  std::fputs((out.dump(2) + "\n").c_str(), stdout);
+  if (std::fflush(stdout) != 0) return IoError("standard output: cannot write");
+  return Status::Ok();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -152,6 +206,11 @@ int main(int argc, char** argv) {
   GenerateFlags generate;
   CLI::App* generate_command = AddGenerateCommand(app, generate);
 
+  std::string model_dir;
+  auto* inspect =
+      app.add_subcommand("inspect", "a Hugging Face model directory's shapes, parameters and memory, as JSON");
+  inspect->add_option("--model", model_dir, "a directory with config.json (Llama, Mistral or Qwen2)")->required();
+
   if (auto exit = ParseCommandLine(app, argc, argv, kProgram)) return *exit;
   if (tok->parsed()) {
     Status s = Tokenize(tokenize);
@@ -159,6 +218,10 @@ int main(int argc, char** argv) {
   }
   if (generate_command->parsed()) {
     Status s = RunGenerate(generate);
+    if (!s.ok()) return Fail(kProgram, s);
+  }
+  if (inspect->parsed()) {
+    Status s = Inspect(model_dir);
     if (!s.ok()) return Fail(kProgram, s);
   }
   return 0;

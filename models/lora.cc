@@ -354,7 +354,7 @@ Result<float> LoraLlama::ForwardBackward(const int32_t* tokens, const int32_t* t
   // the norms' weight gradients go to a scratch row nobody reads (one
   // multiply-add per element, against a GEMM per projection saved).
   auto frozen = [](Linear l) {
-    l.dw = nullptr;
+    l.dw = l.db = nullptr;
     return l;
   };
   const bool dropout = lora_config_.dropout > 0;
@@ -396,7 +396,7 @@ Result<float> LoraLlama::ForwardBackward(const int32_t* tokens, const int32_t* t
     frozen(layer.down).Backward(s.act, a.dresid, n, a.dact);
     adapt(l, LoraModule::kDown, s.act, a.dresid, D, a.dact);
     SwiGluBackward(s.gate_up, a.dact, n, I, a.dgate_up);
-    frozen(layer.gate_up).Backward(s.xn2, a.dgate_up, n, a.dxn);
+    layer.gate_up.Frozen().Backward(s.xn2, a.dgate_up, n, a.dxn);
     adapt(l, LoraModule::kGate, s.xn2, a.dgate_up, 2 * I, a.dxn);
     adapt(l, LoraModule::kUp, s.xn2, a.dgate_up + I, 2 * I, a.dxn);
     RmsNormBackward(s.h, layer.post_norm, s.rstd2, a.dxn, n, D, a.dresid, dnorm_.data());
@@ -406,7 +406,7 @@ Result<float> LoraLlama::ForwardBackward(const int32_t* tokens, const int32_t* t
     RopeBackward(a.dqkv, batch, seq, H, hd, qkv_width, cos, sin);
     RopeBackward(a.dqkv + k_at, batch, seq, KV, hd, qkv_width, cos, sin);
     float* dxn = l > 0 ? a.dxn : nullptr;
-    frozen(layer.qkv).Backward(s.xn1, a.dqkv, n, dxn);
+    layer.qkv.Frozen().Backward(s.xn1, a.dqkv, n, dxn);
     adapt(l, LoraModule::kQ, s.xn1, a.dqkv + q_at, qkv_width, dxn);
     adapt(l, LoraModule::kK, s.xn1, a.dqkv + k_at, qkv_width, dxn);
     adapt(l, LoraModule::kV, s.xn1, a.dqkv + v_at, qkv_width, dxn);

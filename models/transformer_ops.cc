@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 namespace estuary::models {
 
@@ -64,11 +65,16 @@ void RmsNormBackward(const float* x, const float* weight, const float* rstd, con
 
 void RopeTables(int max_seq, int head_dim, double theta, float* cos, float* sin) {
   const int half = head_dim / 2;
+  std::vector<double> inv_freq(half);
+  for (int j = 0; j < half; ++j) inv_freq[j] = 1.0 / std::pow(theta, double(2 * j) / head_dim);
+  RopeTables(max_seq, half, inv_freq.data(), cos, sin);
+}
+
+void RopeTables(int max_seq, int half, const double* inv_freq, float* cos, float* sin) {
   for (int j = 0; j < half; ++j) {
-    const double inv_freq = 1.0 / std::pow(theta, double(2 * j) / head_dim);
     for (int pos = 0; pos < max_seq; ++pos) {
-      cos[int64_t(pos) * half + j] = float(std::cos(pos * inv_freq));
-      sin[int64_t(pos) * half + j] = float(std::sin(pos * inv_freq));
+      cos[int64_t(pos) * half + j] = float(std::cos(pos * inv_freq[j]));
+      sin[int64_t(pos) * half + j] = float(std::sin(pos * inv_freq[j]));
     }
   }
 }

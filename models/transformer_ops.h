@@ -42,6 +42,9 @@ void RmsNormBackward(const float* x, const float* weight, const float* rstd, con
 // pos * theta^(-2j/head_dim). RopeTables fills cos and sin [max_seq, head_dim/2]
 // (angles computed in double, then rounded).
 void RopeTables(int max_seq, int head_dim, double theta, float* cos, float* sin);
+// The same from given inverse frequencies [half] (a rescaled RoPE, see
+// LlamaConfig::RopeInverseFrequencies): the angle at (pos, j) is pos * inv_freq[j].
+void RopeTables(int max_seq, int half, const double* inv_freq, float* cos, float* sin);
 // In place on `heads` heads of head_dim at the start of every row of x, rows
 // `row_stride` floats apart (so q and k can be rotated inside a fused qkv
 // buffer). Token (b, t) has position t.

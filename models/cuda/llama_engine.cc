@@ -72,6 +72,10 @@ size_t LlamaEngine::Impl::Carve(int batch, int seq, char* base) {
 
 Result<LlamaEngine> LlamaEngine::Create(const LlamaConfig& config, int max_batch, LlamaEngineOptions options) {
   ESTUARY_RETURN_IF_ERROR(config.Validate());
+  if (const std::string lacks = GpuEngineLacks(config); !lacks.empty()) {
+    return InvalidArgument("cuda llama: the GPU engine does not implement {}; train this {} on the CPU engine", lacks,
+                           config.architecture);
+  }
   if (max_batch <= 0 || int64_t(max_batch) * config.max_seq_len > INT_MAX / 2) {
     return InvalidArgument("cuda llama: max_batch {} with max_seq_len {} is out of range", max_batch,
                            config.max_seq_len);

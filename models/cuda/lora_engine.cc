@@ -137,6 +137,10 @@ Result<LoraLlamaEngine> LoraLlamaEngine::Create(const LlamaConfig& config, const
                                                 LlamaEngineOptions options) {
   ESTUARY_RETURN_IF_ERROR(config.Validate());
   ESTUARY_RETURN_IF_ERROR(lora.Validate());
+  if (const std::string lacks = GpuEngineLacks(config); !lacks.empty()) {
+    return InvalidArgument("cuda lora: the GPU engine does not implement {}; train this {} on the CPU engine", lacks,
+                           config.architecture);
+  }
   if (lora.dropout > 0) {
     return InvalidArgument("cuda lora: lora_dropout {} is not implemented on the GPU (only on the CPU LoraLlama); "
                            "use 0", lora.dropout);

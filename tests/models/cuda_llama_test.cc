@@ -75,6 +75,26 @@ Result<Pair> MakePair(const LlamaConfig& config, int max_batch, cuda::LlamaEngin
   return Pair{std::move(cpu), std::move(gpu)};
 }
 
+// What the CPU decoder runs and the GPU engine does not implement is refused
+// at Create, naming the feature, before any device is touched (so it runs
+// without a GPU too).
+TEST(CudaLlamaConfig, FeaturesTheEngineLacksAreRefusedByName) {
+  LlamaConfig biased = GqaUntied();
+  biased.qkv_bias = true;
+  auto engine = cuda::LlamaEngine::Create(biased, 1);
+  ASSERT_FALSE(engine.ok());
+  EXPECT_EQ(engine.status().message(),
+            "cuda llama: the GPU engine does not implement attention biases (attention_bias, or Qwen2's q/k/v "
+            "biases); train this LlamaForCausalLM on the CPU engine");
+  LlamaConfig scaled = GqaUntied();
+  scaled.rope_scaling.kind = RopeScaling::Kind::kLinear;
+  scaled.rope_scaling.factor = 2;
+  engine = cuda::LlamaEngine::Create(scaled, 1);
+  ASSERT_FALSE(engine.ok());
+  EXPECT_NE(engine.status().message().find("RoPE scaling (rope_scaling)"), std::string::npos)
+      << engine.status().message();
+}
+
 TEST_F(CudaLlama, ManifestAndInitialWeightsAreTheCpuModels) {
   for (const LlamaConfig& config : {GqaUntied(), MhaTied()}) {
     auto pair = MakePair(config, 2);

@@ -158,7 +158,8 @@ TEST(HfCheckpointReader, RefusesARopeTypeThatIsNotAString) {
   Write(dir / "config.json", json.dump());
   auto loaded = LoadHfCheckpoint(dir.path());
   ASSERT_FALSE(loaded.ok());
-  EXPECT_NE(loaded.status().message().find("only rope_type \"default\" is supported"), std::string::npos)
+  EXPECT_NE(loaded.status().message().find("only rope_type \"default\", \"linear\" and \"llama3\" are supported"),
+            std::string::npos)
       << loaded.status().message();
 }
 

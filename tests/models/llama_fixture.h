@@ -70,6 +70,18 @@ inline LlamaConfig ConfigFrom(const nlohmann::json& j) {
   c.rms_norm_eps = j["rms_norm_eps"];
   c.rope_theta = j["rope_theta"];
   c.tie_embeddings = j["tie_word_embeddings"];
+  if (j.contains("head_dim") && !j["head_dim"].is_null()) c.explicit_head_dim = j["head_dim"];
+  c.qkv_bias = j.value("qkv_bias", false);
+  c.o_bias = j.value("o_bias", false);
+  c.mlp_bias = j.value("mlp_bias", false);
+  if (j.contains("rope_scaling") && j["rope_scaling"].is_object()) {
+    const auto& r = j["rope_scaling"];
+    c.rope_scaling.kind = r["rope_type"] == "linear" ? RopeScaling::Kind::kLinear : RopeScaling::Kind::kLlama3;
+    c.rope_scaling.factor = r["factor"];
+    c.rope_scaling.low_freq_factor = r.value("low_freq_factor", 1.0);
+    c.rope_scaling.high_freq_factor = r.value("high_freq_factor", 4.0);
+    c.rope_scaling.original_max_position_embeddings = r.value("original_max_position_embeddings", 8192);
+  }
   return c;
 }
 

@@ -279,7 +279,7 @@ TEST_P(LlamaDecoder, SaveReloadContinueIsBitIdentical) {
   EXPECT_FALSE(resumed_adamw.Restore(m->data, v->data, 0).ok());
 }
 
-INSTANTIATE_TEST_SUITE_P(Configs, LlamaDecoder, ::testing::Values("untied_gqa", "tied_mqa"));
+INSTANTIATE_TEST_SUITE_P(Configs, LlamaDecoder, ::testing::Values("untied_gqa", "tied_mqa", "biased_head_dim"));
 
 LlamaConfig SmallConfig() {
   LlamaConfig c;
@@ -454,7 +454,7 @@ INSTANTIATE_TEST_SUITE_P(Tied, LlamaCheckpoint, ::testing::Bool());
 // torch_llama.py wrote the fixture's weights as save_pretrained does (tensors
 // in name order, the tied lm_head left out, a few more config.json keys).
 TEST(LlamaHfCheckpoint, LoadsAHuggingFaceDirectory) {
-  for (const char* name : {"untied_gqa", "tied_mqa"}) {
+  for (const char* name : {"untied_gqa", "tied_mqa", "biased_head_dim"}) {
     auto f = Fixture(std::string("decoder_") + name);
     const int batch = f["batch"], seq = f["seq"];
     auto model = LoadHfCheckpoint(kReference / (std::string("hf_") + name), batch);
@@ -470,7 +470,7 @@ TEST(LlamaHfCheckpoint, LoadsAHuggingFaceDirectory) {
 // way from_pretrained does (config.json keys, strict names and shapes,
 // format "pt") and computes the same logits.
 TEST(LlamaHfCheckpoint, TorchLoadsWhatWeSave) {
-  for (const char* name : {"untied_gqa", "tied_mqa"}) {
+  for (const char* name : {"untied_gqa", "tied_mqa", "biased_head_dim"}) {
     auto f = Fixture(std::string("decoder_") + name);
     const int batch = f["batch"], seq = f["seq"];
     Llama model = LoadFixtureModel(f, batch);
@@ -540,10 +540,10 @@ TEST(LlamaHfCheckpoint, MismatchesNameTheFileAndTensor) {
   EditConfig(dir.path(), "rope_parameters", {{"rope_type", "yarn"}, {"rope_theta", 10000.0}});
   EXPECT_EQ(load_error(), (dir / "config.json").string() +
                               ": 'rope_parameters' is {\"rope_theta\":10000.0,\"rope_type\":\"yarn\"}; only rope_type "
-                              "\"default\" is supported");
+                              "\"default\", \"linear\" and \"llama3\" are supported");
   EditConfig(dir.path(), "rope_parameters", nullptr);
 
-  // A half-precision tensor: same header length, so only the dtype differs.
+  // An integer tensor: same header length, so only the dtype differs.
   std::string bytes;
   {
     std::ifstream in(file, std::ios::binary);
@@ -551,11 +551,11 @@ TEST(LlamaHfCheckpoint, MismatchesNameTheFileAndTensor) {
   }
   const size_t at = bytes.find("\"F32\"");
   ASSERT_NE(at, std::string::npos);
-  bytes.replace(at, 5, "\"F16\"");
+  bytes.replace(at, 5, "\"I32\"");
   std::ofstream(file, std::ios::binary) << bytes;
   const std::string error = load_error();
   EXPECT_NE(error.find(file), std::string::npos) << error;
-  EXPECT_NE(error.find("'model.embed_tokens.weight' needs dtype F32"), std::string::npos) << error;
+  EXPECT_NE(error.find("'model.embed_tokens.weight' needs dtype F32, BF16 or F16"), std::string::npos) << error;
 
   fs::remove(dir / "config.json");
   EXPECT_NE(load_error().find("config.json: cannot open"), std::string::npos);

@@ -249,7 +249,7 @@ TEST_P(LoraDecoder, AdapterFilesRoundTripAndTorchLoadsThem) {
   EXPECT_LE(RelativeError(logits.data(), torch_logits), kModelTolerance);
 }
 
-INSTANTIATE_TEST_SUITE_P(Configs, LoraDecoder, ::testing::Values("untied_gqa", "tied_mqa"));
+INSTANTIATE_TEST_SUITE_P(Configs, LoraDecoder, ::testing::Values("untied_gqa", "tied_mqa", "biased_head_dim"));
 
 // ---------------------------------------------------------------- small model
 

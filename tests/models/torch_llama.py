@@ -65,9 +65,12 @@ def hf_logits(model, tokens):
 # The reference model (names and structure as transformers' modeling_llama).
 
 class LlamaConfig:
+    """The keys of transformers' LlamaConfig this oracle reads; qkv_bias and
+    o_bias are attention_bias split as Qwen2 needs (biases on q, k, v only)."""
     def __init__(self, vocab_size, hidden_size, intermediate_size, num_hidden_layers, num_attention_heads,
                  num_key_value_heads, max_position_embeddings, rms_norm_eps=1e-6, rope_theta=10000.0,
-                 tie_word_embeddings=False):
+                 tie_word_embeddings=False, head_dim=None, rope_scaling=None, qkv_bias=False, o_bias=False,
+                 mlp_bias=False):
         self.vocab_size = vocab_size
         self.hidden_size = hidden_size
         self.intermediate_size = intermediate_size
@@ -78,7 +81,11 @@ class LlamaConfig:
         self.rms_norm_eps = rms_norm_eps
         self.rope_theta = rope_theta
         self.tie_word_embeddings = tie_word_embeddings
-        self.head_dim = hidden_size // num_attention_heads
+        self.head_dim = head_dim or hidden_size // num_attention_heads
+        self.rope_scaling = rope_scaling
+        self.qkv_bias = qkv_bias
+        self.o_bias = o_bias
+        self.mlp_bias = mlp_bias
 
     def to_json(self):
         return dict(vars(self))
@@ -104,12 +111,33 @@ class LlamaRMSNorm(nn.Module):
         return self.weight * hidden_states.to(input_dtype)
 
 
+def rope_inverse_frequencies(config):
+    """modeling_rope_utils' default, linear and llama3 inverse frequencies (in fp64)."""
+    dim = config.head_dim
+    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).to(COMPUTE) / dim))
+    scaling = config.rope_scaling or {}
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    if kind == "linear":
+        return inv_freq / scaling["factor"]
+    if kind == "llama3":
+        factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
+        original = scaling["original_max_position_embeddings"]
+        low_wavelen, high_wavelen = original / low, original / high
+        wavelen = 2 * math.pi / inv_freq
+        # Long wavelengths stretched by factor, short ones kept, a blend between.
+        stretched = torch.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+        smooth = (original / wavelen - low) / (high - low)
+        blended = (1 - smooth) * stretched / factor + smooth * stretched
+        medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
+        return torch.where(medium, blended, stretched)
+    assert kind == "default", scaling
+    return inv_freq
+
+
 class LlamaRotaryEmbedding(nn.Module):
     def __init__(self, config):
         super().__init__()
-        dim = config.head_dim
-        inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).to(COMPUTE) / dim))
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.register_buffer("inv_freq", rope_inverse_frequencies(config), persistent=False)
 
     def forward(self, x, position_ids):
         inv_freq = self.inv_freq[None, :, None].expand(position_ids.shape[0], -1, 1).to(x.dtype)
@@ -163,10 +191,10 @@ class LlamaAttention(nn.Module):
         self.head_dim = config.head_dim
         self.num_heads = config.num_attention_heads
         self.num_key_value_heads = config.num_key_value_heads
-        self.q_proj = nn.Linear(config.hidden_size, self.num_heads * self.head_dim, bias=False)
-        self.k_proj = nn.Linear(config.hidden_size, self.num_key_value_heads * self.head_dim, bias=False)
-        self.v_proj = nn.Linear(config.hidden_size, self.num_key_value_heads * self.head_dim, bias=False)
-        self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=False)
+        self.q_proj = nn.Linear(config.hidden_size, self.num_heads * self.head_dim, bias=config.qkv_bias)
+        self.k_proj = nn.Linear(config.hidden_size, self.num_key_value_heads * self.head_dim, bias=config.qkv_bias)
+        self.v_proj = nn.Linear(config.hidden_size, self.num_key_value_heads * self.head_dim, bias=config.qkv_bias)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=config.o_bias)
 
     def forward(self, hidden_states, position_embeddings):
         bsz, q_len, _ = hidden_states.shape
@@ -182,9 +210,9 @@ class LlamaAttention(nn.Module):
 class LlamaMLP(nn.Module):
     def __init__(self, config):
         super().__init__()
-        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=config.mlp_bias)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=config.mlp_bias)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias)
 
     def forward(self, x):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
@@ -319,7 +347,12 @@ def check_lora(work_dir):
 # Hugging Face model directories (config.json + model.safetensors), by hand:
 # neither transformers nor safetensors is a Debian package.
 
+SAFETENSORS_DTYPES = {"F32": (torch.float32, torch.int32), "BF16": (torch.bfloat16, torch.int16),
+                      "F16": (torch.float16, torch.int16)}
+
+
 def read_safetensors(path):
+    """name -> tensor in the stored dtype (F32, BF16 or F16), and the metadata."""
     with open(path, "rb") as f:
         data = f.read()
     (n,) = struct.unpack("<Q", data[:8])
@@ -329,19 +362,24 @@ def read_safetensors(path):
     for name, info in header.items():
         if name == "__metadata__":
             continue
-        assert info["dtype"] == "F32", f"{path}: {name} is {info['dtype']}"
+        assert info["dtype"] in SAFETENSORS_DTYPES, f"{path}: {name} is {info['dtype']}"
+        dtype, bits = SAFETENSORS_DTYPES[info["dtype"]]
         begin, end = info["data_offsets"]
-        tensors[name] = torch.from_numpy(np.frombuffer(body[begin:end], dtype="<f4").copy()).reshape(info["shape"])
+        raw = np.frombuffer(body[begin:end], dtype="<i4" if bits == torch.int32 else "<i2").copy()
+        tensors[name] = torch.from_numpy(raw).view(dtype).reshape(info["shape"])
     return tensors, header.get("__metadata__")
 
 
-def write_safetensors(path, tensors):
+def write_safetensors(path, tensors, dtype="F32"):
     """As safetensors.torch.save_file does it: format "pt" metadata, tensors in
-    name order (not state_dict order), data 8-byte aligned."""
+    name order (not state_dict order), data 8-byte aligned. Each tensor is
+    rounded to `dtype` by torch (tensor.to(torch.bfloat16) and the like)."""
+    torch_dtype, bits = SAFETENSORS_DTYPES[dtype]
     header, blobs, offset = {"__metadata__": {"format": "pt"}}, [], 0
     for name in sorted(tensors):
-        blob = tensors[name].detach().to(torch.float32).contiguous().numpy().astype("<f4").tobytes()
-        header[name] = {"dtype": "F32", "shape": list(tensors[name].shape), "data_offsets": [offset, offset + len(blob)]}
+        t = tensors[name].detach().to(torch_dtype).contiguous()
+        blob = t.view(bits).numpy().astype("<i4" if bits == torch.int32 else "<i2").tobytes()
+        header[name] = {"dtype": dtype, "shape": list(t.shape), "data_offsets": [offset, offset + len(blob)]}
         blobs.append(blob)
         offset += len(blob)
     text = json.dumps(header, separators=(",", ":")).encode()
@@ -350,25 +388,64 @@ def write_safetensors(path, tensors):
         f.write(struct.pack("<Q", len(text)) + text + b"".join(blobs))
 
 
+ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2"}
+
+
 def config_from_hf_json(path):
-    """The keys LlamaConfig reads, with its defaults."""
+    """The keys LlamaConfig (MistralConfig, Qwen2Config) reads, with its defaults."""
     with open(path) as f:
         j = json.load(f)
-    assert "LlamaForCausalLM" in j.get("architectures", ["LlamaForCausalLM"]), j
-    assert j.get("model_type", "llama") == "llama" and j.get("hidden_act", "silu") == "silu", j
+    arch = [a for a in j.get("architectures", ["LlamaForCausalLM"]) if a in ARCHITECTURES]
+    assert len(arch) == 1, j
+    arch = arch[0]
+    assert j.get("model_type", ARCHITECTURES[arch]) == ARCHITECTURES[arch] and j.get("hidden_act", "silu") == "silu", j
     heads = j.get("num_attention_heads", 32)
+    attention_bias = j.get("attention_bias", False) if arch == "LlamaForCausalLM" else False
+    qwen2 = arch == "Qwen2ForCausalLM"
     return LlamaConfig(j.get("vocab_size", 32000), j.get("hidden_size", 4096), j.get("intermediate_size", 11008),
                        j.get("num_hidden_layers", 32), heads, j.get("num_key_value_heads") or heads,
                        j.get("max_position_embeddings", 2048), j.get("rms_norm_eps", 1e-6),
-                       j.get("rope_theta", 10000.0), j.get("tie_word_embeddings", False))
+                       j.get("rope_theta", 10000.0), j.get("tie_word_embeddings", False), head_dim=j.get("head_dim"),
+                       rope_scaling=j.get("rope_scaling"), qkv_bias=attention_bias or qwen2, o_bias=attention_bias,
+                       mlp_bias=j.get("mlp_bias", False))
+
+
+def hf_config_json(config, architecture="LlamaForCausalLM"):
+    """config.json as save_pretrained writes it for `architecture`."""
+    j = {"architectures": [architecture], "model_type": ARCHITECTURES[architecture], "bos_token_id": 1,
+         "eos_token_id": 2, "hidden_act": "silu", "hidden_size": config.hidden_size,
+         "intermediate_size": config.intermediate_size, "max_position_embeddings": config.max_position_embeddings,
+         "num_attention_heads": config.num_attention_heads, "num_hidden_layers": config.num_hidden_layers,
+         "num_key_value_heads": config.num_key_value_heads, "rms_norm_eps": config.rms_norm_eps,
+         "rope_theta": config.rope_theta, "tie_word_embeddings": config.tie_word_embeddings,
+         "torch_dtype": "float32", "transformers_version": "4.40.0", "use_cache": True,
+         "vocab_size": config.vocab_size}
+    if config.head_dim != config.hidden_size // config.num_attention_heads:
+        j["head_dim"] = config.head_dim
+    if config.rope_scaling:
+        j["rope_scaling"] = config.rope_scaling
+    if architecture == "LlamaForCausalLM":
+        assert config.qkv_bias == config.o_bias, "Llama's attention_bias covers q, k, v and o"
+        j["attention_bias"] = config.qkv_bias
+        j["mlp_bias"] = config.mlp_bias
+    elif architecture == "Qwen2ForCausalLM":
+        assert config.qkv_bias and not config.o_bias and not config.mlp_bias
+        j["use_sliding_window"] = False
+        j["sliding_window"] = config.max_position_embeddings
+    else:
+        assert not (config.qkv_bias or config.o_bias or config.mlp_bias)
+        j["sliding_window"] = None
+    return j
 
 
 def check_hf(model_dir):
     hf = hugging_face()
     if hf is not None:
         transformers = hf[0]
-        model = transformers.LlamaForCausalLM.from_pretrained(model_dir, torch_dtype=COMPUTE,
-                                                              attn_implementation="eager").eval()
+        with open(os.path.join(model_dir, "config.json")) as f:
+            architecture = json.load(f)["architectures"][0]
+        model = getattr(transformers, architecture).from_pretrained(model_dir, torch_dtype=COMPUTE,
+                                                                    attn_implementation="eager").eval()
         print(f"torch_llama.py: loaded with transformers {transformers.__version__}", file=sys.stderr)
         with open(os.path.join(model_dir, "tokens.json")) as f:
             tokens = torch.tensor(json.load(f)["tokens"])
@@ -383,7 +460,7 @@ def check_hf(model_dir):
     assert set(tensors) == set(expected), f"names differ: {sorted(set(tensors) ^ set(expected))}"
     for name, t in tensors.items():
         assert tuple(t.shape) == tuple(expected[name].shape), f"{name}: {t.shape} vs {expected[name].shape}"
-    model.load_state_dict(tensors, strict=not config.tie_word_embeddings)
+    model.load_state_dict({k: v.to(torch.float32) for k, v in tensors.items()}, strict=not config.tie_word_embeddings)
     model.to(COMPUTE)
     with open(os.path.join(model_dir, "tokens.json")) as f:
         tokens = torch.tensor(json.load(f)["tokens"])
@@ -411,13 +488,15 @@ def save(out_dir, name, **values):
 
 
 def make_model(config, seed):
-    """Random fp32 weights: matrices normal(0, 0.1), norms 1 + normal(0, 0.1)
-    (not ones, so the norms' gradients matter), then fp64."""
+    """Random fp32 weights: matrices and biases normal(0, 0.1), norms
+    1 + normal(0, 0.1) (not ones, so the norms' gradients matter), then fp64."""
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config)
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if p.dim() == 1:
+            if name.endswith(".bias"):
+                p.copy_(0.1 * torch.randn(p.shape))
+            elif p.dim() == 1:
                 p.copy_(1 + 0.1 * torch.randn(p.shape))
             else:
                 p.copy_(0.1 * torch.randn(p.shape))
@@ -496,6 +575,14 @@ DECODERS = {
     "tied_mqa": (LlamaConfig(vocab_size=53, hidden_size=24, intermediate_size=40, num_hidden_layers=3,
                              num_attention_heads=3, num_key_value_heads=1, max_position_embeddings=8,
                              rms_norm_eps=1e-6, rope_theta=500.0, tie_word_embeddings=True), 2, 8),
+    # What LlamaForCausalLM also allows: a head_dim that is not hidden / heads
+    # (q_proj [heads * 12, 32]), attention_bias (q, k, v and o), mlp_bias and
+    # linear RoPE scaling.
+    "biased_head_dim": (LlamaConfig(vocab_size=45, hidden_size=32, intermediate_size=40, num_hidden_layers=2,
+                                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=12,
+                                    rms_norm_eps=1e-5, rope_theta=1000.0, tie_word_embeddings=False, head_dim=12,
+                                    rope_scaling={"rope_type": "linear", "factor": 2.5}, qkv_bias=True, o_bias=True,
+                                    mlp_bias=True), 2, 7),
 }
 
 ADAMW = dict(lr=3e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
@@ -539,16 +626,7 @@ def write_decoder_fixtures(out_dir):
         hf_dir = os.path.join(out_dir, "hf_" + name)
         os.makedirs(hf_dir, exist_ok=True)
         write_safetensors(os.path.join(hf_dir, "model.safetensors"), weights)
-        hf_config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "bos_token_id": 1,
-                     "eos_token_id": 2, "hidden_act": "silu", "hidden_size": config.hidden_size,
-                     "intermediate_size": config.intermediate_size,
-                     "max_position_embeddings": config.max_position_embeddings,
-                     "num_attention_heads": config.num_attention_heads,
-                     "num_hidden_layers": config.num_hidden_layers,
-                     "num_key_value_heads": config.num_key_value_heads, "rms_norm_eps": config.rms_norm_eps,
-                     "rope_theta": config.rope_theta, "tie_word_embeddings": config.tie_word_embeddings,
-                     "torch_dtype": "float32", "transformers_version": "4.40.0", "use_cache": True,
-                     "vocab_size": config.vocab_size}
+        hf_config = hf_config_json(config)
         with open(os.path.join(hf_dir, "config.json"), "w") as f:
             json.dump(hf_config, f, indent=2)
         hf = hugging_face()
@@ -556,6 +634,7 @@ def write_decoder_fixtures(out_dir):
             transformers = hf[0]
             hf_model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**{
                 k: v for k, v in hf_config.items() if k not in ("architectures", "transformers_version")}))
+            hf_model.config.head_dim = config.head_dim
             hf_model.load_state_dict(weights, strict=not config.tie_word_embeddings)
             hf_model.save_pretrained(hf_dir, safe_serialization=True)
 
@@ -566,6 +645,7 @@ def write_decoder_fixtures(out_dir):
 LORA = {
     "untied_gqa": dict(r=4, lora_alpha=8.0, target_modules=list(LORA_MODULES)),
     "tied_mqa": dict(r=3, lora_alpha=5.0, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]),
+    "biased_head_dim": dict(r=2, lora_alpha=3.0, target_modules=list(LORA_MODULES)),
 }
 LORA_ADAMW = dict(lr=1e-2, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
 
@@ -617,6 +697,131 @@ def write_lora_fixtures(out_dir):
              **weights, **start, **grads, **after)
 
 
+# Published models' configurations, cut to two layers and a 1000-token
+# vocabulary (and TinyLlama's and Llama 3.2's hidden size to 512, keeping
+# their heads and grouping) so that fp64 torch and the C++ test stay quick:
+# architecture, config, batch, seq. Each is loaded by the C++ side through
+# LoadHfCheckpoint at a context of 32, whatever max_position_embeddings says.
+REAL = {
+    # SmolLM-135M: 9 heads of 64, 3 kv heads, tied.
+    "smollm_135m": ("LlamaForCausalLM", LlamaConfig(
+        vocab_size=1000, hidden_size=576, intermediate_size=1536, num_hidden_layers=2, num_attention_heads=9,
+        num_key_value_heads=3, max_position_embeddings=2048, rms_norm_eps=1e-5, rope_theta=10000.0,
+        tie_word_embeddings=True), 2, 16),
+    # TinyLlama-1.1B: 32 heads, 4 kv heads, intermediate 2.75 x hidden, untied (hidden 2048 -> 512).
+    "tinyllama_1b": ("LlamaForCausalLM", LlamaConfig(
+        vocab_size=1000, hidden_size=512, intermediate_size=1408, num_hidden_layers=2, num_attention_heads=32,
+        num_key_value_heads=4, max_position_embeddings=2048, rms_norm_eps=1e-5, rope_theta=10000.0,
+        tie_word_embeddings=False), 2, 16),
+    # Llama-3.2-1B: head_dim 64, 4 query heads per kv head, llama3 RoPE scaling,
+    # theta 500000, tied (hidden 2048 -> 512: 8 heads, 2 kv heads).
+    "llama32_1b": ("LlamaForCausalLM", LlamaConfig(
+        vocab_size=1000, hidden_size=512, intermediate_size=2048, num_hidden_layers=2, num_attention_heads=8,
+        num_key_value_heads=2, max_position_embeddings=131072, rms_norm_eps=1e-5, rope_theta=500000.0,
+        tie_word_embeddings=True, head_dim=64,
+        rope_scaling={"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                      "original_max_position_embeddings": 8192}), 2, 16),
+    # Qwen2-0.5B: 14 heads of 64, 2 kv heads, biases on q, k and v, tied (intermediate 4864 -> 1216).
+    "qwen2_05b": ("Qwen2ForCausalLM", LlamaConfig(
+        vocab_size=1000, hidden_size=896, intermediate_size=1216, num_hidden_layers=2, num_attention_heads=14,
+        num_key_value_heads=2, max_position_embeddings=32768, rms_norm_eps=1e-6, rope_theta=1000000.0,
+        tie_word_embeddings=True, qkv_bias=True), 2, 16),
+}
+REAL_LORA = dict(r=8, lora_alpha=16.0, target_modules=list(LORA_MODULES))
+
+
+def make_real_model(config, seed):
+    """Hugging Face's init scale: matrices normal(0, 0.02); biases normal(0, 0.02);
+    norms 1 + normal(0, 0.1) so their gradients matter. fp32 draws, then fp64."""
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 1 and not name.endswith(".bias"):
+                p.copy_(1 + 0.1 * torch.randn(p.shape))
+            else:
+                p.copy_(0.02 * torch.randn(p.shape))
+    return model.to(COMPUTE)
+
+
+def write_hf_dir(path, config, architecture, weights, dtype="F32"):
+    os.makedirs(path, exist_ok=True)
+    write_safetensors(os.path.join(path, "model.safetensors"), weights, dtype)
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(hf_config_json(config, architecture), f, indent=2)
+
+
+def write_sharded_dir(path, config, architecture, weights, shards=3):
+    """save_pretrained's sharded form: model-0000i-of-0000n.safetensors and an
+    index whose weight_map names each tensor's shard."""
+    os.makedirs(path, exist_ok=True)
+    names = sorted(weights)
+    weight_map = {}
+    for i in range(shards):
+        file = f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
+        part = {k: weights[k] for k in names[i::shards]}
+        write_safetensors(os.path.join(path, file), part)
+        weight_map.update({k: file for k in part})
+    total = sum(4 * t.numel() for t in weights.values())
+    with open(os.path.join(path, "model.safetensors.index.json"), "w") as f:
+        json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(hf_config_json(config, architecture), f, indent=2)
+
+
+def write_real_fixtures(out_dir):
+    for index, (name, (architecture, config, batch, seq)) in enumerate(REAL.items()):
+        model = make_real_model(config, seed=500 + index)
+        g = torch.Generator().manual_seed(600 + index)
+        tokens = torch.randint(0, config.vocab_size, (batch, seq), generator=g)
+        targets = torch.randint(0, config.vocab_size, (batch, seq), generator=g)
+        weights = {k: v.detach().to(torch.float32).clone() for k, v in model.named_parameters()}
+        write_hf_dir(os.path.join(out_dir, "real_" + name), config, architecture, weights)
+        logits = model(tokens)
+        loss = F.cross_entropy(logits.reshape(-1, config.vocab_size), targets.reshape(-1))
+        loss.backward()
+        expected = {"logits": logits.detach()}
+        expected.update({k + ".grad": p.grad for k, p in model.named_parameters()})
+
+        # LoRA on every projection, A and B random (so both paths matter).
+        lora_model = make_real_model(config, seed=500 + index)
+        adapters = add_lora(lora_model, REAL_LORA["r"], REAL_LORA["lora_alpha"], REAL_LORA["target_modules"])
+        torch.manual_seed(700 + index)
+        with torch.no_grad():
+            for p in adapters.values():
+                p.copy_((0.02 * torch.randn(p.shape)).to(torch.float32))
+        lora_model.to(COMPUTE)
+        lora_logits = lora_model(tokens)
+        lora_loss = F.cross_entropy(lora_logits.reshape(-1, config.vocab_size), targets.reshape(-1))
+        lora_loss.backward()
+        expected.update({"lora_logits": lora_logits.detach()})
+        expected.update({"lora:" + k: p.detach() for k, p in adapters.items()})
+        expected.update({"lora:" + k + ".grad": p.grad for k, p in adapters.items()})
+        write_safetensors(os.path.join(out_dir, f"real_{name}_expected.safetensors"), expected)
+        save(out_dir, "real_" + name, architecture=architecture, batch=batch, seq=seq, tokens=flat(tokens),
+             targets=flat(targets), loss=[float(loss)], lora_loss=[float(lora_loss)], lora=REAL_LORA,
+             inv_freq=rope_inverse_frequencies(config), names=list(weights))
+
+        if name == "smollm_135m":
+            # The same weights stored as published models are: rounded by torch
+            # to bf16 and to f16, with what torch makes of them in fp32; and in
+            # three shards.
+            for dtype, torch_dtype in (("BF16", torch.bfloat16), ("F16", torch.float16)):
+                write_hf_dir(os.path.join(out_dir, f"real_{name}_{dtype.lower()}"), config, architecture, weights,
+                             dtype)
+                write_safetensors(os.path.join(out_dir, f"real_{name}_{dtype.lower()}_as_f32.safetensors"),
+                                  {k: v.to(torch_dtype).to(torch.float32) for k, v in weights.items()})
+            write_sharded_dir(os.path.join(out_dir, f"real_{name}_sharded"), config, architecture, weights)
+
+    # Every half-precision bit pattern, and the fp32 torch widens each to.
+    patterns = torch.arange(65536, dtype=torch.int32).to(torch.int16)
+    halves = {"f16": patterns.view(torch.float16), "bf16": patterns.view(torch.bfloat16)}
+    path = os.path.join(out_dir, "halves.safetensors")
+    write_safetensors(path + ".f16", {"f16": halves["f16"]}, "F16")
+    write_safetensors(path + ".bf16", {"bf16": halves["bf16"]}, "BF16")
+    write_safetensors(path, {k + "_as_f32": v.to(torch.float32) for k, v in halves.items()})
+
+
 def main():
     if len(sys.argv) == 3 and sys.argv[1] == "--check-hf":
         check_hf(sys.argv[2])
@@ -631,6 +836,7 @@ def main():
     write_op_fixtures(out_dir)
     write_decoder_fixtures(out_dir)
     write_lora_fixtures(out_dir)
+    write_real_fixtures(out_dir)
 
 
 if __name__ == "__main__":
