@@ -38,18 +38,38 @@ double RelativeError(std::span<const float> a, std::span<const float> b) {
   return diff / scale;
 }
 
+// The decoders CachedDecode runs: untied, tied, and one with what published
+// configs add (q/k/v, o and MLP biases, a head_dim other than hidden / heads,
+// llama3 RoPE scaling that rescales part of the frequencies).
+enum class Variant { kUntied, kTied, kPublished };
+
 // A small decoder with grouped-query attention (4 query heads on 2 kv heads)
 // whose weights are scaled up from the init (x3), so that activations, and
 // with them any disagreement, are not hidden by the init's tiny scale. The
 // rounding of differently shaped GEMMs grows with the scale: here it stays
 // below 1.7e-6 of the largest logit (x8 takes it past 1e-5).
-Llama SmallModel(bool tied, int vocab = 97, uint64_t seed = 3) {
+
+Llama SmallModel(Variant variant, int vocab = 97, uint64_t seed = 3) {
   LlamaConfig c{.vocab_size = vocab, .hidden_size = 32, .intermediate_size = 48, .num_layers = 3, .num_heads = 4,
-                .num_kv_heads = 2, .max_seq_len = 48, .tie_embeddings = tied};
+                .num_kv_heads = 2, .max_seq_len = 48, .tie_embeddings = variant == Variant::kTied};
+  if (variant == Variant::kPublished) {
+    c.qkv_bias = c.o_bias = c.mlp_bias = true;
+    c.explicit_head_dim = 12;
+    c.rope_scaling = {.kind = RopeScaling::Kind::kLlama3, .factor = 8, .low_freq_factor = 1, .high_freq_factor = 4,
+                      .original_max_position_embeddings = 32};
+  }
   auto model = Llama::Create(c, 1);
   EXPECT_TRUE(model.ok()) << model.status().ToString();
   model->Initialize(seed);
   for (float& p : model->parameters()) p *= 3;
+  // The init makes every bias one; draw them instead, so each is its own.
+  std::mt19937_64 rng(seed);
+  for (const TensorSpec& t : model->manifest().tensors) {
+    if (!t.name.ends_with(".bias")) continue;
+    for (uint64_t i = 0; i < t.numel(); ++i) {
+      model->parameters()[t.offset + i] = float(0.2 * (double(rng() >> 11) * 0x1.0p-53 - 0.5));
+    }
+  }
   return std::move(*model);
 }
 
@@ -64,9 +84,14 @@ std::vector<float> FullForwardNext(Llama& model, const std::vector<int32_t>& tok
 constexpr double kDecodeTolerance = 1e-5;
 const std::vector<int32_t> kPrompt = {5, 17, 42, 8, 91, 3};
 
-class CachedDecode : public testing::TestWithParam<bool> {};
-INSTANTIATE_TEST_SUITE_P(Tied, CachedDecode, testing::Bool(),
-                         [](const auto& info) { return info.param ? "Tied" : "Untied"; });
+class CachedDecode : public testing::TestWithParam<Variant> {};
+INSTANTIATE_TEST_SUITE_P(Decoders, CachedDecode,
+                         testing::Values(Variant::kUntied, Variant::kTied, Variant::kPublished),
+                         [](const auto& info) {
+                           return info.param == Variant::kUntied ? "Untied"
+                                  : info.param == Variant::kTied ? "Tied"
+                                                                 : "BiasesHeadDimRopeScaling";
+                         });
 
 // Prefill, then 30 sampled tokens one at a time: every step's logits are
 // the full forward's over the sequence so far.
@@ -193,7 +218,7 @@ TEST_P(CachedDecode, AnAdaptedModelDecodesAsItsOwnForward) {
 }
 
 TEST(CachedDecodeErrors, BadInputIsRefusedInOneLine) {
-  Llama model = SmallModel(false);
+  Llama model = SmallModel(Variant::kUntied);
   auto decoder = KvCacheDecoder::Create(model, 8);
   ASSERT_TRUE(decoder.ok());
   std::vector<float> logits(97);
