@@ -23,6 +23,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -106,12 +107,17 @@ CLI::App* AddGenerateCommand(CLI::App& app, GenerateFlags& flags) {
   return command;
 }
 
-// The model to generate with: the checkpoint, with the adapter merged in when one is given.
-Result<models::Llama> LoadGenerationModel(const GenerateFlags& flags) {
-  ESTUARY_ASSIGN_OR_RETURN(models::Llama base, models::LoadHfCheckpoint(flags.model));
+// The model to generate with: the checkpoint, with the adapter merged in when
+// one is given, at a context of `positions` or the model's own if shorter (a
+// published config's 128k positions would map an attention arena that
+// generation never touches).
+Result<models::Llama> LoadGenerationModel(const GenerateFlags& flags, int64_t positions) {
+  ESTUARY_ASSIGN_OR_RETURN(const models::LlamaConfig config, models::ReadHfConfig(flags.model, /*max_seq_len=*/1));
+  const int context = int(std::clamp<int64_t>(positions, 1, config.max_position_embeddings));
+  ESTUARY_ASSIGN_OR_RETURN(models::Llama base, models::LoadHfCheckpoint(flags.model, {.max_seq_len = context}));
   if (flags.adapter.empty()) return base;
-  ESTUARY_ASSIGN_OR_RETURN(models::LoraConfig config, models::ReadLoraConfig(flags.adapter));
-  ESTUARY_ASSIGN_OR_RETURN(models::LoraLlama adapted, models::LoraLlama::Create(std::move(base), config));
+  ESTUARY_ASSIGN_OR_RETURN(models::LoraConfig lora_config, models::ReadLoraConfig(flags.adapter));
+  ESTUARY_ASSIGN_OR_RETURN(models::LoraLlama adapted, models::LoraLlama::Create(std::move(base), lora_config));
   ESTUARY_RETURN_IF_ERROR(models::LoadLoraAdapter(flags.adapter, adapted));
   return adapted.Merged();
 }
@@ -119,7 +125,10 @@ Result<models::Llama> LoadGenerationModel(const GenerateFlags& flags) {
 Status RunGenerate(const GenerateFlags& flags) {
   ESTUARY_RETURN_IF_ERROR(flags.sampling.Validate());
   ESTUARY_ASSIGN_OR_RETURN(models::Tokenizer tokenizer, models::Tokenizer::Load(flags.tokenizer));
-  ESTUARY_ASSIGN_OR_RETURN(models::Llama model, LoadGenerationModel(flags));
+  const std::vector<int32_t> prompt = tokenizer.Encode(flags.prompt, /*add_special_tokens=*/true);
+  // The positions Generate needs (the last new token is never fed back).
+  const int64_t positions = int64_t(prompt.size()) + std::max(flags.max_new_tokens - 1, 0);
+  ESTUARY_ASSIGN_OR_RETURN(models::Llama model, LoadGenerationModel(flags, positions));
   if (tokenizer.vocab_size() > model.config().vocab_size) {
     return InvalidArgument("{}: {} tokens, more than the vocab_size {} of the model in {}", flags.tokenizer,
                            tokenizer.vocab_size(), model.config().vocab_size, flags.model);
@@ -127,7 +136,6 @@ Status RunGenerate(const GenerateFlags& flags) {
   models::GenerateOptions options{.max_new_tokens = flags.max_new_tokens, .sampling = flags.sampling,
                                   .stop_tokens = flags.stop_ids};
   if (tokenizer.eos_id()) options.stop_tokens.push_back(*tokenizer.eos_id());
-  const std::vector<int32_t> prompt = tokenizer.Encode(flags.prompt, /*add_special_tokens=*/true);
   ESTUARY_ASSIGN_OR_RETURN(models::Generation out, models::Generate(model, prompt, options));
   const std::string text = tokenizer.Decode(out.tokens, /*skip_special_tokens=*/true);
   if (flags.json) {
