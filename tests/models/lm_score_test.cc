@@ -1,14 +1,17 @@
 // estuary-lm score end to end: a small random model whose vocabulary is the
 // Llama 3 tokenizer's, saved as a Hugging Face directory, scored on a JSONL
 // file of the three kinds of line. Each sequence's loss must be the number
-// Llama::ForwardBackward gives for it; the total the mean over scored tokens.
+// Llama::ForwardBackward gives for it, and within 1e-6 what PyTorch gives;
+// the total the mean over scored tokens.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -25,6 +28,13 @@ namespace {
 namespace fs = std::filesystem;
 const fs::path kLlama3 = fs::path(ESTUARY_BINARY_DIR) / "tests/models/tokenizer/tokenizers/llama3/tokenizer.json";
 const std::string kLm = std::string(ESTUARY_BINARY_DIR) + "/models/estuary-lm";
+
+// The Python that runs the torch oracle: ESTUARY_TORCH_PYTHON from the
+// environment (a machine whose torch lives elsewhere), else the one CMake found.
+std::string TorchPython() {
+  const char* from_env = std::getenv("ESTUARY_TORCH_PYTHON");
+  return from_env && *from_env ? from_env : ESTUARY_TORCH_PYTHON;
+}
 
 struct ShellRun {
   int exit_code;
@@ -112,6 +122,28 @@ TEST_F(EstuaryLmScore, EachSequencesLossIsForwardBackwardsAndTheTotalTheirTokenW
   EXPECT_EQ(report["total"]["scored"], scored);
   EXPECT_EQ(report["total"]["truncated"], 0);
   EXPECT_DOUBLE_EQ(report["total"]["loss"].get<double>(), weighted / double(scored));
+
+  // PyTorch on the same rows and the directory the tool read (fp64, F.cross_entropy with ignore_index=-100).
+  nlohmann::json rows_json = {{"tokens", nlohmann::json::array()}, {"targets", nlohmann::json::array()}};
+  for (int r = 0; r < 3; ++r) {
+    const auto at = rows.tokens.begin() + r * 40, targets_at = rows.targets.begin() + r * 40;
+    rows_json["tokens"].push_back(std::vector<int32_t>(at, at + rows.lengths[r]));
+    rows_json["targets"].push_back(std::vector<int32_t>(targets_at, targets_at + rows.lengths[r]));
+  }
+  std::ofstream(dir_ / "model/rows.json") << rows_json.dump();
+  ShellRun torch = RunShell(fmt::format("{} {}/tests/models/torch_llama.py --check-loss {} 2>&1", TorchPython(),
+                                        ESTUARY_SOURCE_DIR, (dir_ / "model").string()));
+  ASSERT_EQ(torch.exit_code, 0) << torch.output;
+  std::ifstream in(dir_ / "model/losses.json");
+  const auto losses = nlohmann::json::parse(in)["losses"];
+  double worst = 0;
+  for (int r = 0; r < 3; ++r) {
+    const double ours = report["sequences"][r]["loss"].get<double>(), theirs = losses[r].get<double>();
+    EXPECT_LE(std::abs(ours - theirs) / theirs, 1e-6) << "row " << r << ": " << ours << " vs torch " << theirs;
+    worst = std::max(worst, std::abs(ours - theirs) / theirs);
+  }
+  std::printf("[ measured ] estuary-lm score against torch: worst relative loss error %.1e over 3 sequences\n",
+              worst);
 }
 
 TEST_F(EstuaryLmScore, ACutResponseScoresNothingAndIsCounted) {

@@ -16,6 +16,9 @@ fixtures the C++ tests compare against.
   torch_llama.py --check-lora DIR  the same for DIR/base with the PEFT adapter
                                    directory DIR/adapter applied (PEFT's names,
                                    shapes and config keys)
+  torch_llama.py --check-loss DIR  the loss with ignore_index=-100 of each row
+                                   of DIR/rows.json under the model directory
+                                   DIR, into DIR/losses.json
 
 Where Hugging Face's `transformers` and `peft` are importable (they are not
 Debian packages; the GPU machine has them), --check-hf loads the directory with
@@ -393,6 +396,27 @@ def check_hf(model_dir):
         json.dump({"logits": flat(logits)}, f)
 
 
+def check_loss(model_dir):
+    """The loss F.cross_entropy(ignore_index=-100) gives for each row of
+    MODEL_DIR/rows.json ({"tokens": [[...]], "targets": [[...]]}) under the
+    model directory's weights, into MODEL_DIR/losses.json (estuary-lm score's
+    oracle; the reference model, not transformers, so it runs anywhere)."""
+    config = config_from_hf_json(os.path.join(model_dir, "config.json"))
+    tensors, _ = read_safetensors(os.path.join(model_dir, "model.safetensors"))
+    model = LlamaForCausalLM(config)
+    model.load_state_dict(tensors, strict=not config.tie_word_embeddings)
+    model.to(COMPUTE)
+    with open(os.path.join(model_dir, "rows.json")) as f:
+        rows = json.load(f)
+    losses = []
+    with torch.no_grad():
+        for tokens, targets in zip(rows["tokens"], rows["targets"]):
+            logits = model(torch.tensor([tokens]))[0]
+            losses.append(float(F.cross_entropy(logits, torch.tensor(targets), ignore_index=IGNORE_INDEX)))
+    with open(os.path.join(model_dir, "losses.json"), "w") as f:
+        json.dump({"losses": losses}, f)
+
+
 # ----------------------------------------------------------------------------
 # Fixtures.
 
@@ -667,8 +691,11 @@ def main():
     if len(sys.argv) == 3 and sys.argv[1] == "--check-lora":
         check_lora(sys.argv[2])
         return
+    if len(sys.argv) == 3 and sys.argv[1] == "--check-loss":
+        check_loss(sys.argv[2])
+        return
     if len(sys.argv) != 2:
-        sys.exit("usage: torch_llama.py OUT_DIR | --check-hf MODEL_DIR | --check-lora WORK_DIR")
+        sys.exit("usage: torch_llama.py OUT_DIR | --check-hf MODEL_DIR | --check-lora WORK_DIR | --check-loss MODEL_DIR")
     out_dir = sys.argv[1]
     os.makedirs(out_dir, exist_ok=True)
     write_op_fixtures(out_dir)
