@@ -22,13 +22,24 @@ void AddRow(TokenRows& rows, const int32_t* ids, const uint8_t* scored, int coun
   rows.lines.push_back(line);
 }
 
+// Whether the example ends with EOS: as its last token, or as its last
+// scored one (a chat's final end-of-turn, before the template's newline).
+bool EndsWithEos(const EncodedExample& e, int32_t eos_id) {
+  if (e.ids.back() == eos_id) return true;
+  for (size_t i = e.ids.size(); i-- > 0;) {
+    if (e.scored[i]) return e.ids[i] == eos_id;
+  }
+  return false;
+}
+
 }  // namespace
 
 int64_t TokenRows::ScoredTargets() const {
   return int64_t(std::count_if(targets.begin(), targets.end(), [](int32_t t) { return t != kIgnoredTarget; }));
 }
 
-TokenRows Pack(std::span<const EncodedExample> examples, int seq_len, int32_t pad_id) {
+TokenRows Pack(std::span<const EncodedExample> examples, int seq_len, int32_t pad_id,
+               std::optional<int32_t> eos_id) {
   TokenRows rows;
   rows.seq_len = seq_len;
   std::vector<int32_t> ids;
@@ -38,6 +49,11 @@ TokenRows Pack(std::span<const EncodedExample> examples, int seq_len, int32_t pa
     ids.insert(ids.end(), e.ids.begin(), e.ids.end());
     scored.insert(scored.end(), e.scored.begin(), e.scored.end());
     line_at.insert(line_at.end(), e.ids.size(), e.line);
+    if (eos_id && !e.ids.empty() && !EndsWithEos(e, *eos_id)) {
+      ids.push_back(*eos_id);
+      scored.push_back(0);
+      line_at.push_back(e.line);
+    }
   }
   // Windows of seq_len + 1 tokens starting every seq_len: each token after
   // the first is a target exactly once.

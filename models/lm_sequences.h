@@ -3,11 +3,17 @@
 // targets[i] is the token after inputs[i] when the loss scores it and -100
 // (kIgnoredTarget) when not. Two layouts:
 //
-//   Pack                   the examples back to back (each ends with its end
-//                          token) cut into windows of seq_len + 1 tokens that
+//   Pack                   the examples back to back, each ending with EOS,
+//                          cut into windows of seq_len + 1 tokens that
 //                          overlap by one (inputs, and the same shifted by one
 //                          as targets); nothing is lost, attention runs across
 //                          example boundaries, and the last row is padded.
+//                          Text and Alpaca examples end with EOS already, and
+//                          so does a chat whose end-of-turn token is the EOS
+//                          (Qwen's <|im_end|>); after any other (a Llama 3
+//                          turn's <|eot_id|> under a base config's
+//                          <|end_of_text|>) Pack adds EOS, unscored: it marks
+//                          the boundary without being taught.
 //   OneExamplePerSequence  each example its own row, padded with pad_id
 //                          (targets -100) or cut to seq_len + 1 tokens, the
 //                          cut ones counted.
@@ -17,6 +23,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -37,7 +44,9 @@ struct TokenRows {
   int64_t ScoredTargets() const;
 };
 
-TokenRows Pack(std::span<const EncodedExample> examples, int seq_len, int32_t pad_id);
+// eos_id: the tokenizer's (nullopt: none is added).
+TokenRows Pack(std::span<const EncodedExample> examples, int seq_len, int32_t pad_id,
+               std::optional<int32_t> eos_id);
 TokenRows OneExamplePerSequence(std::span<const EncodedExample> examples, int seq_len, int32_t pad_id);
 void ShuffleExamples(std::vector<EncodedExample>& examples, uint64_t seed);
 

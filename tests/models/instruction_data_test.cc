@@ -284,7 +284,7 @@ TEST(LmSequences, PackingOverlapsWindowsByOneAndCarriesTheMasks) {
   // Three examples: 1 2 3 4 (3 and 4 scored), 5 6 7 (6, 7 scored), 8 9 (9 scored).
   const std::vector<EncodedExample> examples = {Example({1, 2, 3, 4}, {0, 0, 1, 1}, 1),
                                                 Example({5, 6, 7}, {0, 1, 1}, 2), Example({8, 9}, {0, 1}, 3)};
-  TokenRows rows = Pack(examples, 3, /*pad_id=*/0);
+  TokenRows rows = Pack(examples, 3, /*pad_id=*/0, /*eos_id=*/std::nullopt);
   ASSERT_EQ(rows.rows(), 3);
   // Windows of 4 tokens from positions 0, 3, 6: 1234, 4567, 789 (padded).
   EXPECT_EQ(rows.tokens, (std::vector<int32_t>{1, 2, 3, 4, 5, 6, 7, 8, 0}));
@@ -293,6 +293,23 @@ TEST(LmSequences, PackingOverlapsWindowsByOneAndCarriesTheMasks) {
   EXPECT_EQ(rows.lines, (std::vector<uint64_t>{1, 1, 2}));
   EXPECT_EQ(rows.ScoredTargets(), 5);
   EXPECT_EQ(rows.truncated_examples, 0);
+}
+
+// Each packed example ends with EOS (here 9): one that ends with it, as a
+// last token or a last scored token, gets none; another gets one, unscored.
+TEST(LmSequences, PackingEndsEveryExampleWithEos) {
+  const std::vector<EncodedExample> examples = {Example({1, 2, 9}, {0, 1, 1}, 1),     // text: ends with EOS
+                                                Example({3, 9, 5}, {0, 1, 0}, 2),     // chatml: EOS, newline
+                                                Example({6, 7}, {0, 1}, 3),           // a llama3 turn's end
+                                                Example({8, 4}, {0, 1}, 4)};
+  TokenRows rows = Pack(examples, 100, /*pad_id=*/0, /*eos_id=*/9);
+  ASSERT_EQ(rows.rows(), 1);
+  const std::vector<int32_t> stream = {1, 2, 9, 3, 9, 5, 6, 7, 9, 8, 4, 9};
+  EXPECT_EQ(std::vector<int32_t>(rows.tokens.begin(), rows.tokens.begin() + 11),
+            std::vector<int32_t>(stream.begin(), stream.end() - 1));
+  EXPECT_EQ(std::vector<int32_t>(rows.targets.begin(), rows.targets.begin() + 11),
+            (std::vector<int32_t>{2, 9, X, 9, X, X, 7, X, X, 4, X}));
+  EXPECT_EQ(rows.lengths[0], 11);
 }
 
 TEST(LmSequences, OneExamplePerSequencePadsAndCountsWhatItCuts) {
