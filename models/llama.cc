@@ -333,8 +333,9 @@ Status Llama::CheckInput(const int32_t* tokens, const int32_t* targets, int batc
   if (seq < 1 || seq > config_.max_seq_len) {
     return InvalidArgument("llama: sequence length {} is outside [1, {}] (max_seq_len)", seq, config_.max_seq_len);
   }
-  auto check = [&](const char* what, const int32_t* ids) -> Status {
+  auto check = [&](const char* what, const int32_t* ids, bool may_ignore) -> Status {
     for (int64_t i = 0; i < int64_t(batch) * seq; ++i) {
+      if (may_ignore && ids[i] == kIgnoredTarget) continue;
       if (ids[i] < 0 || ids[i] >= config_.vocab_size) {
         return InvalidArgument("llama: {} id {} at batch {}, position {} is outside the vocabulary [0, {})", what,
                                ids[i], i / seq, i % seq, config_.vocab_size);
@@ -343,8 +344,8 @@ Status Llama::CheckInput(const int32_t* tokens, const int32_t* targets, int batc
     return Status::Ok();
   };
   if (!tokens) return InvalidArgument("llama: no token ids given");
-  ESTUARY_RETURN_IF_ERROR(check("token", tokens));
-  if (targets) ESTUARY_RETURN_IF_ERROR(check("target", targets));
+  ESTUARY_RETURN_IF_ERROR(check("token", tokens, false));
+  if (targets) ESTUARY_RETURN_IF_ERROR(check("target", targets, true));
   return Status::Ok();
 }
 

@@ -178,10 +178,12 @@ class Llama {
   void Initialize(uint64_t seed);
 
   // tokens and targets are [batch, seq]. Overwrites gradients() (or adds, see
-  // BackwardOptions) and returns the mean cross-entropy over all batch * seq
-  // tokens. Fails, touching nothing, on a token or target outside
-  // [0, vocab_size), a batch or seq out of range, or a grad_scale that is not
-  // finite.
+  // BackwardOptions) and returns the mean cross-entropy over the targets that
+  // are not -100 (kIgnoredTarget, models/transformer_ops.h: F.cross_entropy's
+  // ignore_index), whose positions get no gradient; with every target
+  // ignored the loss is 0 and every gradient 0. Fails, touching nothing, on a
+  // token outside [0, vocab_size), a target outside it other than -100, a
+  // batch or seq out of range, or a grad_scale that is not finite.
   Result<float> ForwardBackward(const int32_t* tokens, const int32_t* targets, int batch, int seq,
                                 const BackwardOptions& options = {});
 

@@ -16,6 +16,12 @@
 //       weights take in f32 and bf16, and fp32 training with AdamW
 //       (weights, gradients and two moments: 16 bytes a parameter)
 //
+//   estuary-lm score --model DIR --tokenizer FILE --data FILE.jsonl [--template NAME] [--seq-len N]
+//       each example of the JSONL file (models/instruction_data.h) one
+//       sequence under the template (models/prompt_template.h), cut to N + 1
+//       tokens (by default the longest example's, within the model's context); its loss over the scored
+//       tokens and perplexity, and the total, as JSON on standard output
+//
 // The tokenizer is Hugging Face's tokenizer.json (models/tokenizer.h), with
 // tokenizer_config.json read from beside it when there; the model directory is
 // what models::LoadHfCheckpoint reads (models/llama.h). Errors are one line
@@ -24,6 +30,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -31,9 +38,13 @@
 
 #include "base/cli.h"
 #include "models/generate.h"
+#include "models/instruction_data.h"
 #include "models/llama.h"
+#include "models/lm_sequences.h"
 #include "models/lora.h"
+#include "models/prompt_template.h"
 #include "models/tokenizer.h"
+#include "models/transformer_ops.h"
 
 namespace {
 
@@ -196,6 +207,93 @@ Status Inspect(const std::string& dir) {
   return Status::Ok();
 }
 
+struct ScoreFlags {
+  std::string model, tokenizer, data, template_name;
+  int seq_len = 0;  // 0: the model's max_seq_len
+};
+
+CLI::App* AddScoreSubcommand(CLI::App& app, ScoreFlags& flags) {
+  CLI::App* command = app.add_subcommand("score", "loss and perplexity of a model on instruction data (JSONL)");
+  command->add_option("--model", flags.model, "a Hugging Face model directory (config.json, model.safetensors)")
+      ->required();
+  command->add_option("--tokenizer", flags.tokenizer, "a Hugging Face tokenizer.json")->required();
+  command->add_option("--data", flags.data, "a JSONL file of text, Alpaca or chat lines")->required();
+  command->add_option("--template", flags.template_name, "llama3, chatml or alpaca (text lines need none)");
+  command->add_option("--seq-len", flags.seq_len, "tokens per sequence (0: the longest example's, within the model's context)")
+      ->check(CLI::NonNegativeNumber);
+  return command;
+}
+
+// One example per sequence, each scored by Forward and the loss of
+// Llama::ForwardBackward (the same function on the same logits), so a
+// sequence's loss is the number training reports for it.
+Status Score(const ScoreFlags& flags) {
+  ESTUARY_ASSIGN_OR_RETURN(models::PromptTemplate prompt_template, models::PromptTemplateNamed(flags.template_name));
+  ESTUARY_ASSIGN_OR_RETURN(models::Tokenizer tokenizer, models::Tokenizer::Load(flags.tokenizer));
+  ESTUARY_ASSIGN_OR_RETURN(const models::LlamaConfig file_config, models::ReadHfConfig(flags.model, 1));
+  const int context = file_config.max_position_embeddings;
+  if (flags.seq_len > context) {
+    return InvalidArgument("--seq-len {} is longer than the model's context ({}, max_position_embeddings)",
+                           flags.seq_len, context);
+  }
+  ESTUARY_ASSIGN_OR_RETURN(std::vector<models::InstructionExample> examples, models::LoadInstructionJsonl(flags.data));
+  ESTUARY_ASSIGN_OR_RETURN(models::ExampleEncoder encoder,
+                           models::ExampleEncoder::Create(tokenizer, prompt_template, flags.tokenizer));
+  ESTUARY_ASSIGN_OR_RETURN(std::vector<models::EncodedExample> encoded, encoder.EncodeAll(examples, flags.data));
+  // By default the model runs at the longest example's length, within its
+  // context: a published config's 128k positions would map an attention arena
+  // that no example here needs.
+  size_t longest = 2;
+  for (const models::EncodedExample& e : encoded) longest = std::max(longest, e.ids.size());
+  const int seq_len = flags.seq_len > 0 ? flags.seq_len : int(std::min<size_t>(longest - 1, size_t(context)));
+  ESTUARY_ASSIGN_OR_RETURN(models::Llama model, models::LoadHfCheckpoint(flags.model, {.max_seq_len = seq_len}));
+  const models::LlamaConfig& config = model.config();
+  if (tokenizer.vocab_size() > config.vocab_size) {
+    return InvalidArgument("{}: {} tokens, more than the vocabulary of the model in {} ({})", flags.tokenizer,
+                           tokenizer.vocab_size(), flags.model, config.vocab_size);
+  }
+  const int32_t pad_id = tokenizer.pad_id().value_or(tokenizer.eos_id().value_or(0));
+  const models::TokenRows rows = models::OneExamplePerSequence(encoded, seq_len, pad_id);
+
+  std::vector<float> logits(size_t(seq_len) * config.vocab_size);
+  nlohmann::json sequences = nlohmann::json::array();
+  double total_loss = 0;
+  int64_t total_scored = 0;
+  for (int64_t r = 0; r < rows.rows(); ++r) {
+    const int32_t* tokens = rows.tokens.data() + r * seq_len;
+    const int32_t* targets = rows.targets.data() + r * seq_len;
+    const int length = rows.lengths[r];
+    const int64_t scored =
+        std::count_if(targets, targets + length, [](int32_t t) { return t != models::kIgnoredTarget; });
+    nlohmann::json sequence = {{"line", rows.lines[r]}, {"tokens", length + 1}, {"scored", scored}};
+    if (scored == 0) {
+      sequence["loss"] = nullptr;  // its response was cut off
+      sequence["perplexity"] = nullptr;
+    } else {
+      ESTUARY_RETURN_IF_ERROR(model.Forward(tokens, 1, length, logits.data()));
+      const float loss =
+          models::CrossEntropyForwardBackward(logits.data(), targets, length, config.vocab_size, logits.data());
+      sequence["loss"] = loss;
+      sequence["perplexity"] = std::exp(double(loss));
+      total_loss += double(loss) * double(scored);
+      total_scored += scored;
+    }
+    sequences.push_back(std::move(sequence));
+  }
+  nlohmann::json total = {{"sequences", rows.rows()},
+                          {"scored", total_scored},
+                          {"truncated", rows.truncated_examples},
+                          {"seq_len", seq_len},
+                          {"template", models::PromptTemplateName(prompt_template)}};
+  total["loss"] = total_scored > 0 ? nlohmann::json(total_loss / double(total_scored)) : nlohmann::json(nullptr);
+  total["perplexity"] =
+      total_scored > 0 ? nlohmann::json(std::exp(total_loss / double(total_scored))) : nlohmann::json(nullptr);
+  const std::string out = nlohmann::json{{"sequences", sequences}, {"total", total}}.dump() + "\n";
+  std::fwrite(out.data(), 1, out.size(), stdout);
+  if (std::fflush(stdout) != 0) return IoError("standard output: cannot write");
+  return Status::Ok();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -218,8 +316,14 @@ int main(int argc, char** argv) {
   auto* inspect =
       app.add_subcommand("inspect", "a Hugging Face model directory's shapes, parameters and memory, as JSON");
   inspect->add_option("--model", model_dir, "a directory with config.json (Llama, Mistral or Qwen2)")->required();
+  ScoreFlags score;
+  CLI::App* score_command = AddScoreSubcommand(app, score);
 
   if (auto exit = ParseCommandLine(app, argc, argv, kProgram)) return *exit;
+  if (score_command->parsed()) {
+    Status s = Score(score);
+    if (!s.ok()) return Fail(kProgram, s);
+  }
   if (tok->parsed()) {
     Status s = Tokenize(tokenize);
     if (!s.ok()) return Fail(kProgram, s);

@@ -171,8 +171,9 @@ class LoraLlama {
   // each compute a share of a batch drop what one process would.
   void SetDropoutFirstRow(int64_t first_row) { dropout_first_row_ = first_row; }
 
-  // As Llama's, with the same checks; fills gradients() (overwrites, or adds
-  // with accumulate; grad_scale as there). With hooks, GradientsFinal
+  // As Llama's, with the same checks and ignored (-100) targets; fills
+  // gradients() (overwrites, or adds with accumulate; grad_scale as there).
+  // With hooks, GradientsFinal
   // reports each layer's adapters as their backward completes, so DDP and
   // ZeRO-1/2 reduce the adapter buffer while backward goes on. BeforeUnit and
   // AfterUnit are not called: ZeRO-3, which needs them to gather parameters,

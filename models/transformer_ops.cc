@@ -2,6 +2,7 @@
 
 #include <cblas.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -236,10 +237,15 @@ void ResidualAdd(const float* x, int64_t count, float* y) {
 
 float CrossEntropyForwardBackward(const float* logits, const int32_t* targets, int n, int vocab, float* dlogits,
                                   float grad_scale) {
+  const int scored = int(std::count_if(targets, targets + n, [](int32_t t) { return t != kIgnoredTarget; }));
   double loss = 0;
   for (int i = 0; i < n; ++i) {
     const float* z = logits + int64_t(i) * vocab;
     float* d = dlogits + int64_t(i) * vocab;
+    if (targets[i] == kIgnoredTarget) {
+      std::fill(d, d + vocab, 0.0f);
+      continue;
+    }
     float max = z[0];
     for (int c = 1; c < vocab; ++c) max = z[c] > max ? z[c] : max;
     const float target_logit = z[targets[i]];  // read before d (maybe z) is overwritten
@@ -251,11 +257,11 @@ float CrossEntropyForwardBackward(const float* logits, const int32_t* targets, i
     }
     loss += std::log(sum) - double(target_logit - max);
     // grad_scale enters where 1 stood, so a scale of 1 gives the unscaled bits.
-    const float scale = float(double(grad_scale) / (sum * n));
+    const float scale = float(double(grad_scale) / (sum * scored));
     for (int c = 0; c < vocab; ++c) d[c] *= scale;
-    d[targets[i]] -= grad_scale / float(n);
+    d[targets[i]] -= grad_scale / float(scored);
   }
-  return float(loss / n);
+  return scored > 0 ? float(loss / scored) : 0.0f;
 }
 
 }  // namespace estuary::models

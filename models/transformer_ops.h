@@ -78,9 +78,15 @@ void AttentionBackward(const float* qkv, const float* probs, const float* dout, 
 // y[i] += x[i]: the residual connection.
 void ResidualAdd(const float* x, int64_t count, float* y);
 
-// Mean softmax cross-entropy over n rows of `vocab` logits (F.cross_entropy),
-// with dlogits = grad_scale * (softmax - onehot(target)) / n written in the
-// same pass (the loss returned is not scaled).
+// A target that scores nothing: PyTorch's and Hugging Face's ignore_index.
+inline constexpr int32_t kIgnoredTarget = -100;
+
+// Mean softmax cross-entropy over the n rows of `vocab` logits whose target
+// is not kIgnoredTarget (F.cross_entropy with ignore_index=-100), with
+// dlogits = grad_scale * (softmax - onehot(target)) / scored written in the
+// same pass (the loss returned is not scaled); an ignored row's dlogits are
+// zero. With every target ignored the loss is 0 and every dlogit 0 (torch
+// gives NaN there; a batch of prompts alone must not poison the weights).
 // Unlike SoftmaxCrossEntropy (layers.h), made for a vocabulary-sized row: one
 // float exp per logit instead of two double ones, and dlogits may alias
 // logits, so the [n, vocab] gradient needs no buffer of its own.

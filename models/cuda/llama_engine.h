@@ -140,7 +140,9 @@ class LlamaEngine : public Engine {
   bool has_fp32_master() const;
 
   // tokens and targets are host arrays of [batch, seq] ids (targets[i] is the
-  // token after tokens[i]), checked as models::Llama checks them. Overwrites
+  // token after tokens[i]), checked as models::Llama checks them, except
+  // that an ignored target (-100) is refused with one line: the engine's
+  // cross-entropy scores every target. Overwrites
   // gradients() (scaled by the loss scale under f16) and leaves the mean
   // cross-entropy in device_loss(), without waiting.
   Status ForwardBackwardAsync(const int32_t* tokens, const int32_t* targets, int batch, int seq);

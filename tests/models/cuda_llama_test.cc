@@ -413,6 +413,12 @@ TEST_F(CudaLlama, BadInputIsRejectedNamingWhatAndWhere) {
   ASSERT_FALSE(loss.ok());
   EXPECT_NE(loss.status().message().find("target id 61 at batch 1, position 1"), std::string::npos)
       << loss.status().message();
+  b.targets[5] = -100;  // ignored targets are the CPU engine's only
+  loss = engine->ForwardBackward(b.tokens.data(), b.targets.data(), 2, 4);
+  ASSERT_FALSE(loss.ok());
+  EXPECT_NE(loss.status().message().find("target -100 (ignored) at batch 1, position 1"), std::string::npos)
+      << loss.status().message();
+  b.targets[5] = 0;
   loss = engine->ForwardBackward(b.tokens.data(), b.targets.data(), 3, 4);
   ASSERT_FALSE(loss.ok());
   EXPECT_NE(loss.status().message().find("batch 3 is outside [1, 2]"), std::string::npos);

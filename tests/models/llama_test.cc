@@ -117,6 +117,31 @@ TEST(LlamaOps, CrossEntropyOutOfPlaceAndInPlace) {
   EXPECT_EQ(logits, dlogits);
 }
 
+// Rows whose target is -100 score nothing: the mean is over the others, and
+// the ignored rows' dlogits are zero (F.cross_entropy, ignore_index=-100).
+TEST(LlamaOps, CrossEntropyIgnoresTargetsOfMinus100) {
+  auto f = Fixture("op_cross_entropy_ignored");
+  Values logits = Get(f, "logits"), dlogits(logits.size(), 99.0f);
+  Ids targets = GetIds(f, "targets");
+  const int vocab = f["vocab"], n = int(targets.size());
+  ASSERT_EQ(targets[0], kIgnoredTarget);
+  const float loss = CrossEntropyForwardBackward(logits.data(), targets.data(), n, vocab, dlogits.data());
+  EXPECT_LE(RelativeError(&loss, Get(f, "loss")), kOpTolerance);
+  EXPECT_LE(RelativeError(dlogits.data(), Get(f, "dlogits")), kOpTolerance);
+  EXPECT_TRUE(std::all_of(dlogits.begin(), dlogits.begin() + vocab, [](float d) { return d == 0.0f; }));
+}
+
+// torch gives NaN for a batch with nothing to score; we give 0 and zero
+// gradients, so such a batch (a prompt longer than the context) cannot poison
+// the weights.
+TEST(LlamaOps, CrossEntropyWithEveryTargetIgnoredIsZero) {
+  Values logits(3 * 7, 1.5f), dlogits(logits.size(), 99.0f);
+  logits[4] = 3.0f;
+  Ids targets(3, kIgnoredTarget);
+  EXPECT_EQ(CrossEntropyForwardBackward(logits.data(), targets.data(), 3, 7, dlogits.data()), 0.0f);
+  EXPECT_TRUE(std::all_of(dlogits.begin(), dlogits.end(), [](float d) { return d == 0.0f; }));
+}
+
 class LlamaAttentionOp : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(LlamaAttentionOp, MatchesTorch) {
@@ -201,6 +226,37 @@ TEST_P(LlamaDecoder, SmallerBatchesAndPrefixesAgree) {
     expected.insert(expected.end(), full.begin() + b * seq * V, full.begin() + (b * seq + prefix) * V);
   }
   EXPECT_LE(RelativeError(part.data(), expected), 1e-6);
+}
+
+// The prompt's targets ignored, as an instruction example's: loss and every
+// gradient against F.cross_entropy(ignore_index=-100) on the same model.
+TEST_P(LlamaDecoder, IgnoredTargetsMatchTorch) {
+  auto f = Fixture(std::string("decoder_") + GetParam());
+  auto masked = Fixture(std::string("masked_decoder_") + GetParam());
+  const int batch = f["batch"], seq = f["seq"];
+  Llama model = LoadFixtureModel(f, batch);
+  Ids tokens = GetIds(f, "tokens"), targets = GetIds(masked, "targets");
+  ASSERT_GT(std::count(targets.begin(), targets.end(), kIgnoredTarget), 0);
+  std::fill(model.gradients().begin(), model.gradients().end(), 99.0f);
+  auto loss = model.ForwardBackward(tokens.data(), targets.data(), batch, seq);
+  ASSERT_TRUE(loss.ok()) << loss.status().ToString();
+  EXPECT_LE(RelativeError(&*loss, Get(masked, "loss")), kModelTolerance);
+  for (const TensorSpec& t : model.manifest().tensors) {
+    const double error = RelativeError(model.gradients().data() + t.offset, Get(masked, t.name + ".grad"));
+    EXPECT_LE(error, kModelTolerance) << t.name;
+  }
+}
+
+TEST_P(LlamaDecoder, EveryTargetIgnoredGivesZeroLossAndZeroGradients) {
+  auto f = Fixture(std::string("decoder_") + GetParam());
+  const int batch = f["batch"], seq = f["seq"];
+  Llama model = LoadFixtureModel(f, batch);
+  Ids tokens = GetIds(f, "tokens"), targets(tokens.size(), kIgnoredTarget);
+  std::fill(model.gradients().begin(), model.gradients().end(), 99.0f);
+  auto loss = model.ForwardBackward(tokens.data(), targets.data(), batch, seq);
+  ASSERT_TRUE(loss.ok()) << loss.status().ToString();
+  EXPECT_EQ(*loss, 0.0f);
+  EXPECT_TRUE(std::all_of(model.gradients().begin(), model.gradients().end(), [](float g) { return g == 0.0f; }));
 }
 
 TEST_P(LlamaDecoder, TrainingStepsDoNotAllocate) {
@@ -365,6 +421,8 @@ TEST(Llama, BadTokensTargetsAndSizesAreErrors) {
   tokens[7] = 3;
   targets[11] = 1000;
   expect_error(model->ForwardBackward(tokens.data(), targets.data(), 2, 6), {"target id 1000", "position 5"});
+  targets[11] = kIgnoredTarget - 1;  // only -100 means "ignored"
+  expect_error(model->ForwardBackward(tokens.data(), targets.data(), 2, 6), {"target id -101", "position 5"});
   targets[11] = 4;
   expect_error(model->ForwardBackward(tokens.data(), targets.data(), 3, 4), {"batch 3", "[1, 2]"});
   expect_error(model->ForwardBackward(tokens.data(), targets.data(), 1, 7), {"sequence length 7", "[1, 6]"});

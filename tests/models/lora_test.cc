@@ -21,6 +21,7 @@
 #include "models/lora.h"
 #include "models/optimizer.h"
 #include "models/precision.h"
+#include "models/transformer_ops.h"
 #include "models/flat_buffer.h"
 #include "tests/e2e/harness.h"
 #include "tests/models/llama_fixture.h"
@@ -123,6 +124,25 @@ TEST_P(LoraDecoder, LogitsLossAndEveryAdapterGradientMatchTorch) {
                                     {.accumulate = true, .grad_scale = 0.5f})
                   .ok());
   EXPECT_LE(RelativeError(model.gradients().data(), first), 1e-6);
+}
+
+// The prompt's targets ignored: loss and every adapter gradient against
+// F.cross_entropy(ignore_index=-100) on the same adapted model.
+TEST_P(LoraDecoder, IgnoredTargetsMatchTorch) {
+  auto f = Fixture(std::string("lora_") + GetParam());
+  auto masked = Fixture(std::string("masked_lora_") + GetParam());
+  const int batch = f["batch"], seq = f["seq"];
+  LoraLlama model = LoadFixtureModel(f, batch);
+  Ids tokens = GetIds(f, "tokens"), targets = GetIds(masked, "targets");
+  ASSERT_GT(std::count(targets.begin(), targets.end(), kIgnoredTarget), 0);
+  std::fill(model.gradients().begin(), model.gradients().end(), 99.0f);
+  auto loss = model.ForwardBackward(tokens.data(), targets.data(), batch, seq);
+  ASSERT_TRUE(loss.ok()) << loss.status().ToString();
+  EXPECT_LE(RelativeError(&*loss, Get(masked, "loss")), kModelTolerance);
+  for (const TensorSpec& t : model.manifest().tensors) {
+    EXPECT_LE(RelativeError(model.gradients().data() + t.offset, Get(masked, t.name + ".grad")), kModelTolerance)
+        << t.name;
+  }
 }
 
 // Five AdamW steps over the adapter buffer (weight decay included): the

@@ -16,6 +16,9 @@ fixtures the C++ tests compare against.
   torch_llama.py --check-lora DIR  the same for DIR/base with the PEFT adapter
                                    directory DIR/adapter applied (PEFT's names,
                                    shapes and config keys)
+  torch_llama.py --check-loss DIR  the loss with ignore_index=-100 of each row
+                                   of DIR/rows.json under the model directory
+                                   DIR, into DIR/losses.json
 
 Where Hugging Face's `transformers` and `peft` are importable (they are not
 Debian packages; the GPU machine has them), --check-hf loads the directory with
@@ -470,6 +473,27 @@ def check_hf(model_dir):
         json.dump({"logits": flat(logits)}, f)
 
 
+def check_loss(model_dir):
+    """The loss F.cross_entropy(ignore_index=-100) gives for each row of
+    MODEL_DIR/rows.json ({"tokens": [[...]], "targets": [[...]]}) under the
+    model directory's weights, into MODEL_DIR/losses.json (estuary-lm score's
+    oracle; the reference model, not transformers, so it runs anywhere)."""
+    config = config_from_hf_json(os.path.join(model_dir, "config.json"))
+    tensors, _ = read_safetensors(os.path.join(model_dir, "model.safetensors"))
+    model = LlamaForCausalLM(config)
+    model.load_state_dict(tensors, strict=not config.tie_word_embeddings)
+    model.to(COMPUTE)
+    with open(os.path.join(model_dir, "rows.json")) as f:
+        rows = json.load(f)
+    losses = []
+    with torch.no_grad():
+        for tokens, targets in zip(rows["tokens"], rows["targets"]):
+            logits = model(torch.tensor([tokens]))[0]
+            losses.append(float(F.cross_entropy(logits, torch.tensor(targets), ignore_index=IGNORE_INDEX)))
+    with open(os.path.join(model_dir, "losses.json"), "w") as f:
+        json.dump({"losses": losses}, f)
+
+
 # ----------------------------------------------------------------------------
 # Fixtures.
 
@@ -551,6 +575,16 @@ def write_op_fixtures(out_dir):
     save(out_dir, "op_cross_entropy", vocab=300, logits=logits, targets=flat(targets), loss=[float(loss)],
          dlogits=logits.grad)
 
+    # The same with ignored rows (ignore_index=-100, the first and two more):
+    # the mean is over the scored rows only.
+    logits = logits.detach().clone().requires_grad_()
+    targets = targets.clone()
+    targets[[0, 4, 5]] = IGNORE_INDEX
+    loss = F.cross_entropy(logits, targets, ignore_index=IGNORE_INDEX)
+    loss.backward()
+    save(out_dir, "op_cross_entropy_ignored", vocab=300, logits=logits, targets=flat(targets), loss=[float(loss)],
+         dlogits=logits.grad)
+
     # Causal attention on a fused qkv buffer: grouped, multi-query, multi-head.
     for name, heads, kv_heads in (("gqa", 4, 2), ("mqa", 4, 1), ("mha", 2, 2)):
         b, t, head_dim = 2, 7, 8
@@ -588,6 +622,18 @@ DECODERS = {
 ADAMW = dict(lr=3e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
 
 
+IGNORE_INDEX = -100  # F.cross_entropy's default ignore_index, and Hugging Face's label for "no loss here"
+
+
+def mask_prompt(targets, seq):
+    """Targets as an instruction example's: each sequence's first third (the
+    prompt) and its last position (padding) ignored, the rest scored."""
+    masked = targets.clone()
+    masked[:, : seq // 3] = IGNORE_INDEX
+    masked[:, -1] = IGNORE_INDEX
+    return masked
+
+
 def write_decoder_fixtures(out_dir):
     for index, (name, (config, batch, seq)) in enumerate(DECODERS.items()):
         model = make_model(config, seed=100 + index)
@@ -598,7 +644,16 @@ def write_decoder_fixtures(out_dir):
         logits = model(tokens)
         loss = F.cross_entropy(logits.reshape(-1, config.vocab_size), targets.reshape(-1))
         loss.backward()
-        grads = {k + ".grad": p.grad for k, p in model.named_parameters()}
+        grads = {k + ".grad": p.grad.detach().clone() for k, p in model.named_parameters()}
+
+        # The same model and tokens with the prompts' targets ignored.
+        model.zero_grad()
+        masked = mask_prompt(targets, seq)
+        masked_loss = F.cross_entropy(model(tokens).reshape(-1, config.vocab_size), masked.reshape(-1),
+                                      ignore_index=IGNORE_INDEX)
+        masked_loss.backward()
+        save(out_dir, "masked_decoder_" + name, targets=flat(masked), loss=[float(masked_loss)],
+             **{k + ".grad": p.grad for k, p in model.named_parameters()})
         # named_parameters() is the state_dict less the tied lm_head.weight.
         shapes = [list(v.shape) for v in weights.values()]
         save(out_dir, "decoder_" + name, config=config.to_json(), batch=batch, seq=seq, tokens=flat(tokens),
@@ -676,6 +731,18 @@ def write_lora_fixtures(out_dir):
         frozen_grads = [k for k, p in model.named_parameters() if p.grad is not None and ".lora_" not in k]
         assert not frozen_grads, frozen_grads
         grads = {k + ".grad": p.grad.detach().clone() for k, p in adapters.items()}  # zero_grad may reuse them
+
+        # The same with the prompts' targets ignored.
+        for p in adapters.values():
+            p.grad = None
+        masked = mask_prompt(targets, seq)
+        masked_loss = F.cross_entropy(model(tokens).reshape(-1, config.vocab_size), masked.reshape(-1),
+                                      ignore_index=IGNORE_INDEX)
+        masked_loss.backward()
+        save(out_dir, "masked_lora_" + name, targets=flat(masked), loss=[float(masked_loss)],
+             **{k + ".grad": p.grad for k, p in adapters.items()})
+        for p in adapters.values():
+            p.grad = None
 
         # Five AdamW steps over the adapters only.
         opt = torch.optim.AdamW(list(adapters.values()), **LORA_ADAMW)
@@ -829,8 +896,11 @@ def main():
     if len(sys.argv) == 3 and sys.argv[1] == "--check-lora":
         check_lora(sys.argv[2])
         return
+    if len(sys.argv) == 3 and sys.argv[1] == "--check-loss":
+        check_loss(sys.argv[2])
+        return
     if len(sys.argv) != 2:
-        sys.exit("usage: torch_llama.py OUT_DIR | --check-hf MODEL_DIR | --check-lora WORK_DIR")
+        sys.exit("usage: torch_llama.py OUT_DIR | --check-hf MODEL_DIR | --check-lora WORK_DIR | --check-loss MODEL_DIR")
     out_dir = sys.argv[1]
     os.makedirs(out_dir, exist_ok=True)
     write_op_fixtures(out_dir)
