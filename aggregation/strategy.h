@@ -37,6 +37,10 @@ class Strategy {
   virtual ~Strategy() = default;
   virtual std::string_view name() const = 0;
 
+  // Before Begin: how many sites were sampled for the round, as planned
+  // before training. Only strategies whose denominator must not depend on
+  // who reports (DP-FedAvg, dp_fedavg.h) use it.
+  virtual void PlanRound(uint64_t sampled) {}
   // Starts a round over a global model of global.size() parameters.
   virtual Status Begin(uint64_t round, std::span<const float> global) = 0;
   // Adds one client's delta with its weight (its number of examples).

@@ -1,0 +1,183 @@
+#include "aggregation/dp_fedavg.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <numeric>
+
+#include "aggregation/dp_noise.h"
+#include "aggregation/fedadam.h"
+#include "aggregation/fedavg.h"
+
+namespace estuary::aggregation {
+namespace {
+
+// A noise multiplier whose noise is far below float's resolution of the
+// values folded here: the release is then the clipped mean itself.
+constexpr double kNoNoise = 1e-15;
+
+std::unique_ptr<DpFedAvg> MakeDp(DpOptions options) {
+  return std::make_unique<DpFedAvg>(std::make_unique<FedAvg>(), std::move(options), std::nullopt);
+}
+
+double Norm(std::span<const float> v) {
+  double squares = 0;
+  for (float x : v) squares += double(x) * double(x);
+  return std::sqrt(squares);
+}
+
+// One round from a zero model: what the release adds to it.
+std::vector<float> Release(DpFedAvg& dp, uint64_t round, uint64_t sampled,
+                           const std::vector<std::vector<float>>& updates) {
+  std::vector<float> global(updates.at(0).size(), 0.0f);
+  dp.PlanRound(sampled);
+  EXPECT_TRUE(dp.Begin(round, global).ok());
+  for (const auto& u : updates) EXPECT_TRUE(dp.Fold(u, 1234.0).ok());
+  Status finished = dp.Finish(global);
+  EXPECT_TRUE(finished.ok()) << finished.ToString();
+  return global;
+}
+
+TEST(DpFedAvgTest, AnUpdateAboveTheClipNormIsScaledToItKeepingItsDirection) {
+  auto dp = MakeDp({.noise_multiplier = kNoNoise, .clip = 2.0, .seed = 1});
+  const std::vector<float> update = {6.0f, 0.0f, -8.0f};  // norm 10
+  const std::vector<float> released = Release(*dp, 1, 1, {update});
+  EXPECT_NEAR(Norm(released), 2.0, 1e-6);
+  for (size_t i = 0; i < update.size(); ++i) EXPECT_NEAR(released[i], update[i] / 5.0, 1e-6) << i;
+  EXPECT_EQ(dp->last_round().clipped, 1u);
+}
+
+TEST(DpFedAvgTest, AnUpdateBelowTheClipNormIsUntouched) {
+  auto dp = MakeDp({.noise_multiplier = kNoNoise, .clip = 20.0, .seed = 1});
+  const std::vector<float> update = {6.0f, 0.0f, -8.0f};
+  const std::vector<float> released = Release(*dp, 1, 1, {update});
+  for (size_t i = 0; i < update.size(); ++i) EXPECT_NEAR(released[i], update[i], 1e-9) << i;
+  EXPECT_EQ(dp->last_round().clipped, 0u);
+}
+
+TEST(DpFedAvgTest, TheMeanIsOverTheSampledSitesNotThoseThatReportedNorTheirExamples) {
+  auto dp = MakeDp({.noise_multiplier = kNoNoise, .clip = 100.0, .seed = 1});
+  // Four sampled, two reported (weights 1234 each are ignored).
+  const std::vector<float> released = Release(*dp, 1, 4, {{4.0f, 8.0f}, {4.0f, 0.0f}});
+  EXPECT_FLOAT_EQ(released[0], 2.0f);  // (4 + 4) / 4, not / 2
+  EXPECT_FLOAT_EQ(released[1], 2.0f);
+  EXPECT_EQ(dp->last_round().sampled, 4u);
+}
+
+TEST(DpFedAvgTest, MoreReportsThanSampledSitesAreRefused) {
+  auto dp = MakeDp({.noise_multiplier = 1.0, .clip = 1.0, .seed = 1});
+  std::vector<float> global(2, 0.0f), update = {1.0f, 1.0f};
+  dp->PlanRound(1);
+  ASSERT_TRUE(dp->Begin(1, global).ok());
+  ASSERT_TRUE(dp->Fold(update, 1).ok());
+  EXPECT_EQ(dp->Fold(update, 1).code(), Code::kFailedPrecondition);
+}
+
+TEST(DpFedAvgTest, BeginWithoutAPlannedSampleIsRefused) {
+  auto dp = MakeDp({.noise_multiplier = 1.0, .clip = 1.0, .seed = 1});
+  std::vector<float> global(2, 0.0f);
+  EXPECT_EQ(dp->Begin(1, global).code(), Code::kFailedPrecondition);
+}
+
+// One site of a zero update: the release is the noise over 1, so its sample
+// statistics over a million coordinates measure the noise itself. The sample
+// stddev's own standard error is σ/√(2n) = 0.07 %, so 1 % is a bound a σ off
+// by 10 % fails by far; the mean's standard error is σ/√n.
+TEST(DpFedAvgTest, TheNoiseIsGaussianOfStddevNoiseMultiplierTimesClip) {
+  constexpr size_t kCoordinates = 1'000'000;
+  const double z = 1.3, clip = 0.7, sigma = z * clip;
+  for (std::optional<uint64_t> seed : {std::optional<uint64_t>(7), std::optional<uint64_t>()}) {
+    auto dp = MakeDp({.noise_multiplier = z, .clip = clip, .seed = seed});
+    const std::vector<float> noise = Release(*dp, 3, 1, {std::vector<float>(kCoordinates, 0.0f)});
+    double sum = 0, squares = 0;
+    size_t within_one = 0, within_two = 0;
+    for (float x : noise) {
+      sum += x;
+      squares += double(x) * x;
+      within_one += std::abs(x) < sigma;
+      within_two += std::abs(x) < 2 * sigma;
+    }
+    const double mean = sum / kCoordinates;
+    const double stddev = std::sqrt(squares / kCoordinates - mean * mean);
+    EXPECT_NEAR(stddev / sigma, 1.0, 0.01) << (seed ? "seeded" : "unpredictable");
+    EXPECT_LT(std::abs(mean), 5 * sigma / std::sqrt(double(kCoordinates)));
+    // The normal's mass within 1σ and 2σ (erf(1/√2), erf(√2)), ± 5 standard errors.
+    EXPECT_NEAR(double(within_one) / kCoordinates, std::erf(1 / std::sqrt(2.0)), 0.0025);
+    EXPECT_NEAR(double(within_two) / kCoordinates, std::erf(std::sqrt(2.0)), 0.0015);
+    EXPECT_DOUBLE_EQ(dp->last_round().noise_stddev, float(clip) * z);
+  }
+}
+
+TEST(DpFedAvgTest, SeededNoiseRepeatsPerSeedAndRoundAndUnpredictableNoiseDoesNot) {
+  const std::vector<std::vector<float>> zero = {std::vector<float>(64, 0.0f)};
+  auto a = MakeDp({.noise_multiplier = 1, .clip = 1, .seed = 5});
+  auto b = MakeDp({.noise_multiplier = 1, .clip = 1, .seed = 5});
+  EXPECT_EQ(Release(*a, 2, 1, zero), Release(*b, 2, 1, zero));
+  EXPECT_NE(Release(*a, 2, 1, zero), Release(*a, 3, 1, zero));
+  auto c = MakeDp({.noise_multiplier = 1, .clip = 1, .seed = 6});
+  EXPECT_NE(Release(*a, 2, 1, zero), Release(*c, 2, 1, zero));
+  auto d = MakeDp({.noise_multiplier = 1, .clip = 1});
+  EXPECT_NE(Release(*d, 2, 1, zero), Release(*d, 2, 1, zero));
+}
+
+TEST(DpFedAvgTest, UniformsAreOnTheTwoToMinusFiftyThreeGridInZeroOne) {
+  auto stream = GaussianStream::Seeded(1, 1);
+  ASSERT_TRUE(stream.ok());
+  for (int i = 0; i < 10000; ++i) {
+    const double u = stream->NextUniform();
+    ASSERT_GE(u, 0.0);
+    ASSERT_LT(u, 1.0);
+    ASSERT_EQ(u * 0x1p53, std::floor(u * 0x1p53));
+  }
+}
+
+// A server restarted from its checkpoint after round 3 continues as one that
+// never stopped: the same clip norm and, with seeded noise, the same model.
+TEST(DpFedAvgTest, ARestartFromSavedStateContinuesTheAdaptiveClipAndTheModel) {
+  const DpOptions options = {.noise_multiplier = 0.5, .clip = 0.05, .adaptive = true, .target_quantile = 0.5,
+                             .clip_lr = 0.2, .seed = 11};
+  auto inner = [] { return std::make_unique<FedAdam>(StrategyOptions{.name = "fedadam", .server_lr = 0.1}); };
+  auto updates = [](uint64_t round) {
+    std::vector<std::vector<float>> u;
+    for (int site = 0; site < 10; ++site) u.push_back({float(round) * 0.01f, float(site) * 0.03f, 0.02f});
+    return u;
+  };
+  auto run = [&](DpFedAvg& dp, std::vector<float>& global, uint64_t from, uint64_t to) {
+    for (uint64_t round = from; round <= to; ++round) {
+      dp.PlanRound(10);
+      ASSERT_TRUE(dp.Begin(round, global).ok());
+      for (const auto& u : updates(round)) ASSERT_TRUE(dp.Fold(u, 1).ok());
+      ASSERT_TRUE(dp.Finish(global).ok());
+    }
+  };
+  DpFedAvg straight(inner(), options, std::nullopt);
+  std::vector<float> straight_global(3, 0.0f);
+  run(straight, straight_global, 1, 6);
+
+  DpFedAvg first(inner(), options, std::nullopt);
+  std::vector<float> global(3, 0.0f);
+  run(first, global, 1, 3);
+  const auto saved = first.SaveState();
+  ASSERT_TRUE(saved.contains("dp/clip"));
+  ASSERT_TRUE(saved.contains("m"));  // the inner strategy's state rides along
+  DpFedAvg resumed(inner(), options, std::nullopt);
+  ASSERT_TRUE(resumed.LoadState(saved).ok());
+  EXPECT_EQ(resumed.clip(), first.clip());
+  EXPECT_NE(resumed.clip(), 0.05);  // it moved, so the test can tell
+  run(resumed, global, 4, 6);
+  EXPECT_EQ(resumed.clip(), straight.clip());
+  EXPECT_EQ(global, straight_global);
+}
+
+TEST(DpFedAvgTest, AdaptiveClippingWithoutBudgetForTheSumIsRefused) {
+  // σ_b = 0.05 · 10 = 0.5: z = 1 needs 2σ_b > 1.
+  auto dp = MakeDp({.noise_multiplier = 1.0, .clip = 1.0, .adaptive = true, .seed = 1});
+  std::vector<float> global(2, 0.0f);
+  dp->PlanRound(10);
+  const Status begun = dp->Begin(1, global);
+  EXPECT_EQ(begun.code(), Code::kFailedPrecondition);
+  EXPECT_NE(begun.message().find("dp_clipped_count_stddev"), std::string::npos) << begun.message();
+}
+
+}  // namespace
+}  // namespace estuary::aggregation
