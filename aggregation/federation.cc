@@ -41,6 +41,13 @@ v1::FederationConfig DefaultFederation() {
   // An update ten times the last round's median is an outlier no honest site
   // sends; bounding it costs an honest federation nothing.
   config.mutable_limits()->set_max_norm_over_median(10);
+  // DP off (noise multiplier 0); the rest are Andrew et al.'s and common
+  // practice's starting points, used once a noise multiplier is given.
+  v1::DpConfig& dp = *config.mutable_dp();
+  dp.set_clip(1.0);
+  dp.set_target_quantile(0.5);
+  dp.set_clip_lr(0.2);
+  dp.set_delta(1e-5);
   return config;
 }
 
@@ -59,7 +66,64 @@ models::LoraConfig LoraConfigOf(const v1::TaskConfig& task) {
   return lora;
 }
 
+DpOptions DpOptionsOf(const v1::DpConfig& dp) {
+  return {.noise_multiplier = dp.noise_multiplier(),
+          .clip = dp.clip(),
+          .adaptive = dp.adaptive_clip(),
+          .target_quantile = dp.target_quantile(),
+          .clip_lr = dp.clip_lr(),
+          .clipped_count_stddev = dp.clipped_count_stddev()};
+}
+
+namespace {
+
+Status CheckDp(const v1::FederationConfig& config) {
+  const v1::DpConfig& dp = config.dp();
+  // Nonsense is refused whether or not DP is on; what must be positive only
+  // once it is (a config built field by field leaves them 0).
+  auto at_least_zero = [](const char* key, double value) -> Status {
+    if (!(value >= 0) || !std::isfinite(value)) {
+      return InvalidArgument("federation: {} = {}: must be a finite number >= 0", key, value);
+    }
+    return Status::Ok();
+  };
+  ESTUARY_RETURN_IF_ERROR(at_least_zero("dp_noise_multiplier", dp.noise_multiplier()));
+  ESTUARY_RETURN_IF_ERROR(at_least_zero("dp_clip", dp.clip()));
+  ESTUARY_RETURN_IF_ERROR(at_least_zero("dp_clip_lr", dp.clip_lr()));
+  ESTUARY_RETURN_IF_ERROR(at_least_zero("dp_clipped_count_stddev", dp.clipped_count_stddev()));
+  ESTUARY_RETURN_IF_ERROR(at_least_zero("dp_max_epsilon", dp.max_epsilon()));
+  if (!(dp.target_quantile() >= 0 && dp.target_quantile() <= 1)) {
+    return InvalidArgument("federation: dp_target_quantile = {}: must be in [0, 1]", dp.target_quantile());
+  }
+  if (!(dp.delta() >= 0 && dp.delta() < 1)) {
+    return InvalidArgument("federation: dp_delta = {}: must be in (0, 1)", dp.delta());
+  }
+  if (dp.noise_multiplier() == 0) {
+    if (dp.adaptive_clip() || dp.max_epsilon() > 0) {
+      return InvalidArgument("federation: dp_{} without dp_noise_multiplier: differential privacy is off",
+                             dp.adaptive_clip() ? "adaptive_clip" : "max_epsilon");
+    }
+    return Status::Ok();
+  }
+  if (dp.clip() == 0) return InvalidArgument("federation: dp_clip = 0: must be > 0 with dp_noise_multiplier");
+  if (dp.delta() == 0) return InvalidArgument("federation: dp_delta = 0: must be in (0, 1)");
+  if (dp.adaptive_clip() && dp.clipped_count_stddev() > 0) {
+    if (Status fits = DpFedAvg::SumNoiseMultiplier(DpOptionsOf(dp), 1).status(); !fits.ok()) {
+      return InvalidArgument("federation: {}", fits.message());
+    }
+  }
+  if (config.task().update_kind() == v1::UPDATE_LORA && config.task().lora().mixed_ranks()) {
+    return InvalidArgument("federation: dp_noise_multiplier = {} with lora_mixed_ranks: adapters of different "
+                           "ranks cannot be summed coordinate by coordinate",
+                           dp.noise_multiplier());
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
 Status CheckFederation(const v1::FederationConfig& config) {
+  ESTUARY_RETURN_IF_ERROR(CheckDp(config));
   const v1::TaskConfig& task = config.task();
   if (Status valid = proto::CheckTask(task); !valid.ok()) return InvalidArgument("federation: {}", valid.message());
   if (config.eval_windows() == 0) return InvalidArgument("federation: eval_windows = 0: must be >= 1");
@@ -157,7 +221,8 @@ Status WriteFederationFile(const std::filesystem::path& path, const v1::Federati
   return WriteFileAtomically(path, text);
 }
 
-Result<Federation> MakeFederation(const v1::FederationConfig& config, const EvaluationOptions& evaluation) {
+Result<Federation> MakeFederation(const v1::FederationConfig& config, const EvaluationOptions& evaluation,
+                                  DpNoise noise) {
   ESTUARY_RETURN_IF_ERROR(CheckFederation(config));
   Federation f;
   f.config = config;
@@ -175,6 +240,15 @@ Result<Federation> MakeFederation(const v1::FederationConfig& config, const Eval
     f.config.mutable_task()->clear_lora();  // what the sites are sent: no adapters in a full federation
     ESTUARY_ASSIGN_OR_RETURN(initial, models::InitialModel(task.model(), task.seed()));
     ESTUARY_ASSIGN_OR_RETURN(f.strategy, MakeStrategy(StrategyOptionsOf(config.strategy())));
+  }
+  if (config.dp().noise_multiplier() > 0) {
+    DpOptions dp = DpOptionsOf(config.dp());
+    if (noise == DpNoise::kSeeded) dp.seed = task.seed();
+    std::optional<DpUploadReference> reference;
+    if (f.lora) {
+      ESTUARY_ASSIGN_OR_RETURN(reference, LoraUploadReference(*f.lora));
+    }
+    f.strategy = std::make_unique<DpFedAvg>(std::move(f.strategy), std::move(dp), std::move(reference));
   }
   f.manifest = std::move(initial.manifest);
   f.initial = std::move(initial.values);

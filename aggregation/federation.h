@@ -16,6 +16,7 @@
 #include <optional>
 #include <vector>
 
+#include "aggregation/dp_fedavg.h"
 #include "aggregation/lora_strategy.h"
 #include "aggregation/strategy.h"
 #include "aggregation/update_bound.h"
@@ -33,6 +34,9 @@ v1::FederationConfig DefaultFederation();
 // Checks every field, each error one line naming its key as the flags and
 // config files spell it: "federation: epochs = 0: must be in [1, 1000]".
 Status CheckFederation(const v1::FederationConfig& config);
+
+// The DP-FedAvg options of config.dp (without a seed).
+DpOptions DpOptionsOf(const v1::DpConfig& dp);
 
 // The strategy options of a federation of update kind full.
 StrategyOptions StrategyOptionsOf(const v1::StrategyConfig& config);
@@ -68,6 +72,14 @@ struct EvaluationOptions {
   int threads = 2;
 };
 
-Result<Federation> MakeFederation(const v1::FederationConfig& config, const EvaluationOptions& evaluation);
+// Where DP noise comes from when config.dp is on: a server's is unpredictable
+// (keyed from RAND_bytes), a simulation's seeded from the task's seed so the
+// run reproduces (dp_noise.h).
+enum class DpNoise { kUnpredictable, kSeeded };
+
+// With config.dp.noise_multiplier > 0 the strategy is DpFedAvg around the
+// configured one.
+Result<Federation> MakeFederation(const v1::FederationConfig& config, const EvaluationOptions& evaluation,
+                                  DpNoise noise = DpNoise::kUnpredictable);
 
 }  // namespace estuary::aggregation

@@ -105,6 +105,25 @@ std::vector<CLI::Option*> AddFederationFlags(CLI::App& app, v1::FederationConfig
             "full updates: the same, at this many times the median norm of the last round's updates (0: none)");
   flags.Add("--max-examples", limits->max_examples(), [limits](uint64_t v) { limits->set_max_examples(v); },
             "refuse an update claiming more examples than this as its weight (0: none)");
+
+  v1::DpConfig* dp = config->mutable_dp();
+  flags.Add("--dp-noise-multiplier", dp->noise_multiplier(), [dp](double v) { dp->set_noise_multiplier(v); },
+            "DP-FedAvg: Gaussian noise of stddev this times the clip norm on the sum of updates (0: DP off)");
+  flags.Add("--dp-clip", dp->clip(), [dp](double v) { dp->set_clip(v); },
+            "DP-FedAvg: L2 norm each site's update is clipped to (adaptive: the starting norm)");
+  flags.AddBool("--dp-adaptive-clip", dp->adaptive_clip(), [dp](bool v) { dp->set_adaptive_clip(v); },
+                "DP-FedAvg: move the clip norm toward --dp-target-quantile of the update norms (Andrew et al.)");
+  flags.Add("--dp-target-quantile", dp->target_quantile(), [dp](double v) { dp->set_target_quantile(v); },
+            "DP-FedAvg, adaptive: fraction of updates that should fall under the clip norm");
+  flags.Add("--dp-clip-lr", dp->clip_lr(), [dp](double v) { dp->set_clip_lr(v); },
+            "DP-FedAvg, adaptive: geometric learning rate of the clip norm");
+  flags.Add("--dp-clipped-count-stddev", dp->clipped_count_stddev(),
+            [dp](double v) { dp->set_clipped_count_stddev(v); },
+            "DP-FedAvg, adaptive: noise stddev on the count of unclipped updates (0: 0.05 x sampled sites)");
+  flags.Add("--dp-delta", dp->delta(), [dp](double v) { dp->set_delta(v); },
+            "DP-FedAvg: the delta that epsilon is reported at");
+  flags.Add("--dp-max-epsilon", dp->max_epsilon(), [dp](double v) { dp->set_max_epsilon(v); },
+            "DP-FedAvg: stop before a round that would take epsilon beyond this (0: no limit)");
   return flags.added();
 }
 

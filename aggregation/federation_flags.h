@@ -2,7 +2,8 @@
 // and `estuary-sim`: the task (--model, --epochs, --batch, --lr, ..., the
 // --lora-* keys), the strategy (--strategy, --server-lr, --beta1, --beta2,
 // --tau), --seed, --base-model, --eval-windows and the limits on an update
-// (--max-update-norm, --max-norm-over-median, --max-examples). Each flag writes its field
+// (--max-update-norm, --max-norm-over-median, --max-examples) and DP-FedAvg
+// (--dp-noise-multiplier, --dp-clip, --dp-adaptive-clip, ...). Each flag writes its field
 // of the v1::FederationConfig straight away, so the message stays the one
 // definition; --help shows each field's value when the flags were added (the
 // defaults). A TOML config file takes the same keys (base/config_file.h).

@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <functional>
+#include <limits>
 
 #include "aggregation/federation_flags.h"
 #include "models/federated_model.h"
@@ -55,6 +56,25 @@ TEST(Federation, EachBadFieldIsOneLineNamingItsKey) {
        "update_kind = lora needs a language model (llama-*), not 'mlp'"},
       {[](auto& c) { c.mutable_limits()->set_max_norm(-1); }, "max_update_norm = -1"},
       {[](auto& c) { c.mutable_limits()->set_max_norm_over_median(std::nan("")); }, "max_norm_over_median = nan"},
+      {[](auto& c) { c.mutable_dp()->set_noise_multiplier(-1); }, "dp_noise_multiplier = -1"},
+      {[](auto& c) { c.mutable_dp()->set_noise_multiplier(std::nan("")); }, "dp_noise_multiplier = nan"},
+      {[](auto& c) { c.mutable_dp()->set_clip(-0.5); }, "dp_clip = -0.5"},
+      {[](auto& c) { c.mutable_dp()->set_delta(1); }, "dp_delta = 1: must be in (0, 1)"},
+      {[](auto& c) { c.mutable_dp()->set_target_quantile(1.5); }, "dp_target_quantile = 1.5"},
+      {[](auto& c) { c.mutable_dp()->set_max_epsilon(std::numeric_limits<double>::infinity()); },
+       "dp_max_epsilon = inf"},
+      {[](auto& c) { c.mutable_dp()->set_adaptive_clip(true); }, "dp_adaptive_clip without dp_noise_multiplier"},
+      {[](auto& c) {
+         c.mutable_dp()->set_noise_multiplier(1);
+         c.mutable_dp()->set_clip(0);
+       },
+       "dp_clip = 0: must be > 0"},
+      {[](auto& c) {
+         c.mutable_dp()->set_noise_multiplier(1);
+         c.mutable_dp()->set_adaptive_clip(true);
+         c.mutable_dp()->set_clipped_count_stddev(0.4);
+       },
+       "dp_clipped_count_stddev above 0.5"},
   };
   for (const auto& [mutate, expected] : cases) {
     v1::FederationConfig config = DefaultFederation();
@@ -152,6 +172,44 @@ TEST(FederationFlags, EachFlagSetsItsFieldAndHelpShowsTheDefaults) {
   AddFederationFlags(strict, &other);
   std::vector<std::string> bad = {"delta", "--update-kind"};
   EXPECT_THROW(strict.parse(bad), CLI::ValidationError);
+}
+
+TEST(FederationFlags, TheDpFlagsSetTheDpConfigAndHelpShowsTheirDefaults) {
+  v1::FederationConfig config = DefaultFederation();
+  CLI::App app;
+  AddFederationFlags(app, &config);
+  const std::string help = app.help();
+  for (const char* shown : {"--dp-noise-multiplier FLOAT=0", "--dp-clip FLOAT=1", "--dp-target-quantile FLOAT=0.5",
+                            "--dp-clip-lr FLOAT=0.2", "--dp-delta FLOAT=1e-05", "--dp-max-epsilon FLOAT=0"}) {
+    EXPECT_NE(help.find(shown), std::string::npos) << shown << "\n" << help;
+  }
+  std::vector<std::string> args = {"--dp-noise-multiplier", "0.8", "--dp-clip", "0.3", "--dp-adaptive-clip",
+                                   "--dp-target-quantile", "0.6", "--dp-clip-lr", "0.1", "--dp-delta", "1e-6",
+                                   "--dp-max-epsilon", "4", "--dp-clipped-count-stddev", "2"};
+  std::reverse(args.begin(), args.end());
+  app.parse(args);
+  EXPECT_DOUBLE_EQ(config.dp().noise_multiplier(), 0.8);
+  EXPECT_DOUBLE_EQ(config.dp().clip(), 0.3);
+  EXPECT_TRUE(config.dp().adaptive_clip());
+  EXPECT_DOUBLE_EQ(config.dp().target_quantile(), 0.6);
+  EXPECT_DOUBLE_EQ(config.dp().clip_lr(), 0.1);
+  EXPECT_DOUBLE_EQ(config.dp().delta(), 1e-6);
+  EXPECT_DOUBLE_EQ(config.dp().max_epsilon(), 4);
+  EXPECT_DOUBLE_EQ(config.dp().clipped_count_stddev(), 2);
+  EXPECT_TRUE(CheckFederation(config).ok());
+}
+
+TEST(Federation, WithANoiseMultiplierTheStrategyIsDpFedAvgAroundTheConfiguredOne) {
+  v1::FederationConfig config = DefaultFederation();
+  config.mutable_dp()->set_noise_multiplier(1.0);
+  config.mutable_strategy()->set_name("fedadam");
+  auto federation = MakeFederation(config, {});
+  ASSERT_TRUE(federation.ok()) << federation.status().ToString();
+  EXPECT_EQ(federation->strategy->name(), "fedadam+dp");
+  config.mutable_dp()->set_noise_multiplier(0);
+  federation = MakeFederation(config, {});
+  ASSERT_TRUE(federation.ok()) << federation.status().ToString();
+  EXPECT_EQ(federation->strategy->name(), "fedadam");
 }
 
 TEST(Federation, MakeFederationBuildsTheModelStrategyAndEvaluatorOfTheDefinition) {
