@@ -40,8 +40,9 @@ Result<std::vector<float>> Aggregator::Restore(const std::filesystem::path& path
   return std::move(loaded.values);
 }
 
-Status Aggregator::Begin(uint64_t round, std::span<const float> global) {
+Status Aggregator::Begin(uint64_t round, std::span<const float> global, uint64_t sampled) {
   bound_.BeginRound();
+  strategy_->PlanRound(sampled);
   return strategy_->Begin(round, global);
 }
 
@@ -61,6 +62,7 @@ Aggregator::Finished Aggregator::Finish(uint64_t round, const GlobalModel& previ
   bound_.CommitRound();  // before the checkpoint, which saves the median it now holds
   result.changed_bytes = strategy_->changed_bytes();
   result.low_rank = strategy_->low_rank_changes();
+  if (const auto* dp = dynamic_cast<const aggregation::DpFedAvg*>(strategy_.get())) result.dp = dp->last_round();
   result.model.checksum = crypto::Sha256Hex(global->data(), global->size() * sizeof(float));
   const auto finished = SteadyClock::now();
   // The checkpoint mostly waits for fsync while evaluation computes: side by side,

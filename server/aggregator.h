@@ -20,6 +20,7 @@
 #include <string_view>
 #include <vector>
 
+#include "aggregation/dp_fedavg.h"
 #include "aggregation/strategy.h"
 #include "aggregation/update_bound.h"
 #include "base/manifest.h"
@@ -40,6 +41,7 @@ class Aggregator {
     std::filesystem::path checkpoint;
     uint64_t changed_bytes = 0;                       // Strategy::changed_bytes
     std::vector<aggregation::LowRankChange> low_rank;  // Strategy::low_rank_changes
+    std::optional<aggregation::DpRound> dp;            // what a DP-FedAvg round released
   };
 
   // `evaluator` may be null. `manifest` is the global model's layout.
@@ -54,7 +56,8 @@ class Aggregator {
   // back with it.
   Result<std::vector<float>> Restore(const std::filesystem::path& path, const std::string& logged_checksum);
 
-  Status Begin(uint64_t round, std::span<const float> global);
+  // `sampled`: the sites selected for the round (Strategy::PlanRound).
+  Status Begin(uint64_t round, std::span<const float> global, uint64_t sampled);
   // Folds one update of `examples` examples, as the bound admits it. Returns
   // what the bound did to it ("norm ... scaled down to the bound ..."), or
   // empty; an error when it was refused, the strategy untouched.

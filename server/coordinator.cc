@@ -48,6 +48,19 @@ Status Coordinator::Recover() {
     return FailedPrecondition("server: {} holds a federation of model '{}', not '{}'", config_.db.string(),
                               *stored_model, task_.model());
   }
+  if (const v1::DpConfig& dp = config_.federation.dp(); dp.noise_multiplier() > 0) {
+    ESTUARY_ASSIGN_OR_RETURN(accountant_, privacy::Accountant::Create(dp.delta()));
+    ESTUARY_ASSIGN_OR_RETURN(const std::vector<RoundRecord> rounds, store_.Rounds());
+    for (const RoundRecord& r : rounds) {
+      if (r.state != RoundState::kCommitted) continue;
+      if (!r.privacy) {
+        return FailedPrecondition("server: {}: round {} committed without differential privacy; a federation cannot "
+                                  "turn it on midway",
+                                  config_.db.string(), r.round);
+      }
+      ESTUARY_RETURN_IF_ERROR(accountant_->AddRounds(r.privacy->sampling_rate, r.privacy->noise_multiplier));
+    }
+  }
   ESTUARY_ASSIGN_OR_RETURN(auto last, store_.LastCommittedRound());
   Checkpointer::LogView log{.path = config_.db.string(), .last_committed = last ? last->round : 0};
   ESTUARY_ASSIGN_OR_RETURN(log.federation_id, store_.GetMeta("federation_id"));
@@ -130,6 +143,7 @@ void Coordinator::StartRound() {
   for (const auto& [name, session] : connected_) names.push_back(name);
   const size_t k = aggregation::ClientsPerRound(config_.clients_per_round, names.size());
   const std::vector<std::string> selected = aggregation::SampleClients(names, k, task_.seed(), round_);
+  if (!WithinPrivacyBudget(selected.size(), names.size())) return;
 
   record_ = RoundRecord{};
   record_.round = round_;
@@ -151,8 +165,8 @@ void Coordinator::StartRound() {
   distribution_.BeginRound(round_);
   loss_sum_ = examples_sum_ = 0;
   const GlobalModel& global = distribution_.current();
-  asio::post(worker_, [this, round = round_, values = global.values] {
-    Status status = aggregator_->Begin(round, *values);
+  asio::post(worker_, [this, round = round_, values = global.values, sampled = selected.size()] {
+    Status status = aggregator_->Begin(round, *values, sampled);
     if (!status.ok()) spdlog::critical("strategy begin: {}", status.ToString());
   });
 
@@ -379,8 +393,21 @@ void Coordinator::OnAggregated(Aggregator::Finished result) {
     record_.test_loss = eval->loss;
   }
   record_.state = RoundState::kCommitted;
+  if (accountant_ && result.dp) {
+    auto spent = accountant_->EpsilonAfter(round_sampling_rate_, config_.federation.dp().noise_multiplier());
+    if (!spent.ok()) return FailRound(spent.status().ToString());
+    record_.privacy = RoundPrivacy{.sampling_rate = round_sampling_rate_,
+                                   .noise_multiplier = config_.federation.dp().noise_multiplier(),
+                                   .clip = result.dp->clip,
+                                   .noise_stddev = result.dp->noise_stddev,
+                                   .epsilon = spent->epsilon,
+                                   .delta = accountant_->delta()};
+  }
   Status committed = store_.CommitRound(record_, result.checkpoint, clock_.UnixMs());
   if (!committed.ok()) return FailRound(fmt::format("cannot commit to the round log: {}", committed.ToString()));
+  // Only a committed round released anything, so only it is spent.
+  if (record_.privacy) LogIfError(accountant_->AddRounds(round_sampling_rate_, record_.privacy->noise_multiplier),
+                                  "privacy accountant");
   // The log holds the commit; a marker left behind is brought forward from
   // the log at the next start, so a failure here costs only that check.
   LogIfError(aggregator_->MarkCommitted(round_), "checkpoint directory");
@@ -388,9 +415,12 @@ void Coordinator::OnAggregated(Aggregator::Finished result) {
   result.model.version = record_.model_version;
   distribution_.Publish(std::move(result.model), std::move(result.low_rank));
   const double seconds = SecondsSince(round_started_);
-  spdlog::info("round {} committed: {} updates, train loss {:.4f}{}, {:.3f} s ({:.3f} s collecting)", round_,
+  spdlog::info("round {} committed: {} updates, train loss {:.4f}{}{}, {:.3f} s ({:.3f} s collecting)", round_,
                record_.updates_received, record_.train_loss,
-               eval ? fmt::format(", test accuracy {:.4f}", eval->accuracy) : std::string(), seconds, collect_seconds_);
+               eval ? fmt::format(", test accuracy {:.4f}", eval->accuracy) : std::string(),
+               record_.privacy ? fmt::format(", ε {:.4g} at δ {:g}", record_.privacy->epsilon, record_.privacy->delta)
+                               : std::string(),
+               seconds, collect_seconds_);
 
   Broadcast(RoundCommittedMessage(record_, seconds, per_update, result.changed_bytes, round_ == config_.rounds));
 
@@ -402,6 +432,23 @@ void Coordinator::OnAggregated(Aggregator::Finished result) {
     return;
   }
   MaybeStartRound();
+}
+
+bool Coordinator::WithinPrivacyBudget(size_t selected, size_t population) {
+  if (!accountant_) return true;
+  round_sampling_rate_ = population > 0 ? double(selected) / double(population) : 0;
+  const v1::DpConfig& dp = config_.federation.dp();
+  if (dp.max_epsilon() <= 0) return true;
+  auto next = accountant_->EpsilonAfter(round_sampling_rate_, dp.noise_multiplier());
+  if (next.ok() && next->epsilon <= dp.max_epsilon()) return true;
+  spdlog::warn("federation stops before round {}: ε would reach {} at δ {:g}, beyond dp_max_epsilon {:g} "
+               "(ε {:.4g} after {} rounds)",
+               round_, next.ok() ? fmt::format("{:.4g}", next->epsilon) : next.status().ToString(), dp.delta(),
+               dp.max_epsilon(), accountant_->Spent().epsilon, accountant_->rounds());
+  budget_spent_ = true;
+  Broadcast(FederationCompleteMessage(round_ - 1, distribution_.current()));
+  if (on_complete_) on_complete_();
+  return false;
 }
 
 void Coordinator::FailRound(const std::string& reason) {

@@ -12,7 +12,10 @@
 // only when committed. Folding, aggregation, evaluation and checkpointing
 // (Aggregator) run on the worker executor; everything else on the I/O
 // executor, a strand, so no locks are needed. A restart resumes after the
-// last committed round, from its checkpoint. A Hello reaches it once
+// last committed round, from its checkpoint. In a DP federation each
+// committed round's sampling rate (selected / connected), noise and ε go into
+// the round log, and a round that would take ε beyond dp.max_epsilon is not
+// opened: the federation completes instead. A Hello reaches it once
 // Connections has checked the session's protocol and certificate.
 //
 // Time comes from a Clock and the two executors are given to it, so tests
@@ -37,6 +40,7 @@
 #include "server/config.h"
 #include "server/distribution.h"
 #include "server/staging_slots.h"
+#include "privacy/accountant.h"
 #include "server/store.h"
 
 namespace estuary::server {
@@ -64,7 +68,8 @@ class Coordinator {
   void CloseAll();
   // The sessions of the connected clients, in name order.
   std::vector<std::shared_ptr<ClientSession>> Connected() const;
-  bool complete() const { return round_ > config_.rounds; }
+  // The last round committed, or the privacy budget stopped the federation.
+  bool complete() const { return round_ > config_.rounds || budget_spent_; }
   // The round running, or the next to run.
   uint64_t round() const { return round_; }
 
@@ -92,6 +97,9 @@ class Coordinator {
   void Aggregate();
   void OnAggregated(Aggregator::Finished result);
   void FailRound(const std::string& reason);
+  // DP: false, having completed the federation, when the round would take ε
+  // beyond dp.max_epsilon; sets round_sampling_rate_ otherwise.
+  bool WithinPrivacyBudget(size_t selected, size_t population);
   void Transition(RoundState to, const std::string& detail = {});
   void Broadcast(const v1::Envelope& envelope);
   void LogIfError(const Status& status, const char* what);
@@ -127,6 +135,10 @@ class Coordinator {
   double examples_sum_ = 0;
   std::function<void()> on_complete_;
   std::string federation_id_;  // the checkpoint directory's and the round log's
+  // DP: ε over the committed rounds (replayed from the round log at Recover).
+  std::optional<privacy::Accountant> accountant_;
+  double round_sampling_rate_ = 0;
+  bool budget_spent_ = false;
 };
 
 }  // namespace estuary::server

@@ -4,6 +4,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+
 #include "base/utc.h"
 #include "crypto/revocation.h"
 
@@ -54,8 +56,18 @@ ordered_json RoundJson(const RoundRecord& r) {
           {"test_loss", Nullable(r.test_loss)},
           {"bytes_up", r.bytes_up},
           {"bytes_down", r.bytes_down},
-          {"detail", r.detail}};
+          {"detail", r.detail},
+          {"privacy", r.privacy ? ordered_json{{"epsilon", r.privacy->epsilon},
+                                               {"delta", r.privacy->delta},
+                                               {"sampling_rate", r.privacy->sampling_rate},
+                                               {"noise_multiplier", r.privacy->noise_multiplier},
+                                               {"clip", r.privacy->clip},
+                                               {"noise_stddev", r.privacy->noise_stddev}}
+                                : ordered_json(nullptr)}};
 }
+
+// The ε column, in a DP federation's log only.
+std::string Epsilon(const RoundRecord& r) { return r.privacy ? fmt::format("  {:>8.4g}", r.privacy->epsilon) : ""; }
 
 }  // namespace
 
@@ -71,16 +83,23 @@ Status ListRounds(Store& store, bool json, std::string* out) {
     *out = array.dump(2) + "\n";
     return Status::Ok();
   }
-  *out = fmt::format("{:>5}  {:<10}  {:<20}  {:>8}  {:>4}  {:>4}  {:>4}  {:>10}  {:>8}  {:>9}  {:>8}  {:>8}  {}\n",
+  const bool private_log = std::any_of(rounds.begin(), rounds.end(), [](const auto& r) { return r.privacy; });
+  const double delta = private_log ? std::find_if(rounds.begin(), rounds.end(), [](const auto& r) {
+                                       return r.privacy.has_value();
+                                     })->privacy->delta
+                                   : 0;
+  *out = fmt::format("{:>5}  {:<10}  {:<20}  {:>8}  {:>4}  {:>4}  {:>4}  {:>10}  {:>8}  {:>9}  {:>8}  {:>8}{}  {}\n",
                      "round", "state", "started (UTC)", "seconds", "sel", "recv", "drop", "train loss", "test acc",
-                     "test loss", "MB up", "MB down", "checksum");
+                     "test loss", "MB up", "MB down", private_log ? fmt::format("  {:>8}", "ε") : "", "checksum");
   for (const auto& r : rounds) {
-    *out += fmt::format("{:>5}  {:<10}  {:<20}  {:>8.2f}  {:>4}  {:>4}  {:>4}  {:>10.4f}  {:>8}  {:>9}  {:>8}  {:>8}  {}\n",
-                        r.round, RoundStateName(r.state), Utc(r.started_ms), Seconds(r), r.clients_selected,
-                        r.updates_received, Dropped(store, r.round), r.train_loss, Metric(r.test_accuracy),
-                        Metric(r.test_loss), Megabytes(r.bytes_up), Megabytes(r.bytes_down),
-                        r.global_checksum.substr(0, 12));
+    *out += fmt::format(
+        "{:>5}  {:<10}  {:<20}  {:>8.2f}  {:>4}  {:>4}  {:>4}  {:>10.4f}  {:>8}  {:>9}  {:>8}  {:>8}{}  {}\n", r.round,
+        RoundStateName(r.state), Utc(r.started_ms), Seconds(r), r.clients_selected, r.updates_received,
+        Dropped(store, r.round), r.train_loss, Metric(r.test_accuracy), Metric(r.test_loss), Megabytes(r.bytes_up),
+        Megabytes(r.bytes_down), private_log ? (r.privacy ? Epsilon(r) : fmt::format("  {:>8}", "-")) : "",
+        r.global_checksum.substr(0, 12));
   }
+  if (private_log) *out += fmt::format("ε: differential privacy spent after the round, at δ = {:g}\n", delta);
   if (rounds.empty()) *out += "(no rounds yet)\n";
   return Status::Ok();
 }
@@ -114,6 +133,12 @@ Status ShowRound(Store& store, uint64_t round, bool json, std::string* out) {
       r.round, RoundStateName(r.state), Utc(r.started_ms), Utc(r.ended_ms), Seconds(r), r.model_version,
       r.global_checksum.empty() ? "-" : r.global_checksum, r.strategy, r.updates_received, r.clients_selected,
       r.train_loss, Metric(r.test_accuracy), Metric(r.test_loss), r.bytes_up, r.bytes_down);
+  if (r.privacy) {
+    const RoundPrivacy& p = *r.privacy;
+    *out += fmt::format("  privacy   ε {:.4g} at δ {:g} after this round (sampling rate {:.4g}, noise multiplier {:g}, "
+                        "clip {:.4g}, noise stddev {:.4g})\n",
+                        p.epsilon, p.delta, p.sampling_rate, p.noise_multiplier, p.clip, p.noise_stddev);
+  }
   if (!r.detail.empty()) *out += fmt::format("  detail    {}\n", r.detail);
   *out += fmt::format("\n  {:<20}  {:<10}  {:>8}  {:>8}  {:>10}  {:>10}  {:>8}  {}\n", "client", "status", "examples",
                       "loss", "bytes up", "bytes down", "seconds", "detail");

@@ -8,7 +8,8 @@ namespace estuary::server {
 
 namespace {
 
-constexpr int kSchemaVersion = 1;
+// 2: round_privacy.
+constexpr int kSchemaVersion = 2;
 
 constexpr const char* kSchema = R"sql(
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -31,6 +32,14 @@ CREATE TABLE IF NOT EXISTS checkpoints (
 CREATE TABLE IF NOT EXISTS events (
   id INTEGER PRIMARY KEY AUTOINCREMENT, at_ms INTEGER NOT NULL, kind TEXT NOT NULL, peer TEXT NOT NULL,
   detail TEXT NOT NULL);
+)sql";
+
+// Schema 2, also what migrates a schema 1 log: its rounds simply have no row.
+constexpr const char* kPrivacySchema = R"sql(
+CREATE TABLE IF NOT EXISTS round_privacy (
+  round INTEGER PRIMARY KEY REFERENCES rounds(round) ON DELETE CASCADE, sampling_rate REAL NOT NULL,
+  noise_multiplier REAL NOT NULL, clip REAL NOT NULL, noise_stddev REAL NOT NULL, epsilon REAL NOT NULL,
+  delta REAL NOT NULL);
 )sql";
 
 // One prepared statement; binds by position, steps, finalizes on scope exit.
@@ -225,8 +234,15 @@ Result<std::unique_ptr<Store>> Store::Open(const std::filesystem::path& path) {
       return FailedPrecondition("store: {}: not an Estuary round log (a database without its schema)", path.string());
     }
     ESTUARY_RETURN_IF_ERROR(Exec(db, kSchema));
-    ESTUARY_RETURN_IF_ERROR(Exec(db, fmt::format("PRAGMA user_version={}", kSchemaVersion).c_str()));
   }
+  if (found < kSchemaVersion) {
+    Transaction tx(db);
+    ESTUARY_RETURN_IF_ERROR(tx.status());
+    ESTUARY_RETURN_IF_ERROR(Exec(db, kPrivacySchema));
+    ESTUARY_RETURN_IF_ERROR(Exec(db, fmt::format("PRAGMA user_version={}", kSchemaVersion).c_str()));
+    ESTUARY_RETURN_IF_ERROR(tx.Commit());
+  }
+  store->has_privacy_ = true;
   return store;
 }
 
@@ -243,9 +259,10 @@ Result<std::unique_ptr<Store>> Store::OpenReadOnly(const std::filesystem::path& 
   sqlite3_busy_timeout(db, 5000);
   Statement version(db, "PRAGMA user_version");
   auto row = version.Step();
-  if (!row.ok() || !*row || version.Int(0) != kSchemaVersion) {
+  if (!row.ok() || !*row || version.Int(0) < 1 || version.Int(0) > kSchemaVersion) {
     return FailedPrecondition("store: {}: not an Estuary round log", path.string());
   }
+  store->has_privacy_ = version.Int(0) >= 2;
   return store;
 }
 
@@ -352,6 +369,20 @@ Status Store::CommitRoundTransaction(const RoundRecord& r, const std::filesystem
                               .Bind(r.global_checksum)
                               .Bind(now_ms)
                               .Run());
+  if (r.privacy) {
+    const RoundPrivacy& p = *r.privacy;
+    ESTUARY_RETURN_IF_ERROR(Statement(db_,
+                                      "INSERT OR REPLACE INTO round_privacy(round, sampling_rate, noise_multiplier, "
+                                      "clip, noise_stddev, epsilon, delta) VALUES(?, ?, ?, ?, ?, ?, ?)")
+                                .Bind(r.round)
+                                .Bind(p.sampling_rate)
+                                .Bind(p.noise_multiplier)
+                                .Bind(p.clip)
+                                .Bind(p.noise_stddev)
+                                .Bind(p.epsilon)
+                                .Bind(p.delta)
+                                .Run());
+  }
   return tx.Commit();
 }
 
@@ -393,14 +424,34 @@ Result<std::vector<RoundRecord>> Store::Rounds() {
     ESTUARY_ASSIGN_OR_RETURN(bool row, s.Step());
     if (!row) return out;
     out.push_back(ReadRound(s));
+    ESTUARY_RETURN_IF_ERROR(ReadPrivacy(out.back()));
   }
+}
+
+Status Store::ReadPrivacy(RoundRecord& record) {
+  if (!has_privacy_) return Status::Ok();
+  Statement s(db_,
+              "SELECT sampling_rate, noise_multiplier, clip, noise_stddev, epsilon, delta FROM round_privacy "
+              "WHERE round = ?");
+  ESTUARY_ASSIGN_OR_RETURN(bool row, s.Bind(record.round).Step());
+  if (row) {
+    record.privacy = RoundPrivacy{.sampling_rate = s.Real(0),
+                                  .noise_multiplier = s.Real(1),
+                                  .clip = s.Real(2),
+                                  .noise_stddev = s.Real(3),
+                                  .epsilon = s.Real(4),
+                                  .delta = s.Real(5)};
+  }
+  return Status::Ok();
 }
 
 Result<std::optional<RoundRecord>> Store::GetRound(uint64_t round) {
   Statement s(db_, fmt::format("SELECT {} FROM rounds WHERE round = ?", kRoundColumns).c_str());
   ESTUARY_ASSIGN_OR_RETURN(bool row, s.Bind(round).Step());
   if (!row) return std::optional<RoundRecord>();
-  return std::optional<RoundRecord>(ReadRound(s));
+  RoundRecord record = ReadRound(s);
+  ESTUARY_RETURN_IF_ERROR(ReadPrivacy(record));
+  return std::optional<RoundRecord>(std::move(record));
 }
 
 Result<std::optional<RoundRecord>> Store::LastCommittedRound() {
@@ -408,7 +459,9 @@ Result<std::optional<RoundRecord>> Store::LastCommittedRound() {
                                kRoundColumns).c_str());
   ESTUARY_ASSIGN_OR_RETURN(bool row, s.Step());
   if (!row) return std::optional<RoundRecord>();
-  return std::optional<RoundRecord>(ReadRound(s));
+  RoundRecord record = ReadRound(s);
+  ESTUARY_RETURN_IF_ERROR(ReadPrivacy(record));
+  return std::optional<RoundRecord>(std::move(record));
 }
 
 Result<std::optional<std::string>> Store::CheckpointFor(uint64_t round) {

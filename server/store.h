@@ -3,7 +3,10 @@
 // Tables: clients (registry), rounds (one row per round, its state and
 // aggregate metrics), participations (one row per client per round),
 // transitions (every state change of every round), checkpoints (index of the
-// model files), events (refused handshakes, rejected frames) and meta.
+// model files), events (refused handshakes, rejected frames), round_privacy
+// (a DP round's release and the ε spent after it) and meta. A round log of
+// schema 1 (before round_privacy) is migrated when a server opens it, and
+// read as it is by the operator CLI.
 // A round's final record, its checkpoint row and its last transition are
 // written in one transaction, so a restart sees a round committed or not at
 // all. Every method is safe to call from one thread at a time.
@@ -26,6 +29,17 @@ namespace estuary::server {
 enum class RoundState { kOpen, kCollecting, kAggregating, kCommitted, kFailed };
 const char* RoundStateName(RoundState state);  // "open", "collecting", ...
 
+// What a DP-FedAvg round released (aggregation/dp_fedavg.h) and the privacy
+// spent once it committed (privacy/accountant.h).
+struct RoundPrivacy {
+  double sampling_rate = 0;     // q = sites sampled / sites it was sampled from
+  double noise_multiplier = 0;  // z, the accountant's
+  double clip = 0;              // C the updates were clipped to
+  double noise_stddev = 0;      // per coordinate of the sum
+  double epsilon = 0;           // ε after this round, at delta
+  double delta = 0;
+};
+
 struct RoundRecord {
   uint64_t round = 0;
   RoundState state = RoundState::kOpen;
@@ -42,6 +56,7 @@ struct RoundRecord {
   uint64_t bytes_up = 0;             // client -> server, update payloads
   uint64_t bytes_down = 0;           // server -> client, model payloads
   std::string detail;                // why a round failed
+  std::optional<RoundPrivacy> privacy;  // a committed round of a DP federation
 };
 
 // status: "selected", "committed", "dropped", "late", "rejected".
@@ -123,8 +138,10 @@ class Store {
 
  private:
   explicit Store(sqlite3* db) : db_(db) {}
+  Status ReadPrivacy(RoundRecord& record);
   Status CommitRoundTransaction(const RoundRecord& record, const std::filesystem::path& checkpoint, int64_t now_ms);
   sqlite3* db_;
+  bool has_privacy_ = false;  // schema 2: the round_privacy table exists
 };
 
 int64_t NowMs();

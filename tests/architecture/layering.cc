@@ -22,7 +22,7 @@ const std::map<std::string, std::set<std::string>>& DesignGraph() {
       {"parallel", {"comm", "models"}},
       {"aggregation", {"models", "proto"}},
       {"client", {"parallel", "models", "proto", "crypto"}},
-      {"server", {"aggregation", "proto", "crypto"}},
+      {"server", {"aggregation", "proto", "crypto", "privacy"}},
       {"simulations", {"client", "server"}},
       {"bench", {"simulations"}},
   };

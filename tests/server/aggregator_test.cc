@@ -82,7 +82,7 @@ TEST_F(AggregatorTest, FinishWritesTheNewModelsCheckpointWhileTheEvaluatorScores
   std::vector<float> scored;
   auto aggregator = Make(std::make_unique<RecordingEvaluator>(&scored));
   EXPECT_EQ(aggregator->name(), "fedavg");
-  ASSERT_TRUE(aggregator->Begin(5, *previous.values).ok());
+  ASSERT_TRUE(aggregator->Begin(5, *previous.values, 2).ok());
   ASSERT_TRUE(aggregator->Fold("site-a", Layout(), std::vector<float>(40, 1.0f), 1).ok());
   ASSERT_TRUE(aggregator->Fold("site-b", Layout(), std::vector<float>(40, 3.0f), 1).ok());
   const Aggregator::Finished finished = aggregator->Finish(5, previous);
@@ -121,7 +121,7 @@ TEST_F(AggregatorTest, UpdatesAreFoldedWithinTheFederationsLimits) {
   limits.set_max_norm_over_median(2);
   limits.set_max_examples(100);
   auto aggregator = Make(nullptr, limits);
-  ASSERT_TRUE(aggregator->Begin(5, *previous.values).ok());
+  ASSERT_TRUE(aggregator->Begin(5, *previous.values, 2).ok());
   auto honest = aggregator->Fold("site-a", Layout(), std::vector<float>(40, 0.5f), 1);  // norm √40/2 ≈ 3.16
   ASSERT_TRUE(honest.ok()) << honest.status().ToString();
   EXPECT_EQ(*honest, "");
@@ -147,7 +147,7 @@ TEST_F(AggregatorTest, UpdatesAreFoldedWithinTheFederationsLimits) {
   Commit(*aggregator, 5);
   auto restarted = Make(nullptr, limits);
   ASSERT_TRUE(restarted->Restore(finished.checkpoint, finished.model.checksum).ok());
-  ASSERT_TRUE(restarted->Begin(6, *finished.model.values).ok());
+  ASSERT_TRUE(restarted->Begin(6, *finished.model.values, 2).ok());
   auto next = restarted->Fold("site-a", Layout(), std::vector<float>(40, 1e31f), 1);
   ASSERT_TRUE(next.ok());
   EXPECT_NE(next->find("scaled down to the bound 13.16"), std::string::npos) << *next;
@@ -155,7 +155,7 @@ TEST_F(AggregatorTest, UpdatesAreFoldedWithinTheFederationsLimits) {
 
 TEST_F(AggregatorTest, ARoundWithNothingFoldedFailsAndWritesNothing) {
   auto aggregator = Make();
-  ASSERT_TRUE(aggregator->Begin(5, *previous.values).ok());
+  ASSERT_TRUE(aggregator->Begin(5, *previous.values, 2).ok());
   const Aggregator::Finished finished = aggregator->Finish(5, previous);
   EXPECT_FALSE(finished.status.ok());
   EXPECT_TRUE(finished.checkpoint.empty());

@@ -9,6 +9,7 @@
 #include "aggregation/sampling.h"
 #include "crypto/sha256.h"
 #include "models/checkpoint.h"
+#include "privacy/accountant.h"
 #include "proto/wire.h"
 #include "tests/server/fakes.h"
 
@@ -239,6 +240,68 @@ TEST(Coordinator, AfterTheLastRoundTheFederationIsCompleteAndLateSitesAreToldSo)
   EXPECT_EQ(closed[0].round_closed().round(), 1u);
   EXPECT_EQ(closed[0].round_closed().model_version(), 1u);
   EXPECT_EQ(closed[0].round_closed().model_checksum(), Checksum(Plus(rig.initial(), 1.0)));
+}
+
+// DP-FedAvg: two of four connected sites a round (q = 0.5), noise multiplier
+// 1. Each committed round's ε is the accountant's for that many rounds, and a
+// budget between ε after 2 and after 3 rounds stops the federation before
+// round 3, again after a restart (which replays the log into the accountant).
+TEST(Coordinator, ADpRoundLogsTheAccountantsEpsilonAndTheBudgetStopsTheFederation) {
+  constexpr double kQ = 0.5, kZ = 1.0, kDelta = 1e-5;
+  auto two = privacy::EpsilonAfterRounds(kQ, kZ, 2, kDelta);
+  auto three = privacy::EpsilonAfterRounds(kQ, kZ, 3, kDelta);
+  ASSERT_TRUE(two.ok() && three.ok());
+  CoordinatorRig rig;
+  rig.config.rounds = 5;
+  rig.config.min_clients = 4;
+  v1::DpConfig& dp = *rig.config.federation.mutable_dp();
+  dp.set_noise_multiplier(kZ);
+  dp.set_clip(0.5);
+  dp.set_delta(kDelta);
+  dp.set_max_epsilon((two->epsilon + three->epsilon) / 2);
+  ASSERT_TRUE(rig.Start().ok());
+  int completed = 0;
+  rig.coordinator->set_on_complete([&] { ++completed; });
+  Sessions sites;
+  for (const char* name : {"site-a", "site-b", "site-c", "site-d"}) sites.push_back(rig.Connect(name));
+  auto run_round = [&](uint64_t round) {
+    rig.FinishDownloads(sites);
+    for (const auto& site : sites) {
+      const auto starts = RoundStarts(*site);
+      if (!starts.empty() && starts.back().round() == round) rig.Upload(site, round, Filled(rig, 0.01f));
+    }
+    rig.executors.RunUntilIdle();
+  };
+  run_round(1);
+  run_round(2);
+  for (uint64_t round : {1, 2}) {
+    const RoundRecord record = RoundOf(rig, round);
+    ASSERT_EQ(record.state, RoundState::kCommitted) << round;
+    ASSERT_TRUE(record.privacy.has_value()) << round;
+    auto expected = privacy::EpsilonAfterRounds(kQ, kZ, int64_t(round), kDelta);
+    ASSERT_TRUE(expected.ok());
+    EXPECT_DOUBLE_EQ(record.privacy->epsilon, expected->epsilon) << round;
+    EXPECT_EQ(record.privacy->sampling_rate, kQ);
+    EXPECT_EQ(record.privacy->clip, 0.5);
+    EXPECT_DOUBLE_EQ(record.privacy->noise_stddev, kZ * 0.5);
+    EXPECT_EQ(record.strategy, "fedavg+dp");
+  }
+  EXPECT_EQ(completed, 1);
+  EXPECT_TRUE(rig.coordinator->complete());
+  EXPECT_FALSE(rig.store->GetRound(3)->has_value()) << "round 3 never opened";
+  for (const auto& site : sites) {
+    const auto closed = site->SentOf(v1::Envelope::kRoundClosed);
+    ASSERT_FALSE(closed.empty());
+    EXPECT_TRUE(closed.back().round_closed().federation_complete());
+  }
+
+  rig.coordinator.reset();
+  ASSERT_TRUE(rig.Start().ok());
+  Sessions again;
+  for (const char* name : {"site-a", "site-b", "site-c", "site-d"}) again.push_back(rig.Connect(name));
+  for (const auto& site : again) EXPECT_TRUE(RoundStarts(*site).empty());
+  EXPECT_TRUE(rig.coordinator->complete());
+  EXPECT_FALSE(rig.store->GetRound(3)->has_value());
 }
 
 TEST(Coordinator, TheDeadlineMarksSilentSitesLateAndAggregatesWithMinUpdates) {

@@ -118,5 +118,79 @@ TEST(Store, ReadOnlyOpenNamesTheFileAndTheProblem) {
   EXPECT_NE(writable.status().message().find("other.db"), std::string::npos);
 }
 
+TEST(Store, ADpRoundsPrivacyIsCommittedWithItAndShownToTheOperator) {
+  testing::TempDir dir;
+  auto store = Store::Open(dir / "rounds.db");
+  ASSERT_TRUE(store.ok());
+  ASSERT_TRUE((*store)->BeginRound(Round(1)).ok());
+  RoundRecord done = Round(1);
+  done.global_checksum = std::string(64, 'c');
+  done.privacy = RoundPrivacy{.sampling_rate = 0.1, .noise_multiplier = 1.1, .clip = 0.5, .noise_stddev = 0.55,
+                              .epsilon = 0.8125, .delta = 1e-5};
+  ASSERT_TRUE((*store)->CommitRound(done, dir / "c1", 10).ok());
+  auto round = (*store)->GetRound(1);
+  ASSERT_TRUE(round.ok() && round->has_value());
+  ASSERT_TRUE((*round)->privacy.has_value());
+  EXPECT_EQ((*round)->privacy->epsilon, 0.8125);
+  EXPECT_EQ((*round)->privacy->sampling_rate, 0.1);
+  EXPECT_EQ((*round)->privacy->noise_stddev, 0.55);
+  std::string text;
+  ASSERT_TRUE(ListRounds(**store, false, &text).ok());
+  EXPECT_NE(text.find("0.8125"), std::string::npos) << text;
+  EXPECT_NE(text.find("δ = 1e-05"), std::string::npos) << text;
+  ASSERT_TRUE(ListRounds(**store, true, &text).ok());
+  EXPECT_NE(text.find("\"epsilon\": 0.8125"), std::string::npos) << text;
+  ASSERT_TRUE(ShowRound(**store, 1, false, &text).ok());
+  EXPECT_NE(text.find("ε 0.8125 at δ 1e-05"), std::string::npos) << text;
+  // A round retried after a failure loses the failed attempt's privacy row with it.
+  ASSERT_TRUE((*store)->BeginRound(Round(2)).ok());
+  ASSERT_TRUE((*store)->FailRound(2, "too few", 11).ok());
+  auto failed = (*store)->GetRound(2);
+  ASSERT_TRUE(failed.ok() && failed->has_value());
+  EXPECT_FALSE((*failed)->privacy.has_value());
+}
+
+// A round log written before round_privacy existed (schema 1): the operator
+// CLI reads it as it is, a server migrates it and then records privacy.
+TEST(Store, ALogOfSchemaOneStillOpensAndIsMigratedByAServer) {
+  testing::TempDir dir;
+  const auto path = dir / "old.db";
+  {
+    auto store = Store::Open(path);
+    ASSERT_TRUE(store.ok());
+    ASSERT_TRUE((*store)->BeginRound(Round(1)).ok());
+    RoundRecord done = Round(1);
+    done.global_checksum = std::string(64, 'd');
+    ASSERT_TRUE((*store)->CommitRound(done, dir / "c1", 10).ok());
+  }
+  sqlite3* raw = nullptr;
+  ASSERT_EQ(sqlite3_open(path.c_str(), &raw), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(raw, "DROP TABLE round_privacy; PRAGMA user_version=1;", nullptr, nullptr, nullptr), SQLITE_OK);
+  sqlite3_close(raw);
+
+  {
+    auto old = Store::OpenReadOnly(path);
+    ASSERT_TRUE(old.ok()) << old.status().ToString();
+    std::string text;
+    ASSERT_TRUE(ListRounds(**old, false, &text).ok());
+    EXPECT_NE(text.find("dddddddddddd"), std::string::npos) << text;
+    EXPECT_EQ(text.find("ε"), std::string::npos) << text;
+  }
+  auto migrated = Store::Open(path);
+  ASSERT_TRUE(migrated.ok()) << migrated.status().ToString();
+  ASSERT_TRUE((*migrated)->BeginRound(Round(2)).ok());
+  RoundRecord two = Round(2);
+  two.global_checksum = std::string(64, 'e');
+  two.privacy = RoundPrivacy{.sampling_rate = 1, .noise_multiplier = 2, .clip = 1, .noise_stddev = 2,
+                             .epsilon = 3, .delta = 1e-6};
+  ASSERT_TRUE((*migrated)->CommitRound(two, dir / "c2", 12).ok());
+  auto rounds = (*migrated)->Rounds();
+  ASSERT_TRUE(rounds.ok());
+  ASSERT_EQ(rounds->size(), 2u);
+  EXPECT_FALSE((*rounds)[0].privacy.has_value());
+  ASSERT_TRUE((*rounds)[1].privacy.has_value());
+  EXPECT_EQ((*rounds)[1].privacy->epsilon, 3);
+}
+
 }  // namespace
 }  // namespace estuary::server
