@@ -180,6 +180,7 @@ int main(int argc, char** argv) {
   }
   std::printf("final test accuracy %.4f after %zu rounds in %.2f s\n", report->final_accuracy, report->rounds.size(),
               report->total_seconds);
+  if (report->epsilon) std::printf("differential privacy: epsilon %.4g at delta %g\n", *report->epsilon, *report->delta);
   if (!report->round_log.empty()) std::printf("round log: %s\n", report->round_log.c_str());
   std::printf("report: %s\nplot: %s\n", report_path.c_str(), plot_path.c_str());
   return 0;

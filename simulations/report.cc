@@ -28,9 +28,16 @@ constexpr const char* kRoundKeys[] = {"round",      "clients_selected", "updates
                                       "seconds",    "bytes_up",         "bytes_down",
                                       "global_checksum"};
 // Round keys added later: written always, read when present.
-constexpr const char* kOptionalRoundKeys[] = {"bytes_per_update", "merge_bytes_down"};
+constexpr const char* kOptionalRoundKeys[] = {"bytes_per_update", "merge_bytes_down", "epsilon", "dp_clip"};
 constexpr const char* kReportKeys[] = {"scenario", "mode",          "round_log",
                                        "rounds",   "total_seconds", "final_accuracy"};
+// A DP run's.
+constexpr const char* kOptionalReportKeys[] = {"epsilon", "delta"};
+
+// A key that only some reports hold: written when set.
+void SetIfPresent(json& object, const char* key, const std::optional<double>& value) {
+  if (value) object[key] = *value;
+}
 
 // JSON cannot hold NaN or infinity; null stands for "not a finite number".
 json NumberOrNull(double value) { return std::isfinite(value) ? json(value) : json(nullptr); }
@@ -129,6 +136,12 @@ Result<RoundReport> RoundFromJson(const json& object, std::string_view where) {
   if (object.contains("merge_bytes_down")) {
     ESTUARY_RETURN_IF_ERROR(ReadUnsigned(object, "merge_bytes_down", kMaxU64, where, round.merge_bytes_down));
   }
+  for (auto [key, out] : {std::pair{"epsilon", &round.epsilon}, std::pair{"dp_clip", &round.dp_clip}}) {
+    if (!object.contains(key)) continue;
+    double value = 0;
+    ESTUARY_RETURN_IF_ERROR(ReadNonNegative(object, key, where, value));
+    *out = value;
+  }
   return round;
 }
 
@@ -211,17 +224,22 @@ nlohmann::json ToJson(const Report& report) {
                       {"bytes_per_update", r.bytes_per_update},
                       {"merge_bytes_down", r.merge_bytes_down},
                       {"global_checksum", r.global_checksum}});
+    SetIfPresent(rounds.back(), "epsilon", r.epsilon);
+    SetIfPresent(rounds.back(), "dp_clip", r.dp_clip);
   }
-  return {{"scenario", report.scenario},
-          {"mode", report.mode},
-          {"round_log", report.round_log.empty() ? json(nullptr) : json(report.round_log)},
-          {"rounds", std::move(rounds)},
-          {"total_seconds", NumberOrNull(report.total_seconds)},
-          {"final_accuracy", NumberOrNull(report.final_accuracy)}};
+  json out = {{"scenario", report.scenario},
+              {"mode", report.mode},
+              {"round_log", report.round_log.empty() ? json(nullptr) : json(report.round_log)},
+              {"rounds", std::move(rounds)},
+              {"total_seconds", NumberOrNull(report.total_seconds)},
+              {"final_accuracy", NumberOrNull(report.final_accuracy)}};
+  SetIfPresent(out, "epsilon", report.epsilon);
+  SetIfPresent(out, "delta", report.delta);
+  return out;
 }
 
 Result<Report> ReportFromJson(const nlohmann::json& object, std::string_view where) {
-  ESTUARY_RETURN_IF_ERROR(CheckKeys(object, kReportKeys, where));
+  ESTUARY_RETURN_IF_ERROR(CheckKeys(object, kReportKeys, where, kOptionalReportKeys));
   Report report;
   report.scenario = object.at("scenario");
   if (!report.scenario.is_object() && !report.scenario.is_null()) {
@@ -248,6 +266,12 @@ Result<Report> ReportFromJson(const nlohmann::json& object, std::string_view whe
   }
   ESTUARY_RETURN_IF_ERROR(ReadNonNegative(object, "total_seconds", where, report.total_seconds));
   ESTUARY_RETURN_IF_ERROR(ReadFraction(object, "final_accuracy", where, report.final_accuracy));
+  for (auto [key, out] : {std::pair{"epsilon", &report.epsilon}, std::pair{"delta", &report.delta}}) {
+    if (!object.contains(key)) continue;
+    double value = 0;
+    ESTUARY_RETURN_IF_ERROR(ReadNonNegative(object, key, where, value));
+    *out = value;
+  }
   return report;
 }
 

@@ -11,12 +11,16 @@
 //                   "global_checksum": "..." }, ... ],
 // (bytes_per_update and merge_bytes_down may be absent in older reports: 0.)
 //     "total_seconds": 12.5, "final_accuracy": 0.97 }
+// A DP run's rounds also hold "epsilon" (spent after the round) and "dp_clip"
+// (the clip norm the round used), and the report "epsilon" and "delta" (spent
+// by the whole run); a run without DP has none of these keys.
 // JSON has no NaN or infinity; a non-finite metric (a diverged loss) is written
 // as null and read back as NaN, so such a run still leaves a readable report.
 #pragma once
 
 #include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -41,6 +45,8 @@ struct RoundReport {
   // residuals exact folds into the base); 0 when the whole model changed.
   uint64_t merge_bytes_down = 0;
   std::string global_checksum;    // of the global model after the round
+  std::optional<double> epsilon;  // DP: spent after this round, at Report::delta
+  std::optional<double> dp_clip;  // DP: the clip norm the round's updates were clipped to
 
   bool operator==(const RoundReport&) const = default;
 };
@@ -52,6 +58,8 @@ struct Report {
   std::vector<RoundReport> rounds;
   double total_seconds = 0;
   double final_accuracy = 0;
+  std::optional<double> epsilon;  // DP: spent by the run
+  std::optional<double> delta;
 };
 
 nlohmann::json ToJson(const Report& report);

@@ -13,6 +13,7 @@
 #include <set>
 #include <thread>
 
+#include "aggregation/dp_fedavg.h"
 #include "aggregation/lora_strategy.h"
 #include "aggregation/sampling.h"
 #include "base/host_port.h"
@@ -31,6 +32,8 @@
 #include "models/federated_model.h"
 #include "models/language_model.h"
 #include "models/lora_federation.h"
+#include "privacy/accountant.h"
+#include "server/store.h"
 #include "models/model.h"
 #include "models/text_corpus.h"
 #include "simulations/partition.h"
@@ -209,8 +212,10 @@ struct Simulation {
 static Result<Simulation> MakeSimulation(const Scenario& s) {
   Simulation sim;
   ESTUARY_ASSIGN_OR_RETURN(sim.clients, ClientsOf(s));
+  // Seeded DP noise: a simulation reproduces from its seed (dp_noise.h).
   ESTUARY_ASSIGN_OR_RETURN(sim.federation,
-                           aggregation::MakeFederation(FederationOf(s), {.data = s.data_dir, .threads = int(s.threads)}));
+                           aggregation::MakeFederation(FederationOf(s), {.data = s.data_dir, .threads = int(s.threads)},
+                                                       aggregation::DpNoise::kSeeded));
   return sim;
 }
 
@@ -229,10 +234,28 @@ Result<Report> RunInproc(const Scenario& s, const RoundCallback& on_round, std::
   Report report;
   report.scenario = ScenarioJson(s);
   report.mode = "inproc";
+  // DP: the server's accountant, with q = sampled / clients.
+  const v1::DpConfig& dp = sim.federation.config.dp();
+  std::optional<privacy::Accountant> accountant;
+  if (dp.noise_multiplier() > 0) {
+    ESTUARY_ASSIGN_OR_RETURN(accountant, privacy::Accountant::Create(dp.delta()));
+  }
   for (uint64_t round = 1; round <= s.rounds; ++round) {
     const auto round_start = Clock::now();
     const size_t k = aggregation::ClientsPerRound(s.per_round, names.size());
     const auto selected = aggregation::SampleClients(names, k, task.seed(), round);
+    const double sampling_rate = double(k) / double(names.size());
+    if (accountant && dp.max_epsilon() > 0) {
+      ESTUARY_ASSIGN_OR_RETURN(const privacy::Epsilon next, accountant->EpsilonAfter(sampling_rate,
+                                                                                     dp.noise_multiplier()));
+      if (next.epsilon > dp.max_epsilon()) {
+        spdlog::warn("federation stops before round {}: ε would reach {:.4g} at δ {:g}, beyond dp_max_epsilon {:g} "
+                     "(ε {:.4g} after {} rounds)",
+                     round, next.epsilon, dp.delta(), dp.max_epsilon(), accountant->Spent().epsilon,
+                     accountant->rounds());
+        break;
+      }
+    }
     std::vector<std::optional<Result<client::Update>>> updates(k);
     std::atomic<size_t> next{0};
     auto work = [&] {
@@ -249,6 +272,7 @@ Result<Report> RunInproc(const Scenario& s, const RoundCallback& on_round, std::
     // in, each as the federation's limits admit it, as the server does.
     aggregation::UpdateBound& bound = sim.federation.bound;
     bound.BeginRound();
+    strategy.PlanRound(k);
     ESTUARY_RETURN_IF_ERROR(strategy.Begin(round, global));
     RoundReport row;
     row.round = round;
@@ -273,6 +297,13 @@ Result<Report> RunInproc(const Scenario& s, const RoundCallback& on_round, std::
     row.bytes_per_update = row.bytes_up / row.updates_received;
     ESTUARY_RETURN_IF_ERROR(strategy.Finish(global));
     bound.CommitRound();
+    if (accountant) {
+      ESTUARY_RETURN_IF_ERROR(accountant->AddRounds(sampling_rate, dp.noise_multiplier()));
+      row.epsilon = accountant->Spent().epsilon;
+      if (const auto* dp_strategy = dynamic_cast<const aggregation::DpFedAvg*>(&strategy)) {
+        row.dp_clip = dp_strategy->last_round().clip;
+      }
+    }
     row.merge_bytes_down = strategy.changed_bytes();
     ESTUARY_ASSIGN_OR_RETURN(const models::EvalResult eval, sim.federation.evaluator->Evaluate(global));
     row.train_loss = loss_sum / examples;
@@ -283,6 +314,14 @@ Result<Report> RunInproc(const Scenario& s, const RoundCallback& on_round, std::
     report.rounds.push_back(row);
     if (on_round) on_round(row, s.rounds);
   }
+  if (report.rounds.empty()) {
+    return FailedPrecondition("sim: dp_max_epsilon {:g} admits no round at noise multiplier {:g}", dp.max_epsilon(),
+                              dp.noise_multiplier());
+  }
+  if (accountant) {
+    report.epsilon = accountant->Spent().epsilon;
+    report.delta = accountant->delta();
+  }
   report.total_seconds = Since(start);
   report.final_accuracy = report.rounds.back().test_accuracy;
   if (final_global) *final_global = std::move(global);
@@ -290,6 +329,25 @@ Result<Report> RunInproc(const Scenario& s, const RoundCallback& on_round, std::
 }
 
 namespace {
+
+// The server's noise is its own: a loopback run's ε comes from its round log.
+Status AddPrivacyFromRoundLog(Report& report) {
+  ESTUARY_ASSIGN_OR_RETURN(auto store, server::Store::OpenReadOnly(report.round_log));
+  ESTUARY_ASSIGN_OR_RETURN(const std::vector<server::RoundRecord> logged, store->Rounds());
+  std::map<uint64_t, server::RoundPrivacy> privacy;
+  for (const auto& r : logged) {
+    if (r.state == server::RoundState::kCommitted && r.privacy) privacy[r.round] = *r.privacy;
+  }
+  for (RoundReport& row : report.rounds) {
+    auto it = privacy.find(row.round);
+    if (it == privacy.end()) continue;
+    row.epsilon = it->second.epsilon;
+    row.dp_clip = it->second.clip;
+    report.epsilon = it->second.epsilon;
+    report.delta = it->second.delta;
+  }
+  return Status::Ok();
+}
 
 // The sites' certificates (client authentication), or with `role` kServer the
 // server's, for the loopback addresses the sites dial. One already in `dir`
@@ -453,6 +511,7 @@ Result<Report> RunLoopback(const Scenario& s, const RoundCallback& on_round) {
   }
   if (report.rounds.empty()) return Aborted("sim: no round completed");
   std::sort(report.rounds.begin(), report.rounds.end(), [](auto& a, auto& b) { return a.round < b.round; });
+  if (!report.round_log.empty()) ESTUARY_RETURN_IF_ERROR(AddPrivacyFromRoundLog(report));
   report.total_seconds = Since(start);
   report.final_accuracy = report.rounds.back().test_accuracy;
   return report;
