@@ -18,6 +18,7 @@
 #include "models/lora.h"
 #include "models/lora_federation.h"
 #include "proto/frame.h"
+#include "privacy/accountant.h"
 #include "proto/wire.h"
 #include "server/store.h"
 #include "simulations/server_process.h"
@@ -849,6 +850,59 @@ TEST(Federation, FedAdamStateSurvivesARestartBitForBit) {
   EXPECT_EQ((*round)->global_checksum, continuous);
 }
 
+// DP-FedAvg over real TLS with adaptive clipping: the server stopped after
+// round 1 and started again continues the clip norm from its checkpoint and
+// the ε from its round log, and a budget between ε after 2 and after 3 rounds
+// ends the federation cleanly before round 3. Two of two sites each round:
+// q = 1.
+TEST(Federation, ADpFederationResumesItsClipAndItsEpsilonAndStopsAtTheBudget) {
+  constexpr double kZ = 1.0, kDelta = 1e-5;
+  auto two = privacy::EpsilonAfterRounds(1.0, kZ, 2, kDelta);
+  auto three = privacy::EpsilonAfterRounds(1.0, kZ, 3, kDelta);
+  ASSERT_TRUE(two.ok() && three.ok());
+  const std::vector<std::string> dp = {"--dp-noise-multiplier", "1", "--dp-clip", "0.5", "--dp-adaptive-clip",
+                                       "--dp-clipped-count-stddev", "1", "--dp-delta", "1e-5", "--dp-max-epsilon",
+                                       fmt::format("{}", (two->epsilon + three->epsilon) / 2)};
+  Federation f;
+  f.Issue("site-a");
+  f.Issue("site-b");
+  for (uint64_t rounds : {1, 3}) {
+    const uint16_t port = f.StartServer(rounds, 2, dp);
+    auto a = f.StartClient("site-a", port);
+    auto b = f.StartClient("site-b", port);
+    EXPECT_EQ(a->Wait(), 0);
+    EXPECT_EQ(b->Wait(), 0);
+    ASSERT_EQ(f.WaitServer(), 0) << f.ServerLog();
+  }
+  EXPECT_NE(f.ServerLog().find("federation stops before round 3: ε would reach"), std::string::npos)
+      << f.ServerLog();
+  auto store = f.OpenStore();
+  auto rounds = store->Rounds();
+  ASSERT_TRUE(rounds.ok());
+  ASSERT_EQ(rounds->size(), 2u) << "round 3 never opened";
+  for (const auto& r : *rounds) {
+    ASSERT_EQ(r.state, server::RoundState::kCommitted);
+    ASSERT_TRUE(r.privacy.has_value()) << r.round;
+    auto expected = privacy::EpsilonAfterRounds(1.0, kZ, int64_t(r.round), kDelta);
+    ASSERT_TRUE(expected.ok());
+    EXPECT_DOUBLE_EQ(r.privacy->epsilon, expected->epsilon) << r.round;
+    EXPECT_EQ(r.strategy, "fedavg+dp");
+    // z_Δ = (1 − (2σ_b)⁻²)^(−½) for z = 1, σ_b = 1: the sum's share of the budget.
+    EXPECT_NEAR(r.privacy->noise_stddev, r.privacy->clip * 1.1547005383792515, 1e-12) << r.round;
+  }
+  EXPECT_EQ((*rounds)[0].privacy->clip, 0.5);
+  // Round 2 ran in the restarted server: a clip norm back at 0.5 would mean
+  // the adaptive state was lost (the count's noise moves it every round).
+  EXPECT_NE((*rounds)[1].privacy->clip, 0.5);
+
+  const std::string server_bin = BinaryPath("estuary-server").string();
+  auto list = RunCommand(fmt::format("{} rounds list --db {}", server_bin, f.db().string()));
+  ASSERT_EQ(list.exit_code, 0) << list.output;
+  EXPECT_NE(list.output.find(fmt::format("{:.4g}", (*rounds)[1].privacy->epsilon)), std::string::npos)
+      << list.output;
+  EXPECT_NE(list.output.find("at δ = 1e-05"), std::string::npos) << list.output;
+}
+
 // The server is killed (SIGKILL) at some instant after round 1 committed and
 // restarted on the same port; the client reconnects on its own and the
 // federation finishes from the last committed round.
@@ -877,9 +931,12 @@ TEST(Federation, AClientReconnectsAfterTheServerCrashes) {
 TEST(Federation, EveryHelpShowsTheDefaults) {
   const std::pair<std::string, std::vector<std::string>> cases[] = {
       {"estuary-server serve", {"--rounds UINT=20", "--min-clients UINT=10", "--epochs UINT=5", "--strategy TEXT=fedavg",
-                                "--lora-targets TEXT=q_proj,k_proj,v_proj,o_proj", "--exit-when-done"}},
+                                "--lora-targets TEXT=q_proj,k_proj,v_proj,o_proj", "--exit-when-done",
+                                "--dp-noise-multiplier FLOAT=0", "--dp-clip FLOAT=1", "--dp-delta FLOAT=1e-05",
+                                "--dp-max-epsilon FLOAT=0", "--dp-adaptive-clip=false"}},
       {"estuary-sim", {"--clients UINT=100", "--rounds UINT=20", "--epochs UINT=5", "--strategy TEXT=fedavg",
-                       "--threads UINT=2", "--max-norm-over-median FLOAT=10"}},
+                       "--threads UINT=2", "--max-norm-over-median FLOAT=10", "--dp-noise-multiplier FLOAT=0",
+                       "--dp-target-quantile FLOAT=0.5", "--dp-clip-lr FLOAT=0.2"}},
       {"estuary-client", {"--server TEXT=127.0.0.1:7443", "--device TEXT=cpu", "--blas-threads INT=1",
                           "--rank-timeout FLOAT=60"}},
   };
