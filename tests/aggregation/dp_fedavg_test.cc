@@ -8,6 +8,8 @@
 #include "aggregation/dp_noise.h"
 #include "aggregation/fedadam.h"
 #include "aggregation/fedavg.h"
+#include "aggregation/lora_strategy.h"
+#include "models/lora_federation.h"
 
 namespace estuary::aggregation {
 namespace {
@@ -177,6 +179,79 @@ TEST(DpFedAvgTest, AdaptiveClippingWithoutBudgetForTheSumIsRefused) {
   const Status begun = dp->Begin(1, global);
   EXPECT_EQ(begun.code(), Code::kFailedPrecondition);
   EXPECT_NE(begun.message().find("dp_clipped_count_stddev"), std::string::npos) << begun.message();
+}
+
+// A LoRA federation: what is clipped and noised is how far a site moved the
+// global adapter, not the factors themselves (they would be clipped to C
+// however little a site trained), and the merge sees the noised mean moved
+// adapter as one upload. Naive merging then sets the global adapter to it;
+// the base is untouched.
+TEST(DpFedAvgTest, ALoraUploadIsClippedAsItsMoveFromTheGlobalAdapter) {
+  models::LoraConfig lora;
+  lora.rank = 2;
+  lora.alpha = 4;
+  lora.target_modules = {"q_proj", "v_proj"};
+  auto layout = models::MakeLoraGlobalLayout({.vocab_size = 16, .hidden_size = 8, .intermediate_size = 12,
+                                              .num_layers = 1, .num_heads = 2, .num_kv_heads = 1, .max_seq_len = 8},
+                                             lora);
+  ASSERT_TRUE(layout.ok()) << layout.status().ToString();
+  LoraStrategyOptions options{.layout = *layout, .merge = {.rule = LoraMergeRule::kNaive, .rank = 2, .alpha = 4}};
+  auto reference = LoraUploadReference(options);
+  ASSERT_TRUE(reference.ok()) << reference.status().ToString();
+  auto inner = LoraStrategy::Make(options);
+  ASSERT_TRUE(inner.ok());
+  DpFedAvg dp(std::move(*inner), {.noise_multiplier = kNoNoise, .clip = 1.0, .seed = 1}, *reference);
+
+  std::vector<float> global(layout->global.total_elements);
+  for (size_t i = 0; i < global.size(); ++i) global[i] = 0.01f * float(i % 97) - 0.3f;
+  const std::vector<float> before = global;
+  const Manifest& upload = reference->upload;
+  std::vector<float> adapter(global.begin() + layout->adapter_offset(), global.end());
+  ASSERT_EQ(adapter.size(), upload.total_elements);  // not frozen-a: the upload is the whole adapter
+  std::vector<float> far = adapter, near = adapter;
+  far[0] += 6.0f;
+  far[1] -= 8.0f;      // moved by norm 10: clipped to 1
+  near[2] += 0.5f;     // moved by 0.5: kept
+  dp.PlanRound(4);
+  ASSERT_TRUE(dp.Begin(1, global).ok());
+  ASSERT_TRUE(dp.FoldUpdate("site-far", upload, far, 100).ok());
+  ASSERT_TRUE(dp.FoldUpdate("site-near", upload, near, 1).ok());
+  ASSERT_TRUE(dp.Finish(global).ok());
+
+  for (size_t i = 0; i < layout->adapter_offset(); ++i) ASSERT_EQ(global[i], before[i]) << "base " << i;
+  std::vector<float> expected = adapter;
+  expected[0] += 0.6f / 4;
+  expected[1] -= 0.8f / 4;
+  expected[2] += 0.5f / 4;
+  for (size_t i = 0; i < adapter.size(); ++i) {
+    EXPECT_NEAR(global[layout->adapter_offset() + i], expected[i], 1e-6) << "adapter " << i;
+  }
+  EXPECT_EQ(dp.last_round().clipped, 1u);
+}
+
+TEST(DpFedAvgTest, ALoraUploadInAnotherLayoutIsRefusedNamingTheSite) {
+  models::LoraConfig lora;
+  lora.rank = 2;
+  lora.alpha = 4;
+  lora.target_modules = {"q_proj"};
+  auto layout = models::MakeLoraGlobalLayout({.vocab_size = 16, .hidden_size = 8, .intermediate_size = 12,
+                                              .num_layers = 1, .num_heads = 2, .num_kv_heads = 1, .max_seq_len = 8},
+                                             lora);
+  ASSERT_TRUE(layout.ok());
+  LoraStrategyOptions options{.layout = *layout, .merge = {.rule = LoraMergeRule::kNaive, .rank = 2, .alpha = 4}};
+  auto reference = LoraUploadReference(options);
+  ASSERT_TRUE(reference.ok());
+  auto inner = LoraStrategy::Make(options);
+  ASSERT_TRUE(inner.ok());
+  DpFedAvg dp(std::move(*inner), {.noise_multiplier = 1, .clip = 1.0, .seed = 1}, *reference);
+  std::vector<float> global(layout->global.total_elements, 0.1f);
+  dp.PlanRound(2);
+  ASSERT_TRUE(dp.Begin(1, global).ok());
+  const Manifest b_only = models::LoraUploadManifest(layout->adapter, true);
+  const Status refused = dp.FoldUpdate("site-7", b_only, std::vector<float>(b_only.total_elements, 0.0f), 1);
+  EXPECT_EQ(refused.code(), Code::kInvalidArgument);
+  EXPECT_NE(refused.message().find("site-7"), std::string::npos) << refused.message();
+  EXPECT_EQ(dp.folded(), 0u);
 }
 
 }  // namespace
