@@ -31,7 +31,7 @@
 //
 //   ESTUARY_ASSIGN_OR_RETURN(auto accountant, privacy::Accountant::Create(1e-5));
 //   ESTUARY_ASSIGN_OR_RETURN(auto next, accountant.EpsilonAfter(q, z));
-//   if (next.epsilon > budget) stop before the round;        // --dp-epsilon-budget
+//   if (next.epsilon > budget) stop before the round;        // --dp-max-epsilon
 //   ESTUARY_RETURN_IF_ERROR(accountant.AddRounds(q, z));     // the round ran
 //   accountant.Spent().epsilon                               // the round log's ε
 //
