@@ -5,8 +5,6 @@
 #include <algorithm>
 #include <cmath>
 
-#include "aggregation/weighted_mean.h"
-
 namespace estuary::aggregation {
 
 namespace {
