@@ -107,10 +107,11 @@ Status CheckDp(const v1::FederationConfig& config) {
   }
   if (dp.clip() == 0) return InvalidArgument("federation: dp_clip = 0: must be > 0 with dp_noise_multiplier");
   if (dp.delta() == 0) return InvalidArgument("federation: dp_delta = 0: must be in (0, 1)");
-  if (dp.adaptive_clip() && dp.clipped_count_stddev() > 0) {
-    if (Status fits = DpFedAvg::SumNoiseMultiplier(DpOptionsOf(dp), 1).status(); !fits.ok()) {
-      return InvalidArgument("federation: {}", fits.message());
-    }
+  // The count's noise must leave the sum a finite share of the budget (dp_fedavg.h).
+  if (dp.adaptive_clip() && dp.clipped_count_stddev() > 0 && !(dp.noise_multiplier() < 2 * dp.clipped_count_stddev())) {
+    return InvalidArgument("federation: dp_clipped_count_stddev = {}: must be above dp_noise_multiplier / 2 = {} "
+                           "with dp_adaptive_clip",
+                           dp.clipped_count_stddev(), dp.noise_multiplier() / 2);
   }
   if (config.task().update_kind() == v1::UPDATE_LORA && config.task().lora().mixed_ranks()) {
     return InvalidArgument("federation: dp_noise_multiplier = {} with lora_mixed_ranks: adapters of different "

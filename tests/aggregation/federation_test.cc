@@ -74,7 +74,7 @@ TEST(Federation, EachBadFieldIsOneLineNamingItsKey) {
          c.mutable_dp()->set_adaptive_clip(true);
          c.mutable_dp()->set_clipped_count_stddev(0.4);
        },
-       "dp_clipped_count_stddev above 0.5"},
+       "dp_clipped_count_stddev = 0.4: must be above dp_noise_multiplier / 2 = 0.5"},
   };
   for (const auto& [mutate, expected] : cases) {
     v1::FederationConfig config = DefaultFederation();

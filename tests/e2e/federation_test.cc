@@ -903,6 +903,38 @@ TEST(Federation, ADpFederationResumesItsClipAndItsEpsilonAndStopsAtTheBudget) {
   EXPECT_NE(list.output.find("at δ = 1e-05"), std::string::npos) << list.output;
 }
 
+// Nonsense DP settings, as flags or as TOML keys, are one line naming the key
+// and the value, from either program.
+TEST(Federation, NonsenseDpSettingsGetOneLineNamingTheKeyAndTheValue) {
+  Federation f;
+  const std::string sim = BinaryPath("estuary-sim").string();
+  for (const auto& [flags, expected] : {
+           std::pair<std::string, std::string>{"--dp-noise-multiplier -1", "dp_noise_multiplier = -1: must be"},
+           {"--dp-noise-multiplier nan", "dp_noise_multiplier = nan: must be"},
+           {"--dp-noise-multiplier 1 --dp-delta 1", "dp_delta = 1: must be in (0, 1)"},
+           {"--dp-noise-multiplier 1 --dp-clip 0", "dp_clip = 0: must be > 0"},
+           {"--dp-max-epsilon 3", "dp_max_epsilon without dp_noise_multiplier"},
+           {"--dp-noise-multiplier 1 --dp-adaptive-clip --dp-clipped-count-stddev 0.2",
+            "dp_clipped_count_stddev = 0.2: must be above dp_noise_multiplier / 2 = 0.5"},
+       }) {
+    auto r = RunCommand(fmt::format("{} --quiet --data {} {}", sim, (f.dir() / "none").string(), flags));
+    EXPECT_NE(r.exit_code, 0) << flags;
+    EXPECT_NE(r.output.find(expected), std::string::npos) << flags << ": " << r.output;
+    // The simulator starts a new line first, past where its progress bar would be.
+    const std::string message = r.output.substr(r.output.find_first_not_of('\n'));
+    EXPECT_EQ(std::count(message.begin(), message.end(), '\n'), 1) << r.output;
+  }
+  const fs::path toml = f.dir() / "dp.toml";
+  std::ofstream(toml) << "dp_noise_multiplier = 1.0\ndp_target_quantile = 1.5\n";
+  auto r = RunCommand(fmt::format("{} serve --config {} --cert {} --key {} --ca {} --db {}",
+                                  BinaryPath("estuary-server").string(), toml.string(),
+                                  f.Files("server").cert.string(), f.Files("server").key.string(),
+                                  f.Files("server").ca.string(), (f.dir() / "x.db").string()));
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("dp_target_quantile = 1.5: must be in [0, 1]"), std::string::npos) << r.output;
+  EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
+}
+
 // The server is killed (SIGKILL) at some instant after round 1 committed and
 // restarted on the same port; the client reconnects on its own and the
 // federation finishes from the last committed round.
@@ -1058,7 +1090,9 @@ TEST(Federation, BadConfigurationGetsOneLineNamingTheFile) {
                                files.cert.string(), files.key.string(), files.ca.string(), f.data().string(), flags));
     EXPECT_NE(r.exit_code, 0) << flags;
     EXPECT_NE(r.output.find(expected), std::string::npos) << flags << ": " << r.output;
-    EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
+    // The simulator starts a new line first, past where its progress bar would be.
+    const std::string message = r.output.substr(r.output.find_first_not_of('\n'));
+    EXPECT_EQ(std::count(message.begin(), message.end(), '\n'), 1) << r.output;
   }
 }
 
