@@ -117,7 +117,7 @@ void Coordinator::OnHello(const std::shared_ptr<ClientSession>& session, const v
                        : "");
 
   session->Send(WelcomeMessage(name, config_));
-  if (complete()) session->Send(FederationCompleteMessage(config_.rounds, distribution_.current()));
+  if (complete()) session->Send(FederationCompleteMessage(round_ - 1, distribution_.current()));
   if (closing_) return session->CloseAfterWrites();
   if (!complete()) MaybeStartRound();
 }

@@ -299,7 +299,13 @@ TEST(Coordinator, ADpRoundLogsTheAccountantsEpsilonAndTheBudgetStopsTheFederatio
   ASSERT_TRUE(rig.Start().ok());
   Sessions again;
   for (const char* name : {"site-a", "site-b", "site-c", "site-d"}) again.push_back(rig.Connect(name));
-  for (const auto& site : again) EXPECT_TRUE(RoundStarts(*site).empty());
+  for (const auto& site : again) {
+    EXPECT_TRUE(RoundStarts(*site).empty());
+    const auto closed = site->SentOf(v1::Envelope::kRoundClosed);
+    ASSERT_FALSE(closed.empty());
+    EXPECT_TRUE(closed.back().round_closed().federation_complete());
+    EXPECT_EQ(closed.back().round_closed().round(), 2u) << "the last round that ran, not the 5 planned";
+  }
   EXPECT_TRUE(rig.coordinator->complete());
   EXPECT_FALSE(rig.store->GetRound(3)->has_value());
 }
