@@ -11,6 +11,10 @@ namespace {
 
 constexpr const char* kClipKey = "dp/clip";
 
+// An adaptive clip norm lives in float, as the checkpoint holds it; a fixed
+// one is C exactly.
+double StartingClip(const DpOptions& options) { return options.adaptive ? float(options.clip) : options.clip; }
+
 }  // namespace
 
 Result<DpUploadReference> LoraUploadReference(const LoraStrategyOptions& options) {
@@ -29,7 +33,7 @@ DpFedAvg::DpFedAvg(std::unique_ptr<Strategy> inner, DpOptions options, std::opti
       options_(std::move(options)),
       reference_(std::move(reference)),
       name_(fmt::format("{}+dp", inner_->name())),
-      clip_(float(options_.clip)) {}
+      clip_(StartingClip(options_)) {}
 
 Result<double> DpFedAvg::SumNoiseMultiplier(const DpOptions& options, uint64_t sampled) {
   if (!options.adaptive) return options.noise_multiplier;
@@ -151,7 +155,7 @@ std::map<std::string, std::vector<float>> DpFedAvg::SaveState() const {
 
 Status DpFedAvg::LoadState(const std::map<std::string, std::vector<float>>& state) {
   std::map<std::string, std::vector<float>> inner;
-  clip_ = float(options_.clip);
+  clip_ = StartingClip(options_);
   for (const auto& [name, values] : state) {
     if (name != kClipKey) {
       inner[name] = values;

@@ -106,7 +106,7 @@ TEST(DpFedAvgTest, TheNoiseIsGaussianOfStddevNoiseMultiplierTimesClip) {
     // The normal's mass within 1σ and 2σ (erf(1/√2), erf(√2)), ± 5 standard errors.
     EXPECT_NEAR(double(within_one) / kCoordinates, std::erf(1 / std::sqrt(2.0)), 0.0025);
     EXPECT_NEAR(double(within_two) / kCoordinates, std::erf(std::sqrt(2.0)), 0.0015);
-    EXPECT_DOUBLE_EQ(dp->last_round().noise_stddev, float(clip) * z);
+    EXPECT_DOUBLE_EQ(dp->last_round().noise_stddev, clip * z);  // a fixed clip is C exactly
   }
 }
 
