@@ -16,7 +16,9 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// ESTUARY_MNIST, or the source tree's data/mnist (where scripts/fetch-mnist writes it).
+// ESTUARY_MNIST, or the source tree's data/mnist (where scripts/fetch-mnist
+// writes it, as scripts/test does first). Missing data fails the test rather
+// than skipping it: only GPU tests may skip.
 fs::path MnistDir() {
   if (const char* given = std::getenv("ESTUARY_MNIST")) return given;
   return fs::path(ESTUARY_SOURCE_DIR) / "data" / "mnist";
@@ -30,7 +32,7 @@ fs::path MnistDir() {
 TEST(DpSimulation, TheMlpLearnsMnistUnderCentralNoiseAtTheAccountantsEpsilon) {
   const fs::path mnist = MnistDir();
   if (!fs::exists(mnist / "train-images-idx3-ubyte")) {
-    GTEST_SKIP() << "no MNIST at " << mnist << " (scripts/fetch-mnist, or set ESTUARY_MNIST)";
+    FAIL() << "no MNIST at " << mnist << " (scripts/test fetches it: scripts/fetch-mnist data/mnist; or set ESTUARY_MNIST)";
   }
   testing::TempDir dir;
   auto run = [&](const std::string& name) {
@@ -70,7 +72,7 @@ TEST(DpSimulation, TheMlpLearnsMnistUnderCentralNoiseAtTheAccountantsEpsilon) {
 TEST(DpSimulation, TheBudgetStopsTheRunBeforeTheRoundThatWouldExceedIt) {
   const fs::path mnist = MnistDir();
   if (!fs::exists(mnist / "train-images-idx3-ubyte")) {
-    GTEST_SKIP() << "no MNIST at " << mnist << " (scripts/fetch-mnist, or set ESTUARY_MNIST)";
+    FAIL() << "no MNIST at " << mnist << " (scripts/test fetches it: scripts/fetch-mnist data/mnist; or set ESTUARY_MNIST)";
   }
   auto limit = privacy::MaxRounds(0.1, 1.0, 1e-5, 3.0);
   ASSERT_TRUE(limit.ok());
