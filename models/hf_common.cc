@@ -8,6 +8,7 @@
 #include <fstream>
 
 #include "base/atomic_file.h"
+#include "models/llama.h"
 
 namespace estuary::models::hf {
 
@@ -67,6 +68,22 @@ Status CopyCheckedTensors(const fs::path& file, const Checkpoint& checkpoint, co
     std::memcpy(values.data() + want.offset, checkpoint.data.data() + got->offset, sizeof(float) * want.numel());
   }
   return Status::Ok();
+}
+
+nlohmann::ordered_json RopeScalingJson(const RopeScaling& r) {
+  switch (r.kind) {
+    case RopeScaling::Kind::kLinear:
+      return {{"rope_type", "linear"}, {"factor", r.factor}};
+    case RopeScaling::Kind::kLlama3:
+      return {{"rope_type", "llama3"},
+              {"factor", r.factor},
+              {"low_freq_factor", r.low_freq_factor},
+              {"high_freq_factor", r.high_freq_factor},
+              {"original_max_position_embeddings", r.original_max_position_embeddings}};
+    case RopeScaling::Kind::kNone:
+      break;
+  }
+  return nullptr;
 }
 
 }  // namespace estuary::models::hf

@@ -1,7 +1,8 @@
 // What a Hugging Face model directory (models/hf_files.cc: config.json and
 // model.safetensors) and a PEFT adapter directory (models/peft_files.cc:
 // adapter_config.json and adapter_model.safetensors) share: a safetensors
-// file beside a JSON config. Internal to those two readers and writers.
+// file beside a JSON config. Internal to those two readers and writers, and
+// to estuary-lm, which prints a config as config.json holds it.
 #pragma once
 
 #include <filesystem>
@@ -11,6 +12,10 @@
 
 #include "base/status.h"
 #include "models/checkpoint.h"
+
+namespace estuary::models {
+struct RopeScaling;
+}
 
 namespace estuary::models::hf {
 
@@ -46,5 +51,9 @@ Status CheckTensors(const std::filesystem::path& file, const Checkpoint& checkpo
 Status CopyCheckedTensors(const std::filesystem::path& file, const Checkpoint& checkpoint,
                           const Manifest& want_manifest, std::span<float> values, std::string_view shape_source,
                           std::string_view expected, bool (*ignored)(std::string_view name));
+
+// config.json's rope_scaling for `r`: null, or the linear or llama3 object
+// with the keys transformers reads.
+nlohmann::ordered_json RopeScalingJson(const RopeScaling& r);
 
 }  // namespace estuary::models::hf

@@ -26,6 +26,7 @@ namespace fs = std::filesystem;
 using hf::CheckTensors;
 using hf::CopyCheckedTensors;
 using hf::JsonConfig;
+using hf::RopeScalingJson;
 using hf::SaveTensorsAndConfig;
 
 // ---------------------------------------------------- Hugging Face checkpoints
@@ -47,21 +48,6 @@ const Architecture& ArchitectureNamed(std::string_view name) {
   return kArchitectures[0];
 }
 
-nlohmann::ordered_json RopeScalingJson(const RopeScaling& r) {
-  switch (r.kind) {
-    case RopeScaling::Kind::kLinear:
-      return {{"rope_type", "linear"}, {"factor", r.factor}};
-    case RopeScaling::Kind::kLlama3:
-      return {{"rope_type", "llama3"},
-              {"factor", r.factor},
-              {"low_freq_factor", r.low_freq_factor},
-              {"high_freq_factor", r.high_freq_factor},
-              {"original_max_position_embeddings", r.original_max_position_embeddings}};
-    case RopeScaling::Kind::kNone:
-      break;
-  }
-  return nullptr;
-}
 
 }  // namespace
 

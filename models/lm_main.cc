@@ -38,6 +38,7 @@
 
 #include "base/cli.h"
 #include "models/generate.h"
+#include "models/hf_common.h"
 #include "models/instruction_data.h"
 #include "models/llama.h"
 #include "models/lm_sequences.h"
@@ -165,16 +166,6 @@ Status Inspect(const std::string& dir) {
   // attention arena (nor a sliding window shorter than it) is in question.
   ESTUARY_ASSIGN_OR_RETURN(const models::LlamaConfig c, models::ReadHfConfig(dir, /*max_seq_len=*/1));
   const double parameters = c.ParameterCount();
-  nlohmann::ordered_json rope_scaling = nullptr;
-  if (c.rope_scaling.kind == models::RopeScaling::Kind::kLinear) {
-    rope_scaling = {{"rope_type", "linear"}, {"factor", c.rope_scaling.factor}};
-  } else if (c.rope_scaling.kind == models::RopeScaling::Kind::kLlama3) {
-    rope_scaling = {{"rope_type", "llama3"},
-                    {"factor", c.rope_scaling.factor},
-                    {"low_freq_factor", c.rope_scaling.low_freq_factor},
-                    {"high_freq_factor", c.rope_scaling.high_freq_factor},
-                    {"original_max_position_embeddings", c.rope_scaling.original_max_position_embeddings}};
-  }
   const std::string gpu_lacks = models::GpuEngineLacks(c);
   const nlohmann::ordered_json out = {
       {"model", dir},
@@ -194,7 +185,7 @@ Status Inspect(const std::string& dir) {
         {"mlp_bias", c.mlp_bias},
         {"rms_norm_eps", c.rms_norm_eps},
         {"rope_theta", c.rope_theta},
-        {"rope_scaling", rope_scaling}}},
+        {"rope_scaling", models::hf::RopeScalingJson(c.rope_scaling)}}},
       {"parameters", int64_t(parameters)},
       {"bytes",
        {{"weights_f32", int64_t(4 * parameters)},
