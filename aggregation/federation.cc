@@ -1,11 +1,15 @@
 #include "aggregation/federation.h"
 
+#include <google/protobuf/descriptor.h>
 #include <google/protobuf/io/tokenizer.h>
+#include <google/protobuf/message.h>
 #include <google/protobuf/text_format.h>
 
 #include <cmath>
 #include <fstream>
 #include <sstream>
+#include <string>
+#include <vector>
 
 #include "base/atomic_file.h"
 #include "models/language_model.h"
@@ -196,6 +200,49 @@ class FirstError : public google::protobuf::io::ErrorCollector {
 
 }  // namespace
 
+namespace {
+
+// The first floating-point field of `message` (set, at any depth) that is not
+// finite, as "path.to.field = value"; empty when there is none. No setting
+// means anything as NaN or infinity, and the text format would not even
+// write a NaN's sign back.
+std::string FirstNonFiniteNumber(const google::protobuf::Message& message, const std::string& prefix) {
+  const google::protobuf::Reflection* reflection = message.GetReflection();
+  std::vector<const google::protobuf::FieldDescriptor*> fields;
+  reflection->ListFields(message, &fields);
+  for (const google::protobuf::FieldDescriptor* field : fields) {
+    const std::string name = prefix.empty() ? field->name() : prefix + "." + field->name();
+    const int count = field->is_repeated() ? reflection->FieldSize(message, field) : 1;
+    for (int i = 0; i < count; ++i) {
+      const std::string at = field->is_repeated() ? fmt::format("{}[{}]", name, i) : name;
+      double value = 0;
+      switch (field->cpp_type()) {
+        case google::protobuf::FieldDescriptor::CPPTYPE_DOUBLE:
+          value = field->is_repeated() ? reflection->GetRepeatedDouble(message, field, i)
+                                       : reflection->GetDouble(message, field);
+          break;
+        case google::protobuf::FieldDescriptor::CPPTYPE_FLOAT:
+          value = field->is_repeated() ? reflection->GetRepeatedFloat(message, field, i)
+                                       : reflection->GetFloat(message, field);
+          break;
+        case google::protobuf::FieldDescriptor::CPPTYPE_MESSAGE: {
+          const google::protobuf::Message& inner = field->is_repeated()
+                                                       ? reflection->GetRepeatedMessage(message, field, i)
+                                                       : reflection->GetMessage(message, field);
+          if (std::string found = FirstNonFiniteNumber(inner, at); !found.empty()) return found;
+          continue;
+        }
+        default:
+          continue;
+      }
+      if (!std::isfinite(value)) return fmt::format("{} = {}", at, value);
+    }
+  }
+  return {};
+}
+
+}  // namespace
+
 Result<v1::FederationConfig> ReadFederationFile(const std::filesystem::path& path) {
   std::ifstream in(path);
   if (!in) return IoError("federation: {}: cannot read it", path.string());
@@ -207,6 +254,9 @@ Result<v1::FederationConfig> ReadFederationFile(const std::filesystem::path& pat
   parser.RecordErrorsTo(&errors);
   if (!parser.ParseFromString(text.str(), &given)) {
     return InvalidArgument("federation: {}:{}", path.string(), errors.error);
+  }
+  if (std::string found = FirstNonFiniteNumber(given, ""); !found.empty()) {
+    return InvalidArgument("federation: {}: {}; every number must be finite", path.string(), found);
   }
   v1::FederationConfig config = DefaultFederation();
   if (given.task().lora().target_modules_size() > 0) config.mutable_task()->mutable_lora()->clear_target_modules();

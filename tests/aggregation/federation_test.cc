@@ -138,6 +138,21 @@ TEST(Federation, ABadFileIsOneLineNamingTheFileAndThePlace) {
   EXPECT_FALSE(ReadFederationFile(dir.path() / "missing.txtpb").ok());
 }
 
+TEST(Federation, AFileWithANumberThatIsNotFiniteIsRefusedNamingTheField) {
+  // Once (fuzzing): `beta1: -nan` under fedavg, which never reads beta1, was
+  // accepted and written back as `nan`, a different federation.
+  TempDir dir;
+  for (const std::string& value : {"-nan", "nan", "inf", "-inf"}) {
+    WriteText(dir.path() / "nan.txtpb", "strategy {\n  name: \"fedavg\"\n  beta1: " + value + "\n}\n");
+    auto read = ReadFederationFile(dir.path() / "nan.txtpb");
+    ASSERT_FALSE(read.ok()) << value;
+    EXPECT_NE(read.status().message().find(": strategy.beta1 = "), std::string::npos) << read.status().message();
+    EXPECT_NE(read.status().message().find("every number must be finite"), std::string::npos);
+  }
+  WriteText(dir.path() / "ok.txtpb", "strategy {\n  name: \"fedavg\"\n  beta1: 0.5\n}\n");
+  EXPECT_TRUE(ReadFederationFile(dir.path() / "ok.txtpb").ok());
+}
+
 TEST(FederationFlags, EachFlagSetsItsFieldAndHelpShowsTheDefaults) {
   v1::FederationConfig config = DefaultFederation();
   CLI::App app;
