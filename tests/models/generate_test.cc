@@ -18,6 +18,7 @@
 #include <random>
 #include <set>
 
+#include "tests/e2e/harness.h"
 #include "models/generate.h"
 #include "models/lora.h"
 #include "models/tokenizer.h"
@@ -84,9 +85,9 @@ std::vector<float> FullForwardNext(Llama& model, const std::vector<int32_t>& tok
 constexpr double kDecodeTolerance = 1e-5;
 const std::vector<int32_t> kPrompt = {5, 17, 42, 8, 91, 3};
 
-class CachedDecode : public testing::TestWithParam<Variant> {};
+class CachedDecode : public ::testing::TestWithParam<Variant> {};
 INSTANTIATE_TEST_SUITE_P(Decoders, CachedDecode,
-                         testing::Values(Variant::kUntied, Variant::kTied, Variant::kPublished),
+                         ::testing::Values(Variant::kUntied, Variant::kTied, Variant::kPublished),
                          [](const auto& info) {
                            return info.param == Variant::kUntied ? "Untied"
                                   : info.param == Variant::kTied ? "Tied"
@@ -325,25 +326,13 @@ TEST(Sampling, DrawFrequenciesMatchTheDistribution) {
 
 // ---------------------------------------------------------------- the tool
 
-struct ShellRun {
-  int exit_code;
-  std::string output;
-};
-
-ShellRun RunShell(const std::string& command) {
-  ShellRun run{-1, ""};
-  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
-  char buffer[4096];
-  for (size_t n; (n = std::fread(buffer, 1, sizeof buffer, pipe)) > 0;) run.output.append(buffer, n);
-  const int status = pclose(pipe);
-  run.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return run;
-}
+using estuary::testing::CommandResult;
+using estuary::testing::RunCommand;
 
 const std::string kLm = std::string(ESTUARY_BINARY_DIR) + "/models/estuary-lm";
 const fs::path kLlama2 = fs::path(ESTUARY_BINARY_DIR) / "tests/models/tokenizer/tokenizers/llama2/tokenizer.json";
 
-class GenerateCommand : public testing::Test {
+class GenerateCommand : public ::testing::Test {
  protected:
   void SetUp() override {
     auto tokenizer = Tokenizer::Load(kLlama2);
@@ -373,7 +362,7 @@ class GenerateCommand : public testing::Test {
 };
 
 TEST_F(GenerateCommand, GreedyOutputIsTheLibrarys) {
-  ShellRun run = RunShell(Command("--temperature 0 --max-new-tokens 12 --json"));
+  CommandResult run = RunCommand(Command("--temperature 0 --max-new-tokens 12 --json"));
   ASSERT_EQ(run.exit_code, 0) << run.output;
   const Json out = Json::parse(run.output);
   const std::vector<int32_t> prompt = tokenizer_->Encode("Hello world", /*add_special_tokens=*/true);
@@ -388,7 +377,7 @@ TEST_F(GenerateCommand, GreedyOutputIsTheLibrarys) {
   for (size_t i = 0; i < log_probs.size(); ++i) EXPECT_NEAR(log_probs[i], expected->log_probs[i], 1e-9);
   EXPECT_EQ(out["text"], tokenizer_->Decode(expected->tokens, /*skip_special_tokens=*/true));
   // Without --json: the text alone.
-  run = RunShell(Command("--temperature 0 --max-new-tokens 12"));
+  run = RunCommand(Command("--temperature 0 --max-new-tokens 12"));
   EXPECT_EQ(run.output, out["text"].get<std::string>() + "\n");
 }
 
@@ -400,7 +389,7 @@ TEST_F(GenerateCommand, AnAdapterIsMergedIn) {
   std::mt19937_64 rng(8);
   for (float& p : adapted->parameters()) p = float(0.2 * (double(rng() >> 11) * 0x1.0p-53 - 0.5));
   ASSERT_TRUE(SaveLoraAdapter(dir_ / "adapter", *adapted).ok());
-  ShellRun run = RunShell(Command(fmt::format("--adapter {} --temperature 0 --max-new-tokens 12 --json",
+  CommandResult run = RunCommand(Command(fmt::format("--adapter {} --temperature 0 --max-new-tokens 12 --json",
                                               (dir_ / "adapter").string())));
   ASSERT_EQ(run.exit_code, 0) << run.output;
   auto merged = adapted->Merged();
@@ -416,23 +405,23 @@ TEST_F(GenerateCommand, AnAdapterIsMergedIn) {
 
 TEST_F(GenerateCommand, TheSeedDecidesTheSample) {
   const std::string flags = "--top-k 50 --top-p 0.9 --temperature 1.2 --max-new-tokens 16 --json --seed ";
-  const ShellRun first = RunShell(Command(flags + "7")), again = RunShell(Command(flags + "7")),
-                 other = RunShell(Command(flags + "8"));
+  const CommandResult first = RunCommand(Command(flags + "7")), again = RunCommand(Command(flags + "7")),
+                 other = RunCommand(Command(flags + "8"));
   ASSERT_EQ(first.exit_code, 0) << first.output;
   EXPECT_EQ(first.output, again.output);
   EXPECT_NE(Json::parse(first.output)["ids"], Json::parse(other.output)["ids"]);
 }
 
 TEST_F(GenerateCommand, BadInputIsOneLine) {
-  ShellRun run = RunShell(Command("--top-p 1.5"));
+  CommandResult run = RunCommand(Command("--top-p 1.5"));
   EXPECT_EQ(run.exit_code, 1);
   EXPECT_EQ(run.output, "estuary-lm: sampling: top_p 1.5 must be in (0, 1]\n");
-  run = RunShell(fmt::format("{} generate --model {} --tokenizer {} --prompt hi", kLm, (dir_ / "missing").string(),
+  run = RunCommand(fmt::format("{} generate --model {} --tokenizer {} --prompt hi", kLm, (dir_ / "missing").string(),
                              kLlama2.string()));
   EXPECT_EQ(run.exit_code, 1);
   EXPECT_EQ(std::count(run.output.begin(), run.output.end(), '\n'), 1) << run.output;
   EXPECT_NE(run.output.find((dir_ / "missing").string()), std::string::npos) << run.output;
-  run = RunShell(Command("--max-new-tokens 100"));
+  run = RunCommand(Command("--max-new-tokens 100"));
   EXPECT_EQ(run.exit_code, 1);
   EXPECT_EQ(run.output, "estuary-lm: generate: a prompt of 3 tokens and 100 new ones exceed the context of 64\n");
 }
