@@ -126,7 +126,6 @@ std::string GpuEngineLacks(const LlamaConfig& config) {
     return fmt::format("a head_dim of {} other than hidden_size / num_attention_heads ({})", config.explicit_head_dim,
                        config.hidden_size / config.num_heads);
   }
-  if (config.rope_scaling.kind != RopeScaling::Kind::kNone) return "RoPE scaling (rope_scaling)";
   return "";
 }
 

@@ -108,8 +108,8 @@ struct LlamaConfig {
 };
 
 // The first feature of `config` that the CUDA engine (models/cuda/llama_engine.h,
-// which lays q/k/v and gate/up out as single matrices and RoPE from theta
-// alone) does not implement, named as config.json names it, or empty when it
+// which has no bias terms and takes head_dim as hidden_size / heads) does
+// not implement, named as config.json names it, or empty when it
 // implements them all. Here rather than in models/cuda/ so that builds without
 // CUDA test it.
 std::string GpuEngineLacks(const LlamaConfig& config);

@@ -9,6 +9,7 @@
 #include "models/cuda/flash_attention.h"
 #include "models/cuda/llama_engine_impl.h"
 #include "models/cuda/precision.h"
+#include "models/transformer_ops.h"
 
 namespace estuary::models::cuda {
 
@@ -103,10 +104,13 @@ Result<LlamaEngine> LlamaEngine::Create(const LlamaConfig& config, int max_batch
   if (m.frozen()) {
     ESTUARY_ASSIGN_OR_RETURN(m.frozen_dnorm, DeviceBuffer::Allocate(size_t(config.hidden_size) * sizeof(float)));
   }
+  // The CPU decoder's own tables, RoPE scaling included, so both engines rotate by the same floats.
   const int64_t half = config.head_dim() / 2;
-  ESTUARY_ASSIGN_OR_RETURN(m.rope, DeviceBuffer::Allocate(size_t(2 * config.max_seq_len * half) * sizeof(float)));
-  ESTUARY_RETURN_IF_ERROR(RopeTables(config.max_seq_len, config.head_dim(), config.rope_theta, m.rope.as<float>(),
-                                     m.rope.as<float>() + config.max_seq_len * half, m.s()));
+  std::vector<float> rope(size_t(2 * config.max_seq_len * half));
+  models::RopeTables(config.max_seq_len, int(half), config.RopeInverseFrequencies().data(), rope.data(),
+             rope.data() + config.max_seq_len * half);
+  ESTUARY_ASSIGN_OR_RETURN(m.rope, DeviceBuffer::Allocate(rope.size() * sizeof(float)));
+  ESTUARY_RETURN_IF_ERROR(CopyToDevice(m.rope.data(), rope.data(), rope.size() * sizeof(float), m.s()));
   ESTUARY_ASSIGN_OR_RETURN(m.ids, DeviceBuffer::Allocate(size_t(2 * max_n) * sizeof(int32_t)));
   ESTUARY_ASSIGN_OR_RETURN(m.misc, DeviceBuffer::Allocate(512));  // loss, found-inf flag; the norm at +256
   ESTUARY_RETURN_IF_ERROR(FillBytes(m.misc.data(), 0, m.misc.size(), m.s()));

@@ -86,13 +86,19 @@ TEST(CudaLlamaConfig, FeaturesTheEngineLacksAreRefusedByName) {
   EXPECT_EQ(engine.status().message(),
             "cuda llama: the GPU engine does not implement attention biases (attention_bias, or Qwen2's q/k/v "
             "biases); train this LlamaForCausalLM on the CPU engine");
-  LlamaConfig scaled = GqaUntied();
-  scaled.rope_scaling.kind = RopeScaling::Kind::kLinear;
-  scaled.rope_scaling.factor = 2;
-  engine = cuda::LlamaEngine::Create(scaled, 1);
-  ASSERT_FALSE(engine.ok());
-  EXPECT_NE(engine.status().message().find("RoPE scaling (rope_scaling)"), std::string::npos)
-      << engine.status().message();
+}
+
+// Llama 3's RoPE scaling with an original context short enough that the
+// tiny head's four frequencies fall in all three of its bands (kept, scaled,
+// and blended between).
+LlamaConfig Llama3Scaled() {
+  LlamaConfig c = GqaUntied();
+  c.rope_scaling.kind = RopeScaling::Kind::kLlama3;
+  c.rope_scaling.factor = 8;
+  c.rope_scaling.low_freq_factor = 1;
+  c.rope_scaling.high_freq_factor = 4;
+  c.rope_scaling.original_max_position_embeddings = 16;
+  return c;
 }
 
 TEST_F(CudaLlama, ManifestAndInitialWeightsAreTheCpuModels) {
@@ -108,7 +114,7 @@ TEST_F(CudaLlama, ManifestAndInitialWeightsAreTheCpuModels) {
 }
 
 TEST_F(CudaLlama, F32LogitsLossAndEveryGradientMatchTheCpu) {
-  for (const LlamaConfig& config : {GqaUntied(), MhaTied()}) {
+  for (const LlamaConfig& config : {GqaUntied(), MhaTied(), Llama3Scaled()}) {
     auto pair = MakePair(config, 3);
     ASSERT_TRUE(pair.ok()) << pair.status().ToString();
     Llama& cpu = pair->cpu;

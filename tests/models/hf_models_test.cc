@@ -160,8 +160,6 @@ TEST_P(RealConfig, TheGpuEngineNamesWhatItLacks) {
   const std::string lacks = GpuEngineLacks(*config);
   if (name() == "qwen2_05b") {
     EXPECT_EQ(lacks, "attention biases (attention_bias, or Qwen2's q/k/v biases)");
-  } else if (name() == "llama32_1b") {
-    EXPECT_EQ(lacks, "RoPE scaling (rope_scaling)");
   } else {
     EXPECT_EQ(lacks, "");
   }
