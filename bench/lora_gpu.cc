@@ -18,10 +18,20 @@
 // cudaMemGetInfo's free memory from before the engine is created to after the
 // warm-up (it also counts cuBLAS's workspace and handle, scratch arenas and
 // the CUDA context's growth).
+//
+// A published model's shape instead (--hf-config DIR: its config.json, read
+// as LoadHfCheckpoint reads it, at the context --seq, 1024 unless given;
+// random weights), and with --peft the same LoRA under Hugging Face's
+// transformers + peft on the same GPU afterwards (bench/torch_peft_gpu.py:
+// bf16 base, fp32 adapters, sdpa attention), compared with the run whose base
+// is in bf16 as theirs is.
 //   build/bench/lora_gpu [--batch 8] [--steps 30] [--rank 8] [--alpha 16] [--precision bf16]
+//                        [--hf-config bench/models/smollm-135m --peft [--python python3]]
 #include <cuda_runtime_api.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
+#include <cstdio>
 #include <functional>
 #include <string>
 #include <vector>
@@ -157,7 +167,23 @@ int main(int argc, char** argv) {
   app.add_option("--rank", rank);
   app.add_option("--alpha", alpha);
   bench.AddPrecision(s.precision, "f32 or bf16 (the LoRA engine refuses f16)");
+  std::string hf_config, python = "/usr/bin/python3";
+  bool peft = false;
+  app.add_option("--hf-config", hf_config, "a directory with a Hugging Face config.json: that model's shape");
+  app.add_flag("--peft", peft, "also time transformers + peft on the same LoRA (bench/torch_peft_gpu.py)");
+  bench.AddPython(python);
   if (auto code = bench.Parse(argc, argv)) return *code;
+  if (!hf_config.empty()) {
+    auto published = ReadHfConfig(hf_config, app.count("--seq") ? c.max_seq_len : 1024);
+    if (!published.ok()) return bench.Fail(published.status());
+    c = *published;
+  }
+  if (peft && hf_config.empty()) {
+    return bench.Fail(InvalidArgument("--peft needs --hf-config DIR: transformers builds its model from that config.json"));
+  }
+  if (peft && s.precision != DType::kBF16) {
+    return bench.Fail(InvalidArgument("--peft compares bf16 bases; --precision {} has none", DTypeName(s.precision)));
+  }
 
   if (auto why = bench::NoUsableGpu()) return bench.NothingMeasured(*why);
   // The first loss is read after the warm-up, so there must be one.
@@ -168,6 +194,7 @@ int main(int argc, char** argv) {
   auto full = FullFineTuning(s);
   if (!full.ok()) return bench.Fail(full.status());
   const double n = double(LayoutOf(c).manifest.total_elements);
+  if (!hf_config.empty()) fmt::print("model: {} ({})\n", hf_config, c.architecture);
   fmt::print("full fine-tuning (LlamaEngine, {}): {:.1f}M trainable, batch {} x {}, {} steps: {:.0f} tokens/s, "
              "{:.1f} ms/step (loss {:.4f} -> {:.4f})\n  memory: {}\n",
              DTypeName(s.precision), n / 1e6, s.batch, seq, s.steps.timed, full->tokens_per_s, full->ms_per_step,
@@ -185,6 +212,7 @@ int main(int argc, char** argv) {
   if (s.precision == DType::kBF16) variants.push_back({"q,k,v,o, base in bf16", variants[0].targets, true});
   // Printed together after the last run, where they are easy to find.
   std::vector<std::pair<std::string, std::vector<std::pair<std::string, double>>>> ratios;
+  Run base_in_bf16;
   for (const Variant& v : variants) {
     LoraConfig lora;
     lora.rank = rank;
@@ -202,6 +230,25 @@ int main(int argc, char** argv) {
                       {{"tokens/s", run->tokens_per_s / full->tokens_per_s},
                        {"memory", run->memory.total() / full->memory.total()},
                        {"measured memory", run->memory.measured / full->memory.measured}}});
+    if (v.base_in_bf16) base_in_bf16 = *run;
+  }
+  if (peft) {
+    const std::string command = fmt::format(
+        "{} --config {} --seq {} --batch {} --steps {} --warmup {} --rank {} --alpha {} --targets {}",
+        bench::ScriptCommand(python, "torch_peft_gpu.py"), hf_config, seq, s.batch,
+        s.steps.timed, s.steps.warmup, rank, alpha, fmt::join(variants[0].targets, ","));
+    double tokens_per_s = 0, peak = 0, drop = 0;
+    const Status torch = bench::RunCommand(command, [&](std::string_view line) {
+      if (std::sscanf(std::string(line).c_str(), "RESULT %lf %lf %lf", &tokens_per_s, &peak, &drop) == 3) return;
+      fmt::print("{}\n", line);  // transformers' and peft's own report
+    });
+    if (!torch.ok()) return bench.Fail(torch);
+    if (tokens_per_s > 0) {
+      ratios.push_back({"estuary LoRA q,k,v,o, base in bf16 / transformers + peft",
+                        {{"tokens/s", base_in_bf16.tokens_per_s / tokens_per_s},
+                         {"measured memory", base_in_bf16.memory.measured / drop},
+                         {"memory / peft's peak allocated", base_in_bf16.memory.total() / peak}}});
+    }
   }
   for (const auto& [compared, figures] : ratios) bench::PrintRatio(compared, figures);
   return 0;

@@ -24,7 +24,9 @@ def hf_warpers(temperature, top_k, top_p):
         warpers = [TemperatureLogitsWarper(temperature), TopKLogitsWarper(top_k) if top_k > 0 else None,
                    TopPLogitsWarper(top_p) if top_p < 1 else None]
         return [(lambda s, w=w: w(None, s)) for w in warpers if w is not None]
-    except ImportError:
+    except ImportError as e:
+        if os.environ.get("ESTUARY_REQUIRE_HF") == "1":
+            sys.exit(f"torch_sampling.py: ESTUARY_REQUIRE_HF=1 but transformers' warpers do not import: {e}")
         warpers = [lambda s: s / temperature, (lambda s: top_k_filter(s, top_k)) if top_k > 0 else None,
                    (lambda s: top_p_filter(s, top_p)) if top_p < 1 else None]
         return [w for w in warpers if w is not None]
