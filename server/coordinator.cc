@@ -60,6 +60,16 @@ Status Coordinator::Recover() {
       }
       ESTUARY_RETURN_IF_ERROR(accountant_->AddRounds(r.privacy->sampling_rate, r.privacy->noise_multiplier));
     }
+  } else {
+    // Without this a restart that forgot its --dp flags would go on in the clear
+    // and report no ε, as if the earlier rounds had spent none.
+    ESTUARY_ASSIGN_OR_RETURN(const std::vector<RoundRecord> rounds, store_.Rounds());
+    for (const RoundRecord& r : rounds) {
+      if (r.state != RoundState::kCommitted || !r.privacy) continue;
+      return FailedPrecondition("server: {}: round {} committed under differential privacy (noise multiplier {}); "
+                                "restart with the federation's dp settings: it cannot turn them off midway",
+                                config_.db.string(), r.round, r.privacy->noise_multiplier);
+    }
   }
   ESTUARY_ASSIGN_OR_RETURN(auto last, store_.LastCommittedRound());
   Checkpointer::LogView log{.path = config_.db.string(), .last_committed = last ? last->round : 0};

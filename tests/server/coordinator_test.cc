@@ -310,6 +310,52 @@ TEST(Coordinator, ADpRoundLogsTheAccountantsEpsilonAndTheBudgetStopsTheFederatio
   EXPECT_FALSE(rig.store->GetRound(3)->has_value());
 }
 
+// A restart must keep the federation's privacy as its log recorded it: a
+// plaintext log refuses DP flags, and a DP log refuses a start without them.
+TEST(Coordinator, DifferentialPrivacyCannotBeTurnedOnOrOffMidway) {
+  auto commit_round_one = [](CoordinatorRig& rig) {
+    ASSERT_TRUE(rig.Start().ok());
+    auto a = rig.Connect("site-a");
+    auto b = rig.Connect("site-b");
+    rig.FinishDownloads({a, b});
+    rig.Upload(a, 1, Filled(rig, 0.01f));
+    rig.Upload(b, 1, Filled(rig, 0.01f));
+    rig.executors.RunUntilIdle();
+    ASSERT_EQ(RoundOf(rig, 1).state, RoundState::kCommitted);
+    rig.coordinator.reset();
+  };
+  auto with_dp = [](CoordinatorRig& rig) {
+    v1::DpConfig& dp = *rig.config.federation.mutable_dp();
+    dp.set_noise_multiplier(1.0);
+    dp.set_clip(0.5);
+    dp.set_delta(1e-5);
+  };
+  {
+    CoordinatorRig rig;
+    commit_round_one(rig);
+    with_dp(rig);
+    const Status status = rig.Start();
+    ASSERT_FALSE(status.ok());
+    EXPECT_NE(status.message().find("round 1 committed without differential privacy"), std::string::npos)
+        << status.message();
+  }
+  {
+    CoordinatorRig rig;
+    with_dp(rig);
+    commit_round_one(rig);
+    ASSERT_TRUE(RoundOf(rig, 1).privacy.has_value());
+    rig.config.federation.clear_dp();
+    const Status status = rig.Start();
+    ASSERT_FALSE(status.ok());
+    EXPECT_NE(status.message().find("round 1 committed under differential privacy (noise multiplier 1)"),
+              std::string::npos)
+        << status.message();
+    with_dp(rig);
+    const Status resumed = rig.Start();
+    EXPECT_TRUE(resumed.ok()) << "the same settings resume: " << resumed.message();
+  }
+}
+
 TEST(Coordinator, TheDeadlineMarksSilentSitesLateAndAggregatesWithMinUpdates) {
   CoordinatorRig rig;
   rig.config.min_clients = 3;
