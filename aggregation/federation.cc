@@ -37,7 +37,8 @@ v1::FederationConfig DefaultFederation() {
   const StrategyOptions strategy;
   v1::StrategyConfig& s = *config.mutable_strategy();
   s.set_name(strategy.name);
-  s.set_server_lr(strategy.server_lr);
+  // server_lr stays 0: each strategy's own default (DefaultServerLr).
+  s.set_server_momentum(strategy.server_momentum);
   s.set_beta1(strategy.beta1);
   s.set_beta2(strategy.beta2);
   s.set_tau(strategy.tau);
@@ -56,7 +57,12 @@ v1::FederationConfig DefaultFederation() {
 }
 
 StrategyOptions StrategyOptionsOf(const v1::StrategyConfig& c) {
-  return {.name = c.name(), .server_lr = c.server_lr(), .beta1 = c.beta1(), .beta2 = c.beta2(), .tau = c.tau()};
+  return {.name = c.name(),
+          .server_lr = c.server_lr() != 0 ? c.server_lr() : DefaultServerLr(c.name()),
+          .beta1 = c.beta1(),
+          .beta2 = c.beta2(),
+          .tau = c.tau(),
+          .server_momentum = c.server_momentum()};
 }
 
 models::LoraConfig LoraConfigOf(const v1::TaskConfig& task) {

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "aggregation/strategy.h"
 #include "base/split.h"
 
 namespace estuary::aggregation {
@@ -84,14 +85,28 @@ std::vector<CLI::Option*> AddFederationFlags(CLI::App& app, v1::FederationConfig
                 "lora, exact only: accept adapters of other ranks than --lora-rank");
 
   flags.Add("--strategy", strategy->name(), [strategy](const std::string& v) { strategy->set_name(v); },
-            "how full updates merge: fedavg | fedadam");
-  flags.Add("--server-lr", strategy->server_lr(), [strategy](double v) { strategy->set_server_lr(v); },
-            "FedAdam: server learning rate");
+            fmt::format("how full updates merge: {}", fmt::join(kStrategyNames, " | ")));
+  flags
+      .Add("--server-lr", strategy->server_lr(), [strategy](double v) { strategy->set_server_lr(v); },
+           "fedavgm, fedadam, fedyogi, fedadagrad: server learning rate (> 0)")
+      ->default_str(strategy->server_lr() != 0 ? fmt::format("{}", strategy->server_lr())
+                                               : "1 under fedavgm, 0.01 under the others")
+      // 0 in a federation file means the default; given on the command line it is a mistake.
+      ->check(CLI::Validator(
+          [](std::string& text) {
+            char* end = nullptr;
+            const double v = std::strtod(text.c_str(), &end);
+            return *end == '\0' && v > 0 ? std::string() : fmt::format("--server-lr {}: must be > 0", text);
+          },
+          ""));
+  flags.Add("--server-momentum", strategy->server_momentum(),
+            [strategy](double v) { strategy->set_server_momentum(v); }, "fedavgm: server momentum, in [0, 1)");
   flags.Add("--beta1", strategy->beta1(), [strategy](double v) { strategy->set_beta1(v); },
-            "FedAdam: first-moment decay, in [0, 1)");
+            "fedadam, fedyogi, fedadagrad: first-moment decay, in [0, 1)");
   flags.Add("--beta2", strategy->beta2(), [strategy](double v) { strategy->set_beta2(v); },
-            "FedAdam: second-moment decay, in [0, 1)");
-  flags.Add("--tau", strategy->tau(), [strategy](double v) { strategy->set_tau(v); }, "FedAdam: adaptivity tau (> 0)");
+            "fedadam, fedyogi: second-moment decay, in [0, 1)");
+  flags.Add("--tau", strategy->tau(), [strategy](double v) { strategy->set_tau(v); },
+            "fedadam, fedyogi, fedadagrad: adaptivity tau (> 0)");
   flags.Add("--base-model", config->base_model(), [config](const std::string& v) { config->set_base_model(v); },
             "lora: the base model's safetensors (default: the preset initialised from --seed)");
   flags.Add("--eval-windows", config->eval_windows(), [config](uint64_t v) { config->set_eval_windows(v); },

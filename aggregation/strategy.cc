@@ -2,14 +2,23 @@
 
 #include <cmath>
 
-#include "aggregation/fedadam.h"
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+
 #include "aggregation/fedavg.h"
+#include "aggregation/fedavgm.h"
+#include "aggregation/fedopt.h"
 
 namespace estuary::aggregation {
 
+double DefaultServerLr(std::string_view strategy) { return strategy == "fedavgm" ? 1.0 : 0.01; }
+
 Status ValidateStrategyOptions(const StrategyOptions& options) {
-  if (options.name != "fedavg" && options.name != "fedadam") {
-    return InvalidArgument("aggregation: unknown strategy '{}' (known: fedavg, fedadam)", options.name);
+  if (std::find(std::begin(kStrategyNames), std::end(kStrategyNames), options.name) == std::end(kStrategyNames)) {
+    return InvalidArgument("aggregation: unknown strategy '{}' (known: {})", options.name,
+                           fmt::join(kStrategyNames, ", "));
   }
   if (!std::isfinite(options.server_lr) || options.server_lr <= 0) {
     return InvalidArgument("aggregation: server_lr must be finite and > 0, got {}", options.server_lr);
@@ -26,13 +35,20 @@ Status ValidateStrategyOptions(const StrategyOptions& options) {
   if (!std::isfinite(options.tau) || options.tau <= 0) {
     return InvalidArgument("aggregation: tau must be finite and > 0, got {}", options.tau);
   }
+  if (!(options.server_momentum >= 0 && options.server_momentum < 1)) {
+    return InvalidArgument("aggregation: server_momentum must be in [0, 1), got {}", options.server_momentum);
+  }
+  if (options.bias_correction && options.name != "fedadam") {
+    return InvalidArgument("aggregation: bias_correction is Adam's; {} has none", options.name);
+  }
   return Status::Ok();
 }
 
 Result<std::unique_ptr<Strategy>> MakeStrategy(const StrategyOptions& options) {
   ESTUARY_RETURN_IF_ERROR(ValidateStrategyOptions(options));
-  if (options.name == "fedadam") return std::unique_ptr<Strategy>(std::make_unique<FedAdam>(options));
-  return std::unique_ptr<Strategy>(std::make_unique<FedAvg>());
+  if (options.name == "fedavg") return std::unique_ptr<Strategy>(std::make_unique<FedAvg>());
+  if (options.name == "fedavgm") return std::unique_ptr<Strategy>(std::make_unique<FedAvgM>(options));
+  return std::unique_ptr<Strategy>(std::make_unique<FedOpt>(options));
 }
 
 }  // namespace estuary::aggregation

@@ -77,22 +77,35 @@ class Strategy {
 };
 
 struct StrategyOptions {
-  std::string name = "fedavg";  // "fedavg" | "fedadam"
-  // FedAdam (Reddi et al. 2021, Algorithm 2): server learning rate, betas, tau.
+  // fedavg | fedavgm | fedadam | fedyogi | fedadagrad
+  std::string name = "fedavg";
+  // The server's learning rate η: FedOpt's (fedopt.h) and FedAvgM's. Each
+  // has its own default (DefaultServerLr).
   double server_lr = 0.01;
+  // FedOpt (Reddi et al. 2021, Algorithm 2): betas and tau (fedadagrad has no beta2).
   double beta1 = 0.9;
   double beta2 = 0.99;
   double tau = 1e-3;
-  // FedAdam: divide m and v by (1 - beta^t) as Adam does (Kingma & Ba). Off by
+  // fedadam: divide m and v by (1 - beta^t) as Adam does (Kingma & Ba). Off by
   // default to follow Reddi et al. exactly; torch.optim.Adam corresponds to on.
   bool bias_correction = false;
+  // FedAvgM (Hsu et al. 2019): the server momentum β.
+  double server_momentum = 0.9;
 };
 
-// Checks the numeric options: server_lr and tau finite and > 0, betas in
-// [0, 1), and a known name. MakeStrategy calls it.
+// The strategies MakeStrategy knows, in the order --help lists them.
+inline constexpr const char* kStrategyNames[] = {"fedavg", "fedavgm", "fedadam", "fedyogi", "fedadagrad"};
+
+// η where a federation leaves it unset: 1 for fedavgm (Hsu et al.'s setting,
+// where β = 0 is FedAvg), 0.01 for FedOpt (Reddi et al. tune it per task).
+double DefaultServerLr(std::string_view strategy);
+
+// Checks the numeric options: server_lr and tau finite and > 0, betas and
+// server_momentum in [0, 1), bias_correction only under fedadam, and a known
+// name. MakeStrategy calls it.
 Status ValidateStrategyOptions(const StrategyOptions& options);
 
-// "fedavg" or "fedadam"; any other name is InvalidArgument naming it.
+// One of kStrategyNames; any other name is InvalidArgument naming it.
 Result<std::unique_ptr<Strategy>> MakeStrategy(const StrategyOptions& options);
 
 }  // namespace estuary::aggregation

@@ -6,7 +6,7 @@
 #include <numeric>
 
 #include "aggregation/dp_noise.h"
-#include "aggregation/fedadam.h"
+#include "aggregation/fedopt.h"
 #include "aggregation/fedavg.h"
 #include "aggregation/lora_strategy.h"
 #include "models/lora_federation.h"
@@ -138,7 +138,7 @@ TEST(DpFedAvgTest, UniformsAreOnTheTwoToMinusFiftyThreeGridInZeroOne) {
 TEST(DpFedAvgTest, ARestartFromSavedStateContinuesTheAdaptiveClipAndTheModel) {
   const DpOptions options = {.noise_multiplier = 0.5, .clip = 0.05, .adaptive = true, .target_quantile = 0.5,
                              .clip_lr = 0.2, .seed = 11};
-  auto inner = [] { return std::make_unique<FedAdam>(StrategyOptions{.name = "fedadam", .server_lr = 0.1}); };
+  auto inner = [] { return std::make_unique<FedOpt>(StrategyOptions{.name = "fedadam", .server_lr = 0.1}); };
   auto updates = [](uint64_t round) {
     std::vector<std::vector<float>> u;
     for (int site = 0; site < 10; ++site) u.push_back({float(round) * 0.01f, float(site) * 0.03f, 0.02f});

@@ -212,6 +212,8 @@ TEST(MakeStrategy, ValidatesOptions) {
     bad.push_back({.name = "fedadam", .beta2 = beta});
   }
   for (double tau : {0.0, -1e-3, nan, HUGE_VAL}) bad.push_back({.name = "fedadam", .tau = tau});
+  for (double momentum : {-0.1, 1.0, nan}) bad.push_back({.name = "fedavgm", .server_momentum = momentum});
+  for (const char* name : {"fedyogi", "fedadagrad", "fedavgm"}) bad.push_back({.name = name, .bias_correction = true});
   for (const StrategyOptions& options : bad) {
     auto strategy = MakeStrategy(options);
     EXPECT_FALSE(strategy.ok()) << options.server_lr << " " << options.beta1 << " " << options.beta2 << " "

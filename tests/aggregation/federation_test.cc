@@ -189,6 +189,45 @@ TEST(FederationFlags, EachFlagSetsItsFieldAndHelpShowsTheDefaults) {
   EXPECT_THROW(strict.parse(bad), CLI::ValidationError);
 }
 
+// The server optimisers' flags, and what an unset learning rate becomes.
+TEST(FederationFlags, TheStrategyFlagsSetTheirFieldsAndAnUnsetServerLrIsTheStrategysDefault) {
+  v1::FederationConfig config = DefaultFederation();
+  CLI::App app;
+  AddFederationFlags(app, &config);
+  const std::string help = app.help();
+  for (const char* shown : {"fedavg | fedavgm | fedadam | fedyogi | fedadagrad",
+                            "--server-lr FLOAT=1 under fedavgm, 0.01 under the others", "--server-momentum FLOAT=0.9"}) {
+    EXPECT_NE(help.find(shown), std::string::npos) << shown << "\n" << help;
+  }
+  EXPECT_DOUBLE_EQ(StrategyOptionsOf(config.strategy()).server_lr, 0.01) << "fedavg's";
+  std::vector<std::string> args = {"--strategy", "fedavgm", "--server-momentum", "0.5"};
+  std::reverse(args.begin(), args.end());
+  app.parse(args);
+  StrategyOptions options = StrategyOptionsOf(config.strategy());
+  EXPECT_EQ(options.name, "fedavgm");
+  EXPECT_DOUBLE_EQ(options.server_lr, 1.0);
+  EXPECT_DOUBLE_EQ(options.server_momentum, 0.5);
+  config.mutable_strategy()->set_name("fedyogi");
+  EXPECT_DOUBLE_EQ(StrategyOptionsOf(config.strategy()).server_lr, 0.01);
+  config.mutable_strategy()->set_server_lr(0.3);
+  EXPECT_DOUBLE_EQ(StrategyOptionsOf(config.strategy()).server_lr, 0.3) << "given, it is kept";
+
+  for (const char* bad : {"0", "-1", "x"}) {
+    CLI::App strict;
+    v1::FederationConfig other = DefaultFederation();
+    AddFederationFlags(strict, &other);
+    std::vector<std::string> given = {bad, "--server-lr"};
+    EXPECT_THROW(strict.parse(given), CLI::ValidationError) << bad;
+  }
+  v1::FederationConfig momentum = DefaultFederation();
+  momentum.mutable_strategy()->set_name("fedavgm");
+  momentum.mutable_strategy()->set_server_momentum(1.0);
+  const Status refused = CheckFederation(momentum);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.message().find("server_momentum must be in [0, 1), got 1"), std::string::npos)
+      << refused.message();
+}
+
 TEST(FederationFlags, TheDpFlagsSetTheDpConfigAndHelpShowsTheirDefaults) {
   v1::FederationConfig config = DefaultFederation();
   CLI::App app;

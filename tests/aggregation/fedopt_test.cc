@@ -1,9 +1,10 @@
-#include "aggregation/fedadam.h"
+#include "aggregation/fedopt.h"
 
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <random>
 
 namespace estuary::aggregation {
@@ -25,7 +26,7 @@ void ExpectNear(float actual, double expected) {
 //   m = (0.008, -0.036, 0.0075), v = (0.000496, 0.001584, 5.625e-5)
 //   x2 = 0.5 + 0.1 * 0.0075 / (0.0075 + 0.001) = 0.5 + 0.75/8.5.
 TEST(FedAdam, DefaultUpdateByHand) {
-  FedAdam adam(Adam(false));
+  FedOpt adam(Adam(false));
   std::vector<float> x = {1.0f, -2.0f, 0.5f};
   ASSERT_TRUE(adam.Begin(1, x).ok());
   ASSERT_TRUE(adam.Fold(std::vector<float>{0.2f, -0.4f, 0.0f}, 10).ok());
@@ -50,7 +51,7 @@ TEST(FedAdam, DefaultUpdateByHand) {
 
 // With bias correction the first step is lr * Δ / (|Δ| + τ), about lr * sign(Δ).
 TEST(FedAdam, BiasCorrectedFirstStep) {
-  FedAdam adam(Adam(true));
+  FedOpt adam(Adam(true));
   std::vector<float> x = {0.0f, 0.0f};
   ASSERT_TRUE(adam.Begin(1, x).ok());
   ASSERT_TRUE(adam.Fold(std::vector<float>{0.5f, -0.001f}, 1).ok());
@@ -75,34 +76,78 @@ void RunRound(Strategy& s, uint64_t round, std::vector<float>& x, const std::vec
   ASSERT_TRUE(s.Finish(x).ok());
 }
 
-TEST(FedAdam, SaveLoadContinuesBitForBit) {
-  for (bool bias_correction : {false, true}) {
-    const size_t n = 1000;
-    const auto deltas = RoundDeltas(3, n);
-    const std::vector<float> x0(n, 0.25f);
+// Three rounds straight, against two rounds, SaveState, a fresh strategy
+// that loads it, and the third round: the same bits, as a restarted server.
+void ExpectSaveLoadContinuesBitForBit(const StrategyOptions& options) {
+  const size_t n = 1000;
+  const auto deltas = RoundDeltas(3, n);
+  const std::vector<float> x0(n, 0.25f);
 
-    std::vector<float> straight = x0;
-    FedAdam one(Adam(bias_correction));
-    for (uint64_t r = 0; r < 3; ++r) RunRound(one, r, straight, deltas);
+  std::vector<float> straight = x0;
+  auto one = MakeStrategy(options);
+  ASSERT_TRUE(one.ok());
+  for (uint64_t r = 0; r < 3; ++r) RunRound(**one, r, straight, deltas);
 
-    std::vector<float> resumed = x0;
-    auto saved = [&] {
-      FedAdam before(Adam(bias_correction));
-      for (uint64_t r = 0; r < 2; ++r) RunRound(before, r, resumed, deltas);
-      return before.SaveState();
-    }();
-    auto after = MakeStrategy(Adam(bias_correction));
-    ASSERT_TRUE(after.ok());
-    ASSERT_TRUE((*after)->LoadState(saved).ok());
-    RunRound(**after, 2, resumed, deltas);
+  std::vector<float> resumed = x0;
+  auto before = MakeStrategy(options);
+  ASSERT_TRUE(before.ok());
+  for (uint64_t r = 0; r < 2; ++r) RunRound(**before, r, resumed, deltas);
+  const auto saved = (*before)->SaveState();
+  ASSERT_FALSE(saved.empty()) << options.name;
+  auto after = MakeStrategy(options);
+  ASSERT_TRUE(after.ok());
+  ASSERT_TRUE((*after)->LoadState(saved).ok());
+  RunRound(**after, 2, resumed, deltas);
 
-    EXPECT_EQ(std::memcmp(straight.data(), resumed.data(), n * sizeof(float)), 0) << bias_correction;
-    EXPECT_EQ(one.SaveState(), (*after)->SaveState());
+  EXPECT_EQ(std::memcmp(straight.data(), resumed.data(), n * sizeof(float)), 0) << options.name;
+  EXPECT_EQ((*one)->SaveState(), (*after)->SaveState()) << options.name;
+  EXPECT_NE(std::memcmp(straight.data(), x0.data(), n * sizeof(float)), 0) << options.name << " never moved";
+}
+
+TEST(FedOpt, SaveLoadContinuesBitForBit) {
+  ExpectSaveLoadContinuesBitForBit(Adam(false));
+  ExpectSaveLoadContinuesBitForBit(Adam(true));
+  ExpectSaveLoadContinuesBitForBit({.name = "fedyogi", .server_lr = 0.1, .beta2 = 0.5});
+  ExpectSaveLoadContinuesBitForBit({.name = "fedadagrad", .server_lr = 0.1});
+  ExpectSaveLoadContinuesBitForBit({.name = "fedavgm", .server_lr = 1.0, .server_momentum = 0.9});
+}
+
+// With no momentum and a unit learning rate FedAvgM is FedAvg, to the bit;
+// with momentum the second round's step is Δ₂ + β Δ₁.
+TEST(FedAvgM, IsFedAvgWithoutMomentumAndAddsTheLastStepWithIt) {
+  const size_t n = 500;
+  const auto deltas = RoundDeltas(2, n);
+  std::vector<float> plain(n, -0.5f), m0(n, -0.5f), m9(n, -0.5f);
+  auto fedavg = MakeStrategy({.name = "fedavg"});
+  auto no_momentum = MakeStrategy({.name = "fedavgm", .server_lr = 1.0, .server_momentum = 0.0});
+  auto momentum = MakeStrategy({.name = "fedavgm", .server_lr = 1.0, .server_momentum = 0.9});
+  ASSERT_TRUE(fedavg.ok() && no_momentum.ok() && momentum.ok());
+  for (uint64_t r = 0; r < 2; ++r) {
+    RunRound(**fedavg, r, plain, deltas);
+    RunRound(**no_momentum, r, m0, deltas);
+    RunRound(**momentum, r, m9, deltas);
+  }
+  EXPECT_EQ(std::memcmp(plain.data(), m0.data(), n * sizeof(float)), 0);
+  auto mean = [&](size_t round, size_t i) { return (3.0 * deltas[2 * round][i] + 7.0 * deltas[2 * round + 1][i]) / 10; };
+  for (size_t i = 0; i < n; ++i) {
+    const double expected = -0.5 + mean(0, i) + (0.9 * mean(0, i) + mean(1, i));
+    EXPECT_NEAR(m9[i], expected, 1e-6) << i;
+  }
+  EXPECT_EQ((*momentum)->SaveState().count("momentum"), 1u);
+}
+
+TEST(FedAvgM, LoadStateValidates) {
+  using State = std::map<std::string, std::vector<float>>;
+  for (const State& bad : {State{{"m", {0}}}, State{{"momentum", {0, NAN}}}, State{{"momentum", {0}}, {"v", {0}}}}) {
+    auto s = MakeStrategy({.name = "fedavgm"});
+    ASSERT_TRUE(s.ok());
+    EXPECT_EQ((*s)->LoadState(bad).code(), Code::kInvalidArgument);
+    EXPECT_TRUE((*s)->SaveState().empty()) << "untouched";
   }
 }
 
 TEST(FedAdam, StateStartsEmptyAndPersists) {
-  FedAdam adam(Adam(false));
+  FedOpt adam(Adam(false));
   EXPECT_TRUE(adam.SaveState().empty());
   std::vector<float> x = {1, 2};
   ASSERT_TRUE(adam.Begin(1, x).ok());
@@ -135,11 +180,11 @@ TEST(FedAdam, LoadStateValidates) {
       {{"m", {0, 0}}, {"v", {0, 0}}, {"step", {1}}, {"extra", {1}}},  // unknown tensor
   };
   for (const State& state : bad) {
-    FedAdam adam(Adam(false));
+    FedOpt adam(Adam(false));
     EXPECT_EQ(adam.LoadState(state).code(), Code::kInvalidArgument);
     EXPECT_TRUE(adam.SaveState().empty());  // untouched
   }
-  FedAdam adam(Adam(false));
+  FedOpt adam(Adam(false));
   ASSERT_TRUE(adam.LoadState(good).ok());
   EXPECT_EQ(adam.step(), 4u);
   // State for a 2-parameter model does not fit a 3-parameter one.
