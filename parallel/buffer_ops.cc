@@ -34,6 +34,10 @@ class HostBufferOps : public BufferOps {
     for (size_t i = 0; i < n; ++i) x[i] *= c;
     return Status::Ok();
   }
+  Status AddScaledDifference(float* dst, const float* a, const float* b, size_t n, float c) override {
+    for (size_t i = 0; i < n; ++i) dst[i] += c * (a[i] - b[i]);
+    return Status::Ok();
+  }
   Result<double> SumSquares(const BufferPieces& pieces) override {
     double sum = 0;
     for (const BufferPiece& x : pieces) {

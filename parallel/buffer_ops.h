@@ -33,6 +33,8 @@ class BufferOps {
   virtual Status Fill(float* dst, size_t n, float value) = 0;
   virtual Status Add(float* dst, const float* src, size_t n) = 0;  // dst += src
   virtual Status Scale(float* x, size_t n, float c) = 0;           // x *= c
+  // dst += c * (a - b), each product in float as torch forms μ (w - w₀).
+  virtual Status AddScaledDifference(float* dst, const float* a, const float* b, size_t n, float c) = 0;
   // The two below take all of a rank's pieces at once, so that a GPU hands
   // its answer to the host once per step, not once per piece.
   // The sum of x² over every piece, accumulated in double.

@@ -85,6 +85,9 @@ Result<std::unique_ptr<DataParallel>> DataParallel::Create(comm::Communicator& c
     return InvalidArgument("data parallel: bucket sizes {} and {} bytes hold no gradient", options.bucket_bytes,
                            options.first_bucket_bytes);
   }
+  if (!(options.proximal_mu >= 0) || !std::isfinite(options.proximal_mu)) {
+    return InvalidArgument("data parallel: proximal_mu {} must be finite and >= 0", options.proximal_mu);
+  }
   if (options.max_grad_norm < 0 || !std::isfinite(options.max_grad_norm)) {
     return InvalidArgument("data parallel: max_grad_norm {} must be finite and >= 0", options.max_grad_norm);
   }
@@ -120,6 +123,18 @@ Result<std::unique_ptr<DataParallel>> DataParallel::Create(comm::Communicator& c
 }
 
 Status DataParallel::Init() {
+  ESTUARY_RETURN_IF_ERROR(InitBuffers());
+  if (options_.proximal_mu == 0) return Status::Ok();
+  ESTUARY_ASSIGN_OR_RETURN(anchor_, ops_->Allocate(models::SliceElements(slices_)));
+  size_t at = 0;
+  for (const models::ParameterSlice& s : slices_) {
+    ESTUARY_RETURN_IF_ERROR(ops_->Copy(anchor_.get() + at, s.params, s.size));
+    at += s.size;
+  }
+  return Status::Ok();
+}
+
+Status DataParallel::InitBuffers() {
   const bool zero = options_.stage != ZeroStage::kDdp;
   // Buckets, in launch order: from the end of the buffer down.
   if (options_.stage == ZeroStage::kZero3) {
@@ -432,6 +447,15 @@ Result<StepResult> DataParallel::Step(const OptimizerStep& optimizer_step) {
   if (scaler_) {
     ESTUARY_ASSIGN_OR_RETURN(const bool found_inf, ops_->UnscaleAndCheckFinite(grad_pieces_, scaler_->inv_scale()));
     agreed[0] = found_inf ? 1 : 0;
+  }
+  if (anchor_) {
+    size_t at = 0;
+    for (size_t i = 0; i < slices_.size(); ++i) {  // grad_pieces_[i] is slices_[i]'s gradient
+      const models::ParameterSlice& s = slices_[i];
+      ESTUARY_RETURN_IF_ERROR(
+          ops_->AddScaledDifference(grad_pieces_[i].data, s.params, anchor_.get() + at, s.size, options_.proximal_mu));
+      at += s.size;
+    }
   }
   if (options_.max_grad_norm > 0) {
     ESTUARY_ASSIGN_OR_RETURN(agreed[1], ops_->SumSquares(grad_pieces_));

@@ -91,6 +91,13 @@ struct DataParallelOptions {
   double max_grad_norm = 0;
   // Dynamic loss scaling (models::LossScaler's semantics); none: off.
   std::optional<models::LossScalerOptions> loss_scaler = std::nullopt;
+  // FedProx (Li et al. 2020): μ of the proximal term μ/2 ‖w − w₀‖² added to
+  // the local objective, w₀ the parameters at Create (the round's global
+  // model). Each Step adds μ (w − w₀) to the reduced, unscaled gradients of
+  // this rank's slices before clipping and the optimizer, as autograd would
+  // through the loss; w₀ is kept for those slices only (1/N of P under ZeRO).
+  // 0: off.
+  float proximal_mu = 0;
   // Buffers on a GPU: the stream (a cudaStream_t) the model's kernels run on
   // and the communicator follows; DataParallel's own buffer work runs there.
   void* device_stream = nullptr;
@@ -171,7 +178,8 @@ class DataParallel : private models::StepHooks {
   struct Bucket;
   DataParallel(comm::Communicator& comm, std::span<float> parameters, std::span<float> gradients,
                std::vector<models::ParameterUnit> units, const DataParallelOptions& options);
-  Status Init();
+  Status Init();  // InitBuffers, then the proximal anchor
+  Status InitBuffers();
   void MakeSlices();  // slices_ and grad_pieces_
 
   // StepHooks.
@@ -202,6 +210,7 @@ class DataParallel : private models::StepHooks {
   std::span<float> shard_params_, shard_grads_;   // ZeRO-3's parameters, ZeRO-2/3's gradients
   std::vector<models::ParameterSlice> slices_;       // what the optimizer steps
   BufferPieces grad_pieces_;                         // their gradients: unscaled, measured, clipped here
+  std::shared_ptr<float> anchor_;  // FedProx: the slices' parameters as the step began, slice after slice
   std::shared_ptr<double> agreed_;           // found-inf and norm², where collectives can take them
 
   // The micro-batch in flight.

@@ -118,3 +118,30 @@ for name, model, momentum in (("mlp", MLP(), 0.9), ("cnn", CNN(), 0.9), ("mlp_pl
     opt.step()
     after = {k + ".after": v for k, v in model.state_dict().items()}
     save("step_" + name, x=x, labels=[int(v) for v in labels], loss=[float(loss)], **before, **grads, **after)
+
+# FedProx (Li et al. 2020): three local steps of the MLP on
+# cross-entropy + mu/2 ||w - w0||^2, w0 the round's starting weights, the
+# gradient clipped to norm 1 after the proximal term (as clip_grad_norm_
+# after backward does), then SGD with momentum and weight decay.
+model, mu = MLP(), 5.0
+with torch.no_grad():
+    for p in model.parameters():
+        p.mul_(4)  # large enough weights that the clip and the proximal term both matter
+before = {k: v.detach().clone() for k, v in model.state_dict().items()}
+anchor = [p.detach().clone() for p in model.parameters()]
+opt = torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9, weight_decay=1e-4)
+batches = {}
+norms = []
+for step in range(3):
+    x = torch.rand(10, 784)
+    labels = torch.randint(0, 10, (10,))
+    batches[f"x{step}"] = x
+    batches[f"labels{step}"] = [int(v) for v in labels]
+    opt.zero_grad()
+    loss = F.cross_entropy(model(x), labels)
+    loss = loss + mu / 2 * sum(((p - a) ** 2).sum() for p, a in zip(model.parameters(), anchor))
+    loss.backward()
+    norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)))
+    opt.step()
+after = {k + ".after": v for k, v in model.state_dict().items()}
+save("fedprox_mlp", mu=[mu], max_norm=[1.0], lr=[0.5], norms=norms, **batches, **before, **after)
