@@ -82,6 +82,13 @@ class RankTrainerBase : public RankTrainer {
     return (models_.cache ? models_.cache() : own_cache_).template Get<M>(key, make);
   }
 
+  // The site's DataParallel options with what the task adds: FedProx's μ.
+  parallel::DataParallelOptions RoundOptions(const TaskConfig& task) const {
+    parallel::DataParallelOptions options = options_;
+    options.proximal_mu = task.proximal_mu;
+    return options;
+  }
+
   comm::Communicator& comm_;
   parallel::DataParallelOptions options_;
   RankModels models_;
@@ -126,12 +133,12 @@ class ClassifierRankTrainer : public RankTrainerBase {
                             std::string_view client_name) override {
     ESTUARY_ASSIGN_OR_RETURN(RankClassifier * model, Model(task));
     trained_ = model;
-    ESTUARY_ASSIGN_OR_RETURN(auto dp, model->StartRound(comm_, global, task, options_));
+    ESTUARY_ASSIGN_OR_RETURN(auto dp, model->StartRound(comm_, global, task, RoundOptions(task)));
     // One rank with nothing for DataParallel to do: plain SGD fuses into
     // backward where the model can (the same update, one pass fewer).
     const bool fusable = comm_.size() == 1 && options_.stage == parallel::ZeroStage::kDdp &&
                          options_.max_grad_norm == 0 && !options_.loss_scaler &&
-                         task.optimizer == OptimizerKind::kSgd && task.momentum == 0;
+                         task.optimizer == OptimizerKind::kSgd && task.momentum == 0 && task.proximal_mu == 0;
 
     const int features = data_->feature_size;
     std::vector<float> x(size_t(task.batch_size) * features);
@@ -217,12 +224,12 @@ class TextRankTrainer : public RankTrainerBase {
       ESTUARY_ASSIGN_OR_RETURN(const LoraStart start, StartLoraRound(*plan_, global, task, round, client_name));
       ESTUARY_ASSIGN_OR_RETURN(lora, LoraDecoder(task, plan_->site));
       ESTUARY_RETURN_IF_ERROR(lora->LoadBase(start.base(), start.dropout_seed));
-      ESTUARY_ASSIGN_OR_RETURN(dp, lora->StartRound(comm_, start.adapter, task, options_));
+      ESTUARY_ASSIGN_OR_RETURN(dp, lora->StartRound(comm_, start.adapter, task, RoundOptions(task)));
       decoder = lora;
     } else {
       plan_.reset();
       ESTUARY_ASSIGN_OR_RETURN(decoder, Decoder(task));
-      ESTUARY_ASSIGN_OR_RETURN(dp, decoder->StartRound(comm_, global, task, options_));
+      ESTUARY_ASSIGN_OR_RETURN(dp, decoder->StartRound(comm_, global, task, RoundOptions(task)));
     }
     trained_ = decoder;
 

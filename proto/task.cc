@@ -18,6 +18,9 @@ Status CheckTask(const v1::TaskConfig& task) {
   if (!(task.momentum() >= 0 && task.momentum() < 1)) {
     return InvalidArgument("task: momentum = {}: must be in [0, 1)", task.momentum());
   }
+  if (!(task.proximal_mu() >= 0) || !std::isfinite(task.proximal_mu())) {
+    return InvalidArgument("task: proximal_mu = {}: must be a number >= 0", task.proximal_mu());
+  }
   if (!(task.weight_decay() >= 0) || !std::isfinite(task.weight_decay())) {
     return InvalidArgument("task: weight_decay = {}: must be a number >= 0", task.weight_decay());
   }

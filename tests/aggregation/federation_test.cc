@@ -200,13 +200,14 @@ TEST(FederationFlags, TheStrategyFlagsSetTheirFieldsAndAnUnsetServerLrIsTheStrat
     EXPECT_NE(help.find(shown), std::string::npos) << shown << "\n" << help;
   }
   EXPECT_DOUBLE_EQ(StrategyOptionsOf(config.strategy()).server_lr, 0.01) << "fedavg's";
-  std::vector<std::string> args = {"--strategy", "fedavgm", "--server-momentum", "0.5"};
+  std::vector<std::string> args = {"--strategy", "fedavgm", "--server-momentum", "0.5", "--proximal-mu", "0.01"};
   std::reverse(args.begin(), args.end());
   app.parse(args);
   StrategyOptions options = StrategyOptionsOf(config.strategy());
   EXPECT_EQ(options.name, "fedavgm");
   EXPECT_DOUBLE_EQ(options.server_lr, 1.0);
   EXPECT_DOUBLE_EQ(options.server_momentum, 0.5);
+  EXPECT_FLOAT_EQ(config.task().proximal_mu(), 0.01f);
   config.mutable_strategy()->set_name("fedyogi");
   EXPECT_DOUBLE_EQ(StrategyOptionsOf(config.strategy()).server_lr, 0.01);
   config.mutable_strategy()->set_server_lr(0.3);
@@ -222,6 +223,10 @@ TEST(FederationFlags, TheStrategyFlagsSetTheirFieldsAndAnUnsetServerLrIsTheStrat
   v1::FederationConfig momentum = DefaultFederation();
   momentum.mutable_strategy()->set_name("fedavgm");
   momentum.mutable_strategy()->set_server_momentum(1.0);
+  v1::FederationConfig proximal = DefaultFederation();
+  proximal.mutable_task()->set_proximal_mu(-1);
+  EXPECT_NE(CheckFederation(proximal).message().find("proximal_mu = -1: must be a number >= 0"), std::string::npos)
+      << CheckFederation(proximal).message();
   const Status refused = CheckFederation(momentum);
   ASSERT_FALSE(refused.ok());
   EXPECT_NE(refused.message().find("server_momentum must be in [0, 1), got 1"), std::string::npos)

@@ -261,6 +261,14 @@ Status RunSite(const Scenario& s, const std::string& address, int rank) {
       ESTUARY_ASSIGN_OR_RETURN(Update f32, f32_site->Train(global, manifest, s.task, round, "site-x"));
       if (!(RelError(f32.payload, want.payload) > 1e-6)) return Internal("round {}: a bf16 base trained as f32", round);
     }
+    if (s.task.proximal_mu() > 0) {  // the term reaches the ranks' DataParallel: without it the update differs
+      v1::TaskConfig plain = s.task;
+      plain.set_proximal_mu(0);
+      ESTUARY_ASSIGN_OR_RETURN(Update without, single->Train(global, manifest, plain, round, "site-x"));
+      if (!(RelError(without.payload, want.payload) > 1e-4)) {
+        return Internal("round {}: proximal_mu {} changed nothing", round, s.task.proximal_mu());
+      }
+    }
     if (lora) {
       // The next round starts from a global adapter whose B is not zero.
       std::mt19937 gen{unsigned(round)};
@@ -324,6 +332,12 @@ v1::TaskConfig TextTask() {
   return t;
 }
 
+// FedProx: the same task with the proximal term, strong enough to matter in a round.
+v1::TaskConfig Proximal(v1::TaskConfig t) {
+  t.set_proximal_mu(t.model() == "mlp" ? 5.0f : 50.0f);
+  return t;
+}
+
 // A lora round of the same decoder: rank-4 adapters on q, v and down
 // (dropout 0.1: the ranks draw the masks one process draws for their rows).
 v1::TaskConfig LoraTask(std::string merge, bool mixed_ranks) {
@@ -352,7 +366,9 @@ INSTANTIATE_TEST_SUITE_P(
                       Scenario{"llama-tiny", 3, parallel::ZeroStage::kZero1, LoraTask("naive")},
                       Scenario{"llama-tiny", 2, parallel::ZeroStage::kZero2, LoraTask("frozen-a")},
                       Scenario{"llama-tiny", 3, parallel::ZeroStage::kDdp, LoraTask("exact", true), 2},
-                      Scenario{"llama-tiny", 2, parallel::ZeroStage::kZero1, LoraTask("exact"), 0, DType::kBF16}),
+                      Scenario{"llama-tiny", 2, parallel::ZeroStage::kZero1, LoraTask("exact"), 0, DType::kBF16},
+                      Scenario{"mlp", 3, parallel::ZeroStage::kZero3, Proximal(ImageTask(0.5f))},
+                      Scenario{"llama-tiny", 2, parallel::ZeroStage::kZero2, Proximal(TextTask())}),
     [](const auto& info) {
       const Scenario& s = info.param;
       std::string name = fmt::format("{}_{}ranks_zero{}", s.model == "mlp" ? "mlp" : "llama", s.ranks, int(s.stage));
@@ -361,6 +377,7 @@ INSTANTIATE_TEST_SUITE_P(
         if (s.lora_rank != 0) name += fmt::format("_site_rank{}", s.lora_rank);
         if (s.lora_base != DType::kF32) name += fmt::format("_base_{}", DTypeName(s.lora_base));
       }
+      if (s.task.proximal_mu() > 0) name += "_fedprox";
       return name;
     });
 
