@@ -1,8 +1,9 @@
 // Cached generation on the GPU (models/cuda/llama_decoder.h) against the CPU
 // model and the GPU engine's own full forward: under f32 every step's logits
 // (a prefill, then one token at a time) within 1e-4 of both, for GQA models
-// with an untied and a tied head and one whose head_dim (40) spans two lanes
-// of the attention kernel's warp and leaves some idle; under bf16 within a few
+// with an untied and a tied head, one whose head_dim (40) spans two lanes of
+// the attention kernel's warp and leaves some idle, and one with Llama 3's
+// RoPE scaling; under bf16 within a few
 // 1e-2 of the CPU, and greedy tokens the GPU full forward's argmax wherever
 // its top two logits are not within that rounding; a chunk after the prompt
 // continuing the cache; seeded sampling and stop tokens through
@@ -34,7 +35,7 @@ namespace {
 using namespace cuda_test;
 using Values = std::vector<float>;
 
-enum class Variant { kUntied, kTied, kWideHeads };
+enum class Variant { kUntied, kTied, kWideHeads, kRopeScaling };
 
 LlamaConfig ConfigOf(Variant variant) {
   LlamaConfig c{.vocab_size = 97, .hidden_size = 32, .intermediate_size = 48, .num_layers = 3, .num_heads = 4,
@@ -44,6 +45,11 @@ LlamaConfig ConfigOf(Variant variant) {
     c.hidden_size = 80;
     c.num_heads = 2;
     c.num_kv_heads = 1;
+  }
+  if (variant == Variant::kRopeScaling) {
+    // Llama 3's: the decoder reads the engine's scaled tables at an offset.
+    c.rope_scaling = {.kind = RopeScaling::Kind::kLlama3, .factor = 8, .low_freq_factor = 1, .high_freq_factor = 4,
+                      .original_max_position_embeddings = 32};
   }
   return c;
 }
@@ -102,11 +108,16 @@ class CudaGenerate : public ::testing::TestWithParam<Variant> {
   }
 };
 INSTANTIATE_TEST_SUITE_P(Decoders, CudaGenerate,
-                         ::testing::Values(Variant::kUntied, Variant::kTied, Variant::kWideHeads),
+                         ::testing::Values(Variant::kUntied, Variant::kTied, Variant::kWideHeads,
+                                           Variant::kRopeScaling),
                          [](const auto& info) {
-                           return info.param == Variant::kUntied ? "GqaUntied"
-                                  : info.param == Variant::kTied ? "GqaTied"
-                                                                 : "HeadDim40";
+                           switch (info.param) {
+                             case Variant::kUntied: return "GqaUntied";
+                             case Variant::kTied: return "GqaTied";
+                             case Variant::kWideHeads: return "HeadDim40";
+                             case Variant::kRopeScaling: return "Llama3RopeScaling";
+                           }
+                           return "";
                          });
 
 // Prefill, then 30 sampled tokens one at a time: every step's logits are the
