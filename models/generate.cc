@@ -170,21 +170,35 @@ Status KvCacheDecoder::Append(std::span<const int32_t> tokens, std::span<float> 
   return Status::Ok();
 }
 
-Result<Generation> Generate(const Llama& model, std::span<const int32_t> prompt, const GenerateOptions& options) {
+// The checks every Generate makes, against a context of `context` positions.
+static Status CheckGenerate(std::span<const int32_t> prompt, const GenerateOptions& options, int context,
+                            int64_t* positions) {
   ESTUARY_RETURN_IF_ERROR(options.sampling.Validate());
-  const int context = model.config().max_seq_len;
   if (prompt.empty()) return InvalidArgument("generate: the prompt holds no tokens");
   if (options.max_new_tokens < 0) {
     return InvalidArgument("generate: max_new_tokens {} must be >= 0", options.max_new_tokens);
   }
   // The last new token is never fed back, so it needs no position.
-  const int64_t positions = int64_t(prompt.size()) + std::max(options.max_new_tokens - 1, 0);
-  if (positions > context) {
+  *positions = int64_t(prompt.size()) + std::max(options.max_new_tokens - 1, 0);
+  if (*positions > context) {
     return InvalidArgument("generate: a prompt of {} tokens and {} new ones exceed the context of {}", prompt.size(),
                            options.max_new_tokens, context);
   }
+  return Status::Ok();
+}
+
+Result<Generation> Generate(const Llama& model, std::span<const int32_t> prompt, const GenerateOptions& options) {
+  int64_t positions = 0;
+  ESTUARY_RETURN_IF_ERROR(CheckGenerate(prompt, options, model.config().max_seq_len, &positions));
   ESTUARY_ASSIGN_OR_RETURN(KvCacheDecoder decoder, KvCacheDecoder::Create(model, int(positions)));
-  std::vector<float> logits(model.config().vocab_size);
+  return Generate(decoder, prompt, options);
+}
+
+Result<Generation> Generate(TokenDecoder& decoder, std::span<const int32_t> prompt, const GenerateOptions& options) {
+  int64_t positions = 0;
+  ESTUARY_RETURN_IF_ERROR(CheckGenerate(prompt, options, decoder.capacity(), &positions));
+  decoder.Clear();
+  std::vector<float> logits(decoder.vocab_size());
   ESTUARY_RETURN_IF_ERROR(decoder.Append(prompt, logits));
   Generation out;
   TokenSampler sampler(options.sampling);

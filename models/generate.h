@@ -13,11 +13,16 @@
 // after RoPE, with grouped-query attention reading one kv head per group.
 // For an adapted model, decode LoraLlama::Merged() (models/lora.h).
 //
-// Generation runs on the CPU; the CUDA engine (models/cuda/) has no decoder.
+// Generate runs over any TokenDecoder: KvCacheDecoder on the CPU, or
+// cuda::LlamaDecoder (models/cuda/llama_decoder.h), which runs a GPU
+// engine's weights with a cache on the device. Sampling stays on the host, so
+// the same logits give the same tokens on either. (The CUDA decoder's tests,
+// tests/models/cuda_generate_test.cc, have not yet run on a GPU.)
 #pragma once
 
 #include <cstdint>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "base/status.h"
@@ -26,24 +31,41 @@
 
 namespace estuary::models {
 
-class KvCacheDecoder {
+// What Generate needs of a decoder with a KV cache: append tokens at the next
+// positions and get the logits that follow the last of them.
+class TokenDecoder {
+ public:
+  virtual ~TokenDecoder() = default;
+  virtual int vocab_size() const = 0;
+  virtual int length() const = 0;  // positions cached so far
+  virtual int capacity() const = 0;
+  // Forgets every position: the next Append starts a new sequence.
+  virtual void Clear() = 0;
+  // Runs `tokens` at positions length() ... length() + size - 1, caches their
+  // keys and values, and writes the logits that follow the last of them into
+  // `logits` (vocab_size() floats). Fails, caching nothing, on an empty span,
+  // an id outside the vocabulary, too small a logits span, or more positions
+  // than capacity().
+  virtual Status Append(std::span<const int32_t> tokens, std::span<float> logits) = 0;
+  // Where and in what precision it runs, as the program reports it: "cpu f32",
+  // "cuda:0 (NVIDIA H100 80GB HBM3) bf16".
+  virtual std::string device() const = 0;
+};
+
+class KvCacheDecoder final : public TokenDecoder {
  public:
   // A decoder with room for `capacity` positions (0: the model's
   // max_seq_len, which bounds it). It points at `model`, which must outlive
   // it and keep its weights while it is used; one thread at a time.
   static Result<KvCacheDecoder> Create(const Llama& model, int capacity = 0);
 
-  int length() const { return length_; }  // positions cached so far
-  int capacity() const { return capacity_; }
-  // Forgets every position: the next Append starts a new sequence.
-  void Clear() { length_ = 0; }
-
-  // Runs `tokens` at positions length() ... length() + size - 1 in one pass,
-  // caches their keys and values, and writes the logits that follow the last
-  // of them into `logits` (vocab_size floats). Fails, caching nothing, on an
-  // empty span, an id outside the vocabulary, too small a logits span, or
-  // more positions than capacity().
-  Status Append(std::span<const int32_t> tokens, std::span<float> logits);
+  int vocab_size() const override { return model_->config().vocab_size; }
+  int length() const override { return length_; }
+  int capacity() const override { return capacity_; }
+  void Clear() override { length_ = 0; }
+  // TokenDecoder::Append, the tokens in one pass.
+  Status Append(std::span<const int32_t> tokens, std::span<float> logits) override;
+  std::string device() const override { return "cpu f32"; }
 
  private:
   KvCacheDecoder(const Llama& model, int capacity);
@@ -86,5 +108,8 @@ struct Generation {
 // context (the last new token is not fed back, so prompt.size() +
 // max_new_tokens - 1 positions must fit max_seq_len).
 Result<Generation> Generate(const Llama& model, std::span<const int32_t> prompt, const GenerateOptions& options);
+// The same on `decoder`, which is cleared first and whose capacity() bounds
+// the positions as max_seq_len does above.
+Result<Generation> Generate(TokenDecoder& decoder, std::span<const int32_t> prompt, const GenerateOptions& options);
 
 }  // namespace estuary::models

@@ -6,9 +6,12 @@
 //       each line a JSON array of ids -> its text
 //   estuary-lm generate --model DIR --tokenizer FILE --prompt TEXT [--adapter DIR] [--max-new-tokens N]
 //                       [--temperature T] [--top-k K] [--top-p P] [--seed S] [--stop-id ID]... [--json]
+//                       [--device cpu|cuda|cuda:N] [--precision fp32|bf16|fp16]
 //       the prompt (with the tokenizer's special tokens, e.g. BOS) continued by a Hugging Face model
-//       directory (with a PEFT LoRA adapter merged in), on the CPU (models/generate.h); prints the new
-//       text, or with --json the prompt's and the new ids, each new token's log-probability and the text
+//       directory (with a PEFT LoRA adapter merged in), on the CPU (models/generate.h) or, in a build
+//       with CUDA, on a GPU (models/cuda/llama_decoder.h) in the given precision; prints the new
+//       text, or with --json the prompt's and the new ids, each new token's log-probability, the text
+//       and the device it ran on ("cpu f32", "cuda:0 (NVIDIA H100 ...) bf16")
 //
 //   estuary-lm inspect --model DIR
 //       a Hugging Face model directory's config.json -> JSON on stdout: the
@@ -46,6 +49,16 @@
 #include "models/prompt_template.h"
 #include "models/tokenizer.h"
 #include "models/transformer_ops.h"
+
+#ifdef ESTUARY_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+#include <charconv>
+
+#include "models/cuda/device.h"
+#include "models/cuda/llama_decoder.h"
+#include "models/cuda/llama_engine.h"
+#endif
 
 namespace {
 
@@ -100,10 +113,12 @@ struct GenerateFlags {
   models::SamplingOptions sampling;
   std::vector<int32_t> stop_ids;
   bool json = false;
+  std::string device = "cpu", precision = "fp32";
 };
 
 CLI::App* AddGenerateCommand(CLI::App& app, GenerateFlags& flags) {
-  auto* command = app.add_subcommand("generate", "continue a prompt with a language model (CPU, KV cache)");
+  auto* command =
+      app.add_subcommand("generate", "continue a prompt with a language model (KV cache, on the CPU or a GPU)");
   command->add_option("--model", flags.model, "a Hugging Face model directory (config.json, model.safetensors)")
       ->required();
   command->add_option("--tokenizer", flags.tokenizer, "a Hugging Face tokenizer.json")->required();
@@ -116,6 +131,8 @@ CLI::App* AddGenerateCommand(CLI::App& app, GenerateFlags& flags) {
   command->add_option("--seed", flags.sampling.seed, "the same seed gives the same tokens");
   command->add_option("--stop-id", flags.stop_ids, "stop after this token id too (the tokenizer's EOS always stops)");
   command->add_flag("--json", flags.json, "print ids, per-token log-probabilities and text as JSON");
+  command->add_option("--device", flags.device, "where to run: cpu | cuda | cuda:N (a build with CUDA)");
+  command->add_option("--precision", flags.precision, "fp32 | bf16 | fp16 (bf16 and fp16 on cuda only)");
   return command;
 }
 
@@ -134,8 +151,78 @@ Result<models::Llama> LoadGenerationModel(const GenerateFlags& flags, int64_t po
   return adapted.Merged();
 }
 
+// --device and --precision: cpu runs fp32; cuda[:N] any of the three, in a
+// build with CUDA and where a device can run its kernels.
+Status CheckGenerateDevice(const GenerateFlags& flags) {
+  if (flags.precision != "fp32" && flags.precision != "bf16" && flags.precision != "fp16") {
+    return InvalidArgument("--precision '{}': expected fp32, bf16 or fp16", flags.precision);
+  }
+  if (flags.device == "cpu") {
+    if (flags.precision != "fp32") {
+      return InvalidArgument("--precision {} needs --device cuda: the CPU decoder runs in fp32", flags.precision);
+    }
+    return Status::Ok();
+  }
+  if (flags.device != "cuda" && !flags.device.starts_with("cuda:")) {
+    return InvalidArgument("--device '{}': expected cpu, cuda or cuda:N", flags.device);
+  }
+#ifdef ESTUARY_HAVE_CUDA
+  int index = 0;
+  if (flags.device.size() > 5) {
+    const std::string_view digits = std::string_view(flags.device).substr(5);
+    auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), index);
+    if (ec != std::errc() || end != digits.data() + digits.size() || index < 0) {
+      return InvalidArgument("--device '{}': the device index must be a number", flags.device);
+    }
+  }
+  // Every failure to reach a device names the flag, as the tests that skip without one expect.
+  if (Status usable = models::cuda::CudaUsable(); !usable.ok()) {
+    return FailedPrecondition("--device {}: {}", flags.device, usable.message());
+  }
+  Result<int> count = models::cuda::CudaDeviceCount();
+  if (!count.ok()) return FailedPrecondition("--device {}: {}", flags.device, count.status().message());
+  if (index >= *count) return InvalidArgument("--device {}: {} CUDA device(s) visible", flags.device, *count);
+  if (const cudaError_t e = cudaSetDevice(index); e != cudaSuccess) {
+    return FailedPrecondition("--device {}: cudaSetDevice: {}", flags.device, cudaGetErrorString(e));
+  }
+  if (Status usable = models::cuda::CudaUsable(); !usable.ok()) {
+    return FailedPrecondition("--device {}: {}", flags.device, usable.message());
+  }
+  return Status::Ok();
+#else
+  return FailedPrecondition("--device {}: this build has no CUDA backend (nvcc was not found when it was configured)",
+                            flags.device);
+#endif
+}
+
+// Generate on the GPU: the (merged) model's weights into a frozen engine, and
+// its cached decoder. `device` gets what the decoder reports.
+Result<models::Generation> GenerateOnGpu(const GenerateFlags& flags, const models::Llama& model,
+                                         std::span<const int32_t> prompt, const models::GenerateOptions& options,
+                                         std::string* device) {
+#ifdef ESTUARY_HAVE_CUDA
+  namespace cuda = models::cuda;
+  const DType precision = flags.precision == "bf16"   ? DType::kBF16
+                          : flags.precision == "fp16" ? DType::kF16
+                                                      : DType::kF32;
+  ESTUARY_ASSIGN_OR_RETURN(cuda::LlamaEngine engine,
+                           cuda::LlamaEngine::Create(model.config(), 1, {.precision = precision, .train_base = false}));
+  ESTUARY_RETURN_IF_ERROR(engine.CopyParametersFrom(model.parameters()));
+  // The positions Generate needs, within the model's context (Generate refuses more, naming it).
+  const int64_t positions = int64_t(prompt.size()) + std::max(options.max_new_tokens - 1, 0);
+  const int capacity = int(std::clamp<int64_t>(positions, 1, model.config().max_seq_len));
+  ESTUARY_ASSIGN_OR_RETURN(cuda::LlamaDecoder decoder, cuda::LlamaDecoder::Create(engine, capacity));
+  *device = decoder.device();
+  return models::Generate(decoder, prompt, options);
+#else
+  (void)model, (void)prompt, (void)options, (void)device;
+  return FailedPrecondition("--device {}: this build has no CUDA backend", flags.device);
+#endif
+}
+
 Status RunGenerate(const GenerateFlags& flags) {
   ESTUARY_RETURN_IF_ERROR(flags.sampling.Validate());
+  ESTUARY_RETURN_IF_ERROR(CheckGenerateDevice(flags));
   ESTUARY_ASSIGN_OR_RETURN(models::Tokenizer tokenizer, models::Tokenizer::Load(flags.tokenizer));
   const std::vector<int32_t> prompt = tokenizer.Encode(flags.prompt, /*add_special_tokens=*/true);
   // The positions Generate needs (the last new token is never fed back).
@@ -148,11 +235,18 @@ Status RunGenerate(const GenerateFlags& flags) {
   models::GenerateOptions options{.max_new_tokens = flags.max_new_tokens, .sampling = flags.sampling,
                                   .stop_tokens = flags.stop_ids};
   if (tokenizer.eos_id()) options.stop_tokens.push_back(*tokenizer.eos_id());
-  ESTUARY_ASSIGN_OR_RETURN(models::Generation out, models::Generate(model, prompt, options));
+  models::Generation out;
+  std::string device;
+  if (flags.device == "cpu") {
+    ESTUARY_ASSIGN_OR_RETURN(out, models::Generate(model, prompt, options));
+    device = "cpu f32";
+  } else {
+    ESTUARY_ASSIGN_OR_RETURN(out, GenerateOnGpu(flags, model, prompt, options, &device));
+  }
   const std::string text = tokenizer.Decode(out.tokens, /*skip_special_tokens=*/true);
   if (flags.json) {
     const nlohmann::json report = {{"prompt_ids", prompt}, {"ids", out.tokens}, {"log_probs", out.log_probs},
-                                   {"stopped", out.stopped}, {"text", text}};
+                                   {"stopped", out.stopped}, {"text", text}, {"device", device}};
     fmt::print("{}\n", report.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
   } else {
     fmt::print("{}\n", text);

@@ -54,6 +54,8 @@
 
 namespace estuary::models::cuda {
 
+class LlamaDecoder;
+
 // The four weight products of a block, as fused in the flat buffer
 // (models::LlamaLayout): q/k/v in one [(H + 2 KV) hd, D] matrix, gate/up in
 // one [2 I, D] matrix.
@@ -165,6 +167,8 @@ class LlamaEngine : public Engine {
   LossScaler& loss_scaler();
 
  private:
+  // Cached generation (llama_decoder.h) runs this engine's weights with its ops.
+  friend class LlamaDecoder;
   struct Impl;
   explicit LlamaEngine(std::unique_ptr<Impl> impl);
   Impl& impl() const;

@@ -412,6 +412,30 @@ TEST_F(GenerateCommand, TheSeedDecidesTheSample) {
   EXPECT_NE(Json::parse(first.output)["ids"], Json::parse(other.output)["ids"]);
 }
 
+// --device cuda runs the GPU decoder (models/cuda/llama_decoder.h), which
+// says so in the JSON, and under fp32 picks the CPU's greedy tokens. Skips
+// where this build or machine cannot run CUDA, as the tool reports it.
+TEST_F(GenerateCommand, OnCudaTheGreedyOutputIsTheCpus) {
+  const CommandResult run = RunCommand(Command("--device cuda --temperature 0 --max-new-tokens 12 --json"));
+  if (run.exit_code != 0 && run.output.starts_with("estuary-lm: --device cuda: ")) GTEST_SKIP() << run.output;
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  const Json out = Json::parse(run.output);
+  EXPECT_TRUE(out["device"].get<std::string>().starts_with("cuda:")) << out["device"];
+  EXPECT_TRUE(out["device"].get<std::string>().ends_with(" f32")) << out["device"];
+  const CommandResult cpu = RunCommand(Command("--temperature 0 --max-new-tokens 12 --json"));
+  ASSERT_EQ(cpu.exit_code, 0) << cpu.output;
+  const Json expected = Json::parse(cpu.output);
+  EXPECT_EQ(expected["device"], "cpu f32");
+  EXPECT_EQ(out["ids"], expected["ids"]);
+  const std::vector<double> log_probs = out["log_probs"], cpu_log_probs = expected["log_probs"];
+  ASSERT_EQ(log_probs.size(), cpu_log_probs.size());
+  for (size_t i = 0; i < log_probs.size(); ++i) EXPECT_NEAR(log_probs[i], cpu_log_probs[i], 1e-4);
+  const CommandResult bf16 =
+      RunCommand(Command("--device cuda --precision bf16 --temperature 0 --max-new-tokens 12 --json"));
+  ASSERT_EQ(bf16.exit_code, 0) << bf16.output;
+  EXPECT_TRUE(Json::parse(bf16.output)["device"].get<std::string>().ends_with(" bf16")) << bf16.output;
+}
+
 TEST_F(GenerateCommand, BadInputIsOneLine) {
   CommandResult run = RunCommand(Command("--top-p 1.5"));
   EXPECT_EQ(run.exit_code, 1);
@@ -424,6 +448,12 @@ TEST_F(GenerateCommand, BadInputIsOneLine) {
   run = RunCommand(Command("--max-new-tokens 100"));
   EXPECT_EQ(run.exit_code, 1);
   EXPECT_EQ(run.output, "estuary-lm: generate: a prompt of 3 tokens and 100 new ones exceed the context of 64\n");
+  run = RunCommand(Command("--precision bf16"));
+  EXPECT_EQ(run.output, "estuary-lm: --precision bf16 needs --device cuda: the CPU decoder runs in fp32\n");
+  run = RunCommand(Command("--device tpu"));
+  EXPECT_EQ(run.output, "estuary-lm: --device 'tpu': expected cpu, cuda or cuda:N\n");
+  run = RunCommand(Command("--device cuda --precision fp8"));
+  EXPECT_EQ(run.output, "estuary-lm: --precision 'fp8': expected fp32, bf16 or fp16\n");
 }
 
 }  // namespace
