@@ -24,8 +24,8 @@
 namespace estuary::models::cuda::flash {
 
 constexpr int kHeadDim = 64;  // the one head size compiled
-constexpr int kTile = 64;     // query rows and key rows per tile
-constexpr int kWarps = 4;     // each warp owns 16 rows of a tile
+constexpr int kTile = 64;     // key rows per tile; query rows too, except in the forward
+constexpr int kWarps = 4;     // each warp owns 16 rows of a tile (the backward's blocks)
 constexpr int kThreads = kWarps * 32;
 constexpr int kTileElems = kTile * kHeadDim;  // one 16-bit tile, unpadded
 constexpr float kLog2e = 1.4426950408889634f;
@@ -57,17 +57,18 @@ __device__ __forceinline__ void CopyAsync4(void* dst, const void* src, bool vali
 __device__ __forceinline__ void CommitCopies() { asm volatile("cp.async.commit_group;\n" ::); }
 __device__ __forceinline__ void WaitForCopies() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
 
-// Starts copying rows [row0, row0 + kTile) of one head (kHeadDim columns at
-// `column`) of a [n, width] matrix into a swizzled tile; rows at or past
-// `rows` become zeros (their source address stays inside the first row).
-template <typename T>
+// Starts copying rows [row0, row0 + kRows) of one head (kHeadDim columns at
+// `column`) of a [n, width] matrix into a swizzled tile, with a block of
+// kBlockThreads threads; rows at or past `rows` become zeros (their source
+// address stays inside the first row).
+template <typename T, int kRows = kTile, int kBlockThreads = kThreads>
 __device__ __forceinline__ void LoadTileAsync(const T* base, int64_t width, int64_t column, int row0, int rows,
                                               T* tile) {
   constexpr int kChunks = kHeadDim * int(sizeof(T)) / 16;  // per row
-  static_assert(kTile * kChunks % kThreads == 0, "every thread copies as many chunks");
+  static_assert(kRows * kChunks % kBlockThreads == 0, "every thread copies as many chunks");
 #pragma unroll
-  for (int step = 0; step < kTile * kChunks / kThreads; ++step) {
-    const int i = step * kThreads + int(threadIdx.x);
+  for (int step = 0; step < kRows * kChunks / kBlockThreads; ++step) {
+    const int i = step * kBlockThreads + int(threadIdx.x);
     const int r = i / kChunks, chunk = i % kChunks;
     const bool valid = row0 + r < rows;
     const T* src = base + (valid ? int64_t(row0 + r) * width : int64_t(0)) + column + chunk * 8;
