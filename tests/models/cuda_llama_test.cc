@@ -376,6 +376,7 @@ TEST_F(CudaLlama, FlashAttentionFollowsTheMaterialisedPath) {
   ASSERT_TRUE(cuda::FlashAttentionSupports(DType::kBF16, config.head_dim()));
   cuda::LlamaEngineOptions flash = Options(DType::kBF16), plain = Options(DType::kBF16);
   flash.flash_attention = true;
+  plain.flash_attention = false;  // whatever the default
   auto fused = MakePair(config, 3, flash);
   ASSERT_TRUE(fused.ok()) << fused.status().ToString();
   auto materialised = cuda::LlamaEngine::Create(config, 3, plain);

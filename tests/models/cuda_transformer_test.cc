@@ -375,9 +375,12 @@ TEST_F(CudaTransformer, CausalGqaAttentionForwardAndBackwardMatchTheCpu) {
 
 // The fused kernels (flash_attention.h) against the CPU's attention in fp32
 // on the same rounded inputs: out, every element of dqkv, and each row's
-// log-sum-exp; query tiles that end mid-tile, GQA and MQA, a one-token
-// sequence. Their products round the probabilities to bf16/fp16, which the
-// 1e-2 bound covers.
+// log-sum-exp; sequences shorter than a 64-row tile, ending mid-tile and
+// filling whole tiles, batch > 1, MHA, GQA and MQA (a kv head's gradient then
+// sums 8 query heads), a one-token sequence. Their products round the
+// probabilities to bf16/fp16, which the 1e-2 bound covers. A second
+// backward into another poisoned buffer must repeat the first bit for bit
+// (no atomics).
 TEST_F(CudaTransformer, FlashAttentionMatchesTheCpu) {
   EXPECT_FALSE(cuda::FlashAttentionSupports(DType::kF32, 64));
   EXPECT_FALSE(cuda::FlashAttentionSupports(DType::kBF16, 32));
@@ -385,8 +388,10 @@ TEST_F(CudaTransformer, FlashAttentionMatchesTheCpu) {
   const Status unsupported =
       cuda::FlashAttentionForward(DType::kBF16, &dummy, 1, 8, 2, 2, 32, &dummy, nullptr, s());
   EXPECT_NE(unsupported.message().find("head_dim 32"), std::string::npos) << unsupported.message();
-  for (const AttentionCase& c : {AttentionCase{2, 100, 4, 2, 64}, AttentionCase{1, 64, 2, 2, 64},
-                                 AttentionCase{2, 130, 3, 1, 64}, AttentionCase{1, 1, 1, 1, 64}}) {
+  for (const AttentionCase& c :
+       {AttentionCase{2, 100, 4, 2, 64}, AttentionCase{1, 64, 2, 2, 64}, AttentionCase{2, 130, 3, 1, 64},
+        AttentionCase{1, 1, 1, 1, 64}, AttentionCase{2, 17, 12, 12, 64}, AttentionCase{1, 65, 12, 4, 64},
+        AttentionCase{2, 200, 8, 1, 64}, AttentionCase{1, 128, 2, 2, 64}}) {
     for (const DType dtype : {DType::kBF16, DType::kF16}) {
       const std::string what = fmt::format("batch {} seq {} heads {}/{} {}", c.batch, c.seq, c.heads, c.kv_heads,
                                            DTypeName(dtype));
@@ -437,6 +442,14 @@ TEST_F(CudaTransformer, FlashAttentionMatchesTheCpu) {
       const Values got = DownloadAs(d_dqkv, dqkv.size(), dtype);
       for (float v : got) ASSERT_TRUE(std::isfinite(v)) << what << ": an element of dqkv was not written";
       EXPECT_LE(RelativeError(got, dqkv), kLowTolerance) << what;
+
+      void* d_again = Poisoned(qkv.size() * DTypeSize(dtype));
+      ASSERT_OK(cuda::FlashAttentionBackward(dtype, d_qkv, d_out, UploadAs(dout, dtype), d_lse, c.batch, c.seq,
+                                             c.heads, c.kv_heads, c.head_dim, d_delta, d_again, s()));
+      Bits first(qkv.size()), second(qkv.size());
+      ASSERT_TRUE(cuda::CopyToHost(first.data(), d_dqkv, first.size() * sizeof(uint16_t), s()).ok());
+      ASSERT_TRUE(cuda::CopyToHost(second.data(), d_again, second.size() * sizeof(uint16_t), s()).ok());
+      EXPECT_TRUE(first == second) << what << ": a second backward differs from the first";
     }
   }
 }
