@@ -10,6 +10,7 @@
 #include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "models/cuda/device.h"
 #include "models/cuda/llama_engine.h"
@@ -41,19 +42,22 @@ struct LlamaTraining {
   // under -Wextra: its loss_scaler has no default member initializer.)
   struct Options {
     DType precision = DType::kBF16;
-    bool flash_attention = false;
+    bool flash_attention = true;  // the engine's default
     cudaStream_t stream = nullptr;  // null: the engine's own
+    // The weights to start from; null: drawn from seed 1 (on the host, which
+    // for a billion weights takes longer than the steps a benchmark times).
+    const std::vector<float>* weights = nullptr;
   };
 
-  // The engine initialised from seed 1, and DecoderAdamW() over all its
-  // parameters on its stream.
+  // The engine with its weights, and DecoderAdamW() over all its parameters
+  // on its stream.
   static Result<LlamaTraining> Create(const models::LlamaConfig& c, int batch, const Options& o) {
     models::cuda::LlamaEngineOptions options;
     options.precision = o.precision;
     options.flash_attention = o.flash_attention;
     options.stream = o.stream;
     ESTUARY_ASSIGN_OR_RETURN(models::cuda::LlamaEngine engine, models::cuda::LlamaEngine::Create(c, batch, options));
-    ESTUARY_RETURN_IF_ERROR(engine.Initialize(1));
+    ESTUARY_RETURN_IF_ERROR(o.weights ? engine.CopyParametersFrom(*o.weights) : engine.Initialize(1));
     ESTUARY_ASSIGN_OR_RETURN(models::cuda::AdamW adamw,
                              models::cuda::AdamW::Create(engine.parameter_count(), DecoderAdamW(), engine.stream()));
     return LlamaTraining{std::move(engine), std::move(adamw)};

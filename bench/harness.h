@@ -22,6 +22,7 @@
 #include <CLI/CLI.hpp>
 
 #include <chrono>
+#include <cstdio>
 #include <functional>
 #include <optional>
 #include <string>
@@ -106,7 +107,11 @@ std::string ScriptCommand(const std::string& python, std::string_view script);
 
 class Bench {
  public:
-  Bench(std::string name, const std::string& description) : name_(std::move(name)), app_(description, name_) {}
+  // Standard output is made line-buffered, so a benchmark stopped by a time
+  // limit still leaves every line it finished.
+  Bench(std::string name, const std::string& description) : name_(std::move(name)), app_(description, name_) {
+    std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  }
 
   CLI::App& app() { return app_; }
 

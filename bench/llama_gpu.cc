@@ -13,7 +13,7 @@
 // seq x seq products forward and backward (counted over the full square,
 // which is what the engine computes). kPeakBf16 is the H100 SXM's dense bf16
 // tensor-core peak from NVIDIA's datasheet; on another GPU pass --peak-tflops.
-//   build/bench/llama_gpu [--batch 8] [--steps 50] [--precision bf16] [--no-torch] [--flash]
+//   build/bench/llama_gpu [--batch 8] [--steps 50] [--precision bf16] [--no-torch] [--materialised]
 #include <fmt/format.h>
 
 #include <cstdio>
@@ -40,7 +40,7 @@ int main(int argc, char** argv) {
   double peak_tflops = kPeakBf16 / 1e12;
   DType precision = DType::kBF16;
   std::string python = "/usr/bin/python3";
-  bool no_torch = false, flash = false;
+  bool no_torch = false, materialised = false;
   CLI::App& app = bench.app();
   bench::AddDecoderOptions(app, c);
   app.add_option("--batch", batch);
@@ -49,11 +49,12 @@ int main(int argc, char** argv) {
   app.add_option("--peak-tflops", peak_tflops, "the GPU's dense peak for the chosen precision");
   bench.AddPython(python);
   app.add_flag("--no-torch", no_torch, "skip the PyTorch comparison");
-  app.add_flag("--flash", flash, "the fused flash-attention kernels instead of the materialised path");
+  app.add_flag("--materialised", materialised,
+               "cuBLAS products around a fused softmax instead of the fused flash-attention kernels");
   if (auto code = bench.Parse(argc, argv)) return *code;
 
   if (auto why = bench::NoUsableGpu()) return bench.NothingMeasured(*why);
-  auto training = bench::LlamaTraining::Create(c, batch, {.precision = precision, .flash_attention = flash});
+  auto training = bench::LlamaTraining::Create(c, batch, {.precision = precision, .flash_attention = !materialised});
   if (!training.ok()) return bench.Fail(training.status());
   cuda::LlamaEngine& engine = training->engine;
 

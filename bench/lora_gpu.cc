@@ -84,6 +84,7 @@ struct Setup {
   bench::Repetitions steps{.warmup = 3, .timed = 30};
   DType precision = DType::kBF16;
   bench::TokenBatch data;
+  std::vector<float> weights;  // drawn once on the host; every run starts from them
 };
 
 // Warm-up, then the timed steps; `step` enqueues one, `read_loss` waits.
@@ -106,7 +107,8 @@ Status Time(const Setup& s, const std::function<Status()>& step, const std::func
 Result<Run> FullFineTuning(const Setup& s) {
   ESTUARY_ASSIGN_OR_RETURN(const size_t free_before, FreeDeviceBytes());
   ESTUARY_ASSIGN_OR_RETURN(bench::LlamaTraining training,
-                           bench::LlamaTraining::Create(s.config, s.batch, {.precision = s.precision}));
+                           bench::LlamaTraining::Create(s.config, s.batch,
+                                                        {.precision = s.precision, .weights = &s.weights}));
   cuda::LlamaEngine& engine = training.engine;
   const double n = double(engine.parameter_count());
   Run run;
@@ -130,7 +132,7 @@ Result<Run> LoraFineTuning(const Setup& s, const LoraConfig& lora, bool base_wit
   ESTUARY_ASSIGN_OR_RETURN(cuda::LoraLlamaEngine engine,
                            cuda::LoraLlamaEngine::Create(s.config, lora, s.batch, options));
   if (base_without_master) ESTUARY_RETURN_IF_ERROR(engine.base().DropFp32Master());
-  ESTUARY_RETURN_IF_ERROR(engine.base().Initialize(1));
+  ESTUARY_RETURN_IF_ERROR(engine.base().CopyParametersFrom(s.weights));
   ESTUARY_RETURN_IF_ERROR(engine.Initialize(2));
   ESTUARY_ASSIGN_OR_RETURN(cuda::AdamW opt,
                            cuda::AdamW::Create(engine.parameter_count(), bench::DecoderAdamW(), engine.stream()));
@@ -190,6 +192,8 @@ int main(int argc, char** argv) {
   if (s.steps.warmup < 1) return bench.Fail(InvalidArgument("--warmup {}: at least 1", s.steps.warmup));
   const int seq = c.max_seq_len;
   s.data = bench::RandomTokens(size_t(s.batch) * seq, c.vocab_size, 7);
+  s.weights.resize(LayoutOf(c).manifest.total_elements);
+  InitializeLlamaParameters(LayoutOf(c).manifest, 1, s.weights);
 
   auto full = FullFineTuning(s);
   if (!full.ok()) return bench.Fail(full.status());

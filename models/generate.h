@@ -16,8 +16,7 @@
 // Generate runs over any TokenDecoder: KvCacheDecoder on the CPU, or
 // cuda::LlamaDecoder (models/cuda/llama_decoder.h), which runs a GPU
 // engine's weights with a cache on the device. Sampling stays on the host, so
-// the same logits give the same tokens on either. (The CUDA decoder's tests,
-// tests/models/cuda_generate_test.cc, have not yet run on a GPU.)
+// the same logits give the same tokens on either.
 #pragma once
 
 #include <cstdint>
