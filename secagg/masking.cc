@@ -29,12 +29,11 @@ Status MaskChunk(uint32_t site, const Key32& self_seed, std::span<const Pairwise
       return InvalidArgument("secagg: site {}: neighbour {} listed twice", site, pair.neighbour);
     }
   }
-  ESTUARY_RETURN_IF_ERROR(ApplyMask(self_seed, offset, bits, MaskSign::kAdd, values));
+  std::vector<SignedSeed> masks = {{&self_seed, MaskSign::kAdd}};
   for (const PairwiseKey& pair : pairwise) {
-    const MaskSign sign = site < pair.neighbour ? MaskSign::kAdd : MaskSign::kSubtract;
-    ESTUARY_RETURN_IF_ERROR(ApplyMask(pair.key, offset, bits, sign, values));
+    masks.push_back({&pair.key, site < pair.neighbour ? MaskSign::kAdd : MaskSign::kSubtract});
   }
-  return Status::Ok();
+  return ApplyMasks(masks, offset, bits, values);
 }
 
 Status AddInto(std::span<uint32_t> sum, std::span<const uint32_t> values, int bits) {
@@ -56,6 +55,9 @@ Status RemoveDroppedSiteMasks(uint32_t dropped, const Key32& dropped_mask_privat
                               uint64_t offset, std::span<uint32_t> sum) {
   ESTUARY_RETURN_IF_ERROR(CheckRingBits(bits));
   std::set<uint32_t> seen;
+  std::vector<Key32> keys;
+  keys.reserve(surviving_neighbours.size());  // SignedSeed points into it: no reallocation
+  std::vector<SignedSeed> undo;
   for (const PeerPublicKey& peer : surviving_neighbours) {
     if (peer.site == dropped) return InvalidArgument("secagg: dropped site {} listed among its survivors", dropped);
     if (!seen.insert(peer.site).second) {
@@ -63,11 +65,11 @@ Status RemoveDroppedSiteMasks(uint32_t dropped, const Key32& dropped_mask_privat
     }
     ESTUARY_ASSIGN_OR_RETURN(Key32 key,
                              AgreeRoundKey(dropped_mask_private_key, peer.public_key, kMaskKeyLabel, round));
+    keys.push_back(key);
     // What v applied for d: +PRG if v < d, −PRG if v > d. Undo it.
-    const MaskSign undo = peer.site < dropped ? MaskSign::kSubtract : MaskSign::kAdd;
-    ESTUARY_RETURN_IF_ERROR(ApplyMask(key, offset, bits, undo, sum));
+    undo.push_back({&keys.back(), peer.site < dropped ? MaskSign::kSubtract : MaskSign::kAdd});
   }
-  return Status::Ok();
+  return ApplyMasks(undo, offset, bits, sum);
 }
 
 }  // namespace estuary::secagg

@@ -6,6 +6,7 @@
 #include <bit>
 #include <cstring>
 #include <memory>
+#include <vector>
 
 namespace estuary::secagg {
 namespace {
@@ -109,17 +110,47 @@ Status ExpandMask(const Key32& seed, uint64_t offset, int bits, std::span<uint32
 }
 
 Status ApplyMask(const Key32& seed, uint64_t offset, int bits, MaskSign sign, std::span<uint32_t> values) {
+  const SignedSeed one{&seed, sign};
+  return ApplyMasks(std::span(&one, 1), offset, bits, values);
+}
+
+Status ApplyMasks(std::span<const SignedSeed> seeds, uint64_t offset, int bits, std::span<uint32_t> values) {
   ESTUARY_RETURN_IF_ERROR(CheckRingBits(bits));
-  const uint32_t mask = RingMask(bits);
-  uint32_t* v = values.data();
-  if (sign == MaskSign::kAdd) {
-    return ForEachChunk(seed, offset, values.size(), [&](const uint32_t* words, size_t n, size_t done) {
-      for (size_t i = 0; i < n; ++i) v[done + i] = (v[done + i] + words[i]) & mask;
-    });
+  ESTUARY_RETURN_IF_ERROR(CheckRange(offset, values.size()));
+  if (values.empty() || seeds.empty()) return Status::Ok();
+  static constexpr std::array<uint8_t, 12> kZeroNonce{};
+  std::vector<CipherCtx> streams;
+  streams.reserve(seeds.size());
+  for (const SignedSeed& s : seeds) {
+    if (s.seed == nullptr) return InvalidArgument("secagg: ApplyMasks: a null seed");
+    ESTUARY_ASSIGN_OR_RETURN(CipherCtx ctx,
+                             StartStream(*s.seed, kZeroNonce, static_cast<uint32_t>(offset / kWordsPerChaChaBlock)));
+    streams.push_back(std::move(ctx));
   }
-  return ForEachChunk(seed, offset, values.size(), [&](const uint32_t* words, size_t n, size_t done) {
-    for (size_t i = 0; i < n; ++i) v[done + i] = (v[done + i] - words[i]) & mask;
-  });
+  const uint32_t mask = RingMask(bits);
+  alignas(64) uint32_t words[kChunkWords];
+  size_t skip = offset % kWordsPerChaChaBlock;
+  size_t done = 0;
+  uint32_t* v = values.data();
+  while (done < values.size()) {
+    const size_t wanted = std::min(kChunkWords, skip + (values.size() - done));
+    const size_t whole_blocks = (wanted + kWordsPerChaChaBlock - 1) / kWordsPerChaChaBlock * kWordsPerChaChaBlock;
+    const size_t n = wanted - skip;
+    for (size_t s = 0; s < seeds.size(); ++s) {
+      ESTUARY_RETURN_IF_ERROR(Keystream(streams[s].get(), reinterpret_cast<uint8_t*>(words), whole_blocks * 4));
+      const uint32_t* w = words + skip;
+      if (seeds[s].sign == MaskSign::kAdd) {
+        for (size_t i = 0; i < n; ++i) v[done + i] += w[i];
+      } else {
+        for (size_t i = 0; i < n; ++i) v[done + i] -= w[i];
+      }
+    }
+    // Wrapping mod 2^32 then masking once is the same as masking each time.
+    for (size_t i = 0; i < n; ++i) v[done + i] &= mask;
+    done += n;
+    skip = 0;
+  }
+  return Status::Ok();
 }
 
 Result<uint64_t> StreamWords::Next() {

@@ -48,6 +48,16 @@ enum class MaskSign { kAdd, kSubtract };
 // mask applied in place without holding it, one pass over the keystream.
 Status ApplyMask(const Key32& seed, uint64_t offset, int bits, MaskSign sign, std::span<uint32_t> values);
 
+// Several masks at once: values[i] ± word (offset + i) of each seed's
+// stream, mod 2^b. Equal to ApplyMask once per seed, but one pass over
+// `values`: each chunk of values stays in cache while every stream is added
+// to it, which is what a site's 1 + k masks and a server's k corrections need.
+struct SignedSeed {
+  const Key32* seed = nullptr;
+  MaskSign sign = MaskSign::kAdd;
+};
+Status ApplyMasks(std::span<const SignedSeed> seeds, uint64_t offset, int bits, std::span<uint32_t> values);
+
 // Successive 64-bit words of one seed's stream, refilled in blocks: the
 // randomness behind the neighbour graph's permutation and stochastic
 // rounding, where the draws are consumed one at a time.

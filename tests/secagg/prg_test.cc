@@ -109,6 +109,23 @@ TEST(MaskStream, ChunkedGenerationEqualsOneShot) {
   }
 }
 
+TEST(MaskStream, SeveralMasksInOnePassEqualOneAtATime) {
+  const Key32 a = CountingKey(10), b = CountingKey(20), c = CountingKey(30);
+  const std::vector<SignedSeed> seeds = {{&a, MaskSign::kAdd}, {&b, MaskSign::kSubtract}, {&c, MaskSign::kAdd}};
+  for (int bits : {32, 13}) {
+    for (uint64_t offset : {uint64_t{0}, uint64_t{5}, uint64_t{4099}}) {
+      std::vector<uint32_t> fused(5000), separate(5000);
+      for (size_t i = 0; i < fused.size(); ++i) fused[i] = separate[i] = static_cast<uint32_t>(i * 7) & RingMask(bits);
+      ASSERT_TRUE(ApplyMasks(seeds, offset, bits, fused).ok());
+      for (const SignedSeed& s : seeds) ASSERT_TRUE(ApplyMask(*s.seed, offset, bits, s.sign, separate).ok());
+      EXPECT_EQ(fused, separate) << bits << " bits, offset " << offset;
+      std::vector<uint32_t> mask_a(5000);
+      ASSERT_TRUE(ExpandMask(a, offset, bits, mask_a).ok());
+      EXPECT_NE(fused[0], (uint32_t(0) + mask_a[0]) & RingMask(bits));  // b and c did contribute
+    }
+  }
+}
+
 TEST(MaskStream, TheLastBlockIsReachableAndBeyondIsRefused) {
   std::vector<uint32_t> last(16);
   EXPECT_TRUE(ExpandMask(CountingKey(4), kMaxStreamWords - 16, 32, last).ok());
