@@ -69,7 +69,9 @@ Status RemoveDroppedSiteMasks(uint32_t dropped, const Key32& dropped_mask_privat
     // What v applied for d: +PRG if v < d, −PRG if v > d. Undo it.
     undo.push_back({&keys.back(), peer.site < dropped ? MaskSign::kSubtract : MaskSign::kAdd});
   }
-  return ApplyMasks(undo, offset, bits, sum);
+  const Status status = ApplyMasks(undo, offset, bits, sum);
+  for (Key32& key : keys) key.fill(0);
+  return status;
 }
 
 }  // namespace estuary::secagg
