@@ -19,12 +19,13 @@ const std::map<std::string, std::set<std::string>>& DesignGraph() {
       {"models", {"base"}},
       {"comm", {"base"}},
       {"privacy", {"base"}},
+      {"secagg", {"base"}},
       {"parallel", {"comm", "models"}},
       {"aggregation", {"models", "proto"}},
       {"client", {"parallel", "models", "proto", "crypto"}},
       {"server", {"aggregation", "proto", "crypto", "privacy"}},
       {"simulations", {"client", "server"}},
-      {"bench", {"simulations"}},
+      {"bench", {"simulations", "secagg"}},
   };
   return graph;
 }

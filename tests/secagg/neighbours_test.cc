@@ -1,0 +1,88 @@
+#include "secagg/neighbours.h"
+
+#include <gtest/gtest.h>
+
+#include <set>
+
+#include "tests/secagg/test_util.h"
+
+namespace estuary::secagg {
+namespace {
+
+using testing::CountingKey;
+
+TEST(NeighbourGraph, DefaultDegreeGrowsAsLogN) {
+  EXPECT_EQ(DefaultDegree(2), 1);
+  EXPECT_EQ(DefaultDegree(10), 9);  // 2 · ceil(1.5 · 3.32) = 10 > 9: complete
+  EXPECT_EQ(DefaultDegree(100), 20);
+  EXPECT_EQ(DefaultDegree(1000), 30);
+  EXPECT_EQ(DefaultDegree(10000), 40);
+  EXPECT_EQ(DefaultThreshold(20), 11);
+  EXPECT_EQ(DefaultThreshold(9), 5);
+  EXPECT_EQ(DefaultThreshold(4), 3);
+}
+
+void ExpectRegularSymmetric(const NeighbourGraph& graph, int degree) {
+  for (int site = 0; site < graph.sites(); ++site) {
+    const auto& mine = graph.Neighbours(site);
+    EXPECT_EQ(static_cast<int>(mine.size()), degree) << "site " << site;
+    EXPECT_EQ(std::set<uint32_t>(mine.begin(), mine.end()).size(), mine.size());
+    for (uint32_t other : mine) {
+      EXPECT_NE(other, static_cast<uint32_t>(site));
+      EXPECT_LT(other, static_cast<uint32_t>(graph.sites()));
+      EXPECT_TRUE(graph.Adjacent(other, site)) << other << " - " << site;
+    }
+  }
+}
+
+TEST(NeighbourGraph, HararyGraphIsRegularSymmetricAndConnected) {
+  for (auto [n, k] : {std::pair{10, 4}, std::pair{100, 20}, std::pair{1000, 30}, std::pair{41, 40}}) {
+    auto graph = NeighbourGraph::Harary(n, k, CountingKey(1));
+    ASSERT_TRUE(graph.ok()) << graph.status().ToString();
+    ExpectRegularSymmetric(*graph, k);
+    std::vector<bool> reached(n, false);
+    std::vector<uint32_t> todo = {0};
+    reached[0] = true;
+    while (!todo.empty()) {
+      const uint32_t at = todo.back();
+      todo.pop_back();
+      for (uint32_t next : graph->Neighbours(at)) {
+        if (!reached[next]) reached[next] = true, todo.push_back(next);
+      }
+    }
+    EXPECT_EQ(std::count(reached.begin(), reached.end(), true), n);
+  }
+}
+
+TEST(NeighbourGraph, CompleteWhenDegreeIsNMinusOne) {
+  auto graph = NeighbourGraph::Harary(10, 9, CountingKey(1));
+  ASSERT_TRUE(graph.ok());
+  ExpectRegularSymmetric(*graph, 9);
+}
+
+TEST(NeighbourGraph, TheRoundSeedFixesTheRelabelling) {
+  auto a = NeighbourGraph::Harary(100, 6, CountingKey(1));
+  auto b = NeighbourGraph::Harary(100, 6, CountingKey(1));
+  auto c = NeighbourGraph::Harary(100, 6, CountingKey(2));
+  ASSERT_TRUE(a.ok() && b.ok() && c.ok());
+  int same_as_b = 0, same_as_c = 0;
+  for (uint32_t site = 0; site < 100; ++site) {
+    same_as_b += a->Neighbours(site) == b->Neighbours(site);
+    same_as_c += a->Neighbours(site) == c->Neighbours(site);
+  }
+  EXPECT_EQ(same_as_b, 100);
+  EXPECT_LT(same_as_c, 5);
+  // Relabelled: site 0 is not simply joined to 1, 2, 3, 97, 98, 99.
+  EXPECT_NE(a->Neighbours(0), (std::vector<uint32_t>{1, 2, 3, 97, 98, 99}));
+}
+
+TEST(NeighbourGraph, BadShapesAreRefused) {
+  for (auto [n, k] : {std::pair{1, 0}, std::pair{10, 3}, std::pair{10, 10}, std::pair{10, 0}, std::pair{10, 12}}) {
+    auto graph = NeighbourGraph::Harary(n, k, CountingKey(1));
+    ASSERT_FALSE(graph.ok()) << n << " " << k;
+    EXPECT_EQ(graph.status().code(), Code::kInvalidArgument);
+  }
+}
+
+}  // namespace
+}  // namespace estuary::secagg
