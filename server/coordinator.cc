@@ -117,6 +117,7 @@ void Coordinator::OnHello(const std::shared_ptr<ClientSession>& session, const v
                                                             session->address()));
   }
   connected_[name] = session;
+  if (metrics_) metrics_->SetConnectedSites(connected_.size());
   distribution_.OnHello(name, hello);
   LogIfError(store_.ClientSeen(name, session->address(), clock_.UnixMs()), "store");
   // Until round 1 opens, the operator's question is how many are still missing.
@@ -197,6 +198,10 @@ void Coordinator::StartRound() {
     LogIfError(store_.UpsertParticipation(p.record), "store");
   }
   distribution_.StreamQueued();
+  if (metrics_) {
+    metrics_->SetCurrentRound(round_);
+    metrics_->SetSelectedSites(selected.size());
+  }
   spdlog::info("round {} open: {} of {} connected clients selected", round_, selected.size(), names.size());
   Transition(RoundState::kCollecting);
   deadline_->Arm(std::chrono::milliseconds(int64_t(config_.round_deadline_s * 1000)), [this, round = round_] {
@@ -278,7 +283,12 @@ void Coordinator::OnUpdateCommit(const std::shared_ptr<ClientSession>& session, 
                 p.record.seconds, p.begin.train_seconds());
   ++folds_in_flight_;
   asio::post(worker_, [this, staged, examples = p.begin.num_examples(), name, layout = p.layout] {
+    const auto start = std::chrono::steady_clock::now();
     Result<std::string> folded = aggregator_->Fold(name, layout, staged->values(), examples);
+    if (metrics_ && folded.ok()) {
+      metrics_->Folded(staged->values().size() * sizeof(float),
+                       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    }
     asio::post(io_, [this, name, folded = std::move(folded)] { OnFolded(name, folded); });
   });
 }
@@ -310,6 +320,7 @@ void Coordinator::OnFolded(const std::string& name, const Result<std::string>& f
 void Coordinator::Reject(const std::shared_ptr<ClientSession>& session, v1::Error::Code code,
                          const std::string& message) {
   spdlog::warn("rejected {} ({}): {}", session->name(), session->address(), message);
+  if (metrics_) metrics_->UploadRejected(code);
   LogIfError(store_.RecordEvent({clock_.UnixMs(), "update_rejected", session->name() + "@" + session->address(),
                                  fmt::format("{}: {}", v1::Error::Code_Name(code), message)}),
              "store");
@@ -330,6 +341,7 @@ void Coordinator::Reject(const std::shared_ptr<ClientSession>& session, v1::Erro
 void Coordinator::OnClosed(ClientSession& session) {
   auto it = connected_.find(session.name());
   if (it != connected_.end() && it->second.get() == &session) connected_.erase(it);
+  if (metrics_) metrics_->SetConnectedSites(connected_.size());
   auto p_it = participants_.find(session.name());
   if (round_running_ && p_it != participants_.end() && p_it->second.session.lock().get() == &session &&
       p_it->second.record.status == "selected") {
@@ -425,6 +437,10 @@ void Coordinator::OnAggregated(Aggregator::Finished result) {
   result.model.version = record_.model_version;
   distribution_.Publish(std::move(result.model), std::move(result.low_rank));
   const double seconds = SecondsSince(round_started_);
+  if (metrics_) {
+    metrics_->RoundEnded(RoundState::kCommitted, seconds);
+    if (record_.privacy) metrics_->SetEpsilon(record_.privacy->epsilon, record_.privacy->delta);
+  }
   spdlog::info("round {} committed: {} updates, train loss {:.4f}{}{}, {:.3f} s ({:.3f} s collecting)", round_,
                record_.updates_received, record_.train_loss,
                eval ? fmt::format(", test accuracy {:.4f}", eval->accuracy) : std::string(),
@@ -466,6 +482,7 @@ void Coordinator::FailRound(const std::string& reason) {
   deadline_->Cancel();
   LogIfError(store_.FailRound(round_, reason, clock_.UnixMs()), "store");
   state_ = RoundState::kFailed;
+  if (metrics_) metrics_->RoundEnded(RoundState::kFailed, SecondsSince(round_started_));
   for (auto& [name, p] : participants_) slots_.Release(name);
   Broadcast(RoundFailedMessage(record_, distribution_.current(), reason));
   round_running_ = false;

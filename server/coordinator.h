@@ -39,6 +39,7 @@
 #include "server/clock.h"
 #include "server/config.h"
 #include "server/distribution.h"
+#include "server/metrics.h"
 #include "server/staging_slots.h"
 #include "privacy/accountant.h"
 #include "server/store.h"
@@ -63,6 +64,9 @@ class Coordinator {
 
   // Called once the federation is complete (the last round committed).
   void set_on_complete(std::function<void()> fn) { on_complete_ = std::move(fn); }
+  // Where rounds, sites, rejections and folds are counted (server/metrics.h);
+  // null (the default): nowhere. Must outlive the Coordinator.
+  void set_metrics(Metrics* metrics) { metrics_ = metrics; }
   // Lets every connected client finish reading what is queued, then closes
   // it; a Hello from then on is closed the same way.
   void CloseAll();
@@ -121,6 +125,7 @@ class Coordinator {
   StagingSlots slots_;
 
   std::map<std::string, std::shared_ptr<ClientSession>> connected_;  // by certificate name
+  Metrics* metrics_ = nullptr;
   uint64_t round_ = 1;
   bool closing_ = false;  // CloseAll has run
   bool round_running_ = false;

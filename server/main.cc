@@ -96,6 +96,8 @@ int main(int argc, char** argv) {
   std::string config_file, federation_file, log_level = "info";
   serve->add_option("--config", config_file, "TOML file with the same keys as these flags");
   serve->add_option("--listen", config.listen, "HOST:PORT to listen on (port 0: any free port)");
+  serve->add_option("--metrics-listen", config.metrics_listen,
+                    "HOST:PORT of a plain-HTTP Prometheus endpoint, GET /metrics (default: none; port 0: any free port)");
   serve->add_option("--cert", config.tls.cert, "server certificate (PEM)");
   serve->add_option("--key", config.tls.key, "server private key (PEM)");
   serve->add_option("--ca", config.tls.ca, "federation CA certificate (PEM)");

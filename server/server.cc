@@ -83,6 +83,7 @@ Result<std::unique_ptr<Server>> Server::Create(ServerConfig config) {
   ESTUARY_ASSIGN_OR_RETURN(server->store_, Store::Open(c.db));
   server->coordinator_ = std::make_unique<Coordinator>(server->config_, *server->store_, server->clock_,
                                                        server->core_, server->worker_.get_executor());
+  server->coordinator_->set_metrics(&server->metrics_);
   ESTUARY_RETURN_IF_ERROR(server->coordinator_->Recover());
   server->connections_ = std::make_unique<Connections>(
       *server->coordinator_, *server->store_, server->clock_,
@@ -105,7 +106,12 @@ Result<std::unique_ptr<Server>> Server::Create(ServerConfig config) {
   server->port_ = bound.port();
   server->listening_ = fmt::format("{}:{}", bound.address().to_string(), bound.port());
   Server* self = server.get();
-  const Session::Context sessions{server->connections_.get(), server->core_, &server->config_, &server->budget_};
+  const Session::Context sessions{server->connections_.get(), server->core_, &server->config_, &server->budget_,
+                                  &server->metrics_};
+  if (!c.metrics_listen.empty()) {
+    ESTUARY_ASSIGN_OR_RETURN(server->metrics_endpoint_,
+                             MetricsEndpoint::Create(server->front_, c.metrics_listen, server->metrics_));
+  }
   server->acceptor_ = std::make_unique<Acceptor>(server->io_, std::move(listener), server->tls_, sessions, c,
                                                  [self](Event event) {
                                                    asio::post(self->core_, [self, event = std::move(event)] {
@@ -139,8 +145,10 @@ Status Server::Run() {
     if (!coordinator_->complete()) spdlog::info("waiting for {} clients to connect", config_.min_clients);
   });
   fmt::print("listening on {}\n", listening_);
+  if (metrics_endpoint_) fmt::print("metrics on http://{}/metrics\n", metrics_endpoint_->address());
   std::fflush(stdout);
   acceptor_->Start();
+  if (metrics_endpoint_) metrics_endpoint_->Start();
   std::vector<std::thread> threads;
   for (uint32_t i = 1; i < config_.io_threads; ++i) threads.emplace_back([this] { io_.run(); });
   io_.run();
@@ -215,6 +223,7 @@ void Server::Stop() {
     reload_->cancel(ignored);
     crl_timer_.cancel();
     trim_timer_.cancel();
+    if (metrics_endpoint_) metrics_endpoint_->Stop();
   });
   acceptor_->Stop();
   connections_->Stop();

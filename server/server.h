@@ -30,6 +30,8 @@
 #include "server/config.h"
 #include "server/connections.h"
 #include "server/coordinator.h"
+#include "server/metrics.h"
+#include "server/metrics_endpoint.h"
 #include "server/store.h"
 
 namespace estuary::server {
@@ -63,9 +65,11 @@ class Server {
   boost::asio::thread_pool worker_{1};  // folds, evaluation, checkpoints: never an I/O thread
   AsioClock clock_{core_};
   BufferBudget budget_;
+  Metrics metrics_;  // before everything that counts into it
   std::unique_ptr<Coordinator> coordinator_;
   std::unique_ptr<Connections> connections_;
   std::unique_ptr<Acceptor> acceptor_;
+  std::unique_ptr<MetricsEndpoint> metrics_endpoint_;  // with --metrics-listen
   std::unique_ptr<boost::asio::signal_set> signals_;
   std::unique_ptr<boost::asio::signal_set> reload_;  // SIGHUP
   boost::asio::steady_timer crl_timer_{front_};

@@ -77,6 +77,7 @@ void Session::OnHandshake(const error_code& ec) {
     name_ = *name;
   }
   if (!refused.empty()) {
+    if (context_.metrics) context_.metrics->HandshakeRefused();
     asio::post(context_.listener_strand, [listener = context_.listener, address = address_, refused] {
       listener->OnHandshakeRefused(address, refused);
     });
@@ -150,6 +151,7 @@ void Session::OnBody(const error_code& ec) {
   reading_ = false;
   StopIdleTimer();
   if (ec) return Fail(ec == asio::error::eof ? "connection closed by peer" : ec.message());
+  if (context_.metrics) context_.metrics->BytesReceived(header_.size() + body_.size());
   auto envelope = proto::ParseEnvelope(body_.data(), body_.size());
   // The envelope holds its own copy: the buffer goes back now, its charge
   // once the listener is done with the envelope.
@@ -371,6 +373,7 @@ void Session::OnWritten(const error_code& ec) {
   write_timer_.cancel();
   if (!outbox_.empty()) {
     Queued& done = outbox_.front();
+    if (!ec && context_.metrics) context_.metrics->BytesSent(done.frame->size());
     queued_bytes_ -= done.frame->size();
     context_.budget->Give(done.charge);
     if (done.heartbeat) heartbeat_queued_ = false;

@@ -35,6 +35,7 @@
 #include "estuary.pb.h"
 #include "proto/frame.h"
 #include "server/client_session.h"
+#include "server/metrics.h"
 
 namespace estuary::server {
 
@@ -51,6 +52,7 @@ class Session final : public ClientSession, public std::enable_shared_from_this<
     boost::asio::any_io_executor listener_strand;  // every listener call runs there
     const ServerConfig* config;
     BufferBudget* budget;
+    Metrics* metrics = nullptr;  // bytes and refused handshakes counted there, when given
   };
   // Told once each, on the session's strand (or when it is destroyed): its
   // TLS handshake ended, either way; it said Hello, or closed before.

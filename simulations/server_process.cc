@@ -67,6 +67,16 @@ Result<uint16_t> ServerProcess::WaitForPort() {
   return Aborted("estuary-server exited before listening; see {}", log_.string());
 }
 
+Result<std::string> ServerProcess::NextLine() {
+  std::string line;
+  char c;
+  while (read(stdout_fd_, &c, 1) == 1) {
+    if (c == '\n') return line;
+    line += c;
+  }
+  return Aborted("estuary-server closed its standard output; see {}", log_.string());
+}
+
 std::optional<int> ServerProcess::Poll() {
   if (pid_ <= 0) return 0;
   int status;

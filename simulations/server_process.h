@@ -28,6 +28,9 @@ class ServerProcess {
   Status Spawn(const std::filesystem::path& binary, const std::vector<std::string>& args,
                const std::filesystem::path& log);
   Result<uint16_t> WaitForPort();
+  // The next line the server writes to standard output after that one
+  // (e.g. "metrics on http://HOST:PORT/metrics"), without its newline.
+  Result<std::string> NextLine();
   // The exit status if the child has exited (128 + signal if killed), else nullopt.
   std::optional<int> Poll();
   int Wait();

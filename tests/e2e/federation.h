@@ -28,6 +28,10 @@ class Federation {
     WriteSyntheticMnist(data_, 300, 200, 7);
   }
 
+  // Whether the server stops after the last round (--exit-when-done); a test
+  // that inspects the server afterwards stops it itself.
+  bool exit_when_done = true;
+
   void Issue(const std::string& name, const crypto::CertOptions& options = {}) {
     Status s = crypto::IssueCertificate(certs_, name, options);
     ASSERT_TRUE(s.ok()) << s.ToString();
@@ -54,7 +58,8 @@ class Federation {
         "serve", "--listen", listen, "--cert", Files("server").cert.string(), "--key",
         Files("server").key.string(), "--ca", Files("server").ca.string(), "--db", db().string(), "--rounds",
         std::to_string(rounds), "--clients-per-round", std::to_string(clients),
-        "--min-clients", std::to_string(clients), "--exit-when-done", "--log-level", "debug"};
+        "--min-clients", std::to_string(clients), "--log-level", "debug"};
+    if (exit_when_done) args.push_back("--exit-when-done");
     args.insert(args.end(), extra.begin(), extra.end());
     // Defaults for what `extra` does not set (a flag may be given only once).
     const std::pair<const char*, std::string> defaults[] = {{"--epochs", "1"},
