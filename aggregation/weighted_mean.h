@@ -16,6 +16,11 @@ namespace estuary::aggregation {
 
 class WeightedMean {
  public:
+  // Add splits the model's range over this many threads (its own and
+  // threads - 1 more); each element's arithmetic is the same whatever the
+  // count, so the sums are bit-for-bit those of one thread.
+  void set_threads(int threads) { threads_ = threads < 1 ? 1 : threads; }
+
   // Forgets everything and expects deltas of `size` values.
   void Reset(size_t size);
   // Adds weight * delta. Fails, changing nothing, unless delta.size() == size(),
@@ -32,6 +37,7 @@ class WeightedMean {
   std::vector<double> sums_;  // Σ w_i Δ_i, in double so many folds lose nothing visible in float
   double total_weight_ = 0;
   uint64_t count_ = 0;
+  int threads_ = 1;
 };
 
 // The round bookkeeping shared by strategies whose update is a function of the
