@@ -227,3 +227,37 @@ TEST(MakeStrategy, ValidatesOptions) {
 
 }  // namespace
 }  // namespace estuary::aggregation
+
+namespace estuary::aggregation {
+namespace {
+
+// The fold over several threads: the same sums to the bit, and a non-finite
+// value in any thread's range still refuses the whole delta, touching nothing.
+TEST(WeightedMean, ThreadsGiveOneThreadsSumsAndStillRefuseNonFiniteValues) {
+  const size_t n = (size_t(1) << 20) + 12345;  // several threads' worth, not a multiple of any count
+  std::vector<float> a(n), b(n);
+  for (size_t i = 0; i < n; ++i) {
+    a[i] = float(std::sin(double(i))) * 1e-2f;
+    b[i] = float(std::cos(double(i) * 0.7)) * 3e-3f;
+  }
+  WeightedMean one, four;
+  four.set_threads(4);
+  for (WeightedMean* m : {&one, &four}) {
+    m->Reset(n);
+    ASSERT_TRUE(m->Add(a, 3).ok());
+    ASSERT_TRUE(m->Add(b, 7.5).ok());
+  }
+  for (size_t i = 0; i < n; ++i) {
+    ASSERT_EQ(one.Mean(i), four.Mean(i)) << i;
+  }
+  std::vector<float> bad = a;
+  bad[n - 3] = std::numeric_limits<float>::infinity();  // in the last thread's range
+  const Status refused = four.Add(bad, 1);
+  EXPECT_EQ(refused.code(), Code::kInvalidArgument);
+  EXPECT_NE(refused.message().find(fmt::format("delta[{}] is inf", n - 3)), std::string::npos) << refused.message();
+  EXPECT_EQ(four.count(), 2u);
+  EXPECT_EQ(one.Mean(7), four.Mean(7)) << "untouched by the refused delta";
+}
+
+}  // namespace
+}  // namespace estuary::aggregation
