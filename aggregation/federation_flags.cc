@@ -60,6 +60,10 @@ std::vector<CLI::Option*> AddFederationFlags(CLI::App& app, v1::FederationConfig
             "language models: tokens per training window");
   flags.Add("--proximal-mu", task->proximal_mu(), [task](float v) { task->set_proximal_mu(v); },
             "FedProx: mu of the proximal term mu/2 |w - w_global|^2 in each site's local objective (0: off)");
+  flags.Add("--template", task->prompt_template(),
+            [task](const std::string& v) { task->set_prompt_template(v); },
+            "language models on instruction JSONL: the prompt template every site renders its examples with "
+            "(llama3 | chatml | alpaca | none)");
   flags.Add("--max-local-steps", task->max_local_steps(), [task](uint32_t v) { task->set_max_local_steps(v); },
             "cap on local optimizer steps per round (0: every batch of every epoch)");
   flags.Add("--seed", task->seed(), [task](uint64_t v) { task->set_seed(v); },

@@ -22,7 +22,8 @@ Result<TaskConfig> TaskFromProto(const v1::TaskConfig& t) {
                   .learning_rate = t.learning_rate(), .momentum = t.momentum(), .weight_decay = t.weight_decay(),
                   .update_kind = t.update_kind() == v1::UPDATE_LORA ? UpdateKind::kLora : UpdateKind::kFull,
                   .seed = t.seed(), .optimizer = optimizer, .seq_len = t.seq_len(),
-                  .max_local_steps = t.max_local_steps(), .proximal_mu = t.proximal_mu()};
+                  .max_local_steps = t.max_local_steps(), .proximal_mu = t.proximal_mu(),
+                  .prompt_template = t.prompt_template()};
   if (task.update_kind == UpdateKind::kLora) {
     const v1::LoraTask& l = t.lora();
     task.lora.config = {.rank = int(std::min<uint32_t>(l.rank(), 1u << 20)), .alpha = l.alpha(),

@@ -39,6 +39,9 @@ struct TaskConfig {
   uint32_t max_local_steps = 0;                    // 0: every batch of every epoch
   float proximal_mu = 0;                           // FedProx's μ; 0: off
   LoraTask lora;                                   // with update_kind kLora
+  // Instruction data: the template every site renders with ("" or "none":
+  // no template, text lines only; the proto's empty is "" here).
+  std::string prompt_template;
 };
 
 Result<OptimizerKind> ParseOptimizer(std::string_view name);  // "sgd" | "adamw"

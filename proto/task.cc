@@ -30,6 +30,17 @@ Status CheckTask(const v1::TaskConfig& task) {
   if (!task.optimizer().empty() && task.optimizer() != "sgd" && task.optimizer() != "adamw") {
     return InvalidArgument("task: optimizer = '{}': expected sgd or adamw", task.optimizer());
   }
+  if (const std::string& t = task.prompt_template(); !t.empty()) {
+    // models/prompt_template.h's names: proto/ sits below models/, so
+    // tests/client/instruction_site_test checks that the two lists agree.
+    if (t != "none" && t != "llama3" && t != "chatml" && t != "alpaca") {
+      return InvalidArgument("task: template = '{}': expected one of llama3, chatml, alpaca, none", t);
+    }
+    if (!task.model().starts_with("llama")) {
+      return InvalidArgument("task: template = '{}' with model '{}': templates are for the language models", t,
+                             task.model());
+    }
+  }
   if (!v1::UpdateKind_IsValid(task.update_kind())) {
     return InvalidArgument("task: update_kind = {}: expected full or lora", int(task.update_kind()));
   }
