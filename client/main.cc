@@ -45,11 +45,37 @@ int Fail(const Status& status) { return estuary::Fail("estuary-client", status);
 // IDX training files are there. Exactly one of the two is set.
 using client::SiteData;
 
-Result<SiteData> LoadSiteData(const std::filesystem::path& dir, const std::string& kind) {
-  if (kind != "auto" && kind != "images" && kind != "text") {
-    return InvalidArgument("--data-kind '{}': expected auto, images or text", kind);
+// Or a JSON Lines file of instruction examples (client/instruction_site.h):
+// "auto" picks it for a file named *.jsonl, and it needs --template and
+// --tokenizer.
+struct InstructionFlags {
+  std::string prompt_template, tokenizer;
+};
+
+Result<SiteData> LoadSiteData(const std::filesystem::path& dir, const std::string& kind,
+                              const InstructionFlags& instruction) {
+  if (kind != "auto" && kind != "images" && kind != "text" && kind != "instructions") {
+    return InvalidArgument("--data-kind '{}': expected auto, images, text or instructions", kind);
   }
   std::error_code ec;
+  if (kind == "instructions" || (kind == "auto" && dir.extension() == ".jsonl")) {
+    if (instruction.prompt_template.empty() || instruction.tokenizer.empty()) {
+      return InvalidArgument("--data {}: instruction data needs --template (llama3, chatml, alpaca, none) and "
+                             "--tokenizer (the model's tokenizer.json)",
+                             dir.string());
+    }
+    ESTUARY_ASSIGN_OR_RETURN(auto set, client::LoadInstructionSet(dir, instruction.tokenizer,
+                                                                 instruction.prompt_template));
+    spdlog::info("{}: {} examples under the {} template, {} scored tokens", dir.string(), set.examples.size(),
+                 set.template_name(), set.scored_tokens);
+    SiteData data;
+    data.instructions = std::make_shared<const client::InstructionSet>(std::move(set));
+    return data;
+  }
+  if (!instruction.prompt_template.empty() || !instruction.tokenizer.empty()) {
+    return InvalidArgument("--template and --tokenizer are for instruction data (--data FILE.jsonl); {} is not",
+                           dir.string());
+  }
   const bool has_idx = std::filesystem::exists(dir / "train-images-idx3-ubyte", ec);
   SiteData data;
   if (kind == "text" || (kind == "auto" && !has_idx && std::filesystem::is_directory(dir, ec))) {
@@ -128,6 +154,7 @@ Result<std::unique_ptr<client::RankTrainer>> MakeRankTrainer(const RankLink& lin
   if (compute.device == Device::kCuda) models = client::CudaModels(compute, link.stream);
   models.lora_rank = lora.rank;
   models.lora_base = lora.base;
+  if (data.instructions) return client::MakeInstructionRankTrainer(comm, data.instructions, options, std::move(models));
   if (data.text) return client::MakeTextRankTrainer(comm, data.text, options, std::move(models));
   return client::MakeClassifierRankTrainer(comm, data.images, {}, options, std::move(models));
 }
@@ -308,8 +335,15 @@ int main(int argc, char** argv) {
   app.add_option("--key", tls.key, "this site's private key (PEM)");
   app.add_option("--ca", tls.ca, "the federation CA certificate (PEM)");
   app.add_option("--crl", tls.crl, "the CA's revocation list (PEM): refuse a server whose certificate it revokes");
-  app.add_option("--data", data, "this site's training data: a directory of IDX files, or of text files");
-  app.add_option("--data-kind", data_kind, "auto | images | text");
+  app.add_option("--data", data,
+                 "this site's training data: a directory of IDX files or of text files, or a JSON Lines file of "
+                 "instruction examples");
+  app.add_option("--data-kind", data_kind, "auto | images | text | instructions (auto: a *.jsonl file is instructions)");
+  InstructionFlags instruction;
+  app.add_option("--template", instruction.prompt_template,
+                 "instruction data: the prompt template, the federation's (llama3 | chatml | alpaca | none)");
+  app.add_option("--tokenizer", instruction.tokenizer,
+                 "instruction data: this site's tokenizer.json (its tokenizer_config.json beside it)");
   app.add_option("--device", device, "where a site without --gpus trains: cpu | cuda | cuda:N");
   app.add_option("--precision", precision, "fp32 | bf16 | fp16 (bf16 and fp16 need a GPU)");
   app.add_option("--max-backoff", max_backoff, "longest wait between reconnection attempts, seconds");
@@ -367,8 +401,11 @@ int main(int argc, char** argv) {
     return Fail(InvalidArgument("--device {} with {} ranks: gloo ranks train on the CPU; use --gpus for GPUs", device,
                                 site->world()));
   }
-  auto site_data = LoadSiteData(data, data_kind);
+  auto site_data = LoadSiteData(data, data_kind, instruction);
   if (!site_data.ok()) return Fail(site_data.status());
+  if (site_data->instructions) {  // before any rank starts or the server is dialled
+    if (Status s = client::RefuseMaskedDataOn(compute->ToString(), data); !s.ok()) return Fail(s);
+  }
   client::AgentOptions options;
   options.host = host;
   options.port = port;

@@ -10,6 +10,7 @@
 #include "client/batch_schedule.h"
 #include "client/lora_round.h"
 #include "models/language_model.h"
+#include "models/transformer_ops.h"
 
 namespace estuary::client {
 
@@ -181,18 +182,24 @@ class ClassifierRankTrainer : public RankTrainerBase {
 
 class TextRankTrainer : public RankTrainerBase {
  public:
+  // Exactly one of tokens and instructions is set.
   TextRankTrainer(comm::Communicator& comm, std::shared_ptr<const std::vector<int32_t>> tokens,
-                  parallel::DataParallelOptions options, RankModels models)
-      : RankTrainerBase(comm, options, std::move(models)), tokens_(std::move(tokens)) {}
+                  std::shared_ptr<const InstructionSet> instructions, parallel::DataParallelOptions options,
+                  RankModels models)
+      : RankTrainerBase(comm, options, std::move(models)), tokens_(std::move(tokens)),
+        instructions_(std::move(instructions)) {}
 
-  uint64_t num_examples() const override { return tokens_->size(); }
+  // Plain text: its tokens; instruction data: its scored targets.
+  uint64_t num_examples() const override { return tokens_ ? tokens_->size() : instructions_->scored_tokens; }
 
   Status Check(const TaskConfig& task, const Manifest& manifest, size_t global_size) override {
     if (!models::IsLanguageModel(task.model)) {
       return InvalidArgument("task: model '{}' is not a language model; this site holds text", task.model);
     }
+    ESTUARY_RETURN_IF_ERROR(CheckData(task));
     if (Windows(task) == 0) {
-      return FailedPrecondition("trainer: {} local tokens hold no window of {} + 1", tokens_->size(), task.seq_len);
+      return FailedPrecondition("trainer: {} local tokens hold no window of {} + 1",
+                                tokens_ ? tokens_->size() : 0, task.seq_len);
     }
     if (task.update_kind == UpdateKind::kLora) {
       if (options_.stage == parallel::ZeroStage::kZero3) {
@@ -235,6 +242,9 @@ class TextRankTrainer : public RankTrainerBase {
 
     const int seq = int(task.seq_len);
     std::vector<int32_t> inputs(size_t(task.batch_size) * seq), targets(inputs.size());
+    const TrainingRows* packed = instructions_ ? &Packed(seq) : nullptr;
+    // The targets a row scores: every one of a plain-text window.
+    auto scored = [&](uint32_t row) -> uint64_t { return packed ? packed->scored[row] : uint64_t(seq); };
 
     double loss_sum = 0;  // this rank's share of the last epoch's loss sum
     uint64_t loss_tokens = 0;
@@ -245,21 +255,38 @@ class TextRankTrainer : public RankTrainerBase {
       if (schedule.starts_epoch()) loss_sum = 0, loss_tokens = 0;
       const RankRows rows = RowsOf(schedule.batch(), comm_);
       for (size_t b = 0; b < rows.items.size(); ++b) {
+        if (packed) {
+          const size_t at = size_t(rows.items[b]) * seq;
+          std::memcpy(inputs.data() + b * seq, packed->rows.tokens.data() + at, seq * sizeof(int32_t));
+          std::memcpy(targets.data() + b * seq, packed->rows.targets.data() + at, seq * sizeof(int32_t));
+          continue;
+        }
         const int32_t* window = tokens_->data() + size_t(rows.items[b]) * seq;
         std::memcpy(inputs.data() + b * seq, window, seq * sizeof(int32_t));
         std::memcpy(targets.data() + b * seq, window + 1, seq * sizeof(int32_t));
       }
+      // Each rank's loss is the mean over its own scored targets; weighted by
+      // them over the global batch's (which every rank counts alike: each
+      // holds every row), the ranks' summed gradients are the gradient of the
+      // mean over the batch's scored targets, as one process forms it.
+      uint64_t batch_scored = 0, rank_scored = 0;
+      for (uint32_t row : schedule.batch()) batch_scored += scored(row);
+      if (rows.examples > 0) {
+        for (uint32_t row : rows.items) rank_scored += scored(row);
+      }
+      const double weight = batch_scored > 0 ? double(rank_scored) / double(batch_scored) : 0.0;
       if (lora) lora->SetFirstRow(int64_t(rows.first) * seq);
       ESTUARY_ASSIGN_OR_RETURN(const float loss,
                                decoder->ForwardBackward(inputs.data(), targets.data(), int(rows.items.size()), seq,
-                                                        dp->MicroBatch(rows.weight, true)));
+                                                        dp->MicroBatch(weight, true)));
       ESTUARY_RETURN_IF_ERROR(
           dp->Step([&](std::span<const models::ParameterSlice> s) { decoder->OptimizerStep(s); }).status());
       ESTUARY_RETURN_IF_ERROR(decoder->FinishStep());
-      loss_sum += double(loss) * double(rows.examples) * seq;
-      loss_tokens += schedule.batch().size() * seq;  // the whole global batch: every rank counts the same
+      loss_sum += double(loss) * double(rank_scored);
+      loss_tokens += batch_scored;  // the whole global batch: every rank counts the same
     }
-    return state_.Finish(std::move(dp), loss_sum, double(loss_tokens));
+    // An epoch that scored nothing (no row with a response in reach) has loss 0, as a batch of them does.
+    return state_.Finish(std::move(dp), loss_sum, std::max<double>(double(loss_tokens), 1.0));
   }
 
   size_t TrainedSize(const TaskConfig& task, size_t global_size) const override {
@@ -277,8 +304,41 @@ class TextRankTrainer : public RankTrainerBase {
   }
 
  private:
-  uint64_t Windows(const TaskConfig& task) const {
+  uint64_t Windows(const TaskConfig& task) {
+    if (instructions_) return uint64_t(Packed(int(task.seq_len)).rows.rows());
     return tokens_->empty() ? 0 : (tokens_->size() - 1) / uint64_t(task.seq_len);
+  }
+  // The instruction rows of seq_len, packed on first use; kept while the
+  // federation's seq_len stays.
+  const TrainingRows& Packed(int seq_len) {
+    if (!packed_ || packed_->rows.seq_len != seq_len) packed_ = PackForTraining(*instructions_, seq_len);
+    return *packed_;
+  }
+  // What the data asks of the task and the device: the federation's template
+  // is the one this site rendered with, and the model's vocabulary holds the
+  // tokenizer's; masked targets train on the CPU only.
+  Status CheckData(const TaskConfig& task) {
+    const bool templated = !task.prompt_template.empty() && task.prompt_template != "none";
+    if (!instructions_) {
+      if (templated) {
+        return InvalidArgument("task: template '{}': this site holds plain text, not instruction data (--data "
+                               "FILE.jsonl --template {} --tokenizer FILE)",
+                               task.prompt_template, task.prompt_template);
+      }
+      return Status::Ok();
+    }
+    const std::string_view mine = instructions_->template_name();
+    if ((templated ? std::string_view(task.prompt_template) : std::string_view("none")) != mine) {
+      return InvalidArgument("task: the federation's template is '{}', this site renders {} with '{}' (--template)",
+                             templated ? task.prompt_template : std::string("none"), instructions_->file, mine);
+    }
+    ESTUARY_RETURN_IF_ERROR(RefuseMaskedDataOn(models_.device, instructions_->file));
+    ESTUARY_ASSIGN_OR_RETURN(const models::LlamaConfig config, models::LlamaPreset(task.model));
+    if (instructions_->vocab_size > config.vocab_size) {
+      return InvalidArgument("task: {}'s vocabulary of {} tokens does not hold the tokenizer's {} (--tokenizer)",
+                             task.model, config.vocab_size, instructions_->vocab_size);
+    }
+    return Status::Ok();
   }
   Result<RankDecoder*> Decoder(const TaskConfig& task) {
     return ModelFor<RankDecoder>(task, "decoder", "",
@@ -296,6 +356,8 @@ class TextRankTrainer : public RankTrainerBase {
   }
 
   std::shared_ptr<const std::vector<int32_t>> tokens_;
+  std::shared_ptr<const InstructionSet> instructions_;
+  std::optional<TrainingRows> packed_;
   std::optional<LoraRound> plan_;  // a lora round's
 };
 
@@ -312,7 +374,13 @@ std::unique_ptr<RankTrainer> MakeClassifierRankTrainer(comm::Communicator& comm,
 std::unique_ptr<RankTrainer> MakeTextRankTrainer(comm::Communicator& comm,
                                                  std::shared_ptr<const std::vector<int32_t>> tokens,
                                                  parallel::DataParallelOptions options, RankModels models) {
-  return std::make_unique<TextRankTrainer>(comm, std::move(tokens), options, std::move(models));
+  return std::make_unique<TextRankTrainer>(comm, std::move(tokens), nullptr, options, std::move(models));
+}
+
+std::unique_ptr<RankTrainer> MakeInstructionRankTrainer(comm::Communicator& comm,
+                                                        std::shared_ptr<const InstructionSet> instructions,
+                                                        parallel::DataParallelOptions options, RankModels models) {
+  return std::make_unique<TextRankTrainer>(comm, nullptr, std::move(instructions), options, std::move(models));
 }
 
 Status CheckStageOn(const Compute& compute, parallel::ZeroStage stage) {

@@ -8,7 +8,8 @@
 // (task seed, round, client name), so all agree on the order; each global
 // batch (the task's batch_size) is cut into N contiguous shares
 // (ShareOfBatch), and rank r's gradient is weighted by n_r / n, so uneven
-// splits stay exact. A rank whose share of a short last batch is empty still
+// splits stay exact (for the decoders n counts scored targets, not rows:
+// instruction rows score some targets only). A rank whose share of a short last batch is empty still
 // runs the step (one example at weight 0): the collectives of every rank must
 // match. The reported loss is the sum of every rank's loss over its examples,
 // agreed across ranks, over the examples of the last epoch — the mean one
@@ -24,6 +25,7 @@
 #include <vector>
 
 #include "base/status.h"
+#include "client/instruction_site.h"
 #include "client/rank_model.h"
 #include "client/trainer.h"
 #include "comm/communicator.h"
@@ -105,5 +107,12 @@ std::unique_ptr<RankTrainer> MakeClassifierRankTrainer(comm::Communicator& comm,
 std::unique_ptr<RankTrainer> MakeTextRankTrainer(comm::Communicator& comm,
                                                  std::shared_ptr<const std::vector<int32_t>> tokens,
                                                  parallel::DataParallelOptions options, RankModels models = {});
+// The same decoders on instruction rows (client/instruction_site.h): packed
+// to the task's seq_len, each rank's gradient weighted by its scored targets
+// over the global batch's. A task of another template, a model whose
+// vocabulary is smaller than the tokenizer's, or a GPU rank is refused by Check.
+std::unique_ptr<RankTrainer> MakeInstructionRankTrainer(comm::Communicator& comm,
+                                                        std::shared_ptr<const InstructionSet> instructions,
+                                                        parallel::DataParallelOptions options, RankModels models = {});
 
 }  // namespace estuary::client

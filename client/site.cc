@@ -212,9 +212,10 @@ Result<std::unique_ptr<SiteTrainer>> MakeLocalSite(SiteData data, const LocalSit
   parallel::DataParallelOptions dp;
   dp.stage = options.stage;
   std::unique_ptr<RankTrainer> rank =
-      data.text ? MakeTextRankTrainer(*solo, std::move(data.text), dp, std::move(models))
-                : MakeClassifierRankTrainer(*solo, std::move(data.images), std::move(data.indices), dp,
-                                            std::move(models));
+      data.instructions ? MakeInstructionRankTrainer(*solo, std::move(data.instructions), dp, std::move(models))
+      : data.text       ? MakeTextRankTrainer(*solo, std::move(data.text), dp, std::move(models))
+                        : MakeClassifierRankTrainer(*solo, std::move(data.images), std::move(data.indices), dp,
+                                                    std::move(models));
   return std::make_unique<SiteTrainer>(std::move(solo), std::move(rank), options.stage, options.compute);
 }
 

@@ -1,0 +1,57 @@
+#include "client/instruction_site.h"
+
+#include "models/transformer_ops.h"
+
+namespace estuary::client {
+
+Result<InstructionSet> EncodeInstructionSet(const std::vector<models::InstructionExample>& examples,
+                                            const models::Tokenizer& tokenizer, models::PromptTemplate t,
+                                            std::string file) {
+  if (examples.empty()) return InvalidArgument("{}: no examples", file);
+  ESTUARY_ASSIGN_OR_RETURN(models::ExampleEncoder encoder, models::ExampleEncoder::Create(tokenizer, t, file));
+  InstructionSet set;
+  ESTUARY_ASSIGN_OR_RETURN(set.examples, encoder.EncodeAll(examples, file));
+  set.file = std::move(file);
+  set.prompt_template = t;
+  set.eos_id = tokenizer.eos_id();
+  set.pad_id = tokenizer.pad_id().value_or(tokenizer.eos_id().value_or(0));
+  set.vocab_size = tokenizer.vocab_size();
+  // What Pack scores at any seq_len: every flag but the stream's first
+  // (nothing predicts it); the EOS Pack may add is unscored.
+  for (const models::EncodedExample& e : set.examples) {
+    for (uint8_t s : e.scored) set.scored_tokens += s;
+  }
+  set.scored_tokens -= set.examples.front().scored.front();
+  return set;
+}
+
+Result<InstructionSet> LoadInstructionSet(const std::filesystem::path& data, const std::filesystem::path& tokenizer,
+                                          std::string_view template_name) {
+  // The template first: a misspelt name costs no parse of a large file.
+  ESTUARY_ASSIGN_OR_RETURN(const models::PromptTemplate t, models::PromptTemplateNamed(template_name));
+  ESTUARY_ASSIGN_OR_RETURN(const models::Tokenizer tok, models::Tokenizer::Load(tokenizer));
+  ESTUARY_ASSIGN_OR_RETURN(const auto examples, models::LoadInstructionJsonl(data));
+  return EncodeInstructionSet(examples, tok, t, data.string());
+}
+
+TrainingRows PackForTraining(const InstructionSet& set, int seq_len) {
+  TrainingRows out;
+  out.rows = models::Pack(set.examples, seq_len, set.pad_id, set.eos_id);
+  out.scored.reserve(size_t(out.rows.rows()));
+  for (int64_t r = 0; r < out.rows.rows(); ++r) {
+    uint32_t n = 0;
+    for (int i = 0; i < seq_len; ++i) n += out.rows.targets[size_t(r) * seq_len + i] != models::kIgnoredTarget;
+    out.scored.push_back(n);
+  }
+  return out;
+}
+
+Status RefuseMaskedDataOn(std::string_view device, const std::string& file) {
+  if (!device.starts_with("cuda")) return Status::Ok();
+  return FailedPrecondition(
+      "{}: instruction data leaves its prompt tokens unscored (target -100), which the CUDA engine does not take yet: "
+      "this site cannot train masked data on the GPU ({}); run it with --device cpu",
+      file, device);
+}
+
+}  // namespace estuary::client
