@@ -310,7 +310,11 @@ Result<Federation> MakeFederation(const v1::FederationConfig& config, const Eval
   f.manifest = std::move(initial.manifest);
   f.initial = std::move(initial.values);
   f.bound = UpdateBound(config.limits());
-  if (!evaluation.data.empty()) {
+  if (evaluation.rows) {
+    ESTUARY_ASSIGN_OR_RETURN(f.evaluator, models::MakeRowsEvaluator(task.model(), *evaluation.rows,
+                                                                    config.eval_windows()));
+    if (f.lora) f.evaluator = models::MakeLoraEvaluator(std::move(f.evaluator), f.lora->layout, f.lora->merge.alpha);
+  } else if (!evaluation.data.empty()) {
     ESTUARY_ASSIGN_OR_RETURN(f.evaluator, models::MakeEvaluator(task.model(), evaluation.data,
                                                                 {.threads = evaluation.threads,
                                                                  .seq_len = int(task.seq_len()),

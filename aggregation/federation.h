@@ -70,6 +70,9 @@ struct Federation {
 struct EvaluationOptions {
   std::filesystem::path data;  // an IDX directory, or a fortunes directory for text; empty: no evaluator
   int threads = 2;
+  // Language models on instruction data: held-out rows scored on their
+  // response targets (models::MakeRowsEvaluator) instead of `data`.
+  std::shared_ptr<const models::TokenRows> rows;
 };
 
 // Where DP noise comes from when config.dp is on: a server's is unpredictable

@@ -40,7 +40,30 @@ class LanguageModelEvaluator : public Evaluator {
   uint64_t windows_;
 };
 
+class RowsEvaluator : public Evaluator {
+ public:
+  RowsEvaluator(Llama model, TokenRows rows, uint64_t max_rows)
+      : model_(std::move(model)), rows_(std::move(rows)), max_rows_(max_rows) {}
+  Result<EvalResult> Evaluate(std::span<const float> global) override {
+    return EvaluateLanguageModelRows(model_, global, rows_, max_rows_);
+  }
+
+ private:
+  Llama model_;
+  TokenRows rows_;
+  uint64_t max_rows_;
+};
+
 }  // namespace
+
+Result<std::unique_ptr<Evaluator>> MakeRowsEvaluator(std::string_view model, TokenRows rows, uint64_t max_rows) {
+  ESTUARY_ASSIGN_OR_RETURN(const LlamaConfig config, LlamaPreset(model));
+  if (rows.seq_len <= 0 || rows.seq_len > config.max_seq_len) {
+    return InvalidArgument("eval: seq_len {} not in [1, {}] for {}", rows.seq_len, config.max_seq_len, model);
+  }
+  ESTUARY_ASSIGN_OR_RETURN(Llama replica, Llama::Create(config, 8));
+  return std::unique_ptr<Evaluator>(new RowsEvaluator(std::move(replica), std::move(rows), max_rows));
+}
 
 Result<InitialWeights> InitialModel(std::string_view name, uint64_t seed) {
   InitialWeights weights;

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "base/status.h"
+#include "models/lm_sequences.h"
 #include "models/model.h"
 #include "models/tensor.h"
 
@@ -44,5 +45,9 @@ class Evaluator {
 // clients train around, from the same seed). Errors name the directory.
 Result<std::unique_ptr<Evaluator>> MakeEvaluator(std::string_view model, const std::filesystem::path& data,
                                                  const EvaluatorOptions& options);
+
+// A language model scored on held-out instruction rows (the response
+// targets only, EvaluateLanguageModelRows), at most max_rows of them (0: all).
+Result<std::unique_ptr<Evaluator>> MakeRowsEvaluator(std::string_view model, TokenRows rows, uint64_t max_rows);
 
 }  // namespace estuary::models

@@ -5,6 +5,8 @@
 #include <cstring>
 #include <vector>
 
+#include "models/transformer_ops.h"
+
 namespace estuary::models {
 
 bool IsLanguageModel(std::string_view name) { return name.starts_with("llama"); }
@@ -76,6 +78,54 @@ Result<EvalResult> EvaluateLanguageModel(Llama& model, std::span<const float> pa
   result.accuracy = double(correct) / double(scored);
   result.examples = scored;
   return result;
+}
+
+Result<EvalResult> EvaluateLanguageModelRows(Llama& model, std::span<const float> params, const TokenRows& rows,
+                                             uint64_t max_rows) {
+  if (params.size() != model.parameters().size()) {
+    return InvalidArgument("eval: {} parameters for a model of {}", params.size(), model.parameters().size());
+  }
+  const int seq = rows.seq_len;
+  if (seq <= 0 || seq > model.config().max_seq_len) {
+    return InvalidArgument("eval: seq {} not in [1, {}]", seq, model.config().max_seq_len);
+  }
+  const uint64_t available = uint64_t(rows.rows());
+  if (available == 0) return InvalidArgument("eval: no held-out rows");
+  const uint64_t count = max_rows == 0 ? available : std::min<uint64_t>(available, max_rows);
+  std::memcpy(model.parameters().data(), params.data(), params.size_bytes());
+
+  const int vocab = model.config().vocab_size;
+  const int batch = model.max_batch();
+  std::vector<int32_t> inputs(size_t(batch) * seq);
+  std::vector<float> logits(size_t(batch) * seq * vocab);
+  double loss = 0;
+  uint64_t correct = 0, scored = 0;
+  for (uint64_t first = 0; first < count; first += batch) {
+    const int n = int(std::min<uint64_t>(batch, count - first));
+    // Rows spread evenly over the set: row i of count is floor(i * available / count).
+    auto row_of = [&](uint64_t i) { return i * available / count; };
+    for (int b = 0; b < n; ++b) {
+      std::copy_n(rows.tokens.data() + row_of(first + b) * seq, seq, inputs.data() + size_t(b) * seq);
+    }
+    ESTUARY_RETURN_IF_ERROR(model.Forward(inputs.data(), n, seq, logits.data()));
+    for (int b = 0; b < n; ++b) {
+      const int32_t* targets = rows.targets.data() + row_of(first + b) * seq;
+      for (int t = 0; t < seq; ++t) {
+        const int32_t target = targets[t];
+        if (target == kIgnoredTarget) continue;
+        if (target < 0 || target >= vocab) return InvalidArgument("eval: target token {} not in [0, {})", target, vocab);
+        const float* row = logits.data() + (size_t(b) * seq + t) * vocab;
+        const float max = *std::max_element(row, row + vocab);
+        double sum = 0;
+        for (int v = 0; v < vocab; ++v) sum += std::exp(double(row[v]) - max);
+        loss += std::log(sum) + max - row[target];
+        correct += std::max_element(row, row + vocab) - row == target;
+        ++scored;
+      }
+    }
+  }
+  if (scored == 0) return InvalidArgument("eval: the held-out rows score no target");
+  return EvalResult{.loss = loss / double(scored), .accuracy = double(correct) / double(scored), .examples = scored};
 }
 
 }  // namespace estuary::models

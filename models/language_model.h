@@ -11,6 +11,7 @@
 
 #include "base/status.h"
 #include "models/llama.h"
+#include "models/lm_sequences.h"
 #include "models/model.h"
 
 namespace estuary::models {
@@ -31,5 +32,12 @@ Result<LlamaConfig> LlamaPreset(std::string_view name);
 // shorter than one window or holds a token outside the vocabulary.
 Result<EvalResult> EvaluateLanguageModel(Llama& model, std::span<const float> params, std::span<const int32_t> tokens,
                                          int seq, uint64_t max_windows);
+
+// The same over instruction rows (lm_sequences.h): the mean loss and
+// accuracy over the targets that are not -100 (the responses), of at most
+// max_rows rows (0: all) spread evenly. examples counts the targets scored.
+// Fails on rows that score nothing.
+Result<EvalResult> EvaluateLanguageModelRows(Llama& model, std::span<const float> params, const TokenRows& rows,
+                                             uint64_t max_rows);
 
 }  // namespace estuary::models
