@@ -103,10 +103,16 @@ int main(int argc, char** argv) {
                  "then LoRA-federate the others under naive, exact and frozen-a, against centralised LoRA)");
   app.add_option("--pretrain-steps", lf.pretrain_steps, "lora-fortunes: central pretraining steps of the base");
   app.add_option("--local-steps", lf.local_steps, "lora-fortunes: local steps per site per round");
-  app.add_option("--clients", s.clients, "number of clients");
+  app.add_option("--clients,--sites", s.clients,
+                 "number of clients (instruction data split --partition-by FIELD: default one per value)");
   app.add_option("--per-round", s.per_round, "clients per round: count (>= 1) or fraction (< 1)");
   app.add_option("--rounds", s.rounds, "federated rounds");
   app.add_option("--partition", s.partition, "iid | shards | dirichlet:ALPHA (images); topic (text)");
+  app.add_option("--tokenizer", s.tokenizer, "instruction data (--data FILE.jsonl): the sites' tokenizer.json");
+  app.add_option("--partition-by", s.partition_by, "instruction data: one site per distinct value of this field");
+  app.add_option("--dirichlet", s.dirichlet_alpha,
+                 "instruction data: split among --sites by Dir(ALPHA) over the values of --label-field");
+  app.add_option("--label-field", s.label_field, "instruction data, --dirichlet: the field whose values are the labels");
   app.add_option("--topics", s.topics, "text: comma-separated topics the clients hold (default: the first --clients)");
   app.add_option("--device", s.device, "where clients train: cpu | cuda | cuda:N");
   app.add_option("--precision", s.precision, "fp32 | bf16 | fp16 (bf16 and fp16 need cuda)");
@@ -114,7 +120,9 @@ int main(int argc, char** argv) {
   app.add_option("--lora-base-dtype", s.lora_base_dtype,
                  "lora: the sites keep the frozen base in f32 | bf16 (CPU: half the memory, trains on the rounded base)");
   app.add_option("--mode", s.mode, "inproc | loopback");
-  app.add_option("--data", s.data_dir, "MNIST IDX directory (scripts/fetch-mnist makes it), or for text models a fortunes directory");
+  app.add_option("--data", s.data_dir,
+                 "MNIST IDX directory (scripts/fetch-mnist makes it); for text models a fortunes directory, or a JSON "
+                 "Lines file of instruction examples (with --template, --tokenizer, --partition-by or --dirichlet)");
   app.add_option("--threads", s.threads, "clients trained at once");
   app.add_option("--report", report_path, "JSON report to write");
   app.add_option("--plot", plot_path, "SVG accuracy plot (default: the report's path with .svg)");
@@ -133,6 +141,7 @@ int main(int argc, char** argv) {
     // One client per named topic unless --clients says otherwise.
     s.clients = uint32_t(std::count(s.topics.begin(), s.topics.end(), ',') + 1);
   }
+  if (!s.partition_by.empty() && app.get_option("--clients")->count() == 0) s.clients = 0;  // one site per value
   StartLogging("estuary-sim", log_level);
   if (!scenario.empty()) {
     if (scenario != "lora-fortunes") return Fail(InvalidArgument("--scenario '{}': expected lora-fortunes", scenario));
@@ -143,8 +152,14 @@ int main(int argc, char** argv) {
   }
   if (!quiet) {
     const v1::TaskConfig& task = s.task();
-    std::printf("estuary-sim: %s, %u clients (%s), %g per round, %llu rounds, %u epochs, batch %u, lr %g, %s, %s\n",
-                task.model().c_str(), s.clients, s.partition.c_str(), s.per_round, (unsigned long long)s.rounds,
+    // Instruction data names its split; by a field, the file says how many sites.
+    const std::string clients = s.clients == 0 ? std::string("sites") : fmt::format("{} clients", s.clients);
+    const std::string split = !s.partition_by.empty() ? fmt::format("one per value of {}", s.partition_by)
+                              : s.dirichlet_alpha > 0
+                                  ? fmt::format("dirichlet:{} over {}", s.dirichlet_alpha, s.label_field)
+                                  : s.partition;
+    std::printf("estuary-sim: %s, %s (%s), %g per round, %llu rounds, %u epochs, batch %u, lr %g, %s, %s\n",
+                task.model().c_str(), clients.c_str(), split.c_str(), s.per_round, (unsigned long long)s.rounds,
                 task.epochs(), task.batch_size(), task.learning_rate(),
                 task.update_kind() == v1::UPDATE_LORA
                     ? fmt::format("lora r={} alpha={} {} merge", task.lora().rank(), task.lora().alpha(),

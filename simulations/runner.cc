@@ -36,6 +36,7 @@
 #include "server/store.h"
 #include "models/model.h"
 #include "models/text_corpus.h"
+#include "simulations/instruction_sites.h"
 #include "simulations/partition.h"
 #include "simulations/server_process.h"
 
@@ -62,7 +63,8 @@ nlohmann::json ScenarioJson(const Scenario& s) {
           {"clients", s.clients}, {"per_round", s.per_round}, {"rounds", s.rounds}, {"partition", s.partition},
           {"topics", s.topics}, {"mode", s.mode}, {"threads", s.threads}, {"data", s.data_dir.string()},
           {"device", s.device}, {"precision", s.precision}, {"lora_site_ranks", s.lora_site_ranks},
-          {"lora_base_dtype", s.lora_base_dtype}};
+          {"lora_base_dtype", s.lora_base_dtype}, {"tokenizer", s.tokenizer.string()},
+          {"partition_by", s.partition_by}, {"dirichlet", s.dirichlet_alpha}, {"label_field", s.label_field}};
 }
 
 static std::vector<std::string> ClientNames(uint32_t n) {
@@ -111,8 +113,16 @@ static Result<std::vector<int>> SiteRanks(const Scenario& s) {
   return ranks;
 }
 
+static bool InstructionData(const Scenario& s) { return s.data_dir.extension() == ".jsonl"; }
+
 static Status CheckScenario(const Scenario& s) {
-  if (s.clients == 0) return InvalidArgument("sim: --clients must be >= 1");
+  if (s.clients == 0 && (s.partition_by.empty() || !InstructionData(s))) {
+    return InvalidArgument("sim: --clients must be >= 1");
+  }
+  if (InstructionData(s) && !models::IsLanguageModel(s.task().model())) {
+    return InvalidArgument("sim: --data {}: instruction data trains a language model (--model llama-*), not '{}'",
+                           s.data_dir.string(), s.task().model());
+  }
   if (!(s.per_round > 0)) return InvalidArgument("sim: --per-round {} must be > 0", s.per_round);
   if (s.rounds == 0) return InvalidArgument("sim: --rounds must be >= 1");
   if (s.threads == 0) return InvalidArgument("sim: --threads must be >= 1");
@@ -135,6 +145,7 @@ static Status CheckScenario(const Scenario& s) {
 struct Workload {
   std::vector<std::string> names;
   std::vector<std::unique_ptr<client::Trainer>> trainers;  // trainers[i] is names[i]'s
+  std::shared_ptr<const models::TokenRows> held_out;        // instruction data: what the evaluator scores
 };
 
 static Result<Workload> ImageWorkload(const Scenario& s) {
@@ -198,9 +209,35 @@ static Result<Workload> TextWorkload(const Scenario& s) {
   return w;
 }
 
+// Sites drawn from one JSON Lines file, by a field or by Dirichlet over a label.
+static Result<Workload> InstructionWorkload(const Scenario& s) {
+  const v1::TaskConfig& task = s.task();
+  ESTUARY_ASSIGN_OR_RETURN(InstructionSplit split,
+                           SplitInstructionFile({.data = s.data_dir, .tokenizer = s.tokenizer,
+                                                 .prompt_template = task.prompt_template(), .sites = s.clients,
+                                                 .partition_by = s.partition_by,
+                                                 .dirichlet_alpha = s.dirichlet_alpha, .label_field = s.label_field,
+                                                 .seq_len = int(task.seq_len()), .seed = task.seed()}));
+  ESTUARY_ASSIGN_OR_RETURN(client::LocalSiteOptions options, SiteOptionsOf(s));
+  ESTUARY_ASSIGN_OR_RETURN(const std::vector<int> site_ranks, SiteRanks(s));
+  Workload w;
+  w.names = std::move(split.names);
+  w.held_out = std::move(split.held_out);
+  for (size_t i = 0; i < split.sites.size(); ++i) {
+    options.lora_rank = site_ranks.empty() ? 0 : site_ranks[i % site_ranks.size()];
+    ESTUARY_ASSIGN_OR_RETURN(
+        auto site,
+        client::MakeLocalSite({.instructions = std::make_shared<const client::InstructionSet>(std::move(split.sites[i]))},
+                              options));
+    w.trainers.push_back(std::move(site));
+  }
+  return w;
+}
+
 // The clients: their names and trainers, from the scenario's data.
 static Result<Workload> ClientsOf(const Scenario& s) {
-  return models::IsLanguageModel(s.task().model()) ? TextWorkload(s) : ImageWorkload(s);
+  if (!models::IsLanguageModel(s.task().model())) return ImageWorkload(s);
+  return InstructionData(s) ? InstructionWorkload(s) : TextWorkload(s);
 }
 
 // The clients, plus the federation as the server builds it.
@@ -214,7 +251,9 @@ static Result<Simulation> MakeSimulation(const Scenario& s) {
   ESTUARY_ASSIGN_OR_RETURN(sim.clients, ClientsOf(s));
   // Seeded DP noise: a simulation reproduces from its seed (dp_noise.h).
   ESTUARY_ASSIGN_OR_RETURN(sim.federation,
-                           aggregation::MakeFederation(FederationOf(s), {.data = s.data_dir, .threads = int(s.threads)},
+                           aggregation::MakeFederation(FederationOf(s),
+                                                       {.data = InstructionData(s) ? fs::path() : s.data_dir,
+                                                        .threads = int(s.threads), .rows = sim.clients.held_out},
                                                        aggregation::DpNoise::kSeeded));
   return sim;
 }
@@ -383,6 +422,13 @@ Result<Report> RunLoopback(const Scenario& s, const RoundCallback& on_round) {
   const fs::path certs = s.workdir / "certs";
   ESTUARY_RETURN_IF_ERROR(ProvisionCertificates(certs, {"server"}, crypto::CertRole::kServer));
 
+  // One site per value of a field, as many as the file holds: counted before the server needs the number.
+  std::optional<Workload> loaded;
+  uint32_t site_count = s.clients;
+  if (site_count == 0) {
+    ESTUARY_ASSIGN_OR_RETURN(loaded, ClientsOf(s));
+    site_count = uint32_t(loaded->names.size());
+  }
   ServerProcess server;
   std::string host = "127.0.0.1";
   uint16_t port = 0;
@@ -401,8 +447,8 @@ Result<Report> RunLoopback(const Scenario& s, const RoundCallback& on_round) {
     std::vector<std::string> args = {
         "serve", "--listen", "127.0.0.1:0", "--cert", (certs / "server.pem").string(), "--key",
         (certs / "server.key").string(), "--ca", (certs / "ca.pem").string(), "--db", db.string(),
-        "--eval-data", s.data_dir.string(), "--rounds", std::to_string(s.rounds), "--clients-per-round",
-        fmt::format("{}", s.per_round), "--min-clients", std::to_string(s.clients), "--federation",
+        "--eval-data", InstructionData(s) ? "" : s.data_dir.string(), "--rounds", std::to_string(s.rounds), "--clients-per-round",
+        fmt::format("{}", s.per_round), "--min-clients", std::to_string(site_count), "--federation",
         federation_file.string(), "--exit-when-done", "--log-level",
         // The server logs at this process's level, but never below info: its log file is the round's record.
         fmt::to_string(spdlog::level::to_string_view(std::min(spdlog::get_level(), spdlog::level::info)))};
@@ -415,7 +461,10 @@ Result<Report> RunLoopback(const Scenario& s, const RoundCallback& on_round) {
     }
     db = s.round_log;
   }
-  ESTUARY_ASSIGN_OR_RETURN(Workload clients, ClientsOf(s));
+  if (!loaded) {
+    ESTUARY_ASSIGN_OR_RETURN(loaded, ClientsOf(s));
+  }
+  Workload clients = std::move(*loaded);
   const auto& names = clients.names;
   auto& trainers = clients.trainers;
   ESTUARY_RETURN_IF_ERROR(ProvisionCertificates(certs, names));

@@ -43,7 +43,14 @@ struct Scenario {
   std::string lora_site_ranks;
   std::string lora_base_dtype = "f32";  // how the sites keep the frozen base: f32 | bf16 (the CPU's, half the memory)
   std::string mode = "inproc";
-  std::filesystem::path data_dir = "data/mnist";  // text models: a fortunes directory
+  std::filesystem::path data_dir = "data/mnist";  // text models: a fortunes directory, or a *.jsonl file
+  // Instruction data (data_dir a JSON Lines file; simulations/instruction_sites.h):
+  // the sites' tokenizer, and how the file is split among them. With
+  // partition_by, clients 0 means one site per distinct value.
+  std::filesystem::path tokenizer;
+  std::string partition_by;
+  double dirichlet_alpha = 0;
+  std::string label_field;
   uint32_t threads = 2;
   // loopback only
   std::string server;                        // attach to HOST:PORT instead of starting one
