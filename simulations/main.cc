@@ -103,8 +103,10 @@ int main(int argc, char** argv) {
                  "then LoRA-federate the others under naive, exact and frozen-a, against centralised LoRA)");
   app.add_option("--pretrain-steps", lf.pretrain_steps, "lora-fortunes: central pretraining steps of the base");
   app.add_option("--local-steps", lf.local_steps, "lora-fortunes: local steps per site per round");
-  app.add_option("--clients,--sites", s.clients,
-                 "number of clients (instruction data split --partition-by FIELD: default one per value)");
+  app.add_option("--clients", s.clients, "number of clients");
+  app.add_option("--sites", s.clients,
+                 "instruction data (--data FILE.jsonl): number of sites, as --clients (--partition-by FIELD: "
+                 "default one per value)");
   app.add_option("--per-round", s.per_round, "clients per round: count (>= 1) or fraction (< 1)");
   app.add_option("--rounds", s.rounds, "federated rounds");
   app.add_option("--partition", s.partition, "iid | shards | dirichlet:ALPHA (images); topic (text)");
@@ -141,7 +143,9 @@ int main(int argc, char** argv) {
     // One client per named topic unless --clients says otherwise.
     s.clients = uint32_t(std::count(s.topics.begin(), s.topics.end(), ',') + 1);
   }
-  if (!s.partition_by.empty() && app.get_option("--clients")->count() == 0) s.clients = 0;  // one site per value
+  if (!s.partition_by.empty() && app.get_option("--clients")->count() + app.get_option("--sites")->count() == 0) {
+    s.clients = 0;  // one site per value
+  }
   StartLogging("estuary-sim", log_level);
   if (!scenario.empty()) {
     if (scenario != "lora-fortunes") return Fail(InvalidArgument("--scenario '{}': expected lora-fortunes", scenario));

@@ -129,5 +129,25 @@ TEST(Instructions, BadDataIsOneLineAndANonZeroExit) {
   }
 }
 
+// The server checks the template it sends: an unknown one, or one for a
+// model that is not a language model, is one line and the server does not start.
+TEST(Instructions, TheServerRefusesATemplateItCannotSend) {
+  Federation f;
+  const std::string common = fmt::format("{} serve --listen 127.0.0.1:0 --cert {} --key {} --ca {} --db {}",
+                                         BinaryPath("estuary-server").string(), f.Files("server").cert.string(),
+                                         f.Files("server").key.string(), f.Files("server").ca.string(),
+                                         (f.dir() / "x.db").string());
+  const std::pair<std::string, std::string> cases[] = {
+      {"--model llama-tiny --template vicuna", "template = 'vicuna': expected one of llama3, chatml, alpaca, none"},
+      {"--model mlp --template chatml", "template = 'chatml' with model 'mlp': templates are for the language models"},
+  };
+  for (const auto& [flags, expected] : cases) {
+    const CommandResult result = RunCommand(common + " " + flags);
+    EXPECT_NE(result.exit_code, 0) << flags;
+    EXPECT_NE(result.output.find(expected), std::string::npos) << result.output;
+    EXPECT_EQ(std::count(result.output.begin(), result.output.end(), '\n'), 1) << result.output;
+  }
+}
+
 }  // namespace
 }  // namespace estuary::testing
