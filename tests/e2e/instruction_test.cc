@@ -1,6 +1,6 @@
 // End-to-end: sites fine-tune on their own instruction data. The real
-// estuary-server and two estuary-client processes over mutual TLS on
-// 127.0.0.1, each site with its own JSON Lines file, template and tokenizer
+// estuary-server and two estuary-client sites over mutual TLS on 127.0.0.1
+// (one of them two ranks), each with its own JSON Lines file, template and tokenizer
 // (client/instruction_site.h); the held-out loss on response tokens, scored
 // here from the server's checkpoints, goes down. And what bad data gets: one
 // line, a non-zero exit.
@@ -46,10 +46,14 @@ TEST(Instructions, TwoSitesFineTuneOnTheirOwnFilesAndTheHeldOutResponseLossFalls
   ASSERT_NE(port, 0) << f.ServerLog();
   const std::vector<std::string> site_flags = {"--template", "chatml", "--tokenizer", CharBpeTokenizer().string()};
   auto a = f.StartClient("site-a", port, f.dir() / "a.jsonl", site_flags);
-  auto b = f.StartClient("site-b", port, f.dir() / "b.jsonl", site_flags);
+  // Site b is a site of two ranks: each rank loads the file, and rank 1 follows rank 0's rounds.
+  std::vector<std::string> two_ranks = site_flags;
+  two_ranks.insert(two_ranks.end(), {"--ranks", "2", "--backend", "gloo"});
+  auto b = f.StartClient("site-b", port, f.dir() / "b.jsonl", two_ranks);
   EXPECT_EQ(a->Wait(), 0) << f.ClientLog("site-a");
   EXPECT_EQ(b->Wait(), 0) << f.ClientLog("site-b");
   ASSERT_EQ(f.WaitServer(), 0) << f.ServerLog();
+  EXPECT_NE(f.ClientLog("site-b").find("2 ranks (gloo, ddp)"), std::string::npos) << f.ClientLog("site-b");
 
   auto store = f.OpenStore();
   ASSERT_TRUE(store);
