@@ -9,6 +9,20 @@
 
 namespace estuary::models {
 
+namespace {
+
+// Adds one position's cross-entropy (in double) to *loss, and 1 to *correct
+// when the argmax is the target.
+void Score(const float* row, int vocab, int32_t target, double* loss, uint64_t* correct) {
+  const float max = *std::max_element(row, row + vocab);
+  double sum = 0;
+  for (int v = 0; v < vocab; ++v) sum += std::exp(double(row[v]) - max);
+  *loss += std::log(sum) + max - row[target];
+  *correct += std::max_element(row, row + vocab) - row == target;
+}
+
+}  // namespace
+
 bool IsLanguageModel(std::string_view name) { return name.starts_with("llama"); }
 
 Result<LlamaConfig> LlamaPreset(std::string_view name) {
@@ -64,11 +78,7 @@ Result<EvalResult> EvaluateLanguageModel(Llama& model, std::span<const float> pa
         const float* row = logits.data() + (size_t(b) * seq + t) * vocab;
         const int32_t target = targets[b][t];
         if (target < 0 || target >= vocab) return InvalidArgument("eval: target token {} not in [0, {})", target, vocab);
-        const float max = *std::max_element(row, row + vocab);
-        double sum = 0;
-        for (int v = 0; v < vocab; ++v) sum += std::exp(double(row[v]) - max);
-        loss += std::log(sum) + max - row[target];
-        correct += std::max_element(row, row + vocab) - row == target;
+        Score(row, vocab, target, &loss, &correct);
         ++scored;
       }
     }
@@ -115,11 +125,7 @@ Result<EvalResult> EvaluateLanguageModelRows(Llama& model, std::span<const float
         if (target == kIgnoredTarget) continue;
         if (target < 0 || target >= vocab) return InvalidArgument("eval: target token {} not in [0, {})", target, vocab);
         const float* row = logits.data() + (size_t(b) * seq + t) * vocab;
-        const float max = *std::max_element(row, row + vocab);
-        double sum = 0;
-        for (int v = 0; v < vocab; ++v) sum += std::exp(double(row[v]) - max);
-        loss += std::log(sum) + max - row[target];
-        correct += std::max_element(row, row + vocab) - row == target;
+        Score(row, vocab, target, &loss, &correct);
         ++scored;
       }
     }
