@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "aggregation/robust_strategy.h"
 #include "base/atomic_file.h"
 #include "models/language_model.h"
 #include "models/lora_federation.h"
@@ -42,6 +43,8 @@ v1::FederationConfig DefaultFederation() {
   s.set_beta1(strategy.beta1);
   s.set_beta2(strategy.beta2);
   s.set_tau(strategy.tau);
+  s.set_trim(strategy.trim);
+  s.set_byzantine(strategy.byzantine);
   config.set_eval_windows(256);
   // An update ten times the last round's median is an outlier no honest site
   // sends; bounding it costs an honest federation nothing.
@@ -62,7 +65,10 @@ StrategyOptions StrategyOptionsOf(const v1::StrategyConfig& c) {
           .beta1 = c.beta1(),
           .beta2 = c.beta2(),
           .tau = c.tau(),
-          .server_momentum = c.server_momentum()};
+          .server_momentum = c.server_momentum(),
+          .trim = c.trim(),
+          .byzantine = c.byzantine(),
+          .krum_select = c.krum_select()};
 }
 
 models::LoraConfig LoraConfigOf(const v1::TaskConfig& task) {
@@ -107,6 +113,12 @@ Status CheckDp(const v1::FederationConfig& config) {
   }
   if (!(dp.delta() >= 0 && dp.delta() < 1)) {
     return InvalidArgument("federation: dp_delta = {}: must be in (0, 1)", dp.delta());
+  }
+  if (dp.noise_multiplier() > 0 && IsRobustStrategy(config.strategy().name())) {
+    // DP-FedAvg's noise is calibrated to a clipped sum's sensitivity, not to a robust rule's.
+    return InvalidArgument("federation: dp_noise_multiplier = {} with strategy = {}: DP-FedAvg noises a clipped "
+                           "mean, not a robust rule",
+                           dp.noise_multiplier(), config.strategy().name());
   }
   if (dp.noise_multiplier() == 0) {
     if (dp.adaptive_clip() || dp.max_epsilon() > 0) {

@@ -113,6 +113,12 @@ std::vector<CLI::Option*> AddFederationFlags(CLI::App& app, v1::FederationConfig
             "fedadam, fedyogi: second-moment decay, in [0, 1)");
   flags.Add("--tau", strategy->tau(), [strategy](double v) { strategy->set_tau(v); },
             "fedadam, fedyogi, fedadagrad: adaptivity tau (> 0)");
+  flags.Add("--trim", strategy->trim(), [strategy](double v) { strategy->set_trim(v); },
+            "trimmed-mean: fraction beta of updates dropped from each end per coordinate, in [0, 0.5)");
+  flags.Add("--byzantine", strategy->byzantine(), [strategy](uint32_t v) { strategy->set_byzantine(v); },
+            "krum, multi-krum, bulyan: Byzantine updates f tolerated (krum needs n >= 2f+3, bulyan n >= 4f+3)");
+  flags.Add("--krum-select", strategy->krum_select(), [strategy](uint32_t v) { strategy->set_krum_select(v); },
+            "multi-krum: updates m averaged, in [1, n - f] (0: n - f)");
   flags.Add("--base-model", config->base_model(), [config](const std::string& v) { config->set_base_model(v); },
             "lora: the base model's safetensors (default: the preset initialised from --seed)");
   flags.Add("--eval-windows", config->eval_windows(), [config](uint64_t v) { config->set_eval_windows(v); },

@@ -10,6 +10,7 @@
 #include "aggregation/fedavg.h"
 #include "aggregation/fedavgm.h"
 #include "aggregation/fedopt.h"
+#include "aggregation/robust_strategy.h"
 
 namespace estuary::aggregation {
 
@@ -38,6 +39,17 @@ Status ValidateStrategyOptions(const StrategyOptions& options) {
   if (!(options.server_momentum >= 0 && options.server_momentum < 1)) {
     return InvalidArgument("aggregation: server_momentum must be in [0, 1), got {}", options.server_momentum);
   }
+  if (!(options.trim >= 0 && options.trim < 0.5)) {
+    return InvalidArgument("aggregation: trim must be in [0, 0.5), got {}", options.trim);
+  }
+  // Beyond any federation's round; a typo rather than a setting.
+  if (options.byzantine > 100000) {
+    return InvalidArgument("aggregation: byzantine must be at most 100000, got {}", options.byzantine);
+  }
+  if (options.krum_select > 0 && options.name != "multi-krum") {
+    return InvalidArgument("aggregation: krum_select = {} is multi-krum's; {} has none", options.krum_select,
+                           options.name);
+  }
   if (options.bias_correction && options.name != "fedadam") {
     return InvalidArgument("aggregation: bias_correction is Adam's; {} has none", options.name);
   }
@@ -47,6 +59,7 @@ Status ValidateStrategyOptions(const StrategyOptions& options) {
 Result<std::unique_ptr<Strategy>> MakeStrategy(const StrategyOptions& options) {
   ESTUARY_RETURN_IF_ERROR(ValidateStrategyOptions(options));
   if (options.name == "fedavg") return std::unique_ptr<Strategy>(std::make_unique<FedAvg>());
+  if (IsRobustStrategy(options.name)) return std::unique_ptr<Strategy>(std::make_unique<RobustStrategy>(options));
   if (options.name == "fedavgm") return std::unique_ptr<Strategy>(std::make_unique<FedAvgM>(options));
   return std::unique_ptr<Strategy>(std::make_unique<FedOpt>(options));
 }

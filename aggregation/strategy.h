@@ -77,7 +77,8 @@ class Strategy {
 };
 
 struct StrategyOptions {
-  // fedavg | fedavgm | fedadam | fedyogi | fedadagrad
+  // fedavg | fedavgm | fedadam | fedyogi | fedadagrad, or a robust rule
+  // (robust_strategy.h): median | trimmed-mean | krum | multi-krum | bulyan
   std::string name = "fedavg";
   // The server's learning rate η: FedOpt's (fedopt.h) and FedAvgM's. Each
   // has its own default (DefaultServerLr).
@@ -91,18 +92,28 @@ struct StrategyOptions {
   bool bias_correction = false;
   // FedAvgM (Hsu et al. 2019): the server momentum β.
   double server_momentum = 0.9;
+  // Robust rules (robust.h). trimmed-mean: the fraction β trimmed from each
+  // end per coordinate, in [0, 0.5).
+  double trim = 0.1;
+  // krum, multi-krum, bulyan: the number f of Byzantine updates tolerated.
+  uint32_t byzantine = 1;
+  // multi-krum: how many updates m to average; 0: n - f.
+  uint32_t krum_select = 0;
 };
 
 // The strategies MakeStrategy knows, in the order --help lists them.
-inline constexpr const char* kStrategyNames[] = {"fedavg", "fedavgm", "fedadam", "fedyogi", "fedadagrad"};
+inline constexpr const char* kStrategyNames[] = {"fedavg",       "fedavgm", "fedadam",    "fedyogi", "fedadagrad",
+                                                 "median",       "trimmed-mean", "krum", "multi-krum", "bulyan"};
 
 // η where a federation leaves it unset: 1 for fedavgm (Hsu et al.'s setting,
 // where β = 0 is FedAvg), 0.01 for FedOpt (Reddi et al. tune it per task).
 double DefaultServerLr(std::string_view strategy);
 
 // Checks the numeric options: server_lr and tau finite and > 0, betas and
-// server_momentum in [0, 1), bias_correction only under fedadam, and a known
-// name. MakeStrategy calls it.
+// server_momentum in [0, 1), bias_correction only under fedadam, trim in
+// [0, 0.5), krum_select only under multi-krum, and a known name.
+// MakeStrategy calls it. How many updates a robust rule needs (krum:
+// n >= 2f + 3) depends on the round and is checked at its Finish.
 Status ValidateStrategyOptions(const StrategyOptions& options);
 
 // One of kStrategyNames; any other name is InvalidArgument naming it.
