@@ -122,6 +122,9 @@ int main(int argc, char** argv) {
   app.add_option("--lora-base-dtype", s.lora_base_dtype,
                  "lora: the sites keep the frozen base in f32 | bf16 (CPU: half the memory, trains on the rounded base)");
   app.add_option("--mode", s.mode, "inproc | loopback");
+  app.add_option("--attack", s.attack,
+                 "inproc: what malicious sites upload: sign-flip[:L] (-L x delta) | scale:L | gaussian:S (noise) | nan");
+  app.add_option("--attackers", s.attackers, "inproc: the fraction of sites that are malicious (seeded), with --attack");
   app.add_option("--data", s.data_dir,
                  "MNIST IDX directory (scripts/fetch-mnist makes it); for text models a fortunes directory, or a JSON "
                  "Lines file of instruction examples (with --template, --tokenizer, --partition-by or --dirichlet)");
@@ -199,6 +202,12 @@ int main(int argc, char** argv) {
   }
   std::printf("final test accuracy %.4f after %zu rounds in %.2f s\n", report->final_accuracy, report->rounds.size(),
               report->total_seconds);
+  if (report->attackers) {
+    uint64_t refused = 0;
+    for (const auto& row : report->rounds) refused += row.updates_refused.value_or(0);
+    std::printf("attack %s: %llu of %u sites malicious; %llu updates refused\n", s.attack.c_str(),
+                (unsigned long long)*report->attackers, s.clients, (unsigned long long)refused);
+  }
   if (report->epsilon) std::printf("differential privacy: epsilon %.4g at delta %g\n", *report->epsilon, *report->delta);
   if (!report->round_log.empty()) std::printf("round log: %s\n", report->round_log.c_str());
   std::printf("report: %s\nplot: %s\n", report_path.c_str(), plot_path.c_str());

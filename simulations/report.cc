@@ -28,14 +28,18 @@ constexpr const char* kRoundKeys[] = {"round",      "clients_selected", "updates
                                       "seconds",    "bytes_up",         "bytes_down",
                                       "global_checksum"};
 // Round keys added later: written always, read when present.
-constexpr const char* kOptionalRoundKeys[] = {"bytes_per_update", "merge_bytes_down", "epsilon", "dp_clip"};
+constexpr const char* kOptionalRoundKeys[] = {"bytes_per_update", "merge_bytes_down", "epsilon", "dp_clip",
+                                              "attackers", "updates_refused"};
 constexpr const char* kReportKeys[] = {"scenario", "mode",          "round_log",
                                        "rounds",   "total_seconds", "final_accuracy"};
-// A DP run's.
-constexpr const char* kOptionalReportKeys[] = {"epsilon", "delta"};
+// A DP run's (epsilon, delta); a run under attack's (attackers).
+constexpr const char* kOptionalReportKeys[] = {"epsilon", "delta", "attackers"};
 
 // A key that only some reports hold: written when set.
 void SetIfPresent(json& object, const char* key, const std::optional<double>& value) {
+  if (value) object[key] = *value;
+}
+void SetIfPresent(json& object, const char* key, const std::optional<uint64_t>& value) {
   if (value) object[key] = *value;
 }
 
@@ -142,6 +146,12 @@ Result<RoundReport> RoundFromJson(const json& object, std::string_view where) {
     ESTUARY_RETURN_IF_ERROR(ReadNonNegative(object, key, where, value));
     *out = value;
   }
+  for (auto [key, out] : {std::pair{"attackers", &round.attackers}, std::pair{"updates_refused", &round.updates_refused}}) {
+    if (!object.contains(key)) continue;
+    uint64_t value = 0;
+    ESTUARY_RETURN_IF_ERROR(ReadUnsigned(object, key, kMaxU32, where, value));
+    *out = value;
+  }
   return round;
 }
 
@@ -226,6 +236,8 @@ nlohmann::json ToJson(const Report& report) {
                       {"global_checksum", r.global_checksum}});
     SetIfPresent(rounds.back(), "epsilon", r.epsilon);
     SetIfPresent(rounds.back(), "dp_clip", r.dp_clip);
+    SetIfPresent(rounds.back(), "attackers", r.attackers);
+    SetIfPresent(rounds.back(), "updates_refused", r.updates_refused);
   }
   json out = {{"scenario", report.scenario},
               {"mode", report.mode},
@@ -235,6 +247,7 @@ nlohmann::json ToJson(const Report& report) {
               {"final_accuracy", NumberOrNull(report.final_accuracy)}};
   SetIfPresent(out, "epsilon", report.epsilon);
   SetIfPresent(out, "delta", report.delta);
+  SetIfPresent(out, "attackers", report.attackers);
   return out;
 }
 
@@ -271,6 +284,11 @@ Result<Report> ReportFromJson(const nlohmann::json& object, std::string_view whe
     double value = 0;
     ESTUARY_RETURN_IF_ERROR(ReadNonNegative(object, key, where, value));
     *out = value;
+  }
+  if (object.contains("attackers")) {
+    uint64_t attackers = 0;
+    ESTUARY_RETURN_IF_ERROR(ReadUnsigned(object, "attackers", std::numeric_limits<uint32_t>::max(), where, attackers));
+    report.attackers = attackers;
   }
   return report;
 }

@@ -47,6 +47,10 @@ struct RoundReport {
   std::string global_checksum;    // of the global model after the round
   std::optional<double> epsilon;  // DP: spent after this round, at Report::delta
   std::optional<double> dp_clip;  // DP: the clip norm the round's updates were clipped to
+  // Under --attack: the malicious sites among those sampled, and the updates
+  // refused (not finite: a nan attack's) rather than folded.
+  std::optional<uint64_t> attackers;
+  std::optional<uint64_t> updates_refused;
 
   bool operator==(const RoundReport&) const = default;
 };
@@ -60,6 +64,7 @@ struct Report {
   double final_accuracy = 0;
   std::optional<double> epsilon;  // DP: spent by the run
   std::optional<double> delta;
+  std::optional<uint64_t> attackers;  // under --attack: the malicious sites of the federation
 };
 
 nlohmann::json ToJson(const Report& report);

@@ -36,6 +36,7 @@
 #include "server/store.h"
 #include "models/model.h"
 #include "models/text_corpus.h"
+#include "simulations/attack.h"
 #include "simulations/instruction_sites.h"
 #include "simulations/partition.h"
 #include "simulations/server_process.h"
@@ -64,7 +65,9 @@ nlohmann::json ScenarioJson(const Scenario& s) {
           {"topics", s.topics}, {"mode", s.mode}, {"threads", s.threads}, {"data", s.data_dir.string()},
           {"device", s.device}, {"precision", s.precision}, {"lora_site_ranks", s.lora_site_ranks},
           {"lora_base_dtype", s.lora_base_dtype}, {"tokenizer", s.tokenizer.string()},
-          {"partition_by", s.partition_by}, {"dirichlet", s.dirichlet_alpha}, {"label_field", s.label_field}};
+          {"partition_by", s.partition_by}, {"dirichlet", s.dirichlet_alpha}, {"label_field", s.label_field},
+          {"attack", s.attack},
+          {"attackers", s.attackers}};
 }
 
 static std::vector<std::string> ClientNames(uint32_t n) {
@@ -128,6 +131,20 @@ static Status CheckScenario(const Scenario& s) {
   if (s.rounds == 0) return InvalidArgument("sim: --rounds must be >= 1");
   if (s.threads == 0) return InvalidArgument("sim: --threads must be >= 1");
   ESTUARY_RETURN_IF_ERROR(client::ParseCompute(s.device, s.precision).status());
+  ESTUARY_RETURN_IF_ERROR(ParseAttack(s.attack).status());
+  if (!(s.attackers >= 0 && s.attackers <= 1)) {
+    return InvalidArgument("sim: --attackers {}: must be a fraction in [0, 1]", s.attackers);
+  }
+  if (s.attack.empty() != (s.attackers == 0)) {
+    return InvalidArgument("sim: --attack and --attackers go together (got --attack '{}', --attackers {})", s.attack,
+                           s.attackers);
+  }
+  if (!s.attack.empty() && s.mode != "inproc") {
+    return InvalidArgument("sim: --attack runs in inproc mode only: a loopback site uploads what it trained");
+  }
+  if (!s.attack.empty() && s.task().update_kind() == v1::UPDATE_LORA) {
+    return InvalidArgument("sim: --attack replaces full deltas; a lora federation's sites upload adapter factors");
+  }
   if (s.task().update_kind() == v1::UPDATE_LORA) {
     ESTUARY_RETURN_IF_ERROR(SiteRanks(s).status());
     if (s.lora_base_dtype != "f32" && s.lora_base_dtype != "bf16") {
@@ -280,6 +297,9 @@ Result<Report> RunInproc(const Scenario& s, const RoundCallback& on_round, std::
   if (dp.noise_multiplier() > 0) {
     ESTUARY_ASSIGN_OR_RETURN(accountant, privacy::Accountant::Create(dp.delta()));
   }
+  ESTUARY_ASSIGN_OR_RETURN(const Attack attack, ParseAttack(s.attack));
+  const std::vector<bool> malicious = ChooseAttackers(uint32_t(names.size()), s.attackers, task.seed());
+  if (attack.kind != Attack::Kind::kNone) report.attackers = std::count(malicious.begin(), malicious.end(), true);
   for (uint64_t round = 1; round <= s.rounds; ++round) {
     const auto round_start = Clock::now();
     const size_t k = aggregation::ClientsPerRound(s.per_round, names.size());
@@ -318,11 +338,23 @@ Result<Report> RunInproc(const Scenario& s, const RoundCallback& on_round, std::
     row.round = round;
     row.clients_selected = uint32_t(k);
     double loss_sum = 0, examples = 0;
+    if (report.attackers) row.attackers = row.updates_refused = 0;
     for (size_t i = 0; i < k; ++i) {
       if (!updates[i]->ok()) return updates[i]->status();
-      const client::Update& update = updates[i]->value();
-      ESTUARY_ASSIGN_OR_RETURN(const aggregation::UpdateBound::Admitted admitted,
-                               bound.Admit(update.payload, update.num_examples));
+      client::Update& update = updates[i]->value();
+      const size_t site = index_of.at(selected[i]);
+      if (malicious[site]) {
+        ApplyAttack(attack, update.payload, task.seed(), round, uint32_t(site));
+        ++*row.attackers;
+      }
+      auto admitted_or = bound.Admit(update.payload, update.num_examples);
+      if (!admitted_or.ok() && report.attackers) {
+        // As the server does: the update is refused, the round goes on.
+        spdlog::warn("round {}: update from {} refused: {}", round, selected[i], admitted_or.status().message());
+        ++*row.updates_refused;
+        continue;
+      }
+      ESTUARY_ASSIGN_OR_RETURN(const aggregation::UpdateBound::Admitted admitted, std::move(admitted_or));
       if (!admitted.note().empty()) spdlog::warn("round {}: update from {}: {}", round, selected[i], admitted.note());
       ESTUARY_RETURN_IF_ERROR(
           strategy.FoldUpdate(selected[i], update.manifest, admitted.values(), double(update.num_examples)));
@@ -334,6 +366,7 @@ Result<Report> RunInproc(const Scenario& s, const RoundCallback& on_round, std::
     }
     updates.clear();
     // The mean, as the server reports it: sites of other ranks upload more.
+    if (row.updates_received == 0) return FailedPrecondition("sim: round {}: every update was refused", round);
     row.bytes_per_update = row.bytes_up / row.updates_received;
     ESTUARY_RETURN_IF_ERROR(strategy.Finish(global));
     bound.CommitRound();

@@ -51,6 +51,11 @@ struct Scenario {
   std::string partition_by;
   double dirichlet_alpha = 0;
   std::string label_field;
+  // inproc, full updates: a fraction `attackers` of the sites is malicious
+  // and uploads what `attack` says (attack.h: sign-flip[:L] | scale:L |
+  // gaussian:S | nan). Empty: none.
+  std::string attack;
+  double attackers = 0;
   uint32_t threads = 2;
   // loopback only
   std::string server;                        // attach to HOST:PORT instead of starting one

@@ -9,6 +9,7 @@
 #include "crypto/sha256.h"
 #include "models/checkpoint.h"
 #include "server/aggregator.h"
+#include "server/config.h"
 #include "tests/e2e/harness.h"
 
 namespace estuary::server {
@@ -160,6 +161,21 @@ TEST_F(AggregatorTest, ARoundWithNothingFoldedFailsAndWritesNothing) {
   EXPECT_FALSE(finished.status.ok());
   EXPECT_TRUE(finished.checkpoint.empty());
   EXPECT_FALSE(std::filesystem::exists(dir / "global-r00005.safetensors"));
+}
+
+// A robust rule needs every update at Finish; the server folds them as they
+// arrive, so it refuses these strategies with one line (estuary-sim runs them).
+TEST(ServerConfig, TheServerRefusesTheRobustStrategiesForNow) {
+  for (const char* name : {"median", "trimmed-mean", "krum", "multi-krum", "bulyan"}) {
+    ServerConfig config;
+    config.federation.mutable_strategy()->set_name(name);
+    EXPECT_EQ(config.Finalize().message(),
+              fmt::format("config: strategy = {} runs in estuary-sim only for now: the server folds updates as they "
+                          "arrive",
+                          name));
+  }
+  ServerConfig fedavg;
+  EXPECT_TRUE(fedavg.Finalize().ok()) << fedavg.Finalize().ToString();
 }
 
 }  // namespace
