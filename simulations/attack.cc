@@ -33,8 +33,10 @@ Result<Attack> ParseAttack(std::string_view text) {
     attack.kind = Attack::Kind::kGaussian;
   } else if (kind == "nan" && !has_parameter) {
     attack.kind = Attack::Kind::kNan;
+  } else if (kind == "label-flip" && !has_parameter) {
+    attack.kind = Attack::Kind::kLabelFlip;
   } else {
-    return InvalidArgument("sim: --attack '{}': expected sign-flip[:L], scale:L, gaussian:S or nan", text);
+    return InvalidArgument("sim: --attack '{}': expected sign-flip[:L], scale:L, gaussian:S, nan or label-flip", text);
   }
   return attack;
 }
@@ -54,6 +56,7 @@ std::vector<bool> ChooseAttackers(uint32_t clients, double fraction, uint64_t se
 void ApplyAttack(const Attack& attack, std::span<float> delta, uint64_t seed, uint64_t round, uint32_t site) {
   switch (attack.kind) {
     case Attack::Kind::kNone:
+    case Attack::Kind::kLabelFlip:
       return;
     case Attack::Kind::kSignFlip:
       for (float& v : delta) v = float(-attack.parameter * v);

@@ -7,6 +7,8 @@
 //   gaussian:S     a vector of N(0, S²) noise in place of Δ
 //   nan            every value NaN: the federation must refuse the update
 //                  (UpdateBound: "update is not finite") and the round go on
+//   label-flip     the site trains on labels l -> C - 1 - l (C classes) and
+//                  uploads what it trained (image models; Tolpegin et al. 2020)
 //
 // Which sites attack is drawn once from the task's seed; gaussian's noise
 // from the seed, the round and the site, so a run reproduces.
@@ -23,7 +25,7 @@
 namespace estuary::simulations {
 
 struct Attack {
-  enum class Kind { kNone, kSignFlip, kScale, kGaussian, kNan };
+  enum class Kind { kNone, kSignFlip, kScale, kGaussian, kNan, kLabelFlip };
   Kind kind = Kind::kNone;
   double parameter = 1;  // sign-flip and scale: L; gaussian: S
 };
@@ -36,7 +38,8 @@ Result<Attack> ParseAttack(std::string_view text);
 // them, drawn from `seed`. fraction must be in [0, 1].
 std::vector<bool> ChooseAttackers(uint32_t clients, double fraction, uint64_t seed);
 
-// Replaces `delta` in place by what a malicious site uploads.
+// Replaces `delta` in place by what a malicious site uploads (label-flip:
+// leaves it, the site having trained on flipped labels).
 void ApplyAttack(const Attack& attack, std::span<float> delta, uint64_t seed, uint64_t round, uint32_t site);
 
 }  // namespace estuary::simulations

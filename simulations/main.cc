@@ -123,7 +123,7 @@ int main(int argc, char** argv) {
                  "lora: the sites keep the frozen base in f32 | bf16 (CPU: half the memory, trains on the rounded base)");
   app.add_option("--mode", s.mode, "inproc | loopback");
   app.add_option("--attack", s.attack,
-                 "inproc: what malicious sites upload: sign-flip[:L] (-L x delta) | scale:L | gaussian:S (noise) | nan");
+                 "inproc: what malicious sites upload: sign-flip[:L] (-L x delta) | scale:L | gaussian:S (noise) | nan | label-flip");
   app.add_option("--attackers", s.attackers, "inproc: the fraction of sites that are malicious (seeded), with --attack");
   app.add_option("--data", s.data_dir,
                  "MNIST IDX directory (scripts/fetch-mnist makes it); for text models a fortunes directory, or a JSON "

@@ -92,10 +92,23 @@ static Result<std::vector<std::unique_ptr<client::Trainer>>> MakeTrainers(
   ESTUARY_ASSIGN_OR_RETURN(auto spec, ParsePartition(s.partition));
   ESTUARY_ASSIGN_OR_RETURN(auto parts, Partition(train->labels, train->num_classes, int(s.clients), spec,
                                                  MixSeed(s.task().seed(), std::string_view("partition"))));
+  // --attack label-flip: the malicious sites hold the same examples under
+  // labels l -> C - 1 - l (a second copy of the training set, only then).
+  ESTUARY_ASSIGN_OR_RETURN(const Attack attack, ParseAttack(s.attack));
+  std::vector<bool> malicious(s.clients, false);
+  std::shared_ptr<const models::Dataset> flipped;
+  if (attack.kind == Attack::Kind::kLabelFlip) {
+    malicious = ChooseAttackers(s.clients, s.attackers, s.task().seed());
+    auto copy = std::make_shared<models::Dataset>(*train);
+    for (int32_t& label : copy->labels) label = copy->num_classes - 1 - label;
+    flipped = std::move(copy);
+  }
   std::vector<std::unique_ptr<client::Trainer>> trainers;
   ESTUARY_ASSIGN_OR_RETURN(const client::LocalSiteOptions options, SiteOptionsOf(s));
-  for (auto& indices : parts) {
-    ESTUARY_ASSIGN_OR_RETURN(auto site, client::MakeLocalSite({.images = train, .indices = std::move(indices)}, options));
+  for (size_t i = 0; i < parts.size(); ++i) {
+    ESTUARY_ASSIGN_OR_RETURN(auto site, client::MakeLocalSite({.images = malicious[i] ? flipped : train,
+                                                               .indices = std::move(parts[i])},
+                                                              options));
     trainers.push_back(std::move(site));
   }
   return trainers;
@@ -141,6 +154,9 @@ static Status CheckScenario(const Scenario& s) {
   }
   if (!s.attack.empty() && s.mode != "inproc") {
     return InvalidArgument("sim: --attack runs in inproc mode only: a loopback site uploads what it trained");
+  }
+  if (s.attack == "label-flip" && models::IsLanguageModel(s.task().model())) {
+    return InvalidArgument("sim: --attack label-flip flips image classes; {} trains on text", s.task().model());
   }
   if (!s.attack.empty() && s.task().update_kind() == v1::UPDATE_LORA) {
     return InvalidArgument("sim: --attack replaces full deltas; a lora federation's sites upload adapter factors");

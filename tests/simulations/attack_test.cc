@@ -25,11 +25,12 @@ TEST(Attack, EachKindParsesAndAnythingElseIsOneLine) {
   EXPECT_EQ(ParseAttack("scale:-3")->kind, Attack::Kind::kScale);
   EXPECT_EQ(ParseAttack("gaussian:0.5")->parameter, 0.5);
   EXPECT_EQ(ParseAttack("nan")->kind, Attack::Kind::kNan);
-  for (const char* bad : {"scale", "gaussian:0", "gaussian:-1", "nan:1", "sign-flip:x", "scale:inf", "flip"}) {
+  EXPECT_EQ(ParseAttack("label-flip")->kind, Attack::Kind::kLabelFlip);
+  for (const char* bad : {"scale", "gaussian:0", "gaussian:-1", "nan:1", "label-flip:2", "sign-flip:x", "scale:inf", "flip"}) {
     EXPECT_FALSE(ParseAttack(bad).ok()) << bad;
   }
-  EXPECT_EQ(ParseAttack("label-flip").status().message(),
-            "sim: --attack 'label-flip': expected sign-flip[:L], scale:L, gaussian:S or nan");
+  EXPECT_EQ(ParseAttack("poison").status().message(),
+            "sim: --attack 'poison': expected sign-flip[:L], scale:L, gaussian:S, nan or label-flip");
 }
 
 TEST(Attack, TheMaliciousSitesAreTheRoundedFractionDrawnFromTheSeed) {
@@ -56,6 +57,7 @@ TEST(Attack, EachAttackReplacesTheDeltaAsDocumented) {
   EXPECT_EQ(applied("sign-flip:10"), (std::vector<float>{-10, 20, -5}));
   EXPECT_EQ(applied("scale:3"), (std::vector<float>{3, -6, 1.5f}));
   for (float v : applied("nan")) EXPECT_TRUE(std::isnan(v));
+  EXPECT_EQ(applied("label-flip"), delta) << "the site trained on flipped labels; its upload is its own";
   const auto noise = applied("gaussian:2");
   EXPECT_NE(noise, delta);
   EXPECT_EQ(applied("gaussian:2"), noise) << "seeded by seed, round and site";

@@ -86,5 +86,23 @@ TEST(RobustSimulation, NanUpdatesAreRefusedAndTheRoundsGoOn) {
   EXPECT_GT(report.final_accuracy, 0.7);
 }
 
+// label-flip: the malicious sites train on l -> 9 - l. With every site
+// flipped the model learns the flipped labels (test accuracy far below
+// chance's 0.1); with 20% it is counted and the median still learns.
+TEST(RobustSimulation, LabelFlippingSitesTrainOnFlippedLabels) {
+  if (!fs::exists(MnistDir() / "train-images-idx3-ubyte")) {
+    FAIL() << "no MNIST at " << MnistDir() << " (scripts/fetch-mnist data/mnist; or set ESTUARY_MNIST)";
+  }
+  testing::TempDir dir;
+  const Report all = RunSim(dir, "all", "--attack label-flip --attackers 1");
+  ASSERT_EQ(all.rounds.size(), 3u);
+  EXPECT_EQ(all.attackers, 20u);
+  EXPECT_LT(all.final_accuracy, 0.05);
+  const Report some = RunSim(dir, "some", "--attack label-flip --attackers 0.2 --strategy median");
+  ASSERT_EQ(some.rounds.size(), 3u);
+  EXPECT_EQ(some.attackers, 4u);
+  EXPECT_GT(some.final_accuracy, 0.7);
+}
+
 }  // namespace
 }  // namespace estuary::simulations
