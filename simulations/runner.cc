@@ -363,17 +363,27 @@ Result<Report> RunInproc(const Scenario& s, const RoundCallback& on_round, std::
         ApplyAttack(attack, update.payload, task.seed(), round, uint32_t(site));
         ++*row.attackers;
       }
+      // Under an attack, as the server does: an update the bound or the
+      // strategy refuses is that update's failure, and the round goes on.
+      // Without one, a refused update is the simulation's bug and ends the run.
+      auto refuse = [&](const Status& why) {
+        spdlog::warn("round {}: update from {} refused: {}", round, selected[i], why.message());
+        ++*row.updates_refused;
+      };
       auto admitted_or = bound.Admit(update.payload, update.num_examples);
       if (!admitted_or.ok() && report.attackers) {
-        // As the server does: the update is refused, the round goes on.
-        spdlog::warn("round {}: update from {} refused: {}", round, selected[i], admitted_or.status().message());
-        ++*row.updates_refused;
+        refuse(admitted_or.status());
         continue;
       }
       ESTUARY_ASSIGN_OR_RETURN(const aggregation::UpdateBound::Admitted admitted, std::move(admitted_or));
       if (!admitted.note().empty()) spdlog::warn("round {}: update from {}: {}", round, selected[i], admitted.note());
-      ESTUARY_RETURN_IF_ERROR(
-          strategy.FoldUpdate(selected[i], update.manifest, admitted.values(), double(update.num_examples)));
+      const Status folded =
+          strategy.FoldUpdate(selected[i], update.manifest, admitted.values(), double(update.num_examples));
+      if (!folded.ok() && report.attackers) {
+        refuse(folded);
+        continue;
+      }
+      ESTUARY_RETURN_IF_ERROR(folded);
       ++row.updates_received;
       row.bytes_up += update.payload.size() * sizeof(float);
       row.bytes_down += manifest.byte_size();
