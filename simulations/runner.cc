@@ -66,8 +66,7 @@ nlohmann::json ScenarioJson(const Scenario& s) {
           {"device", s.device}, {"precision", s.precision}, {"lora_site_ranks", s.lora_site_ranks},
           {"lora_base_dtype", s.lora_base_dtype}, {"tokenizer", s.tokenizer.string()},
           {"partition_by", s.partition_by}, {"dirichlet", s.dirichlet_alpha}, {"label_field", s.label_field},
-          {"attack", s.attack},
-          {"attackers", s.attackers}};
+          {"attack", s.attack}, {"attackers", s.attackers}};
 }
 
 static std::vector<std::string> ClientNames(uint32_t n) {
