@@ -1,4 +1,5 @@
 #include "secagg/bytes.h"
+#include "crypto/openssl_util.h"
 
 #include <openssl/err.h>
 #include <openssl/rand.h>
@@ -8,7 +9,7 @@ namespace estuary::secagg {
 Result<Key32> RandomKey() {
   Key32 key;
   if (RAND_bytes(key.data(), static_cast<int>(key.size())) != 1) {
-    return Internal("secagg: RAND_bytes refused: {}", internal::TakeOpenSslErrors());
+    return Internal("secagg: RAND_bytes refused: {}", crypto::internal::TakeOpenSslErrors());
   }
   return key;
 }
@@ -25,17 +26,6 @@ std::string Hex(std::string_view bytes) {
 }
 
 namespace internal {
-
-std::string TakeOpenSslErrors() {
-  std::string out;
-  while (unsigned long code = ERR_get_error()) {
-    char text[256];
-    ERR_error_string_n(code, text, sizeof(text));
-    if (!out.empty()) out += "; ";
-    out += text;
-  }
-  return out.empty() ? "no OpenSSL error recorded" : out;
-}
 
 void AppendBigEndian64(std::string& out, uint64_t value) {
   for (int shift = 56; shift >= 0; shift -= 8) out += static_cast<char>((value >> shift) & 0xff);

@@ -30,10 +30,6 @@ std::string Hex(const std::array<uint8_t, N>& bytes) {
 }
 
 namespace internal {
-// Drains OpenSSL's thread-local error queue into "reason; reason" (or
-// "no OpenSSL error recorded"), so a stale entry is never blamed for the next
-// failure.
-std::string TakeOpenSslErrors();
 // `value` as 8 (or 4) big-endian bytes appended to `out`.
 void AppendBigEndian64(std::string& out, uint64_t value);
 void AppendBigEndian32(std::string& out, uint32_t value);

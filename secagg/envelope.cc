@@ -1,4 +1,5 @@
 #include "secagg/envelope.h"
+#include "crypto/openssl_util.h"
 
 #include <openssl/evp.h>
 #include <openssl/rand.h>
@@ -34,7 +35,7 @@ Result<std::vector<uint8_t>> Seal(const Key32& key, const EnvelopeContext& conte
   if (plaintext.size() > (1u << 30)) return InvalidArgument("secagg: {}: {} bytes is too large", Describe(context), plaintext.size());
   std::vector<uint8_t> sealed(kEnvelopeNonceBytes + plaintext.size() + kEnvelopeTagBytes);
   if (RAND_bytes(sealed.data(), kEnvelopeNonceBytes) != 1) {
-    return Internal("secagg: {}: RAND_bytes refused: {}", Describe(context), internal::TakeOpenSslErrors());
+    return Internal("secagg: {}: RAND_bytes refused: {}", Describe(context), crypto::internal::TakeOpenSslErrors());
   }
   const std::string ad = AssociatedData(context);
   CipherCtx ctx(EVP_CIPHER_CTX_new());
@@ -51,7 +52,7 @@ Result<std::vector<uint8_t>> Seal(const Key32& key, const EnvelopeContext& conte
       static_cast<size_t>(length + final_length) == plaintext.size() &&
       EVP_CIPHER_CTX_ctrl(ctx.get(), EVP_CTRL_GCM_GET_TAG, kEnvelopeTagBytes,
                           sealed.data() + kEnvelopeNonceBytes + plaintext.size()) == 1;
-  if (!ok) return Internal("secagg: {}: AES-256-GCM seal failed: {}", Describe(context), internal::TakeOpenSslErrors());
+  if (!ok) return Internal("secagg: {}: AES-256-GCM seal failed: {}", Describe(context), crypto::internal::TakeOpenSslErrors());
   return sealed;
 }
 
@@ -76,10 +77,10 @@ Result<std::vector<uint8_t>> Open(const Key32& key, const EnvelopeContext& conte
       EVP_DecryptUpdate(ctx.get(), plaintext.data(), &length, sealed.data() + kEnvelopeNonceBytes,
                         static_cast<int>(body)) == 1 &&
       EVP_CIPHER_CTX_ctrl(ctx.get(), EVP_CTRL_GCM_SET_TAG, kEnvelopeTagBytes, tag) == 1;
-  if (!set_up) return Internal("secagg: {}: AES-256-GCM open failed: {}", Describe(context), internal::TakeOpenSslErrors());
+  if (!set_up) return Internal("secagg: {}: AES-256-GCM open failed: {}", Describe(context), crypto::internal::TakeOpenSslErrors());
   if (EVP_DecryptFinal_ex(ctx.get(), plaintext.data() + length, &final_length) != 1) {
     std::fill(plaintext.begin(), plaintext.end(), 0);
-    internal::TakeOpenSslErrors();  // a failed tag leaves no useful reason; clear the queue
+    crypto::internal::TakeOpenSslErrors();  // a failed tag leaves no useful reason; clear the queue
     return InvalidArgument("secagg: {}: the tag does not verify: wrong key, sender, receiver or round, or "
                            "changed bytes",
                            Describe(context));

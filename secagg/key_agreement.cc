@@ -8,21 +8,19 @@
 #include <memory>
 #include <string>
 
+#include "crypto/openssl_util.h"
+
 namespace estuary::secagg {
 namespace {
 
-template <auto FreeFn>
-struct FreeWith {
-  template <typename T>
-  void operator()(T* p) const { FreeFn(p); }
-};
-using PkeyPtr = std::unique_ptr<EVP_PKEY, FreeWith<EVP_PKEY_free>>;
+using crypto::internal::FreeWith;
+using crypto::internal::PkeyPtr;
 using PkeyCtxPtr = std::unique_ptr<EVP_PKEY_CTX, FreeWith<EVP_PKEY_CTX_free>>;
 using KdfPtr = std::unique_ptr<EVP_KDF, FreeWith<EVP_KDF_free>>;
 using KdfCtxPtr = std::unique_ptr<EVP_KDF_CTX, FreeWith<EVP_KDF_CTX_free>>;
 
 Status OpenSslError(std::string_view what) {
-  return Internal("secagg: {} failed: {}", what, internal::TakeOpenSslErrors());
+  return Internal("secagg: {} failed: {}", what, crypto::internal::TakeOpenSslErrors());
 }
 
 }  // namespace
@@ -53,7 +51,7 @@ Result<Key32> X25519SharedSecret(const Key32& private_key, const Key32& peer_pub
   if (!ctx || EVP_PKEY_derive_init(ctx.get()) != 1 || EVP_PKEY_derive_set_peer(ctx.get(), peer.get()) != 1 ||
       EVP_PKEY_derive(ctx.get(), secret.data(), &length) != 1 || length != secret.size()) {
     return InvalidArgument("secagg: X25519 with peer key {} failed (a key of small order?): {}",
-                           Hex(peer_public_key), internal::TakeOpenSslErrors());
+                           Hex(peer_public_key), crypto::internal::TakeOpenSslErrors());
   }
   return secret;
 }

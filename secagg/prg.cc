@@ -1,4 +1,5 @@
 #include "secagg/prg.h"
+#include "crypto/openssl_util.h"
 
 #include <openssl/evp.h>
 
@@ -32,7 +33,7 @@ Result<CipherCtx> StartStream(const Key32& key, const std::array<uint8_t, 12>& n
   std::memcpy(iv + 4, nonce.data(), nonce.size());
   CipherCtx ctx(EVP_CIPHER_CTX_new());
   if (!ctx || EVP_EncryptInit_ex(ctx.get(), EVP_chacha20(), nullptr, key.data(), iv) != 1) {
-    return Internal("secagg: ChaCha20 set-up failed: {}", internal::TakeOpenSslErrors());
+    return Internal("secagg: ChaCha20 set-up failed: {}", crypto::internal::TakeOpenSslErrors());
   }
   return ctx;
 }
@@ -41,7 +42,7 @@ Status Keystream(EVP_CIPHER_CTX* ctx, uint8_t* out, size_t bytes) {
   int written = 0;
   if (EVP_EncryptUpdate(ctx, out, &written, kZeros, static_cast<int>(bytes)) != 1 ||
       static_cast<size_t>(written) != bytes) {
-    return Internal("secagg: ChaCha20 keystream failed: {}", internal::TakeOpenSslErrors());
+    return Internal("secagg: ChaCha20 keystream failed: {}", crypto::internal::TakeOpenSslErrors());
   }
   return Status::Ok();
 }

@@ -1,4 +1,5 @@
 #include "secagg/shamir.h"
+#include "crypto/openssl_util.h"
 
 #include <openssl/bn.h>
 #include <openssl/evp.h>
@@ -39,7 +40,7 @@ class Field {
   }
   void Check(int rc) { ok_ = ok_ && rc == 1; }
   Status Error(std::string_view what) const {
-    return Internal("secagg: shamir: {} failed: {}", what, internal::TakeOpenSslErrors());
+    return Internal("secagg: shamir: {} failed: {}", what, crypto::internal::TakeOpenSslErrors());
   }
 
  private:

@@ -19,7 +19,7 @@ const std::map<std::string, std::set<std::string>>& DesignGraph() {
       {"models", {"base"}},
       {"comm", {"base"}},
       {"privacy", {"base"}},
-      {"secagg", {"base"}},
+      {"secagg", {"crypto"}},
       {"parallel", {"comm", "models"}},
       {"aggregation", {"models", "proto"}},
       {"client", {"parallel", "models", "proto", "crypto"}},
