@@ -5,7 +5,7 @@
 
 #include <chrono>
 
-#include "base/host_port.h"
+#include "server/listen.h"
 
 namespace estuary::server {
 
@@ -71,19 +71,7 @@ class MetricsConnection : public std::enable_shared_from_this<MetricsConnection>
 
 Result<std::unique_ptr<MetricsEndpoint>> MetricsEndpoint::Create(asio::any_io_executor executor,
                                                                  const std::string& listen, const Metrics& metrics) {
-  std::string host;
-  uint16_t port = 0;
-  ESTUARY_RETURN_IF_ERROR(ParseHostPort(listen, &host, &port));
-  error_code ec;
-  const auto address = asio::ip::make_address(host, ec);
-  if (ec) return InvalidArgument("--metrics-listen '{}': {} is not an IP address", listen, host);
-  tcp::acceptor acceptor(executor);
-  const tcp::endpoint endpoint(address, port);
-  acceptor.open(endpoint.protocol(), ec);
-  if (!ec) acceptor.set_option(tcp::acceptor::reuse_address(true), ec);
-  if (!ec) acceptor.bind(endpoint, ec);
-  if (!ec) acceptor.listen(asio::socket_base::max_listen_connections, ec);
-  if (ec) return IoError("--metrics-listen {}: cannot listen: {}", listen, ec.message());
+  ESTUARY_ASSIGN_OR_RETURN(tcp::acceptor acceptor, ListenOn(executor, listen, "--metrics-listen"));
   std::unique_ptr<MetricsEndpoint> endpoint_owner(new MetricsEndpoint(std::move(acceptor), metrics));
   const tcp::endpoint bound = endpoint_owner->acceptor_.local_endpoint();
   endpoint_owner->address_ = fmt::format("{}:{}", bound.address().to_string(), bound.port());

@@ -1,5 +1,7 @@
 #include "server/server.h"
 
+#include "server/listen.h"
+
 #include <malloc.h>
 #include <sys/resource.h>
 
@@ -89,19 +91,7 @@ Result<std::unique_ptr<Server>> Server::Create(ServerConfig config) {
       *server->coordinator_, *server->store_, server->clock_,
       std::chrono::milliseconds(int64_t(c.event_interval_s * 1000)));
 
-  std::string host;
-  uint16_t port;
-  ESTUARY_RETURN_IF_ERROR(ParseHostPort(c.listen, &host, &port));
-  boost::system::error_code ec;
-  const auto address = asio::ip::make_address(host, ec);
-  if (ec) return InvalidArgument("server: listen address '{}': {}", host, ec.message());
-  tcp::acceptor listener(server->front_);
-  const tcp::endpoint endpoint(address, port);
-  listener.open(endpoint.protocol(), ec);
-  if (!ec) listener.set_option(tcp::acceptor::reuse_address(true), ec);
-  if (!ec) listener.bind(endpoint, ec);
-  if (!ec) listener.listen(asio::socket_base::max_listen_connections, ec);
-  if (ec) return IoError("server: cannot listen on {}: {}", c.listen, ec.message());
+  ESTUARY_ASSIGN_OR_RETURN(tcp::acceptor listener, ListenOn(server->front_, c.listen, "--listen"));
   const tcp::endpoint bound = listener.local_endpoint();
   server->port_ = bound.port();
   server->listening_ = fmt::format("{}:{}", bound.address().to_string(), bound.port());
