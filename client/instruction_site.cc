@@ -46,12 +46,4 @@ TrainingRows PackForTraining(const InstructionSet& set, int seq_len) {
   return out;
 }
 
-Status RefuseMaskedDataOn(std::string_view device, const std::string& file) {
-  if (!device.starts_with("cuda")) return Status::Ok();
-  return FailedPrecondition(
-      "{}: instruction data leaves its prompt tokens unscored (target -100), which the CUDA engine does not take yet: "
-      "this site cannot train masked data on the GPU ({}); run it with --device cpu",
-      file, device);
-}
-
 }  // namespace estuary::client

@@ -10,9 +10,6 @@
 // scored targets over the batch's (client/rank_trainer.h): every rank holds
 // the site's rows and walks the same schedule, so each counts the global
 // batch's scored targets itself and the N ranks give one process's gradient.
-//
-// The CUDA engine scores every target (models/cuda/), so a GPU site refuses
-// this data with one line naming the file (RefuseMaskedDataOn).
 #pragma once
 
 #include <cstdint>
@@ -62,9 +59,5 @@ struct TrainingRows {
   std::vector<uint32_t> scored;  // per row: its targets other than -100
 };
 TrainingRows PackForTraining(const InstructionSet& set, int seq_len);
-
-// Fails on a device other than the CPU (`device` as client::Compute::ToString
-// or RankModels::device names it): one line naming the data file.
-Status RefuseMaskedDataOn(std::string_view device, const std::string& file);
 
 }  // namespace estuary::client

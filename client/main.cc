@@ -403,9 +403,6 @@ int main(int argc, char** argv) {
   }
   auto site_data = LoadSiteData(data, data_kind, instruction);
   if (!site_data.ok()) return Fail(site_data.status());
-  if (site_data->instructions) {  // before any rank starts or the server is dialled
-    if (Status s = client::RefuseMaskedDataOn(compute->ToString(), data); !s.ok()) return Fail(s);
-  }
   client::AgentOptions options;
   options.host = host;
   options.port = port;

@@ -316,7 +316,7 @@ class TextRankTrainer : public RankTrainerBase {
   }
   // What the data asks of the task and the device: the federation's template
   // is the one this site rendered with, and the model's vocabulary holds the
-  // tokenizer's; masked targets train on the CPU only.
+  // tokenizer's.
   Status CheckData(const TaskConfig& task) {
     const bool templated = !task.prompt_template.empty() && task.prompt_template != "none";
     if (!instructions_) {
@@ -332,7 +332,6 @@ class TextRankTrainer : public RankTrainerBase {
       return InvalidArgument("task: the federation's template is '{}', this site renders {} with '{}' (--template)",
                              templated ? task.prompt_template : std::string("none"), instructions_->file, mine);
     }
-    ESTUARY_RETURN_IF_ERROR(RefuseMaskedDataOn(models_.device, instructions_->file));
     ESTUARY_ASSIGN_OR_RETURN(const models::LlamaConfig config, models::LlamaPreset(task.model));
     if (instructions_->vocab_size > config.vocab_size) {
       return InvalidArgument("task: {}'s vocabulary of {} tokens does not hold the tokenizer's {} (--tokenizer)",

@@ -79,7 +79,6 @@ static Status CheckScenario(const Scenario& s) {
     return InvalidArgument("sim: --data {}: instruction data trains a language model (--model llama-*), not '{}'",
                            s.data_dir.string(), s.task().model());
   }
-  if (InstructionData(s)) ESTUARY_RETURN_IF_ERROR(client::RefuseMaskedDataOn(s.device, s.data_dir.string()));
   if (!(s.per_round > 0)) return InvalidArgument("sim: --per-round {} must be > 0", s.per_round);
   if (s.rounds == 0) return InvalidArgument("sim: --rounds must be >= 1");
   if (s.threads == 0) return InvalidArgument("sim: --threads must be >= 1");

@@ -142,11 +142,10 @@ class LlamaEngine : public Engine {
   bool has_fp32_master() const;
 
   // tokens and targets are host arrays of [batch, seq] ids (targets[i] is the
-  // token after tokens[i]), checked as models::Llama checks them, except
-  // that an ignored target (-100) is refused with one line: the engine's
-  // cross-entropy scores every target. Overwrites
-  // gradients() (scaled by the loss scale under f16) and leaves the mean
-  // cross-entropy in device_loss(), without waiting.
+  // token after tokens[i], or -100 for a target that scores nothing), checked
+  // as models::Llama checks them. Overwrites gradients() (scaled by the loss
+  // scale under f16) and leaves the mean cross-entropy over the scored
+  // targets in device_loss() (0 when none scores), without waiting.
   Status ForwardBackwardAsync(const int32_t* tokens, const int32_t* targets, int batch, int seq);
   // With data-parallel options (models/step_hooks.h): the gradient formed is
   // that of options.grad_scale x the mean loss (times the f16 loss scale), and

@@ -20,12 +20,7 @@ Status LlamaEngine::Impl::CheckInput(const int32_t* tokens, const int32_t* targe
   }
   auto check = [&](const char* what, const int32_t* ids) -> Status {
     for (int64_t i = 0; i < int64_t(batch) * seq; ++i) {
-      // The kernel's mean is over every row; ignoring rows needs their count
-      // on the device, which this engine does not yet carry.
-      if (targets == ids && ids[i] == kIgnoredTarget) {
-        return InvalidArgument("cuda llama: target -100 (ignored) at batch {}, position {}: the CUDA engine scores "
-                               "every target; train response-only data on the CPU engine", i / seq, i % seq);
-      }
+      if (targets == ids && ids[i] == kIgnoredTarget) continue;  // scores nothing
       if (ids[i] < 0 || ids[i] >= config.vocab_size) {
         return InvalidArgument("cuda llama: {} id {} at batch {}, position {} is outside the vocabulary [0, {})",
                                what, ids[i], i / seq, i % seq, config.vocab_size);

@@ -305,8 +305,9 @@ Status CrossEntropyForwardBackward(const float* logits, const int32_t* targets, 
     return InvalidArgument("cuda cross-entropy: grad_scale {} must be positive and finite", grad_scale);
   }
   ESTUARY_ASSIGN_OR_RETURN(float* row_loss, arena.Allocate<float>(n));
+  ESTUARY_ASSIGN_OR_RETURN(int* scored, arena.Allocate<int>(1));
   ESTUARY_CUDA_RETURN_IF_ERROR(internal::CrossEntropy(logits, targets, n, vocab, dlogits, KindOf(dlogits_dtype),
-                                                      grad_scale, row_loss, loss, stream));
+                                                      grad_scale, row_loss, scored, loss, stream));
   return Status::Ok();
 }
 

@@ -90,10 +90,12 @@ Status AttentionBackward(const Blas& blas, DType dtype, const void* qkv, const v
 Status ResidualAdd(const float* x, int64_t count, float* y, cudaStream_t stream);
 
 // models::CrossEntropyForwardBackward: *loss (one device float) = the mean
-// cross-entropy of n rows of `vocab` fp32 logits; dlogits (dlogits_dtype; may
-// be the logits themselves when f32) = (softmax - onehot) * grad_scale / n,
-// grad_scale being the loss scale of fp16 training (1 otherwise; the loss
-// itself is never scaled). Scratch of n floats from `arena`.
+// cross-entropy over the rows of `vocab` fp32 logits whose target is not
+// kIgnoredTarget (-100); dlogits (dlogits_dtype; may be the logits themselves
+// when f32) = (softmax - onehot) * grad_scale / scored, zero on an ignored
+// row, grad_scale being the loss scale of fp16 training (1 otherwise; the
+// loss itself is never scaled). Every target ignored: loss 0, dlogits 0.
+// Scratch of n floats and an int from `arena`.
 Status CrossEntropyForwardBackward(const float* logits, const int32_t* targets, int n, int vocab, void* dlogits,
                                    DType dlogits_dtype, float grad_scale, float* loss, Arena& arena,
                                    cudaStream_t stream);

@@ -242,16 +242,42 @@ __global__ void __launch_bounds__(kThreads) CausalSoftmaxBackwardKernel(const T*
 // ------------------------------------------------------------ cross-entropy
 
 constexpr int kCrossEntropyThreads = 512;
+constexpr int kMeanThreads = 1024;
+
+// CUDA code cannot see transformer_ops.h's constant; the value is PyTorch's
+// ignore_index, as there.
+constexpr int32_t kIgnoredTarget = -100;
+
+// *scored = the number of targets that are not kIgnoredTarget: the divisor
+// of the mean, as the CPU's CrossEntropyForwardBackward counts it.
+__global__ void __launch_bounds__(kMeanThreads) CountScoredKernel(const int32_t* targets, int n, int* scored) {
+  __shared__ int shared[kMeanThreads];
+  int count = 0;
+  for (int i = threadIdx.x; i < n; i += kMeanThreads) count += targets[i] != kIgnoredTarget;
+  shared[threadIdx.x] = count;
+  __syncthreads();
+  for (int half = kMeanThreads / 2; half > 0; half /= 2) {
+    if (int(threadIdx.x) < half) shared[threadIdx.x] += shared[threadIdx.x + half];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) *scored = shared[0];
+}
 
 template <typename T>
 __global__ void __launch_bounds__(kCrossEntropyThreads)
     CrossEntropyRowsKernel(const float* logits, const int32_t* targets, int n, int vocab, T* dlogits,
-                           float grad_scale, float* row_loss) {
+                           float grad_scale, const int* scored_count, float* row_loss) {
   __shared__ float shared[kCrossEntropyThreads / 32];
+  const int scored = *scored_count;
   for (int64_t row = blockIdx.x; row < n; row += gridDim.x) {
     const float* z = logits + row * vocab;
     T* d = dlogits + row * vocab;
     const int target = targets[row];
+    if (target == kIgnoredTarget) {  // scores nothing: no loss, no gradient
+      for (int c = threadIdx.x; c < vocab; c += blockDim.x) d[c] = FromFloat<T>(0.0f);
+      if (threadIdx.x == 0) row_loss[row] = 0.0f;
+      continue;
+    }
     const bool valid = target >= 0 && target < vocab;
     // Read before the block reductions below, whose barriers order it before
     // any write: dlogits may be the logits themselves.
@@ -262,8 +288,8 @@ __global__ void __launch_bounds__(kCrossEntropyThreads)
     float sum = 0.0f;
     for (int c = threadIdx.x; c < vocab; c += blockDim.x) sum += expf(z[c] - max);
     sum = BlockReduce<false>(sum, shared);
-    const float factor = float(double(grad_scale) / (double(sum) * n));
-    const float target_term = grad_scale / float(n);
+    const float factor = float(double(grad_scale) / (double(sum) * scored));
+    const float target_term = grad_scale / float(scored);
     for (int c = threadIdx.x; c < vocab; c += blockDim.x) {
       float v = expf(z[c] - max) * factor;
       if (c == target) v -= target_term;
@@ -273,9 +299,9 @@ __global__ void __launch_bounds__(kCrossEntropyThreads)
   }
 }
 
-constexpr int kMeanThreads = 1024;
-
-__global__ void __launch_bounds__(kMeanThreads) MeanKernel(const float* values, int n, float* mean) {
+// *mean = the sum of n values over *count (0 when nothing was scored, as on
+// the CPU: a batch of prompts alone must not poison the weights).
+__global__ void __launch_bounds__(kMeanThreads) MeanKernel(const float* values, int n, const int* count, float* mean) {
   __shared__ double shared[kMeanThreads];
   double sum = 0;
   for (int i = threadIdx.x; i < n; i += kMeanThreads) sum += values[i];
@@ -285,7 +311,7 @@ __global__ void __launch_bounds__(kMeanThreads) MeanKernel(const float* values, 
     if (int(threadIdx.x) < half) shared[threadIdx.x] += shared[threadIdx.x + half];
     __syncthreads();
   }
-  if (threadIdx.x == 0) *mean = float(shared[0] / n);
+  if (threadIdx.x == 0) *mean = *count > 0 ? float(shared[0] / *count) : 0.0f;
 }
 
 }  // namespace
@@ -418,17 +444,20 @@ cudaError_t CausalSoftmaxBackward(const void* probs, Kind probs_kind, const floa
 }
 
 cudaError_t CrossEntropy(const float* logits, const int32_t* targets, int n, int vocab, void* dlogits,
-                         Kind dlogits_kind, float grad_scale, float* row_loss, float* loss, cudaStream_t s) {
+                         Kind dlogits_kind, float grad_scale, float* row_loss, int* scored, float* loss,
+                         cudaStream_t s) {
   if (n <= 0) return cudaSuccess;
+  CountScoredKernel<<<1, kMeanThreads, 0, s>>>(targets, n, scored);
+  if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   const cudaError_t rows = Dispatch(dlogits_kind, [&](auto tag) {
     using T = decltype(tag);
     const int64_t blocks = n < kMaxBlocks ? n : kMaxBlocks;
     CrossEntropyRowsKernel<T><<<unsigned(blocks), kCrossEntropyThreads, 0, s>>>(
-        logits, targets, n, vocab, static_cast<T*>(dlogits), grad_scale, row_loss);
+        logits, targets, n, vocab, static_cast<T*>(dlogits), grad_scale, scored, row_loss);
     return cudaGetLastError();
   });
   if (rows != cudaSuccess) return rows;
-  MeanKernel<<<1, kMeanThreads, 0, s>>>(row_loss, n, loss);
+  MeanKernel<<<1, kMeanThreads, 0, s>>>(row_loss, n, scored, loss);
   return cudaGetLastError();
 }
 

@@ -63,11 +63,15 @@ cudaError_t CausalSoftmax(const float* scores, int64_t rows, int seq, void* prob
 cudaError_t CausalSoftmaxBackward(const void* probs, Kind probs_kind, const float* dprobs, int64_t rows, int seq,
                                   float scale, void* dscores, Kind ds_kind, cudaStream_t s);
 
-// Per row (one block): row_loss[i] = logsumexp(z) - z[target]; dlogits
-// (dlogits_kind; may alias logits when fp32) = (softmax - onehot) * grad_scale / n.
-// Then one block: *loss = mean(row_loss), summed in double in row order. A
-// target outside [0, vocab) makes its row's loss and gradient NaN.
+// First *scored = the number of targets that are not -100 (ignored). Per row
+// (one block): row_loss[i] = logsumexp(z) - z[target]; dlogits (dlogits_kind;
+// may alias logits when fp32) = (softmax - onehot) * grad_scale / scored; an
+// ignored row's loss and dlogits are 0. Then one block: *loss = the sum of
+// row_loss over scored (0 when nothing scores), summed in double in row
+// order. Any other target outside [0, vocab) makes its row's loss and
+// gradient NaN.
 cudaError_t CrossEntropy(const float* logits, const int32_t* targets, int n, int vocab, void* dlogits,
-                         Kind dlogits_kind, float grad_scale, float* row_loss, float* loss, cudaStream_t s);
+                         Kind dlogits_kind, float grad_scale, float* row_loss, int* scored, float* loss,
+                         cudaStream_t s);
 
 }  // namespace estuary::models::cuda::internal

@@ -25,6 +25,7 @@
 #include "models/cuda/optimizer.h"
 #include "models/llama.h"
 #include "models/optimizer.h"
+#include "models/transformer_ops.h"
 
 namespace estuary::models {
 namespace {
@@ -86,6 +87,40 @@ TEST(CudaLlamaConfig, FeaturesTheEngineLacksAreRefusedByName) {
   EXPECT_EQ(engine.status().message(),
             "cuda llama: the GPU engine does not implement attention biases (attention_bias, or Qwen2's q/k/v "
             "biases); train this LlamaForCausalLM on the CPU engine");
+}
+
+// Response-only training: targets of -100 score nothing. The loss is the
+// mean over the scored targets and every gradient follows the CPU's, for a
+// batch with some rows partly ignored, one wholly ignored, and a batch in
+// which nothing scores (loss 0, gradients 0, not NaN).
+TEST_F(CudaLlama, IgnoredTargetsScoreNothingAsOnTheCpu) {
+  const LlamaConfig config = GqaUntied();
+  auto pair = MakePair(config, 3);
+  ASSERT_TRUE(pair.ok()) << pair.status().ToString();
+  Batch b = MakeBatch(config, 3, config.max_seq_len - 1, 12);
+  for (int i = 0; i < b.seq; ++i) {
+    if (i < b.seq / 2) b.targets[size_t(i)] = kIgnoredTarget;  // row 0: the prompt half
+    b.targets[size_t(b.seq) + size_t(i)] = kIgnoredTarget;  // row 1: nothing scored
+    if (i % 3 == 0) b.targets[2 * size_t(b.seq) + size_t(i)] = kIgnoredTarget;  // row 2: scattered
+  }
+  for (const bool nothing_scored : {false, true}) {
+    if (nothing_scored) std::fill(b.targets.begin(), b.targets.end(), kIgnoredTarget);
+    const float cpu_loss = Unwrap(pair->cpu.ForwardBackward(b.tokens.data(), b.targets.data(), b.batch, b.seq));
+    const float gpu_loss = Unwrap(pair->gpu.ForwardBackward(b.tokens.data(), b.targets.data(), b.batch, b.seq));
+    Values grads(pair->gpu.parameter_count(), std::numeric_limits<float>::quiet_NaN());
+    ASSERT_OK(pair->gpu.CopyGradientsTo(grads));
+    if (nothing_scored) {
+      EXPECT_EQ(cpu_loss, 0.0f);
+      EXPECT_EQ(gpu_loss, 0.0f);
+      EXPECT_TRUE(std::all_of(grads.begin(), grads.end(), [](float g) { return g == 0.0f; }));
+      continue;
+    }
+    EXPECT_LE(std::abs(gpu_loss - cpu_loss) / cpu_loss, 1e-4) << gpu_loss << " vs " << cpu_loss;
+    for (const TensorSpec& t : pair->cpu.manifest().tensors) {
+      EXPECT_LE(RelativeError(grads.data() + t.offset, pair->cpu.gradients().data() + t.offset, t.numel()), 1e-4)
+          << t.name;
+    }
+  }
 }
 
 // Llama 3's RoPE scaling with an original context short enough that the
@@ -420,10 +455,10 @@ TEST_F(CudaLlama, BadInputIsRejectedNamingWhatAndWhere) {
   ASSERT_FALSE(loss.ok());
   EXPECT_NE(loss.status().message().find("target id 61 at batch 1, position 1"), std::string::npos)
       << loss.status().message();
-  b.targets[5] = -100;  // ignored targets are the CPU engine's only
+  b.targets[5] = -101;  // -100 is the only negative target that means anything
   loss = engine->ForwardBackward(b.tokens.data(), b.targets.data(), 2, 4);
   ASSERT_FALSE(loss.ok());
-  EXPECT_NE(loss.status().message().find("target -100 (ignored) at batch 1, position 1"), std::string::npos)
+  EXPECT_NE(loss.status().message().find("target id -101 at batch 1, position 1"), std::string::npos)
       << loss.status().message();
   b.targets[5] = 0;
   loss = engine->ForwardBackward(b.tokens.data(), b.targets.data(), 3, 4);

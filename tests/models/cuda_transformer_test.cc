@@ -456,27 +456,37 @@ TEST_F(CudaTransformer, FlashAttentionMatchesTheCpu) {
 
 // ---- cross-entropy ---------------------------------------------------------
 
+// Also with ignored targets (-100): the mean is over the scored rows, an
+// ignored row's gradient is zero.
 TEST_F(CudaTransformer, VocabularyCrossEntropyMatchesTheCpu) {
   const int n = 45, vocab = 5003;
   const Values logits = Random(size_t(n) * vocab, 60, 8.0f);
-  const std::vector<int32_t> targets = RandomIds(n, vocab, 61);
-  Values dlogits(logits.size());
-  const float loss = CrossEntropyForwardBackward(logits.data(), targets.data(), n, vocab, dlogits.data());
-  int32_t* d_targets = Upload(targets);
-  for (const DType dtype : {DType::kF32, DType::kBF16}) {
-    for (const bool in_place : {false, true}) {
-      if (in_place && dtype != DType::kF32) continue;
-      float* d_logits = Upload(logits);
-      void* d_dlogits = in_place ? static_cast<void*>(d_logits) : Poisoned(logits.size() * DTypeSize(dtype));
-      float* d_loss = static_cast<float*>(Poisoned(sizeof(float)));
-      const float scale = dtype == DType::kF32 ? 1.0f : 1024.0f;  // the loss scale multiplies only the gradient
-      arena_.Reset();
-      ASSERT_OK(cuda::CrossEntropyForwardBackward(d_logits, d_targets, n, vocab, d_dlogits, dtype, scale, d_loss,
-                                                  arena_, s()));
-      EXPECT_LE(std::abs(Download(d_loss, 1)[0] - loss) / loss, kF32Tolerance) << DTypeName(dtype);
-      Values got = DownloadAs(d_dlogits, logits.size(), dtype);
-      for (float& g : got) g /= scale;
-      EXPECT_LE(RelativeError(got, dlogits), Tolerance(dtype)) << DTypeName(dtype) << " in place " << in_place;
+  for (const bool some_ignored : {false, true}) {
+    std::vector<int32_t> targets = RandomIds(n, vocab, 61);
+    if (some_ignored) {
+      for (int i = 0; i < n; i += 4) targets[size_t(i)] = kIgnoredTarget;
+    }
+    Values dlogits(logits.size());
+    const float loss = CrossEntropyForwardBackward(logits.data(), targets.data(), n, vocab, dlogits.data());
+    int32_t* d_targets = Upload(targets);
+    for (const DType dtype : {DType::kF32, DType::kBF16}) {
+      for (const bool in_place : {false, true}) {
+        if (in_place && dtype != DType::kF32) continue;
+        float* d_logits = Upload(logits);
+        void* d_dlogits = in_place ? static_cast<void*>(d_logits) : Poisoned(logits.size() * DTypeSize(dtype));
+        float* d_loss = static_cast<float*>(Poisoned(sizeof(float)));
+        const float scale = dtype == DType::kF32 ? 1.0f : 1024.0f;  // the loss scale multiplies only the gradient
+        arena_.Reset();
+        ASSERT_OK(cuda::CrossEntropyForwardBackward(d_logits, d_targets, n, vocab, d_dlogits, dtype, scale, d_loss,
+                                                    arena_, s()));
+        EXPECT_LE(std::abs(Download(d_loss, 1)[0] - loss) / loss, kF32Tolerance) << DTypeName(dtype);
+        Values got = DownloadAs(d_dlogits, logits.size(), dtype);
+        for (float& g : got) g /= scale;
+        EXPECT_LE(RelativeError(got, dlogits), Tolerance(dtype)) << DTypeName(dtype) << " in place " << in_place;
+        if (some_ignored) {
+          EXPECT_EQ(got[1], 0.0f) << "row 0 is ignored: its gradient is zero";
+        }
+      }
     }
   }
 }

@@ -7,6 +7,7 @@
 #include <fstream>
 #include <set>
 
+#include "client/compute.h"
 #include "simulations/instruction_sites.h"
 #include "simulations/runner.h"
 #include "tests/client/instruction_fixture.h"
@@ -130,8 +131,7 @@ TEST(InstructionSplit, BadInputNamesTheFileLineAndFlag) {
   EXPECT_EQ(SplitInstructionFile(o).status().message(), "template 'vicuna' is not one of llama3, chatml, alpaca, none");
 }
 
-TEST(InstructionSimulation, SitesByFieldLearnAndReproduce) {
-  testing::TempDir dir;
+Scenario SitesBySource(const testing::TempDir& dir) {
   Scenario s;
   s.data_dir = WriteSources(dir);
   s.tokenizer = testing::CharBpeTokenizer();
@@ -148,6 +148,12 @@ TEST(InstructionSimulation, SitesByFieldLearnAndReproduce) {
   s.task().set_optimizer("adamw");
   s.task().set_learning_rate(3e-3f);
   s.task().set_seed(5);
+  return s;
+}
+
+TEST(InstructionSimulation, SitesByFieldLearnAndReproduce) {
+  testing::TempDir dir;
+  const Scenario s = SitesBySource(dir);
   auto first = RunInproc(s, nullptr);
   ASSERT_TRUE(first.ok()) << first.status().ToString();
   auto second = RunInproc(s, nullptr);
@@ -161,6 +167,35 @@ TEST(InstructionSimulation, SitesByFieldLearnAndReproduce) {
   EXPECT_LT(first->rounds[0].test_loss, 5.0);
   EXPECT_LT(first->rounds[1].test_loss, first->rounds[0].test_loss);
   EXPECT_LT(first->rounds[2].test_loss, first->rounds[1].test_loss);
+}
+
+// The same federation with its sites on a GPU, whose engine skips the -100
+// targets: fp32 follows the CPU run, bf16 (which the CPU backend refuses,
+// so it ran on the GPU) within its precision.
+TEST(InstructionSimulation, CudaSitesFollowTheCpuRun) {
+  if (auto usable = client::ParseCompute("cuda", "fp32"); !usable.ok()) {
+    GTEST_SKIP() << usable.status().message();
+  }
+  testing::TempDir dir;
+  const Scenario s = SitesBySource(dir);
+  auto cpu = RunInproc(s, nullptr);
+  ASSERT_TRUE(cpu.ok()) << cpu.status().ToString();
+  for (const char* precision : {"fp32", "bf16"}) {
+    Scenario gpu = s;
+    gpu.device = "cuda";
+    gpu.precision = precision;
+    auto run = RunInproc(gpu, nullptr);
+    ASSERT_TRUE(run.ok()) << precision << ": " << run.status().ToString();
+    ASSERT_EQ(run->rounds.size(), cpu->rounds.size());
+    const double tolerance = std::string(precision) == "fp32" ? 1e-3 : 2e-2;
+    for (size_t r = 0; r < cpu->rounds.size(); ++r) {
+      EXPECT_NEAR(run->rounds[r].test_loss, cpu->rounds[r].test_loss, tolerance * cpu->rounds[r].test_loss)
+          << precision << " round " << r + 1;
+    }
+    if (std::string(precision) == "bf16") {
+      EXPECT_NE(run->rounds.back().global_checksum, cpu->rounds.back().global_checksum);
+    }
+  }
 }
 
 }  // namespace
