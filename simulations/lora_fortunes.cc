@@ -5,14 +5,13 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <set>
 
 #include "base/split.h"
 #include "client/site.h"
-#include "models/checkpoint.h"
 #include "models/language_model.h"
 #include "models/lora_federation.h"
 #include "models/text_corpus.h"
+#include "simulations/fortunes_base.h"
 #include "simulations/runner.h"
 
 namespace estuary::simulations {
@@ -40,12 +39,6 @@ Result<std::vector<float>> Adapted(const models::LoraGlobalLayout& layout, std::
   return merged;
 }
 
-// An epoch count large enough that `steps` batches fit: the step cap ends the round.
-uint32_t EpochsFor(uint64_t steps, uint64_t windows, uint32_t batch) {
-  const uint64_t per_epoch = std::max<uint64_t>(1, (windows + batch - 1) / batch);
-  return uint32_t(std::min<uint64_t>(1000, steps / per_epoch + 1));
-}
-
 }  // namespace
 
 Result<LoraFortunesReport> RunLoraFortunes(const LoraFortunesOptions& o, const LoraFortunesProgress& progress) {
@@ -60,79 +53,31 @@ Result<LoraFortunesReport> RunLoraFortunes(const LoraFortunesOptions& o, const L
                     {"lr", o.lr},                  {"rank", o.rank},             {"alpha", o.alpha},
                     {"targets", o.targets},        {"merges", o.merges},         {"seed", o.seed},
                     {"base_model", o.base_model.string()}, {"lora_base_dtype", o.lora_base_dtype}};
-  ESTUARY_ASSIGN_OR_RETURN(const models::LlamaConfig config, models::LlamaPreset(o.model));
-  if (config.vocab_size != models::ByteTokenizer::kVocabSize) {
-    return InvalidArgument("lora-fortunes: {} is not a byte-level model", o.model);
-  }
-  // The split the simulator's text workload makes (runner.cc), so the sites
-  // below train on exactly these train streams.
-  ESTUARY_ASSIGN_OR_RETURN(auto sources, models::LoadFortunes(o.data_dir, {.test_fraction = 0.1,
-                                                                           .seed = o.seed,
-                                                                           .min_tokens = o.seq_len + 1}));
   const std::vector<std::string> topics = SplitCommas(o.topics);
-  const std::set<std::string> held(topics.begin(), topics.end());
-  if (held.size() != topics.size() || topics.empty()) {
-    return InvalidArgument("lora-fortunes: --topics '{}' must name distinct topics", o.topics);
-  }
-  std::vector<int32_t> pretrain;
-  std::map<std::string, const models::TextSource*> by_name;
-  for (const auto& source : sources) {
-    by_name[source.name] = &source;
-    if (!held.contains(source.name)) pretrain.insert(pretrain.end(), source.train.begin(), source.train.end());
-  }
-  for (const auto& topic : topics) {
-    if (!by_name.contains(topic)) {
-      return InvalidArgument("lora-fortunes: {} has no topic '{}' with enough text", o.data_dir.string(), topic);
-    }
-  }
-  if (o.base_model.empty() && pretrain.size() < size_t(o.seq_len + 1)) {
-    return InvalidArgument("lora-fortunes: the topics outside --topics hold {} tokens: nothing to pretrain on",
-                           pretrain.size());
-  }
-  std::error_code ec;
-  fs::create_directories(o.workdir, ec);
-  if (ec) return IoError("lora-fortunes: {}: {}", o.workdir.string(), ec.message());
-  ESTUARY_ASSIGN_OR_RETURN(models::InitialWeights initial, models::InitialModel(o.model, o.seed));
-  v1::TaskConfig pretraining = aggregation::DefaultFederation().task();
-  pretraining.clear_lora();
-  pretraining.set_model(o.model);
-  pretraining.set_batch_size(o.batch);
-  pretraining.set_seq_len(o.seq_len);
-  pretraining.set_seed(o.seed);
-  pretraining.set_optimizer("adamw");
-  std::vector<float> base;
-  fs::path base_path = o.base_model;
-  report.full_bytes_per_update = initial.values.size() * sizeof(float);
-  if (!o.base_model.empty()) {
-    ESTUARY_ASSIGN_OR_RETURN(base, models::LoadBaseWeights(o.base_model, config));
-    say(fmt::format("base loaded from {}", o.base_model.string()));
-  } else {
-    // 1. The base: the preset from the seed, trained centrally by the trainer a site runs.
-    report.pretrain_tokens = pretrain.size();
-    say(fmt::format("pretraining {} on {} bytes of the other topics for {} steps", o.model, pretrain.size(),
-                    o.pretrain_steps));
-    pretraining.set_learning_rate(o.pretrain_lr);
-    pretraining.set_max_local_steps(o.pretrain_steps);
-    pretraining.set_epochs(EpochsFor(o.pretrain_steps, (pretrain.size() - 1) / o.seq_len, o.batch));
-    const size_t pretrain_tokens = pretrain.size();
-    ESTUARY_ASSIGN_OR_RETURN(
-        auto pretrainer, client::MakeLocalSite({.text = std::make_shared<const std::vector<int32_t>>(std::move(pretrain))}, {}));
-    ESTUARY_ASSIGN_OR_RETURN(client::Update pretrained,
-                             pretrainer->Train(initial.values, initial.manifest, pretraining, 0, "pretraining"));
-    base = initial.values;
-    for (size_t i = 0; i < base.size(); ++i) base[i] += pretrained.payload[i];
-    report.pretrain_loss = pretrained.train_loss;
-    base_path = o.workdir / "base.safetensors";
-    ESTUARY_RETURN_IF_ERROR(models::SaveCheckpoint(
-        base_path, initial.manifest, base,
-        {{"model", o.model}, {"pretrain_tokens", std::to_string(pretrain_tokens)},
-         {"pretrain_steps", std::to_string(o.pretrain_steps)}}));
-    say(fmt::format("base saved to {} (train loss {:.3f} nats/byte)", base_path.string(), pretrained.train_loss));
-  }
+  // 1. The base.
+  ESTUARY_ASSIGN_OR_RETURN(const FortunesBase made, MakeFortunesBase({.data_dir = o.data_dir,
+                                                                      .site_topics = topics,
+                                                                      .model = o.model,
+                                                                      .seq_len = o.seq_len,
+                                                                      .batch = o.batch,
+                                                                      .pretrain_steps = o.pretrain_steps,
+                                                                      .pretrain_lr = o.pretrain_lr,
+                                                                      .seed = o.seed,
+                                                                      .workdir = o.workdir,
+                                                                      .base_model = o.base_model,
+                                                                      .study = "lora-fortunes"},
+                                                                     say));
+  const models::LlamaConfig& config = made.config;
+  const std::vector<float>& base = made.weights;
+  const fs::path& base_path = made.path;
+  report.pretrain_tokens = made.pretrain_tokens;
+  report.pretrain_loss = made.pretrain_loss;
+  report.full_bytes_per_update = made.initial.values.size() * sizeof(float);
+  auto by_name = [&](const std::string& topic) { return &made.Topic(topic); };
 
   ESTUARY_ASSIGN_OR_RETURN(models::Llama scorer, models::Llama::Create(config, 8));
   for (const auto& topic : topics) {
-    const models::TextSource& source = *by_name.at(topic);
+    const models::TextSource& source = *by_name(topic);
     LoraFortunesSite site;
     site.topic = topic;
     site.train_tokens = source.train.size();
@@ -167,7 +112,7 @@ Result<LoraFortunesReport> RunLoraFortunes(const LoraFortunesOptions& o, const L
   task.set_seed(o.seed);
   s.threads = o.threads;
   uint64_t fewest_windows = UINT64_MAX;
-  for (const auto& topic : topics) fewest_windows = std::min<uint64_t>(fewest_windows, (by_name.at(topic)->train.size() - 1) / o.seq_len);
+  for (const auto& topic : topics) fewest_windows = std::min<uint64_t>(fewest_windows, (by_name(topic)->train.size() - 1) / o.seq_len);
   task.set_epochs(EpochsFor(o.local_steps, fewest_windows, o.batch));
   ESTUARY_ASSIGN_OR_RETURN(const aggregation::LoraStrategyOptions lora_options, aggregation::LoraOptionsOf(task));
   const models::LoraGlobalLayout& layout = lora_options.layout;
@@ -185,7 +130,7 @@ Result<LoraFortunesReport> RunLoraFortunes(const LoraFortunesOptions& o, const L
                            .seconds = run.total_seconds});
     ESTUARY_ASSIGN_OR_RETURN(const std::vector<float> adapted, Adapted(layout, global, o.alpha));
     for (auto& site : report.sites) {
-      ESTUARY_ASSIGN_OR_RETURN(site.ppl[merge], Perplexity(scorer, adapted, by_name.at(site.topic)->test, int(o.seq_len)));
+      ESTUARY_ASSIGN_OR_RETURN(site.ppl[merge], Perplexity(scorer, adapted, by_name(site.topic)->test, int(o.seq_len)));
     }
     if (merge == "exact") {
       // The federation's adapter as PEFT saves it, beside the base it adapts.
@@ -200,7 +145,7 @@ Result<LoraFortunesReport> RunLoraFortunes(const LoraFortunesOptions& o, const L
   // 3. Centralised LoRA on the pooled train text, the same number of steps.
   std::vector<int32_t> pooled;
   for (const auto& topic : topics) {
-    const auto& train = by_name.at(topic)->train;
+    const auto& train = by_name(topic)->train;
     pooled.insert(pooled.end(), train.begin(), train.end());
   }
   report.central_steps = uint64_t(o.rounds) * topics.size() * o.local_steps;
@@ -218,7 +163,7 @@ Result<LoraFortunesReport> RunLoraFortunes(const LoraFortunesOptions& o, const L
   ESTUARY_RETURN_IF_ERROR(models::AddLoraToBase(layout.base, central_model, adapter.manifest, adapter.payload, o.alpha));
   for (auto& site : report.sites) {
     ESTUARY_ASSIGN_OR_RETURN(site.ppl["central"],
-                             Perplexity(scorer, central_model, by_name.at(site.topic)->test, int(o.seq_len)));
+                             Perplexity(scorer, central_model, by_name(site.topic)->test, int(o.seq_len)));
   }
   report.total_seconds = Since(start);
   return report;

@@ -16,6 +16,7 @@
 #include "base/memory.h"
 #include "models/checkpoint.h"
 #include "proto/frame.h"
+#include "simulations/instruct_fortunes.h"
 #include "simulations/lora_fortunes.h"
 #include "simulations/runner.h"
 
@@ -37,6 +38,14 @@ void DrawProgress(uint64_t done, uint64_t total, double accuracy) {
                std::string(kWidth - filled, '.').c_str(), (unsigned long long)done, (unsigned long long)total, accuracy);
   if (done == total) std::fprintf(stderr, "\n");
   std::fflush(stderr);
+}
+
+Status WriteJsonReport(const std::string& path, const nlohmann::json& json) {
+  if (const auto parent = std::filesystem::path(path).parent_path(); !parent.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(parent, ec);
+  }
+  return WriteFileAtomically(path, json.dump(2) + "\n");
 }
 
 // --scenario lora-fortunes: the flags it shares with a plain run keep their
@@ -69,17 +78,51 @@ int RunLoraFortunesScenario(const CLI::App& app, const simulations::Scenario& s,
   };
   auto report = simulations::RunLoraFortunes(lf, progress);
   if (!report.ok()) return Fail(report.status());
-  const std::string json = simulations::ToJson(*report).dump(2) + "\n";
-  if (const auto parent = std::filesystem::path(report_path).parent_path(); !parent.empty()) {
-    std::error_code ec;
-    std::filesystem::create_directories(parent, ec);
-  }
-  if (Status st = WriteFileAtomically(report_path, json); !st.ok()) return Fail(st);
+  if (Status st = WriteJsonReport(report_path, simulations::ToJson(*report)); !st.ok()) return Fail(st);
   std::printf("%s\nheld-out perplexity per byte; %llu pretraining bytes (0: --base-model), %u rounds x %zu sites x %u steps = %llu "
               "centralised steps; %.1f s\nreport: %s\n",
               simulations::RenderLoraFortunes(*report).c_str(), (unsigned long long)report->pretrain_tokens, lf.rounds,
               report->sites.size(), lf.local_steps, (unsigned long long)report->central_steps, report->total_seconds,
               report_path.c_str());
+  return 0;
+}
+
+// --scenario instruct-fortunes: as lora-fortunes, plus --template and
+// --lora-merge (one rule).
+int RunInstructFortunesScenario(const CLI::App& app, const simulations::Scenario& s,
+                                const simulations::LoraFortunesOptions& lf, const std::string& report_path, bool quiet) {
+  auto given = [&](const char* flag) { return app.get_option(flag)->count() > 0; };
+  simulations::InstructFortunesOptions o;
+  const v1::TaskConfig& task = s.task();
+  if (given("--data")) o.data_dir = s.data_dir;
+  if (given("--topics")) o.topics = s.topics;
+  if (given("--model")) o.model = task.model();
+  if (given("--rounds")) o.rounds = uint32_t(s.rounds);
+  if (given("--batch")) o.batch = task.batch_size();
+  if (given("--seq-len")) o.seq_len = task.seq_len();
+  if (given("--lr")) o.lr = task.learning_rate();
+  if (given("--lora-rank")) o.rank = task.lora().rank();
+  if (given("--lora-alpha")) o.alpha = task.lora().alpha();
+  if (given("--lora-targets")) o.targets = fmt::format("{}", fmt::join(task.lora().target_modules(), ","));
+  if (given("--lora-merge")) o.merge = task.lora().merge();
+  if (given("--template")) o.prompt_template = task.prompt_template();
+  if (given("--eval-windows")) o.eval_windows = s.federation.eval_windows();
+  if (given("--workdir")) o.workdir = s.workdir;
+  if (given("--base-model")) o.base_model = s.federation.base_model();
+  if (given("--pretrain-steps")) o.pretrain_steps = lf.pretrain_steps;
+  if (given("--local-steps")) o.local_steps = lf.local_steps;
+  o.seed = task.seed();
+  o.threads = s.threads;
+  auto progress = [&](const std::string& what) {
+    if (!quiet) std::fprintf(stderr, "instruct-fortunes: %s\n", what.c_str());
+  };
+  auto report = simulations::RunInstructFortunes(o, progress);
+  if (!report.ok()) return Fail(report.status());
+  if (Status st = WriteJsonReport(report_path, simulations::ToJson(*report)); !st.ok()) return Fail(st);
+  std::printf("%s\nheld-out response loss (nats per scored token); %u rounds x %zu sites x %u steps; %.1f s\n"
+              "report: %s\n",
+              simulations::RenderInstructFortunes(*report).c_str(), o.rounds, report->sites.size(), o.local_steps,
+              report->total_seconds, report_path.c_str());
   return 0;
 }
 
@@ -100,9 +143,11 @@ int main(int argc, char** argv) {
   app.add_option("--config", config, "TOML file with the same keys as these flags");
   app.add_option("--scenario", scenario,
                  "a built-in study instead of one run: lora-fortunes (pretrain a base on some fortunes topics, "
-                 "then LoRA-federate the others under naive, exact and frozen-a, against centralised LoRA)");
-  app.add_option("--pretrain-steps", lf.pretrain_steps, "lora-fortunes: central pretraining steps of the base");
-  app.add_option("--local-steps", lf.local_steps, "lora-fortunes: local steps per site per round");
+                 "then LoRA-federate the others under naive, exact and frozen-a, against centralised LoRA); "
+                 "instruct-fortunes (the same base, then LoRA instruction tuning of sites whose prompts are built "
+                 "from the other topics, against each site alone)");
+  app.add_option("--pretrain-steps", lf.pretrain_steps, "scenarios: central pretraining steps of the base");
+  app.add_option("--local-steps", lf.local_steps, "scenarios: local steps per site per round");
   app.add_option("--clients", s.clients, "number of clients");
   app.add_option("--sites", s.clients,
                  "instruction data (--data FILE.jsonl): number of sites, as --clients (--partition-by FIELD: "
@@ -151,8 +196,9 @@ int main(int argc, char** argv) {
   }
   StartLogging("estuary-sim", log_level);
   if (!scenario.empty()) {
-    if (scenario != "lora-fortunes") return Fail(InvalidArgument("--scenario '{}': expected lora-fortunes", scenario));
-    return RunLoraFortunesScenario(app, s, lf, report_path, quiet);
+    if (scenario == "lora-fortunes") return RunLoraFortunesScenario(app, s, lf, report_path, quiet);
+    if (scenario == "instruct-fortunes") return RunInstructFortunesScenario(app, s, lf, report_path, quiet);
+    return Fail(InvalidArgument("--scenario '{}': expected lora-fortunes or instruct-fortunes", scenario));
   }
   if (s.mode != "inproc" && s.mode != "loopback") {
     return Fail(InvalidArgument("--mode '{}': expected inproc or loopback", s.mode));

@@ -20,6 +20,7 @@
 #include "models/text_corpus.h"
 #include "simulations/lora_fortunes.h"
 #include "simulations/runner.h"
+#include "tests/simulations/text_topics.h"
 #include "tests/e2e/harness.h"
 
 namespace estuary::simulations {
@@ -158,21 +159,6 @@ TEST(Simulation, LoopbackIssuesCertificatesOfTheWrongRoleAnew) {
 
 namespace estuary::simulations {
 namespace {
-
-// Three topics of distinct, learnable text: each client holds one.
-std::filesystem::path WriteTopics(const testing::TempDir& dir) {
-  const auto root = dir / "fortunes";
-  std::filesystem::create_directories(root);
-  const char* lines[] = {"the cat sat on the mat and the cat was happy",
-                         "one two three four five six seven eight nine ten",
-                         "to be or not to be that is the question"};
-  const char* names[] = {"cats", "numbers", "plays"};
-  for (int t = 0; t < 3; ++t) {
-    std::ofstream out(root / names[t]);
-    for (int i = 0; i < 120; ++i) out << lines[t] << " " << i % 7 << "\n%\n";
-  }
-  return root;
-}
 
 Scenario Text(const std::filesystem::path& data) {
   Scenario s;
