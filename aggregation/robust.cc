@@ -6,20 +6,37 @@
 
 namespace estuary::aggregation {
 
-Status InMemoryUpdates::Add(std::span<const float> values) {
+Status KeptUpdates::Add(std::span<const float> values) {
   if (values.size() != size_) {
     return InvalidArgument("robust: update has {} values, expected {}", values.size(), size_);
   }
-  values_.insert(values_.end(), values.begin(), values.end());
+  auto copy = std::make_shared<const std::vector<float>>(values.begin(), values.end());
+  const std::span<const float> view(*copy);
+  kept_.push_back({std::move(copy), view, true});
   return Status::Ok();
 }
 
-Status InMemoryUpdates::Read(size_t update, size_t offset, std::span<float> out) const {
+Status KeptUpdates::Keep(std::shared_ptr<const void> owner, std::span<const float> values) {
+  if (values.size() != size_) {
+    return InvalidArgument("robust: update has {} values, expected {}", values.size(), size_);
+  }
+  if (!owner) return InvalidArgument("robust: a kept update needs an owner");
+  kept_.push_back({std::move(owner), values, false});
+  return Status::Ok();
+}
+
+size_t KeptUpdates::copied_floats() const {
+  size_t n = 0;
+  for (const Kept& k : kept_) n += k.copied ? k.values.size() : 0;
+  return n;
+}
+
+Status KeptUpdates::Read(size_t update, size_t offset, std::span<float> out) const {
   if (update >= count()) return InvalidArgument("robust: update {} of {}", update, count());
   if (offset > size_ || out.size() > size_ - offset) {
     return InvalidArgument("robust: values [{}, {}) outside an update of {}", offset, offset + out.size(), size_);
   }
-  std::copy_n(values_.begin() + ptrdiff_t(update * size_ + offset), out.size(), out.begin());
+  std::copy_n(kept_[update].values.begin() + ptrdiff_t(offset), out.size(), out.begin());
   return Status::Ok();
 }
 

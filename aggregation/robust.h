@@ -21,6 +21,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <vector>
 
@@ -39,21 +40,31 @@ class UpdateSource {
   virtual Status Read(size_t update, size_t offset, std::span<float> out) const = 0;
 };
 
-// Updates held in memory (count × size floats).
-class InMemoryUpdates final : public UpdateSource {
+// A round's updates, kept until its rule runs: each either a copy (Add) or
+// a view of memory someone else owns (Keep: the server's staged update, a
+// file it mapped), held alive by a shared owner until Clear or destruction.
+class KeptUpdates final : public UpdateSource {
  public:
-  explicit InMemoryUpdates(size_t size) : size_(size) {}
+  explicit KeptUpdates(size_t size) : size_(size) {}
   // Fails, adding nothing, unless values.size() == size().
   Status Add(std::span<const float> values);
-  void Clear() { values_.clear(); }
+  Status Keep(std::shared_ptr<const void> owner, std::span<const float> values);
+  void Clear() { kept_.clear(); }
 
   size_t size() const override { return size_; }
-  size_t count() const override { return size_ == 0 ? 0 : values_.size() / size_; }
+  size_t count() const override { return kept_.size(); }
   Status Read(size_t update, size_t offset, std::span<float> out) const override;
+  // Floats copied by Add (what the kept updates take of the heap).
+  size_t copied_floats() const;
 
  private:
+  struct Kept {
+    std::shared_ptr<const void> owner;
+    std::span<const float> values;
+    bool copied = false;
+  };
   size_t size_;
-  std::vector<float> values_;  // update i at [i·size, (i+1)·size)
+  std::vector<Kept> kept_;
 };
 
 inline constexpr size_t kDefaultBlock = 1 << 16;

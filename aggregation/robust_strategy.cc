@@ -24,6 +24,17 @@ Status RobustStrategy::Begin(uint64_t round, std::span<const float> global) {
 }
 
 Status RobustStrategy::Fold(std::span<const float> delta, double weight) {
+  ESTUARY_RETURN_IF_ERROR(Check(delta, weight));
+  return updates_->Add(delta);
+}
+
+Status RobustStrategy::FoldShared(std::string_view client, const Manifest& layout, std::shared_ptr<const void> owner,
+                                  std::span<const float> values, double weight) {
+  ESTUARY_RETURN_IF_ERROR(Check(values, weight));
+  return updates_->Keep(std::move(owner), values);
+}
+
+Status RobustStrategy::Check(std::span<const float> delta, double weight) const {
   if (!updates_) return FailedPrecondition("aggregation: {}: Fold outside a round (call Begin)", name());
   if (delta.size() != start_.size()) {
     return InvalidArgument("aggregation: delta has {} values but the model has {} (round {}, {})", delta.size(),
@@ -35,7 +46,7 @@ Status RobustStrategy::Fold(std::span<const float> delta, double weight) {
   if (size_t bad = FirstNonFinite(delta); bad != delta.size()) {
     return InvalidArgument("aggregation: delta[{}] is {} (round {}, {})", bad, delta[bad], round_, name());
   }
-  return updates_->Add(delta);
+  return Status::Ok();
 }
 
 Status RobustStrategy::Finish(std::span<float> global) {

@@ -54,6 +54,14 @@ class Strategy {
                             double weight) {
     return Fold(values, weight);
   }
+  // The same for an update whose memory `owner` keeps alive (the server's
+  // staged update): a strategy that must hold every update until Finish (a
+  // robust rule) keeps `owner` and reads `values` there instead of copying
+  // them; any other strategy folds it as FoldUpdate does and keeps nothing.
+  virtual Status FoldShared(std::string_view client, const Manifest& layout, std::shared_ptr<const void> owner,
+                            std::span<const float> values, double weight) {
+    return FoldUpdate(client, layout, values, weight);
+  }
   // Number of updates folded since Begin.
   virtual uint64_t folded() const = 0;
   // Writes the new global model into `global` (the same span given to Begin,

@@ -46,11 +46,24 @@ Status Aggregator::Begin(uint64_t round, std::span<const float> global, uint64_t
   return strategy_->Begin(round, global);
 }
 
-Result<std::string> Aggregator::Fold(std::string_view client, const Manifest& layout, std::span<const float> values,
-                                     uint64_t examples) {
-  ESTUARY_ASSIGN_OR_RETURN(const aggregation::UpdateBound::Admitted admitted, bound_.Admit(values, examples));
-  ESTUARY_RETURN_IF_ERROR(strategy_->FoldUpdate(client, layout, admitted.values(), double(examples)));
-  return admitted.note();
+namespace {
+
+// An update as the bound admitted it, with what keeps its values alive: the
+// staged update, or (scaled to the bound) the Admitted's own copy.
+struct AdmittedUpdate {
+  std::shared_ptr<const void> staged;
+  aggregation::UpdateBound::Admitted admitted;
+};
+
+}  // namespace
+
+Result<std::string> Aggregator::Fold(std::string_view client, const Manifest& layout, std::shared_ptr<const void> owner,
+                                     std::span<const float> values, uint64_t examples) {
+  ESTUARY_ASSIGN_OR_RETURN(aggregation::UpdateBound::Admitted admitted, bound_.Admit(values, examples));
+  if (admitted.scale() != 1) owner.reset();  // the values are the Admitted's scaled copy now
+  auto held = std::make_shared<const AdmittedUpdate>(AdmittedUpdate{std::move(owner), std::move(admitted)});
+  ESTUARY_RETURN_IF_ERROR(strategy_->FoldShared(client, layout, held, held->admitted.values(), double(examples)));
+  return held->admitted.note();
 }
 
 Aggregator::Finished Aggregator::Finish(uint64_t round, const GlobalModel& previous) {

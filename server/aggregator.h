@@ -60,9 +60,11 @@ class Aggregator {
   Status Begin(uint64_t round, std::span<const float> global, uint64_t sampled);
   // Folds one update of `examples` examples, as the bound admits it. Returns
   // what the bound did to it ("norm ... scaled down to the bound ..."), or
-  // empty; an error when it was refused, the strategy untouched.
-  Result<std::string> Fold(std::string_view client, const Manifest& layout, std::span<const float> values,
-                           uint64_t examples);
+  // empty; an error when it was refused, the strategy untouched. `owner`
+  // keeps `values` alive: a strategy that holds updates until Finish (a
+  // robust rule) keeps it instead of copying them (Strategy::FoldShared).
+  Result<std::string> Fold(std::string_view client, const Manifest& layout, std::shared_ptr<const void> owner,
+                           std::span<const float> values, uint64_t examples);
   Finished Finish(uint64_t round, const GlobalModel& previous);
   // After the round log committed `round`: Checkpointer::MarkCommitted.
   Status MarkCommitted(uint64_t round) { return checkpointer_.MarkCommitted(round); }

@@ -1,6 +1,5 @@
 #include "server/config.h"
 
-#include "aggregation/robust_strategy.h"
 
 namespace estuary::server {
 
@@ -34,14 +33,6 @@ Status ServerConfig::Finalize() {
   if (frame_memory_bytes < max_frame_bytes) {
     return InvalidArgument("config: frame_memory = {}: must hold one frame of max_frame = {}", frame_memory_bytes,
                            max_frame_bytes);
-  }
-  if (aggregation::IsRobustStrategy(federation.strategy().name())) {
-    // A robust rule needs all of a round's updates at Finish; the server hands
-    // each to the strategy as it arrives and would have to keep them all in
-    // memory. Handing the rule the staged update files is the next step.
-    return InvalidArgument("config: strategy = {} runs in estuary-sim only for now: the server folds updates as "
-                           "they arrive",
-                           federation.strategy().name());
   }
   return aggregation::CheckFederation(federation);
 }

@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "aggregation/robust_strategy.h"
 #include "aggregation/sampling.h"
 #include "crypto/sha256.h"
 #include "proto/frame.h"
@@ -24,7 +25,11 @@ Coordinator::Coordinator(const ServerConfig& config, Store& store, Clock& clock,
       deadline_(clock.MakeTimer()),
       retry_(clock.MakeTimer()),
       distribution_(clock, std::chrono::milliseconds(int64_t(config.download_slot_timeout_s * 1000))),
-      slots_(config.staging_slots, config.staging_memory_bytes, config.spill_dir) {}
+      // A robust rule keeps a round's staged updates until it commits: on
+      // disk, mapped, rather than in memory.
+      slots_(config.staging_slots,
+             aggregation::IsRobustStrategy(config.federation.strategy().name()) ? 0 : config.staging_memory_bytes,
+             config.spill_dir) {}
 
 Coordinator::~Coordinator() = default;
 
@@ -284,7 +289,7 @@ void Coordinator::OnUpdateCommit(const std::shared_ptr<ClientSession>& session, 
   ++folds_in_flight_;
   asio::post(worker_, [this, staged, examples = p.begin.num_examples(), name, layout = p.layout] {
     const auto start = std::chrono::steady_clock::now();
-    Result<std::string> folded = aggregator_->Fold(name, layout, staged->values(), examples);
+    Result<std::string> folded = aggregator_->Fold(name, layout, staged, staged->values(), examples);
     if (metrics_ && folded.ok()) {
       metrics_->Folded(staged->values().size() * sizeof(float),
                        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());

@@ -142,7 +142,7 @@ TEST(Federation, AFileWithANumberThatIsNotFiniteIsRefusedNamingTheField) {
   // Once (fuzzing): `beta1: -nan` under fedavg, which never reads beta1, was
   // accepted and written back as `nan`, a different federation.
   TempDir dir;
-  for (const std::string& value : {"-nan", "nan", "inf", "-inf"}) {
+  for (const std::string value : {"-nan", "nan", "inf", "-inf"}) {
     WriteText(dir.path() / "nan.txtpb", "strategy {\n  name: \"fedavg\"\n  beta1: " + value + "\n}\n");
     auto read = ReadFederationFile(dir.path() / "nan.txtpb");
     ASSERT_FALSE(read.ok()) << value;

@@ -73,8 +73,8 @@ std::vector<Case> LoadOrFail() {
   return cases;
 }
 
-InMemoryUpdates SourceOf(const Case& c) {
-  InMemoryUpdates source(c.d);
+KeptUpdates SourceOf(const Case& c) {
+  KeptUpdates source(c.d);
   for (const auto& u : c.updates) EXPECT_TRUE(source.Add(u).ok());
   return source;
 }
@@ -92,7 +92,7 @@ constexpr size_t kBlocks[] = {kDefaultBlock, 7};
 
 TEST(RobustOracleTest, MedianAndTrimmedMeanMatchNumpyExactly) {
   for (const Case& c : LoadOrFail()) {
-    const InMemoryUpdates source = SourceOf(c);
+    const KeptUpdates source = SourceOf(c);
     for (size_t block : kBlocks) {
       std::vector<float> out(c.d);
       ASSERT_TRUE(CoordinateMedian(source, out, block).ok());
@@ -105,7 +105,7 @@ TEST(RobustOracleTest, MedianAndTrimmedMeanMatchNumpyExactly) {
 
 TEST(RobustOracleTest, KrumScoresSelectionAndMultiKrumMatchNumpy) {
   for (const Case& c : LoadOrFail()) {
-    const InMemoryUpdates source = SourceOf(c);
+    const KeptUpdates source = SourceOf(c);
     for (size_t block : kBlocks) {
       auto distances = PairwiseSquaredDistances(source, block);
       ASSERT_TRUE(distances.ok());
@@ -129,7 +129,7 @@ TEST(RobustOracleTest, KrumScoresSelectionAndMultiKrumMatchNumpy) {
 
 TEST(RobustOracleTest, BulyanMatchesNumpy) {
   for (const Case& c : LoadOrFail()) {
-    const InMemoryUpdates source = SourceOf(c);
+    const KeptUpdates source = SourceOf(c);
     for (size_t block : kBlocks) {
       std::vector<float> out(c.d);
       auto selected = Bulyan(source, c.f, out, block);

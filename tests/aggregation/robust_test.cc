@@ -16,8 +16,8 @@
 namespace estuary::aggregation {
 namespace {
 
-InMemoryUpdates Updates(const std::vector<std::vector<float>>& rows) {
-  InMemoryUpdates source(rows.at(0).size());
+KeptUpdates Updates(const std::vector<std::vector<float>>& rows) {
+  KeptUpdates source(rows.at(0).size());
   for (const auto& row : rows) EXPECT_TRUE(source.Add(row).ok());
   return source;
 }
@@ -32,7 +32,7 @@ TEST(RobustRules, TheMedianOfThreeIgnoresOneOutlierAndAnEvenCountAveragesTheMidd
 
 TEST(RobustRules, TheTrimmedMeanDropsFloorBetaNFromEachEnd) {
   // n = 5, β = 0.2: one dropped from each end per coordinate.
-  const InMemoryUpdates five = Updates({{1}, {2}, {3}, {4}, {-1000}});
+  const KeptUpdates five = Updates({{1}, {2}, {3}, {4}, {-1000}});
   std::vector<float> out(1);
   ASSERT_TRUE(TrimmedMean(five, 0.2, out).ok());
   EXPECT_FLOAT_EQ(out[0], 2.0f);  // (1 + 2 + 3) / 3
@@ -60,7 +60,7 @@ TEST(RobustRules, KrumNeverPicksAnInjectedFarAwayUpdate) {
     for (size_t i = 0; i < rows.size(); ++i) {
       for (float& v : rows[i]) v = 1 + noise(rng) + (i == bad1 ? 30.0f : i == bad2 ? -7.0f : 0.0f);
     }
-    const InMemoryUpdates source = Updates(rows);
+    const KeptUpdates source = Updates(rows);
     auto krum = KrumSelect(source, 2, 1);
     ASSERT_TRUE(krum.ok()) << krum.status().ToString();
     EXPECT_NE((*krum)[0], bad1);
@@ -76,7 +76,7 @@ TEST(RobustRules, KrumNeverPicksAnInjectedFarAwayUpdate) {
 }
 
 TEST(RobustRules, EachRequirementIsOneLineNamingNAndF) {
-  const InMemoryUpdates six = Updates({{0}, {1}, {2}, {3}, {4}, {5}});
+  const KeptUpdates six = Updates({{0}, {1}, {2}, {3}, {4}, {5}});
   std::vector<float> out(1);
   auto krum = KrumSelect(six, 2, 1);
   ASSERT_FALSE(krum.ok());
@@ -92,19 +92,37 @@ TEST(RobustRules, EachRequirementIsOneLineNamingNAndF) {
   std::vector<float> wrong(2);
   EXPECT_NE(CoordinateMedian(six, wrong).message().find("output has 2 values but the updates have 1"),
             std::string::npos);
-  EXPECT_FALSE(CoordinateMedian(InMemoryUpdates(1), out).ok()) << "no updates";
+  EXPECT_FALSE(CoordinateMedian(KeptUpdates(1), out).ok()) << "no updates";
 }
 
 TEST(RobustRules, AnUpdateSourceRefusesReadsOutsideIt) {
-  const InMemoryUpdates two = Updates({{1, 2, 3}, {4, 5, 6}});
+  const KeptUpdates two = Updates({{1, 2, 3}, {4, 5, 6}});
   std::vector<float> out(2);
   ASSERT_TRUE(two.Read(1, 1, out).ok());
   EXPECT_EQ(out, (std::vector<float>{5, 6}));
   EXPECT_FALSE(two.Read(2, 0, out).ok());
   EXPECT_FALSE(two.Read(0, 2, out).ok());
-  InMemoryUpdates three(3);
+  KeptUpdates three(3);
   EXPECT_FALSE(three.Add(std::vector<float>{1, 2}).ok());
   EXPECT_EQ(three.count(), 0u);
+}
+
+// Keep holds a view and its owner, copying nothing; Add copies.
+TEST(RobustRules, KeptUpdatesHoldViewsTheirOwnersKeepAlive) {
+  auto staged = std::make_shared<std::vector<float>>(std::vector<float>{7, 8, 9});
+  KeptUpdates kept(3);
+  ASSERT_TRUE(kept.Keep(staged, *staged).ok());
+  ASSERT_TRUE(kept.Add(std::vector<float>{1, 2, 3}).ok());
+  EXPECT_EQ(staged.use_count(), 2);
+  EXPECT_EQ(kept.copied_floats(), 3u);
+  (*staged)[1] = 80;  // a view: the kept update reads the owner's memory
+  std::vector<float> out(3);
+  ASSERT_TRUE(kept.Read(0, 0, out).ok());
+  EXPECT_EQ(out, (std::vector<float>{7, 80, 9}));
+  EXPECT_FALSE(kept.Keep(nullptr, *staged).ok()) << "no owner";
+  EXPECT_FALSE(kept.Keep(staged, std::span<const float>(*staged).first(2)).ok()) << "wrong size";
+  kept.Clear();
+  EXPECT_EQ(staged.use_count(), 1);
 }
 
 StrategyOptions Robust(const std::string& name) {

@@ -27,6 +27,13 @@ std::string Checksum(const std::vector<float>& values) {
   return crypto::Sha256Hex(values.data(), values.size() * sizeof(float));
 }
 
+// Folds a copy of `values`, which the aggregator's strategy may keep.
+Result<std::string> Fold(Aggregator& aggregator, std::string_view client, std::vector<float> values,
+                         uint64_t examples) {
+  auto owned = std::make_shared<const std::vector<float>>(std::move(values));
+  return aggregator.Fold(client, Layout(), owned, *owned, examples);
+}
+
 // Scores every model 0.75 and remembers the last one it saw.
 class RecordingEvaluator final : public models::Evaluator {
  public:
@@ -49,8 +56,8 @@ class AggregatorTest : public ::testing::Test {
   }
 
   std::unique_ptr<Aggregator> Make(std::unique_ptr<models::Evaluator> evaluator = nullptr,
-                                   const v1::UpdateLimits& limits = {}) {
-    auto strategy = aggregation::MakeStrategy({});
+                                   const v1::UpdateLimits& limits = {}, const std::string& strategy_name = "fedavg") {
+    auto strategy = aggregation::MakeStrategy({.name = strategy_name});
     auto checkpointer = Checkpointer::Open(dir.path(), task(), std::nullopt, log);
     EXPECT_TRUE(strategy.ok() && checkpointer.ok());
     return std::make_unique<Aggregator>(std::move(strategy).value(), aggregation::UpdateBound(limits),
@@ -84,8 +91,8 @@ TEST_F(AggregatorTest, FinishWritesTheNewModelsCheckpointWhileTheEvaluatorScores
   auto aggregator = Make(std::make_unique<RecordingEvaluator>(&scored));
   EXPECT_EQ(aggregator->name(), "fedavg");
   ASSERT_TRUE(aggregator->Begin(5, *previous.values, 2).ok());
-  ASSERT_TRUE(aggregator->Fold("site-a", Layout(), std::vector<float>(40, 1.0f), 1).ok());
-  ASSERT_TRUE(aggregator->Fold("site-b", Layout(), std::vector<float>(40, 3.0f), 1).ok());
+  ASSERT_TRUE(Fold(*aggregator, "site-a", std::vector<float>(40, 1.0f), 1).ok());
+  ASSERT_TRUE(Fold(*aggregator, "site-b", std::vector<float>(40, 3.0f), 1).ok());
   const Aggregator::Finished finished = aggregator->Finish(5, previous);
   ASSERT_TRUE(finished.status.ok()) << finished.status.ToString();
 
@@ -112,6 +119,32 @@ TEST_F(AggregatorTest, FinishWritesTheNewModelsCheckpointWhileTheEvaluatorScores
   EXPECT_EQ(*restored, expected);
 }
 
+// A robust rule keeps each staged update until Finish, through the owner the
+// coordinator hands over (the staged file), and copies none of them; the
+// update the bound scaled is kept as the bound's own copy. The median of
+// three is the middle update, whatever the fold order.
+TEST_F(AggregatorTest, ARobustRuleKeepsTheStagedUpdatesItIsGivenUntilFinish) {
+  v1::UpdateLimits limits;
+  limits.set_max_norm(100);
+  auto aggregator = Make(nullptr, limits, "median");
+  EXPECT_EQ(aggregator->name(), "median");
+  ASSERT_TRUE(aggregator->Begin(5, *previous.values, 3).ok());
+  std::vector<std::shared_ptr<const std::vector<float>>> staged;
+  for (float v : {2.0f, -1.0f, 1e30f}) {
+    staged.push_back(std::make_shared<const std::vector<float>>(40, v));
+    auto folded = aggregator->Fold("site", Layout(), staged.back(), *staged.back(), 1);
+    ASSERT_TRUE(folded.ok()) << folded.status().ToString();
+  }
+  EXPECT_EQ(staged[0].use_count(), 2) << "kept, not copied";
+  EXPECT_EQ(staged[1].use_count(), 2);
+  EXPECT_EQ(staged[2].use_count(), 1) << "scaled to the bound: the bound's copy is kept instead";
+  const Aggregator::Finished finished = aggregator->Finish(5, previous);
+  ASSERT_TRUE(finished.status.ok()) << finished.status.ToString();
+  for (size_t i = 0; i < 40; ++i) EXPECT_EQ((*finished.model.values)[i], (*previous.values)[i] + 2.0f) << i;
+  EXPECT_EQ(staged[0].use_count(), 1) << "released at Finish";
+  EXPECT_EQ(staged[1].use_count(), 1);
+}
+
 // With limits: an update beyond the norm bound is folded scaled down to it
 // (and says so), one claiming too many examples is refused with the strategy
 // untouched, and the median that sets the next round's relative bound is
@@ -123,13 +156,13 @@ TEST_F(AggregatorTest, UpdatesAreFoldedWithinTheFederationsLimits) {
   limits.set_max_examples(100);
   auto aggregator = Make(nullptr, limits);
   ASSERT_TRUE(aggregator->Begin(5, *previous.values, 2).ok());
-  auto honest = aggregator->Fold("site-a", Layout(), std::vector<float>(40, 0.5f), 1);  // norm √40/2 ≈ 3.16
+  auto honest = Fold(*aggregator, "site-a", std::vector<float>(40, 0.5f), 1);  // norm √40/2 ≈ 3.16
   ASSERT_TRUE(honest.ok()) << honest.status().ToString();
   EXPECT_EQ(*honest, "");
-  auto poisoned = aggregator->Fold("site-b", Layout(), std::vector<float>(40, 1e30f), 1);
+  auto poisoned = Fold(*aggregator, "site-b", std::vector<float>(40, 1e30f), 1);
   ASSERT_TRUE(poisoned.ok()) << poisoned.status().ToString();
   EXPECT_NE(poisoned->find("scaled down to the bound 10"), std::string::npos) << *poisoned;
-  auto greedy = aggregator->Fold("site-c", Layout(), std::vector<float>(40, 0.5f), 1ull << 40);
+  auto greedy = Fold(*aggregator, "site-c", std::vector<float>(40, 0.5f), 1ull << 40);
   ASSERT_FALSE(greedy.ok());
   EXPECT_NE(greedy.status().message().find("beyond the federation's max_examples of 100"), std::string::npos)
       << greedy.status().message();
@@ -149,7 +182,7 @@ TEST_F(AggregatorTest, UpdatesAreFoldedWithinTheFederationsLimits) {
   auto restarted = Make(nullptr, limits);
   ASSERT_TRUE(restarted->Restore(finished.checkpoint, finished.model.checksum).ok());
   ASSERT_TRUE(restarted->Begin(6, *finished.model.values, 2).ok());
-  auto next = restarted->Fold("site-a", Layout(), std::vector<float>(40, 1e31f), 1);
+  auto next = Fold(*restarted, "site-a", std::vector<float>(40, 1e31f), 1);
   ASSERT_TRUE(next.ok());
   EXPECT_NE(next->find("scaled down to the bound 13.16"), std::string::npos) << *next;
 }
@@ -163,19 +196,17 @@ TEST_F(AggregatorTest, ARoundWithNothingFoldedFailsAndWritesNothing) {
   EXPECT_FALSE(std::filesystem::exists(dir / "global-r00005.safetensors"));
 }
 
-// A robust rule needs every update at Finish; the server folds them as they
-// arrive, so it refuses these strategies with one line (estuary-sim runs them).
-TEST(ServerConfig, TheServerRefusesTheRobustStrategiesForNow) {
+// The server runs every robust rule; one that cannot defend a federation
+// under DP noise is still refused there, in one line.
+TEST(ServerConfig, TheServerTakesTheRobustStrategies) {
   for (const char* name : {"median", "trimmed-mean", "krum", "multi-krum", "bulyan"}) {
     ServerConfig config;
     config.federation.mutable_strategy()->set_name(name);
-    EXPECT_EQ(config.Finalize().message(),
-              fmt::format("config: strategy = {} runs in estuary-sim only for now: the server folds updates as they "
-                          "arrive",
-                          name));
+    EXPECT_TRUE(config.Finalize().ok()) << name << ": " << config.Finalize().ToString();
+    config.federation.mutable_dp()->set_noise_multiplier(1.0);
+    config.federation.mutable_dp()->set_clip(1.0);
+    EXPECT_FALSE(config.Finalize().ok()) << name << " with DP";
   }
-  ServerConfig fedavg;
-  EXPECT_TRUE(fedavg.Finalize().ok()) << fedavg.Finalize().ToString();
 }
 
 }  // namespace

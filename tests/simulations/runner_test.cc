@@ -126,6 +126,31 @@ TEST(Simulation, LoopbackAgreesWithInproc) {
   }
 }
 
+// The server runs the robust rules over its staged update files: the same
+// sites' updates give the in-process run's global models bit for bit (the
+// coordinate-wise rules do not depend on the order updates arrive in).
+TEST(Simulation, LoopbackRunsTheRobustRulesAsInprocDoes) {
+  testing::TempDir dir;
+  testing::WriteSyntheticMnist(dir / "data", 600, 200, 3);
+  for (const char* rule : {"median", "trimmed-mean"}) {
+    Scenario s = Small(dir / "data", dir / "run" / rule);
+    s.rounds = 2;
+    s.federation.mutable_strategy()->set_name(rule);
+    if (std::string(rule) == "trimmed-mean") s.federation.mutable_strategy()->set_trim(0.25);
+    s.server_binary = testing::BinaryPath("estuary-server");
+    auto inproc = RunInproc(s, nullptr);
+    ASSERT_TRUE(inproc.ok()) << rule << ": " << inproc.status().ToString();
+    s.mode = "loopback";
+    auto loopback = RunLoopback(s, nullptr);
+    ASSERT_TRUE(loopback.ok()) << rule << ": " << loopback.status().ToString();
+    ASSERT_EQ(loopback->rounds.size(), 2u);
+    for (size_t r = 0; r < 2; ++r) {
+      EXPECT_EQ(loopback->rounds[r].updates_received, 4u) << rule;
+      EXPECT_EQ(loopback->rounds[r].global_checksum, inproc->rounds[r].global_checksum) << rule << " round " << r + 1;
+    }
+  }
+}
+
 // A workdir whose certificates play the wrong roles (as every one issued
 // before roles does: both usages; here the reverse ones) gets them issued
 // anew: the server would refuse to start with them, the sites to connect.
