@@ -91,9 +91,6 @@ static Status CheckScenario(const Scenario& s) {
     return InvalidArgument("sim: --attack and --attackers go together (got --attack '{}', --attackers {})", s.attack,
                            s.attackers);
   }
-  if (!s.attack.empty() && s.mode != "inproc") {
-    return InvalidArgument("sim: --attack runs in inproc mode only: a loopback site uploads what it trained");
-  }
   if (s.attack == "label-flip" && models::IsLanguageModel(s.task().model())) {
     return InvalidArgument("sim: --attack label-flip flips image classes; {} trains on text", s.task().model());
   }
@@ -198,10 +195,7 @@ Result<Report> RunInproc(const Scenario& s, const RoundCallback& on_round, std::
       if (!updates[i]->ok()) return updates[i]->status();
       client::Update& update = updates[i]->value();
       const size_t site = index_of.at(selected[i]);
-      if (malicious[site]) {
-        ApplyAttack(attack, update.payload, task.seed(), round, uint32_t(site));
-        ++*row.attackers;
-      }
+      if (malicious[site]) ++*row.attackers;  // its trainer attacked (workload.cc)
       // Under an attack, as the server does: an update the bound or the
       // strategy refuses is that update's failure, and the round goes on.
       // Without one, a refused update is the simulation's bug and ends the run.
@@ -374,6 +368,10 @@ Result<Report> RunLoopback(const Scenario& s, const RoundCallback& on_round) {
   Report report;
   report.scenario = ScenarioJson(s);
   report.mode = "loopback";
+  if (!s.attack.empty()) {
+    const std::vector<bool> malicious = ChooseAttackers(uint32_t(names.size()), s.attackers, s.task().seed());
+    report.attackers = std::count(malicious.begin(), malicious.end(), true);
+  }
   report.round_log = db.empty() ? "" : fs::absolute(db).string();
   std::set<uint64_t> rounds_seen;
   size_t finished = 0;

@@ -59,6 +59,27 @@ static Result<client::LocalSiteOptions> SiteOptionsOf(const Scenario& s) {
   return options;
 }
 
+// A malicious site: it trains on the data it holds and uploads what the
+// attack makes of the delta, in either mode (over TLS too).
+class AttackingTrainer final : public client::Trainer {
+ public:
+  AttackingTrainer(std::unique_ptr<client::Trainer> honest, Attack attack, uint64_t seed, uint32_t site)
+      : honest_(std::move(honest)), attack_(attack), seed_(seed), site_(site) {}
+  uint64_t num_examples() const override { return honest_->num_examples(); }
+  Result<client::Update> Train(std::span<const float> global, const Manifest& manifest, const v1::TaskConfig& task,
+                               uint64_t round, std::string_view client_name) override {
+    ESTUARY_ASSIGN_OR_RETURN(client::Update update, honest_->Train(global, manifest, task, round, client_name));
+    ApplyAttack(attack_, update.payload, seed_, round, site_);
+    return update;
+  }
+
+ private:
+  std::unique_ptr<client::Trainer> honest_;
+  Attack attack_;
+  uint64_t seed_;
+  uint32_t site_;
+};
+
 // The clients' local datasets, split from the training set by the scenario.
 static Result<std::vector<std::unique_ptr<client::Trainer>>> MakeTrainers(
     const Scenario& s, const std::shared_ptr<const models::Dataset>& train) {
@@ -69,9 +90,9 @@ static Result<std::vector<std::unique_ptr<client::Trainer>>> MakeTrainers(
   // labels l -> C - 1 - l (a second copy of the training set, only then).
   ESTUARY_ASSIGN_OR_RETURN(const Attack attack, ParseAttack(s.attack));
   std::vector<bool> malicious(s.clients, false);
+  if (attack.kind != Attack::Kind::kNone) malicious = ChooseAttackers(s.clients, s.attackers, s.task().seed());
   std::shared_ptr<const models::Dataset> flipped;
   if (attack.kind == Attack::Kind::kLabelFlip) {
-    malicious = ChooseAttackers(s.clients, s.attackers, s.task().seed());
     auto copy = std::make_shared<models::Dataset>(*train);
     for (int32_t& label : copy->labels) label = copy->num_classes - 1 - label;
     flipped = std::move(copy);
@@ -79,10 +100,14 @@ static Result<std::vector<std::unique_ptr<client::Trainer>>> MakeTrainers(
   std::vector<std::unique_ptr<client::Trainer>> trainers;
   ESTUARY_ASSIGN_OR_RETURN(const client::LocalSiteOptions options, SiteOptionsOf(s));
   for (size_t i = 0; i < parts.size(); ++i) {
-    ESTUARY_ASSIGN_OR_RETURN(auto site, client::MakeLocalSite({.images = malicious[i] ? flipped : train,
+    ESTUARY_ASSIGN_OR_RETURN(auto site, client::MakeLocalSite({.images = flipped && malicious[i] ? flipped : train,
                                                                .indices = std::move(parts[i])},
                                                               options));
-    trainers.push_back(std::move(site));
+    std::unique_ptr<client::Trainer> trainer = std::move(site);
+    if (malicious[i] && attack.kind != Attack::Kind::kLabelFlip) {
+      trainer = std::make_unique<AttackingTrainer>(std::move(trainer), attack, s.task().seed(), uint32_t(i));
+    }
+    trainers.push_back(std::move(trainer));
   }
   return trainers;
 }

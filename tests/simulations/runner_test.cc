@@ -151,6 +151,37 @@ TEST(Simulation, LoopbackRunsTheRobustRulesAsInprocDoes) {
   }
 }
 
+// Malicious sites attack over TLS as in process: the same sites upload the
+// same sign-flipped deltas, so under the median the loopback run's models
+// equal the in-process run's bit for bit, and differ from a run without them.
+TEST(Simulation, AttackersAttackOverTlsAsInProcess) {
+  testing::TempDir dir;
+  testing::WriteSyntheticMnist(dir / "data", 600, 200, 3);
+  Scenario s = Small(dir / "data", dir / "run");
+  s.rounds = 2;
+  s.federation.mutable_strategy()->set_name("median");
+  s.server_binary = testing::BinaryPath("estuary-server");
+  auto honest = RunInproc(s, nullptr);
+  ASSERT_TRUE(honest.ok()) << honest.status().ToString();
+  s.attack = "sign-flip:10";
+  s.attackers = 0.25;
+  auto inproc = RunInproc(s, nullptr);
+  ASSERT_TRUE(inproc.ok()) << inproc.status().ToString();
+  s.mode = "loopback";
+  auto loopback = RunLoopback(s, nullptr);
+  ASSERT_TRUE(loopback.ok()) << loopback.status().ToString();
+  EXPECT_EQ(loopback->attackers, 3u);
+  EXPECT_EQ(inproc->attackers, 3u);
+  ASSERT_EQ(loopback->rounds.size(), 2u);
+  for (size_t r = 0; r < 2; ++r) {
+    EXPECT_EQ(loopback->rounds[r].global_checksum, inproc->rounds[r].global_checksum) << "round " << r + 1;
+  }
+  uint64_t attacked = 0;
+  for (const auto& row : inproc->rounds) attacked += row.attackers.value_or(0);
+  ASSERT_GT(attacked, 0u) << "no attacker was sampled: the comparison below proves nothing";
+  EXPECT_NE(inproc->rounds.back().global_checksum, honest->rounds.back().global_checksum);
+}
+
 // A workdir whose certificates play the wrong roles (as every one issued
 // before roles does: both usages; here the reverse ones) gets them issued
 // anew: the server would refuse to start with them, the sites to connect.
