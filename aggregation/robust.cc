@@ -126,15 +126,38 @@ Status MeanOf(const UpdateSource& updates, std::span<const size_t> chosen, std::
 
 }  // namespace
 
+namespace {
+
+// A block of n updates' rows (update i at values[i·width...]) as columns
+// (coordinate j at columns[j·n...]), tile by tile: the rule then walks each
+// coordinate's n values contiguously instead of striding a row apart.
+void Transpose(std::span<const float> values, size_t n, size_t width, std::vector<float>& columns) {
+  constexpr size_t kTile = 64;
+  columns.resize(n * width);
+  for (size_t j0 = 0; j0 < width; j0 += kTile) {
+    const size_t j1 = std::min(width, j0 + kTile);
+    for (size_t i = 0; i < n; ++i) {
+      const float* row = values.data() + i * width;
+      for (size_t j = j0; j < j1; ++j) columns[j * n + i] = row[j];
+    }
+  }
+}
+
+}  // namespace
+
 Status CoordinateMedian(const UpdateSource& updates, std::span<float> out, size_t block) {
   ESTUARY_RETURN_IF_ERROR(CheckShape("median", updates, out, block));
-  const size_t n = updates.count();
-  std::vector<double> column(n);
+  const size_t n = updates.count(), k = n / 2;
+  std::vector<float> columns;
   return ForEachBlock(updates, block, [&](size_t offset, size_t width, std::span<const float> values) {
+    Transpose(values, n, width, columns);
     for (size_t j = 0; j < width; ++j) {
-      for (size_t i = 0; i < n; ++i) column[i] = values[i * width + j];
-      std::sort(column.begin(), column.end());
-      out[offset + j] = float(SortedMedian(column));
+      // A selection, not a sort: the k-th smallest, and for an even count
+      // the largest of those below it, are the sorted column's middle two.
+      float* column = columns.data() + j * n;
+      std::nth_element(column, column + k, column + n);
+      const double upper = column[k];
+      out[offset + j] = n % 2 == 1 ? float(upper) : float((double(*std::max_element(column, column + k)) + upper) / 2);
     }
   });
 }
@@ -148,11 +171,12 @@ Status TrimmedMean(const UpdateSource& updates, double beta, std::span<float> ou
     return FailedPrecondition("robust: trimmed-mean with β = {} trims {} from each end of {} updates: none is left",
                               beta, trim, n);
   }
-  std::vector<double> column(n);
+  std::vector<float> columns;
   return ForEachBlock(updates, block, [&](size_t offset, size_t width, std::span<const float> values) {
+    Transpose(values, n, width, columns);
     for (size_t j = 0; j < width; ++j) {
-      for (size_t i = 0; i < n; ++i) column[i] = values[i * width + j];
-      std::sort(column.begin(), column.end());
+      float* column = columns.data() + j * n;
+      std::sort(column, column + n);  // summed in sorted order, as the oracle sums
       double sum = 0;
       for (size_t i = trim; i < n - trim; ++i) sum += column[i];
       out[offset + j] = float(sum / double(n - 2 * trim));
@@ -242,6 +266,7 @@ Result<std::vector<size_t>> Bulyan(const UpdateSource& updates, size_t f, std::s
   // order of their distance to it (ties: the earlier selected), summed in that order.
   const size_t d = updates.size();
   std::vector<float> values(theta * std::min(block, d));
+  std::vector<float> columns;
   std::vector<double> column(theta), sorted(theta);
   std::vector<size_t> order(theta);
   for (size_t offset = 0; offset < d; offset += block) {
@@ -249,8 +274,9 @@ Result<std::vector<size_t>> Bulyan(const UpdateSource& updates, size_t f, std::s
     for (size_t s = 0; s < theta; ++s) {
       ESTUARY_RETURN_IF_ERROR(updates.Read(selected[s], offset, std::span<float>(values.data() + s * width, width)));
     }
+    Transpose(std::span<const float>(values.data(), theta * width), theta, width, columns);
     for (size_t j = 0; j < width; ++j) {
-      for (size_t s = 0; s < theta; ++s) column[s] = values[s * width + j];
+      for (size_t s = 0; s < theta; ++s) column[s] = columns[j * theta + s];
       sorted = column;
       std::sort(sorted.begin(), sorted.end());
       const double median = SortedMedian(sorted);
