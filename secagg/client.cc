@@ -1,0 +1,199 @@
+#include "secagg/client.h"
+
+#include <openssl/crypto.h>
+
+#include <algorithm>
+#include <set>
+
+#include "secagg/envelope.h"
+#include "secagg/masking.h"
+#include "secagg/prg.h"
+#include "secagg/shamir.h"
+
+namespace estuary::secagg {
+namespace {
+
+const char* StageName(int stage) {
+  static const char* const kNames[] = {"advertise keys", "share keys", "masked input", "unmasking", "done"};
+  return kNames[stage];
+}
+
+}  // namespace
+
+Result<SecAggClient> SecAggClient::Create(const ProtocolConfig& config, uint32_t site) {
+  ESTUARY_RETURN_IF_ERROR(CheckProtocolConfig(config));
+  if (site >= config.sites) return InvalidArgument("secagg site {}: not among the {} sites", site, config.sites);
+  ESTUARY_ASSIGN_OR_RETURN(NeighbourGraph graph, NeighbourGraph::Harary(int(config.sites), config.degree,
+                                                                        config.graph_seed));
+  SecAggClient client(config, site, std::move(graph));
+  ESTUARY_ASSIGN_OR_RETURN(client.mask_keys_, GenerateX25519KeyPair());
+  ESTUARY_ASSIGN_OR_RETURN(client.share_keys_, GenerateX25519KeyPair());
+  ESTUARY_ASSIGN_OR_RETURN(client.self_seed_, RandomKey());
+  return client;
+}
+
+SecAggClient::~SecAggClient() {
+  OPENSSL_cleanse(mask_keys_.private_key.data(), mask_keys_.private_key.size());
+  OPENSSL_cleanse(share_keys_.private_key.data(), share_keys_.private_key.size());
+  OPENSSL_cleanse(self_seed_.data(), self_seed_.size());
+  for (auto& [peer, held] : held_) {
+    OPENSSL_cleanse(held.seed.data(), held.seed.size());
+    OPENSSL_cleanse(held.key.data(), held.key.size());
+  }
+}
+
+Status SecAggClient::Expect(Stage stage, std::string_view call) {
+  if (stage_ == stage) return Status::Ok();
+  return FailedPrecondition("secagg site {}: round {}: {} called in stage {}", site_, config_.round, call,
+                            StageName(int(stage_)));
+}
+
+Status SecAggClient::Refuse(Status status) {
+  stage_ = Stage::kDone;
+  return status;
+}
+
+Result<AdvertiseKeys> SecAggClient::Advertise() {
+  ESTUARY_RETURN_IF_ERROR(Expect(Stage::kAdvertise, "advertise keys"));
+  stage_ = Stage::kShare;
+  return AdvertiseKeys{.site = site_,
+                       .mask_public_key = mask_keys_.public_key,
+                       .share_public_key = share_keys_.public_key};
+}
+
+Result<ShareKeys> SecAggClient::Share(const KeysBroadcast& keys) {
+  ESTUARY_RETURN_IF_ERROR(Expect(Stage::kShare, "share keys"));
+  const std::string where = fmt::format("secagg site {}: round {}: share keys", site_, config_.round);
+  for (const AdvertiseKeys& peer : keys.neighbours) {
+    if (peer.site >= config_.sites) {
+      return Refuse(ProtocolError("{}: keys of site {}, not among the {} sites", where, peer.site, config_.sites));
+    }
+    if (peer.site == site_) return Refuse(ProtocolError("{}: keys of this site itself", where));
+    if (!graph_.Adjacent(site_, peer.site)) {
+      return Refuse(ProtocolError("{}: keys of site {}, not a neighbour", where, peer.site));
+    }
+    if (!peers_.emplace(peer.site, peer).second) {
+      return Refuse(ProtocolError("{}: keys of site {} listed twice", where, peer.site));
+    }
+  }
+  if (int(peers_.size()) < config_.threshold) {
+    return Refuse(FailedPrecondition("{}: {} of {} neighbours advertised keys, fewer than the threshold {}", where,
+                                     peers_.size(), config_.degree, config_.threshold));
+  }
+  std::vector<uint32_t> xs;
+  for (const auto& [peer, keys_of] : peers_) xs.push_back(peer + 1);  // x = holder + 1, never 0
+  auto seed_shares = Split(self_seed_, config_.threshold, xs);
+  if (!seed_shares.ok()) return Refuse(seed_shares.status());
+  auto key_shares = Split(mask_keys_.private_key, config_.threshold, xs);
+  if (!key_shares.ok()) return Refuse(key_shares.status());
+  ShareKeys out{.site = site_,
+                .seed_commitment = seed_shares->commitment,
+                .key_commitment = key_shares->commitment};
+  size_t i = 0;
+  for (const auto& [peer, keys_of] : peers_) {
+    auto key = AgreeRoundKey(share_keys_.private_key, keys_of.share_public_key, kShareKeyLabel, config_.round);
+    if (!key.ok()) return Refuse(ProtocolError("{}: share key with site {}: {}", where, peer, key.status().message()));
+    std::vector<uint8_t> plaintext(seed_shares->shares[i].y.begin(), seed_shares->shares[i].y.end());
+    plaintext.insert(plaintext.end(), key_shares->shares[i].y.begin(), key_shares->shares[i].y.end());
+    auto sealed = Seal(*key, {.sender = site_, .receiver = peer, .round = config_.round}, plaintext);
+    OPENSSL_cleanse(plaintext.data(), plaintext.size());
+    OPENSSL_cleanse(key->data(), key->size());
+    if (!sealed.ok()) return Refuse(sealed.status());
+    out.envelopes.push_back({.peer = peer, .envelope = std::move(*sealed)});
+    ++i;
+  }
+  stage_ = Stage::kMask;
+  return out;
+}
+
+Result<MaskedInput> SecAggClient::MaskInput(const ShareInbox& inbox, std::span<const uint32_t> quantized) {
+  ESTUARY_RETURN_IF_ERROR(Expect(Stage::kMask, "masked input"));
+  const std::string where = fmt::format("secagg site {}: round {}: masked input", site_, config_.round);
+  if (quantized.size() != config_.dimension) {
+    return Refuse(InvalidArgument("{}: input of {} elements, expected {}", where, quantized.size(),
+                                  config_.dimension));
+  }
+  const uint32_t ring = RingMask(config_.bits);
+  for (size_t i = 0; i < quantized.size(); ++i) {
+    if (quantized[i] > ring) {
+      return Refuse(InvalidArgument("{}: input element {} = {} is outside the {}-bit ring", where, i, quantized[i],
+                                    config_.bits));
+    }
+  }
+  for (const SealedShare& sealed : inbox.envelopes) {
+    auto peer = peers_.find(sealed.peer);
+    if (peer == peers_.end()) {
+      return Refuse(ProtocolError("{}: envelope from site {}, not a neighbour that advertised keys", where,
+                                  sealed.peer));
+    }
+    if (held_.contains(sealed.peer)) {
+      return Refuse(ProtocolError("{}: two envelopes from site {}", where, sealed.peer));
+    }
+    if (sealed.envelope.size() != kShareEnvelopeBytes) {
+      return Refuse(ProtocolError("{}: envelope from site {} of {} bytes, expected {}", where, sealed.peer,
+                                  sealed.envelope.size(), kShareEnvelopeBytes));
+    }
+    ESTUARY_ASSIGN_OR_RETURN(Key32 key, AgreeRoundKey(share_keys_.private_key, peer->second.share_public_key,
+                                                      kShareKeyLabel, config_.round));
+    auto plaintext = Open(key, {.sender = sealed.peer, .receiver = site_, .round = config_.round}, sealed.envelope);
+    OPENSSL_cleanse(key.data(), key.size());
+    if (!plaintext.ok()) {
+      return Refuse(ProtocolError("{}: envelope from site {} refused: {}", where, sealed.peer,
+                                  plaintext.status().message()));
+    }
+    HeldShares& held = held_[sealed.peer];
+    std::copy_n(plaintext->begin(), kShareValueBytes, held.seed.begin());
+    std::copy_n(plaintext->begin() + kShareValueBytes, kShareValueBytes, held.key.begin());
+    OPENSSL_cleanse(plaintext->data(), plaintext->size());
+  }
+  // The senders hold this site's shares too (the graph is symmetric): fewer
+  // than t of them and b_u could never be reconstructed.
+  if (int(held_.size()) < config_.threshold) {
+    return Refuse(FailedPrecondition("{}: {} of {} neighbours shared keys, fewer than the threshold {}", where,
+                                     held_.size(), config_.degree, config_.threshold));
+  }
+  std::vector<PeerPublicKey> survivors;
+  for (const auto& [peer, held] : held_) survivors.push_back({peer, peers_.at(peer).mask_public_key});
+  auto pairwise = PairwiseMaskKeys(site_, mask_keys_.private_key, survivors, config_.round);
+  if (!pairwise.ok()) return Refuse(pairwise.status());
+  MaskedInput out{.site = site_, .values = std::vector<uint32_t>(quantized.begin(), quantized.end())};
+  const Status masked = MaskChunk(site_, self_seed_, *pairwise, config_.bits, 0, out.values);
+  for (PairwiseKey& pair : *pairwise) OPENSSL_cleanse(pair.key.data(), pair.key.size());
+  if (!masked.ok()) return Refuse(masked);
+  stage_ = Stage::kUnmask;
+  return out;
+}
+
+Result<UnmaskResponse> SecAggClient::Unmask(const UnmaskRequest& request) {
+  ESTUARY_RETURN_IF_ERROR(Expect(Stage::kUnmask, "unmasking"));
+  stage_ = Stage::kDone;  // one answer, whatever it is
+  const std::string where = fmt::format("secagg site {}: round {}: unmasking", site_, config_.round);
+  std::set<uint32_t> survived, dropped;
+  for (uint32_t u : request.survived) {
+    if (u >= config_.sites) return ProtocolError("{}: survived site {} is not among the {} sites", where, u, config_.sites);
+    if (!survived.insert(u).second) return ProtocolError("{}: survived site {} listed twice", where, u);
+  }
+  for (uint32_t d : request.dropped) {
+    if (d >= config_.sites) return ProtocolError("{}: dropped site {} is not among the {} sites", where, d, config_.sites);
+    if (!dropped.insert(d).second) return ProtocolError("{}: dropped site {} listed twice", where, d);
+    if (survived.contains(d)) {
+      return ProtocolError("{}: site {} listed as both survived and dropped: refusing to reveal both its secrets",
+                           where, d);
+    }
+  }
+  if (!survived.contains(site_)) {
+    return ProtocolError("{}: this site sent its masked input but is not listed as survived", where);
+  }
+  if (int(survived.size()) < config_.threshold) {
+    return FailedPrecondition("{}: {} sites survived, fewer than the threshold {}", where, survived.size(),
+                              config_.threshold);
+  }
+  UnmaskResponse out{.site = site_};
+  for (const auto& [peer, held] : held_) {
+    if (survived.contains(peer)) out.seed_shares.push_back({.peer = peer, .y = held.seed});
+    else if (dropped.contains(peer)) out.key_shares.push_back({.peer = peer, .y = held.key});
+  }
+  return out;
+}
+
+}  // namespace estuary::secagg

@@ -1,0 +1,63 @@
+#include "secagg/protocol.h"
+
+#include "secagg/neighbours.h"
+#include "secagg/prg.h"
+
+namespace estuary::secagg {
+
+ProtocolConfig DefaultProtocolConfig(uint32_t sites, uint64_t dimension, uint64_t round, const Key32& graph_seed) {
+  const int degree = DefaultDegree(static_cast<int>(sites));
+  return {.round = round,
+          .sites = sites,
+          .degree = degree,
+          .threshold = DefaultThreshold(degree),
+          .bits = 32,
+          .dimension = dimension,
+          .graph_seed = graph_seed};
+}
+
+Status CheckProtocolConfig(const ProtocolConfig& config) {
+  if (config.sites < 2 || config.sites > (1u << 24)) {
+    return InvalidArgument("secagg: {} sites: need 2 to 2^24", config.sites);
+  }
+  ESTUARY_RETURN_IF_ERROR(NeighbourGraph::Harary(int(config.sites), config.degree, config.graph_seed).status());
+  // A strict majority: honest neighbours then cannot hand the server both
+  // secrets of one site, even told different stories (docs/SECAGG.md).
+  if (config.threshold <= config.degree / 2 || config.threshold > config.degree) {
+    return InvalidArgument("secagg: threshold {} with {} neighbours: must be in [{}, {}] (a strict majority)",
+                           config.threshold, config.degree, config.degree / 2 + 1, config.degree);
+  }
+  ESTUARY_RETURN_IF_ERROR(CheckRingBits(config.bits));
+  if (config.dimension == 0 || config.dimension > kMaxStreamWords) {
+    return InvalidArgument("secagg: dimension {}: must be in [1, 2^36]", config.dimension);
+  }
+  return Status::Ok();
+}
+
+uint64_t WireBytes(const AdvertiseKeys&) { return 4 + 2 * 32; }
+
+uint64_t WireBytes(const KeysBroadcast& message) { return 4 + message.neighbours.size() * (4 + 2 * 32); }
+
+uint64_t WireBytes(const ShareKeys& message) {
+  uint64_t bytes = 4 + 2 * 32 + 4;
+  for (const SealedShare& share : message.envelopes) bytes += 8 + share.envelope.size();
+  return bytes;
+}
+
+uint64_t WireBytes(const ShareInbox& message) {
+  uint64_t bytes = 4;
+  for (const SealedShare& share : message.envelopes) bytes += 8 + share.envelope.size();
+  return bytes;
+}
+
+uint64_t WireBytes(const MaskedInput& message) { return 4 + 4 + 4 * message.values.size(); }
+
+uint64_t WireBytes(const UnmaskRequest& message) {
+  return 8 + 4 * (message.survived.size() + message.dropped.size());
+}
+
+uint64_t WireBytes(const UnmaskResponse& message) {
+  return 4 + 8 + (4 + kShareValueBytes) * (message.seed_shares.size() + message.key_shares.size());
+}
+
+}  // namespace estuary::secagg

@@ -1,0 +1,244 @@
+#include "secagg/server.h"
+
+#include <openssl/crypto.h>
+
+#include <algorithm>
+
+#include "secagg/key_agreement.h"
+#include "secagg/masking.h"
+#include "secagg/prg.h"
+
+namespace estuary::secagg {
+namespace {
+
+const char* StageName(int stage) {
+  static const char* const kNames[] = {"advertise keys", "share keys", "masked input", "unmasking", "done", "refused"};
+  return kNames[stage];
+}
+
+}  // namespace
+
+Result<SecAggServer> SecAggServer::Create(const ProtocolConfig& config) {
+  ESTUARY_RETURN_IF_ERROR(CheckProtocolConfig(config));
+  ESTUARY_ASSIGN_OR_RETURN(NeighbourGraph graph, NeighbourGraph::Harary(int(config.sites), config.degree,
+                                                                        config.graph_seed));
+  return SecAggServer(config, std::move(graph));
+}
+
+Status SecAggServer::Expect(Stage stage, std::string_view what, uint32_t site) {
+  if (stage_ == stage) return Status::Ok();
+  return FailedPrecondition("secagg round {}: {} from site {} during stage {}", config_.round, what, site,
+                            StageName(int(stage_)));
+}
+
+Status SecAggServer::CheckSender(std::string_view what, uint32_t site, const std::set<uint32_t>& allowed,
+                                 const std::set<uint32_t>& seen, std::string_view previous) {
+  if (site >= config_.sites) {
+    return ProtocolError("secagg round {}: {} from site {}, not among the {} sites", config_.round, what, site,
+                         config_.sites);
+  }
+  if (!allowed.contains(site)) {
+    return ProtocolError("secagg round {}: {} from site {}, which did not complete {}", config_.round, what, site,
+                         previous);
+  }
+  if (seen.contains(site)) return ProtocolError("secagg round {}: a second {} from site {}", config_.round, what, site);
+  return Status::Ok();
+}
+
+Status SecAggServer::CloseStage(std::string_view stage, size_t remaining, size_t before) {
+  if (remaining >= size_t(config_.threshold)) return Status::Ok();
+  stage_ = Stage::kFailed;
+  return FailedPrecondition("secagg round {}: {}: {} of {} sites remain, fewer than the threshold {}: refusing to "
+                            "proceed",
+                            config_.round, stage, remaining, before, config_.threshold);
+}
+
+Status SecAggServer::Receive(const AdvertiseKeys& message) {
+  ESTUARY_RETURN_IF_ERROR(Expect(Stage::kAdvertise, "advertised keys", message.site));
+  std::set<uint32_t> everyone;
+  for (uint32_t u = 0; u < config_.sites; ++u) everyone.insert(u);
+  std::set<uint32_t> seen;
+  for (const auto& [site, keys] : advertised_) seen.insert(site);
+  ESTUARY_RETURN_IF_ERROR(CheckSender("advertised keys", message.site, everyone, seen, "nothing"));
+  advertised_.emplace(message.site, message);
+  return Status::Ok();
+}
+
+Result<std::map<uint32_t, KeysBroadcast>> SecAggServer::CloseAdvertise() {
+  ESTUARY_RETURN_IF_ERROR(Expect(Stage::kAdvertise, "closing", 0));
+  ESTUARY_RETURN_IF_ERROR(CloseStage("advertise keys", advertised_.size(), config_.sites));
+  std::map<uint32_t, KeysBroadcast> out;
+  for (const auto& [site, keys] : advertised_) {
+    KeysBroadcast& broadcast = out[site];
+    for (uint32_t v : graph_.Neighbours(site)) {
+      if (auto it = advertised_.find(v); it != advertised_.end()) broadcast.neighbours.push_back(it->second);
+    }
+  }
+  stage_ = Stage::kShare;
+  return out;
+}
+
+Status SecAggServer::Receive(const ShareKeys& message) {
+  ESTUARY_RETURN_IF_ERROR(Expect(Stage::kShare, "share keys", message.site));
+  std::set<uint32_t> advertised;
+  for (const auto& [site, keys] : advertised_) advertised.insert(site);
+  ESTUARY_RETURN_IF_ERROR(CheckSender("share keys", message.site, advertised, shared_, "advertise keys"));
+  // Exactly one envelope per advertised neighbour: what its KeysBroadcast held.
+  std::set<uint32_t> expected, got;
+  for (uint32_t v : graph_.Neighbours(message.site)) {
+    if (advertised.contains(v)) expected.insert(v);
+  }
+  for (const SealedShare& share : message.envelopes) {
+    if (!expected.contains(share.peer)) {
+      return ProtocolError("secagg round {}: share keys from site {}: envelope for site {}, not an advertised "
+                           "neighbour",
+                           config_.round, message.site, share.peer);
+    }
+    if (!got.insert(share.peer).second) {
+      return ProtocolError("secagg round {}: share keys from site {}: two envelopes for site {}", config_.round,
+                           message.site, share.peer);
+    }
+    if (share.envelope.size() != kShareEnvelopeBytes) {
+      return ProtocolError("secagg round {}: share keys from site {}: envelope for site {} of {} bytes, expected {}",
+                           config_.round, message.site, share.peer, share.envelope.size(), kShareEnvelopeBytes);
+    }
+  }
+  if (got.size() != expected.size()) {
+    return ProtocolError("secagg round {}: share keys from site {}: {} envelopes for its {} advertised neighbours",
+                         config_.round, message.site, got.size(), expected.size());
+  }
+  for (const SealedShare& share : message.envelopes) mailbox_[{message.site, share.peer}] = share.envelope;
+  commitments_[message.site] = {message.seed_commitment, message.key_commitment};
+  shared_.insert(message.site);
+  return Status::Ok();
+}
+
+Result<std::map<uint32_t, ShareInbox>> SecAggServer::CloseShareKeys() {
+  ESTUARY_RETURN_IF_ERROR(Expect(Stage::kShare, "closing", 0));
+  ESTUARY_RETURN_IF_ERROR(CloseStage("share keys", shared_.size(), advertised_.size()));
+  std::map<uint32_t, ShareInbox> out;
+  for (uint32_t v : shared_) out[v];
+  for (auto& [route, envelope] : mailbox_) {
+    // Envelopes to sites that went silent in this stage go nowhere.
+    if (shared_.contains(route.second)) out[route.second].envelopes.push_back({route.first, std::move(envelope)});
+  }
+  mailbox_.clear();
+  sum_.assign(config_.dimension, 0);
+  stage_ = Stage::kMask;
+  return out;
+}
+
+Status SecAggServer::Receive(const MaskedInput& message) {
+  ESTUARY_RETURN_IF_ERROR(Expect(Stage::kMask, "masked input", message.site));
+  ESTUARY_RETURN_IF_ERROR(CheckSender("masked input", message.site, shared_, included_, "share keys"));
+  if (message.values.size() != config_.dimension) {
+    return ProtocolError("secagg round {}: masked input from site {}: {} elements, expected {}", config_.round,
+                         message.site, message.values.size(), config_.dimension);
+  }
+  const uint32_t ring = RingMask(config_.bits);
+  for (size_t i = 0; i < message.values.size(); ++i) {
+    if (message.values[i] > ring) {
+      return ProtocolError("secagg round {}: masked input from site {}: element {} = {} is outside the {}-bit ring",
+                           config_.round, message.site, i, message.values[i], config_.bits);
+    }
+  }
+  ESTUARY_RETURN_IF_ERROR(AddInto(sum_, message.values, config_.bits));
+  included_.insert(message.site);
+  return Status::Ok();
+}
+
+Result<UnmaskRequest> SecAggServer::CloseMaskedInput() {
+  ESTUARY_RETURN_IF_ERROR(Expect(Stage::kMask, "closing", 0));
+  ESTUARY_RETURN_IF_ERROR(CloseStage("masked input", included_.size(), shared_.size()));
+  UnmaskRequest request;
+  for (uint32_t u : shared_) (included_.contains(u) ? request.survived : request.dropped).push_back(u);
+  stage_ = Stage::kUnmask;
+  return request;
+}
+
+Status SecAggServer::Receive(const UnmaskResponse& message) {
+  ESTUARY_RETURN_IF_ERROR(Expect(Stage::kUnmask, "unmasking response", message.site));
+  ESTUARY_RETURN_IF_ERROR(CheckSender("unmasking response", message.site, included_, responded_, "masked input"));
+  const std::string where = fmt::format("secagg round {}: unmasking response from site {}", config_.round, message.site);
+  // A holder answers for its neighbours that shared keys, each in its list.
+  std::set<uint32_t> seen;
+  auto check = [&](const std::vector<PeerShare>& shares, bool survived) -> Status {
+    for (const PeerShare& share : shares) {
+      if (share.peer >= config_.sites || !graph_.Adjacent(message.site, share.peer) || !shared_.contains(share.peer)) {
+        return ProtocolError("{}: a share of site {}, whose shares it does not hold", where, share.peer);
+      }
+      if (included_.contains(share.peer) != survived) {
+        return ProtocolError("{}: a {} share of site {}, which {}", where, survived ? "self-mask seed" : "mask key",
+                             share.peer, survived ? "dropped" : "survived");
+      }
+      if (!seen.insert(share.peer).second) return ProtocolError("{}: two shares of site {}", where, share.peer);
+    }
+    return Status::Ok();
+  };
+  ESTUARY_RETURN_IF_ERROR(check(message.seed_shares, true));
+  ESTUARY_RETURN_IF_ERROR(check(message.key_shares, false));
+  for (const PeerShare& share : message.seed_shares) {
+    seed_shares_[share.peer].push_back({.x = message.site + 1, .y = share.y});
+  }
+  for (const PeerShare& share : message.key_shares) {
+    key_shares_[share.peer].push_back({.x = message.site + 1, .y = share.y});
+  }
+  responded_.insert(message.site);
+  return Status::Ok();
+}
+
+Result<AggregateOutput> SecAggServer::Finish() {
+  ESTUARY_RETURN_IF_ERROR(Expect(Stage::kUnmask, "finishing", 0));
+  ESTUARY_RETURN_IF_ERROR(CloseStage("unmasking", responded_.size(), included_.size()));
+  stage_ = Stage::kFailed;  // until the sum is out
+  auto enough = [&](const std::map<uint32_t, std::vector<Share>>& shares, uint32_t site,
+                    std::string_view secret) -> Status {
+    const auto it = shares.find(site);
+    const size_t have = it == shares.end() ? 0 : it->second.size();
+    if (have >= size_t(config_.threshold)) return Status::Ok();
+    return FailedPrecondition("secagg round {}: unmasking: site {}'s {} has {} shares, fewer than the threshold {}: "
+                              "refusing to proceed",
+                              config_.round, site, secret, have, config_.threshold);
+  };
+  AggregateOutput out;
+  for (uint32_t u : included_) {
+    ESTUARY_RETURN_IF_ERROR(enough(seed_shares_, u, "self-mask seed"));
+    auto seed = Combine(seed_shares_.at(u), config_.threshold, commitments_.at(u).seed);
+    if (!seed.ok()) {
+      return FailedPrecondition("secagg round {}: unmasking: site {}'s self-mask seed: {}", config_.round, u,
+                                seed.status().message());
+    }
+    ESTUARY_RETURN_IF_ERROR(RemoveSelfMask(*seed, config_.bits, 0, sum_));
+    OPENSSL_cleanse(seed->data(), seed->size());
+    out.included.push_back(u);
+  }
+  for (uint32_t d : shared_) {
+    if (included_.contains(d)) continue;
+    ESTUARY_RETURN_IF_ERROR(enough(key_shares_, d, "mask key"));
+    auto key = Combine(key_shares_.at(d), config_.threshold, commitments_.at(d).key);
+    if (!key.ok()) {
+      return FailedPrecondition("secagg round {}: unmasking: site {}'s mask key: {}", config_.round, d,
+                                key.status().message());
+    }
+    ESTUARY_ASSIGN_OR_RETURN(X25519KeyPair pair, X25519KeyPairFromPrivate(*key));
+    if (pair.public_key != advertised_.at(d).mask_public_key) {
+      return FailedPrecondition("secagg round {}: unmasking: site {}'s reconstructed mask key does not match its "
+                                "advertised public key",
+                                config_.round, d);
+    }
+    // The neighbours that masked with d: those that had its envelope and sent.
+    std::vector<PeerPublicKey> survivors;
+    for (uint32_t v : graph_.Neighbours(d)) {
+      if (included_.contains(v)) survivors.push_back({v, advertised_.at(v).mask_public_key});
+    }
+    ESTUARY_RETURN_IF_ERROR(RemoveDroppedSiteMasks(d, *key, survivors, config_.round, config_.bits, 0, sum_));
+    OPENSSL_cleanse(key->data(), key->size());
+    OPENSSL_cleanse(pair.private_key.data(), pair.private_key.size());
+    out.dropped.push_back(d);
+  }
+  out.sum = std::move(sum_);
+  stage_ = Stage::kDone;
+  return out;
+}
+
+}  // namespace estuary::secagg

@@ -1,0 +1,90 @@
+// The server's side of SecAgg+ (secagg/protocol.h): collects each round's
+// messages, relays what the sites need, and at the end reconstructs from the
+// survivors' shares what it must to unmask the sum.
+//
+//   auto server = SecAggServer::Create(config);
+//   server->Receive(advertise) ...;  auto keys = server->CloseAdvertise();      // per site
+//   server->Receive(share_keys) ...; auto inboxes = server->CloseShareKeys();   // per site
+//   server->Receive(masked) ...;     auto request = server->CloseMaskedInput(); // to each included site
+//   server->Receive(response) ...;   auto output = server->Finish();
+//
+// Receive checks a message against the stage and the sets so far (sender in
+// range, in the previous stage's set, not a repeat; sizes; ids in its
+// neighbourhood) and refuses it with one line, changing nothing: its sender
+// simply counts as silent. Sites that never send are the dropouts; closing a
+// stage fixes who made it.
+//
+// Thresholds. Closing a stage with fewer than t sites left refuses to go on
+// with "secagg round R: <stage>: N of M sites remain, fewer than the
+// threshold t". Finish also needs, per site it unmasks, t shares of the secret
+// it needs: "... site u's self-mask seed has 2 shares, fewer than the
+// threshold 3". After a refusal every later call fails.
+//
+// The output: Σ x_u mod 2^bits over the sites whose MaskedInput arrived, the
+// self masks removed (b_u from t shares, checked against u's commitment) and
+// the pairwise masks of sites that shared keys but never sent their input
+// cancelled (sk_d from t shares, checked against d's commitment and its
+// advertised public key).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <set>
+#include <vector>
+
+#include "base/status.h"
+#include "secagg/neighbours.h"
+#include "secagg/protocol.h"
+
+namespace estuary::secagg {
+
+class SecAggServer {
+ public:
+  static Result<SecAggServer> Create(const ProtocolConfig& config);
+
+  const ProtocolConfig& config() const { return config_; }
+  const NeighbourGraph& graph() const { return graph_; }
+
+  Status Receive(const AdvertiseKeys& message);
+  // Per site that advertised: its advertised neighbours' keys.
+  Result<std::map<uint32_t, KeysBroadcast>> CloseAdvertise();
+
+  Status Receive(const ShareKeys& message);
+  // Per site that shared keys: the envelopes addressed to it by the others
+  // that did.
+  Result<std::map<uint32_t, ShareInbox>> CloseShareKeys();
+
+  Status Receive(const MaskedInput& message);
+  // The one request every site whose input arrived gets.
+  Result<UnmaskRequest> CloseMaskedInput();
+
+  Status Receive(const UnmaskResponse& message);
+  Result<AggregateOutput> Finish();
+
+ private:
+  enum class Stage { kAdvertise, kShare, kMask, kUnmask, kDone, kFailed };
+  SecAggServer(const ProtocolConfig& config, NeighbourGraph graph) : config_(config), graph_(std::move(graph)) {}
+  Status Expect(Stage stage, std::string_view what, uint32_t site);
+  Status CheckSender(std::string_view what, uint32_t site, const std::set<uint32_t>& allowed,
+                     const std::set<uint32_t>& seen, std::string_view previous);
+  // The stage's survivors against t.
+  Status CloseStage(std::string_view stage, size_t remaining, size_t before);
+
+  struct Commitments {
+    Commitment seed{}, key{};
+  };
+
+  ProtocolConfig config_;
+  NeighbourGraph graph_;
+  Stage stage_ = Stage::kAdvertise;
+  std::map<uint32_t, AdvertiseKeys> advertised_;                          // U1
+  std::map<uint32_t, Commitments> commitments_;                           // U2
+  std::map<std::pair<uint32_t, uint32_t>, std::vector<uint8_t>> mailbox_;  // (from, to) -> envelope
+  std::set<uint32_t> shared_;                                              // U2
+  std::set<uint32_t> included_;                                            // U3
+  std::vector<uint32_t> sum_;
+  std::set<uint32_t> responded_;                                           // U4
+  std::map<uint32_t, std::vector<Share>> seed_shares_, key_shares_;       // by owner
+};
+
+}  // namespace estuary::secagg
