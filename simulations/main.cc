@@ -173,6 +173,18 @@ int main(int argc, char** argv) {
   app.add_option("--data", s.data_dir,
                  "MNIST IDX directory (scripts/fetch-mnist makes it); for text models a fortunes directory, or a JSON "
                  "Lines file of instruction examples (with --template, --tokenizer, --partition-by or --dirichlet)");
+  app.add_flag("--secagg", s.secagg,
+               "inproc: each round's mean through SecAgg+ (quantised, masked, summed; docs/SECAGG.md)");
+  app.add_option("--secagg-neighbours", s.secagg_options.neighbours,
+                 "--secagg: neighbours k per site, even and < sites a round, or sites - 1 (0: about 3 log2 n)");
+  app.add_option("--secagg-threshold", s.secagg_options.threshold,
+                 "--secagg: shares t that rebuild a secret, a strict majority of k (0: k/2 + 1)");
+  app.add_option("--secagg-bits", s.secagg_options.bits, "--secagg: the ring Z/2^bits the sum is taken in, 2..32");
+  app.add_option("--secagg-clip", s.secagg_options.clip,
+                 "--secagg: L2 norm each update is clipped to before quantisation; the error per element is about "
+                 "sites x clip / 2^(bits-1)");
+  app.add_option("--dropout", s.secagg_options.dropout,
+                 "--secagg: probability that a sampled site drops out, at a random stage of the protocol (seeded)");
   app.add_option("--threads", s.threads, "clients trained at once");
   app.add_option("--report", report_path, "JSON report to write");
   app.add_option("--plot", plot_path, "SVG accuracy plot (default: the report's path with .svg)");
@@ -193,6 +205,11 @@ int main(int argc, char** argv) {
   }
   if (!s.partition_by.empty() && app.get_option("--clients")->count() + app.get_option("--sites")->count() == 0) {
     s.clients = 0;  // one site per value
+  }
+  if (s.secagg && app.get_option("--max-norm-over-median")->count() == 0) {
+    // The server never sees an update's norm under secure aggregation; the
+    // sites clip to --secagg-clip instead of the default relative bound.
+    s.federation.mutable_limits()->set_max_norm_over_median(0);
   }
   StartLogging("estuary-sim", log_level);
   if (!scenario.empty()) {
@@ -253,6 +270,20 @@ int main(int argc, char** argv) {
     for (const auto& row : report->rounds) refused += row.updates_refused.value_or(0);
     std::printf("attack %s: %llu of %u sites malicious; %llu updates refused\n", s.attack.c_str(),
                 (unsigned long long)*report->attackers, s.clients, (unsigned long long)refused);
+  }
+  if (s.secagg) {
+    uint64_t bytes = 0, dropouts = 0;
+    double seconds = 0, bound = 0;
+    for (const auto& row : report->rounds) {
+      bytes += row.secagg_bytes_per_site.value_or(0);
+      dropouts += row.secagg_dropouts.value_or(0);
+      seconds += row.secagg_seconds.value_or(0);
+      bound = std::max(bound, row.secagg_error_bound.value_or(0));
+    }
+    const double rounds = double(report->rounds.size());
+    std::printf("secure aggregation: %.0f bytes per site and %.3f s per round; %llu dropouts; quantisation error <= %.3g "
+                "per element\n",
+                double(bytes) / rounds, seconds / rounds, (unsigned long long)dropouts, bound);
   }
   if (report->epsilon) std::printf("differential privacy: epsilon %.4g at delta %g\n", *report->epsilon, *report->delta);
   if (!report->round_log.empty()) std::printf("round log: %s\n", report->round_log.c_str());

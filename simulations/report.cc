@@ -29,7 +29,8 @@ constexpr const char* kRoundKeys[] = {"round",      "clients_selected", "updates
                                       "global_checksum"};
 // Round keys added later: written always, read when present.
 constexpr const char* kOptionalRoundKeys[] = {"bytes_per_update", "merge_bytes_down", "epsilon", "dp_clip",
-                                              "attackers", "updates_refused"};
+                                              "attackers", "updates_refused", "secagg_bytes_per_site",
+                                              "secagg_seconds", "secagg_dropouts", "secagg_error_bound"};
 constexpr const char* kReportKeys[] = {"scenario", "mode",          "round_log",
                                        "rounds",   "total_seconds", "final_accuracy"};
 // A DP run's (epsilon, delta); a run under attack's (attackers).
@@ -140,17 +141,25 @@ Result<RoundReport> RoundFromJson(const json& object, std::string_view where) {
   if (object.contains("merge_bytes_down")) {
     ESTUARY_RETURN_IF_ERROR(ReadUnsigned(object, "merge_bytes_down", kMaxU64, where, round.merge_bytes_down));
   }
-  for (auto [key, out] : {std::pair{"epsilon", &round.epsilon}, std::pair{"dp_clip", &round.dp_clip}}) {
+  for (auto [key, out] : {std::pair{"epsilon", &round.epsilon}, std::pair{"dp_clip", &round.dp_clip},
+                          std::pair{"secagg_seconds", &round.secagg_seconds},
+                          std::pair{"secagg_error_bound", &round.secagg_error_bound}}) {
     if (!object.contains(key)) continue;
     double value = 0;
     ESTUARY_RETURN_IF_ERROR(ReadNonNegative(object, key, where, value));
     *out = value;
   }
-  for (auto [key, out] : {std::pair{"attackers", &round.attackers}, std::pair{"updates_refused", &round.updates_refused}}) {
+  for (auto [key, out] : {std::pair{"attackers", &round.attackers}, std::pair{"updates_refused", &round.updates_refused},
+                          std::pair{"secagg_dropouts", &round.secagg_dropouts}}) {
     if (!object.contains(key)) continue;
     uint64_t value = 0;
     ESTUARY_RETURN_IF_ERROR(ReadUnsigned(object, key, kMaxU32, where, value));
     *out = value;
+  }
+  if (object.contains("secagg_bytes_per_site")) {
+    uint64_t value = 0;
+    ESTUARY_RETURN_IF_ERROR(ReadUnsigned(object, "secagg_bytes_per_site", kMaxU64, where, value));
+    round.secagg_bytes_per_site = value;
   }
   return round;
 }
@@ -238,6 +247,10 @@ nlohmann::json ToJson(const Report& report) {
     SetIfPresent(rounds.back(), "dp_clip", r.dp_clip);
     SetIfPresent(rounds.back(), "attackers", r.attackers);
     SetIfPresent(rounds.back(), "updates_refused", r.updates_refused);
+    SetIfPresent(rounds.back(), "secagg_bytes_per_site", r.secagg_bytes_per_site);
+    SetIfPresent(rounds.back(), "secagg_seconds", r.secagg_seconds);
+    SetIfPresent(rounds.back(), "secagg_dropouts", r.secagg_dropouts);
+    SetIfPresent(rounds.back(), "secagg_error_bound", r.secagg_error_bound);
   }
   json out = {{"scenario", report.scenario},
               {"mode", report.mode},

@@ -13,7 +13,9 @@
 //     "total_seconds": 12.5, "final_accuracy": 0.97 }
 // A DP run's rounds also hold "epsilon" (spent after the round) and "dp_clip"
 // (the clip norm the round used), and the report "epsilon" and "delta" (spent
-// by the whole run); a run without DP has none of these keys.
+// by the whole run); a run without DP has none of these keys. A --secagg run's
+// rounds hold "secagg_bytes_per_site", "secagg_seconds", "secagg_dropouts" and
+// "secagg_error_bound".
 // JSON has no NaN or infinity; a non-finite metric (a diverged loss) is written
 // as null and read back as NaN, so such a run still leaves a readable report.
 #pragma once
@@ -51,6 +53,15 @@ struct RoundReport {
   // refused (not finite: a nan attack's) rather than folded.
   std::optional<uint64_t> attackers;
   std::optional<uint64_t> updates_refused;
+  // Under --secagg (docs/SECAGG.md): the protocol's bytes per sampled site
+  // (sent and received, all four rounds), its wall time in the round
+  // (quantisation to the dequantised mean, training excluded), the sites that
+  // dropped out of it, and the bound on each element of the mean's
+  // quantisation error.
+  std::optional<uint64_t> secagg_bytes_per_site;
+  std::optional<double> secagg_seconds;
+  std::optional<uint64_t> secagg_dropouts;
+  std::optional<double> secagg_error_bound;
 
   bool operator==(const RoundReport&) const = default;
 };

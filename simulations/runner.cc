@@ -15,6 +15,7 @@
 
 #include "aggregation/dp_fedavg.h"
 #include "aggregation/lora_strategy.h"
+#include "aggregation/robust_strategy.h"
 #include "aggregation/sampling.h"
 #include "base/host_port.h"
 #include "base/seed.h"
@@ -61,17 +62,63 @@ nlohmann::json ScenarioJson(const Scenario& s) {
   options.preserve_proto_field_names = true;
   options.always_print_primitive_fields = true;
   (void)google::protobuf::util::MessageToJsonString(FederationOf(s), &federation, options);
-  return {{"federation", nlohmann::json::parse(federation)},
+  nlohmann::json out = {{"federation", nlohmann::json::parse(federation)},
           {"clients", s.clients}, {"per_round", s.per_round}, {"rounds", s.rounds}, {"partition", s.partition},
           {"topics", s.topics}, {"mode", s.mode}, {"threads", s.threads}, {"data", s.data_dir.string()},
           {"device", s.device}, {"precision", s.precision}, {"lora_site_ranks", s.lora_site_ranks},
           {"lora_base_dtype", s.lora_base_dtype}, {"tokenizer", s.tokenizer.string()},
           {"partition_by", s.partition_by}, {"dirichlet", s.dirichlet_alpha}, {"label_field", s.label_field},
           {"attack", s.attack}, {"attackers", s.attackers}};
+  if (s.secagg) {
+    const SecAggOptions& o = s.secagg_options;
+    out["secagg"] = {{"neighbours", o.neighbours}, {"threshold", o.threshold}, {"bits", o.bits}, {"clip", o.clip},
+                     {"dropout", o.dropout}};
+  }
+  return out;
+}
+
+// What --secagg cannot be combined with: whatever needs one site's update.
+static Status CheckSecAgg(const Scenario& s) {
+  const SecAggOptions& o = s.secagg_options;
+  if (!s.secagg) {
+    if (o.dropout > 0) return InvalidArgument("sim: --dropout drops sites out of the secure aggregation: it needs --secagg");
+    if (o.neighbours || o.threshold) {
+      return InvalidArgument("sim: --secagg-neighbours and --secagg-threshold need --secagg");
+    }
+    return Status::Ok();
+  }
+  if (s.clients > 0) {
+    ESTUARY_RETURN_IF_ERROR(CheckSecAggOptions(o, uint32_t(aggregation::ClientsPerRound(s.per_round, s.clients))));
+  }
+  const std::string& strategy = s.federation.strategy().name();
+  if (s.mode != "inproc") {
+    return InvalidArgument("sim: --secagg runs in inproc mode only: the protocol is not yet part of the server's rounds");
+  }
+  if (aggregation::IsRobustStrategy(strategy)) {
+    return InvalidArgument("sim: --secagg with --strategy {}: a robust rule needs the individual updates, which "
+                           "secure aggregation hides (fedavg, fedavgm and the fedopt family take the sum)",
+                           strategy);
+  }
+  if (s.task().update_kind() == v1::UPDATE_LORA) {
+    return InvalidArgument("sim: --secagg sums full deltas; a lora federation's adapter factors are not supported");
+  }
+  if (s.federation.dp().noise_multiplier() > 0) {
+    return InvalidArgument("sim: --secagg with --dp-noise-multiplier: DP-FedAvg clips and counts individual updates "
+                           "on the server, which secure aggregation hides");
+  }
+  if (s.federation.limits().max_norm() > 0 || s.federation.limits().max_norm_over_median() > 0) {
+    return InvalidArgument("sim: --secagg with --max-update-norm or --max-norm-over-median: the server never sees an "
+                           "update's norm; --secagg-clip bounds it on the site");
+  }
+  if (!s.attack.empty()) {
+    return InvalidArgument("sim: --secagg with --attack: the attacks and their refusals act on individual updates");
+  }
+  return Status::Ok();
 }
 
 
 static Status CheckScenario(const Scenario& s) {
+  ESTUARY_RETURN_IF_ERROR(CheckSecAgg(s));
   if (s.clients == 0 && (s.partition_by.empty() || !InstructionData(s))) {
     return InvalidArgument("sim: --clients must be >= 1");
   }
@@ -191,6 +238,15 @@ Result<Report> RunInproc(const Scenario& s, const RoundCallback& on_round, std::
     row.clients_selected = uint32_t(k);
     double loss_sum = 0, examples = 0;
     if (report.attackers) row.attackers = row.updates_refused = 0;
+    auto received = [&](const client::Update& update) {
+      ++row.updates_received;
+      row.bytes_up += update.payload.size() * sizeof(float);
+      row.bytes_down += manifest.byte_size();
+      loss_sum += update.train_loss * double(update.num_examples);
+      examples += double(update.num_examples);
+    };
+    std::vector<SecAggSiteInput> secagg_inputs;  // under --secagg: the round's updates, into the protocol
+    std::vector<size_t> secagg_update;            // secagg_inputs[j] is updates[secagg_update[j]]
     for (size_t i = 0; i < k; ++i) {
       if (!updates[i]->ok()) return updates[i]->status();
       client::Update& update = updates[i]->value();
@@ -210,6 +266,11 @@ Result<Report> RunInproc(const Scenario& s, const RoundCallback& on_round, std::
       }
       ESTUARY_ASSIGN_OR_RETURN(const aggregation::UpdateBound::Admitted admitted, std::move(admitted_or));
       if (!admitted.note().empty()) spdlog::warn("round {}: update from {}: {}", round, selected[i], admitted.note());
+      if (s.secagg) {  // no norm bound under secagg (CheckSecAgg): the values are the payload
+        secagg_inputs.push_back({update.payload, double(update.num_examples)});
+        secagg_update.push_back(i);
+        continue;
+      }
       const Status folded =
           strategy.FoldUpdate(selected[i], update.manifest, admitted.values(), double(update.num_examples));
       if (!folded.ok() && report.attackers) {
@@ -217,11 +278,22 @@ Result<Report> RunInproc(const Scenario& s, const RoundCallback& on_round, std::
         continue;
       }
       ESTUARY_RETURN_IF_ERROR(folded);
-      ++row.updates_received;
-      row.bytes_up += update.payload.size() * sizeof(float);
-      row.bytes_down += manifest.byte_size();
-      loss_sum += update.train_loss * double(update.num_examples);
-      examples += double(update.num_examples);
+      received(update);
+    }
+    if (s.secagg) {
+      ESTUARY_ASSIGN_OR_RETURN(const SecAggRoundResult sum,
+                               RunSecAggRound(s.secagg_options, secagg_inputs, task.seed(), round));
+      if (sum.clipped) {
+        spdlog::warn("round {}: secagg: {} of {} updates clipped to norm {}", round, sum.clipped, secagg_inputs.size(),
+                     s.secagg_options.clip);
+      }
+      // The weighted mean, folded as one update of the included sites' weight.
+      ESTUARY_RETURN_IF_ERROR(strategy.Fold(sum.mean, sum.included_weight));
+      for (size_t j : sum.included) received(updates[secagg_update[j]]->value());
+      row.secagg_bytes_per_site = sum.bytes_per_site;
+      row.secagg_seconds = sum.seconds;
+      row.secagg_dropouts = sum.dropouts;
+      row.secagg_error_bound = sum.error_bound;
     }
     updates.clear();
     // The mean, as the server reports it: sites of other ranks upload more.

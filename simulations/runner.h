@@ -21,6 +21,7 @@
 #include "base/status.h"
 #include "client/trainer.h"
 #include "simulations/report.h"
+#include "simulations/secagg_round.h"
 
 namespace estuary::simulations {
 
@@ -56,6 +57,10 @@ struct Scenario {
   // gaussian:S | nan). Empty: none.
   std::string attack;
   double attackers = 0;
+  // inproc, full updates: each round's mean through SecAgg+ (secagg_round.h),
+  // sites dropping out of it with probability secagg_options.dropout.
+  bool secagg = false;
+  SecAggOptions secagg_options;
   uint32_t threads = 2;
   // loopback only
   std::string server;                        // attach to HOST:PORT instead of starting one

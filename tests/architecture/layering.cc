@@ -24,7 +24,7 @@ const std::map<std::string, std::set<std::string>>& DesignGraph() {
       {"aggregation", {"models", "proto"}},
       {"client", {"parallel", "models", "proto", "crypto"}},
       {"server", {"aggregation", "proto", "crypto", "privacy"}},
-      {"simulations", {"client", "server"}},
+      {"simulations", {"client", "server", "secagg"}},
       {"bench", {"simulations", "secagg"}},
   };
   return graph;

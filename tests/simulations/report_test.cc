@@ -146,6 +146,23 @@ TEST(simulations_report_json, RoundTripsThroughAFile) {
   EXPECT_EQ(std::distance(fs::directory_iterator(dir.path()), fs::directory_iterator()), 1);
 }
 
+TEST(simulations_report_json, SecAggFieldsRoundTripAndAreAbsentWithoutIt) {
+  TempDir dir;
+  const fs::path path = dir.path() / "report.json";
+  Report report = MakeReport(2);
+  report.rounds[1].secagg_bytes_per_site = 801'322;
+  report.rounds[1].secagg_seconds = 0.25;
+  report.rounds[1].secagg_dropouts = 3;
+  report.rounds[1].secagg_error_bound = 4.66e-7;
+  ASSERT_TRUE(WriteReport(path, report).ok());
+  Result<Report> back = ReadReport(path);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  ExpectSameReport(report, *back);
+  const nlohmann::json json = ToJson(report);
+  EXPECT_FALSE(json["rounds"][0].contains("secagg_bytes_per_site"));
+  EXPECT_EQ(json["rounds"][1]["secagg_dropouts"], 3);
+}
+
 TEST(simulations_report_json, NonFiniteMetricsBecomeNullAndComeBackAsNaN) {
   Report report = MakeReport(2);
   report.rounds[1].test_loss = std::numeric_limits<double>::quiet_NaN();

@@ -1,0 +1,153 @@
+#include "simulations/secagg_round.h"
+
+#include <chrono>
+#include <cmath>
+#include <map>
+#include <random>
+
+#include "base/seed.h"
+#include "secagg/client.h"
+#include "secagg/neighbours.h"
+#include "secagg/quantize.h"
+#include "secagg/server.h"
+
+namespace estuary::simulations {
+namespace {
+
+using namespace estuary::secagg;
+
+// The stage a site stops at; kNone: it completes the protocol.
+enum class Drop { kNone, kBeforeAdvertise, kAfterAdvertise, kAfterShare, kAfterMaskedInput };
+
+// A key derived from the federation's seed: the graph's, a site's rounding.
+Key32 DerivedKey(uint64_t seed) {
+  Key32 key;
+  for (size_t i = 0; i < key.size(); i += 8) {
+    seed = SplitMix64(seed);
+    for (size_t b = 0; b < 8; ++b) key[i + b] = uint8_t(seed >> (8 * b));
+  }
+  return key;
+}
+
+// The protocol's parameters for `sites` sites: the options' k and t, or the
+// defaults for n.
+Result<ProtocolConfig> ConfigFor(const SecAggOptions& options, uint32_t sites, uint64_t dimension, uint64_t seed,
+                                 uint64_t round) {
+  ProtocolConfig config =
+      DefaultProtocolConfig(sites, dimension, round, DerivedKey(MixSeed(MixSeed(seed, round), "secagg graph")));
+  if (options.neighbours > 0) config.degree = options.neighbours;
+  config.threshold = options.threshold > 0 ? options.threshold : DefaultThreshold(config.degree);
+  config.bits = options.bits;
+  if (Status ok = CheckProtocolConfig(config); !ok.ok()) {
+    return InvalidArgument("sim: --secagg with {} sites a round: {}", sites, ok.message());
+  }
+  return config;
+}
+
+}  // namespace
+
+Status CheckSecAggOptions(const SecAggOptions& o, uint32_t sites) {
+  if (o.neighbours < 0) return InvalidArgument("sim: --secagg-neighbours {}: must be >= 0 (0: the default)", o.neighbours);
+  if (o.threshold < 0) return InvalidArgument("sim: --secagg-threshold {}: must be >= 0 (0: the default)", o.threshold);
+  if (o.bits < 2 || o.bits > 32) return InvalidArgument("sim: --secagg-bits {}: must be in [2, 32]", o.bits);
+  if (!(std::isfinite(o.clip) && o.clip > 0)) return InvalidArgument("sim: --secagg-clip {}: must be finite and > 0", o.clip);
+  if (!(o.dropout >= 0 && o.dropout < 1)) return InvalidArgument("sim: --dropout {}: must be in [0, 1)", o.dropout);
+  return ConfigFor(o, sites, 1, 0, 0).status();
+}
+
+Result<SecAggRoundResult> RunSecAggRound(const SecAggOptions& options, std::span<const SecAggSiteInput> inputs,
+                                         uint64_t seed, uint64_t round) {
+  const auto start = std::chrono::steady_clock::now();
+  const uint32_t n = uint32_t(inputs.size());
+  if (n < 2) return InvalidArgument("sim: --secagg: round {} samples {} site: secure aggregation needs 2", round, n);
+  ESTUARY_ASSIGN_OR_RETURN(const ProtocolConfig config, ConfigFor(options, n, inputs[0].update.size(), seed, round));
+
+  // The scale: as fine as the ring allows for these weights.
+  double total_weight = 0;
+  for (const SecAggSiteInput& input : inputs) {
+    if (input.update.size() != config.dimension) {
+      return InvalidArgument("sim: --secagg: updates of {} and {} elements", input.update.size(), config.dimension);
+    }
+    total_weight += input.examples;
+  }
+  const double scale = std::floor((std::ldexp(1.0, options.bits - 1) - 1 - n) / (options.clip * total_weight));
+  if (!(scale >= 1)) {
+    return InvalidArgument("sim: --secagg-bits {}: too narrow for {} sites of {} examples at clip {} (scale {} < 1)",
+                           options.bits, n, total_weight, options.clip, scale);
+  }
+  const QuantizationConfig quantization{.bits = options.bits, .clip_norm = options.clip, .scale = scale};
+
+  // Who stops where.
+  std::mt19937_64 draws(MixSeed(MixSeed(seed, round), "secagg dropout"));
+  std::vector<Drop> drop(n, Drop::kNone);
+  SecAggRoundResult result{.neighbours = config.degree, .threshold = config.threshold};
+  for (uint32_t u = 0; u < n; ++u) {
+    const double p = double(draws() >> 11) * 0x1p-53;
+    const uint64_t stage = UniformBelow(draws, 4);
+    if (p < options.dropout) {
+      drop[u] = Drop(1 + stage);
+      ++result.dropouts;
+    }
+  }
+
+  ESTUARY_ASSIGN_OR_RETURN(SecAggServer server, SecAggServer::Create(config));
+  std::vector<SecAggClient> clients;
+  std::vector<uint64_t> bytes(n, 0);
+  for (uint32_t u = 0; u < n; ++u) {
+    ESTUARY_ASSIGN_OR_RETURN(SecAggClient client, SecAggClient::Create(config, u));
+    clients.push_back(std::move(client));
+  }
+  for (uint32_t u = 0; u < n; ++u) {
+    if (drop[u] == Drop::kBeforeAdvertise) continue;
+    ESTUARY_ASSIGN_OR_RETURN(AdvertiseKeys keys, clients[u].Advertise());
+    bytes[u] += WireBytes(keys);
+    ESTUARY_RETURN_IF_ERROR(server.Receive(keys));
+  }
+  ESTUARY_ASSIGN_OR_RETURN(auto broadcasts, server.CloseAdvertise());
+  for (auto& [u, broadcast] : broadcasts) {
+    bytes[u] += WireBytes(broadcast);
+    if (drop[u] == Drop::kAfterAdvertise) continue;
+    ESTUARY_ASSIGN_OR_RETURN(ShareKeys shares, clients[u].Share(broadcast));
+    bytes[u] += WireBytes(shares);
+    ESTUARY_RETURN_IF_ERROR(server.Receive(shares));
+  }
+  ESTUARY_ASSIGN_OR_RETURN(auto inboxes, server.CloseShareKeys());
+  for (auto& [u, inbox] : inboxes) {
+    bytes[u] += WireBytes(inbox);
+    if (drop[u] == Drop::kAfterShare) continue;
+    const SecAggSiteInput& input = inputs[u];
+    double squares = 0;
+    for (float x : input.update) squares += double(x) * double(x);
+    result.clipped += std::sqrt(squares) > options.clip;
+    ESTUARY_ASSIGN_OR_RETURN(std::vector<uint32_t> quantized,
+                             Quantize(input.update, input.examples, quantization,
+                                      DerivedKey(MixSeed(MixSeed(seed, round), MixSeed(u, "secagg rounding")))));
+    ESTUARY_ASSIGN_OR_RETURN(MaskedInput masked, clients[u].MaskInput(inbox, quantized));
+    bytes[u] += WireBytes(masked);
+    ESTUARY_RETURN_IF_ERROR(server.Receive(masked));
+  }
+  ESTUARY_ASSIGN_OR_RETURN(UnmaskRequest request, server.CloseMaskedInput());
+  for (uint32_t u : request.survived) {
+    bytes[u] += WireBytes(request);
+    if (drop[u] == Drop::kAfterMaskedInput) continue;
+    ESTUARY_ASSIGN_OR_RETURN(UnmaskResponse response, clients[u].Unmask(request));
+    bytes[u] += WireBytes(response);
+    ESTUARY_RETURN_IF_ERROR(server.Receive(response));
+  }
+  ESTUARY_ASSIGN_OR_RETURN(AggregateOutput output, server.Finish());
+
+  for (uint32_t u : output.included) {
+    result.included.push_back(u);
+    result.included_weight += inputs[u].examples;
+  }
+  ESTUARY_ASSIGN_OR_RETURN(std::vector<double> mean, Dequantize(output.sum, result.included_weight, quantization));
+  result.mean.assign(mean.begin(), mean.end());
+  result.error_bound = DequantizationErrorBound(int(output.included.size()), result.included_weight, quantization);
+  uint64_t total_bytes = 0;
+  for (uint64_t b : bytes) total_bytes += b;
+  result.bytes_per_site = total_bytes / n;
+  result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return result;
+}
+
+}  // namespace estuary::simulations
