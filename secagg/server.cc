@@ -31,17 +31,17 @@ Status SecAggServer::Expect(Stage stage, std::string_view what, uint32_t site) {
                             StageName(int(stage_)));
 }
 
-Status SecAggServer::CheckSender(std::string_view what, uint32_t site, const std::set<uint32_t>& allowed,
-                                 const std::set<uint32_t>& seen, std::string_view previous) {
+Status SecAggServer::CheckSender(std::string_view what, uint32_t site, bool allowed, bool seen,
+                                 std::string_view previous) {
   if (site >= config_.sites) {
     return ProtocolError("secagg round {}: {} from site {}, not among the {} sites", config_.round, what, site,
                          config_.sites);
   }
-  if (!allowed.contains(site)) {
+  if (!allowed) {
     return ProtocolError("secagg round {}: {} from site {}, which did not complete {}", config_.round, what, site,
                          previous);
   }
-  if (seen.contains(site)) return ProtocolError("secagg round {}: a second {} from site {}", config_.round, what, site);
+  if (seen) return ProtocolError("secagg round {}: a second {} from site {}", config_.round, what, site);
   return Status::Ok();
 }
 
@@ -55,11 +55,8 @@ Status SecAggServer::CloseStage(std::string_view stage, size_t remaining, size_t
 
 Status SecAggServer::Receive(const AdvertiseKeys& message) {
   ESTUARY_RETURN_IF_ERROR(Expect(Stage::kAdvertise, "advertised keys", message.site));
-  std::set<uint32_t> everyone;
-  for (uint32_t u = 0; u < config_.sites; ++u) everyone.insert(u);
-  std::set<uint32_t> seen;
-  for (const auto& [site, keys] : advertised_) seen.insert(site);
-  ESTUARY_RETURN_IF_ERROR(CheckSender("advertised keys", message.site, everyone, seen, "nothing"));
+  ESTUARY_RETURN_IF_ERROR(
+      CheckSender("advertised keys", message.site, true, advertised_.contains(message.site), "nothing"));
   advertised_.emplace(message.site, message);
   return Status::Ok();
 }
@@ -80,13 +77,12 @@ Result<std::map<uint32_t, KeysBroadcast>> SecAggServer::CloseAdvertise() {
 
 Status SecAggServer::Receive(const ShareKeys& message) {
   ESTUARY_RETURN_IF_ERROR(Expect(Stage::kShare, "share keys", message.site));
-  std::set<uint32_t> advertised;
-  for (const auto& [site, keys] : advertised_) advertised.insert(site);
-  ESTUARY_RETURN_IF_ERROR(CheckSender("share keys", message.site, advertised, shared_, "advertise keys"));
+  ESTUARY_RETURN_IF_ERROR(CheckSender("share keys", message.site, advertised_.contains(message.site),
+                                      shared_.contains(message.site), "advertise keys"));
   // Exactly one envelope per advertised neighbour: what its KeysBroadcast held.
   std::set<uint32_t> expected, got;
   for (uint32_t v : graph_.Neighbours(message.site)) {
-    if (advertised.contains(v)) expected.insert(v);
+    if (advertised_.contains(v)) expected.insert(v);
   }
   for (const SealedShare& share : message.envelopes) {
     if (!expected.contains(share.peer)) {
@@ -130,7 +126,8 @@ Result<std::map<uint32_t, ShareInbox>> SecAggServer::CloseShareKeys() {
 
 Status SecAggServer::Receive(const MaskedInput& message) {
   ESTUARY_RETURN_IF_ERROR(Expect(Stage::kMask, "masked input", message.site));
-  ESTUARY_RETURN_IF_ERROR(CheckSender("masked input", message.site, shared_, included_, "share keys"));
+  ESTUARY_RETURN_IF_ERROR(CheckSender("masked input", message.site, shared_.contains(message.site),
+                                      included_.contains(message.site), "share keys"));
   if (message.values.size() != config_.dimension) {
     return ProtocolError("secagg round {}: masked input from site {}: {} elements, expected {}", config_.round,
                          message.site, message.values.size(), config_.dimension);
@@ -158,7 +155,8 @@ Result<UnmaskRequest> SecAggServer::CloseMaskedInput() {
 
 Status SecAggServer::Receive(const UnmaskResponse& message) {
   ESTUARY_RETURN_IF_ERROR(Expect(Stage::kUnmask, "unmasking response", message.site));
-  ESTUARY_RETURN_IF_ERROR(CheckSender("unmasking response", message.site, included_, responded_, "masked input"));
+  ESTUARY_RETURN_IF_ERROR(CheckSender("unmasking response", message.site, included_.contains(message.site),
+                                      responded_.contains(message.site), "masked input"));
   const std::string where = fmt::format("secagg round {}: unmasking response from site {}", config_.round, message.site);
   // A holder answers for its neighbours that shared keys, each in its list.
   std::set<uint32_t> seen;

@@ -65,8 +65,8 @@ class SecAggServer {
   enum class Stage { kAdvertise, kShare, kMask, kUnmask, kDone, kFailed };
   SecAggServer(const ProtocolConfig& config, NeighbourGraph graph) : config_(config), graph_(std::move(graph)) {}
   Status Expect(Stage stage, std::string_view what, uint32_t site);
-  Status CheckSender(std::string_view what, uint32_t site, const std::set<uint32_t>& allowed,
-                     const std::set<uint32_t>& seen, std::string_view previous);
+  // `allowed`: the sender completed `previous`; `seen`: it already sent this.
+  Status CheckSender(std::string_view what, uint32_t site, bool allowed, bool seen, std::string_view previous);
   // The stage's survivors against t.
   Status CloseStage(std::string_view stage, size_t remaining, size_t before);
 
