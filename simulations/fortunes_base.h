@@ -50,6 +50,23 @@ struct FortunesBase {
   const models::TextSource& Topic(const std::string& name) const { return sources[source_of_topic.at(name)]; }
 };
 
+// The base options of a study's options `o` (any struct with the same
+// names: LoraFortunesOptions, InstructFortunesOptions).
+template <typename StudyOptions>
+FortunesBaseOptions BaseOptionsOf(const StudyOptions& o, std::vector<std::string> site_topics, std::string study) {
+  return {.data_dir = o.data_dir,
+          .site_topics = std::move(site_topics),
+          .model = o.model,
+          .seq_len = o.seq_len,
+          .batch = o.batch,
+          .pretrain_steps = o.pretrain_steps,
+          .pretrain_lr = o.pretrain_lr,
+          .seed = o.seed,
+          .workdir = o.workdir,
+          .base_model = o.base_model,
+          .study = std::move(study)};
+}
+
 using FortunesProgress = std::function<void(const std::string& what)>;
 
 // Fails naming the study and the problem: a model that is not byte-level,

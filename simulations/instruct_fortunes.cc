@@ -116,18 +116,7 @@ Result<InstructFortunesReport> RunInstructFortunes(const InstructFortunesOptions
                     {"seed", o.seed},              {"base_model", o.base_model.string()}};
   const std::vector<std::string> topics = SplitCommas(o.topics);
   // 1. The base.
-  ESTUARY_ASSIGN_OR_RETURN(const FortunesBase base, MakeFortunesBase({.data_dir = o.data_dir,
-                                                                      .site_topics = topics,
-                                                                      .model = o.model,
-                                                                      .seq_len = o.seq_len,
-                                                                      .batch = o.batch,
-                                                                      .pretrain_steps = o.pretrain_steps,
-                                                                      .pretrain_lr = o.pretrain_lr,
-                                                                      .seed = o.seed,
-                                                                      .workdir = o.workdir,
-                                                                      .base_model = o.base_model,
-                                                                      .study = "instruct-fortunes"},
-                                                                     say));
+  ESTUARY_ASSIGN_OR_RETURN(const FortunesBase base, MakeFortunesBase(BaseOptionsOf(o, topics, "instruct-fortunes"), say));
   report.pretrain_tokens = base.pretrain_tokens;
   report.pretrain_loss = base.pretrain_loss;
 

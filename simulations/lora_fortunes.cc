@@ -55,18 +55,7 @@ Result<LoraFortunesReport> RunLoraFortunes(const LoraFortunesOptions& o, const L
                     {"base_model", o.base_model.string()}, {"lora_base_dtype", o.lora_base_dtype}};
   const std::vector<std::string> topics = SplitCommas(o.topics);
   // 1. The base.
-  ESTUARY_ASSIGN_OR_RETURN(const FortunesBase made, MakeFortunesBase({.data_dir = o.data_dir,
-                                                                      .site_topics = topics,
-                                                                      .model = o.model,
-                                                                      .seq_len = o.seq_len,
-                                                                      .batch = o.batch,
-                                                                      .pretrain_steps = o.pretrain_steps,
-                                                                      .pretrain_lr = o.pretrain_lr,
-                                                                      .seed = o.seed,
-                                                                      .workdir = o.workdir,
-                                                                      .base_model = o.base_model,
-                                                                      .study = "lora-fortunes"},
-                                                                     say));
+  ESTUARY_ASSIGN_OR_RETURN(const FortunesBase made, MakeFortunesBase(BaseOptionsOf(o, topics, "lora-fortunes"), say));
   const models::LlamaConfig& config = made.config;
   const std::vector<float>& base = made.weights;
   const fs::path& base_path = made.path;
