@@ -188,17 +188,32 @@ Result<std::vector<double>> PairwiseSquaredDistances(const UpdateSource& updates
   if (block == 0) return InvalidArgument("robust: block must be >= 1");
   const size_t n = updates.count();
   std::vector<double> distances(n * n, 0.0);
+  // Columns a tile at a time, so that the n rows' tile stays in cache while
+  // every pair reads it; eight partial sums per pair, so that the loop
+  // vectorises (one running sum is one dependent add per element).
+  constexpr size_t kTile = 1024, kLanes = 8;
   ESTUARY_RETURN_IF_ERROR(ForEachBlock(updates, block, [&](size_t, size_t width, std::span<const float> values) {
-    for (size_t a = 0; a < n; ++a) {
-      const float* x = values.data() + a * width;
-      for (size_t b = a + 1; b < n; ++b) {
-        const float* y = values.data() + b * width;
-        double sum = 0;
-        for (size_t j = 0; j < width; ++j) {
-          const double diff = double(x[j]) - double(y[j]);
-          sum += diff * diff;
+    for (size_t j0 = 0; j0 < width; j0 += kTile) {
+      const size_t j1 = std::min(width, j0 + kTile), whole = j0 + (j1 - j0) / kLanes * kLanes;
+      for (size_t a = 0; a < n; ++a) {
+        const float* x = values.data() + a * width;
+        for (size_t b = a + 1; b < n; ++b) {
+          const float* y = values.data() + b * width;
+          double lanes[kLanes] = {};
+          for (size_t j = j0; j < whole; j += kLanes) {
+            for (size_t k = 0; k < kLanes; ++k) {
+              const double diff = double(x[j + k]) - double(y[j + k]);
+              lanes[k] += diff * diff;
+            }
+          }
+          double sum = 0;
+          for (size_t j = whole; j < j1; ++j) {
+            const double diff = double(x[j]) - double(y[j]);
+            sum += diff * diff;
+          }
+          for (double lane : lanes) sum += lane;
+          distances[a * n + b] += sum;
         }
-        distances[a * n + b] += sum;
       }
     }
   }));

@@ -8,14 +8,17 @@
 // np.median over the same stacked updates (one thread), what a Python
 // framework's median costs.
 //
-//   build/bench/rules [--sites 100] [--model cnn] [--reps 3] [--byzantine 10] [--python python3]
+//   build/bench/rules [--sites 100] [--model cnn] [--reps 3] [--byzantine 10] [--rules median,krum]
+//                     [--python python3]
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <memory>
 #include <random>
 #include <vector>
 
 #include "aggregation/strategy.h"
+#include "base/split.h"
 #include "bench/harness.h"
 #include "models/model.h"
 
@@ -43,6 +46,8 @@ int main(int argc, char** argv) {
   app.add_option("--model", model, "whose parameter count an update has: mlp | cnn");
   app.add_option("--reps", reps, "timed rounds per rule")->check(bench::AtLeast(1));
   app.add_option("--byzantine", byzantine, "f for krum, multi-krum and bulyan");
+  std::string only;
+  app.add_option("--rules", only, "comma-separated rules to time (default: every one)");
   bench.AddPython(python);
   if (auto code = bench.Parse(argc, argv)) return *code;
 
@@ -75,7 +80,9 @@ int main(int argc, char** argv) {
   };
   auto fedavg = aggregation::MakeStrategy(OptionsOf("fedavg", byzantine));
   if (!fedavg.ok()) return bench.Fail(fedavg.status());
+  const std::vector<std::string> chosen = SplitCommas(only);
   for (const char* name : aggregation::kStrategyNames) {
+    if (!chosen.empty() && std::find(chosen.begin(), chosen.end(), name) == chosen.end()) continue;
     auto strategy = aggregation::MakeStrategy(OptionsOf(name, byzantine));
     if (!strategy.ok()) return bench.Fail(strategy.status());
     // FedAvg's round and this rule's take turns, so that load from other
