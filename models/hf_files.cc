@@ -342,7 +342,7 @@ Result<Llama> LoadHfCheckpoint(const fs::path& dir, const HfLoadOptions& options
     ESTUARY_RETURN_IF_ERROR(
         CheckTensors(file, checkpoint, LayoutOf(config).manifest, "config.json implies", expected, recomputed));
     ESTUARY_RETURN_IF_ERROR(CheckMemory(dir, config, options.max_batch, options.max_bytes));
-    ESTUARY_ASSIGN_OR_RETURN(Llama model, Llama::Create(config, options.max_batch));
+    ESTUARY_ASSIGN_OR_RETURN(Llama model, Llama::Create(config, options.max_batch, options.recompute));
     ESTUARY_RETURN_IF_ERROR(CopyCheckedTensors(file, checkpoint, model.manifest(), model.parameters(),
                                                "config.json implies", expected, recomputed));
     return model;
@@ -367,7 +367,7 @@ Result<Llama> LoadHfCheckpoint(const fs::path& dir, const HfLoadOptions& options
     }
   }
   ESTUARY_RETURN_IF_ERROR(CheckMemory(dir, config, options.max_batch, options.max_bytes));
-  ESTUARY_ASSIGN_OR_RETURN(Llama model, Llama::Create(config, options.max_batch));
+  ESTUARY_ASSIGN_OR_RETURN(Llama model, Llama::Create(config, options.max_batch, options.recompute));
   std::map<std::string, std::string> found;  // tensor -> the shard it was read from
   for (const std::string& shard : index.shards) {
     const fs::path file = dir / shard;

@@ -175,7 +175,8 @@ int64_t TensorCountOf(const LlamaConfig& config) {
   return per_block * int64_t(config.num_layers) + (config.tie_embeddings ? 2 : 3);
 }
 
-Llama::Llama(const LlamaConfig& config, int max_batch) : config_(config), max_batch_(max_batch) {
+Llama::Llama(const LlamaConfig& config, int max_batch, bool recompute)
+    : config_(config), max_batch_(max_batch), recompute_(recompute) {
   const int64_t V = config.vocab_size, D = config.hidden_size, I = config.intermediate_size;
   const int64_t q_rows = int64_t(config.num_heads) * config.head_dim();
   const int64_t kv_rows = int64_t(config.num_kv_heads) * config.head_dim();
@@ -241,13 +242,13 @@ Llama::Llama(const LlamaConfig& config, int max_batch) : config_(config), max_ba
   arena_ = FlatBuffer<float>(Carve(max_batch, config.max_seq_len, nullptr));
 }
 
-Result<Llama> Llama::Create(const LlamaConfig& config, int max_batch) {
+Result<Llama> Llama::Create(const LlamaConfig& config, int max_batch, bool recompute) {
   ESTUARY_RETURN_IF_ERROR(config.Validate());
   if (max_batch <= 0 || int64_t(max_batch) * config.max_seq_len > INT_MAX / 2) {
     return InvalidArgument("llama: max_batch {} with max_seq_len {} is out of range", max_batch,
                            config.max_seq_len);
   }
-  return Llama(config, max_batch);
+  return Llama(config, max_batch, recompute);
 }
 
 // Hands out consecutive slices of a buffer, each rounded up to 16 floats so
@@ -276,6 +277,10 @@ size_t Llama::Carve(int batch, int seq, float* base) {
   acts_.resid = carver.Take(resid_block * (c.num_layers + 1));
   acts_.resid_stride = size_t(resid_block);
   for (LayerActivations& a : acts_.layers) {
+    if (recompute_ && &a != &acts_.layers[0]) {
+      a = acts_.layers[0];  // one region, which each block's forward overwrites
+      continue;
+    }
     a.rstd1 = carver.Take(n);
     a.xn1 = carver.Take(n * D);
     a.qkv = carver.Take(n * (H + 2 * KV) * hd);
@@ -348,12 +353,33 @@ Status Llama::CheckInput(const int32_t* tokens, const int32_t* targets, int batc
   return Status::Ok();
 }
 
-// Units: 0 the embedding, 1 + l block l, L + 1 the final norm (+ LM head).
-void Llama::RunForward(const int32_t* tokens, int batch, int seq, float* logits, StepHooks& hooks) {
+void Llama::ForwardBlock(int l, int batch, int seq, bool to_output) {
   const LlamaConfig& c = config_;
   const int n = batch * seq, D = c.hidden_size, I = c.intermediate_size, hd = c.head_dim();
   const int H = c.num_heads, KV = c.num_kv_heads;
   const int64_t qkv_width = int64_t(H + 2 * KV) * hd;
+  const float eps = float(c.rms_norm_eps);
+  const Layer& layer = layers_[l];
+  const LayerActivations& a = acts_.layers[l];
+  const float* x = acts_.resid + l * acts_.resid_stride;
+  RmsNormForward(x, layer.input_norm, n, D, eps, a.xn1, a.rstd1);
+  layer.qkv.Forward(a.xn1, n, a.qkv);
+  RopeForward(a.qkv, batch, seq, H, hd, qkv_width, rope_cos_.data(), rope_sin_.data());
+  RopeForward(a.qkv + int64_t(H) * hd, batch, seq, KV, hd, qkv_width, rope_cos_.data(), rope_sin_.data());
+  AttentionForward(a.qkv, batch, seq, H, KV, hd, a.probs, a.attn);
+  layer.o.Forward(a.attn, n, a.h);
+  ResidualAdd(x, int64_t(n) * D, a.h);
+  RmsNormForward(a.h, layer.post_norm, n, D, eps, a.xn2, a.rstd2);
+  layer.gate_up.Forward(a.xn2, n, a.gate_up);
+  SwiGluForward(a.gate_up, n, I, a.act);
+  // The residual (out += h) is the caller's, after the unit's AfterUnit.
+  if (to_output) layer.down.Forward(a.act, n, acts_.resid + (l + 1) * acts_.resid_stride);
+}
+
+// Units: 0 the embedding, 1 + l block l, L + 1 the final norm (+ LM head).
+void Llama::RunForward(const int32_t* tokens, int batch, int seq, float* logits, StepHooks& hooks) {
+  const LlamaConfig& c = config_;
+  const int n = batch * seq, D = c.hidden_size;
   const float eps = float(c.rms_norm_eps);
   const int final_unit = c.num_layers + 1;
   hooks.BeforeUnit(0, Pass::kForward);
@@ -361,23 +387,10 @@ void Llama::RunForward(const int32_t* tokens, int batch, int seq, float* logits,
   hooks.AfterUnit(0, Pass::kForward);
   for (int l = 0; l < c.num_layers; ++l) {
     hooks.BeforeUnit(1 + l, Pass::kForward);
-    const Layer& layer = layers_[l];
-    const LayerActivations& a = acts_.layers[l];
-    const float* x = acts_.resid + l * acts_.resid_stride;
-    float* out = acts_.resid + (l + 1) * acts_.resid_stride;
-    RmsNormForward(x, layer.input_norm, n, D, eps, a.xn1, a.rstd1);
-    layer.qkv.Forward(a.xn1, n, a.qkv);
-    RopeForward(a.qkv, batch, seq, H, hd, qkv_width, rope_cos_.data(), rope_sin_.data());
-    RopeForward(a.qkv + int64_t(H) * hd, batch, seq, KV, hd, qkv_width, rope_cos_.data(), rope_sin_.data());
-    AttentionForward(a.qkv, batch, seq, H, KV, hd, a.probs, a.attn);
-    layer.o.Forward(a.attn, n, a.h);
-    ResidualAdd(x, int64_t(n) * D, a.h);
-    RmsNormForward(a.h, layer.post_norm, n, D, eps, a.xn2, a.rstd2);
-    layer.gate_up.Forward(a.xn2, n, a.gate_up);
-    SwiGluForward(a.gate_up, n, I, a.act);
-    layer.down.Forward(a.act, n, out);
+    ForwardBlock(l, batch, seq, /*to_output=*/true);
     hooks.AfterUnit(1 + l, Pass::kForward);
-    ResidualAdd(a.h, int64_t(n) * D, out);
+    const LayerActivations& a = acts_.layers[l];
+    ResidualAdd(a.h, int64_t(n) * D, acts_.resid + (l + 1) * acts_.resid_stride);
   }
   hooks.BeforeUnit(final_unit, Pass::kForward);
   RmsNormForward(acts_.resid + c.num_layers * acts_.resid_stride, final_norm_, n, D, eps, acts_.xn_final,
@@ -442,6 +455,8 @@ Result<float> Llama::ForwardBackward(const int32_t* tokens, const int32_t* targe
   // dresid holds dL/d(output of block l) on entry and dL/d(its input) on exit.
   for (int l = c.num_layers - 1; l >= 0; --l) {
     hooks.BeforeUnit(1 + l, Pass::kBackward);
+    // The last block's activations are still those of the forward pass.
+    if (recompute_ && l + 1 < c.num_layers) ForwardBlock(l, batch, seq, /*to_output=*/false);
     const Layer& layer = layers_[l];
     const LayerActivations& s = a.layers[l];
     layer.down.Backward(s.act, a.dresid, n, a.dact, accumulate);

@@ -17,7 +17,15 @@
 // that cost nothing until touched, and a step lays out its (batch, seq) from
 // the arena's start, so memory follows the largest step run, not the
 // context: llama-124m's arena is 1.4 GiB for 1 x 1024 tokens, 54 MiB
-// resident after steps of 1 x 64. A step is
+// resident after steps of 1 x 64. With recompute (activation checkpointing,
+// chosen at Create) a block keeps only its input: the arena holds the
+// num_layers + 1 residual streams and one block's activations, which every
+// block's forward overwrites, and backward re-runs block l's forward from its
+// kept input (up to the SwiGLU; the down projection's output is not needed)
+// just before block l's backward. The last block's are still in place and are
+// not re-run. The recomputation runs the same ops on the same inputs, so the
+// loss and every gradient are bit for bit the plain path's (same threads);
+// it costs about one more forward per step. A step is
 //   auto loss = model.ForwardBackward(tokens, targets, batch, seq);  // fills gradients()
 //   optimizer.Step(model.parameters(), model.gradients());
 // Unlike Hugging Face's `labels`, targets are not shifted inside: targets[i]
@@ -154,8 +162,9 @@ void InitializeLlamaParameters(const Manifest& manifest, uint64_t seed, std::spa
 class Llama {
  public:
   // A model with zero parameters (call Initialize or load weights) and an
-  // arena for batches of up to max_batch sequences of up to max_seq_len.
-  static Result<Llama> Create(const LlamaConfig& config, int max_batch);
+  // arena for batches of up to max_batch sequences of up to max_seq_len;
+  // with recompute, an arena of one block's activations (see above).
+  static Result<Llama> Create(const LlamaConfig& config, int max_batch, bool recompute = false);
 
   Llama(Llama&&) = default;
   Llama& operator=(Llama&&) = default;
@@ -164,6 +173,7 @@ class Llama {
 
   const LlamaConfig& config() const { return config_; }
   int max_batch() const { return max_batch_; }
+  bool recompute() const { return recompute_; }
   const Manifest& manifest() const { return manifest_; }
   std::span<float> parameters() { return params_; }
   std::span<const float> parameters() const { return params_; }
@@ -224,15 +234,21 @@ class Llama {
     float *dresid, *dxn, *dqkv, *dattn, *dscores, *dgate_up, *dact;
   };
 
-  Llama(const LlamaConfig& config, int max_batch);
+  Llama(const LlamaConfig& config, int max_batch, bool recompute);
   Status CheckInput(const int32_t* tokens, const int32_t* targets, int batch, int seq) const;
   // Points acts_ into `base` laid out for (batch, seq) and returns the floats
-  // used; with base == nullptr it only measures.
+  // used; with base == nullptr it only measures. With recompute every block's
+  // LayerActivations are the same one region.
   size_t Carve(int batch, int seq, float* base);
   void RunForward(const int32_t* tokens, int batch, int seq, float* logits, StepHooks& hooks);
+  // Block l's forward from its input (resid block l) into acts_.layers[l]:
+  // through the SwiGLU, then, with to_output, the down projection and the
+  // residual into resid block l + 1 (backward's recomputation stops before).
+  void ForwardBlock(int l, int batch, int seq, bool to_output);
 
   LlamaConfig config_;
   int max_batch_ = 0;
+  bool recompute_ = false;
   Manifest manifest_;
   std::vector<ParameterUnit> units_;
   FlatBuffer<float> params_, grads_;
@@ -259,6 +275,8 @@ struct HfLoadOptions {
   // The most bytes the fp32 weights and gradients may take, and apart from
   // them the activation arena; 0: the machine's physical memory.
   uint64_t max_bytes = 0;
+  // Activation recompute (Llama::Create): one block's activations in the arena.
+  bool recompute = false;
 };
 
 // Reads dir/config.json: LlamaForCausalLM, MistralForCausalLM (no sliding

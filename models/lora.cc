@@ -181,6 +181,12 @@ LoraLlama::LoraLlama(Llama base, const LoraConfig& config) : base_(std::move(bas
         const LoraLayout::Adapter& p = layout.layers[l][int(m)];
         if (!p.present) continue;
         const size_t in = size_t(p.in);
+        // Under recompute every layer's dropped inputs share layer 0's
+        // region, as the base's activations do: backward redraws them.
+        if (base_.recompute() && l > 0) {
+          xd_at_[size_t(l) * kLoraModules + size_t(m)] = xd_at_[size_t(m)];
+          continue;
+        }
         xd_at_[size_t(l) * kLoraModules + size_t(m)] = total;
         total += size_t(xa_rows_) * in;
         widest = std::max(widest, in);
@@ -241,9 +247,23 @@ static bool Kept(uint64_t stream, int64_t i, double p) {
   return double(SplitMix64(stream + uint64_t(i)) >> 11) * 0x1.0p-53 >= p;  // uniform [0, 1) >= p
 }
 
-// The base decoder's forward (Llama::RunForward) with each adapter added to
-// its projection's output before anything reads it (q and k before RoPE).
-void LoraLlama::RunForward(const int32_t* tokens, int batch, int seq, float* logits, bool train) {
+// dropout(x) of module m in layer l this step, into Dropped(l, m).
+const float* LoraLlama::Drop(int l, LoraModule m, const float* x, int n) {
+  const LoraLinear& adapter = layers_[l][int(m)];
+  float* xd = Dropped(l, m);
+  const uint64_t stream = MaskStream(l, m);
+  const double p = lora_config_.dropout;
+  const float keep_scale = float(1.0 / (1.0 - p));
+  const int64_t first = dropout_first_row_ * adapter.in;
+  // Inverted dropout, as nn.Dropout: kept elements scaled by 1/(1-p).
+  for (int64_t i = 0; i < int64_t(n) * adapter.in; ++i) xd[i] = Kept(stream, first + i, p) ? x[i] * keep_scale : 0.0f;
+  return xd;
+}
+
+// Block l of the base decoder's forward (Llama::ForwardBlock) with each
+// adapter added to its projection's output before anything reads it (q and k
+// before RoPE).
+void LoraLlama::ForwardBlock(int l, int batch, int seq, bool train, bool to_output) {
   const LlamaConfig& c = base_.config();
   const int n = batch * seq, D = c.hidden_size, I = c.intermediate_size, hd = c.head_dim();
   const int H = c.num_heads, KV = c.num_kv_heads;
@@ -254,21 +274,48 @@ void LoraLlama::RunForward(const int32_t* tokens, int batch, int seq, float* log
   // Column offsets of q, k, v in the fused qkv output, and of gate, up in gate_up.
   const int64_t q_at = 0, k_at = int64_t(H) * hd, v_at = int64_t(H + KV) * hd;
   const bool dropout = train && lora_config_.dropout > 0;
-  const float keep_scale = float(1.0 / (1.0 - double(lora_config_.dropout)));
-  auto adapt = [&](int l, LoraModule m, const float* x, float* y, int64_t ldy) {
+  auto adapt = [&](LoraModule m, const float* x, float* y, int64_t ldy) {
     const LoraLinear& adapter = layers_[l][int(m)];
     if (!adapter.a) return;
-    if (dropout) {
-      // Inverted dropout, as nn.Dropout: kept elements scaled by 1/(1-p).
-      float* xd = Dropped(l, m);
-      const uint64_t stream = MaskStream(l, m);
-      const double p = lora_config_.dropout;
-      const int64_t first = dropout_first_row_ * adapter.in;
-      for (int64_t i = 0; i < int64_t(n) * adapter.in; ++i) xd[i] = Kept(stream, first + i, p) ? x[i] * keep_scale : 0.0f;
-      x = xd;
-    }
-    adapter.Forward(x, n, Xa(l, m), y, ldy);
+    adapter.Forward(dropout ? Drop(l, m, x, n) : x, n, Xa(l, m), y, ldy);
   };
+  const Llama::Layer& layer = base_.layers_[l];
+  const Llama::LayerActivations& a = acts.layers[l];
+  const float* x = acts.resid + l * acts.resid_stride;
+  float* out = acts.resid + (l + 1) * acts.resid_stride;
+  RmsNormForward(x, layer.input_norm, n, D, eps, a.xn1, a.rstd1);
+  layer.qkv.Forward(a.xn1, n, a.qkv);
+  adapt(LoraModule::kQ, a.xn1, a.qkv + q_at, qkv_width);
+  adapt(LoraModule::kK, a.xn1, a.qkv + k_at, qkv_width);
+  adapt(LoraModule::kV, a.xn1, a.qkv + v_at, qkv_width);
+  RopeForward(a.qkv, batch, seq, H, hd, qkv_width, cos, sin);
+  RopeForward(a.qkv + k_at, batch, seq, KV, hd, qkv_width, cos, sin);
+  AttentionForward(a.qkv, batch, seq, H, KV, hd, a.probs, a.attn);
+  layer.o.Forward(a.attn, n, a.h);
+  adapt(LoraModule::kO, a.attn, a.h, D);
+  ResidualAdd(x, int64_t(n) * D, a.h);
+  RmsNormForward(a.h, layer.post_norm, n, D, eps, a.xn2, a.rstd2);
+  layer.gate_up.Forward(a.xn2, n, a.gate_up);
+  adapt(LoraModule::kGate, a.xn2, a.gate_up, 2 * I);
+  adapt(LoraModule::kUp, a.xn2, a.gate_up + I, 2 * I);
+  SwiGluForward(a.gate_up, n, I, a.act);
+  if (!to_output) {
+    // Backward's recomputation: the down adapter's x·Aᵀ is kept per layer,
+    // but its dropped input may share one layer's region (recompute).
+    if (dropout && layers_[l][int(LoraModule::kDown)].a) Drop(l, LoraModule::kDown, a.act, n);
+    return;
+  }
+  layer.down.Forward(a.act, n, out);
+  adapt(LoraModule::kDown, a.act, out, D);
+  ResidualAdd(a.h, int64_t(n) * D, out);
+}
+
+// The base decoder's forward (Llama::RunForward) with the adapters.
+void LoraLlama::RunForward(const int32_t* tokens, int batch, int seq, float* logits, bool train) {
+  const LlamaConfig& c = base_.config();
+  const int n = batch * seq, D = c.hidden_size;
+  const float eps = float(c.rms_norm_eps);
+  const Llama::Activations& acts = base_.acts_;
   if (base_in_bf16()) {
     // The lookup reads n rows: unpack those, not the whole table.
     const uint64_t embed = base_.units_[0].begin;
@@ -281,29 +328,7 @@ void LoraLlama::RunForward(const int32_t* tokens, int batch, int seq, float* log
   }
   for (int l = 0; l < c.num_layers; ++l) {
     OpenBase(1 + l);
-    const Llama::Layer& layer = base_.layers_[l];
-    const Llama::LayerActivations& a = acts.layers[l];
-    const float* x = acts.resid + l * acts.resid_stride;
-    float* out = acts.resid + (l + 1) * acts.resid_stride;
-    RmsNormForward(x, layer.input_norm, n, D, eps, a.xn1, a.rstd1);
-    layer.qkv.Forward(a.xn1, n, a.qkv);
-    adapt(l, LoraModule::kQ, a.xn1, a.qkv + q_at, qkv_width);
-    adapt(l, LoraModule::kK, a.xn1, a.qkv + k_at, qkv_width);
-    adapt(l, LoraModule::kV, a.xn1, a.qkv + v_at, qkv_width);
-    RopeForward(a.qkv, batch, seq, H, hd, qkv_width, cos, sin);
-    RopeForward(a.qkv + k_at, batch, seq, KV, hd, qkv_width, cos, sin);
-    AttentionForward(a.qkv, batch, seq, H, KV, hd, a.probs, a.attn);
-    layer.o.Forward(a.attn, n, a.h);
-    adapt(l, LoraModule::kO, a.attn, a.h, D);
-    ResidualAdd(x, int64_t(n) * D, a.h);
-    RmsNormForward(a.h, layer.post_norm, n, D, eps, a.xn2, a.rstd2);
-    layer.gate_up.Forward(a.xn2, n, a.gate_up);
-    adapt(l, LoraModule::kGate, a.xn2, a.gate_up, 2 * I);
-    adapt(l, LoraModule::kUp, a.xn2, a.gate_up + I, 2 * I);
-    SwiGluForward(a.gate_up, n, I, a.act);
-    layer.down.Forward(a.act, n, out);
-    adapt(l, LoraModule::kDown, a.act, out, D);
-    ResidualAdd(a.h, int64_t(n) * D, out);
+    ForwardBlock(l, batch, seq, train, /*to_output=*/true);
     // A training step's backward starts with the last block: it stays open.
     if (!train || l + 1 < c.num_layers) CloseBase(1 + l);
   }
@@ -390,7 +415,11 @@ Result<float> LoraLlama::ForwardBackward(const int32_t* tokens, const int32_t* t
   // dresid holds dL/d(output of block l) on entry and dL/d(its input) on exit,
   // except for block 0, whose input (the frozen embedding) needs none.
   for (int l = c.num_layers - 1; l >= 0; --l) {
-    if (l + 1 < c.num_layers) OpenBase(1 + l);
+    if (l + 1 < c.num_layers) {
+      OpenBase(1 + l);
+      // The last block's activations are still the forward pass's.
+      if (base_.recompute()) ForwardBlock(l, batch, seq, /*train=*/true, /*to_output=*/false);
+    }
     const Llama::Layer& layer = base_.layers_[l];
     const Llama::LayerActivations& s = a.layers[l];
     frozen(layer.down).Backward(s.act, a.dresid, n, a.dact);

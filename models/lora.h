@@ -28,6 +28,9 @@
 // The step runs on the base model's activation arena (it is the base's
 // forward with the adapters added in), plus a small arena of its own for the
 // [n, rank] products x·Aᵀ kept for backward: a step allocates nothing.
+// A base made with recompute (Llama::Create) recomputes here too: each block's
+// forward, adapters and dropout masks included, is re-run before its
+// backward, and the dropped inputs (dropout > 0) take one layer's room.
 //
 // Why a wrapper and not a flag inside Llama: the plain decoder's hot loop
 // stays as it is (its results are pinned bit for bit), and the frozen
@@ -195,6 +198,12 @@ class LoraLlama {
   void CloseBase(int unit);
   // With train and dropout > 0, each adapter reads its dropped input.
   void RunForward(const int32_t* tokens, int batch, int seq, float* logits, bool train);
+  // Block l's forward with its adapters, as Llama::ForwardBlock; without
+  // to_output it stops after the SwiGLU (and the down adapter's dropout),
+  // which is what backward's recomputation needs.
+  void ForwardBlock(int l, int batch, int seq, bool train, bool to_output);
+  // dropout(x) for module m of layer l, written to Dropped(l, m) and returned.
+  const float* Drop(int l, LoraModule m, const float* x, int n);
   // The dropout mask of module m in layer l this step: element i is kept
   // when a uniform draw from SplitMix64(stream + i) is at least p.
   uint64_t MaskStream(int layer, LoraModule m) const;

@@ -111,8 +111,8 @@ inline void ExpectManifestMatches(const Manifest& manifest, const nlohmann::json
 }
 
 // The fixture's decoder: its config, with its weights loaded by name.
-inline Llama LoadFixtureDecoder(const nlohmann::json& f, int max_batch) {
-  auto model = Llama::Create(ConfigFrom(f["config"]), max_batch);
+inline Llama LoadFixtureDecoder(const nlohmann::json& f, int max_batch, bool recompute = false) {
+  auto model = Llama::Create(ConfigFrom(f["config"]), max_batch, recompute);
   EXPECT_TRUE(model.ok()) << model.status().ToString();
   LoadTensors(f, model->manifest(), model->parameters());
   return std::move(model).value();

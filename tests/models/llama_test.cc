@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <new>
 #include <nlohmann/json.hpp>
@@ -335,6 +336,87 @@ TEST_P(LlamaDecoder, SaveReloadContinueIsBitIdentical) {
   EXPECT_FALSE(resumed_adamw.Restore(m->data, v->data, 0).ok());
 }
 
+bool SameBits(std::span<const float> a, std::span<const float> b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size_bytes()) == 0;
+}
+
+// Activation recompute re-runs each block's forward before its backward: the
+// same ops on the same inputs, so the loss and every gradient are the plain
+// path's bit for bit — full targets, the masked fixture's, a second
+// micro-batch of another shape added with a grad_scale — both equal to torch,
+// and three AdamW steps leave the same weights. Its steps allocate nothing.
+TEST_P(LlamaDecoder, RecomputeGivesThePlainPathsLossAndGradientsBitForBit) {
+  auto f = Fixture(std::string("decoder_") + GetParam());
+  auto masked = Fixture(std::string("masked_decoder_") + GetParam());
+  const int batch = f["batch"], seq = f["seq"];
+  Llama plain = LoadFixtureModel(f, batch);
+  Llama recompute = LoadFixtureDecoder(f, batch, /*recompute=*/true);
+  ASSERT_TRUE(recompute.recompute());
+  ASSERT_FALSE(plain.recompute());
+  ASSERT_GT(plain.config().num_layers, 1);  // else there is nothing to recompute
+  EXPECT_LT(recompute.activation_arena().size(), plain.activation_arena().size());
+  Ids tokens = GetIds(f, "tokens"), targets = GetIds(f, "targets"), masked_targets = GetIds(masked, "targets");
+
+  auto both = [&](const Ids& t, int b, int s, const BackwardOptions& options) {
+    auto a = plain.ForwardBackward(tokens.data(), t.data(), b, s, options);
+    auto r = recompute.ForwardBackward(tokens.data(), t.data(), b, s, options);
+    EXPECT_TRUE(a.ok() && r.ok());
+    EXPECT_EQ(a.ok() ? *a : NAN, r.ok() ? *r : 0.0f);
+    EXPECT_TRUE(SameBits(plain.gradients(), recompute.gradients()));
+    return r.ok() ? *r : NAN;
+  };
+  std::fill(recompute.gradients().begin(), recompute.gradients().end(), 99.0f);  // must all be overwritten
+  const float loss = both(targets, batch, seq, {});
+  EXPECT_LE(RelativeError(&loss, Get(f, "loss")), kModelTolerance);
+  for (const TensorSpec& t : recompute.manifest().tensors) {
+    EXPECT_LE(RelativeError(recompute.gradients().data() + t.offset, Get(f, t.name + ".grad")), kModelTolerance)
+        << t.name;
+  }
+  const float masked_loss = both(masked_targets, batch, seq, {});
+  EXPECT_LE(RelativeError(&masked_loss, Get(masked, "loss")), kModelTolerance);
+  both(targets, batch > 1 ? batch - 1 : 1, seq - 2, {.accumulate = true, .grad_scale = 0.5f});
+
+  AdamW plain_adamw({.lr = 1e-2f, .weight_decay = 0.1f}), recompute_adamw({.lr = 1e-2f, .weight_decay = 0.1f});
+  for (int i = 0; i < 3; ++i) {
+    both(targets, batch, seq, {});
+    plain_adamw.Step(plain.parameters(), plain.gradients());
+    recompute_adamw.Step(recompute.parameters(), recompute.gradients());
+  }
+  EXPECT_TRUE(SameBits(plain.parameters(), recompute.parameters()));
+  ExpectStepsDoNotAllocate(recompute, tokens, targets, batch, seq, g_allocations);
+}
+
+// ZeRO-3 gathers a unit's parameters at BeforeUnit and releases them at
+// AfterUnit: the recomputation must run inside block l's backward bracket.
+// Here every unit's weights are NaN outside its brackets; a recomputation
+// outside them would turn the gradients NaN.
+TEST_P(LlamaDecoder, RecomputeReadsABlocksWeightsOnlyInsideItsBackwardBracket) {
+  auto f = Fixture(std::string("decoder_") + GetParam());
+  const int batch = f["batch"], seq = f["seq"];
+  Llama plain = LoadFixtureModel(f, batch);
+  Llama recompute = LoadFixtureDecoder(f, batch, /*recompute=*/true);
+  Ids tokens = GetIds(f, "tokens"), targets = GetIds(f, "targets");
+  struct Gather : StepHooks {
+    std::span<float> params;
+    std::vector<ParameterUnit> units;
+    Values kept;
+    void Release(int u) { std::fill(params.begin() + units[u].begin, params.begin() + units[u].end, NAN); }
+    void BeforeUnit(int u, Pass) override {
+      std::copy(kept.begin() + units[u].begin, kept.begin() + units[u].end, params.begin() + units[u].begin);
+    }
+    void AfterUnit(int u, Pass) override { Release(u); }
+  } gather;
+  gather.params = recompute.parameters();
+  gather.units = recompute.units();
+  gather.kept.assign(gather.params.begin(), gather.params.end());
+  for (int u = 0; u < int(gather.units.size()); ++u) gather.Release(u);
+  auto expected = plain.ForwardBackward(tokens.data(), targets.data(), batch, seq);
+  auto loss = recompute.ForwardBackward(tokens.data(), targets.data(), batch, seq, {.hooks = &gather});
+  ASSERT_TRUE(expected.ok() && loss.ok());
+  EXPECT_EQ(*loss, *expected);
+  EXPECT_TRUE(SameBits(plain.gradients(), recompute.gradients()));
+}
+
 INSTANTIATE_TEST_SUITE_P(Configs, LlamaDecoder, ::testing::Values("untied_gqa", "tied_mqa", "biased_head_dim"));
 
 LlamaConfig SmallConfig() {
@@ -400,6 +482,38 @@ TEST(Llama, ArenaIsResidentOnlyForTheStepsRun) {
   EXPECT_LT(short_steps, arena.size_bytes() / 100);
   ASSERT_TRUE(model->ForwardBackward(tokens.data(), targets.data(), 2, 512).ok());
   EXPECT_GT(resident(), arena.size_bytes() * 9 / 10);
+}
+
+// With recompute the arena holds the residual streams and one block's
+// activations: exactly num_layers - 1 blocks' activations fewer than the
+// plain arena (each slice rounded to 16 floats, as Carve lays them out); a
+// full-size step makes it resident, and then it is what it maps.
+TEST(Llama, RecomputeArenaHoldsOneBlocksActivations) {
+  LlamaConfig c = SmallConfig();
+  c.vocab_size = 512;
+  c.hidden_size = 64;
+  c.num_layers = 4;
+  c.max_seq_len = 128;
+  const int batch = 2;
+  auto plain = Llama::Create(c, batch);
+  auto recompute = Llama::Create(c, batch, /*recompute=*/true);
+  ASSERT_TRUE(plain.ok() && recompute.ok());
+  auto r16 = [](int64_t floats) { return (floats + 15) / 16 * 16; };
+  const int64_t n = int64_t(batch) * c.max_seq_len, D = c.hidden_size, I = c.intermediate_size, hd = c.head_dim();
+  const int64_t H = c.num_heads, KV = c.num_kv_heads, S = c.max_seq_len;
+  const int64_t block = 2 * r16(n) + 3 * r16(n * D) + r16(n * (H + 2 * KV) * hd) + r16(batch * H * S * S) +
+                        r16(n * H * hd) + r16(n * 2 * I) + r16(n * I);
+  EXPECT_EQ(int64_t(plain->activation_arena().size()) - int64_t(recompute->activation_arena().size()),
+            (c.num_layers - 1) * block);
+  plain->Initialize(1);
+  recompute->Initialize(1);
+  Ids tokens(size_t(n), 3), targets(size_t(n), 4);
+  ASSERT_TRUE(plain->ForwardBackward(tokens.data(), targets.data(), batch, c.max_seq_len).ok());
+  ASSERT_TRUE(recompute->ForwardBackward(tokens.data(), targets.data(), batch, c.max_seq_len).ok());
+  const size_t plain_resident = ResidentBytes(plain->activation_arena()).value();
+  const size_t recompute_resident = ResidentBytes(recompute->activation_arena()).value();
+  EXPECT_GT(recompute_resident, recompute->activation_arena().size_bytes() * 9 / 10);
+  EXPECT_LT(recompute_resident + size_t(c.num_layers - 2) * block * sizeof(float), plain_resident);
 }
 
 TEST(Llama, BadTokensTargetsAndSizesAreErrors) {

@@ -14,6 +14,7 @@
 #include <functional>
 #include <new>
 #include <random>
+#include <tuple>
 #include <nlohmann/json.hpp>
 
 #include "models/checkpoint.h"
@@ -57,8 +58,8 @@ LoraConfig LoraConfigFrom(const nlohmann::json& f) {
 Llama LoadBase(const nlohmann::json& f, int max_batch) { return LoadFixtureDecoder(f, max_batch); }
 
 // The fixture's base weights with its adapters (values before training).
-LoraLlama LoadFixtureModel(const nlohmann::json& f, int max_batch) {
-  auto model = LoraLlama::Create(LoadBase(f, max_batch), LoraConfigFrom(f));
+LoraLlama LoadFixtureModel(const nlohmann::json& f, int max_batch, bool recompute = false) {
+  auto model = LoraLlama::Create(LoadFixtureDecoder(f, max_batch, recompute), LoraConfigFrom(f));
   EXPECT_TRUE(model.ok()) << model.status().ToString();
   LoadTensors(f, model->manifest(), model->parameters());
   return std::move(model).value();
@@ -267,6 +268,29 @@ TEST_P(LoraDecoder, AdapterFilesRoundTripAndTorchLoadsThem) {
   ASSERT_TRUE(model.Forward(tokens.data(), batch, seq, logits.data()).ok());
   ASSERT_EQ(torch_logits.size(), logits.size());
   EXPECT_LE(RelativeError(logits.data(), torch_logits), kModelTolerance);
+}
+
+// On a base made with recompute, the adapted model re-runs each block's
+// forward (adapters included) before its backward: loss and every adapter
+// gradient are the plain path's bit for bit, and torch's.
+TEST_P(LoraDecoder, RecomputeGivesThePlainPathsAdapterGradientsBitForBit) {
+  auto f = Fixture(std::string("lora_") + GetParam());
+  const int batch = f["batch"], seq = f["seq"];
+  LoraLlama plain = LoadFixtureModel(f, batch), recompute = LoadFixtureModel(f, batch, /*recompute=*/true);
+  ASSERT_TRUE(recompute.base().recompute());
+  Ids tokens = GetIds(f, "tokens"), targets = GetIds(f, "targets");
+  std::fill(recompute.gradients().begin(), recompute.gradients().end(), 99.0f);
+  auto expected = plain.ForwardBackward(tokens.data(), targets.data(), batch, seq);
+  auto loss = recompute.ForwardBackward(tokens.data(), targets.data(), batch, seq);
+  ASSERT_TRUE(expected.ok() && loss.ok());
+  EXPECT_EQ(*loss, *expected);
+  EXPECT_TRUE(SameBits(plain.gradients(), recompute.gradients()));
+  EXPECT_LE(RelativeError(&*loss, Get(f, "loss")), kModelTolerance);
+  for (const TensorSpec& t : recompute.manifest().tensors) {
+    EXPECT_LE(RelativeError(recompute.gradients().data() + t.offset, Get(f, t.name + ".grad")), kModelTolerance)
+        << t.name;
+  }
+  ExpectStepsDoNotAllocate(recompute, tokens, targets, batch, seq, g_allocations);
 }
 
 INSTANTIATE_TEST_SUITE_P(Configs, LoraDecoder, ::testing::Values("untied_gqa", "tied_mqa", "biased_head_dim"));
@@ -486,6 +510,51 @@ TEST(LoraLlama, ABaseKeptInBf16IsTheRoundedBaseAndHoldsOneUnitAtATime) {
 // step's gradient is the derivative of that step's loss, by central
 // differences with the masks held (reseeding), along the whole gradient and
 // along each tensor's part of it.
+// Recompute with every module adapted, dropout (its masks redrawn in the
+// recomputation) and a base in fp32 or bf16 (its blocks unpacked for the
+// recomputation): three steps of loss, adapter gradients (the second
+// micro-batch added at another shape) and AdamW bit for bit the plain path's.
+TEST(LoraLlama, RecomputeWithDropoutAndABf16BaseIsThePlainPathBitForBit) {
+  LlamaConfig c = SmallConfig();
+  c.num_layers = 3;
+  LoraConfig lora;
+  lora.rank = 4;
+  lora.dropout = 0.25f;
+  lora.target_modules = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+  for (const bool bf16 : {false, true}) {
+    SCOPED_TRACE(bf16 ? "bf16 base" : "f32 base");
+    auto make = [&](bool recompute) {
+      auto base = Llama::Create(c, 2, recompute);
+      EXPECT_TRUE(base.ok());
+      base->Initialize(5);
+      auto model = LoraLlama::Create(std::move(base).value(), lora);
+      EXPECT_TRUE(model.ok());
+      std::mt19937 gen(9);
+      std::uniform_real_distribution<float> value(-0.2f, 0.2f);
+      for (float& p : model->parameters()) p = value(gen);  // B not zero: every factor gets a gradient
+      model->SeedDropout(4);
+      if (bf16) model->StoreBaseInBf16();
+      return std::move(model).value();
+    };
+    LoraLlama plain = make(false), recompute = make(true);
+    Ids tokens = {1, 5, 9, 2, 33, 7, 4, 4, 0, 39, 12, 6}, targets = {5, 9, 2, 33, 7, 1, 4, 0, 39, 12, 6, 3};
+    AdamW plain_adamw({.lr = 1e-2f}), recompute_adamw({.lr = 1e-2f});
+    for (int step = 0; step < 3; ++step) {
+      for (const auto& [rows, seq, options] : {std::tuple{2, 6, BackwardOptions{}},
+                                               std::tuple{1, 4, BackwardOptions{.accumulate = true, .grad_scale = 0.5f}}}) {
+        auto a = plain.ForwardBackward(tokens.data(), targets.data(), rows, seq, options);
+        auto r = recompute.ForwardBackward(tokens.data(), targets.data(), rows, seq, options);
+        ASSERT_TRUE(a.ok() && r.ok());
+        EXPECT_EQ(*a, *r) << "step " << step;
+        EXPECT_TRUE(SameBits(plain.gradients(), recompute.gradients())) << "step " << step;
+      }
+      plain_adamw.Step(plain.parameters(), plain.gradients());
+      recompute_adamw.Step(recompute.parameters(), recompute.gradients());
+    }
+    EXPECT_TRUE(SameBits(plain.parameters(), recompute.parameters()));
+  }
+}
+
 TEST(LoraLlama, DropoutIsSeededAndItsGradientIsTheStepsLossDerivative) {
   LoraConfig config;
   config.rank = 4;
