@@ -145,15 +145,18 @@ Result<RankLink> ConnectRanks(const client::SiteLayout& site, std::unique_ptr<co
 
 Result<std::unique_ptr<client::RankTrainer>> MakeRankTrainer(const RankLink& link, const SiteData& data,
                                                              const client::SiteLayout& site,
-                                                             const client::Compute& compute, const LoraSite& lora) {
+                                                             const client::Compute& compute, const LoraSite& lora,
+                                                             bool recompute) {
   comm::Communicator& comm = *link.comm;
   parallel::DataParallelOptions options;
   options.stage = site.zero;
   client::RankModels models;
   ESTUARY_RETURN_IF_ERROR(client::CheckStageOn(compute, site.zero));
+  ESTUARY_RETURN_IF_ERROR(client::CheckRecomputeOn(compute, recompute));
   if (compute.device == Device::kCuda) models = client::CudaModels(compute, link.stream);
   models.lora_rank = lora.rank;
   models.lora_base = lora.base;
+  models.recompute = recompute;
   if (data.instructions) return client::MakeInstructionRankTrainer(comm, data.instructions, options, std::move(models));
   if (data.text) return client::MakeTextRankTrainer(comm, data.text, options, std::move(models));
   return client::MakeClassifierRankTrainer(comm, data.images, {}, options, std::move(models));
@@ -353,6 +356,10 @@ int main(int argc, char** argv) {
   app.add_option("--lora-base-dtype", lora_base,
                  "lora federations: keep the frozen base in f32 | bf16 (CPU: half the memory, trains on the "
                  "bf16-rounded base)");
+  bool recompute = false;
+  app.add_flag("--recompute", recompute,
+               "language models on the CPU: keep each block's input only and recompute its activations in "
+               "backward (one block's activations in memory, about one more forward per step)");
   int blas_threads = 1;
   app.add_option("--blas-threads", blas_threads, "OpenBLAS threads for local training (small batches: 1 is fastest)");
   app.add_option("--ranks", site_flags.ranks, "train on N CPU processes (ranks) of this node");
@@ -418,10 +425,14 @@ int main(int argc, char** argv) {
     // One rank and no collectives asked for: the rank trains over a solo
     // communicator. (A --backend given runs even one rank over it: how one
     // GPU exercises NCCL.)
-    auto trainer = client::MakeLocalSite(
-        *site_data, {.compute = *compute, .stage = site->zero, .lora_rank = lora.rank, .lora_base = lora.base});
+    auto trainer = client::MakeLocalSite(*site_data, {.compute = *compute,
+                                                      .stage = site->zero,
+                                                      .lora_rank = lora.rank,
+                                                      .lora_base = lora.base,
+                                                      .recompute = recompute});
     if (!trainer.ok()) return Fail(trainer.status());
-    spdlog::info("site of 1 rank on {} ({}, solo)", compute->ToString(), parallel::ZeroStageName(site->zero));
+    spdlog::info("site of 1 rank on {} ({}, solo{})", compute->ToString(), parallel::ZeroStageName(site->zero),
+                 recompute ? ", activation recompute" : "");
     uint64_t rounds = 0;
     Status outcome = RunAgent(options, **trainer, nullptr, nullptr, site->timeout, &rounds);
     if (!outcome.ok()) return Fail(outcome);
@@ -460,11 +471,11 @@ int main(int argc, char** argv) {
   auto link = ConnectRanks(*site, std::move(served));
   if (!link.ok()) return fail(link.status());
   comm::Communicator& comm = *link->comm;
-  auto rank_trainer = MakeRankTrainer(*link, *site_data, *site, *compute, lora);
+  auto rank_trainer = MakeRankTrainer(*link, *site_data, *site, *compute, lora, recompute);
   if (!rank_trainer.ok()) return fail(rank_trainer.status());
-  spdlog::info("rank {} of {} (pid {}, {}, {}) joined at {}", site->global_rank(), site->world(), getpid(), site->backend,
-               site->zero == parallel::ZeroStage::kDdp ? "DDP" : fmt::format("ZeRO-{}", int(site->zero)),
-               site->rendezvous);
+  spdlog::info("rank {} of {} (pid {}, {}, {}{}) joined at {}", site->global_rank(), site->world(), getpid(),
+               site->backend, site->zero == parallel::ZeroStage::kDdp ? "DDP" : fmt::format("ZeRO-{}", int(site->zero)),
+               recompute ? ", activation recompute" : "", site->rendezvous);
 
   if (!agent_rank) {
     if (Status s = client::RunFollower(comm, **rank_trainer); !s.ok()) return fail(s);

@@ -45,6 +45,10 @@ class RankModel {
   // "cuda::LlamaEngine", ...; and the precision its arithmetic runs in.
   virtual std::string_view engine() const = 0;
   virtual DType precision() const = 0;
+  // What the site's report adds after the engine's name, empty by default: a
+  // decoder that recomputes activations says so with its arena's size
+  // ("recompute, arena N bytes"), the bytes it maps for the task's batch.
+  virtual std::string note() const { return {}; }
   // Loads the round's global weights, starts a fresh optimizer for the task
   // and this round's DataParallel over the model's buffers. Collective.
   virtual Result<std::unique_ptr<parallel::DataParallel>> StartRound(comm::Communicator& comm, std::span<const float> global,
@@ -139,18 +143,21 @@ ModelCache& ThreadModelCache();
 // names a model or batch size the rank does not hold yet.
 template <typename M>
 using RankModelFactory = std::function<Result<std::unique_ptr<M>>(const std::string& model, int max_batch)>;
-using RankDecoderFactory = RankModelFactory<RankDecoder>;
 using RankClassifierFactory = RankModelFactory<RankClassifier>;
+// The decoders also take whether they recompute activations in backward
+// (models::Llama::Create's recompute; the site's --recompute).
+using RankDecoderFactory =
+    std::function<Result<std::unique_ptr<RankDecoder>>(const std::string& model, int max_batch, bool recompute)>;
 
-// A LoRA decoder for (model, max_batch, adapter config).
+// A LoRA decoder for (model, max_batch, recompute, adapter config).
 using RankLoraDecoderFactory = std::function<Result<std::unique_ptr<RankLoraDecoder>>(
-    const std::string& model, int max_batch, const models::LoraConfig& lora)>;
+    const std::string& model, int max_batch, bool recompute, const models::LoraConfig& lora)>;
 
 // On the CPU: models::Llama, models::MakeModel, models::LoraLlama.
-Result<std::unique_ptr<RankDecoder>> MakeCpuRankDecoder(const std::string& model, int max_batch);
+Result<std::unique_ptr<RankDecoder>> MakeCpuRankDecoder(const std::string& model, int max_batch, bool recompute);
 Result<std::unique_ptr<RankClassifier>> MakeCpuRankClassifier(const std::string& model, int max_batch);
 Result<std::unique_ptr<RankLoraDecoder>> MakeCpuRankLoraDecoder(const std::string& model, int max_batch,
-                                                                const models::LoraConfig& lora);
+                                                                bool recompute, const models::LoraConfig& lora);
 // On compute's GPU, running on `stream` (a cudaStream_t, the one the rank's
 // NCCL communicator follows). An error naming the reason in a build without CUDA.
 Result<std::unique_ptr<RankDecoder>> MakeCudaRankDecoder(const std::string& model, int max_batch,

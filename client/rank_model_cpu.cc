@@ -1,6 +1,8 @@
 // The CPU rank models: models::Model (the MLP and CNN), models::Llama and
 // models::LoraLlama with the host optimizers, stepping whatever slices
 // DataParallel hands them (client/rank_model.h).
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <optional>
 
@@ -91,10 +93,17 @@ class CpuDecoderModel : public CpuRankModel<Model, Base> {
   }
 };
 
+// "recompute, arena N bytes" for a decoder that recomputes activations.
+std::string RecomputeNote(const models::Llama& model) {
+  if (!model.recompute()) return {};
+  return fmt::format("recompute, arena {} bytes", model.activation_arena().size_bytes());
+}
+
 class CpuRankDecoder : public CpuDecoderModel<models::Llama, RankDecoder> {
  public:
   using CpuDecoderModel::CpuDecoderModel;
   std::string_view engine() const override { return "models::Llama"; }
+  std::string note() const override { return RecomputeNote(*model_); }
   int max_seq_len() const override { return model_->config().max_seq_len; }
 };
 
@@ -116,6 +125,7 @@ class CpuRankLoraDecoder : public CpuDecoderModel<models::LoraLlama, RankLoraDec
  public:
   using CpuDecoderModel::CpuDecoderModel;
   std::string_view engine() const override { return "models::LoraLlama"; }
+  std::string note() const override { return RecomputeNote(model_->base()); }
   int max_seq_len() const override { return model_->base().config().max_seq_len; }
   const models::LoraConfig& lora_config() const override { return model_->lora_config(); }
 
@@ -159,16 +169,16 @@ ModelCache& ThreadModelCache() {
   return cache;
 }
 
-Result<std::unique_ptr<RankDecoder>> MakeCpuRankDecoder(const std::string& model, int max_batch) {
+Result<std::unique_ptr<RankDecoder>> MakeCpuRankDecoder(const std::string& model, int max_batch, bool recompute) {
   ESTUARY_ASSIGN_OR_RETURN(auto config, models::LlamaPreset(model));
-  ESTUARY_ASSIGN_OR_RETURN(auto llama, models::Llama::Create(config, max_batch));
+  ESTUARY_ASSIGN_OR_RETURN(auto llama, models::Llama::Create(config, max_batch, recompute));
   return std::unique_ptr<RankDecoder>(std::make_unique<CpuRankDecoder>(std::make_unique<models::Llama>(std::move(llama))));
 }
 
 Result<std::unique_ptr<RankLoraDecoder>> MakeCpuRankLoraDecoder(const std::string& model, int max_batch,
-                                                                const models::LoraConfig& lora) {
+                                                                bool recompute, const models::LoraConfig& lora) {
   ESTUARY_ASSIGN_OR_RETURN(auto config, models::LlamaPreset(model));
-  ESTUARY_ASSIGN_OR_RETURN(auto base, models::Llama::Create(config, max_batch));
+  ESTUARY_ASSIGN_OR_RETURN(auto base, models::Llama::Create(config, max_batch, recompute));
   ESTUARY_ASSIGN_OR_RETURN(auto adapted, models::LoraLlama::Create(std::move(base), lora));
   return std::unique_ptr<RankLoraDecoder>(std::make_unique<CpuRankLoraDecoder>(std::make_unique<models::LoraLlama>(std::move(adapted))));
 }

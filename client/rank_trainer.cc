@@ -83,6 +83,10 @@ class RankTrainerBase : public RankTrainer {
     return (models_.cache ? models_.cache() : own_cache_).template Get<M>(key, make);
   }
 
+  // A decoder that recomputes activations is another model than one that
+  // does not: part of its cache key.
+  std::string_view RecomputeKey() const { return models_.recompute ? "recompute" : ""; }
+
   // The site's DataParallel options with what the task adds: FedProx's μ.
   parallel::DataParallelOptions RoundOptions(const TaskConfig& task) const {
     parallel::DataParallelOptions options = options_;
@@ -340,15 +344,16 @@ class TextRankTrainer : public RankTrainerBase {
     return Status::Ok();
   }
   Result<RankDecoder*> Decoder(const TaskConfig& task) {
-    return ModelFor<RankDecoder>(task, "decoder", "",
-                                 [&] { return models_.decoder(task.model, int(task.batch_size)); });
+    return ModelFor<RankDecoder>(task, "decoder", RecomputeKey(),
+                                 [&] { return models_.decoder(task.model, int(task.batch_size), models_.recompute); });
   }
   // One per adapter config and way of keeping the base.
   Result<RankLoraDecoder*> LoraDecoder(const TaskConfig& task, const models::LoraConfig& config) {
     return ModelFor<RankLoraDecoder>(
-        task, "lora", fmt::format("{}/{}", LoraConfigKey(config), DTypeName(models_.lora_base)),
+        task, "lora", fmt::format("{}/{}/{}", LoraConfigKey(config), DTypeName(models_.lora_base), RecomputeKey()),
         [&]() -> Result<std::unique_ptr<RankLoraDecoder>> {
-          ESTUARY_ASSIGN_OR_RETURN(auto made, models_.lora_decoder(task.model, int(task.batch_size), config));
+          ESTUARY_ASSIGN_OR_RETURN(auto made, models_.lora_decoder(task.model, int(task.batch_size),
+                                                                   models_.recompute, config));
           ESTUARY_RETURN_IF_ERROR(made->KeepBaseIn(models_.lora_base));
           return made;
         });
@@ -392,15 +397,28 @@ Status CheckStageOn(const Compute& compute, parallel::ZeroStage stage) {
   return Status::Ok();
 }
 
+Status CheckRecomputeOn(const Compute& compute, bool recompute) {
+  if (recompute && compute.device == Device::kCuda) {
+    return InvalidArgument("--recompute on {}: the GPU engines (cuda::LlamaEngine, cuda::LoraLlamaEngine) keep every "
+                           "block's activations; activation recompute runs on CPU sites",
+                           compute.ToString());
+  }
+  return Status::Ok();
+}
+
 RankModels CudaModels(const Compute& compute, void* stream) {
   RankModels models;
   models.classifier = [compute, stream](const std::string& model, int batch) {
     return MakeCudaRankClassifier(model, batch, compute, stream);
   };
-  models.decoder = [compute, stream](const std::string& model, int batch) {
+  models.decoder = [compute, stream](const std::string& model, int batch,
+                                     bool recompute) -> Result<std::unique_ptr<RankDecoder>> {
+    ESTUARY_RETURN_IF_ERROR(CheckRecomputeOn(compute, recompute));
     return MakeCudaRankDecoder(model, batch, compute, stream);
   };
-  models.lora_decoder = [compute, stream](const std::string& model, int batch, const models::LoraConfig& lora) {
+  models.lora_decoder = [compute, stream](const std::string& model, int batch, bool recompute,
+                                          const models::LoraConfig& lora) -> Result<std::unique_ptr<RankLoraDecoder>> {
+    ESTUARY_RETURN_IF_ERROR(CheckRecomputeOn(compute, recompute));
     return MakeCudaRankLoraDecoder(model, batch, lora, compute, stream);
   };
   models.device = compute.ToString();

@@ -85,11 +85,17 @@ struct RankModels {
   std::function<ModelCache&()> cache;
   int lora_rank = 0;              // this site's adapter rank in a federation of mixed ranks (0: the federation's)
   DType lora_base = DType::kF32;  // how the frozen base is kept (RankLoraDecoder::KeepBaseIn)
+  bool recompute = false;         // the decoders recompute activations in backward (the site's --recompute)
 };
 
 // GPU ranks run DDP or ZeRO-1: ZeRO-2/3 give pages of the flat buffers back
 // between uses, which a GPU buffer cannot. The error names the flag.
 Status CheckStageOn(const Compute& compute, parallel::ZeroStage stage);
+
+// Activation recompute is the CPU decoder's (models::Llama): on a GPU the
+// engines keep every block's activations, and --recompute is refused in one
+// line naming the engine.
+Status CheckRecomputeOn(const Compute& compute, bool recompute);
 
 // The GPU engines on compute's device, running on `stream` (a cudaStream_t,
 // the one an NCCL communicator follows; null: each engine's own).

@@ -37,7 +37,9 @@ SiteTrainer::SiteTrainer(std::unique_ptr<comm::Communicator> solo, std::unique_p
 
 std::string SiteTrainer::TrainedOn() const {
   const RankModel* model = rank_->trained();
-  return fmt::format("{} on {} in {}, {} rank{} ({}, {})", model ? model->engine() : "no model",
+  const std::string note = model ? model->note() : std::string();
+  return fmt::format("{}{} on {} in {}, {} rank{} ({}, {})", model ? model->engine() : "no model",
+                     note.empty() ? "" : fmt::format(" ({})", note),
                      compute_.device == Device::kCuda ? fmt::format("cuda:{}", compute_.device_index) : "cpu",
                      DTypeName(model ? model->precision() : compute_.precision), comm_.size(),
                      comm_.size() == 1 ? "" : "s", comm_.backend(), parallel::ZeroStageName(stage_));
@@ -203,12 +205,14 @@ Status RunFollower(comm::Communicator& comm, RankTrainer& rank) {
 
 Result<std::unique_ptr<SiteTrainer>> MakeLocalSite(SiteData data, const LocalSiteOptions& options) {
   ESTUARY_RETURN_IF_ERROR(CheckStageOn(options.compute, options.stage));
+  ESTUARY_RETURN_IF_ERROR(CheckRecomputeOn(options.compute, options.recompute));
   auto solo = comm::MakeSoloCommunicator(options.compute.device);
   RankModels models = options.compute.device == Device::kCuda ? CudaModels(options.compute, /*stream=*/nullptr)
                                                                : RankModels{};
   models.cache = options.cache;
   models.lora_rank = options.lora_rank;
   models.lora_base = options.lora_base;
+  models.recompute = options.recompute;
   parallel::DataParallelOptions dp;
   dp.stage = options.stage;
   std::unique_ptr<RankTrainer> rank =

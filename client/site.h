@@ -72,7 +72,9 @@ class SiteTrainer : public Trainer {
   Status SendHeader(uint32_t kind, uint64_t length);
   Status Broken(Status status);
   void RunPending();
-  // "cuda::LlamaEngine on cuda:0 in bf16, 2 ranks (nccl, zero1)".
+  // "cuda::LlamaEngine on cuda:0 in bf16, 2 ranks (nccl, zero1)"; a model's
+  // note in parentheses after its name ("models::Llama (recompute, arena N
+  // bytes) on cpu ...", RankModel::note).
   std::string TrainedOn() const;
 
   std::unique_ptr<comm::Communicator> owned_;
@@ -105,6 +107,7 @@ struct LocalSiteOptions {
   parallel::ZeroStage stage = parallel::ZeroStage::kDdp;
   int lora_rank = 0;                                  // RankModels::lora_rank
   DType lora_base = DType::kF32;                      // RankModels::lora_base
+  bool recompute = false;                             // RankModels::recompute (CPU only: CheckRecomputeOn)
   // Where the models live (RankModels::cache); unset: the site's own.
   std::function<ModelCache&()> cache;
 };

@@ -166,6 +166,9 @@ int main(int argc, char** argv) {
   app.add_option("--lora-site-ranks", s.lora_site_ranks, "lora, exact only: the sites' own ranks, e.g. 4,8,16 (client i takes entry i mod n)");
   app.add_option("--lora-base-dtype", s.lora_base_dtype,
                  "lora: the sites keep the frozen base in f32 | bf16 (CPU: half the memory, trains on the rounded base)");
+  app.add_flag("--recompute", s.recompute,
+               "language models on the CPU: the sites recompute each block's activations in backward (one block's "
+               "activations in memory, about one more forward per step)");
   app.add_option("--mode", s.mode, "inproc | loopback");
   app.add_option("--attack", s.attack,
                  "inproc: what malicious sites upload: sign-flip[:L] (-L x delta) | scale:L | gaussian:S (noise) | nan | label-flip");
@@ -228,7 +231,7 @@ int main(int argc, char** argv) {
                               : s.dirichlet_alpha > 0
                                   ? fmt::format("dirichlet:{} over {}", s.dirichlet_alpha, s.label_field)
                                   : s.partition;
-    std::printf("estuary-sim: %s, %s (%s), %g per round, %llu rounds, %u epochs, batch %u, lr %g, %s, %s\n",
+    std::printf("estuary-sim: %s, %s (%s), %g per round, %llu rounds, %u epochs, batch %u, lr %g, %s, %s%s\n",
                 task.model().c_str(), clients.c_str(), split.c_str(), s.per_round, (unsigned long long)s.rounds,
                 task.epochs(), task.batch_size(), task.learning_rate(),
                 task.update_kind() == v1::UPDATE_LORA
@@ -236,7 +239,7 @@ int main(int argc, char** argv) {
                                   task.lora().merge())
                           .c_str()
                     : s.federation.strategy().name().c_str(),
-                s.mode.c_str());
+                s.mode.c_str(), s.recompute ? ", activation recompute" : "");
     std::fputs(simulations::RenderRoundTableHeader().c_str(), stdout);
     std::fflush(stdout);
   }
@@ -285,6 +288,7 @@ int main(int argc, char** argv) {
                 "per element\n",
                 double(bytes) / rounds, seconds / rounds, (unsigned long long)dropouts, bound);
   }
+  if (!report->trained_on.empty()) std::printf("sites trained on %s\n", report->trained_on.c_str());
   if (report->epsilon) std::printf("differential privacy: epsilon %.4g at delta %g\n", *report->epsilon, *report->delta);
   if (!report->round_log.empty()) std::printf("round log: %s\n", report->round_log.c_str());
   std::printf("report: %s\nplot: %s\n", report_path.c_str(), plot_path.c_str());

@@ -34,7 +34,7 @@ constexpr const char* kOptionalRoundKeys[] = {"bytes_per_update", "merge_bytes_d
 constexpr const char* kReportKeys[] = {"scenario", "mode",          "round_log",
                                        "rounds",   "total_seconds", "final_accuracy"};
 // A DP run's (epsilon, delta); a run under attack's (attackers).
-constexpr const char* kOptionalReportKeys[] = {"epsilon", "delta", "attackers"};
+constexpr const char* kOptionalReportKeys[] = {"epsilon", "delta", "attackers", "trained_on"};
 
 // A key that only some reports hold: written when set.
 void SetIfPresent(json& object, const char* key, const std::optional<double>& value) {
@@ -261,6 +261,7 @@ nlohmann::json ToJson(const Report& report) {
   SetIfPresent(out, "epsilon", report.epsilon);
   SetIfPresent(out, "delta", report.delta);
   SetIfPresent(out, "attackers", report.attackers);
+  if (!report.trained_on.empty()) out["trained_on"] = report.trained_on;
   return out;
 }
 
@@ -303,6 +304,7 @@ Result<Report> ReportFromJson(const nlohmann::json& object, std::string_view whe
     ESTUARY_RETURN_IF_ERROR(ReadUnsigned(object, "attackers", std::numeric_limits<uint32_t>::max(), where, attackers));
     report.attackers = attackers;
   }
+  if (object.contains("trained_on")) ESTUARY_RETURN_IF_ERROR(ReadString(object, "trained_on", where, report.trained_on));
   return report;
 }
 

@@ -76,6 +76,10 @@ struct Report {
   std::optional<double> epsilon;  // DP: spent by the run
   std::optional<double> delta;
   std::optional<uint64_t> attackers;  // under --attack: the malicious sites of the federation
+  // inproc: where the first update folded trained (client::SiteTrainer's
+  // "models::Llama (recompute, arena N bytes) on cpu in f32, 1 rank (solo,
+  // ddp)"); empty when not known.
+  std::string trained_on;
 };
 
 nlohmann::json ToJson(const Report& report);

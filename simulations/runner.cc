@@ -68,7 +68,7 @@ nlohmann::json ScenarioJson(const Scenario& s) {
           {"device", s.device}, {"precision", s.precision}, {"lora_site_ranks", s.lora_site_ranks},
           {"lora_base_dtype", s.lora_base_dtype}, {"tokenizer", s.tokenizer.string()},
           {"partition_by", s.partition_by}, {"dirichlet", s.dirichlet_alpha}, {"label_field", s.label_field},
-          {"attack", s.attack}, {"attackers", s.attackers}};
+          {"attack", s.attack}, {"attackers", s.attackers}, {"recompute", s.recompute}};
   if (s.secagg) {
     const SecAggOptions& o = s.secagg_options;
     out["secagg"] = {{"neighbours", o.neighbours}, {"threshold", o.threshold}, {"bits", o.bits}, {"clip", o.clip},
@@ -244,6 +244,7 @@ Result<Report> RunInproc(const Scenario& s, const RoundCallback& on_round, std::
       row.bytes_down += manifest.byte_size();
       loss_sum += update.train_loss * double(update.num_examples);
       examples += double(update.num_examples);
+      if (report.trained_on.empty()) report.trained_on = update.trained_on;
     };
     std::vector<SecAggSiteInput> secagg_inputs;  // under --secagg: the round's updates, into the protocol
     std::vector<size_t> secagg_update;            // secagg_inputs[j] is updates[secagg_update[j]]

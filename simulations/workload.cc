@@ -55,6 +55,7 @@ static Result<client::LocalSiteOptions> SiteOptionsOf(const Scenario& s) {
   client::LocalSiteOptions options;
   ESTUARY_ASSIGN_OR_RETURN(options.compute, client::ParseCompute(s.device, s.precision));
   options.lora_base = s.lora_base_dtype == "bf16" ? DType::kBF16 : DType::kF32;
+  options.recompute = s.recompute;
   options.cache = client::ThreadModelCache;
   return options;
 }

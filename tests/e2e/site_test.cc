@@ -12,6 +12,8 @@
 
 #include "client/compute.h"
 #include "client/launch.h"
+#include "models/language_model.h"
+#include "models/llama.h"
 #include "tests/e2e/federation.h"
 #include "tests/e2e/harness.h"
 
@@ -220,6 +222,45 @@ TEST(Site, ALoraSiteOnTwoRanksTrainsItsAdaptersAsOnOne) {
     EXPECT_NEAR(two[i].test_loss, one[i].test_loss, 1e-4 * one[i].test_loss) << "round " << i + 1;
   }
   EXPECT_NE(one[0].test_loss, one[1].test_loss);  // the adapters moved the global model
+}
+
+// estuary-client --recompute trains the language model as the plain site
+// does, bit for bit (the logged train loss, and the test loss of the global
+// model it uploaded to), in full rounds on one rank and on two under ZeRO-3
+// (whose gathers bracket the recomputation), and in lora rounds; and each
+// round's report names the arena it ran with: the recomputing decoder's
+// bytes for the task's batch, fewer than the plain decoder's.
+TEST(Site, ATextSiteWithRecomputeTrainsAsWithoutAndReportsItsArena) {
+  auto config = models::LlamaPreset("llama-tiny");
+  ASSERT_TRUE(config.ok());
+  auto kept = models::Llama::Create(*config, 5), recomputed = models::Llama::Create(*config, 5, true);
+  ASSERT_TRUE(kept.ok() && recomputed.ok());
+  const size_t arena = recomputed->activation_arena().size_bytes();
+  EXPECT_LT(arena, kept->activation_arena().size_bytes());
+  const std::vector<std::string> lora = {"--update-kind", "lora", "--lora-rank",    "4",   "--lora-alpha",
+                                         "8",             "--lora-dropout", "0.1", "--lora-merge", "naive"};
+  struct Case {
+    std::vector<std::string> flags, server_flags;
+    std::string engine, ranks;
+  };
+  for (const Case& c : {Case{{"--ranks", "1"}, {}, "models::Llama", "1 rank (solo, ddp)"},
+                        Case{{"--ranks", "2", "--zero", "3"}, {}, "models::Llama", "2 ranks (gloo, zero3)"},
+                        Case{{"--ranks", "1"}, lora, "models::LoraLlama", "1 rank (solo, ddp)"}}) {
+    SCOPED_TRACE(fmt::format("{} {}", c.engine, c.ranks));
+    std::vector<std::string> with = c.flags;
+    with.push_back("--recompute");
+    const auto plain = TextSiteLosses(c.flags, c.server_flags);
+    const auto recompute = TextSiteLosses(with, c.server_flags);
+    ASSERT_EQ(plain.size(), 2u);
+    ASSERT_EQ(recompute.size(), 2u);
+    for (size_t i = 0; i < 2; ++i) {
+      EXPECT_EQ(plain[i].trained_on, fmt::format("{} on cpu in f32, {}", c.engine, c.ranks));
+      EXPECT_EQ(recompute[i].trained_on,
+                fmt::format("{} (recompute, arena {} bytes) on cpu in f32, {}", c.engine, arena, c.ranks));
+      EXPECT_EQ(recompute[i].train_loss, plain[i].train_loss) << "round " << i + 1;
+      EXPECT_EQ(recompute[i].test_loss, plain[i].test_loss) << "round " << i + 1;
+    }
+  }
 }
 
 // A site on one GPU (--gpus 0, or --device cuda) trains there, on the GPU

@@ -1,6 +1,7 @@
 // The simulator end to end on a small synthetic federation: reproducibility
 // in process, and agreement between the in-process and loopback modes.
 #include <gtest/gtest.h>
+#include <fmt/format.h>
 
 #include <cmath>
 #include <fstream>
@@ -16,6 +17,7 @@
 #include "crypto/revocation.h"
 #include "crypto/sha256.h"
 #include "models/language_model.h"
+#include "models/llama.h"
 #include "models/lora_federation.h"
 #include "models/text_corpus.h"
 #include "simulations/lora_fortunes.h"
@@ -250,6 +252,35 @@ TEST(TextSimulation, OneClientPerTopicLearnsAndIsReproducible) {
   EXPECT_LT(first->rounds[0].test_loss, 5.4);
   EXPECT_LT(first->rounds[2].test_loss, first->rounds[0].test_loss);
   EXPECT_EQ(first->rounds[0].updates_received, 2u);
+}
+
+// --recompute: every round's global model is the plain sites' bit for bit,
+// and the report says where the sites trained — the decoder with the arena
+// of one block's activations (its exact bytes, fewer than the plain arena's).
+TEST(TextSimulation, RecomputeTrainsAsThePlainSitesAndReportsItsArena) {
+  testing::TempDir dir;
+  Scenario s = Text(WriteTopics(dir));
+  auto plain = RunInproc(s, nullptr);
+  ASSERT_TRUE(plain.ok()) << plain.status().ToString();
+  s.recompute = true;
+  auto recompute = RunInproc(s, nullptr);
+  ASSERT_TRUE(recompute.ok()) << recompute.status().ToString();
+  EXPECT_EQ(recompute->scenario.at("recompute"), true);
+  ASSERT_EQ(recompute->rounds.size(), plain->rounds.size());
+  for (size_t r = 0; r < plain->rounds.size(); ++r) {
+    EXPECT_EQ(recompute->rounds[r].global_checksum, plain->rounds[r].global_checksum) << "round " << r + 1;
+    EXPECT_EQ(recompute->rounds[r].train_loss, plain->rounds[r].train_loss) << "round " << r + 1;
+  }
+  auto config = models::LlamaPreset("llama-tiny");
+  ASSERT_TRUE(config.ok());
+  const int batch = int(s.task().batch_size());
+  auto kept = models::Llama::Create(*config, batch), recomputed = models::Llama::Create(*config, batch, true);
+  ASSERT_TRUE(kept.ok() && recomputed.ok());
+  EXPECT_LT(recomputed->activation_arena().size_bytes(), kept->activation_arena().size_bytes());
+  EXPECT_EQ(plain->trained_on, "models::Llama on cpu in f32, 1 rank (solo, ddp)");
+  EXPECT_EQ(recompute->trained_on,
+            fmt::format("models::Llama (recompute, arena {} bytes) on cpu in f32, 1 rank (solo, ddp)",
+                        recomputed->activation_arena().size_bytes()));
 }
 
 // A real server and one TLS connection per topic: the server builds the same
