@@ -304,7 +304,9 @@ Result<Report> ReportFromJson(const nlohmann::json& object, std::string_view whe
     ESTUARY_RETURN_IF_ERROR(ReadUnsigned(object, "attackers", std::numeric_limits<uint32_t>::max(), where, attackers));
     report.attackers = attackers;
   }
-  if (object.contains("trained_on")) ESTUARY_RETURN_IF_ERROR(ReadString(object, "trained_on", where, report.trained_on));
+  if (object.contains("trained_on")) {
+    ESTUARY_RETURN_IF_ERROR(ReadString(object, "trained_on", where, report.trained_on));
+  }
   return report;
 }
 

@@ -635,6 +635,15 @@ TEST(LlamaHfCheckpoint, LoadsAHuggingFaceDirectory) {
     Values logits(size_t(batch) * seq * model->config().vocab_size);
     ASSERT_TRUE(model->Forward(tokens.data(), batch, seq, logits.data()).ok());
     EXPECT_LE(RelativeError(logits.data(), Get(f, "logits")), kModelTolerance) << name;
+    // HfLoadOptions::recompute makes the recomputing decoder: torch's loss.
+    auto recompute =
+        LoadHfCheckpoint(kReference / (std::string("hf_") + name), {.max_batch = batch, .recompute = true});
+    ASSERT_TRUE(recompute.ok()) << recompute.status().ToString();
+    EXPECT_TRUE(recompute->recompute());
+    EXPECT_FALSE(model->recompute());
+    auto loss = recompute->ForwardBackward(tokens.data(), GetIds(f, "targets").data(), batch, seq);
+    ASSERT_TRUE(loss.ok());
+    EXPECT_LE(RelativeError(&*loss, Get(f, "loss")), kModelTolerance) << name;
   }
 }
 

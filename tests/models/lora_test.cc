@@ -540,8 +540,8 @@ TEST(LoraLlama, RecomputeWithDropoutAndABf16BaseIsThePlainPathBitForBit) {
     Ids tokens = {1, 5, 9, 2, 33, 7, 4, 4, 0, 39, 12, 6}, targets = {5, 9, 2, 33, 7, 1, 4, 0, 39, 12, 6, 3};
     AdamW plain_adamw({.lr = 1e-2f}), recompute_adamw({.lr = 1e-2f});
     for (int step = 0; step < 3; ++step) {
-      for (const auto& [rows, seq, options] : {std::tuple{2, 6, BackwardOptions{}},
-                                               std::tuple{1, 4, BackwardOptions{.accumulate = true, .grad_scale = 0.5f}}}) {
+      const BackwardOptions added{.accumulate = true, .grad_scale = 0.5f};
+      for (const auto& [rows, seq, options] : {std::tuple{2, 6, BackwardOptions{}}, std::tuple{1, 4, added}}) {
         auto a = plain.ForwardBackward(tokens.data(), targets.data(), rows, seq, options);
         auto r = recompute.ForwardBackward(tokens.data(), targets.data(), rows, seq, options);
         ASSERT_TRUE(a.ok() && r.ok());
