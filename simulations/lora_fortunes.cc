@@ -52,7 +52,8 @@ Result<LoraFortunesReport> RunLoraFortunes(const LoraFortunesOptions& o, const L
                     {"pretrain_lr", o.pretrain_lr}, {"rounds", o.rounds},        {"local_steps", o.local_steps},
                     {"lr", o.lr},                  {"rank", o.rank},             {"alpha", o.alpha},
                     {"targets", o.targets},        {"merges", o.merges},         {"seed", o.seed},
-                    {"base_model", o.base_model.string()}, {"lora_base_dtype", o.lora_base_dtype}};
+                    {"base_model", o.base_model.string()}, {"lora_base_dtype", o.lora_base_dtype},
+                    {"recompute", o.recompute}};
   const std::vector<std::string> topics = SplitCommas(o.topics);
   // 1. The base.
   ESTUARY_ASSIGN_OR_RETURN(const FortunesBase made, MakeFortunesBase(BaseOptionsOf(o, topics, "lora-fortunes"), say));
@@ -95,6 +96,7 @@ Result<LoraFortunesReport> RunLoraFortunes(const LoraFortunesOptions& o, const L
   task.mutable_lora()->clear_target_modules();
   for (const std::string& module : SplitCommas(o.targets)) task.mutable_lora()->add_target_modules(module);
   s.lora_base_dtype = o.lora_base_dtype;
+  s.recompute = o.recompute;
   s.federation.set_base_model(base_path.string());
   s.data_dir = o.data_dir;
   s.federation.set_eval_windows(o.eval_windows);

@@ -45,6 +45,7 @@ struct LoraFortunesOptions {
   std::string targets = "q_proj,k_proj,v_proj,o_proj";
   std::vector<std::string> merges = {"naive", "exact", "frozen-a"};
   std::string lora_base_dtype = "f32";  // how the federations' sites keep the base (centralised LoRA: f32)
+  bool recompute = false;               // the federations' sites recompute activations (Scenario::recompute)
   uint64_t eval_windows = 64;  // per-round global evaluation in each federation (all topics)
   uint64_t seed = 2017;
   uint32_t threads = 2;

@@ -68,6 +68,7 @@ int RunLoraFortunesScenario(const CLI::App& app, const simulations::Scenario& s,
   if (given("--lora-targets")) lf.targets = fmt::format("{}", fmt::join(task.lora().target_modules(), ","));
   if (given("--lora-merge")) lf.merges = {task.lora().merge()};
   if (given("--lora-base-dtype")) lf.lora_base_dtype = s.lora_base_dtype;
+  lf.recompute = s.recompute;
   if (given("--eval-windows")) lf.eval_windows = s.federation.eval_windows();
   if (given("--workdir")) lf.workdir = s.workdir;
   if (given("--base-model")) lf.base_model = s.federation.base_model();
