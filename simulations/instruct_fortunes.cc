@@ -113,7 +113,8 @@ Result<InstructFortunesReport> RunInstructFortunes(const InstructFortunesOptions
                     {"pretrain_lr", o.pretrain_lr}, {"rounds", o.rounds},      {"local_steps", o.local_steps},
                     {"lr", o.lr},                  {"rank", o.rank},           {"alpha", o.alpha},
                     {"targets", o.targets},        {"merge", o.merge},         {"template", o.prompt_template},
-                    {"seed", o.seed},              {"base_model", o.base_model.string()}};
+                    {"seed", o.seed},              {"base_model", o.base_model.string()},
+                    {"recompute", o.recompute}};
   const std::vector<std::string> topics = SplitCommas(o.topics);
   // 1. The base.
   ESTUARY_ASSIGN_OR_RETURN(const FortunesBase base, MakeFortunesBase(BaseOptionsOf(o, topics, "instruct-fortunes"), say));
@@ -179,6 +180,7 @@ Result<InstructFortunesReport> RunInstructFortunes(const InstructFortunesOptions
   s.federation.set_base_model(base.path.string());
   s.federation.set_eval_windows(o.eval_windows);
   s.threads = o.threads;
+  s.recompute = o.recompute;
   say(fmt::format("federation: {} sites, {} rounds of {} local steps, LoRA rank {} ({} merge), template {}",
                   topics.size(), o.rounds, o.local_steps, o.rank, o.merge, o.prompt_template));
   std::vector<float> global;

@@ -51,6 +51,7 @@ struct InstructFortunesOptions {
   uint64_t eval_windows = 64;
   uint64_t seed = 2017;
   uint32_t threads = 2;
+  bool recompute = false;  // the sites recompute activations (Scenario::recompute)
   std::filesystem::path workdir = "run/instruct-fortunes";
   std::filesystem::path base_model;  // a base.safetensors an earlier run saved: no pretraining
 };

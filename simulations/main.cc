@@ -112,6 +112,7 @@ int RunInstructFortunesScenario(const CLI::App& app, const simulations::Scenario
   if (given("--base-model")) o.base_model = s.federation.base_model();
   if (given("--pretrain-steps")) o.pretrain_steps = lf.pretrain_steps;
   if (given("--local-steps")) o.local_steps = lf.local_steps;
+  o.recompute = s.recompute;
   o.seed = task.seed();
   o.threads = s.threads;
   auto progress = [&](const std::string& what) {
