@@ -1,11 +1,17 @@
 #include "bench/harness.h"
 
 #include <fmt/format.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <charconv>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 
 namespace estuary::bench {
 
@@ -83,6 +89,81 @@ Result<std::string> CommandOutput(const std::string& command) {
     out += '\n';
   }));
   return out;
+}
+
+Result<std::unique_ptr<LineChild>> LineChild::Start(const std::string& command) {
+  // A socket rather than two pipes: one descriptor each way, and send() can
+  // refuse SIGPIPE (MSG_NOSIGNAL) when the child has died.
+  int fds[2];
+  if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) != 0) {
+    return IoError("cannot make a socket for {}: {}", command, std::strerror(errno));
+  }
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, fds[1], STDIN_FILENO);
+  posix_spawn_file_actions_adddup2(&actions, fds[1], STDOUT_FILENO);
+  std::string shell = "/bin/sh", dash_c = "-c", line = command;
+  char* argv[] = {shell.data(), dash_c.data(), line.data(), nullptr};
+  std::fflush(stdout);
+  pid_t pid = -1;
+  const int error = posix_spawn(&pid, argv[0], &actions, nullptr, argv, environ);
+  posix_spawn_file_actions_destroy(&actions);
+  close(fds[1]);
+  if (error != 0) {
+    close(fds[0]);
+    return IoError("cannot run {}: {}", command, std::strerror(error));
+  }
+  return std::unique_ptr<LineChild>(new LineChild(command, pid, fds[0]));
+}
+
+LineChild::~LineChild() {
+  if (fd_ >= 0) close(fd_);
+  if (pid_ > 0) {
+    kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+  }
+}
+
+Status LineChild::Send(std::string_view line) {
+  std::string text = fmt::format("{}\n", line);
+  std::string_view rest = text;
+  while (!rest.empty()) {
+    const ssize_t n = send(fd_, rest.data(), rest.size(), MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return IoError("cannot write to {}: {}", command_, std::strerror(errno));
+    rest.remove_prefix(size_t(n));
+  }
+  return Status::Ok();
+}
+
+Result<std::string> LineChild::Receive() {
+  size_t end;
+  while ((end = pending_.find('\n')) == std::string::npos) {
+    char buffer[4096];
+    const ssize_t n = recv(fd_, buffer, sizeof buffer, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return IoError("cannot read from {}: {}", command_, std::strerror(errno));
+    if (n == 0) return Internal("{} ended its output before a line was expected of it", command_);
+    pending_.append(buffer, size_t(n));
+  }
+  std::string line = pending_.substr(0, end);
+  pending_.erase(0, end + 1);
+  return line;
+}
+
+Status LineChild::Finish() {
+  shutdown(fd_, SHUT_WR);  // the child reads end of input
+  close(fd_);
+  fd_ = -1;
+  int status = 0;
+  const pid_t waited = waitpid(pid_, &status, 0);
+  pid_ = -1;
+  if (waited < 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    return Internal("{} failed ({})", command_,
+                    waited >= 0 && WIFEXITED(status) ? fmt::format("exit status {}", WEXITSTATUS(status))
+                                                     : std::string("killed or not waited for"));
+  }
+  return Status::Ok();
 }
 
 std::string ScriptCommand(const std::string& python, std::string_view script) {

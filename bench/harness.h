@@ -14,7 +14,8 @@
 //   rather than done (a GPU stream's), the final wait inside the time.
 // - PrintRatio prints the line a comparison ends with:
 //   "ratio (figure / its baseline): 1.23".
-// - RunCommand and CommandOutput run a baseline in a child process.
+// - RunCommand and CommandOutput run a baseline in a child process;
+//   LineChild runs one in step with ours, a line at a time.
 //
 // Times are in seconds; a name says where a figure is in other units.
 #pragma once
@@ -24,6 +25,7 @@
 #include <chrono>
 #include <cstdio>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -97,6 +99,34 @@ void PrintRatio(std::string_view compared, const std::vector<std::pair<std::stri
 Status RunCommand(const std::string& command, const std::function<void(std::string_view line)>& line);
 // The whole of `command`'s standard output.
 Result<std::string> CommandOutput(const std::string& command);
+
+// A baseline that runs in step with ours, spoken to line by line: `command`
+// through /bin/sh with its standard input and output on one socket to us
+// (its standard error passes through). bench/llama_step asks PyTorch for one
+// step at a time between its own, so load from other processes on a shared
+// machine falls on both sides alike.
+class LineChild {
+ public:
+  static Result<std::unique_ptr<LineChild>> Start(const std::string& command);
+  LineChild(const LineChild&) = delete;
+  LineChild& operator=(const LineChild&) = delete;
+  // A child not yet finished is killed and waited for.
+  ~LineChild();
+
+  // Writes `line` and a newline to the child's standard input.
+  Status Send(std::string_view line);
+  // The child's next line of output, without the newline; an error (naming
+  // the command) when it closed its output first.
+  Result<std::string> Receive();
+  // Closes the child's input, waits for it: an error unless it exits 0.
+  Status Finish();
+
+ private:
+  LineChild(std::string command, int pid, int fd) : command_(std::move(command)), pid_(pid), fd_(fd) {}
+  std::string command_;
+  int pid_ = -1, fd_ = -1;
+  std::string pending_;  // received, not yet returned
+};
 
 // For a flag: a whole number of at least `least`. (CLI::PositiveNumber's
 // message names the largest double as its bound.)
