@@ -88,11 +88,10 @@ void KvCacheDecoder::Attend(int layer, int rows) {
       const int last = past + t;
       float max = row[0];
       for (int j = 1; j <= last; ++j) max = row[j] > max ? row[j] : max;
+      // As AttentionForward (models/transformer_ops.cc) computes it.
+      for (int j = 0; j <= last; ++j) row[j] = VectorExp(row[j] - max);
       float sum = 0;
-      for (int j = 0; j <= last; ++j) {
-        row[j] = std::exp(row[j] - max);
-        sum += row[j];
-      }
+      for (int j = 0; j <= last; ++j) sum += row[j];
       const float inv = 1.0f / sum;
       for (int j = 0; j <= last; ++j) row[j] *= inv;
       for (int j = last + 1; j < length; ++j) row[j] = 0.0f;

@@ -120,7 +120,7 @@ void SwiGluForward(const float* gate_up, int n, int hidden, float* out) {
     const float* g = gate_up + int64_t(i) * 2 * hidden;
     const float* u = g + hidden;
     float* o = out + int64_t(i) * hidden;
-    for (int j = 0; j < hidden; ++j) o[j] = g[j] / (1.0f + std::exp(-g[j])) * u[j];
+    for (int j = 0; j < hidden; ++j) o[j] = g[j] / (1.0f + VectorExp(-g[j])) * u[j];
   }
 }
 
@@ -133,7 +133,7 @@ void SwiGluBackward(const float* gate_up, const float* dout, int n, int hidden, 
     float* dg = dgate_up + int64_t(i) * 2 * hidden;
     float* du = dg + hidden;
     for (int j = 0; j < hidden; ++j) {
-      const float s = 1.0f / (1.0f + std::exp(-g[j]));
+      const float s = 1.0f / (1.0f + VectorExp(-g[j]));
       du[j] = d[j] * g[j] * s;
       dg[j] = d[j] * u[j] * s * (1.0f + g[j] * (1.0f - s));
     }
@@ -173,11 +173,9 @@ void AttentionForward(const float* qkv, int batch, int seq, int heads, int kv_he
         float* row = p + int64_t(i) * seq;
         float max = row[0];
         for (int j = 1; j <= i; ++j) max = row[j] > max ? row[j] : max;
-        float sum = 0;
-        for (int j = 0; j <= i; ++j) {
-          row[j] = std::exp(row[j] - max);
-          sum += row[j];
-        }
+        for (int j = 0; j <= i; ++j) row[j] = VectorExp(row[j] - max);
+        float sum = 0;  // apart from the exps, which then vectorise
+        for (int j = 0; j <= i; ++j) sum += row[j];
         const float inv = 1.0f / sum;
         for (int j = 0; j <= i; ++j) row[j] *= inv;
         for (int j = i + 1; j < seq; ++j) row[j] = 0.0f;
@@ -246,15 +244,24 @@ float CrossEntropyForwardBackward(const float* logits, const int32_t* targets, i
       std::fill(d, d + vocab, 0.0f);
       continue;
     }
-    float max = z[0];
-    for (int c = 1; c < vocab; ++c) max = z[c] > max ? z[c] : max;
-    const float target_logit = z[targets[i]];  // read before d (maybe z) is overwritten
-    double sum = 0;
-    for (int c = 0; c < vocab; ++c) {
-      const float e = std::exp(z[c] - max);
-      d[c] = e;
-      sum += e;
+    // The max and the sum each in eight running lanes: one chain of
+    // dependent compares or adds over the row takes longer than its exps.
+    float maxes[8];
+    std::fill(maxes, maxes + 8, z[0]);
+    int at = 0;
+    for (; at + 8 <= vocab; at += 8) {
+      for (int k = 0; k < 8; ++k) maxes[k] = z[at + k] > maxes[k] ? z[at + k] : maxes[k];
     }
+    for (; at < vocab; ++at) maxes[0] = z[at] > maxes[0] ? z[at] : maxes[0];
+    const float max = *std::max_element(maxes, maxes + 8);
+    const float target_logit = z[targets[i]];  // read before d (maybe z) is overwritten
+    for (int c = 0; c < vocab; ++c) d[c] = VectorExp(z[c] - max);
+    double sums[8] = {};  // in double, as ever
+    for (at = 0; at + 8 <= vocab; at += 8) {
+      for (int k = 0; k < 8; ++k) sums[k] += d[at + k];
+    }
+    for (; at < vocab; ++at) sums[0] += d[at];
+    const double sum = ((sums[0] + sums[1]) + (sums[2] + sums[3])) + ((sums[4] + sums[5]) + (sums[6] + sums[7]));
     loss += std::log(sum) - double(target_logit - max);
     // grad_scale enters where 1 stood, so a scale of 1 gives the unscaled bits.
     const float scale = float(double(grad_scale) / (sum * scored));

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <new>
 #include <nlohmann/json.hpp>
 
@@ -92,6 +93,27 @@ TEST(LlamaOps, RopeInsideWiderRows) {
   };
   EXPECT_LE(RelativeError(run(Get(f, "x"), true).data(), Get(f, "y")), kOpTolerance);
   EXPECT_LE(RelativeError(run(Get(f, "dy"), false).data(), Get(f, "dx")), kOpTolerance);
+}
+
+// The vectorisable exp of the softmaxes and SiLU against libm's, in double:
+// within 2 ulp (2^-22 relative) from e^-87 to e^88 (every 1/64 and its
+// neighbours' bits), 0 below the normal range, and NaN through.
+TEST(LlamaOps, VectorExpIsExpWithin2Ulp) {
+  double worst = 0;
+  for (int i = -87 * 64; i <= 88 * 64; ++i) {
+    for (float x : {float(i) / 64, std::nextafter(float(i) / 64, -100.0f), std::nextafter(float(i) / 64, 100.0f)}) {
+      const double exact = std::exp(double(x));
+      if (exact < 0x1.0p-126 || x > 88) continue;  // subnormal: 0; above 88: e^88
+      worst = std::max(worst, std::abs(double(VectorExp(x)) - exact) / exact);
+    }
+  }
+  EXPECT_LE(worst, 0x1.0p-22);
+  EXPECT_EQ(VectorExp(0.0f), 1.0f);
+  EXPECT_EQ(VectorExp(-88.0f), 0.0f);
+  EXPECT_EQ(VectorExp(-1e30f), 0.0f);
+  EXPECT_EQ(VectorExp(-std::numeric_limits<float>::infinity()), 0.0f);
+  EXPECT_EQ(VectorExp(1e30f), VectorExp(88.0f));
+  EXPECT_TRUE(std::isnan(VectorExp(std::numeric_limits<float>::quiet_NaN())));
 }
 
 TEST(LlamaOps, SwiGlu) {
