@@ -19,14 +19,18 @@
 // The two sides take turns, a step each (PyTorch's a child process that
 // waits for each request: bench::LineChild), warm-up steps first, so load
 // from other processes on a shared machine falls on both alike. The figure is
-// the ratio of the two medians; the step-by-step ratios' median and range
-// follow it.
+// the ratio of the two medians of wall-clock step time; the step-by-step
+// ratios' median and range, and the ratio of the medians of process CPU time
+// per step (each side's own threads: with --threads 1 the measure least moved
+// by other processes, which wall-clock time on a busy machine is not;
+// OpenBLAS's spinning workers count in it above one thread), come with it.
 //   build/bench/llama_step [--hidden 256] [--layers 4] [--batch 4] [--seq 128] [--steps 10] [--threads 1]
 //   build/bench/llama_step --hf-config bench/models/smollm-135m --seq 128 --batch 4 --lora-rank 16
 //                          [--lora-targets q,k,v,o] [--steps 10]
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <stdlib.h>
+#include <time.h>
 
 #include <cmath>
 #include <cstdio>
@@ -44,6 +48,14 @@
 namespace {
 
 using namespace estuary;
+
+// This process's CPU time, every thread's: with one thread a side, what a
+// step costs apart from the time it waited for a core on a busy machine.
+double ProcessCpuSeconds() {
+  timespec t{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return double(t.tv_sec) + 1e-9 * double(t.tv_nsec);
+}
 
 // The model, its adapters and tokens as PyTorch reads them, in `dir`.
 Status WriteModel(const std::filesystem::path& dir, const models::Llama& base, const models::LoraLlama* lora,
@@ -162,20 +174,21 @@ int main(int argc, char** argv) {
     return bench.Fail(ready.ok() ? Internal("{} said {:?} instead of ready", command, *ready) : ready.status());
   }
   // One step of ours, then one of PyTorch's, in turn; each side times its own.
-  bench::Samples ours, theirs, ratios;
+  bench::Samples ours, theirs, ratios, ours_cpu, theirs_cpu;
   double largest = 0;  // relative loss difference
   float first = 0, last = 0;
   for (int i = 0; i < steps.warmup + steps.timed; ++i) {
     const bench::Stopwatch watch;
+    const double cpu = ProcessCpuSeconds();
     auto loss = step();
-    const double seconds = watch.Seconds();
+    const double seconds = watch.Seconds(), cpu_seconds = ProcessCpuSeconds() - cpu;
     if (!loss.ok()) return bench.Fail(loss.status());
     if (Status s = torch.Send("step"); !s.ok()) return bench.Fail(s);
     auto line = torch.Receive();
     if (!line.ok()) return bench.Fail(line.status());
-    double their_seconds = 0, their_loss = 0;
-    if (std::sscanf(line->c_str(), "step %lf %lf", &their_seconds, &their_loss) != 2) {
-      return bench.Fail(Internal("{} said {:?} instead of a step's seconds and loss", command, *line));
+    double their_seconds = 0, their_cpu = 0, their_loss = 0;
+    if (std::sscanf(line->c_str(), "step %lf %lf %lf", &their_seconds, &their_cpu, &their_loss) != 3) {
+      return bench.Fail(Internal("{} said {:?} instead of a step's seconds, CPU seconds and loss", command, *line));
     }
     // Both started from the same bits and train alike, so step i's losses agree.
     const double relative = std::abs(double(*loss) - their_loss) / std::max(std::abs(their_loss), 1e-30);
@@ -191,6 +204,8 @@ int main(int argc, char** argv) {
     ours.Add(seconds);
     theirs.Add(their_seconds);
     ratios.Add(their_seconds / seconds);
+    ours_cpu.Add(cpu_seconds);
+    theirs_cpu.Add(their_cpu);
   }
   if (Status s = torch.Finish(); !s.ok()) return bench.Fail(s);
   fmt::print("losses agree: at most {:.2g} relative apart (tolerance {:.2g}) over {} steps, first {:.6f}, last {:.6f}\n",
@@ -199,6 +214,9 @@ int main(int argc, char** argv) {
              bench::MedianAndRangeMs(theirs));
   fmt::print("step by step, pytorch / estuary: median {:.2f}, range {:.2f}-{:.2f}\n", ratios.median(), ratios.min(),
              ratios.max());
+  fmt::print("CPU time per step (process): estuary {}, pytorch {}\n", bench::MedianAndRangeMs(ours_cpu),
+             bench::MedianAndRangeMs(theirs_cpu));
+  bench::PrintRatio("pytorch / estuary, CPU time medians", theirs_cpu.median() / ours_cpu.median());
   bench::PrintRatio("pytorch / estuary, medians", theirs.median() / ours.median());
   return 0;
 }

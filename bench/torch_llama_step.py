@@ -14,8 +14,8 @@ forms no gradient of a base weight) and ends with torch.optim.AdamW over the
 adapters only.
 
 It runs in step with the bench: "ready" once the model is loaded, then for
-each "step" line on its input one step and "step SECONDS LOSS"; it exits at
-the end of its input."""
+each "step" line on its input one step and "step SECONDS CPU_SECONDS LOSS"
+(wall-clock and process CPU time); it exits at the end of its input."""
 import argparse
 import json
 import os
@@ -66,7 +66,7 @@ if a.lora_rank > 0:
 
 
 def step():
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     if optimizer:
         optimizer.zero_grad(set_to_none=True)
     else:
@@ -75,12 +75,12 @@ def step():
     loss.backward()
     if optimizer:
         optimizer.step()
-    return time.perf_counter() - start, loss.item()
+    return time.perf_counter() - start, time.process_time() - cpu, loss.item()
 
 
 print("ready", flush=True)
 for line in sys.stdin:
     if line.strip() != "step":
         sys.exit(f"torch_llama_step.py: unknown request {line.strip()!r}")
-    seconds, loss = step()
-    print(f"step {seconds:.6f} {loss:.9g}", flush=True)
+    seconds, cpu_seconds, loss = step()
+    print(f"step {seconds:.6f} {cpu_seconds:.6f} {loss:.9g}", flush=True)
