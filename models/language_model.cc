@@ -5,6 +5,10 @@
 #include <cstring>
 #include <vector>
 
+#include <map>
+#include <mutex>
+
+#include "models/hf_base.h"
 #include "models/transformer_ops.h"
 
 namespace estuary::models {
@@ -21,11 +25,41 @@ void Score(const float* row, int vocab, int32_t target, double* loss, uint64_t* 
   *correct += std::max_element(row, row + vocab) - row == target;
 }
 
+struct HfModels {
+  std::mutex mutex;
+  std::map<std::string, LlamaConfig, std::less<>> configs;
+};
+
+HfModels& Registered() {
+  static HfModels models;
+  return models;
+}
+
 }  // namespace
 
-bool IsLanguageModel(std::string_view name) { return name.starts_with("llama"); }
+Status RegisterHfModel(const std::string& name, const LlamaConfig& config) {
+  HfModels& models = Registered();
+  std::lock_guard lock(models.mutex);
+  auto [it, inserted] = models.configs.try_emplace(name, config);
+  if (inserted) return Status::Ok();
+  const std::string difference = FirstShapeDifference(CanonicalShape(it->second), CanonicalShape(config));
+  if (difference.empty()) return Status::Ok();
+  return FailedPrecondition("model '{}' is already this process's with another shape ({})", name, difference);
+}
+
+bool IsLanguageModel(std::string_view name) {
+  if (name.starts_with("llama")) return true;
+  HfModels& models = Registered();
+  std::lock_guard lock(models.mutex);
+  return models.configs.find(name) != models.configs.end();
+}
 
 Result<LlamaConfig> LlamaPreset(std::string_view name) {
+  {
+    HfModels& models = Registered();
+    std::lock_guard lock(models.mutex);
+    if (auto it = models.configs.find(name); it != models.configs.end()) return it->second;
+  }
   LlamaConfig c;
   c.vocab_size = 256;
   if (name == "llama-tiny") {

@@ -16,13 +16,23 @@
 
 namespace estuary::models {
 
+// A preset (below) or a name registered with RegisterHfModel.
 bool IsLanguageModel(std::string_view name);
+
+// A federation on a Hugging Face base (models/hf_base.h) names its model
+// HfBase::ModelName() and carries the shape in its task; whoever builds that
+// federation or maps that task registers the name here, so everything that
+// builds a decoder by name (evaluators, site trainers, export) builds that
+// shape. Registering a name again with the same shape is a no-op; with
+// another shape it fails, naming the first key that differs. Thread-safe.
+Status RegisterHfModel(const std::string& name, const LlamaConfig& config);
 
 // "llama-tiny"  (d 128, 4 layers, 4 heads / 2 kv, MLP 352, context 128: a CPU federation),
 // "llama-small" (d 384, 6 layers, 6 heads / 2 kv, MLP 1024, context 256),
 // "llama-124m"  (d 768, 12 layers, 12 heads, MLP 2048, context 1024, GPT-2's
 //                50,304-token vocabulary, tied: the ~124M benchmark model).
-// The first two use the byte vocabulary (256). Unknown names list the known ones.
+// The first two use the byte vocabulary (256). A name registered with
+// RegisterHfModel gives its config. Unknown names list the known ones.
 Result<LlamaConfig> LlamaPreset(std::string_view name);
 
 // Mean next-token cross-entropy and accuracy of `params` loaded into `model`
