@@ -13,6 +13,7 @@
 
 #include "aggregation/robust_strategy.h"
 #include "base/atomic_file.h"
+#include "models/hf_base.h"
 #include "models/language_model.h"
 #include "models/lora_federation.h"
 #include "proto/task.h"
@@ -158,6 +159,26 @@ Status CheckFederation(const v1::FederationConfig& config) {
     return InvalidArgument("federation: max_norm_over_median = {}: must be a number >= 0 (0: none)",
                            limits.max_norm_over_median());
   }
+  std::optional<models::LlamaConfig> hf_config;
+  if (const std::filesystem::path base(config.base_model()); !base.empty()) {
+    std::error_code error;
+    if (std::filesystem::is_directory(base, error)) {
+      if (!models::IsHfModelDir(base)) {
+        return InvalidArgument("federation: base_model = {}: a directory without config.json (a Hugging Face base "
+                               "is a model directory: config.json and model.safetensors)",
+                               config.base_model());
+      }
+      if (task.update_kind() != v1::UPDATE_LORA) {
+        return InvalidArgument("federation: base_model = {} (a Hugging Face model directory) with update_kind = "
+                               "full: only a lora federation runs on a Hugging Face base",
+                               config.base_model());
+      }
+      auto read = models::ReadHfConfig(base);
+      if (!read.ok()) return InvalidArgument("federation: base_model = {}: {}", config.base_model(),
+                                             read.status().message());
+      hf_config = *read;
+    }
+  }
   if (task.update_kind() == v1::UPDATE_LORA) {
     if (limits.max_norm() > 0) {
       return InvalidArgument("federation: max_update_norm = {} with update_kind = lora: norm bounds apply to full "
@@ -170,7 +191,7 @@ Status CheckFederation(const v1::FederationConfig& config) {
                              "adapters by lora_merge (naive | exact | frozen-a), not by a server optimizer",
                              config.strategy().name());
     }
-    return LoraOptionsOf(task).status();
+    return (hf_config ? LoraOptionsOf(task, *hf_config) : LoraOptionsOf(task)).status();
   }
   if (!config.base_model().empty()) {
     return InvalidArgument("federation: base_model = {}: only a lora federation starts from a base model",
@@ -186,6 +207,11 @@ Result<LoraStrategyOptions> LoraOptionsOf(const v1::TaskConfig& task) {
   if (!models::IsLanguageModel(task.model())) {
     return InvalidArgument("federation: update_kind = lora needs a language model (llama-*), not '{}'", task.model());
   }
+  ESTUARY_ASSIGN_OR_RETURN(const models::LlamaConfig model, models::LlamaPreset(task.model()));
+  return LoraOptionsOf(task, model);
+}
+
+Result<LoraStrategyOptions> LoraOptionsOf(const v1::TaskConfig& task, const models::LlamaConfig& model) {
   const models::LoraConfig lora = LoraConfigOf(task);
   if (Status valid = lora.Validate(); !valid.ok()) return InvalidArgument("federation: {}", valid.message());
   LoraStrategyOptions options;
@@ -197,7 +223,6 @@ Result<LoraStrategyOptions> LoraOptionsOf(const v1::TaskConfig& task) {
   options.merge.rank = size_t(lora.rank);
   options.merge.alpha = lora.alpha;
   options.mixed_ranks = task.lora().mixed_ranks();
-  ESTUARY_ASSIGN_OR_RETURN(const models::LlamaConfig model, models::LlamaPreset(task.model()));
   ESTUARY_ASSIGN_OR_RETURN(options.layout, models::MakeLoraGlobalLayout(model, lora));
   if (Status valid = ValidateLoraStrategyOptions(options); !valid.ok()) {
     return InvalidArgument("federation: {}", valid.message());
@@ -290,17 +315,39 @@ Status WriteFederationFile(const std::filesystem::path& path, const v1::Federati
   return WriteFileAtomically(path, text);
 }
 
+Result<std::shared_ptr<const models::HfBase>> ApplyHfBase(v1::FederationConfig* config) {
+  if (!models::IsHfModelDir(config->base_model())) return std::shared_ptr<const models::HfBase>();
+  auto base = models::LoadHfBase(config->base_model());
+  if (!base.ok()) return InvalidArgument("federation: base_model = {}: {}", config->base_model(), base.status().message());
+  // The task names the base and carries its shape and identity; the sites hold the weights.
+  v1::TaskConfig& task = *config->mutable_task();
+  task.set_model(base->ModelName());
+  task.mutable_hf_base()->set_sha256(base->sha256);
+  task.mutable_hf_base()->set_shape(base->shape);
+  ESTUARY_RETURN_IF_ERROR(models::RegisterHfModel(task.model(), base->config));
+  return std::make_shared<const models::HfBase>(std::move(base).value());
+}
+
 Result<Federation> MakeFederation(const v1::FederationConfig& config, const EvaluationOptions& evaluation,
                                   DpNoise noise) {
   ESTUARY_RETURN_IF_ERROR(CheckFederation(config));
   Federation f;
   f.config = config;
-  const v1::TaskConfig& task = config.task();
+  ESTUARY_ASSIGN_OR_RETURN(const std::shared_ptr<const models::HfBase> hf_base, ApplyHfBase(&f.config));
+  const v1::TaskConfig& task = f.config.task();
   models::InitialWeights initial;
   if (task.update_kind() == v1::UPDATE_LORA) {
     ESTUARY_ASSIGN_OR_RETURN(f.lora, LoraOptionsOf(task));
-    ESTUARY_ASSIGN_OR_RETURN(initial, models::LoraInitialModel(task.model(), LoraConfigOf(task), task.seed(),
-                                                               config.base_model()));
+    if (hf_base) {
+      ESTUARY_ASSIGN_OR_RETURN(initial, models::LoraInitialModel(hf_base->config, LoraConfigOf(task), task.seed(),
+                                                                 hf_base->weights));
+      auto held = std::make_shared<std::vector<float>>(hf_base->weights);
+      held->resize(initial.values.size(), 0.0f);
+      f.held_base = std::move(held);
+    } else {
+      ESTUARY_ASSIGN_OR_RETURN(initial, models::LoraInitialModel(task.model(), LoraConfigOf(task), task.seed(),
+                                                                 config.base_model()));
+    }
     if (!(initial.manifest == f.lora->layout.global)) {
       return Internal("federation: the LoRA initial model's layout differs from the strategy's");
     }

@@ -23,6 +23,8 @@
 #include "base/manifest.h"
 #include "base/status.h"
 #include "federation.pb.h"
+#include "models/hf_base.h"
+#include "models/llama.h"
 #include "models/federated_model.h"
 
 namespace estuary::aggregation {
@@ -46,8 +48,10 @@ StrategyOptions StrategyOptionsOf(const v1::StrategyConfig& config);
 models::LoraConfig LoraConfigOf(const v1::TaskConfig& task);
 
 // A federation of update kind lora: the global layout, the merge rule, rank
-// and alpha, mixed ranks.
+// and alpha, mixed ranks; of the task's model by name (a preset or a
+// registered Hugging Face base), or of `model`.
 Result<LoraStrategyOptions> LoraOptionsOf(const v1::TaskConfig& task);
+Result<LoraStrategyOptions> LoraOptionsOf(const v1::TaskConfig& task, const models::LlamaConfig& model);
 
 // A federation file: a v1::FederationConfig in protobuf text format, its
 // fields over DefaultFederation's (a field left out keeps its default; a
@@ -65,6 +69,13 @@ struct Federation {
   UpdateBound bound{v1::UpdateLimits()};         // what each update is folded as (config.limits)
   std::unique_ptr<models::Evaluator> evaluator;  // null without evaluation data
   std::optional<LoraStrategyOptions> lora;       // set in a federation of update kind lora
+  // A federation on a Hugging Face base (base_model a model directory,
+  // models/hf_base.h): what every site holds before round 1, the global
+  // layout with the base's weights and a zero adapter. The server sends a
+  // site only what differs from it (RoundStart.patch_on_base), never the
+  // base. config.task() then names the base and carries its shape and
+  // identity (hf_base). Null otherwise.
+  std::shared_ptr<const std::vector<float>> held_base;
 };
 
 struct EvaluationOptions {
@@ -79,6 +90,14 @@ struct EvaluationOptions {
 // (keyed from RAND_bytes), a simulation's seeded from the task's seed so the
 // run reproduces (dp_noise.h).
 enum class DpNoise { kUnpredictable, kSeeded };
+
+// When config->base_model is a Hugging Face model directory: loads it,
+// names the task's model after it (HfBase::ModelName), sets task.hf_base
+// (shape and identity) and registers the name (models::RegisterHfModel), so
+// the task is what the sites are sent; returns the base. Otherwise changes
+// nothing and returns null. MakeFederation calls it; a front end that needs
+// the task before the federation (the simulator's clients) calls it first.
+Result<std::shared_ptr<const models::HfBase>> ApplyHfBase(v1::FederationConfig* config);
 
 // With config.dp.noise_multiplier > 0 the strategy is DpFedAvg around the
 // configured one.

@@ -37,6 +37,7 @@
 #include "crypto/tls.h"
 #include "estuary.pb.h"
 #include "proto/frame.h"
+#include "models/hf_base.h"
 #include "models/low_rank.h"
 #include "models/tensor.h"
 
@@ -70,6 +71,12 @@ struct AgentOptions {
   double handshake_timeout_s = 10;
   double read_timeout_s = 60;
   double write_timeout_s = 60;
+  // This site's copy of a Hugging Face base (estuary-client --base-model).
+  // A round whose task names a base (TaskConfig.hf_base) is trained only when
+  // this copy's shape and identity are the task's; otherwise the agent sends
+  // a SiteRefusal naming both identities and finishes with that line. A
+  // patch on the base (RoundStart.patch_on_base) is applied to this copy.
+  std::shared_ptr<const models::HfBase> base;
 };
 
 class Agent : public std::enable_shared_from_this<Agent> {
@@ -129,6 +136,12 @@ class Agent : public std::enable_shared_from_this<Agent> {
   void ScheduleReconnect();
   void Heartbeat();
   void Finish(const Status& status);
+  // Empty when this site may train `task` (no base named, or its own copy is
+  // the task's); else the one line that refuses it.
+  std::string CheckBase(const v1::TaskConfig& task, uint64_t round) const;
+  // Tells the server why this site will not train `round`, then finishes
+  // with that reason when the server, having read it, closes the connection.
+  void Refuse(uint64_t round, const std::string& reason);
 
   boost::asio::io_context& io_;
   AgentOptions options_;
@@ -149,6 +162,7 @@ class Agent : public std::enable_shared_from_this<Agent> {
   int failures_ = 0;
   bool stopped_ = false;
   bool finished_ = false;
+  std::optional<Status> finish_when_written_;  // Refuse: finish when the connection ends
   std::string name_;
   uint32_t chunk_bytes_;
   uint64_t heartbeat_ms_ = 5000;

@@ -17,6 +17,7 @@
 #include "base/host_port.h"
 #include "base/memory.h"
 #include "client/agent.h"
+#include "models/hf_base.h"
 #include "comm/gloo_communicator.h"
 #include "client/launch.h"
 #include "client/site.h"
@@ -331,6 +332,7 @@ int main(int argc, char** argv) {
   std::string log_level = "info";
   int lora_rank = 0;
   std::string lora_base = "f32";
+  std::string base_model;
   client::SiteFlags site_flags;
   app.add_option("--config", config, "TOML file with the same keys as these flags");
   app.add_option("--server", server, "aggregation server HOST:PORT");
@@ -361,6 +363,9 @@ int main(int argc, char** argv) {
                "language models on the CPU: keep each block's input only and recompute its activations in "
                "backward (one block's activations in memory, about one more forward per step)");
   int blas_threads = 1;
+  app.add_option("--base-model", base_model,
+                 "this site's copy of the federation's Hugging Face base (a model directory); the server never "
+                 "sends it, and a round whose base differs from it is refused");
   app.add_option("--blas-threads", blas_threads, "OpenBLAS threads for local training (small batches: 1 is fastest)");
   app.add_option("--ranks", site_flags.ranks, "train on N CPU processes (ranks) of this node");
   app.add_option("--backend", site_flags.backend, "collectives among the ranks: gloo (CPU) | nccl (--gpus)");
@@ -415,6 +420,13 @@ int main(int argc, char** argv) {
   options.port = port;
   options.max_backoff_s = max_backoff;
   options.label = tls.cert.stem().string();
+  if (agent_rank && !base_model.empty()) {
+    auto base = models::LoadHfBase(base_model);
+    if (!base.ok()) return Fail(InvalidArgument("--base-model {}: {}", base_model, base.status().message()));
+    spdlog::info("base model {}: {} ({} parameters), sha256 {}", base_model, base->ModelName(), base->weights.size(),
+                 base->sha256);
+    options.base = std::make_shared<const models::HfBase>(std::move(base).value());
+  }
   if (agent_rank) {
     auto context = crypto::MakeClientContext(tls);
     if (!context.ok()) return Fail(context.status());

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "models/hf_base.h"
+#include "models/language_model.h"
 #include "proto/task.h"
 
 namespace estuary::client {
@@ -24,6 +26,11 @@ Result<TaskConfig> TaskFromProto(const v1::TaskConfig& t) {
                   .seed = t.seed(), .optimizer = optimizer, .seq_len = t.seq_len(),
                   .max_local_steps = t.max_local_steps(), .proximal_mu = t.proximal_mu(),
                   .prompt_template = t.prompt_template()};
+  if (t.has_hf_base()) {
+    // Every trainer builds the decoder by name: the name is the shape's from here on.
+    ESTUARY_ASSIGN_OR_RETURN(const models::LlamaConfig config, models::ParseCanonicalShape(t.hf_base().shape()));
+    ESTUARY_RETURN_IF_ERROR(models::RegisterHfModel(t.model(), config));
+  }
   if (task.update_kind == UpdateKind::kLora) {
     const v1::LoraTask& l = t.lora();
     task.lora.config = {.rank = int(std::min<uint32_t>(l.rank(), 1u << 20)), .alpha = l.alpha(),

@@ -146,13 +146,26 @@ Result<InitialWeights> LoraInitialModel(std::string_view model, const LoraConfig
                                         const std::filesystem::path& base_checkpoint) {
   ESTUARY_ASSIGN_OR_RETURN(const LlamaConfig config, LlamaPreset(model));
   ESTUARY_RETURN_IF_ERROR(lora.Validate());
-  ESTUARY_ASSIGN_OR_RETURN(Llama base, Llama::Create(config, 1));
+  std::vector<float> weights;
   if (base_checkpoint.empty()) {
+    ESTUARY_ASSIGN_OR_RETURN(Llama base, Llama::Create(config, 1));
     base.Initialize(seed);
+    weights.assign(base.parameters().begin(), base.parameters().end());
   } else {
-    ESTUARY_ASSIGN_OR_RETURN(std::vector<float> weights, LoadBaseWeights(base_checkpoint, config));
-    std::memcpy(base.parameters().data(), weights.data(), weights.size() * sizeof(float));
+    ESTUARY_ASSIGN_OR_RETURN(weights, LoadBaseWeights(base_checkpoint, config));
   }
+  return LoraInitialModel(config, lora, seed, weights);
+}
+
+Result<InitialWeights> LoraInitialModel(const LlamaConfig& config, const LoraConfig& lora, uint64_t seed,
+                                        std::span<const float> base_weights) {
+  ESTUARY_RETURN_IF_ERROR(lora.Validate());
+  ESTUARY_ASSIGN_OR_RETURN(Llama base, Llama::Create(config, 1));
+  if (base_weights.size() != base.parameters().size()) {
+    return InvalidArgument("base model: {} weights, the config's decoder has {}", base_weights.size(),
+                           base.parameters().size());
+  }
+  std::copy(base_weights.begin(), base_weights.end(), base.parameters().begin());
   ESTUARY_ASSIGN_OR_RETURN(LoraGlobalLayout layout, MakeLoraGlobalLayout(config, lora));
   InitialWeights initial;
   initial.manifest = layout.global;

@@ -63,6 +63,11 @@ Status AddLoraToBase(const Manifest& base_manifest, std::span<float> base, const
 Result<InitialWeights> LoraInitialModel(std::string_view model, const LoraConfig& lora, uint64_t seed,
                                         const std::filesystem::path& base_checkpoint);
 
+// The same over a base given as its config and weights (a Hugging Face
+// base, models/hf_base.h), in LayoutOf(config) order.
+Result<InitialWeights> LoraInitialModel(const LlamaConfig& config, const LoraConfig& lora, uint64_t seed,
+                                        std::span<const float> base_weights);
+
 // Reads a base decoder's weights for `config` from a safetensors file: every
 // tensor of LayoutOf(config) by name and shape (extra tensors are an error,
 // so a wrong file is not half-used). Errors name the file and the tensor.

@@ -134,6 +134,7 @@ std::string_view BodyName(const Envelope& envelope) {
     case Envelope::kRoundClosed: return "round_closed";
     case Envelope::kHeartbeat: return "heartbeat";
     case Envelope::kError: return "error";
+    case Envelope::kRefusal: return "refusal";
     case Envelope::BODY_NOT_SET: return "empty";
   }
   return "unknown";

@@ -36,13 +36,25 @@ Status CheckTask(const v1::TaskConfig& task) {
     if (t != "none" && t != "llama3" && t != "chatml" && t != "alpaca") {
       return InvalidArgument("task: template = '{}': expected one of llama3, chatml, alpaca, none", t);
     }
-    if (!task.model().starts_with("llama")) {
+    if (!task.model().starts_with("llama") && !task.has_hf_base()) {
       return InvalidArgument("task: template = '{}' with model '{}': templates are for the language models", t,
                              task.model());
     }
   }
   if (!v1::UpdateKind_IsValid(task.update_kind())) {
     return InvalidArgument("task: update_kind = {}: expected full or lora", int(task.update_kind()));
+  }
+  if (task.has_hf_base()) {
+    const std::string& sha = task.hf_base().sha256();
+    if (sha.size() != 64 || sha.find_first_not_of("0123456789abcdef") != std::string::npos) {
+      return InvalidArgument("task: hf_base.sha256 = '{}': expected 64 lowercase hex digits", sha);
+    }
+    if (task.hf_base().shape().empty()) return InvalidArgument("task: hf_base.shape is empty");
+    if (task.update_kind() != v1::UPDATE_LORA) {
+      return InvalidArgument("task: a Hugging Face base model (model '{}') with update_kind = full: only a lora "
+                             "federation trains on a base the sites hold",
+                             task.model());
+    }
   }
   if (task.update_kind() == v1::UPDATE_LORA) {
     const v1::LoraTask& lora = task.lora();

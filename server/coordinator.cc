@@ -1,5 +1,7 @@
 #include "server/coordinator.h"
 
+#include <algorithm>
+
 #include <spdlog/spdlog.h>
 
 #include "aggregation/robust_strategy.h"
@@ -48,6 +50,7 @@ Status Coordinator::Recover() {
   task_ = federation.config.task();
   lora_ = std::move(federation.lora);
   manifest_ = federation.manifest;
+  distribution_.SetHeldBase(federation.held_base);
   ESTUARY_ASSIGN_OR_RETURN(auto stored_model, store_.GetMeta("model"));
   if (stored_model && *stored_model != task_.model()) {
     return FailedPrecondition("server: {} holds a federation of model '{}', not '{}'", config_.db.string(),
@@ -143,6 +146,7 @@ void Coordinator::OnMessage(const std::shared_ptr<ClientSession>& session, v1::E
     case v1::Envelope::kUpdateBegin: return OnUpdateBegin(session, envelope.update_begin());
     case v1::Envelope::kUpdateChunk: return OnUpdateChunk(session, envelope.update_chunk());
     case v1::Envelope::kUpdateCommit: return OnUpdateCommit(session, envelope.update_commit());
+    case v1::Envelope::kRefusal: return OnRefusal(session, envelope.refusal());
     default:
       return Reject(session, v1::Error::BAD_MESSAGE,
                     fmt::format("a client may not send {}", proto::BodyName(envelope)));
@@ -339,6 +343,31 @@ void Coordinator::Reject(const std::shared_ptr<ClientSession>& session, v1::Erro
     LogIfError(store_.UpsertParticipation(p.record), "store");
   }
   session->SendErrorAndClose(code, message);
+  GrantSlots();
+  MaybeFinishRound();
+}
+
+void Coordinator::OnRefusal(const std::shared_ptr<ClientSession>& session, const v1::SiteRefusal& refusal) {
+  // One line, bounded: the reason is the peer's text.
+  std::string reason = refusal.reason().substr(0, 1024);
+  std::replace(reason.begin(), reason.end(), '\n', ' ');
+  spdlog::warn("client {} refused round {}: {}", session->name(), refusal.round(), reason);
+  LogIfError(store_.RecordEvent({clock_.UnixMs(), "site_refused", session->name() + "@" + session->address(),
+                                 fmt::format("round {}: {}", refusal.round(), reason)}),
+             "store");
+  // The site leaves; closing from this end lets it go once it has read what was queued for it.
+  session->CloseAfterWrites();
+  auto it = participants_.find(session->name());
+  if (!round_running_ || refusal.round() != round_ || it == participants_.end() ||
+      it->second.session.lock() != session || it->second.record.status != "selected") {
+    return;
+  }
+  Participant& p = it->second;
+  slots_.Release(p.record.client);
+  p.record.status = "refused";
+  p.record.detail = reason;
+  p.record.seconds = SecondsSince(p.started);
+  LogIfError(store_.UpsertParticipation(p.record), "store");
   GrantSlots();
   MaybeFinishRound();
 }

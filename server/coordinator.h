@@ -92,6 +92,9 @@ class Coordinator {
   void OnUpdateBegin(const std::shared_ptr<ClientSession>& session, const v1::UpdateBegin& begin);
   void OnUpdateChunk(const std::shared_ptr<ClientSession>& session, const v1::UpdateChunk& chunk);
   void OnUpdateCommit(const std::shared_ptr<ClientSession>& session, const v1::UpdateCommit& commit);
+  // The site will not train the round (its base is not the federation's):
+  // its participation is "refused" with its reason, and an event records it.
+  void OnRefusal(const std::shared_ptr<ClientSession>& session, const v1::SiteRefusal& refusal);
   void Reject(const std::shared_ptr<ClientSession>& session, v1::Error::Code code, const std::string& message);
   // Stages waiting uploads as slots free; an upload that cannot be staged is rejected.
   void GrantSlots();

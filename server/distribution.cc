@@ -14,6 +14,30 @@ void ModelDistribution::Reset(Manifest manifest, GlobalModel current) {
   previous_ = {};
   patch_ = {};
   factors_.reset();
+  FindChangesFromBase();
+}
+
+void ModelDistribution::FindChangesFromBase() {
+  base_patch_ = {};
+  if (!held_base_ || !current_.values || held_base_->size() != current_.values->size()) return;
+  const auto& held = *held_base_;
+  const auto& current = *current_.values;
+  auto& ranges = base_patch_.ranges;
+  for (const TensorSpec& spec : manifest_.tensors) {
+    if (std::memcmp(held.data() + spec.offset, current.data() + spec.offset, spec.numel() * sizeof(float)) == 0) {
+      continue;
+    }
+    if (!ranges.empty() && ranges.back().first + ranges.back().second == spec.offset) {
+      ranges.back().second += spec.numel();
+    } else {
+      ranges.emplace_back(spec.offset, spec.numel());
+    }
+  }
+  // An empty patch would read as "the whole model"; a model equal to the
+  // base (no adapter A is zero, so never in practice) sends its last tensor.
+  if (ranges.empty() && !manifest_.tensors.empty()) {
+    ranges.emplace_back(manifest_.tensors.back().offset, manifest_.tensors.back().numel());
+  }
 }
 
 void ModelDistribution::Publish(GlobalModel next, std::vector<aggregation::LowRankChange> low_rank) {
@@ -29,6 +53,7 @@ void ModelDistribution::Publish(GlobalModel next, std::vector<aggregation::LowRa
   }
   factors_ = std::move(factors);
   FindChangedRanges();
+  FindChangesFromBase();
 }
 
 void ModelDistribution::FindChangedRanges() {
@@ -78,13 +103,25 @@ uint64_t ModelDistribution::Offer(const std::shared_ptr<ClientSession>& session,
   const bool holds_model = held.version == version && crypto::SameHexDigest(held.checksum, current_.checksum);
   const bool patch = !holds_model && !patch_.empty() && keeps_model_.contains(name) && version > 0 &&
                      held.version == version - 1 && crypto::SameHexDigest(held.checksum, previous_.checksum);
+  // On a Hugging Face base every site holds the base: whatever it lacks is
+  // a patch on it, never the whole model (a patch on the previous version
+  // where that is smaller).
+  const bool on_base = !holds_model && held_base_ &&
+                       (!patch || base_patch_.range_elements() <= patch_.range_elements() + patch_.factor_count());
+  const Send send = on_base ? Send::kPatchOnBase : patch ? Send::kPatch : Send::kWhole;
   start->set_model_follows(!holds_model);
-  proto::WriteModelPatch(patch ? patch_ : proto::ModelPatch{}, start);
-  start->set_patch_base_version(patch ? version - 1 : 0);
+  proto::WriteModelPatch(send == Send::kPatch ? patch_ : send == Send::kPatchOnBase ? base_patch_ : proto::ModelPatch{},
+                         start);
+  start->set_patch_base_version(send == Send::kPatch ? version - 1 : 0);
+  start->set_patch_on_base(send == Send::kPatchOnBase);
   offered_[name] = {version, current_.checksum};
   if (holds_model) return 0;
-  queue_.push_back({session, patch});
-  return patch ? (patch_.range_elements() + patch_.factor_count()) * sizeof(float) : manifest_.byte_size();
+  queue_.push_back({session, send});
+  switch (send) {
+    case Send::kPatch: return (patch_.range_elements() + patch_.factor_count()) * sizeof(float);
+    case Send::kPatchOnBase: return base_patch_.range_elements() * sizeof(float);
+    default: return manifest_.byte_size();
+  }
 }
 
 void ModelDistribution::Confirm(const std::string& name) {
@@ -119,9 +156,11 @@ void ModelDistribution::StreamQueued() {
     });
     std::vector<std::pair<uint64_t, uint64_t>> bytes;  // empty: the whole model
     std::shared_ptr<const std::vector<float>> tail;
-    if (next.patch) {
+    if (next.send == Send::kPatch) {
       bytes = patch_.ByteRanges(manifest_.total_elements);
       if (!patch_.low_rank.empty()) tail = factors_;
+    } else if (next.send == Send::kPatchOnBase) {
+      bytes = base_patch_.ByteRanges(manifest_.total_elements);
     }
     // A session that closes mid-stream calls back too, so its place frees
     // either way; a stream of an earlier attempt is no longer in streams_.

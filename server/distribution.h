@@ -52,6 +52,12 @@ class ModelDistribution {
   // The model a server starts from (new, or recovered): there is no previous
   // version to patch from.
   void Reset(Manifest manifest, GlobalModel current);
+  // A federation on a Hugging Face base (aggregation::Federation::held_base):
+  // every site holds `held` itself, so a site that holds no earlier version
+  // gets a patch on it (RoundStart.patch_on_base: the tensors that differ
+  // from it, whole) instead of the whole model: the base is never sent.
+  // Call before Reset.
+  void SetHeldBase(std::shared_ptr<const std::vector<float>> held) { held_base_ = std::move(held); }
   // A committed round's model. The current one becomes the previous; the
   // patch from it is every tensor that differs, those in `low_rank`
   // (Strategy::low_rank_changes) as their factors.
@@ -86,9 +92,10 @@ class ModelDistribution {
     uint64_t version = 0;
     std::string checksum;
   };
+  enum class Send { kWhole, kPatch, kPatchOnBase };
   struct Download {
     std::weak_ptr<ClientSession> session;
-    bool patch = false;
+    Send send = Send::kWhole;
   };
   // A download streaming: until it is written (or its session closes) or
   // its place times out.
@@ -99,6 +106,8 @@ class ModelDistribution {
   };
 
   void FindChangedRanges();
+  // base_patch_: the tensors of current_ that differ from held_base_.
+  void FindChangesFromBase();
   // `id`'s download no longer holds a place: the next queued one starts.
   void FreeSlot(uint64_t id);
 
@@ -106,6 +115,8 @@ class ModelDistribution {
   GlobalModel current_;
   GlobalModel previous_;
   proto::ModelPatch patch_;  // previous_ to current_
+  std::shared_ptr<const std::vector<float>> held_base_;
+  proto::ModelPatch base_patch_;  // held_base_ to current_
   // Every low-rank change's u then v: the stream's tail after the ranges.
   std::shared_ptr<const std::vector<float>> factors_;
   Clock& clock_;

@@ -59,7 +59,8 @@ struct RoundRecord {
   std::optional<RoundPrivacy> privacy;  // a committed round of a DP federation
 };
 
-// status: "selected", "committed", "dropped", "late", "rejected".
+// status: "selected", "committed", "dropped", "late", "rejected", "refused"
+// (the site declined the round: its base model is not the federation's).
 struct Participation {
   uint64_t round = 0;
   std::string client;

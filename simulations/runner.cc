@@ -163,8 +163,11 @@ struct Simulation {
   aggregation::Federation federation;
 };
 
-static Result<Simulation> MakeSimulation(const Scenario& s) {
+static Result<Simulation> MakeSimulation(const Scenario& given) {
   Simulation sim;
+  // On a Hugging Face base the clients build the model the task names after it.
+  Scenario s = given;
+  ESTUARY_RETURN_IF_ERROR(aggregation::ApplyHfBase(&s.federation).status());
   ESTUARY_ASSIGN_OR_RETURN(sim.clients, ClientsOf(s));
   // Seeded DP noise: a simulation reproduces from its seed (dp_noise.h).
   ESTUARY_ASSIGN_OR_RETURN(sim.federation,
@@ -382,8 +385,11 @@ Status ProvisionCertificates(const fs::path& dir, const std::vector<std::string>
 
 }  // namespace
 
-Result<Report> RunLoopback(const Scenario& s, const RoundCallback& on_round) {
-  ESTUARY_RETURN_IF_ERROR(CheckScenario(s));
+Result<Report> RunLoopback(const Scenario& given, const RoundCallback& on_round) {
+  ESTUARY_RETURN_IF_ERROR(CheckScenario(given));
+  // On a Hugging Face base every site holds it (one copy, shared); the server sends none of it.
+  Scenario s = given;
+  ESTUARY_ASSIGN_OR_RETURN(const std::shared_ptr<const models::HfBase> hf_base, aggregation::ApplyHfBase(&s.federation));
   const auto start = Clock::now();
   const fs::path certs = s.workdir / "certs";
   ESTUARY_RETURN_IF_ERROR(ProvisionCertificates(certs, {"server"}, crypto::CertRole::kServer));
@@ -481,6 +487,7 @@ Result<Report> RunLoopback(const Scenario& s, const RoundCallback& on_round) {
     options.tls = tls;
     options.identity = *identity;
     options.keep_model = false;
+    options.base = hf_base;
     options.label = names[i];
     auto agent = std::make_shared<client::Agent>(io, options, *trainers[i], training.get_executor());
     agent->on_round_closed = [&](const v1::RoundClosed& closed) {

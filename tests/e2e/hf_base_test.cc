@@ -1,0 +1,183 @@
+// End-to-end: a LoRA federation on a Hugging Face base that the server never
+// sends. A tiny random Llama written by SaveHfCheckpoint is the base; the
+// real estuary-server (--base-model DIR) and estuary-client sites (each
+// --base-model with its own copy) over mutual TLS on 127.0.0.1. The round
+// log's bytes say that each site was sent the adapter and nothing of the
+// base, the held-out loss falls, and a site whose copy differs in one weight
+// refuses the round in one line naming both identities, which the server
+// records.
+#include <gtest/gtest.h>
+
+#include <bit>
+#include <fstream>
+
+#include "models/federated_model.h"
+#include "models/hf_base.h"
+#include "models/language_model.h"
+#include "models/llama.h"
+#include "models/lora_federation.h"
+#include "tests/e2e/federation.h"
+#include "tests/e2e/harness.h"
+
+namespace estuary::testing {
+namespace {
+
+models::LlamaConfig TinyConfig() {
+  models::LlamaConfig c;
+  c.vocab_size = 256, c.hidden_size = 64, c.intermediate_size = 128, c.num_layers = 2, c.num_heads = 4;
+  c.num_kv_heads = 2, c.max_seq_len = 64;
+  return c;
+}
+
+// Writes the base to `dir` and, with flip >= 0, flips the lowest bit of weight `flip` first.
+models::HfBase WriteBase(const fs::path& dir, int64_t flip = -1) {
+  auto model = models::Llama::Create(TinyConfig(), 1);
+  EXPECT_TRUE(model.ok());
+  model->Initialize(3);
+  if (flip >= 0) {
+    float& w = model->parameters()[size_t(flip)];
+    w = std::bit_cast<float>(std::bit_cast<uint32_t>(w) ^ 1u);
+  }
+  EXPECT_TRUE(models::SaveHfCheckpoint(dir, *model).ok());
+  auto base = models::LoadHfBase(dir);
+  EXPECT_TRUE(base.ok()) << base.status().ToString();
+  return base.ok() ? std::move(base).value() : models::HfBase{};
+}
+
+fs::path WriteText(const Federation& f) {
+  const fs::path text = f.dir() / "text";
+  fs::create_directories(text);
+  std::ofstream out(text / "proverbs");
+  for (int i = 0; i < 200; ++i) out << "a stitch in time saves nine, number " << i << "\n%\n";
+  return text;
+}
+
+const std::vector<std::string> kLoraFlags = {"--optimizer", "adamw", "--lr", "0.01", "--batch", "4", "--seq-len", "32",
+                                             "--max-local-steps", "4", "--eval-windows", "4", "--update-kind", "lora",
+                                             "--lora-rank", "4", "--lora-alpha", "8", "--seed", "9"};
+
+TEST(HfBaseFederation, SitesHoldTheBaseTheServerSendsOnlyTheAdapterAndTheHeldOutLossFalls) {
+  Federation f;
+  f.Issue("site-a");
+  f.Issue("site-b");
+  const fs::path text = WriteText(f);
+  const models::HfBase base = WriteBase(f.dir() / "server-base");
+  // Each site holds its own copy, in another directory.
+  const models::HfBase copy = WriteBase(f.dir() / "site-copy");
+  ASSERT_EQ(copy.sha256, base.sha256);
+  std::vector<std::string> flags = {"--base-model", (f.dir() / "server-base").string(), "--eval-data", text.string(),
+                                    "--lora-merge", "naive"};
+  flags.insert(flags.end(), kLoraFlags.begin(), kLoraFlags.end());
+  const uint16_t port = f.StartServer(3, 2, flags);
+  ASSERT_NE(port, 0) << f.ServerLog();
+  const std::vector<std::string> site = {"--base-model", (f.dir() / "site-copy").string()};
+  auto a = f.StartClient("site-a", port, text, site);
+  auto b = f.StartClient("site-b", port, text, site);
+  EXPECT_EQ(a->Wait(), 0) << f.ClientLog("site-a");
+  EXPECT_EQ(b->Wait(), 0) << f.ClientLog("site-b");
+  ASSERT_EQ(f.WaitServer(), 0) << f.ServerLog();
+
+  auto layout = models::MakeLoraGlobalLayout(base.config, {.rank = 4, .alpha = 8, .target_modules = {"q_proj", "k_proj",
+                                                                                                     "v_proj", "o_proj"}});
+  ASSERT_TRUE(layout.ok()) << layout.status().ToString();
+  const uint64_t base_bytes = base.weights.size() * sizeof(float), adapter = layout->adapter.byte_size();
+  uint64_t a_factors = 0;  // round 1: B = 0 is what the sites hold already, so only the A factors travel
+  for (const auto& spec : layout->adapter.tensors) a_factors += models::IsLoraA(spec.name) ? spec.numel() * 4 : 0;
+  auto store = f.OpenStore();
+  ASSERT_TRUE(store);
+  auto rounds = store->Rounds();
+  ASSERT_TRUE(rounds.ok());
+  ASSERT_EQ(rounds->size(), 3u);
+  auto stored_model = store->GetMeta("model");
+  ASSERT_TRUE(stored_model.ok() && stored_model->has_value());
+  EXPECT_EQ(**stored_model, "server-base@" + base.sha256.substr(0, 12));
+  // Round 1 too: the sites held nothing of the federation's but the base, and were sent part of the adapter.
+  for (const auto& r : *rounds) {
+    const uint64_t sent = r.round == 1 ? a_factors : adapter;
+    EXPECT_EQ(r.state, server::RoundState::kCommitted);
+    EXPECT_EQ(r.updates_received, 2u);
+    EXPECT_EQ(r.bytes_down, 2 * sent) << "round " << r.round;
+    for (const auto& [name, p] : ParticipationsByName(*store, r.round)) {
+      EXPECT_EQ(p.bytes_down, sent) << name << " round " << r.round;
+      EXPECT_LT(p.bytes_down, base_bytes / 10) << name;
+    }
+  }
+  EXPECT_NE(f.ClientLog("site-a").find("sha256 " + base.sha256), std::string::npos) << f.ClientLog("site-a");
+
+  // The held-out loss of the base (B = 0: the initial adapted model is the base), then after each round.
+  ASSERT_TRUE(models::RegisterHfModel(base.ModelName(), base.config).ok());
+  auto evaluator = models::MakeEvaluator(base.ModelName(), text, {.seq_len = 32, .max_windows = 4, .seed = 9});
+  ASSERT_TRUE(evaluator.ok()) << evaluator.status().ToString();
+  auto initial = (*evaluator)->Evaluate(base.weights);
+  ASSERT_TRUE(initial.ok()) << initial.status().ToString();
+  std::vector<double> losses = {initial->loss};
+  for (const auto& r : *rounds) {
+    ASSERT_TRUE(r.test_loss.has_value());
+    losses.push_back(*r.test_loss);
+  }
+  const std::string trace = fmt::format("{:.4f}", fmt::join(losses, " "));
+  std::printf("held-out loss, base then after each round: %s\n", trace.c_str());
+  SCOPED_TRACE("held-out loss, base then per round: " + trace);
+  for (size_t i = 1; i < losses.size(); ++i) EXPECT_LT(losses[i], losses[i - 1]);
+}
+
+TEST(HfBaseFederation, ASiteWhoseCopyDiffersInOneWeightRefusesTheRoundInOneLine) {
+  Federation f;
+  f.exit_when_done = false;
+  f.Issue("site-bad");
+  const fs::path text = WriteText(f);
+  const models::HfBase base = WriteBase(f.dir() / "server-base");
+  const models::HfBase other = WriteBase(f.dir() / "bad-copy", 12345);
+  ASSERT_NE(other.sha256, base.sha256);
+  std::vector<std::string> flags = {"--base-model", (f.dir() / "server-base").string(), "--eval-data", text.string(),
+                                    "--lora-merge", "exact"};
+  flags.insert(flags.end(), kLoraFlags.begin(), kLoraFlags.end());
+  const uint16_t port = f.StartServer(1, 1, flags);
+  ASSERT_NE(port, 0) << f.ServerLog();
+  auto bad = f.StartClient("site-bad", port, text, {"--base-model", (f.dir() / "bad-copy").string()});
+  EXPECT_EQ(bad->Wait(), 1) << f.ClientLog("site-bad");
+  const std::string line = fmt::format(
+      "site-bad: refused round 1: base model {} has sha256 {}, the federation's (server-base@{}) has sha256 {}: its "
+      "weights differ",
+      (f.dir() / "bad-copy").string(), other.sha256, base.sha256.substr(0, 12), base.sha256);
+  const std::string log = f.ClientLog("site-bad");
+  EXPECT_NE(log.find(line + "\n"), std::string::npos) << log;
+  // The server heard it: the participation is refused with the reason, and the log says so.
+  EXPECT_TRUE(f.AwaitLog("client site-bad refused round 1: " + line)) << f.ServerLog();
+  f.server().Kill();
+  auto store = f.OpenStore();
+  ASSERT_TRUE(store);
+  auto participants = ParticipationsByName(*store, 1);
+  EXPECT_EQ(participants["site-bad"].status, "refused");
+  EXPECT_EQ(participants["site-bad"].detail, line);
+  auto events = store->Events();
+  ASSERT_TRUE(events.ok());
+  bool recorded = false;
+  for (const auto& e : *events) recorded |= e.kind == "site_refused" && e.detail == "round 1: " + line;
+  EXPECT_TRUE(recorded);
+}
+
+TEST(HfBaseFederation, ASiteWithoutTheBaseIsToldWhichItNeeds) {
+  Federation f;
+  f.exit_when_done = false;
+  f.Issue("site-none");
+  const fs::path text = WriteText(f);
+  const models::HfBase base = WriteBase(f.dir() / "server-base");
+  std::vector<std::string> flags = {"--base-model", (f.dir() / "server-base").string(), "--eval-data", text.string()};
+  flags.insert(flags.end(), kLoraFlags.begin(), kLoraFlags.end());
+  const uint16_t port = f.StartServer(1, 1, flags);
+  ASSERT_NE(port, 0) << f.ServerLog();
+  auto none = f.StartClient("site-none", port, text);
+  EXPECT_EQ(none->Wait(), 1) << f.ClientLog("site-none");
+  EXPECT_NE(f.ClientLog("site-none")
+                .find(fmt::format("site-none: refused round 1: the federation's base model is server-base@{} (sha256 "
+                                  "{}), which this site does not hold (start it with --base-model DIR)\n",
+                                  base.sha256.substr(0, 12), base.sha256)),
+            std::string::npos)
+      << f.ClientLog("site-none");
+  EXPECT_TRUE(f.AwaitLog("client site-none refused round 1")) << f.ServerLog();
+  f.server().Kill();
+}
+
+}  // namespace
+}  // namespace estuary::testing
