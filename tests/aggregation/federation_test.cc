@@ -12,6 +12,8 @@
 
 #include "aggregation/federation_flags.h"
 #include "models/federated_model.h"
+#include "models/hf_base.h"
+#include "models/llama.h"
 #include "tests/crypto/test_dir.h"
 
 namespace estuary::aggregation {
@@ -295,6 +297,82 @@ TEST(Federation, MakeFederationBuildsTheModelStrategyAndEvaluatorOfTheDefinition
   v1::FederationConfig unknown = DefaultFederation();
   unknown.mutable_task()->set_model("resnet");
   EXPECT_FALSE(MakeFederation(unknown, {}).ok());
+}
+
+// A tiny random Llama as a Hugging Face model directory.
+models::HfBase WriteHfBase(const std::filesystem::path& dir) {
+  models::LlamaConfig c;
+  c.vocab_size = 256, c.hidden_size = 32, c.intermediate_size = 64, c.num_layers = 2, c.num_heads = 4;
+  c.num_kv_heads = 2, c.max_seq_len = 64;
+  auto model = models::Llama::Create(c, 1);
+  EXPECT_TRUE(model.ok());
+  model->Initialize(5);
+  EXPECT_TRUE(models::SaveHfCheckpoint(dir, *model).ok());
+  auto base = models::LoadHfBase(dir);
+  EXPECT_TRUE(base.ok()) << base.status().ToString();
+  return base.ok() ? std::move(base).value() : models::HfBase{};
+}
+
+TEST(Federation, AHuggingFaceBaseIsRefusedInOneLineWhereItCannotServe) {
+  TempDir dir;
+  WriteHfBase(dir.path() / "tiny");
+  std::filesystem::create_directories(dir.path() / "empty");
+  v1::FederationConfig config = Lora();
+  config.set_base_model((dir.path() / "empty").string());
+  EXPECT_EQ(CheckFederation(config).message(),
+            fmt::format("federation: base_model = {}: a directory without config.json (a Hugging Face base is a model "
+                        "directory: config.json and model.safetensors)",
+                        (dir.path() / "empty").string()));
+  config = DefaultFederation();  // update_kind full
+  config.set_base_model((dir.path() / "tiny").string());
+  EXPECT_EQ(CheckFederation(config).message(),
+            fmt::format("federation: base_model = {} (a Hugging Face model directory) with update_kind = full: only a "
+                        "lora federation runs on a Hugging Face base",
+                        (dir.path() / "tiny").string()));
+  // Its config.json is read for the shapes the adapters need: a bad one names the file and the key.
+  std::filesystem::create_directories(dir.path() / "bad");
+  WriteText(dir.path() / "bad" / "config.json", R"({"architectures": ["LlamaForCausalLM"], "hidden_size": -4})");
+  config = Lora();
+  config.set_base_model((dir.path() / "bad").string());
+  const std::string bad = CheckFederation(config).message();
+  EXPECT_NE(bad.find("federation: base_model = " + (dir.path() / "bad").string() + ": "), std::string::npos) << bad;
+  EXPECT_NE(bad.find("'hidden_size' is -4"), std::string::npos) << bad;
+  EXPECT_EQ(std::count(bad.begin(), bad.end(), '\n'), 0) << bad;
+  // The adapters are checked against the base's modules.
+  config = Lora();
+  config.set_base_model((dir.path() / "tiny").string());
+  config.mutable_task()->mutable_lora()->add_target_modules("qkv");
+  EXPECT_NE(CheckFederation(config).message().find("target module 'qkv'"), std::string::npos)
+      << CheckFederation(config).message();
+}
+
+TEST(Federation, OnAHuggingFaceBaseTheTaskNamesItAndTheSitesHoldIt) {
+  TempDir dir;
+  const models::HfBase base = WriteHfBase(dir.path() / "tiny");
+  v1::FederationConfig config = Lora();
+  config.set_base_model((dir.path() / "tiny").string());
+  ASSERT_TRUE(CheckFederation(config).ok()) << CheckFederation(config).ToString();
+  auto f = MakeFederation(config, {});
+  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  const v1::TaskConfig& task = f->config.task();
+  EXPECT_EQ(task.model(), "tiny@" + base.sha256.substr(0, 12));
+  EXPECT_EQ(task.hf_base().sha256(), base.sha256);
+  EXPECT_EQ(task.hf_base().shape(), base.shape);
+  // The global model is the base's weights, then the adapter; what the sites hold is the same base and a zero adapter.
+  ASSERT_TRUE(f->lora.has_value());
+  const uint64_t n = base.weights.size();
+  EXPECT_EQ(f->lora->layout.adapter_offset(), n);
+  ASSERT_EQ(f->initial.size(), f->manifest.total_elements);
+  EXPECT_TRUE(std::equal(base.weights.begin(), base.weights.end(), f->initial.begin()));
+  ASSERT_NE(f->held_base, nullptr);
+  ASSERT_EQ(f->held_base->size(), f->initial.size());
+  EXPECT_TRUE(std::equal(base.weights.begin(), base.weights.end(), f->held_base->begin()));
+  EXPECT_TRUE(std::all_of(f->held_base->begin() + n, f->held_base->end(), [](float v) { return v == 0; }));
+  // A preset federation holds no base.
+  auto preset = MakeFederation(Lora(), {});
+  ASSERT_TRUE(preset.ok());
+  EXPECT_EQ(preset->held_base, nullptr);
+  EXPECT_FALSE(preset->config.task().has_hf_base());
 }
 
 }  // namespace
