@@ -16,6 +16,7 @@
 #include "crypto/certs.h"
 #include "crypto/revocation.h"
 #include "crypto/sha256.h"
+#include "models/hf_base.h"
 #include "models/language_model.h"
 #include "models/llama.h"
 #include "models/lora_federation.h"
@@ -534,6 +535,42 @@ TEST(LoraSimulation, LoopbackAgreesWithInproc) {
     EXPECT_EQ(loopback->rounds[r].merge_bytes_down, inproc->rounds[r].merge_bytes_down);
     EXPECT_NEAR(loopback->rounds[r].test_loss, inproc->rounds[r].test_loss, 1e-4 * inproc->rounds[r].test_loss)
         << "round " << r + 1;
+  }
+}
+
+// estuary-sim --base-model DIR on a Hugging Face model directory: the same
+// federation in one process and over TLS, where the sites hold the base and
+// the server sends them only what differs from it.
+TEST(LoraSimulation, OnAHuggingFaceBaseInprocLearnsAndLoopbackAgreesWithoutSendingTheBase) {
+  testing::TempDir dir;
+  models::LlamaConfig c;
+  c.vocab_size = 256, c.hidden_size = 64, c.intermediate_size = 128, c.num_layers = 2, c.num_heads = 4;
+  c.num_kv_heads = 2, c.max_seq_len = 64;
+  auto model = models::Llama::Create(c, 1);
+  ASSERT_TRUE(model.ok());
+  model->Initialize(21);
+  ASSERT_TRUE(models::SaveHfCheckpoint(dir / "hf-tiny", *model).ok());
+  Scenario s = Lora(WriteTopics(dir), "exact");
+  s.federation.set_base_model((dir / "hf-tiny").string());
+  s.workdir = dir / "run";
+  s.server_binary = testing::BinaryPath("estuary-server");
+  auto inproc = RunInproc(s, nullptr);
+  ASSERT_TRUE(inproc.ok()) << inproc.status().ToString();
+  ASSERT_EQ(inproc->rounds.size(), 3u);
+  EXPECT_LT(inproc->rounds[2].test_loss, inproc->rounds[0].test_loss);
+  s.mode = "loopback";
+  auto loopback = RunLoopback(s, nullptr);
+  ASSERT_TRUE(loopback.ok()) << loopback.status().ToString();
+  ASSERT_EQ(loopback->rounds.size(), inproc->rounds.size());
+  const uint64_t base_bytes = model->parameters().size_bytes();
+  for (size_t r = 0; r < inproc->rounds.size(); ++r) {
+    EXPECT_EQ(loopback->rounds[r].updates_received, 3u);
+    EXPECT_EQ(loopback->rounds[r].bytes_per_update, inproc->rounds[r].bytes_per_update);
+    EXPECT_NEAR(loopback->rounds[r].test_loss, inproc->rounds[r].test_loss, 1e-4 * inproc->rounds[r].test_loss)
+        << "round " << r + 1;
+    // Three sites, and not one copy of the base among what they were sent.
+    EXPECT_GT(loopback->rounds[r].bytes_down, 0u);
+    EXPECT_LT(loopback->rounds[r].bytes_down, base_bytes) << "round " << r + 1;
   }
 }
 
