@@ -10,7 +10,7 @@ namespace estuary::server {
 
 Result<Checkpointer> Checkpointer::Open(std::filesystem::path dir, const v1::TaskConfig& task,
                                         const std::optional<aggregation::LoraStrategyOptions>& lora,
-                                        const LogView& log) {
+                                        const LogView& log, const std::filesystem::path& hf_base_dir) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) return IoError("server: {}: cannot create checkpoint directory: {}", dir.string(), ec.message());
@@ -23,6 +23,11 @@ Result<Checkpointer> Checkpointer::Open(std::filesystem::path dir, const v1::Tas
     metadata["lora_targets"] = fmt::format("{}", fmt::join(targets.begin(), targets.end(), ","));
     metadata["lora_merge"] = task.lora().merge();
     metadata["lora_dropout"] = fmt::format("{}", task.lora().dropout());
+  }
+  if (task.has_hf_base()) {
+    metadata["hf_base_sha256"] = task.hf_base().sha256();
+    metadata["hf_base_shape"] = task.hf_base().shape();
+    metadata["hf_base_dir"] = std::filesystem::absolute(hf_base_dir).lexically_normal().string();
   }
   Checkpointer checkpointer(std::move(dir), task.model(), std::move(metadata));
   ESTUARY_RETURN_IF_ERROR(checkpointer.Reconcile(log));

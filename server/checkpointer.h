@@ -55,9 +55,13 @@ class Checkpointer {
   // Writes into `dir`, created if need be, the checkpoints of a federation
   // training `task` (with `lora`: a lora federation's options), reconciled
   // with `log` as above. A new federation gets a fresh id (is_new()); the
-  // caller records it in the log.
+  // caller records it in the log. On a Hugging Face base (task.hf_base)
+  // every checkpoint's metadata also holds its shape, identity and
+  // `hf_base_dir` (the server's copy), from which `estuary-server export`
+  // writes the merged model with the base's config and tokenizer files.
   static Result<Checkpointer> Open(std::filesystem::path dir, const v1::TaskConfig& task,
-                                   const std::optional<aggregation::LoraStrategyOptions>& lora, const LogView& log);
+                                   const std::optional<aggregation::LoraStrategyOptions>& lora, const LogView& log,
+                                   const std::filesystem::path& hf_base_dir = {});
 
   using State = std::map<std::string, std::vector<float>>;
 

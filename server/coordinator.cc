@@ -83,7 +83,8 @@ Status Coordinator::Recover() {
   Checkpointer::LogView log{.path = config_.db.string(), .last_committed = last ? last->round : 0};
   ESTUARY_ASSIGN_OR_RETURN(log.federation_id, store_.GetMeta("federation_id"));
   ESTUARY_ASSIGN_OR_RETURN(Checkpointer checkpointer,
-                           Checkpointer::Open(config_.checkpoint_dir, task_, lora_, log));
+                           Checkpointer::Open(config_.checkpoint_dir, task_, lora_, log,
+                                              task_.has_hf_base() ? config_.federation.base_model() : ""));
   for (const auto& name : checkpointer.removed()) {
     spdlog::info("removed {} from {}: left by a write or a round that never committed", name,
                  config_.checkpoint_dir.string());

@@ -9,6 +9,7 @@
 #include "base/split.h"
 #include "crypto/sha256.h"
 #include "models/checkpoint.h"
+#include "models/hf_base.h"
 #include "models/language_model.h"
 #include "models/llama.h"
 #include "models/lora.h"
@@ -54,6 +55,29 @@ Result<models::Llama> DecoderWith(const models::LlamaConfig& config, std::span<c
   return model;
 }
 
+// The base directory's config.json (over the one SaveHfCheckpoint wrote from
+// the shape: the same keys, plus what the base's authors put there) and its
+// tokenizer files, into each of `to`. Says what was copied; a base directory
+// that is gone leaves the written config.json and says so.
+Result<std::string> CopyBaseFiles(const std::filesystem::path& from, const std::vector<std::filesystem::path>& to) {
+  std::error_code error;
+  if (!std::filesystem::exists(from / "config.json", error)) {
+    return fmt::format("{} is not readable here: config.json written from the shape, no tokenizer files",
+                       (from / "config.json").string());
+  }
+  std::vector<std::string> names;
+  for (const char* name : {"config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+                           "special_tokens_map.json", "tokenizer.model", "vocab.json", "merges.txt"}) {
+    if (!std::filesystem::exists(from / name, error)) continue;
+    for (const std::filesystem::path& dir : to) {
+      std::filesystem::copy_file(from / name, dir / name, std::filesystem::copy_options::overwrite_existing, error);
+      if (error) return IoError("export: copy {} to {}: {}", (from / name).string(), dir.string(), error.message());
+    }
+    names.push_back(name);
+  }
+  return fmt::format("copied {}", fmt::join(names, ", "));
+}
+
 }  // namespace
 
 Result<ExportResult> ExportRound(Store& store, std::optional<uint64_t> round, const std::filesystem::path& out) {
@@ -79,6 +103,15 @@ Result<ExportResult> ExportRound(Store& store, std::optional<uint64_t> round, co
                               checksum.substr(0, 12), record->round, record->global_checksum.substr(0, 12));
   }
   ESTUARY_ASSIGN_OR_RETURN(const std::string model_name, Meta(checkpoint, "model", path));
+  // A federation on a Hugging Face base: the shape is the checkpoint's, the config and tokenizer its directory's.
+  std::filesystem::path hf_base_dir;
+  if (const auto shape = checkpoint.metadata.find("hf_base_shape"); shape != checkpoint.metadata.end()) {
+    auto config = models::ParseCanonicalShape(shape->second);
+    if (!config.ok()) return InvalidArgument("export: {}: {}", path, config.status().message());
+    ESTUARY_RETURN_IF_ERROR(models::RegisterHfModel(model_name, *config));
+    ESTUARY_ASSIGN_OR_RETURN(const std::string dir, Meta(checkpoint, "hf_base_dir", path));
+    hf_base_dir = dir;
+  }
   if (!models::IsLanguageModel(model_name)) {
     return InvalidArgument("export: model '{}' is not a decoder; its checkpoint {} is a safetensors file already",
                            model_name, path);
@@ -94,7 +127,8 @@ Result<ExportResult> ExportRound(Store& store, std::optional<uint64_t> round, co
     return result;
   }
 
-  ESTUARY_ASSIGN_OR_RETURN(const models::LoraConfig lora, LoraConfigOf(checkpoint, path));
+  ESTUARY_ASSIGN_OR_RETURN(models::LoraConfig lora, LoraConfigOf(checkpoint, path));
+  if (!hf_base_dir.empty()) lora.base_model_name_or_path = hf_base_dir.string();
   ESTUARY_ASSIGN_OR_RETURN(const models::LoraGlobalLayout layout, models::MakeLoraGlobalLayout(config, lora));
   if (!(checkpoint.manifest == layout.global)) {
     return FailedPrecondition("export: {}: the tensors do not form {} with rank-{} adapters on {}", path, model_name,
@@ -110,6 +144,10 @@ Result<ExportResult> ExportRound(Store& store, std::optional<uint64_t> round, co
   ESTUARY_RETURN_IF_ERROR(models::SaveLoraAdapter(adapter_dir, adapted));
   ESTUARY_RETURN_IF_ERROR(models::SaveMergedHfCheckpoint(merged_dir, adapted));
   result.written = {adapter_dir, base_dir, merged_dir};
+  std::string copied;
+  if (!hf_base_dir.empty()) {
+    ESTUARY_ASSIGN_OR_RETURN(copied, CopyBaseFiles(hf_base_dir, {base_dir, merged_dir}));
+  }
   const auto merge = checkpoint.metadata.find("lora_merge");
   const std::string rule = merge == checkpoint.metadata.end() ? "?" : merge->second;
   result.description = fmt::format(
@@ -117,6 +155,7 @@ Result<ExportResult> ExportRound(Store& store, std::optional<uint64_t> round, co
       "and the merged model",
       record->round, model_name, rule, lora.rank, lora.alpha, fmt::join(lora.target_modules, ","),
       rule == "exact" ? " (the pretrained base with exact's residuals folded in)" : "");
+  if (!hf_base_dir.empty()) result.description += fmt::format("; from base {}: {}", hf_base_dir.string(), copied);
   return result;
 }
 

@@ -10,6 +10,10 @@
 //             (so with exact, the adapter belongs to this base, not the
 //             original one);
 //   merged/   base + (alpha/r)·B·A as one Hugging Face model.
+// On a Hugging Face base (the checkpoint's hf_base_* metadata) the shape is
+// the checkpoint's, adapter_config.json's base_model_name_or_path is the
+// server's base directory, and base/ and merged/ get that directory's
+// config.json and tokenizer files (copied as they are) where it is readable.
 // A full federation of a decoder is written as model/ (Hugging Face). The
 // image models' checkpoints are safetensors files already: refused, saying so.
 #pragma once

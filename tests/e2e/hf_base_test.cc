@@ -9,12 +9,15 @@
 #include <gtest/gtest.h>
 
 #include <bit>
+#include <cmath>
 #include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "models/federated_model.h"
 #include "models/hf_base.h"
 #include "models/language_model.h"
 #include "models/llama.h"
+#include "models/lora.h"
 #include "models/lora_federation.h"
 #include "tests/e2e/federation.h"
 #include "tests/e2e/harness.h"
@@ -52,6 +55,55 @@ fs::path WriteText(const Federation& f) {
   return text;
 }
 
+std::string ReadAll(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), {}};
+}
+
+// `estuary-server export` of the last round of a naive federation on `base_dir`:
+// the PEFT adapter names the base, the merged model carries the base's
+// config.json and tokenizer files, its weights are torch's W + (alpha/r)·B·A,
+// and our loader's logits for it are those of the base with the adapter.
+void ExpectTheExportMergesOntoTheBase(Federation& f, const fs::path& base_dir) {
+  const fs::path out = f.dir() / "export";
+  const CommandResult exported = RunCommand(
+      fmt::format("{} export --db {} --out {}", BinaryPath("estuary-server").string(), f.db().string(), out.string()));
+  ASSERT_EQ(exported.exit_code, 0) << exported.output;
+  const auto adapter_config = nlohmann::json::parse(ReadAll(out / "adapter" / "adapter_config.json"));
+  EXPECT_EQ(adapter_config["base_model_name_or_path"], fs::absolute(base_dir).lexically_normal().string());
+  for (const char* file : {"config.json", "tokenizer.json"}) {
+    EXPECT_EQ(ReadAll(out / "merged" / file), ReadAll(base_dir / file)) << file;
+  }
+  const CommandResult oracle = RunCommand(fmt::format(
+      "{} {}/tests/e2e/torch_merge_check.py {} {} {}", ESTUARY_TORCH_PYTHON, ESTUARY_SOURCE_DIR, base_dir.string(),
+      (out / "adapter").string(), (out / "merged").string()));
+  EXPECT_EQ(oracle.exit_code, 0) << oracle.output;
+  std::printf("torch oracle of the merged model: %s", oracle.output.c_str());
+
+  auto merged = models::LoadHfCheckpoint(out / "merged");
+  ASSERT_TRUE(merged.ok()) << merged.status().ToString();
+  auto base = models::LoadHfCheckpoint(base_dir);
+  ASSERT_TRUE(base.ok()) << base.status().ToString();
+  auto adapted = models::LoraLlama::Create(std::move(base).value(), {.rank = 4, .alpha = 8,
+                                                                      .target_modules = {"q_proj", "k_proj", "v_proj",
+                                                                                         "o_proj"}});
+  ASSERT_TRUE(adapted.ok()) << adapted.status().ToString();
+  ASSERT_TRUE(models::LoadLoraAdapter(out / "adapter", *adapted).ok());
+  std::vector<int32_t> tokens;
+  for (int i = 0; i < 24; ++i) tokens.push_back(int32_t("a stitch in time saves 9"[i]));
+  const size_t n = tokens.size() * 256;
+  std::vector<float> want(n), got(n);
+  ASSERT_TRUE(adapted->Forward(tokens.data(), 1, int(tokens.size()), want.data()).ok());
+  ASSERT_TRUE(merged->Forward(tokens.data(), 1, int(tokens.size()), got.data()).ok());
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < n; ++i) {
+    diff += (double(got[i]) - want[i]) * (double(got[i]) - want[i]);
+    norm += double(want[i]) * want[i];
+  }
+  EXPECT_LT(std::sqrt(diff / norm), 1e-5);
+  std::printf("merged logits vs base + adapter: relative difference %.3g\n", std::sqrt(diff / norm));
+}
+
 const std::vector<std::string> kLoraFlags = {"--optimizer", "adamw", "--lr", "0.01", "--batch", "4", "--seq-len", "32",
                                              "--max-local-steps", "4", "--eval-windows", "4", "--update-kind", "lora",
                                              "--lora-rank", "4", "--lora-alpha", "8", "--seed", "9"};
@@ -62,6 +114,8 @@ TEST(HfBaseFederation, SitesHoldTheBaseTheServerSendsOnlyTheAdapterAndTheHeldOut
   f.Issue("site-b");
   const fs::path text = WriteText(f);
   const models::HfBase base = WriteBase(f.dir() / "server-base");
+  // Not part of the identity; export copies it beside the merged model.
+  std::ofstream(f.dir() / "server-base" / "tokenizer.json") << R"({"version": "1.0", "model": {"type": "BPE"}})";
   // Each site holds its own copy, in another directory.
   const models::HfBase copy = WriteBase(f.dir() / "site-copy");
   ASSERT_EQ(copy.sha256, base.sha256);
@@ -119,6 +173,7 @@ TEST(HfBaseFederation, SitesHoldTheBaseTheServerSendsOnlyTheAdapterAndTheHeldOut
   std::printf("held-out loss, base then after each round: %s\n", trace.c_str());
   SCOPED_TRACE("held-out loss, base then per round: " + trace);
   for (size_t i = 1; i < losses.size(); ++i) EXPECT_LT(losses[i], losses[i - 1]);
+  ExpectTheExportMergesOntoTheBase(f, f.dir() / "server-base");
 }
 
 TEST(HfBaseFederation, ASiteWhoseCopyDiffersInOneWeightRefusesTheRoundInOneLine) {
