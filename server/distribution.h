@@ -7,7 +7,9 @@
 // previous version (its Hello said keeps_model, with that version and
 // checksum) gets a patch (proto/model_patch.h): the tensors that changed, and
 // those that changed by a low-rank product as their factors; every other site
-// gets the whole model. At most kConcurrentDownloads stream at once, in the
+// gets the whole model, except in a federation on a Hugging Face base, where
+// every site holds the base and gets the tensors that differ from it
+// (SetHeldBase). At most kConcurrentDownloads stream at once, in the
 // order the sites were offered, so the first sites start training while the
 // last still download instead of all of them finishing together; a download
 // that has held its place for `slot_timeout` gives it to the next one and

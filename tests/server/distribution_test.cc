@@ -149,6 +149,67 @@ TEST_F(DistributionTest, APatchOnlyForASiteThatKeptExactlyThePreviousVersion) {
   }
 }
 
+// A federation on a Hugging Face base: every site holds the base (here a, w
+// and w2 as in v0, with b, the adapter's stand-in, zero). A site that holds
+// no version is sent what differs from that, never the whole model; a site
+// that kept the previous version gets the usual patch where it is smaller.
+TEST(HeldBaseDistribution, ASiteWithoutAVersionGetsWhatDiffersFromTheBaseItHolds) {
+  FakeClock clock;
+  ModelDistribution distribution{clock, seconds(30)};
+  std::vector<float> values(Layout().total_elements);
+  std::iota(values.begin(), values.end(), 1.0f);
+  auto held = std::make_shared<std::vector<float>>(values);
+  std::fill(held->begin() + 1048, held->end(), 0.0f);
+  distribution.SetHeldBase(held);
+  const GlobalModel v0 = ModelOf(values, 0);
+  distribution.Reset(Layout(), v0);
+  auto site = [&](const std::string& name, const v1::Hello& hello) {
+    distribution.OnHello(name, hello);
+    return std::make_shared<FakeSession>(name);
+  };
+  auto first = site("first", v1::Hello());
+  distribution.BeginRound(1);
+  v1::RoundStart start;
+  start.set_round(1);
+  EXPECT_EQ(distribution.Offer(first, &start), 8 * sizeof(float));
+  EXPECT_TRUE(start.model_follows());
+  EXPECT_TRUE(start.patch_on_base());
+  EXPECT_EQ(start.patch_base_version(), 0u);
+  auto patch = proto::ReadModelPatch(start, Layout());
+  ASSERT_TRUE(patch.ok()) << patch.status().ToString();
+  EXPECT_EQ(patch->ranges, (std::vector<std::pair<uint64_t, uint64_t>>{{1048, 8}}));
+  distribution.StreamQueued();
+  ASSERT_EQ(first->models.size(), 1u);
+  EXPECT_EQ(first->models[0].ranges, (std::vector<std::pair<uint64_t, uint64_t>>{{1048 * 4, 1056 * 4}}));
+
+  // Round 1 changes w densely, w2 by a rank-2 product and b (an exact merge's residuals and the adapter).
+  for (uint64_t i = 24; i < 536; ++i) values[i] += 1;
+  for (uint64_t i = 536; i < 1048; ++i) values[i] *= 2;
+  for (uint64_t i = 1048; i < 1056; ++i) values[i] -= 1;
+  aggregation::LowRankChange change;
+  change.offset = 536;
+  change.delta = {.rows = 16, .cols = 32, .rank = 2, .u = std::vector<float>(32, 0.5f),
+                  .v = std::vector<float>(64, 0.25f)};
+  distribution.Publish(ModelOf(values, 1), {change});
+  auto keeper = site("keeper", Holding(v0, true));
+  auto forgetful = site("forgetful", Holding(v0, false));
+  auto fresh = site("fresh", v1::Hello());
+  distribution.BeginRound(2);
+  start.set_round(2);
+  EXPECT_EQ(distribution.Offer(keeper, &start), (512 + 8 + 2 * (16 + 32)) * sizeof(float));
+  EXPECT_FALSE(start.patch_on_base());
+  EXPECT_EQ(start.low_rank_size(), 1);
+  for (const auto& s : {forgetful, fresh}) {
+    // Every tensor that differs from the base, whole: w, w2 and b, never a.
+    EXPECT_EQ(distribution.Offer(s, &start), (512 + 512 + 8) * sizeof(float)) << s->name();
+    EXPECT_TRUE(start.patch_on_base()) << s->name();
+    auto on_base = proto::ReadModelPatch(start, Layout());
+    ASSERT_TRUE(on_base.ok());
+    EXPECT_EQ(on_base->ranges, (std::vector<std::pair<uint64_t, uint64_t>>{{24, 1032}}));
+    EXPECT_TRUE(on_base->low_rank.empty());
+  }
+}
+
 TEST_F(DistributionTest, AConfirmationCountsOnlyForTheAttemptThatOfferedIt) {
   auto keeper = Site("keeper", Holding(v0, true));
   distribution.Publish(v1, {});
