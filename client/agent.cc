@@ -7,6 +7,7 @@
 #include <cstring>
 #include <random>
 
+#include "client/held_base.h"
 #include "crypto/sha256.h"
 #include "crypto/tls.h"
 #include "proto/frame.h"
@@ -233,7 +234,9 @@ void Agent::OnRoundStart(const v1::RoundStart& start) {
   manifest_ = std::move(manifest).value();
   incoming_low_rank_.clear();
   incoming_factors_.clear();
-  if (std::string refused = CheckBase(start.task(), start.round()); !refused.empty()) {
+  if (std::string refused = RefusalOfBase(options_.base.get(), start.task(), start.round(),
+                                          name_.empty() ? options_.label : name_);
+      !refused.empty()) {
     return Refuse(start.round(), refused);
   }
   if (start.model_follows() && start.patch_on_base()) {
@@ -241,20 +244,12 @@ void Agent::OnRoundStart(const v1::RoundStart& start) {
     if (!options_.base || !start.task().has_hf_base() || start.low_rank_size() > 0 || start.patch_size() == 0) {
       return Disconnected(fmt::format("round {}: a patch on a base model this site was not told to hold", start.round()));
     }
-    const Manifest& base = options_.base->manifest;
-    for (size_t i = 0; i < base.tensors.size(); ++i) {
-      const TensorSpec& want = base.tensors[i];
-      if (i >= manifest_.tensors.size() || manifest_.tensors[i].name != want.name ||
-          manifest_.tensors[i].shape != want.shape || manifest_.tensors[i].offset != want.offset) {
-        return Disconnected(fmt::format("round {}: the model's manifest does not begin with base model {}'s tensor {}",
-                                        start.round(), options_.base->dir.string(), want.name));
-      }
-    }
+    auto on_base = ModelOnBase(*options_.base, manifest_);
+    if (!on_base.ok()) return Disconnected(fmt::format("round {}: {}", start.round(), on_base.status().message()));
     auto patch = proto::ReadModelPatch(start, manifest_);
     if (!patch.ok()) return Disconnected(patch.status().message());
     incoming_ranges_ = patch->ByteRanges(manifest_.total_elements);
-    incoming_.assign(manifest_.total_elements, 0.0f);
-    std::copy(options_.base->weights.begin(), options_.base->weights.end(), incoming_.begin());
+    incoming_ = std::move(on_base).value();
   } else if (start.model_follows() && (start.patch_size() > 0 || start.low_rank_size() > 0)) {
     // Only the changed ranges follow: the rest is the model we hold.
     if (!model_ || model_version_ != start.patch_base_version() || model_->size() != manifest_.total_elements) {
@@ -288,29 +283,6 @@ void Agent::OnRoundStart(const v1::RoundStart& start) {
     return Disconnected(fmt::format("round {}: server sent no model but we hold version {}", start.round(), model_version_));
   }
   Train();
-}
-
-std::string Agent::CheckBase(const v1::TaskConfig& task, uint64_t round) const {
-  if (!task.has_hf_base()) return {};
-  const std::string& theirs = task.hf_base().sha256();
-  const std::string who = name_.empty() ? options_.label : name_;
-  if (!options_.base) {
-    return fmt::format("{}: refused round {}: the federation's base model is {} (sha256 {}), which this site does "
-                       "not hold (start it with --base-model DIR)",
-                       who, round, task.model(), theirs);
-  }
-  const models::HfBase& mine = *options_.base;
-  std::string why;
-  if (const std::string difference = models::FirstShapeDifference(mine.shape, task.hf_base().shape());
-      !difference.empty()) {
-    why = fmt::format("its config differs ({}, this site's vs the federation's)", difference);
-  } else if (!crypto::SameHexDigest(mine.sha256, theirs)) {
-    why = "its weights differ";
-  } else {
-    return {};
-  }
-  return fmt::format("{}: refused round {}: base model {} has sha256 {}, the federation's ({}) has sha256 {}: {}", who,
-                     round, mine.dir.string(), mine.sha256, task.model(), theirs, why);
 }
 
 void Agent::Refuse(uint64_t round, const std::string& reason) {

@@ -136,9 +136,6 @@ class Agent : public std::enable_shared_from_this<Agent> {
   void ScheduleReconnect();
   void Heartbeat();
   void Finish(const Status& status);
-  // Empty when this site may train `task` (no base named, or its own copy is
-  // the task's); else the one line that refuses it.
-  std::string CheckBase(const v1::TaskConfig& task, uint64_t round) const;
   // Tells the server why this site will not train `round`, then finishes
   // with that reason when the server, having read it, closes the connection.
   void Refuse(uint64_t round, const std::string& reason);

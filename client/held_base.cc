@@ -1,0 +1,50 @@
+#include "client/held_base.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "crypto/sha256.h"
+
+namespace estuary::client {
+
+std::string RefusalOfBase(const models::HfBase* base, const v1::TaskConfig& task, uint64_t round,
+                          const std::string& site) {
+  if (!task.has_hf_base()) return {};
+  const std::string& theirs = task.hf_base().sha256();
+  if (!base) {
+    return fmt::format("{}: refused round {}: the federation's base model is {} (sha256 {}), which this site does "
+                       "not hold (start it with --base-model DIR)",
+                       site, round, task.model(), theirs);
+  }
+  std::string why;
+  if (const std::string difference = models::FirstShapeDifference(base->shape, task.hf_base().shape());
+      !difference.empty()) {
+    why = fmt::format("its config differs ({}, this site's vs the federation's)", difference);
+  } else if (!crypto::SameHexDigest(base->sha256, theirs)) {
+    why = "its weights differ";
+  } else {
+    return {};
+  }
+  return fmt::format("{}: refused round {}: base model {} has sha256 {}, the federation's ({}) has sha256 {}: {}", site,
+                     round, base->dir.string(), base->sha256, task.model(), theirs, why);
+}
+
+Result<std::vector<float>> ModelOnBase(const models::HfBase& base, const Manifest& manifest) {
+  for (size_t i = 0; i < base.manifest.tensors.size(); ++i) {
+    const TensorSpec& want = base.manifest.tensors[i];
+    if (i >= manifest.tensors.size() || manifest.tensors[i].name != want.name ||
+        manifest.tensors[i].shape != want.shape || manifest.tensors[i].offset != want.offset) {
+      return InvalidArgument("the model's manifest does not begin with base model {}'s tensor {}", base.dir.string(),
+                             want.name);
+    }
+  }
+  std::vector<float> model(manifest.total_elements, 0.0f);
+  if (base.weights.size() > model.size()) {
+    return InvalidArgument("base model {} holds more weights than the model", base.dir.string());
+  }
+  std::copy(base.weights.begin(), base.weights.end(), model.begin());
+  return model;
+}
+
+}  // namespace estuary::client
