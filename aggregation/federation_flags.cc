@@ -120,7 +120,8 @@ std::vector<CLI::Option*> AddFederationFlags(CLI::App& app, v1::FederationConfig
   flags.Add("--krum-select", strategy->krum_select(), [strategy](uint32_t v) { strategy->set_krum_select(v); },
             "multi-krum: updates m averaged, in [1, n - f] (0: n - f)");
   flags.Add("--base-model", config->base_model(), [config](const std::string& v) { config->set_base_model(v); },
-            "lora: the base model's safetensors (default: the preset initialised from --seed)");
+            "lora: the preset's base weights (a safetensors file), or a Hugging Face model directory that every "
+            "site holds too and the server never sends (default: the preset initialised from --seed)");
   flags.Add("--eval-windows", config->eval_windows(), [config](uint64_t v) { config->set_eval_windows(v); },
             "language models: held-out windows scored per round");
 
