@@ -4,7 +4,7 @@
 
 #include <chrono>
 #include <cmath>
-#include <fstream>
+#include <map>
 
 #include "base/atomic_file.h"
 #include "base/split.h"
@@ -131,19 +131,23 @@ Result<InstructFortunesReport> RunInstructFortunes(const InstructFortunesOptions
   }
 
   // 3. The sites' instruction data: the train split in one file, each topic's test split held out.
+  // Each site's examples stay in memory for its own training and scoring
+  // below; the files are what the federation reads and what a user inspects.
   std::vector<nlohmann::json> train_lines;
+  std::map<std::string, std::vector<models::InstructionExample>> train_of, held_of;
   for (const std::string& topic : topics) {
     InstructFortunesSite site;
     site.topic = topic;
     ESTUARY_ASSIGN_OR_RETURN(const auto train, Documents(base.Topic(topic).train));
     ESTUARY_ASSIGN_OR_RETURN(const auto test, Documents(base.Topic(topic).test));
     for (const auto& fortune : train) {
-      if (auto e = AsInstruction(fortune)) train_lines.push_back(AlpacaLine(topic, *e)), ++site.train_examples;
+      if (auto e = AsInstruction(fortune)) train_lines.push_back(AlpacaLine(topic, *e)), train_of[topic].push_back(*e);
     }
     std::vector<nlohmann::json> held;
     for (const auto& fortune : test) {
-      if (auto e = AsInstruction(fortune)) held.push_back(AlpacaLine(topic, *e));
+      if (auto e = AsInstruction(fortune)) held.push_back(AlpacaLine(topic, *e)), held_of[topic].push_back(*e);
     }
+    site.train_examples = train_of[topic].size();
     site.held_out_examples = held.size();
     ESTUARY_RETURN_IF_ERROR(WriteJsonl(o.workdir / fmt::format("held-out-{}.jsonl", topic), held));
     report.sites.push_back(std::move(site));
@@ -189,11 +193,6 @@ Result<InstructFortunesReport> RunInstructFortunes(const InstructFortunesOptions
   report.bytes_per_update = run.rounds.back().bytes_per_update;
   ESTUARY_ASSIGN_OR_RETURN(const aggregation::LoraStrategyOptions lora_options, aggregation::LoraOptionsOf(task));
   const models::LoraGlobalLayout& layout = lora_options.layout;
-  auto adapted = [&](std::span<const float> adapter_buffer, const Manifest& adapter) -> Result<std::vector<float>> {
-    std::vector<float> merged(base.weights);
-    ESTUARY_RETURN_IF_ERROR(models::AddLoraToBase(layout.base, merged, adapter, adapter_buffer, o.alpha));
-    return merged;
-  };
   // The exact merge folds residuals into the base part of the global buffer: take the base from there.
   std::vector<float> federated(global.begin(), global.begin() + layout.base.total_elements);
   ESTUARY_RETURN_IF_ERROR(models::AddLoraToBase(layout.base, federated, layout.adapter,
@@ -201,15 +200,16 @@ Result<InstructFortunesReport> RunInstructFortunes(const InstructFortunesOptions
                                                 o.alpha));
 
   // 5. Each site alone, the same adapter for the same steps; then every site's held-out loss.
+  ESTUARY_ASSIGN_OR_RETURN(const models::PromptTemplate prompt, models::PromptTemplateNamed(o.prompt_template));
   ESTUARY_ASSIGN_OR_RETURN(models::InitialWeights start_model,
                            models::LoraInitialModel(o.model, aggregation::LoraConfigOf(task), o.seed, base.path));
   ESTUARY_ASSIGN_OR_RETURN(models::Llama scorer, models::Llama::Create(base.config, 8));
   v1::TaskConfig alone = task;
   alone.set_max_local_steps(o.rounds * o.local_steps);
   for (auto& site : report.sites) {
-    const fs::path held_file = o.workdir / fmt::format("held-out-{}.jsonl", site.topic);
     ESTUARY_ASSIGN_OR_RETURN(const client::InstructionSet held,
-                             client::LoadInstructionSet(held_file, s.tokenizer, o.prompt_template));
+                             client::EncodeInstructionSet(held_of[site.topic], tokenizer, prompt,
+                                                          fmt::format("held-out-{}.jsonl", site.topic)));
     const models::TokenRows rows = client::PackForTraining(held, int(o.seq_len)).rows;
     ESTUARY_ASSIGN_OR_RETURN(const models::EvalResult before,
                              models::EvaluateLanguageModelRows(scorer, base.weights, rows, 0));
@@ -219,15 +219,11 @@ Result<InstructFortunesReport> RunInstructFortunes(const InstructFortunesOptions
     site.federated_loss = after.loss;
     site.held_out_targets = before.examples;
 
-    // The site's own train examples, as its federation site had them (the simulator held a tenth out).
-    std::vector<nlohmann::json> mine;
-    for (const auto& line : train_lines) {
-      if (line["topic"] == site.topic) mine.push_back(line);
-    }
-    const fs::path own_file = o.workdir / fmt::format("train-{}.jsonl", site.topic);
-    ESTUARY_RETURN_IF_ERROR(WriteJsonl(own_file, mine));
+    // Every train example of the topic: the federation's site had the nine
+    // tenths of them the simulator did not hold out for its own score.
     ESTUARY_ASSIGN_OR_RETURN(client::InstructionSet own,
-                             client::LoadInstructionSet(own_file, s.tokenizer, o.prompt_template));
+                             client::EncodeInstructionSet(train_of[site.topic], tokenizer, prompt,
+                                                          fmt::format("train.jsonl ({})", site.topic)));
     say(fmt::format("{}: local-only LoRA, {} steps on {} examples", site.topic, alone.max_local_steps(),
                     own.examples.size()));
     ESTUARY_ASSIGN_OR_RETURN(
@@ -236,7 +232,8 @@ Result<InstructFortunesReport> RunInstructFortunes(const InstructFortunesOptions
                                             {}));
     ESTUARY_ASSIGN_OR_RETURN(client::Update update,
                              trainer->Train(start_model.values, start_model.manifest, alone, 1, site.topic));
-    ESTUARY_ASSIGN_OR_RETURN(const std::vector<float> local, adapted(update.payload, update.manifest));
+    std::vector<float> local(base.weights);
+    ESTUARY_RETURN_IF_ERROR(models::AddLoraToBase(layout.base, local, update.manifest, update.payload, o.alpha));
     ESTUARY_ASSIGN_OR_RETURN(const models::EvalResult local_eval,
                              models::EvaluateLanguageModelRows(scorer, local, rows, 0));
     site.local_loss = local_eval.loss;
