@@ -12,6 +12,7 @@
 #include "simulations/runner.h"
 #include "tests/client/instruction_fixture.h"
 #include "tests/e2e/harness.h"
+#include "tests/simulations/cuda_follows.h"
 
 namespace estuary::simulations {
 namespace {
@@ -170,32 +171,13 @@ TEST(InstructionSimulation, SitesByFieldLearnAndReproduce) {
 }
 
 // The same federation with its sites on a GPU, whose engine skips the -100
-// targets: fp32 follows the CPU run, bf16 (which the CPU backend refuses,
-// so it ran on the GPU) within its precision.
+// targets (tests/simulations/cuda_follows.h).
 TEST(InstructionSimulation, CudaSitesFollowTheCpuRun) {
   if (auto usable = client::ParseCompute("cuda", "fp32"); !usable.ok()) {
     GTEST_SKIP() << usable.status().message();
   }
   testing::TempDir dir;
-  const Scenario s = SitesBySource(dir);
-  auto cpu = RunInproc(s, nullptr);
-  ASSERT_TRUE(cpu.ok()) << cpu.status().ToString();
-  for (const char* precision : {"fp32", "bf16"}) {
-    Scenario gpu = s;
-    gpu.device = "cuda";
-    gpu.precision = precision;
-    auto run = RunInproc(gpu, nullptr);
-    ASSERT_TRUE(run.ok()) << precision << ": " << run.status().ToString();
-    ASSERT_EQ(run->rounds.size(), cpu->rounds.size());
-    const double tolerance = std::string(precision) == "fp32" ? 1e-3 : 2e-2;
-    for (size_t r = 0; r < cpu->rounds.size(); ++r) {
-      EXPECT_NEAR(run->rounds[r].test_loss, cpu->rounds[r].test_loss, tolerance * cpu->rounds[r].test_loss)
-          << precision << " round " << r + 1;
-    }
-    if (std::string(precision) == "bf16") {
-      EXPECT_NE(run->rounds.back().global_checksum, cpu->rounds.back().global_checksum);
-    }
-  }
+  ExpectCudaFollowsTheCpu(SitesBySource(dir), "instruction");
 }
 
 }  // namespace

@@ -23,6 +23,7 @@
 #include "models/text_corpus.h"
 #include "simulations/lora_fortunes.h"
 #include "simulations/runner.h"
+#include "tests/simulations/cuda_follows.h"
 #include "tests/simulations/text_topics.h"
 #include "tests/e2e/harness.h"
 
@@ -303,25 +304,6 @@ TEST(TextSimulation, LoopbackAgreesWithInproc) {
         << "round " << r + 1;
   }
   EXPECT_FALSE(loopback->round_log.empty());
-}
-
-// The run of `s` with its clients on a GPU follows the CPU run's test loss
-// per round: fp32 within 1e-3, bf16 within its precision (2e-2).
-void ExpectCudaFollowsTheCpu(const Scenario& s, const std::string& label) {
-  auto cpu = RunInproc(s, nullptr);
-  ASSERT_TRUE(cpu.ok()) << cpu.status().ToString();
-  for (const char* precision : {"fp32", "bf16"}) {
-    Scenario gpu = s;
-    gpu.device = "cuda";
-    gpu.precision = precision;
-    auto run = RunInproc(gpu, nullptr);
-    ASSERT_TRUE(run.ok()) << run.status().ToString();
-    const double tolerance = std::string(precision) == "fp32" ? 1e-3 : 2e-2;
-    for (size_t r = 0; r < cpu->rounds.size(); ++r) {
-      EXPECT_NEAR(run->rounds[r].test_loss, cpu->rounds[r].test_loss, tolerance * cpu->rounds[r].test_loss)
-          << label << " " << precision << " round " << r + 1;
-    }
-  }
 }
 
 // The same federation with the clients on a GPU.
