@@ -46,7 +46,7 @@ int Fail(const Status& status) { return estuary::Fail("estuary-client", status);
 // IDX training files are there. Exactly one of the two is set.
 using client::SiteData;
 
-// Or a JSON Lines file of instruction examples (client/instruction_site.h):
+// Or a JSON Lines file of instruction examples (models/instruction_set.h):
 // "auto" picks it for a file named *.jsonl, and it needs --template and
 // --tokenizer.
 struct InstructionFlags {
@@ -65,12 +65,12 @@ Result<SiteData> LoadSiteData(const std::filesystem::path& dir, const std::strin
                              "--tokenizer (the model's tokenizer.json)",
                              dir.string());
     }
-    ESTUARY_ASSIGN_OR_RETURN(auto set, client::LoadInstructionSet(dir, instruction.tokenizer,
+    ESTUARY_ASSIGN_OR_RETURN(auto set, models::LoadInstructionSet(dir, instruction.tokenizer,
                                                                  instruction.prompt_template));
     spdlog::info("{}: {} examples under the {} template, {} scored tokens", dir.string(), set.examples.size(),
                  set.template_name(), set.scored_tokens);
     SiteData data;
-    data.instructions = std::make_shared<const client::InstructionSet>(std::move(set));
+    data.instructions = std::make_shared<const models::InstructionSet>(std::move(set));
     return data;
   }
   if (!instruction.prompt_template.empty() || !instruction.tokenizer.empty()) {

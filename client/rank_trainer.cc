@@ -188,7 +188,7 @@ class TextRankTrainer : public RankTrainerBase {
  public:
   // Exactly one of tokens and instructions is set.
   TextRankTrainer(comm::Communicator& comm, std::shared_ptr<const std::vector<int32_t>> tokens,
-                  std::shared_ptr<const InstructionSet> instructions, parallel::DataParallelOptions options,
+                  std::shared_ptr<const models::InstructionSet> instructions, parallel::DataParallelOptions options,
                   RankModels models)
       : RankTrainerBase(comm, options, std::move(models)), tokens_(std::move(tokens)),
         instructions_(std::move(instructions)) {}
@@ -246,7 +246,7 @@ class TextRankTrainer : public RankTrainerBase {
 
     const int seq = int(task.seq_len);
     std::vector<int32_t> inputs(size_t(task.batch_size) * seq), targets(inputs.size());
-    const TrainingRows* packed = instructions_ ? &Packed(seq) : nullptr;
+    const models::TrainingRows* packed = instructions_ ? &Packed(seq) : nullptr;
     // The targets a row scores: every one of a plain-text window.
     auto scored = [&](uint32_t row) -> uint64_t { return packed ? packed->scored[row] : uint64_t(seq); };
 
@@ -314,8 +314,8 @@ class TextRankTrainer : public RankTrainerBase {
   }
   // The instruction rows of seq_len, packed on first use; kept while the
   // federation's seq_len stays.
-  const TrainingRows& Packed(int seq_len) {
-    if (!packed_ || packed_->rows.seq_len != seq_len) packed_ = PackForTraining(*instructions_, seq_len);
+  const models::TrainingRows& Packed(int seq_len) {
+    if (!packed_ || packed_->rows.seq_len != seq_len) packed_ = models::PackForTraining(*instructions_, seq_len);
     return *packed_;
   }
   // What the data asks of the task and the device: the federation's template
@@ -360,8 +360,8 @@ class TextRankTrainer : public RankTrainerBase {
   }
 
   std::shared_ptr<const std::vector<int32_t>> tokens_;
-  std::shared_ptr<const InstructionSet> instructions_;
-  std::optional<TrainingRows> packed_;
+  std::shared_ptr<const models::InstructionSet> instructions_;
+  std::optional<models::TrainingRows> packed_;
   std::optional<LoraRound> plan_;  // a lora round's
 };
 
@@ -382,7 +382,7 @@ std::unique_ptr<RankTrainer> MakeTextRankTrainer(comm::Communicator& comm,
 }
 
 std::unique_ptr<RankTrainer> MakeInstructionRankTrainer(comm::Communicator& comm,
-                                                        std::shared_ptr<const InstructionSet> instructions,
+                                                        std::shared_ptr<const models::InstructionSet> instructions,
                                                         parallel::DataParallelOptions options, RankModels models) {
   return std::make_unique<TextRankTrainer>(comm, nullptr, std::move(instructions), options, std::move(models));
 }

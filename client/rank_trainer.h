@@ -25,7 +25,7 @@
 #include <vector>
 
 #include "base/status.h"
-#include "client/instruction_site.h"
+#include "models/instruction_set.h"
 #include "client/rank_model.h"
 #include "client/trainer.h"
 #include "comm/communicator.h"
@@ -113,12 +113,12 @@ std::unique_ptr<RankTrainer> MakeClassifierRankTrainer(comm::Communicator& comm,
 std::unique_ptr<RankTrainer> MakeTextRankTrainer(comm::Communicator& comm,
                                                  std::shared_ptr<const std::vector<int32_t>> tokens,
                                                  parallel::DataParallelOptions options, RankModels models = {});
-// The same decoders on instruction rows (client/instruction_site.h): packed
+// The same decoders on instruction rows (models/instruction_set.h): packed
 // to the task's seq_len, each rank's gradient weighted by its scored targets
 // over the global batch's. A task of another template, a model whose
 // vocabulary is smaller than the tokenizer's, or a GPU rank is refused by Check.
 std::unique_ptr<RankTrainer> MakeInstructionRankTrainer(comm::Communicator& comm,
-                                                        std::shared_ptr<const InstructionSet> instructions,
+                                                        std::shared_ptr<const models::InstructionSet> instructions,
                                                         parallel::DataParallelOptions options, RankModels models = {});
 
 }  // namespace estuary::client

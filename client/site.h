@@ -27,7 +27,7 @@
 
 #include "base/status.h"
 #include "client/compute.h"
-#include "client/instruction_site.h"
+#include "models/instruction_set.h"
 #include "client/rank_trainer.h"
 #include "client/trainer.h"
 #include "comm/communicator.h"
@@ -94,12 +94,12 @@ Status RunFollower(comm::Communicator& comm, RankTrainer& rank);
 
 // What a site trains on: labelled images (the examples of `images` at
 // `indices`, all of them when empty), a text's tokens, or instruction
-// examples (client/instruction_site.h). One of the three.
+// examples (models/instruction_set.h). One of the three.
 struct SiteData {
   std::shared_ptr<const models::Dataset> images;
   std::vector<uint32_t> indices;
   std::shared_ptr<const std::vector<int32_t>> text;
-  std::shared_ptr<const InstructionSet> instructions;
+  std::shared_ptr<const models::InstructionSet> instructions;
 };
 
 struct LocalSiteOptions {

@@ -8,7 +8,7 @@
 
 #include "base/atomic_file.h"
 #include "base/split.h"
-#include "client/instruction_site.h"
+#include "models/instruction_set.h"
 #include "client/site.h"
 #include "models/language_model.h"
 #include "models/lora_federation.h"
@@ -207,10 +207,10 @@ Result<InstructFortunesReport> RunInstructFortunes(const InstructFortunesOptions
   v1::TaskConfig alone = task;
   alone.set_max_local_steps(o.rounds * o.local_steps);
   for (auto& site : report.sites) {
-    ESTUARY_ASSIGN_OR_RETURN(const client::InstructionSet held,
-                             client::EncodeInstructionSet(held_of[site.topic], tokenizer, prompt,
+    ESTUARY_ASSIGN_OR_RETURN(const models::InstructionSet held,
+                             models::EncodeInstructionSet(held_of[site.topic], tokenizer, prompt,
                                                           fmt::format("held-out-{}.jsonl", site.topic)));
-    const models::TokenRows rows = client::PackForTraining(held, int(o.seq_len)).rows;
+    const models::TokenRows rows = models::PackForTraining(held, int(o.seq_len)).rows;
     ESTUARY_ASSIGN_OR_RETURN(const models::EvalResult before,
                              models::EvaluateLanguageModelRows(scorer, base.weights, rows, 0));
     ESTUARY_ASSIGN_OR_RETURN(const models::EvalResult after,
@@ -221,13 +221,13 @@ Result<InstructFortunesReport> RunInstructFortunes(const InstructFortunesOptions
 
     // Every train example of the topic: the federation's site had the nine
     // tenths of them the simulator did not hold out for its own score.
-    ESTUARY_ASSIGN_OR_RETURN(client::InstructionSet own,
-                             client::EncodeInstructionSet(train_of[site.topic], tokenizer, prompt,
+    ESTUARY_ASSIGN_OR_RETURN(models::InstructionSet own,
+                             models::EncodeInstructionSet(train_of[site.topic], tokenizer, prompt,
                                                           fmt::format("train.jsonl ({})", site.topic)));
     say(fmt::format("{}: local-only LoRA, {} steps on {} examples", site.topic, alone.max_local_steps(),
                     own.examples.size()));
     ESTUARY_ASSIGN_OR_RETURN(
-        auto trainer, client::MakeLocalSite({.instructions = std::make_shared<const client::InstructionSet>(
+        auto trainer, client::MakeLocalSite({.instructions = std::make_shared<const models::InstructionSet>(
                                                  std::move(own))},
                                             {}));
     ESTUARY_ASSIGN_OR_RETURN(client::Update update,

@@ -129,13 +129,13 @@ Result<InstructionSplit> SplitInstructionFile(const InstructionSplitOptions& o) 
   for (size_t s = 0; s < members.size(); ++s) {
     std::vector<models::InstructionExample> mine;
     for (uint32_t k : members[s]) mine.push_back(examples[kept[k]]);
-    ESTUARY_ASSIGN_OR_RETURN(client::InstructionSet set,
-                             client::EncodeInstructionSet(mine, tokenizer, t, file));
+    ESTUARY_ASSIGN_OR_RETURN(models::InstructionSet set,
+                             models::EncodeInstructionSet(mine, tokenizer, t, file));
     split.sites.push_back(std::move(set));
   }
-  ESTUARY_ASSIGN_OR_RETURN(const client::InstructionSet evaluation,
-                           client::EncodeInstructionSet(held_out, tokenizer, t, file));
-  split.held_out = std::make_shared<const models::TokenRows>(client::PackForTraining(evaluation, o.seq_len).rows);
+  ESTUARY_ASSIGN_OR_RETURN(const models::InstructionSet evaluation,
+                           models::EncodeInstructionSet(held_out, tokenizer, t, file));
+  split.held_out = std::make_shared<const models::TokenRows>(models::PackForTraining(evaluation, o.seq_len).rows);
   return split;
 }
 

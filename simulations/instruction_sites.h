@@ -13,7 +13,7 @@
 // A field's value is a string, or a number or boolean read as its JSON text;
 // a line without it fails the split naming the file, the line and the field.
 // Every site's examples are rendered with the federation's template and the
-// tokenizer (client/instruction_site.h).
+// tokenizer (models/instruction_set.h).
 #pragma once
 
 #include <cstdint>
@@ -23,7 +23,7 @@
 #include <vector>
 
 #include "base/status.h"
-#include "client/instruction_site.h"
+#include "models/instruction_set.h"
 #include "models/lm_sequences.h"
 
 namespace estuary::simulations {
@@ -43,7 +43,7 @@ struct InstructionSplitOptions {
 
 struct InstructionSplit {
   std::vector<std::string> names;                 // per site
-  std::vector<client::InstructionSet> sites;      // per site
+  std::vector<models::InstructionSet> sites;      // per site
   std::shared_ptr<const models::TokenRows> held_out;
 };
 

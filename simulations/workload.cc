@@ -210,7 +210,7 @@ static Result<Workload> InstructionWorkload(const Scenario& s) {
     options.lora_rank = site_ranks.empty() ? 0 : site_ranks[i % site_ranks.size()];
     ESTUARY_ASSIGN_OR_RETURN(
         auto site,
-        client::MakeLocalSite({.instructions = std::make_shared<const client::InstructionSet>(std::move(split.sites[i]))},
+        client::MakeLocalSite({.instructions = std::make_shared<const models::InstructionSet>(std::move(split.sites[i]))},
                               options));
     w.trainers.push_back(std::move(site));
   }

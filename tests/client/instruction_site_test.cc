@@ -1,4 +1,4 @@
-// A site on instruction data (client/instruction_site.h): a JSON Lines file
+// A site on instruction data (models/instruction_set.h): a JSON Lines file
 // through the template and the tokenizer into packed rows with the
 // response-only targets, the scored-token count that weighs the site and its
 // ranks, the refusals, and a site of 2 and 3 real processes over Gloo that
@@ -10,7 +10,7 @@
 
 #include <fstream>
 
-#include "client/instruction_site.h"
+#include "models/instruction_set.h"
 #include "client/site.h"
 #include "comm/gloo_communicator.h"
 #include "models/language_model.h"
@@ -63,7 +63,7 @@ TEST(InstructionSite, RowsScoreTheResponsesAndCountTheirTargets) {
             "\n"
             R"({"instruction": "Say no.", "output": "No."})"
             "\n");
-  auto set = LoadInstructionSet(dir / "data.jsonl", CharBpeTokenizer(), "chatml");
+  auto set = models::LoadInstructionSet(dir / "data.jsonl", CharBpeTokenizer(), "chatml");
   ASSERT_TRUE(set.ok()) << set.status().ToString();
   auto tok = models::Tokenizer::Load(CharBpeTokenizer());
   ASSERT_TRUE(tok.ok());
@@ -89,7 +89,7 @@ TEST(InstructionSite, RowsScoreTheResponsesAndCountTheirTargets) {
   // Packed at any length, the rows score exactly those targets, each the
   // token after its input; the last row is padded with ignored targets.
   for (int seq : {4, 7, 16, 64}) {
-    const TrainingRows packed = PackForTraining(*set, seq);
+    const models::TrainingRows packed = models::PackForTraining(*set, seq);
     ASSERT_GT(packed.rows.rows(), 0);
     EXPECT_EQ(uint64_t(packed.rows.ScoredTargets()), set->scored_tokens) << seq;
     uint64_t sum = 0;
@@ -113,7 +113,7 @@ TEST(InstructionSite, RowsScoreTheResponsesAndCountTheirTargets) {
   }
   // Rows of 4 cut the stream into many, some scoring nothing, some several:
   // the ranks of a site see uneven counts.
-  const TrainingRows rows4 = PackForTraining(*set, 4);
+  const models::TrainingRows rows4 = models::PackForTraining(*set, 4);
   EXPECT_NE(*std::min_element(rows4.scored.begin(), rows4.scored.end()),
             *std::max_element(rows4.scored.begin(), rows4.scored.end()));
 }
@@ -124,23 +124,23 @@ TEST(InstructionSite, BadInputIsOneLineNamingWhatAndWhere) {
   const std::string file = WriteFile(dir / "train.jsonl", good + "\n" + good + "\n{\"instruction\": \"x\"}\n");
   auto one_line = [](const Status& s) { return s.message().find('\n') == std::string::npos; };
 
-  auto missing = LoadInstructionSet(file, CharBpeTokenizer(), "chatml");
+  auto missing = models::LoadInstructionSet(file, CharBpeTokenizer(), "chatml");
   ASSERT_FALSE(missing.ok());
   EXPECT_EQ(missing.status().message(), file + ", line 3: 'output' is missing");
 
-  auto unknown = LoadInstructionSet(file, CharBpeTokenizer(), "vicuna");
+  auto unknown = models::LoadInstructionSet(file, CharBpeTokenizer(), "vicuna");
   ASSERT_FALSE(unknown.ok());
   EXPECT_EQ(unknown.status().message(), "template 'vicuna' is not one of llama3, chatml, alpaca, none");
 
   const std::string fine = WriteFile(dir / "fine.jsonl", good + "\n");
-  auto lacks = LoadInstructionSet(fine, CharBpeTokenizer(), "llama3");
+  auto lacks = models::LoadInstructionSet(fine, CharBpeTokenizer(), "llama3");
   ASSERT_FALSE(lacks.ok());
   EXPECT_NE(lacks.status().message().find("the llama3 template needs the token '<|begin_of_text|>'"),
             std::string::npos)
       << lacks.status().message();
   EXPECT_TRUE(one_line(lacks.status()));
 
-  auto no_tokenizer = LoadInstructionSet(fine, dir / "absent/tokenizer.json", "chatml");
+  auto no_tokenizer = models::LoadInstructionSet(fine, dir / "absent/tokenizer.json", "chatml");
   ASSERT_FALSE(no_tokenizer.ok());
   EXPECT_NE(no_tokenizer.status().message().find("absent/tokenizer.json"), std::string::npos);
   EXPECT_TRUE(one_line(no_tokenizer.status()));
@@ -193,9 +193,9 @@ Global LlamaTiny() {
 TEST(InstructionSite, RefusesATaskOfAnotherTemplateOrPlainText) {
   TempDir dir;
   WriteInstructionJsonl(dir / "data.jsonl", 12);
-  auto set = LoadInstructionSet(dir / "data.jsonl", CharBpeTokenizer(), "chatml");
+  auto set = models::LoadInstructionSet(dir / "data.jsonl", CharBpeTokenizer(), "chatml");
   ASSERT_TRUE(set.ok()) << set.status().ToString();
-  auto shared = std::make_shared<const InstructionSet>(std::move(set).value());
+  auto shared = std::make_shared<const models::InstructionSet>(std::move(set).value());
   const Global global = LlamaTiny();
   auto solo = comm::MakeSoloCommunicator(Device::kCpu);
 
@@ -248,8 +248,8 @@ Status RunInstructionSite(const RankCase& c, const std::string& address, const s
   ESTUARY_ASSIGN_OR_RETURN(auto comm, comm::ConnectGloo({.address = address, .rank = rank, .size = c.ranks,
                                                          .timeout = 60s},
                                                         {.host = "127.0.0.1"}));
-  ESTUARY_ASSIGN_OR_RETURN(InstructionSet loaded, LoadInstructionSet(data, CharBpeTokenizer(), "chatml"));
-  auto set = std::make_shared<const InstructionSet>(std::move(loaded));
+  ESTUARY_ASSIGN_OR_RETURN(models::InstructionSet loaded, models::LoadInstructionSet(data, CharBpeTokenizer(), "chatml"));
+  auto set = std::make_shared<const models::InstructionSet>(std::move(loaded));
   parallel::DataParallelOptions options{.stage = c.stage, .bucket_bytes = 64 << 10, .first_bucket_bytes = 4 << 10};
   auto rank_trainer = MakeInstructionRankTrainer(*comm, set, options);
   if (rank != 0) return RunFollower(*comm, *rank_trainer);
@@ -305,9 +305,9 @@ TEST_P(InstructionSiteMatchesOneProcess, OverTwoRounds) {
   WriteInstructionJsonl(dir / "data.jsonl", 40);
   // The batches split rows of different scored counts among the ranks: a
   // weight by rows instead of scored targets would not give one process's update.
-  auto set = LoadInstructionSet(dir / "data.jsonl", CharBpeTokenizer(), "chatml");
+  auto set = models::LoadInstructionSet(dir / "data.jsonl", CharBpeTokenizer(), "chatml");
   ASSERT_TRUE(set.ok()) << set.status().ToString();
-  const TrainingRows rows = PackForTraining(*set, 16);
+  const models::TrainingRows rows = models::PackForTraining(*set, 16);
   ASSERT_NE(*std::min_element(rows.scored.begin(), rows.scored.end()),
             *std::max_element(rows.scored.begin(), rows.scored.end()));
   const std::string address = FreeTcpAddress();

@@ -1,12 +1,12 @@
 // End-to-end: sites fine-tune on their own instruction data. The real
 // estuary-server and two estuary-client sites over mutual TLS on 127.0.0.1
 // (one of them two ranks), each with its own JSON Lines file, template and tokenizer
-// (client/instruction_site.h); the held-out loss on response tokens, scored
+// (models/instruction_set.h); the held-out loss on response tokens, scored
 // here from the server's checkpoints, goes down. And what bad data gets: one
 // line, a non-zero exit.
 #include <gtest/gtest.h>
 
-#include "client/instruction_site.h"
+#include "models/instruction_set.h"
 #include "models/checkpoint.h"
 #include "models/federated_model.h"
 #include "models/language_model.h"
@@ -22,7 +22,7 @@ constexpr int kSeqLen = 32;
 
 // The mean loss over the scored targets of `rows` (every row in one batch),
 // of `weights` in llama-tiny.
-double ResponseLoss(std::span<const float> weights, const client::TrainingRows& rows) {
+double ResponseLoss(std::span<const float> weights, const models::TrainingRows& rows) {
   auto model = models::Llama::Create(*models::LlamaPreset("llama-tiny"), int(rows.rows.rows()));
   EXPECT_TRUE(model.ok()) << model.status().ToString();
   if (!model.ok() || weights.size() != model->parameters().size()) return -1;
@@ -61,15 +61,15 @@ TEST(Instructions, TwoSitesFineTuneOnTheirOwnFilesAndTheHeldOutResponseLossFalls
   ASSERT_TRUE(rounds.ok());
   ASSERT_EQ(rounds->size(), 3u);
   // Each site weighs its scored tokens.
-  auto set_a = client::LoadInstructionSet(f.dir() / "a.jsonl", CharBpeTokenizer(), "chatml");
-  auto set_b = client::LoadInstructionSet(f.dir() / "b.jsonl", CharBpeTokenizer(), "chatml");
-  auto held_out = client::LoadInstructionSet(f.dir() / "held-out.jsonl", CharBpeTokenizer(), "chatml");
+  auto set_a = models::LoadInstructionSet(f.dir() / "a.jsonl", CharBpeTokenizer(), "chatml");
+  auto set_b = models::LoadInstructionSet(f.dir() / "b.jsonl", CharBpeTokenizer(), "chatml");
+  auto held_out = models::LoadInstructionSet(f.dir() / "held-out.jsonl", CharBpeTokenizer(), "chatml");
   ASSERT_TRUE(set_a.ok() && set_b.ok() && held_out.ok());
   auto participants = ParticipationsByName(*store, 1);
   EXPECT_EQ(participants["site-a"].examples, set_a->scored_tokens);
   EXPECT_EQ(participants["site-b"].examples, set_b->scored_tokens);
 
-  const client::TrainingRows rows = client::PackForTraining(*held_out, kSeqLen);
+  const models::TrainingRows rows = models::PackForTraining(*held_out, kSeqLen);
   auto initial = models::InitialModel("llama-tiny", 5);
   ASSERT_TRUE(initial.ok()) << initial.status().ToString();
   std::vector<double> losses = {ResponseLoss(initial->values, rows)};

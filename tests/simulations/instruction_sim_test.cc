@@ -46,7 +46,7 @@ InstructionSplitOptions Options(const std::filesystem::path& file) {
 }
 
 // The source lines of a set's examples.
-std::set<uint64_t> Lines(const client::InstructionSet& set) {
+std::set<uint64_t> Lines(const models::InstructionSet& set) {
   std::set<uint64_t> lines;
   for (const auto& e : set.examples) lines.insert(e.line);
   return lines;

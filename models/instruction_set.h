@@ -1,7 +1,7 @@
-// A site's instruction data: the examples of a JSON Lines file
-// (models/instruction_data.h) rendered with a prompt template and tokenized
-// once at load (models/prompt_template.h), then packed into rows of the
-// task's sequence length when a round names one (models/lm_sequences.h).
+// Instruction data, a site's or the server's held-out set: the examples of a
+// JSON Lines file (models/instruction_data.h) rendered with a prompt template
+// and tokenized once at load (models/prompt_template.h), then packed into rows
+// of the task's sequence length (models/lm_sequences.h).
 //
 // Targets the template does not score (BOS, role headers, system and user
 // turns, the Alpaca prompt, padding) are -100; the loss is the mean over the
@@ -25,18 +25,18 @@
 #include "models/prompt_template.h"
 #include "models/tokenizer.h"
 
-namespace estuary::client {
+namespace estuary::models {
 
 struct InstructionSet {
   std::string file;                         // what errors call the data file
-  models::PromptTemplate prompt_template = models::PromptTemplate::kNone;
-  std::vector<models::EncodedExample> examples;
+  PromptTemplate prompt_template = PromptTemplate::kNone;
+  std::vector<EncodedExample> examples;
   int32_t pad_id = 0;                       // the tokenizer's pad, else its EOS, else 0 (never a target)
   std::optional<int32_t> eos_id;            // the tokenizer's
   int32_t vocab_size = 0;                   // the tokenizer's: the model's must hold it
   uint64_t scored_tokens = 0;               // over every example: the site's weight in the average
 
-  std::string_view template_name() const { return models::PromptTemplateName(prompt_template); }
+  std::string_view template_name() const { return PromptTemplateName(prompt_template); }
 };
 
 // Reads `data` (JSON Lines) and `tokenizer` (a tokenizer.json, with the
@@ -48,16 +48,16 @@ Result<InstructionSet> LoadInstructionSet(const std::filesystem::path& data, con
                                           std::string_view template_name);
 // The same from examples already read (a simulated site's share of a file);
 // `file` is what errors call their source.
-Result<InstructionSet> EncodeInstructionSet(const std::vector<models::InstructionExample>& examples,
-                                            const models::Tokenizer& tokenizer, models::PromptTemplate t,
+Result<InstructionSet> EncodeInstructionSet(const std::vector<InstructionExample>& examples,
+                                            const Tokenizer& tokenizer, PromptTemplate t,
                                             std::string file);
 
-// The set packed into rows of seq_len (models::Pack, in file order; the
+// The set packed into rows of seq_len (Pack, in file order; the
 // trainer's schedule shuffles the rows), with each row's scored targets.
 struct TrainingRows {
-  models::TokenRows rows;
+  TokenRows rows;
   std::vector<uint32_t> scored;  // per row: its targets other than -100
 };
 TrainingRows PackForTraining(const InstructionSet& set, int seq_len);
 
-}  // namespace estuary::client
+}  // namespace estuary::models
