@@ -14,6 +14,8 @@
 #include "aggregation/robust_strategy.h"
 #include "base/atomic_file.h"
 #include "models/hf_base.h"
+#include "models/instruction_set.h"
+#include "models/llama.h"
 #include "models/language_model.h"
 #include "models/lora_federation.h"
 #include "proto/task.h"
@@ -328,6 +330,32 @@ Result<std::shared_ptr<const models::HfBase>> ApplyHfBase(v1::FederationConfig* 
   return std::make_shared<const models::HfBase>(std::move(base).value());
 }
 
+namespace {
+
+// A server's held-out instruction examples, rendered and packed as the sites
+// render and pack theirs, so its loss is the one the sites train on.
+Result<models::TokenRows> HeldOutInstructionRows(const v1::FederationConfig& config, const v1::TaskConfig& task,
+                                                 const EvaluationOptions& evaluation) {
+  std::filesystem::path tokenizer = evaluation.tokenizer;
+  if (tokenizer.empty() && task.has_hf_base()) tokenizer = std::filesystem::path(config.base_model()) / "tokenizer.json";
+  if (tokenizer.empty()) {
+    return InvalidArgument("--eval-data {}: instruction data needs --tokenizer (the model's tokenizer.json)",
+                           evaluation.data.string());
+  }
+  const std::string& name = task.prompt_template();
+  ESTUARY_ASSIGN_OR_RETURN(const models::InstructionSet set,
+                           models::LoadInstructionSet(evaluation.data, tokenizer, name.empty() ? "none" : name));
+  ESTUARY_ASSIGN_OR_RETURN(const models::LlamaConfig model, models::LlamaPreset(task.model()));
+  if (set.vocab_size > model.vocab_size) {
+    return InvalidArgument("--eval-data {}: {}'s vocabulary of {} tokens does not hold the tokenizer's {} ({})",
+                           evaluation.data.string(), task.model(), model.vocab_size, set.vocab_size,
+                           tokenizer.string());
+  }
+  return models::PackForTraining(set, int(task.seq_len())).rows;
+}
+
+}  // namespace
+
 Result<Federation> MakeFederation(const v1::FederationConfig& config, const EvaluationOptions& evaluation,
                                   DpNoise noise) {
   ESTUARY_RETURN_IF_ERROR(CheckFederation(config));
@@ -369,9 +397,17 @@ Result<Federation> MakeFederation(const v1::FederationConfig& config, const Eval
   f.manifest = std::move(initial.manifest);
   f.initial = std::move(initial.values);
   f.bound = UpdateBound(config.limits());
-  if (evaluation.rows) {
-    ESTUARY_ASSIGN_OR_RETURN(f.evaluator, models::MakeRowsEvaluator(task.model(), *evaluation.rows,
-                                                                    config.eval_windows()));
+  std::shared_ptr<const models::TokenRows> rows = evaluation.rows;
+  if (!rows && std::filesystem::is_regular_file(evaluation.data)) {
+    if (!models::IsLanguageModel(task.model())) {
+      return InvalidArgument("--eval-data {}: a file of instruction examples, but {} is not a language model",
+                             evaluation.data.string(), task.model());
+    }
+    ESTUARY_ASSIGN_OR_RETURN(models::TokenRows held, HeldOutInstructionRows(f.config, task, evaluation));
+    rows = std::make_shared<const models::TokenRows>(std::move(held));
+  }
+  if (rows) {
+    ESTUARY_ASSIGN_OR_RETURN(f.evaluator, models::MakeRowsEvaluator(task.model(), *rows, config.eval_windows()));
     if (f.lora) f.evaluator = models::MakeLoraEvaluator(std::move(f.evaluator), f.lora->layout, f.lora->merge.alpha);
   } else if (!evaluation.data.empty()) {
     ESTUARY_ASSIGN_OR_RETURN(f.evaluator, models::MakeEvaluator(task.model(), evaluation.data,

@@ -79,7 +79,12 @@ struct Federation {
 };
 
 struct EvaluationOptions {
-  std::filesystem::path data;  // an IDX directory, or a fortunes directory for text; empty: no evaluator
+  // An IDX directory, a fortunes directory for text, or a JSON Lines file of
+  // held-out instruction examples (rendered with the task's template and
+  // scored on their response targets); empty: no evaluator.
+  std::filesystem::path data;
+  // A JSON Lines `data`'s tokenizer.json; empty: the Hugging Face base's own.
+  std::filesystem::path tokenizer;
   int threads = 2;
   // Language models on instruction data: held-out rows scored on their
   // response targets (models::MakeRowsEvaluator) instead of `data`.

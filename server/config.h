@@ -20,7 +20,8 @@ struct ServerConfig {
   crypto::TlsFiles tls;
   std::filesystem::path db = "estuary.db";
   std::filesystem::path checkpoint_dir;     // default: "<db>.checkpoints"
-  std::filesystem::path eval_data;          // IDX dir (text models: fortunes dir); empty = no evaluation
+  std::filesystem::path eval_data;          // IDX dir, fortunes dir, or instruction JSONL; empty = no evaluation
+  std::filesystem::path tokenizer;          // an instruction eval_data's; empty: the Hugging Face base's
 
   uint64_t rounds = 20;
   double clients_per_round = 10;   // >= 1: a count; in (0, 1): a fraction of those connected

@@ -46,7 +46,9 @@ double Coordinator::SecondsSince(SteadyClock::time_point start) const {
 Status Coordinator::Recover() {
   // Evaluation runs between rounds, when the clients are idle: two threads.
   ESTUARY_ASSIGN_OR_RETURN(aggregation::Federation federation,
-                           aggregation::MakeFederation(config_.federation, {.data = config_.eval_data, .threads = 2}));
+                           aggregation::MakeFederation(config_.federation, {.data = config_.eval_data,
+                                                                             .tokenizer = config_.tokenizer,
+                                                                             .threads = 2}));
   task_ = federation.config.task();
   lora_ = std::move(federation.lora);
   manifest_ = federation.manifest;

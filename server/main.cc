@@ -106,7 +106,12 @@ int main(int argc, char** argv) {
                     "SIGHUP rereads it");
   serve->add_option("--db", config.db, "SQLite round log");
   serve->add_option("--checkpoint-dir", config.checkpoint_dir, "where global models are written (default DB.checkpoints)");
-  serve->add_option("--eval-data", config.eval_data, "IDX directory whose test split the server evaluates each round (text models: a fortunes directory)");
+  serve->add_option("--eval-data", config.eval_data,
+                    "what the server evaluates each global model on: an IDX directory's test split (text models: a "
+                    "fortunes directory; instruction tuning: a JSON Lines file of held-out examples, scored on "
+                    "their responses)");
+  serve->add_option("--tokenizer", config.tokenizer,
+                    "an instruction --eval-data's tokenizer.json (default: the Hugging Face --base-model's own)");
   serve->add_option("--rounds", config.rounds, "number of rounds");
   serve->add_option("--clients-per-round", config.clients_per_round, "count (>= 1) or fraction (< 1) sampled per round");
   serve->add_option("--min-clients", config.min_clients, "connected clients needed to start a round");

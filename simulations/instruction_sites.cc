@@ -13,6 +13,24 @@
 namespace estuary::simulations {
 namespace {
 
+// The lines of `text` the examples came from (each example knows its line),
+// each ending in a newline.
+std::string LinesNumbered(std::string_view text, const std::vector<models::InstructionExample>& examples) {
+  std::string out;
+  size_t next = 0;  // into examples, which are in file order
+  uint64_t line = 1;
+  for (size_t start = 0; start < text.size() && next < examples.size(); ++line) {
+    size_t end = text.find('\n', start);
+    if (end == std::string_view::npos) end = text.size();
+    if (examples[next].line == line) {
+      out.append(text.substr(start, end - start)).push_back('\n');
+      ++next;
+    }
+    start = end + 1;
+  }
+  return out;
+}
+
 // Each line's value of `field` (the lines already parsed as examples, so
 // every one is a JSON object).
 Result<std::vector<std::string>> FieldValues(const std::string& text, const std::vector<models::InstructionExample>& examples,
@@ -96,6 +114,8 @@ Result<InstructionSplit> SplitInstructionFile(const InstructionSplitOptions& o) 
       kept.push_back(i);
     }
   }
+  InstructionSplit split;
+  split.held_out_jsonl = LinesNumbered(text, held_out);
 
   // Distinct values, in sorted order: a site (by field) or a class (Dirichlet) each.
   std::map<std::string, int32_t> index_of;
@@ -103,7 +123,6 @@ Result<InstructionSplit> SplitInstructionFile(const InstructionSplitOptions& o) 
   int32_t next = 0;
   for (auto& [value, index] : index_of) index = next++;
   std::vector<std::vector<uint32_t>> members;  // per site, indices into `kept`
-  InstructionSplit split;
   if (by_field) {
     if (o.sites != 0 && o.sites != index_of.size()) {
       return InvalidArgument("sim: --sites {} but '{}' takes {} values in {} (one site each)", o.sites,

@@ -45,6 +45,7 @@ struct InstructionSplit {
   std::vector<std::string> names;                 // per site
   std::vector<models::InstructionSet> sites;      // per site
   std::shared_ptr<const models::TokenRows> held_out;
+  std::string held_out_jsonl;  // the held-out examples' lines as the file has them (a server scores them)
 };
 
 Result<InstructionSplit> SplitInstructionFile(const InstructionSplitOptions& options);

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <optional>
 #include "base/asio.h"
+#include "base/atomic_file.h"
 #include <chrono>
 #include <cstring>
 #include <map>
@@ -394,10 +395,11 @@ Result<Report> RunLoopback(const Scenario& given, const RoundCallback& on_round)
   const fs::path certs = s.workdir / "certs";
   ESTUARY_RETURN_IF_ERROR(ProvisionCertificates(certs, {"server"}, crypto::CertRole::kServer));
 
-  // One site per value of a field, as many as the file holds: counted before the server needs the number.
+  // One site per value of a field, as many as the file holds, and the
+  // examples held out of instruction data: known before the server starts.
   std::optional<Workload> loaded;
   uint32_t site_count = s.clients;
-  if (site_count == 0) {
+  if (site_count == 0 || InstructionData(s)) {
     ESTUARY_ASSIGN_OR_RETURN(loaded, ClientsOf(s));
     site_count = uint32_t(loaded->names.size());
   }
@@ -416,14 +418,21 @@ Result<Report> RunLoopback(const Scenario& given, const RoundCallback& on_round)
     if (!federation.base_model().empty()) federation.set_base_model(fs::absolute(federation.base_model()).string());
     const fs::path federation_file = s.workdir / "federation.txtpb";
     ESTUARY_RETURN_IF_ERROR(aggregation::WriteFederationFile(federation_file, federation));
+    // The server scores what the in-process run's evaluator scores.
+    fs::path eval_data = s.data_dir;
+    if (InstructionData(s)) {
+      eval_data = s.workdir / "held_out.jsonl";
+      ESTUARY_RETURN_IF_ERROR(WriteFileAtomically(eval_data, loaded->held_out_jsonl));
+    }
     std::vector<std::string> args = {
         "serve", "--listen", "127.0.0.1:0", "--cert", (certs / "server.pem").string(), "--key",
         (certs / "server.key").string(), "--ca", (certs / "ca.pem").string(), "--db", db.string(),
-        "--eval-data", InstructionData(s) ? "" : s.data_dir.string(), "--rounds", std::to_string(s.rounds), "--clients-per-round",
+        "--eval-data", eval_data.string(), "--rounds", std::to_string(s.rounds), "--clients-per-round",
         fmt::format("{}", s.per_round), "--min-clients", std::to_string(site_count), "--federation",
         federation_file.string(), "--exit-when-done", "--log-level",
         // The server logs at this process's level, but never below info: its log file is the round's record.
         fmt::to_string(spdlog::level::to_string_view(std::min(spdlog::get_level(), spdlog::level::info)))};
+    if (InstructionData(s)) args.insert(args.end(), {"--tokenizer", s.tokenizer.string()});
     const fs::path log = s.workdir / "server.log";
     // The server starts while this process loads its data and certificates.
     ESTUARY_RETURN_IF_ERROR(server.Spawn(binary, args, log));

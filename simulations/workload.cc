@@ -206,6 +206,7 @@ static Result<Workload> InstructionWorkload(const Scenario& s) {
   Workload w;
   w.names = std::move(split.names);
   w.held_out = std::move(split.held_out);
+  w.held_out_jsonl = std::move(split.held_out_jsonl);
   for (size_t i = 0; i < split.sites.size(); ++i) {
     options.lora_rank = site_ranks.empty() ? 0 : site_ranks[i % site_ranks.size()];
     ESTUARY_ASSIGN_OR_RETURN(

@@ -21,6 +21,7 @@ struct Workload {
   std::vector<std::string> names;
   std::vector<std::unique_ptr<client::Trainer>> trainers;  // trainers[i] is names[i]'s
   std::shared_ptr<const models::TokenRows> held_out;        // instruction data: what the evaluator scores
+  std::string held_out_jsonl;                               // the same examples as lines of the file
 };
 
 // The clients: their names and trainers, from the scenario's data.

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <fstream>
 #include <functional>
 #include <limits>
 
@@ -14,6 +15,7 @@
 #include "models/federated_model.h"
 #include "models/hf_base.h"
 #include "models/llama.h"
+#include "tests/client/instruction_fixture.h"
 #include "tests/crypto/test_dir.h"
 
 namespace estuary::aggregation {
@@ -271,6 +273,40 @@ TEST(Federation, WithANoiseMultiplierTheStrategyIsDpFedAvgAroundTheConfiguredOne
   federation = MakeFederation(config, {});
   ASSERT_TRUE(federation.ok()) << federation.status().ToString();
   EXPECT_EQ(federation->strategy->name(), "fedadam");
+}
+
+// A server given held-out instruction examples (--eval-data FILE.jsonl)
+// scores them on their responses; what it cannot use is one line.
+TEST(Federation, AServerScoresAFileOfHeldOutInstructionExamples) {
+  TempDir dir;
+  const std::filesystem::path file = dir.path() / "held.jsonl";
+  testing::WriteInstructionJsonl(file, 12);
+  v1::FederationConfig config = DefaultFederation();
+  config.mutable_task()->set_model("llama-tiny");
+  config.mutable_task()->set_prompt_template("chatml");
+  config.mutable_task()->set_seq_len(32);
+  EXPECT_EQ(MakeFederation(config, {.data = file}).status().message(),
+            fmt::format("--eval-data {}: instruction data needs --tokenizer (the model's tokenizer.json)",
+                        file.string()));
+  auto federation = MakeFederation(config, {.data = file, .tokenizer = testing::CharBpeTokenizer()});
+  ASSERT_TRUE(federation.ok()) << federation.status().ToString();
+  ASSERT_NE(federation->evaluator, nullptr);
+  auto scored = federation->evaluator->Evaluate(federation->initial);
+  ASSERT_TRUE(scored.ok()) << scored.status().ToString();
+  // An untrained decoder over 256 ids: about ln 256 per response token.
+  EXPECT_NEAR(scored->loss, std::log(256.0), 0.5);
+
+  std::ofstream(file, std::ios::app) << "{\"instruction\": 3}\n";
+  EXPECT_NE(MakeFederation(config, {.data = file, .tokenizer = testing::CharBpeTokenizer()})
+                .status()
+                .message()
+                .find(fmt::format("{}, line 13", file.string())),
+            std::string::npos);
+  config.mutable_task()->set_model("mlp");
+  config.mutable_task()->clear_prompt_template();
+  EXPECT_EQ(MakeFederation(config, {.data = file, .tokenizer = testing::CharBpeTokenizer()}).status().message(),
+            fmt::format("--eval-data {}: a file of instruction examples, but mlp is not a language model",
+                        file.string()));
 }
 
 TEST(Federation, MakeFederationBuildsTheModelStrategyAndEvaluatorOfTheDefinition) {

@@ -132,6 +132,29 @@ TEST(InstructionSplit, BadInputNamesTheFileLineAndFlag) {
   EXPECT_EQ(SplitInstructionFile(o).status().message(), "template 'vicuna' is not one of llama3, chatml, alpaca, none");
 }
 
+// The held-out examples as lines of the file (what a server is given to
+// score) render and pack to the rows the in-process evaluator scores.
+TEST(InstructionSplit, TheHeldOutLinesPackToTheHeldOutRows) {
+  testing::TempDir dir;
+  InstructionSplitOptions o = Options(WriteSources(dir));
+  o.partition_by = "source";
+  auto split = SplitInstructionFile(o);
+  ASSERT_TRUE(split.ok()) << split.status().ToString();
+  auto examples = models::ParseInstructionJsonl(split->held_out_jsonl, "held-out");
+  ASSERT_TRUE(examples.ok()) << examples.status().ToString();
+  size_t shared = 0;
+  for (const auto& site : split->sites) shared += site.examples.size();
+  EXPECT_EQ(examples->size() + shared, 90u);
+  auto tokenizer = models::Tokenizer::Load(o.tokenizer);
+  ASSERT_TRUE(tokenizer.ok());
+  auto set = models::EncodeInstructionSet(*examples, *tokenizer, models::PromptTemplate::kChatMl, "held-out");
+  ASSERT_TRUE(set.ok()) << set.status().ToString();
+  const models::TokenRows rows = models::PackForTraining(*set, o.seq_len).rows;
+  EXPECT_GT(rows.rows(), 0);
+  EXPECT_EQ(rows.tokens, split->held_out->tokens);
+  EXPECT_EQ(rows.targets, split->held_out->targets);
+}
+
 Scenario SitesBySource(const testing::TempDir& dir) {
   Scenario s;
   s.data_dir = WriteSources(dir);
@@ -168,6 +191,27 @@ TEST(InstructionSimulation, SitesByFieldLearnAndReproduce) {
   EXPECT_LT(first->rounds[0].test_loss, 5.0);
   EXPECT_LT(first->rounds[1].test_loss, first->rounds[0].test_loss);
   EXPECT_LT(first->rounds[2].test_loss, first->rounds[1].test_loss);
+}
+
+// Over TLS the server scores the held-out examples itself (--eval-data
+// FILE.jsonl --tokenizer): the loss the in-process evaluator reports.
+TEST(InstructionSimulation, TheLoopbackServerScoresTheHeldOutExamplesAsInproc) {
+  testing::TempDir dir;
+  Scenario s = SitesBySource(dir);
+  s.workdir = dir / "run";
+  s.server_binary = testing::BinaryPath("estuary-server");
+  auto inproc = RunInproc(s, nullptr);
+  ASSERT_TRUE(inproc.ok()) << inproc.status().ToString();
+  s.mode = "loopback";
+  auto loopback = RunLoopback(s, nullptr);
+  ASSERT_TRUE(loopback.ok()) << loopback.status().ToString();
+  ASSERT_EQ(loopback->rounds.size(), 3u);
+  for (size_t r = 0; r < 3; ++r) {
+    EXPECT_GT(loopback->rounds[r].test_loss, 0.0) << "round " << r + 1;
+    // Same sites, data and init; only the order updates are folded in differs.
+    EXPECT_NEAR(loopback->rounds[r].test_loss, inproc->rounds[r].test_loss, 1e-4) << "round " << r + 1;
+  }
+  EXPECT_LT(loopback->rounds[2].test_loss, loopback->rounds[0].test_loss);
 }
 
 // The same federation with its sites on a GPU, whose engine skips the -100
