@@ -411,5 +411,35 @@ TEST(Federation, OnAHuggingFaceBaseTheTaskNamesItAndTheSitesHoldIt) {
   EXPECT_FALSE(preset->config.task().has_hf_base());
 }
 
+// On a Hugging Face base the server's held-out examples are tokenized by
+// the base's own tokenizer.json unless --tokenizer names another.
+TEST(Federation, OnAHuggingFaceBaseTheServerScoresWithTheBasesTokenizer) {
+  TempDir dir;
+  const std::filesystem::path base = dir.path() / "tiny", file = dir.path() / "held.jsonl";
+  WriteHfBase(base);
+  for (const char* name : {"tokenizer.json", "tokenizer_config.json"}) {
+    std::filesystem::copy_file(testing::CharBpeTokenizer().parent_path() / name, base / name);
+  }
+  testing::WriteInstructionJsonl(file, 12);
+  v1::FederationConfig config = Lora();
+  config.set_base_model(base.string());
+  config.mutable_task()->set_prompt_template("chatml");
+  config.mutable_task()->set_seq_len(32);
+  auto own = MakeFederation(config, {.data = file});
+  ASSERT_TRUE(own.ok()) << own.status().ToString();
+  auto named = MakeFederation(config, {.data = file, .tokenizer = testing::CharBpeTokenizer()});
+  ASSERT_TRUE(named.ok()) << named.status().ToString();
+  ASSERT_NE(own->evaluator, nullptr);
+  auto by_own = own->evaluator->Evaluate(own->initial);
+  auto by_named = named->evaluator->Evaluate(named->initial);
+  ASSERT_TRUE(by_own.ok() && by_named.ok());
+  EXPECT_GT(by_own->loss, 0);
+  EXPECT_GT(by_own->examples, 0u);
+  EXPECT_EQ(by_own->loss, by_named->loss);
+  std::filesystem::remove(base / "tokenizer.json");
+  EXPECT_NE(MakeFederation(config, {.data = file}).status().message().find((base / "tokenizer.json").string()),
+            std::string::npos);
+}
+
 }  // namespace
 }  // namespace estuary::aggregation
