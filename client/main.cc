@@ -153,7 +153,6 @@ Result<std::unique_ptr<client::RankTrainer>> MakeRankTrainer(const RankLink& lin
   options.stage = site.zero;
   client::RankModels models;
   ESTUARY_RETURN_IF_ERROR(client::CheckStageOn(compute, site.zero));
-  ESTUARY_RETURN_IF_ERROR(client::CheckRecomputeOn(compute, recompute));
   if (compute.device == Device::kCuda) models = client::CudaModels(compute, link.stream);
   models.lora_rank = lora.rank;
   models.lora_base = lora.base;
@@ -360,8 +359,8 @@ int main(int argc, char** argv) {
                  "bf16-rounded base)");
   bool recompute = false;
   app.add_flag("--recompute", recompute,
-               "language models on the CPU: keep each block's input only and recompute its activations in "
-               "backward (one block's activations in memory, about one more forward per step)");
+               "language models: keep each block's input only and recompute its activations in backward (one "
+               "block's activations in memory, about one more forward per step; CPU and GPU)");
   int blas_threads = 1;
   app.add_option("--base-model", base_model,
                  "this site's copy of the federation's Hugging Face base (a model directory); the server never "

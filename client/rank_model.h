@@ -46,8 +46,9 @@ class RankModel {
   virtual std::string_view engine() const = 0;
   virtual DType precision() const = 0;
   // What the site's report adds after the engine's name, empty by default: a
-  // decoder that recomputes activations says so with its arena's size
-  // ("recompute, arena N bytes"), the bytes it maps for the task's batch.
+  // decoder that recomputes activations says so with its activations' size
+  // ("recompute, arena N bytes" on the CPU, the bytes it maps for the task's
+  // batch; "recompute, activations N bytes" on a GPU).
   virtual std::string note() const { return {}; }
   // Loads the round's global weights, starts a fresh optimizer for the task
   // and this round's DataParallel over the model's buffers. Collective.
@@ -160,14 +161,14 @@ Result<std::unique_ptr<RankLoraDecoder>> MakeCpuRankLoraDecoder(const std::strin
                                                                 bool recompute, const models::LoraConfig& lora);
 // On compute's GPU, running on `stream` (a cudaStream_t, the one the rank's
 // NCCL communicator follows). An error naming the reason in a build without CUDA.
-Result<std::unique_ptr<RankDecoder>> MakeCudaRankDecoder(const std::string& model, int max_batch,
+Result<std::unique_ptr<RankDecoder>> MakeCudaRankDecoder(const std::string& model, int max_batch, bool recompute,
                                                          const Compute& compute, void* stream);
 Result<std::unique_ptr<RankClassifier>> MakeCudaRankClassifier(const std::string& model, int max_batch,
                                                                const Compute& compute, void* stream);
 // The adapters train in fp32 (their GEMMs read a bf16 copy under bf16);
 // fp16 and dropout are refused, as cuda::LoraLlamaEngine refuses them.
 Result<std::unique_ptr<RankLoraDecoder>> MakeCudaRankLoraDecoder(const std::string& model, int max_batch,
-                                                                 const models::LoraConfig& lora,
+                                                                 bool recompute, const models::LoraConfig& lora,
                                                                  const Compute& compute, void* stream);
 
 }  // namespace estuary::client

@@ -189,15 +189,15 @@ Result<std::unique_ptr<RankClassifier>> MakeCpuRankClassifier(const std::string&
 }
 
 #ifndef ESTUARY_HAVE_CUDA
-Result<std::unique_ptr<RankDecoder>> MakeCudaRankDecoder(const std::string& model, int, const Compute& compute,
-                                                         void*) {
+Result<std::unique_ptr<RankDecoder>> MakeCudaRankDecoder(const std::string& model, int, bool,
+                                                         const Compute& compute, void*) {
   return FailedPrecondition("site: {} on {}: this build has no CUDA backend", model, compute.ToString());
 }
 Result<std::unique_ptr<RankClassifier>> MakeCudaRankClassifier(const std::string& model, int,
                                                                const Compute& compute, void*) {
   return FailedPrecondition("site: {} on {}: this build has no CUDA backend", model, compute.ToString());
 }
-Result<std::unique_ptr<RankLoraDecoder>> MakeCudaRankLoraDecoder(const std::string& model, int,
+Result<std::unique_ptr<RankLoraDecoder>> MakeCudaRankLoraDecoder(const std::string& model, int, bool,
                                                                  const models::LoraConfig&, const Compute& compute,
                                                                  void*) {
   return FailedPrecondition("site: {} with LoRA on {}: this build has no CUDA backend", model, compute.ToString());

@@ -107,10 +107,17 @@ class CudaRankModel : public Base {
   std::vector<float> host_;
 };
 
+// "recompute, activations N bytes" for an engine that recomputes.
+std::string RecomputeNote(const models::cuda::LlamaEngine& engine) {
+  if (!engine.recompute()) return {};
+  return fmt::format("recompute, activations {} bytes", engine.activation_bytes());
+}
+
 class CudaRankDecoder : public CudaRankModel<models::cuda::LlamaEngine, RankDecoder> {
  public:
   using CudaRankModel::CudaRankModel;
   std::string_view engine() const override { return "cuda::LlamaEngine"; }
+  std::string note() const override { return RecomputeNote(engine_); }
   int max_seq_len() const override { return engine_.config().max_seq_len; }
   Result<float> ForwardBackward(const int32_t* tokens, const int32_t* targets, int batch, int seq,
                                 const models::BackwardOptions& options) override {
@@ -138,6 +145,7 @@ class CudaRankLoraDecoder : public CudaRankModel<models::cuda::LoraLlamaEngine, 
  public:
   using CudaRankModel::CudaRankModel;
   std::string_view engine() const override { return "cuda::LoraLlamaEngine"; }
+  std::string note() const override { return RecomputeNote(engine_.base()); }
   int max_seq_len() const override { return engine_.base().config().max_seq_len; }
   const models::LoraConfig& lora_config() const override { return engine_.lora_config(); }
 
@@ -197,21 +205,24 @@ Status UseDevice(const Compute& compute) {
 }
 
 // The decoder engines' options for a rank: its precision, on its stream.
-models::cuda::LlamaEngineOptions LlamaOptionsOn(const Compute& compute, void* stream) {
+models::cuda::LlamaEngineOptions LlamaOptionsOn(const Compute& compute, void* stream, bool recompute) {
   models::cuda::LlamaEngineOptions options;
   options.precision = compute.precision;
   options.stream = static_cast<cudaStream_t>(stream);
+  options.recompute = recompute;
   return options;
 }
 
+
 }  // namespace
 
-Result<std::unique_ptr<RankDecoder>> MakeCudaRankDecoder(const std::string& model, int max_batch,
+Result<std::unique_ptr<RankDecoder>> MakeCudaRankDecoder(const std::string& model, int max_batch, bool recompute,
                                                          const Compute& compute, void* stream) {
   ESTUARY_RETURN_IF_ERROR(UseDevice(compute));
   ESTUARY_ASSIGN_OR_RETURN(const models::LlamaConfig config, models::LlamaPreset(model));
   ESTUARY_ASSIGN_OR_RETURN(auto engine,
-                           models::cuda::LlamaEngine::Create(config, max_batch, LlamaOptionsOn(compute, stream)));
+                           models::cuda::LlamaEngine::Create(config, max_batch,
+                                                                             LlamaOptionsOn(compute, stream, recompute)));
   return std::unique_ptr<RankDecoder>(std::make_unique<CudaRankDecoder>(std::move(engine)));
 }
 
@@ -226,12 +237,12 @@ Result<std::unique_ptr<RankClassifier>> MakeCudaRankClassifier(const std::string
 }
 
 Result<std::unique_ptr<RankLoraDecoder>> MakeCudaRankLoraDecoder(const std::string& model, int max_batch,
-                                                                 const models::LoraConfig& lora,
+                                                                 bool recompute, const models::LoraConfig& lora,
                                                                  const Compute& compute, void* stream) {
   ESTUARY_RETURN_IF_ERROR(UseDevice(compute));
   ESTUARY_ASSIGN_OR_RETURN(const models::LlamaConfig config, models::LlamaPreset(model));
   ESTUARY_ASSIGN_OR_RETURN(auto engine, models::cuda::LoraLlamaEngine::Create(config, lora, max_batch,
-                                                                              LlamaOptionsOn(compute, stream)));
+                                                                              LlamaOptionsOn(compute, stream, recompute)));
   return std::unique_ptr<RankLoraDecoder>(std::make_unique<CudaRankLoraDecoder>(std::move(engine)));
 }
 

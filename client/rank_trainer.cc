@@ -397,15 +397,6 @@ Status CheckStageOn(const Compute& compute, parallel::ZeroStage stage) {
   return Status::Ok();
 }
 
-Status CheckRecomputeOn(const Compute& compute, bool recompute) {
-  if (recompute && compute.device == Device::kCuda) {
-    return InvalidArgument("--recompute on {}: the GPU engines (cuda::LlamaEngine, cuda::LoraLlamaEngine) keep every "
-                           "block's activations; activation recompute runs on CPU sites",
-                           compute.ToString());
-  }
-  return Status::Ok();
-}
-
 RankModels CudaModels(const Compute& compute, void* stream) {
   RankModels models;
   models.classifier = [compute, stream](const std::string& model, int batch) {
@@ -413,13 +404,11 @@ RankModels CudaModels(const Compute& compute, void* stream) {
   };
   models.decoder = [compute, stream](const std::string& model, int batch,
                                      bool recompute) -> Result<std::unique_ptr<RankDecoder>> {
-    ESTUARY_RETURN_IF_ERROR(CheckRecomputeOn(compute, recompute));
-    return MakeCudaRankDecoder(model, batch, compute, stream);
+    return MakeCudaRankDecoder(model, batch, recompute, compute, stream);
   };
   models.lora_decoder = [compute, stream](const std::string& model, int batch, bool recompute,
                                           const models::LoraConfig& lora) -> Result<std::unique_ptr<RankLoraDecoder>> {
-    ESTUARY_RETURN_IF_ERROR(CheckRecomputeOn(compute, recompute));
-    return MakeCudaRankLoraDecoder(model, batch, lora, compute, stream);
+    return MakeCudaRankLoraDecoder(model, batch, recompute, lora, compute, stream);
   };
   models.device = compute.ToString();
   return models;

@@ -92,10 +92,6 @@ struct RankModels {
 // between uses, which a GPU buffer cannot. The error names the flag.
 Status CheckStageOn(const Compute& compute, parallel::ZeroStage stage);
 
-// Activation recompute is the CPU decoder's (models::Llama): on a GPU the
-// engines keep every block's activations, and --recompute is refused in one
-// line naming the engine.
-Status CheckRecomputeOn(const Compute& compute, bool recompute);
 
 // The GPU engines on compute's device, running on `stream` (a cudaStream_t,
 // the one an NCCL communicator follows; null: each engine's own).

@@ -205,7 +205,6 @@ Status RunFollower(comm::Communicator& comm, RankTrainer& rank) {
 
 Result<std::unique_ptr<SiteTrainer>> MakeLocalSite(SiteData data, const LocalSiteOptions& options) {
   ESTUARY_RETURN_IF_ERROR(CheckStageOn(options.compute, options.stage));
-  ESTUARY_RETURN_IF_ERROR(CheckRecomputeOn(options.compute, options.recompute));
   auto solo = comm::MakeSoloCommunicator(options.compute.device);
   RankModels models = options.compute.device == Device::kCuda ? CudaModels(options.compute, /*stream=*/nullptr)
                                                                : RankModels{};

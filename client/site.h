@@ -107,7 +107,7 @@ struct LocalSiteOptions {
   parallel::ZeroStage stage = parallel::ZeroStage::kDdp;
   int lora_rank = 0;                                  // RankModels::lora_rank
   DType lora_base = DType::kF32;                      // RankModels::lora_base
-  bool recompute = false;                             // RankModels::recompute (CPU only: CheckRecomputeOn)
+  bool recompute = false;                             // RankModels::recompute
   // Where the models live (RankModels::cache); unset: the site's own.
   std::function<ModelCache&()> cache;
 };

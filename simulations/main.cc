@@ -169,7 +169,7 @@ int main(int argc, char** argv) {
   app.add_option("--lora-base-dtype", s.lora_base_dtype,
                  "lora: the sites keep the frozen base in f32 | bf16 (CPU: half the memory, trains on the rounded base)");
   app.add_flag("--recompute", s.recompute,
-               "language models on the CPU: the sites recompute each block's activations in backward (one block's "
+               "language models: the sites recompute each block's activations in backward (one block's "
                "activations in memory, about one more forward per step)");
   app.add_option("--mode", s.mode, "inproc | loopback");
   app.add_option("--attack", s.attack,

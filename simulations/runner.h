@@ -43,7 +43,7 @@ struct Scenario {
   // Given, it makes the federation take mixed ranks.
   std::string lora_site_ranks;
   std::string lora_base_dtype = "f32";  // how the sites keep the frozen base: f32 | bf16 (the CPU's, half the memory)
-  bool recompute = false;  // the sites' decoders recompute activations in backward (CPU; client::CheckRecomputeOn)
+  bool recompute = false;  // the sites' decoders recompute activations in backward (CPU and GPU)
   std::string mode = "inproc";
   std::filesystem::path data_dir = "data/mnist";  // text models: a fortunes directory, or a *.jsonl file
   // Instruction data (data_dir a JSON Lines file; simulations/instruction_sites.h):

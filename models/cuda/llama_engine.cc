@@ -33,7 +33,8 @@ size_t LlamaEngine::Impl::Carve(int batch, int seq, char* base) {
   Carver carver(base);
   acts.resid_stride = (n * D + 63) / 64 * 64;  // keeps every block 256-byte aligned
   acts.resid = carver.Floats(acts.resid_stride * (c.num_layers + 1));
-  acts.layers.resize(c.num_layers);
+  // Under recompute one set serves every block in turn.
+  acts.layers.resize(options.recompute ? 1 : c.num_layers);
   for (LayerActivations& l : acts.layers) {
     l.rstd1 = carver.Floats(n);
     l.xn1 = carver.Take(n * D, a);
@@ -50,6 +51,7 @@ size_t LlamaEngine::Impl::Carve(int batch, int seq, char* base) {
     l.gate_up = carver.Take(n * 2 * I, a);
     l.act = carver.Take(n * I, a);
   }
+  acts.layers.resize(c.num_layers, acts.layers.front());
   acts.rstd_final = carver.Floats(n);
   acts.xn_final = carver.Take(n * D, a);
   acts.logits = carver.Floats(n * V);
@@ -143,6 +145,7 @@ LlamaEngine::Impl& LlamaEngine::impl() const { return static_cast<Impl&>(state()
 const LlamaConfig& LlamaEngine::config() const { return impl().config; }
 int LlamaEngine::max_batch() const { return impl().max_batch; }
 size_t LlamaEngine::activation_bytes() const { return impl().activation_buffer.size(); }
+bool LlamaEngine::recompute() const { return impl().options.recompute; }
 LossScaler& LlamaEngine::loss_scaler() { return impl().scaler; }
 
 // ------------------------------------------------------------- parameters

@@ -105,6 +105,12 @@ struct LlamaEngineOptions {
   bool train_base = true;
   // Owned by the caller, alive as long as the engine; see ProjectionAdapters.
   ProjectionAdapters* adapters = nullptr;
+  // Activation recompute (models::Llama's): every block keeps only its input
+  // (the residual stream); one set of block activations is shared, and
+  // backward re-runs each block's forward up to the SwiGLU before its own
+  // backward. The same kernels on the same inputs, so the same gradients,
+  // for one more forward's GEMMs; activation_bytes() shrinks by L - 1 blocks.
+  bool recompute = false;
 };
 
 // Beyond Engine: gradients() is null when the base is frozen (train_base
@@ -128,6 +134,7 @@ class LlamaEngine : public Engine {
   int max_batch() const;
   // Bytes of the activation buffer allocated at Create.
   size_t activation_bytes() const;
+  bool recompute() const;  // LlamaEngineOptions::recompute
 
   Status Initialize(uint64_t seed) override;
 

@@ -40,7 +40,7 @@ struct LlamaEngine::Impl final : EngineState {
   struct Activations {
     float* resid = nullptr;  // num_layers + 1 blocks of [n, D]
     int64_t resid_stride = 0;
-    std::vector<LayerActivations> layers;
+    std::vector<LayerActivations> layers;  // under recompute all alias one set
     float* rstd_final = nullptr;
     void* xn_final = nullptr;
     float* logits = nullptr;   // [n, V] fp32
@@ -147,6 +147,10 @@ struct LlamaEngine::Impl final : EngineState {
   Status CheckInput(const int32_t* tokens, const int32_t* targets, int batch, int seq) const;
   Status Upload(const int32_t* tokens, const int32_t* targets, int batch, int seq);
   Status RunForward(int batch, int seq);
+  // Block l's forward from its input resid[l]: into resid[l + 1] with
+  // through_down, else only up to the SwiGLU output (what backward reads;
+  // recompute's pass).
+  Status ForwardBlock(int l, int batch, int seq, bool through_down);
   Status RunBackward(int batch, int seq, const BackwardOptions& options);
 };
 

@@ -51,47 +51,51 @@ Status LlamaEngine::Impl::Upload(const int32_t* tokens, const int32_t* targets, 
   return Status::Ok();
 }
 
-Status LlamaEngine::Impl::RunForward(int batch, int seq) {
+Status LlamaEngine::Impl::ForwardBlock(int l, int batch, int seq, bool through_down) {
   const LlamaConfig& c = config;
-  const int n = batch * seq, D = c.hidden_size, I = c.intermediate_size, hd = c.head_dim(), V = c.vocab_size;
+  const int n = batch * seq, D = c.hidden_size, I = c.intermediate_size, hd = c.head_dim();
   const int H = c.num_heads, KV = c.num_kv_heads;
   const int64_t qkv_width = int64_t(H + 2 * KV) * hd;
   const float eps = float(c.rms_norm_eps);
+  const LayerOffsets& o = offsets[l];
+  const LayerActivations& a = acts.layers[l];
+  const float* x = acts.resid + l * acts.resid_stride;
+  ESTUARY_RETURN_IF_ERROR(RmsNormForward(x, Norm(o.input_norm), n, D, eps, a.xn1, act(), a.rstd1, s()));
+  ESTUARY_RETURN_IF_ERROR(
+      Gemm(blas, false, true, n, qkv_width, D, 1.0f, a.xn1, D, W(o.qkv), D, 0.0f, a.qkv, qkv_width, Same()));
+  ESTUARY_RETURN_IF_ERROR(AdaptForward(l, Projection::kQkv, a.xn1, n, a.qkv, act()));
+  // q and k heads are adjacent at the start of each row: one rotation for both.
+  ESTUARY_RETURN_IF_ERROR(RopeForward(a.qkv, act(), batch, seq, H + KV, hd, qkv_width, rope_cos(), rope_sin(), s()));
+  if (flash) {
+    ESTUARY_RETURN_IF_ERROR(FlashAttentionForward(act(), a.qkv, batch, seq, H, KV, hd, a.attn, a.lse, s()));
+  } else {
+    float* scores = low() ? acts.scores : static_cast<float*>(a.probs);
+    ESTUARY_RETURN_IF_ERROR(AttentionForward(blas, act(), a.qkv, batch, seq, H, KV, hd, scores, a.probs, a.attn));
+  }
+  ESTUARY_RETURN_IF_ERROR(Gemm(blas, false, true, n, D, int64_t(H) * hd, 1.0f, a.attn, int64_t(H) * hd, W(o.o),
+                               int64_t(H) * hd, 0.0f, a.h, D, ToF32()));
+  ESTUARY_RETURN_IF_ERROR(AdaptForward(l, Projection::kO, a.attn, n, a.h, DType::kF32));
+  ESTUARY_RETURN_IF_ERROR(ResidualAdd(x, int64_t(n) * D, a.h, s()));
+  ESTUARY_RETURN_IF_ERROR(RmsNormForward(a.h, Norm(o.post_norm), n, D, eps, a.xn2, act(), a.rstd2, s()));
+  ESTUARY_RETURN_IF_ERROR(
+      Gemm(blas, false, true, n, 2 * int64_t(I), D, 1.0f, a.xn2, D, W(o.gate_up), D, 0.0f, a.gate_up, 2 * I, Same()));
+  ESTUARY_RETURN_IF_ERROR(AdaptForward(l, Projection::kGateUp, a.xn2, n, a.gate_up, act()));
+  ESTUARY_RETURN_IF_ERROR(SwiGluForward(a.gate_up, n, I, a.act, act(), s()));
+  if (!through_down) return Status::Ok();
+  float* out = acts.resid + (l + 1) * acts.resid_stride;
+  ESTUARY_RETURN_IF_ERROR(Gemm(blas, false, true, n, D, I, 1.0f, a.act, I, W(o.down), I, 0.0f, out, D, ToF32()));
+  ESTUARY_RETURN_IF_ERROR(AdaptForward(l, Projection::kDown, a.act, n, out, DType::kF32));
+  return ResidualAdd(a.h, int64_t(n) * D, out, s());
+}
+
+Status LlamaEngine::Impl::RunForward(int batch, int seq) {
+  const LlamaConfig& c = config;
+  const int n = batch * seq, D = c.hidden_size, V = c.vocab_size;
   Carve(batch, seq, activation_buffer.as<char>());
   ESTUARY_RETURN_IF_ERROR(Embed(n, acts.resid));
-  for (int l = 0; l < c.num_layers; ++l) {
-    const LayerOffsets& o = offsets[l];
-    const LayerActivations& a = acts.layers[l];
-    const float* x = acts.resid + l * acts.resid_stride;
-    float* out = acts.resid + (l + 1) * acts.resid_stride;
-    ESTUARY_RETURN_IF_ERROR(RmsNormForward(x, Norm(o.input_norm), n, D, eps, a.xn1, act(), a.rstd1, s()));
-    ESTUARY_RETURN_IF_ERROR(
-        Gemm(blas, false, true, n, qkv_width, D, 1.0f, a.xn1, D, W(o.qkv), D, 0.0f, a.qkv, qkv_width, Same()));
-    ESTUARY_RETURN_IF_ERROR(AdaptForward(l, Projection::kQkv, a.xn1, n, a.qkv, act()));
-    // q and k heads are adjacent at the start of each row: one rotation for both.
-    ESTUARY_RETURN_IF_ERROR(RopeForward(a.qkv, act(), batch, seq, H + KV, hd, qkv_width, rope_cos(), rope_sin(), s()));
-    if (flash) {
-      ESTUARY_RETURN_IF_ERROR(FlashAttentionForward(act(), a.qkv, batch, seq, H, KV, hd, a.attn, a.lse, s()));
-    } else {
-      float* scores = low() ? acts.scores : static_cast<float*>(a.probs);
-      ESTUARY_RETURN_IF_ERROR(AttentionForward(blas, act(), a.qkv, batch, seq, H, KV, hd, scores, a.probs, a.attn));
-    }
-    ESTUARY_RETURN_IF_ERROR(
-        Gemm(blas, false, true, n, D, int64_t(H) * hd, 1.0f, a.attn, int64_t(H) * hd, W(o.o), int64_t(H) * hd, 0.0f,
-             a.h, D, ToF32()));
-    ESTUARY_RETURN_IF_ERROR(AdaptForward(l, Projection::kO, a.attn, n, a.h, DType::kF32));
-    ESTUARY_RETURN_IF_ERROR(ResidualAdd(x, int64_t(n) * D, a.h, s()));
-    ESTUARY_RETURN_IF_ERROR(RmsNormForward(a.h, Norm(o.post_norm), n, D, eps, a.xn2, act(), a.rstd2, s()));
-    ESTUARY_RETURN_IF_ERROR(
-        Gemm(blas, false, true, n, 2 * int64_t(I), D, 1.0f, a.xn2, D, W(o.gate_up), D, 0.0f, a.gate_up, 2 * I, Same()));
-    ESTUARY_RETURN_IF_ERROR(AdaptForward(l, Projection::kGateUp, a.xn2, n, a.gate_up, act()));
-    ESTUARY_RETURN_IF_ERROR(SwiGluForward(a.gate_up, n, I, a.act, act(), s()));
-    ESTUARY_RETURN_IF_ERROR(Gemm(blas, false, true, n, D, I, 1.0f, a.act, I, W(o.down), I, 0.0f, out, D, ToF32()));
-    ESTUARY_RETURN_IF_ERROR(AdaptForward(l, Projection::kDown, a.act, n, out, DType::kF32));
-    ESTUARY_RETURN_IF_ERROR(ResidualAdd(a.h, int64_t(n) * D, out, s()));
-  }
-  ESTUARY_RETURN_IF_ERROR(RmsNormForward(acts.resid + c.num_layers * acts.resid_stride, Norm(final_norm), n, D, eps,
-                                         acts.xn_final, act(), acts.rstd_final, s()));
+  for (int l = 0; l < c.num_layers; ++l) ESTUARY_RETURN_IF_ERROR(ForwardBlock(l, batch, seq, /*through_down=*/true));
+  ESTUARY_RETURN_IF_ERROR(RmsNormForward(acts.resid + c.num_layers * acts.resid_stride, Norm(final_norm), n, D,
+                                         float(c.rms_norm_eps), acts.xn_final, act(), acts.rstd_final, s()));
   return Gemm(blas, false, true, n, V, D, 1.0f, acts.xn_final, D, W(lm_head), D, 0.0f, acts.logits, V, ToF32());
 }
 
@@ -130,6 +134,10 @@ Status LlamaEngine::Impl::RunBackward(int batch, int seq, const BackwardOptions&
   for (int l = c.num_layers - 1; l >= 0; --l) {
     const LayerOffsets& o = offsets[l];
     const LayerActivations& L = a.layers[l];
+    // The shared set still holds the last block's activations from forward.
+    if (this->options.recompute && l != c.num_layers - 1) {
+      ESTUARY_RETURN_IF_ERROR(ForwardBlock(l, batch, seq, /*through_down=*/false));
+    }
     if (train) {
       ESTUARY_RETURN_IF_ERROR(Gemm(blas, true, false, D, I, n, 1.0f, dres, D, L.act, I, 0.0f, G() + o.down, I, ToF32()));
     }

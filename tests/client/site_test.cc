@@ -382,22 +382,6 @@ INSTANTIATE_TEST_SUITE_P(
     });
 
 // Rank 0 ends the federation with an error: every follower returns it.
-// --recompute is the CPU decoder's: a site on a GPU refuses it in one line
-// naming the device and the engines, before any model is made; on the CPU
-// the site is made.
-TEST(Site, RecomputeOnAGpuIsRefusedNamingTheEngines) {
-  SiteData data;
-  data.text = std::make_shared<const std::vector<int32_t>>(64, 'a');
-  const Compute gpu{.device = Device::kCuda, .device_index = 0, .precision = DType::kBF16};
-  auto refused = MakeLocalSite(data, {.compute = gpu, .recompute = true});
-  ASSERT_FALSE(refused.ok());
-  EXPECT_EQ(refused.status().message(),
-            "--recompute on cuda:0 bf16: the GPU engines (cuda::LlamaEngine, cuda::LoraLlamaEngine) keep every "
-            "block's activations; activation recompute runs on CPU sites");
-  EXPECT_TRUE(CheckRecomputeOn(gpu, false).ok());
-  EXPECT_TRUE(MakeLocalSite(data, {.recompute = true}).ok());
-}
-
 TEST(Site, FollowersHearRankZeroGiveUp) {
   const std::string address = FreeTcpAddress();
   auto outcomes = RunRanks(2, [&](int rank) -> Status {

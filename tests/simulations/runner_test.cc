@@ -313,6 +313,10 @@ TEST(TextSimulation, CudaClientsFollowTheCpuRun) {
   }
   testing::TempDir dir;
   ExpectCudaFollowsTheCpu(Text(WriteTopics(dir)), "full");
+  // Recomputing activations on both sides: the report says the GPU sites did.
+  Scenario recompute = Text(WriteTopics(dir));
+  recompute.recompute = true;
+  ExpectCudaFollowsTheCpu(recompute, "full, recompute");
 }
 
 TEST(TextSimulation, BadScenariosNameTheProblem) {
@@ -377,6 +381,9 @@ TEST(LoraSimulation, CudaClientsFollowTheCpuRun) {
   testing::TempDir dir;
   const auto data = WriteTopics(dir);
   for (const char* merge : {"naive", "exact", "frozen-a"}) ExpectCudaFollowsTheCpu(Lora(data, merge), merge);
+  Scenario recompute = Lora(data, "naive");
+  recompute.recompute = true;
+  ExpectCudaFollowsTheCpu(recompute, "naive, recompute");
   // A base kept in bf16: the CPU holds it rounded and computes in fp32; the
   // GPU drops its fp32 master and computes in bf16.
   Scenario bf16_base = Lora(data, "exact");
