@@ -47,6 +47,7 @@ struct LlamaTraining {
     // The weights to start from; null: drawn from seed 1 (on the host, which
     // for a billion weights takes longer than the steps a benchmark times).
     const std::vector<float>* weights = nullptr;
+    bool recompute = false;
   };
 
   // The engine with its weights, and DecoderAdamW() over all its parameters
@@ -56,6 +57,7 @@ struct LlamaTraining {
     options.precision = o.precision;
     options.flash_attention = o.flash_attention;
     options.stream = o.stream;
+    options.recompute = o.recompute;
     ESTUARY_ASSIGN_OR_RETURN(models::cuda::LlamaEngine engine, models::cuda::LlamaEngine::Create(c, batch, options));
     ESTUARY_RETURN_IF_ERROR(o.weights ? engine.CopyParametersFrom(*o.weights) : engine.Initialize(1));
     ESTUARY_ASSIGN_OR_RETURN(models::cuda::AdamW adamw,

@@ -40,7 +40,7 @@ int main(int argc, char** argv) {
   double peak_tflops = kPeakBf16 / 1e12;
   DType precision = DType::kBF16;
   std::string python = "/usr/bin/python3";
-  bool no_torch = false, materialised = false;
+  bool no_torch = false, materialised = false, recompute = false;
   CLI::App& app = bench.app();
   bench::AddDecoderOptions(app, c);
   app.add_option("--batch", batch);
@@ -51,10 +51,12 @@ int main(int argc, char** argv) {
   app.add_flag("--no-torch", no_torch, "skip the PyTorch comparison");
   app.add_flag("--materialised", materialised,
                "cuBLAS products around a fused softmax instead of the fused flash-attention kernels");
+  app.add_flag("--recompute", recompute, "keep each block's input only and recompute its activations in backward");
   if (auto code = bench.Parse(argc, argv)) return *code;
 
   if (auto why = bench::NoUsableGpu()) return bench.NothingMeasured(*why);
-  auto training = bench::LlamaTraining::Create(c, batch, {.precision = precision, .flash_attention = !materialised});
+  auto training = bench::LlamaTraining::Create(
+      c, batch, {.precision = precision, .flash_attention = !materialised, .recompute = recompute});
   if (!training.ok()) return bench.Fail(training.status());
   cuda::LlamaEngine& engine = training->engine;
 
@@ -82,9 +84,9 @@ int main(int argc, char** argv) {
   const double n = double(engine.parameter_count());
   const double flops_per_token = 6.0 * n + 12.0 * c.num_layers * c.hidden_size * double(seq);
   const double mfu = tokens_per_s * flops_per_token / (peak_tflops * 1e12);
-  fmt::print("estuary LlamaEngine ({}): {:.1f}M parameters, batch {} x {}, {} steps: {:.0f} tokens/s, {:.1f} ms/step, "
+  fmt::print("estuary LlamaEngine ({}{}): {:.1f}M parameters, batch {} x {}, {} steps: {:.0f} tokens/s, {:.1f} ms/step, "
              "MFU {:.1f}% of {:.1f} TFLOP/s (loss {:.4f} -> {:.4f}), activations {:.2f} GiB\n",
-             DTypeName(precision), n / 1e6, batch, seq, steps.timed, tokens_per_s, *seconds * 1e3, mfu * 100,
+             DTypeName(precision), recompute ? ", recompute" : "", n / 1e6, batch, seq, steps.timed, tokens_per_s, *seconds * 1e3, mfu * 100,
              peak_tflops, losses.front(), losses.back(), double(engine.activation_bytes()) / (1 << 30));
   if (no_torch) return 0;
 
