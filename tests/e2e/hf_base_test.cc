@@ -102,6 +102,25 @@ void ExpectTheExportMergesOntoTheBase(Federation& f, const fs::path& base_dir) {
   }
   EXPECT_LT(std::sqrt(diff / norm), 1e-5);
   std::printf("merged logits vs base + adapter: relative difference %.3g\n", std::sqrt(diff / norm));
+
+  // The export as Hugging Face's loaders read it: transformers + peft load the
+  // adapter onto base/ and transformers loads merged/, where they import (the
+  // GPU machine, which requires them); elsewhere torch_llama.py's own torch
+  // model of the same keys and shapes reads the same files.
+  const std::string request = nlohmann::json{{"tokens", nlohmann::json::array({tokens})}}.dump();
+  for (const auto& [flag, dir] : {std::pair<std::string, fs::path>{"--check-lora", out}, {"--check-hf", out / "merged"}}) {
+    std::ofstream(dir / "tokens.json") << request;
+    const CommandResult run = RunCommand(fmt::format("{} {}/tests/models/torch_llama.py {} {}", ESTUARY_TORCH_PYTHON,
+                                                     ESTUARY_SOURCE_DIR, flag, dir.string()));
+    ASSERT_EQ(run.exit_code, 0) << flag << ": " << run.output;
+    const auto torch = nlohmann::json::parse(ReadAll(dir / "logits.json"))["logits"].get<std::vector<double>>();
+    ASSERT_EQ(torch.size(), n) << flag;
+    double d = 0, w = 0;
+    for (size_t i = 0; i < n; ++i) d += (torch[i] - want[i]) * (torch[i] - want[i]), w += torch[i] * torch[i];
+    EXPECT_LT(std::sqrt(d / w), 1e-5) << flag;
+    std::printf("%s: torch's logits vs ours, relative difference %.3g (%s)\n", flag.c_str(), std::sqrt(d / w),
+                run.output.find("loaded with") != std::string::npos ? "transformers" : "torch_llama.py's model");
+  }
 }
 
 const std::vector<std::string> kLoraFlags = {"--optimizer", "adamw", "--lr", "0.01", "--batch", "4", "--seq-len", "32",
