@@ -6,6 +6,7 @@
 
 #include "aggregation/robust_strategy.h"
 #include "aggregation/sampling.h"
+#include "base/seed.h"
 #include "crypto/sha256.h"
 #include "proto/frame.h"
 #include "aggregation/federation.h"
@@ -13,6 +14,11 @@
 #include "server/update_checks.h"
 
 namespace estuary::server {
+
+namespace {
+// A failed try's event detail begins "round R try ", then its number.
+std::string FailedTryPrefix(uint64_t round) { return fmt::format("round {} try ", round); }
+}  // namespace
 
 namespace asio = boost::asio;
 using SteadyClock = std::chrono::steady_clock;
@@ -103,6 +109,7 @@ Status Coordinator::Recover() {
     const std::string checksum = crypto::Sha256Hex(initial->data(), initial->size() * sizeof(float));
     distribution_.Reset(manifest_, {std::move(initial), checksum, 0});
     round_ = 1;
+    ESTUARY_RETURN_IF_ERROR(CountFailedTries());
     spdlog::info("new federation {}: model {} ({} parameters), checksum {}", federation_id_, task_.model(),
                  manifest_.total_elements, checksum.substr(0, 12));
     return Status::Ok();
@@ -113,8 +120,16 @@ Status Coordinator::Recover() {
   distribution_.Reset(manifest_, {std::make_shared<const std::vector<float>>(std::move(global)),
                                   last->global_checksum, last->model_version});
   round_ = last->round + 1;
+  ESTUARY_RETURN_IF_ERROR(CountFailedTries());
   spdlog::info("federation {} resumed after round {}: model version {}, checksum {}", federation_id_, last->round,
                last->model_version, last->global_checksum.substr(0, 12));
+  return Status::Ok();
+}
+
+Status Coordinator::CountFailedTries() {
+  // A retry replaces the round's row and transitions; the events stay.
+  ESTUARY_ASSIGN_OR_RETURN(const uint64_t failed, store_.CountEvents("round_failed", FailedTryPrefix(round_)));
+  failed_tries_ = uint32_t(failed);
   return Status::Ok();
 }
 
@@ -165,7 +180,9 @@ void Coordinator::StartRound() {
   std::vector<std::string> names;
   for (const auto& [name, session] : connected_) names.push_back(name);
   const size_t k = aggregation::ClientsPerRound(config_.clients_per_round, names.size());
-  const std::vector<std::string> selected = aggregation::SampleClients(names, k, task_.seed(), round_);
+  // A retry mixes in its count: the same seed would draw the sites that just failed the round.
+  const uint64_t seed = failed_tries_ == 0 ? task_.seed() : MixSeed(task_.seed(), failed_tries_);
+  const std::vector<std::string> selected = aggregation::SampleClients(names, k, seed, round_);
   if (!WithinPrivacyBudget(selected.size(), names.size())) return;
 
   record_ = RoundRecord{};
@@ -214,7 +231,9 @@ void Coordinator::StartRound() {
     metrics_->SetCurrentRound(round_);
     metrics_->SetSelectedSites(selected.size());
   }
-  spdlog::info("round {} open: {} of {} connected clients selected", round_, selected.size(), names.size());
+  spdlog::info("round {} open{}: {} of {} connected clients selected", round_,
+               failed_tries_ > 0 ? fmt::format(" (try {})", failed_tries_ + 1) : std::string(), selected.size(),
+               names.size());
   Transition(RoundState::kCollecting);
   deadline_->Arm(std::chrono::milliseconds(int64_t(config_.round_deadline_s * 1000)), [this, round = round_] {
     if (round_running_ && round_ == round && state_ == RoundState::kCollecting) OnDeadline();
@@ -489,6 +508,7 @@ void Coordinator::OnAggregated(Aggregator::Finished result) {
 
   round_running_ = false;
   ++round_;
+  failed_tries_ = 0;
   if (complete()) {
     spdlog::info("federation complete after {} rounds", config_.rounds);
     if (on_complete_) on_complete_();
@@ -518,11 +538,16 @@ void Coordinator::FailRound(const std::string& reason) {
   spdlog::warn("round {} failed: {}", round_, reason);
   deadline_->Cancel();
   LogIfError(store_.FailRound(round_, reason, clock_.UnixMs()), "store");
+  LogIfError(store_.RecordEvent({.at_ms = clock_.UnixMs(),
+                                 .kind = "round_failed",
+                                 .detail = fmt::format("{}{}: {}", FailedTryPrefix(round_), failed_tries_ + 1, reason)}),
+             "store");
   state_ = RoundState::kFailed;
   if (metrics_) metrics_->RoundEnded(RoundState::kFailed, SecondsSince(round_started_));
   for (auto& [name, p] : participants_) slots_.Release(name);
   Broadcast(RoundFailedMessage(record_, distribution_.current(), reason));
   round_running_ = false;
+  ++failed_tries_;
   // The same round number is tried again, after a pause so a flapping
   // federation does not spin.
   retry_->Arm(std::chrono::seconds(1), [this] { MaybeStartRound(); });

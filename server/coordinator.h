@@ -78,6 +78,7 @@ class Coordinator {
   uint64_t round() const { return round_; }
 
  private:
+  Status CountFailedTries();  // failed_tries_ of round_, from the round log
   struct Participant {
     std::weak_ptr<ClientSession> session;
     Participation record;
@@ -130,6 +131,10 @@ class Coordinator {
   std::map<std::string, std::shared_ptr<ClientSession>> connected_;  // by certificate name
   Metrics* metrics_ = nullptr;
   uint64_t round_ = 1;
+  // Tries of round_ that failed (counted from the round log after a restart):
+  // each retry draws its sites with the seed mixed with this count, so a
+  // failed round is not retried with the same sites.
+  uint32_t failed_tries_ = 0;
   bool closing_ = false;  // CloseAll has run
   bool round_running_ = false;
   RoundState state_ = RoundState::kOpen;

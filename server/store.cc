@@ -510,6 +510,14 @@ Result<std::vector<Transition>> Store::Transitions(uint64_t round) {
   }
 }
 
+Result<uint64_t> Store::CountEvents(const std::string& kind, const std::string& detail_prefix) {
+  Statement s(db_, "SELECT COUNT(*) FROM events WHERE kind = ? AND substr(detail, 1, ?) = ?");
+  s.Bind(kind).Bind(int64_t(detail_prefix.size())).Bind(detail_prefix);
+  ESTUARY_ASSIGN_OR_RETURN(bool row, s.Step());
+  if (!row) return Internal("store: COUNT(*) returned no row");
+  return uint64_t(s.Int(0));
+}
+
 Result<std::vector<Event>> Store::Events(int limit) {
   Statement s(db_,
               "SELECT at_ms, kind, peer, detail FROM (SELECT id, at_ms, kind, peer, detail FROM events ORDER BY id DESC "

@@ -136,6 +136,8 @@ class Store {
   Result<std::vector<::estuary::server::Transition>> Transitions(uint64_t round);
   // The last `limit` events, oldest first.
   Result<std::vector<Event>> Events(int limit = 100);
+  // Events of `kind` whose detail starts with `detail_prefix`, all of them.
+  Result<uint64_t> CountEvents(const std::string& kind, const std::string& detail_prefix);
 
  private:
   explicit Store(sqlite3* db) : db_(db) {}

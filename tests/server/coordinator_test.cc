@@ -2,6 +2,8 @@
 // the test: the state machine as the round log records it.
 #include <gtest/gtest.h>
 
+#include "base/seed.h"
+
 #include <algorithm>
 #include <string>
 #include <vector>
@@ -422,6 +424,58 @@ TEST(Coordinator, ARoundShortOfMinUpdatesAtTheDeadlineFailsAndIsRetriedAfterTheP
   round = RoundOf(rig, 1);
   EXPECT_EQ(round.state, RoundState::kCommitted);
   EXPECT_EQ(round.global_checksum, Checksum(Plus(rig.initial(), 2.0))) << "only the retry's updates";
+}
+
+// Before: a failed round was retried with the same seed, so with the same
+// sites, and failed again for as long as a selected site stayed silent. Each
+// retry now draws with the seed mixed with its count, which a restart
+// recovers from the round log.
+TEST(Coordinator, ARetriedRoundDrawsItsSitesAnewAndARestartKeepsTheCount) {
+  CoordinatorRig rig;
+  rig.config.min_clients = 4;
+  rig.config.clients_per_round = 2;
+  rig.config.min_updates = 2;
+  rig.config.federation.mutable_task()->set_seed(7);
+  ASSERT_TRUE(rig.Start().ok());
+  const std::vector<std::string> names = {"site-0", "site-1", "site-2", "site-3"};
+  Sessions sites;
+  for (const auto& name : names) sites.push_back(rig.Connect(name));
+  // The sites a RoundStart reached since `before` (RoundStarts counted per site).
+  auto started_since = [](const Sessions& of, const std::map<std::string, size_t>& before) {
+    std::vector<std::string> started;
+    for (const auto& site : of) {
+      const auto it = before.find(site->name());
+      if (RoundStarts(*site).size() > (it == before.end() ? 0 : it->second)) started.push_back(site->name());
+    }
+    return started;
+  };
+  auto counts = [](const Sessions& of) {
+    std::map<std::string, size_t> n;
+    for (const auto& site : of) n[site->name()] = RoundStarts(*site).size();
+    return n;
+  };
+  const auto first = aggregation::SampleClients(names, 2, 7, 1);
+  const auto second = aggregation::SampleClients(names, 2, MixSeed(7, 1), 1);
+  const auto third = aggregation::SampleClients(names, 2, MixSeed(7, 2), 1);
+  ASSERT_NE(first, second) << "seed 7 draws the same pair twice: pick another for this test";
+  EXPECT_EQ(started_since(sites, {}), first);
+
+  // Nobody uploads: the round fails at the deadline and is tried again a second later.
+  rig.clock.Advance(seconds(60));
+  ASSERT_EQ(RoundOf(rig, 1).state, RoundState::kFailed);
+  const auto before_retry = counts(sites);
+  rig.clock.Advance(seconds(1));
+  EXPECT_EQ(RoundOf(rig, 1).state, RoundState::kCollecting);
+  EXPECT_EQ(started_since(sites, before_retry), second);
+
+  // The second try fails too; the server restarts before the third.
+  rig.clock.Advance(seconds(60));
+  ASSERT_EQ(RoundOf(rig, 1).state, RoundState::kFailed);
+  rig.coordinator.reset();
+  ASSERT_TRUE(rig.Start().ok());
+  Sessions again;
+  for (const auto& name : names) again.push_back(rig.Connect(name));
+  EXPECT_EQ(started_since(again, {}), third);
 }
 
 // Before: a retried round told sites that never received the

@@ -101,6 +101,24 @@ TEST(Store, AnUnfinishedRoundIsReplacedAndACommittedOneIsNot) {
   EXPECT_EQ((*round)->updates_received, 0u);
 }
 
+// Events outlive the rounds they speak of (a retried round replaces its
+// row): the coordinator counts a round's failed tries from them.
+TEST(Store, EventsAreCountedByKindAndTheStartOfTheirDetail) {
+  testing::TempDir dir;
+  auto store = Store::Open(dir / "rounds.db");
+  ASSERT_TRUE(store.ok());
+  for (const auto& [kind, detail] : std::vector<std::pair<std::string, std::string>>{
+           {"round_failed", "round 1 try 1: 0 of 2"}, {"round_failed", "round 1 try 2: 1 of 2"},
+           {"round_failed", "round 12 try 1: 0 of 2"}, {"frame_rejected", "round 1 try 3"}}) {
+    ASSERT_TRUE((*store)->RecordEvent({.at_ms = 1, .kind = kind, .detail = detail}).ok());
+  }
+  ASSERT_TRUE((*store)->BeginRound(Round(1)).ok());
+  EXPECT_EQ((*store)->CountEvents("round_failed", "round 1 try ").value(), 2u);
+  EXPECT_EQ((*store)->CountEvents("round_failed", "round 12 try ").value(), 1u);
+  EXPECT_EQ((*store)->CountEvents("round_failed", "round 2 try ").value(), 0u);
+  EXPECT_EQ((*store)->CountEvents("frame_rejected", "").value(), 1u);
+}
+
 TEST(Store, ReadOnlyOpenNamesTheFileAndTheProblem) {
   testing::TempDir dir;
   auto missing = Store::OpenReadOnly(dir / "nope.db");
