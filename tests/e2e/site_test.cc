@@ -145,6 +145,7 @@ struct TextRound {
   std::string trained_on;  // as the site reported it
   double train_loss = 0;  // the site's, as the server logged it
   double test_loss = 0;   // the global model's after the round: it depends on every value uploaded
+  std::string model;      // the federation's, from the round log
 };
 
 // Two rounds of the server's language model (AdamW) trained by one text site
@@ -174,12 +175,14 @@ std::vector<TextRound> TextSiteLosses(const std::vector<std::string>& flags,
   EXPECT_TRUE(rounds.ok());
   if (!rounds.ok() || rounds->size() != 2) return out;
   const std::vector<std::string> trained_on = TrainedOn(f.ClientLog("library"));
+  auto model = store->GetMeta("model");
+  EXPECT_TRUE(model.ok() && model->has_value());
   EXPECT_EQ(trained_on.size(), 2u) << f.ClientLog("library");
   for (const auto& r : *rounds) {
     auto p = ParticipationsByName(*store, r.round);
     EXPECT_EQ(p["library"].status, "committed");
     out.push_back({out.size() < trained_on.size() ? trained_on[out.size()] : "", p["library"].train_loss,
-                   r.test_loss.value_or(-1)});
+                   r.test_loss.value_or(-1), model.ok() ? model->value_or("") : ""});
   }
   return out;
 }
@@ -222,6 +225,41 @@ TEST(Site, ALoraSiteOnTwoRanksTrainsItsAdaptersAsOnOne) {
     EXPECT_NEAR(two[i].test_loss, one[i].test_loss, 1e-4 * one[i].test_loss) << "round " << i + 1;
   }
   EXPECT_NE(one[0].test_loss, one[1].test_loss);  // the adapters moved the global model
+}
+
+// The same on a Hugging Face base the site holds (--base-model on the
+// server and the site, each with its own copy): every rank loads the base
+// from the site's copy, and two ranks under ZeRO-1 train as one does.
+TEST(Site, ALoraSiteOnTwoRanksTrainsOnAHuggingFaceBaseAsOnOne) {
+  TempDir dir;
+  models::LlamaConfig c;
+  c.vocab_size = 256, c.hidden_size = 64, c.intermediate_size = 128, c.num_layers = 2, c.num_heads = 4;
+  c.num_kv_heads = 2, c.max_seq_len = 64;
+  auto model = models::Llama::Create(c, 1);
+  ASSERT_TRUE(model.ok());
+  model->Initialize(3);
+  for (const char* copy : {"server-base", "site-base"}) ASSERT_TRUE(models::SaveHfCheckpoint(dir / copy, *model).ok());
+  const std::vector<std::string> lora = {"--update-kind", "lora", "--lora-rank", "4", "--lora-alpha", "8",
+                                         "--lora-merge", "naive", "--base-model", (dir / "server-base").string()};
+  const std::vector<std::string> site = {"--base-model", (dir / "site-base").string()};
+  auto with = [&](std::vector<std::string> flags) {
+    flags.insert(flags.end(), site.begin(), site.end());
+    return TextSiteLosses(flags, lora);
+  };
+  const auto one = with({"--ranks", "1"});
+  const auto two = with({"--ranks", "2", "--zero", "1"});
+  ASSERT_EQ(one.size(), 2u);
+  ASSERT_EQ(two.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(one[i].trained_on, "models::LoraLlama on cpu in f32, 1 rank (solo, ddp)");
+    EXPECT_EQ(two[i].trained_on, "models::LoraLlama on cpu in f32, 2 ranks (gloo, zero1)");
+    std::printf("round %zu: lora site on an HF base, loss %.9g on 2 ranks, %.9g on one; test loss %.9g, %.9g\n",
+                i + 1, two[i].train_loss, one[i].train_loss, two[i].test_loss, one[i].test_loss);
+    EXPECT_NEAR(two[i].train_loss, one[i].train_loss, 1e-4 * one[i].train_loss) << "round " << i + 1;
+    EXPECT_NEAR(two[i].test_loss, one[i].test_loss, 1e-4 * one[i].test_loss) << "round " << i + 1;
+  }
+  EXPECT_LT(one[1].test_loss, one[0].test_loss);
+  EXPECT_EQ(two[0].model.rfind("server-base@", 0), 0u) << two[0].model;
 }
 
 // estuary-client --recompute trains the language model as the plain site
