@@ -42,9 +42,13 @@ Result<Attack> ParseAttack(std::string_view text) {
 }
 
 std::vector<bool> ChooseAttackers(uint32_t clients, double fraction, uint64_t seed) {
+  return ChooseSites(clients, fraction, seed, "attackers");
+}
+
+std::vector<bool> ChooseSites(uint32_t clients, double fraction, uint64_t seed, std::string_view purpose) {
   std::vector<uint32_t> order(clients);
   std::iota(order.begin(), order.end(), 0u);
-  std::mt19937_64 rng(MixSeed(seed, std::string_view("attackers")));
+  std::mt19937_64 rng(MixSeed(seed, purpose));
   // Fisher-Yates with the seed's own draws, so every standard library picks the same sites.
   for (uint32_t i = clients; i > 1; --i) std::swap(order[i - 1], order[UniformBelow(rng, i)]);
   const auto count = size_t(std::llround(std::clamp(fraction, 0.0, 1.0) * double(clients)));

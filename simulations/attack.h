@@ -34,8 +34,10 @@ struct Attack {
 // number (> 0 for gaussian) is InvalidArgument naming it.
 Result<Attack> ParseAttack(std::string_view text);
 
-// Which of `clients` sites are malicious: llround(fraction · clients) of
-// them, drawn from `seed`. fraction must be in [0, 1].
+// llround(fraction · clients) of `clients` sites, drawn from `seed` mixed
+// with `purpose` (each purpose its own draw). fraction must be in [0, 1].
+std::vector<bool> ChooseSites(uint32_t clients, double fraction, uint64_t seed, std::string_view purpose);
+// Which sites are malicious: ChooseSites(..., "attackers").
 std::vector<bool> ChooseAttackers(uint32_t clients, double fraction, uint64_t seed);
 
 // Replaces `delta` in place by what a malicious site uploads (label-flip:

@@ -175,6 +175,10 @@ int main(int argc, char** argv) {
   app.add_option("--attack", s.attack,
                  "inproc: what malicious sites upload: sign-flip[:L] (-L x delta) | scale:L | gaussian:S (noise) | nan | label-flip");
   app.add_option("--attackers", s.attackers, "inproc: the fraction of sites that are malicious (seeded), with --attack");
+  app.add_option("--stragglers", s.stragglers,
+                 "image federations: the fraction of sites (seeded) that run only part of their local steps each round");
+  app.add_option("--straggler-work", s.straggler_work,
+                 "MIN:MAX, the share of its full local steps a straggler runs, drawn per round and site");
   app.add_option("--data", s.data_dir,
                  "MNIST IDX directory (scripts/fetch-mnist makes it); for text models a fortunes directory, or a JSON "
                  "Lines file of instruction examples (with --template, --tokenizer, --partition-by or --dirichlet)");

@@ -69,7 +69,8 @@ nlohmann::json ScenarioJson(const Scenario& s) {
           {"device", s.device}, {"precision", s.precision}, {"lora_site_ranks", s.lora_site_ranks},
           {"lora_base_dtype", s.lora_base_dtype}, {"tokenizer", s.tokenizer.string()},
           {"partition_by", s.partition_by}, {"dirichlet", s.dirichlet_alpha}, {"label_field", s.label_field},
-          {"attack", s.attack}, {"attackers", s.attackers}, {"recompute", s.recompute}};
+          {"attack", s.attack}, {"attackers", s.attackers}, {"recompute", s.recompute},
+          {"stragglers", s.stragglers}, {"straggler_work", s.straggler_work}};
   if (s.secagg) {
     const SecAggOptions& o = s.secagg_options;
     out["secagg"] = {{"neighbours", o.neighbours}, {"threshold", o.threshold}, {"bits", o.bits}, {"clip", o.clip},

@@ -58,6 +58,11 @@ struct Scenario {
   // gaussian:S | nan). Empty: none.
   std::string attack;
   double attackers = 0;
+  // Image federations: a fraction `stragglers` of the sites runs only part of
+  // its local steps each round, a share drawn from straggler_work "MIN:MAX"
+  // (stragglers.h). Both modes.
+  double stragglers = 0;
+  std::string straggler_work = "0.1:0.5";
   // inproc, full updates: each round's mean through SecAgg+ (secagg_round.h),
   // sites dropping out of it with probability secagg_options.dropout.
   bool secagg = false;

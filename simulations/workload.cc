@@ -37,6 +37,7 @@
 #include "simulations/attack.h"
 #include "simulations/instruction_sites.h"
 #include "simulations/partition.h"
+#include "simulations/stragglers.h"
 #include "simulations/server_process.h"
 
 namespace estuary::simulations {
@@ -98,6 +99,8 @@ static Result<std::vector<std::unique_ptr<client::Trainer>>> MakeTrainers(
     for (int32_t& label : copy->labels) label = copy->num_classes - 1 - label;
     flipped = std::move(copy);
   }
+  ESTUARY_ASSIGN_OR_RETURN(const Stragglers stragglers, ParseStragglers(s.stragglers, s.straggler_work));
+  const std::vector<bool> slow = ChooseSites(s.clients, stragglers.fraction, s.task().seed(), "stragglers");
   std::vector<std::unique_ptr<client::Trainer>> trainers;
   ESTUARY_ASSIGN_OR_RETURN(const client::LocalSiteOptions options, SiteOptionsOf(s));
   for (size_t i = 0; i < parts.size(); ++i) {
@@ -108,6 +111,7 @@ static Result<std::vector<std::unique_ptr<client::Trainer>>> MakeTrainers(
     if (malicious[i] && attack.kind != Attack::Kind::kLabelFlip) {
       trainer = std::make_unique<AttackingTrainer>(std::move(trainer), attack, s.task().seed(), uint32_t(i));
     }
+    if (slow[i]) trainer = MakeStraggler(std::move(trainer), stragglers, s.task().seed(), uint32_t(i));
     trainers.push_back(std::move(trainer));
   }
   return trainers;
@@ -141,6 +145,7 @@ static Result<Workload> ImageWorkload(const Scenario& s) {
 
 // One client per topic of the corpus, named after it.
 static Result<Workload> TextWorkload(const Scenario& s) {
+  if (s.stragglers > 0) return InvalidArgument("sim: --stragglers: image federations only (MNIST), for now");
   if (s.partition != "topic") {
     return InvalidArgument("sim: --partition {}: language models split their text by topic (--partition topic)",
                            s.partition);
@@ -194,6 +199,7 @@ static Result<Workload> TextWorkload(const Scenario& s) {
 
 // Sites drawn from one JSON Lines file, by a field or by Dirichlet over a label.
 static Result<Workload> InstructionWorkload(const Scenario& s) {
+  if (s.stragglers > 0) return InvalidArgument("sim: --stragglers: image federations only (MNIST), for now");
   const v1::TaskConfig& task = s.task();
   ESTUARY_ASSIGN_OR_RETURN(InstructionSplit split,
                            SplitInstructionFile({.data = s.data_dir, .tokenizer = s.tokenizer,
