@@ -275,4 +275,26 @@ Result<int64_t> Accountant::RoundsWithin(double q, double z, double epsilon_budg
   return MaxRoundsFrom(orders_, rdp_, per_round, delta_, epsilon_budget, conversion_);
 }
 
+static Status CheckRoundRdp(std::span<const double> per_round, size_t orders) {
+  if (per_round.size() != orders) {
+    return InvalidArgument("privacy: {} RDP values for {} orders", per_round.size(), orders);
+  }
+  for (double value : per_round) {
+    if (!(value >= 0)) return InvalidArgument("privacy: RDP value {}: must be >= 0", value);
+  }
+  return Status::Ok();
+}
+
+Status Accountant::AddRoundRdp(std::span<const double> per_round) {
+  ESTUARY_RETURN_IF_ERROR(CheckRoundRdp(per_round, orders_.size()));
+  for (size_t i = 0; i < orders_.size(); ++i) rdp_[i] += per_round[i];
+  ++rounds_;
+  return Status::Ok();
+}
+
+Result<Epsilon> Accountant::EpsilonAfterRdp(std::span<const double> per_round) const {
+  ESTUARY_RETURN_IF_ERROR(CheckRoundRdp(per_round, orders_.size()));
+  return EpsilonOf(orders_, rdp_, per_round, 1, delta_, conversion_);
+}
+
 }  // namespace estuary::privacy

@@ -100,6 +100,11 @@ class Accountant {
   // How many more rounds of (q, z) keep ε ≤ epsilon_budget (kUnboundedRounds when q = 0).
   Result<int64_t> RoundsWithin(double q, double z, double epsilon_budget) const;
 
+  // The same for a round of another mechanism, given as its RDP at each of
+  // orders() (e.g. privacy/distributed_dp.h's): one value >= 0 per order.
+  Status AddRoundRdp(std::span<const double> per_round);
+  Result<Epsilon> EpsilonAfterRdp(std::span<const double> per_round) const;
+
   int64_t rounds() const { return rounds_; }
   double delta() const { return delta_; }
   const std::vector<double>& orders() const { return orders_; }
