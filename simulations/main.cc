@@ -194,6 +194,12 @@ int main(int argc, char** argv) {
                  "sites x clip / 2^(bits-1)");
   app.add_option("--dropout", s.secagg_options.dropout,
                  "--secagg: probability that a sampled site drops out, at a random stage of the protocol (seeded)");
+  app.add_option("--dp", s.dp,
+                 "with --dp-noise-multiplier: central (DP-FedAvg noises the sum on the server) | distributed (each "
+                 "site adds its share of discrete Gaussian noise before secure aggregation; needs --secagg)");
+  app.add_option("--dp-survivors", s.secagg_options.dp.survivors,
+                 "--dp distributed: the fraction of a round's sampled sites whose shares make the full noise; the "
+                 "server refuses to unmask fewer inputs (default 1)");
   app.add_option("--threads", s.threads, "clients trained at once");
   app.add_option("--report", report_path, "JSON report to write");
   app.add_option("--plot", plot_path, "SVG accuracy plot (default: the report's path with .svg)");
@@ -219,6 +225,10 @@ int main(int argc, char** argv) {
     // The server never sees an update's norm under secure aggregation; the
     // sites clip to --secagg-clip instead of the default relative bound.
     s.federation.mutable_limits()->set_max_norm_over_median(0);
+  }
+  if (s.dp == "distributed" && app.get_option("--secagg-clip")->count() > 0) {
+    return Fail(InvalidArgument("sim: --dp distributed clips each update to --dp-clip; --secagg-clip is for --secagg "
+                                "without DP"));
   }
   StartLogging("estuary-sim", log_level);
   if (!scenario.empty()) {

@@ -41,6 +41,7 @@
 #include "simulations/attack.h"
 #include "simulations/instruction_sites.h"
 #include "simulations/partition.h"
+#include "simulations/scenario_checks.h"
 #include "simulations/server_process.h"
 #include "simulations/workload.h"
 
@@ -70,93 +71,13 @@ nlohmann::json ScenarioJson(const Scenario& s) {
           {"lora_base_dtype", s.lora_base_dtype}, {"tokenizer", s.tokenizer.string()},
           {"partition_by", s.partition_by}, {"dirichlet", s.dirichlet_alpha}, {"label_field", s.label_field},
           {"attack", s.attack}, {"attackers", s.attackers}, {"recompute", s.recompute},
-          {"stragglers", s.stragglers}, {"straggler_work", s.straggler_work}};
+          {"stragglers", s.stragglers}, {"straggler_work", s.straggler_work}, {"dp", s.dp}};
   if (s.secagg) {
     const SecAggOptions& o = s.secagg_options;
     out["secagg"] = {{"neighbours", o.neighbours}, {"threshold", o.threshold}, {"bits", o.bits}, {"clip", o.clip},
-                     {"dropout", o.dropout}};
+                     {"dropout", o.dropout}, {"dp_survivors", o.dp.survivors}};
   }
   return out;
-}
-
-// What --secagg cannot be combined with: whatever needs one site's update.
-static Status CheckSecAgg(const Scenario& s) {
-  const SecAggOptions& o = s.secagg_options;
-  if (!s.secagg) {
-    if (o.dropout > 0) return InvalidArgument("sim: --dropout drops sites out of the secure aggregation: it needs --secagg");
-    if (o.neighbours || o.threshold) {
-      return InvalidArgument("sim: --secagg-neighbours and --secagg-threshold need --secagg");
-    }
-    return Status::Ok();
-  }
-  if (s.clients > 0) {
-    ESTUARY_RETURN_IF_ERROR(CheckSecAggOptions(o, uint32_t(aggregation::ClientsPerRound(s.per_round, s.clients))));
-  }
-  const std::string& strategy = s.federation.strategy().name();
-  if (s.mode != "inproc") {
-    return InvalidArgument("sim: --secagg runs in inproc mode only: the protocol is not yet part of the server's rounds");
-  }
-  if (aggregation::IsRobustStrategy(strategy)) {
-    return InvalidArgument("sim: --secagg with --strategy {}: a robust rule needs the individual updates, which "
-                           "secure aggregation hides (fedavg, fedavgm and the fedopt family take the sum)",
-                           strategy);
-  }
-  if (s.task().update_kind() == v1::UPDATE_LORA) {
-    return InvalidArgument("sim: --secagg sums full deltas; a lora federation's adapter factors are not supported");
-  }
-  if (s.federation.dp().noise_multiplier() > 0) {
-    return InvalidArgument("sim: --secagg with --dp-noise-multiplier: DP-FedAvg clips and counts individual updates "
-                           "on the server, which secure aggregation hides");
-  }
-  if (s.federation.limits().max_norm() > 0 || s.federation.limits().max_norm_over_median() > 0) {
-    return InvalidArgument("sim: --secagg with --max-update-norm or --max-norm-over-median: the server never sees an "
-                           "update's norm; --secagg-clip bounds it on the site");
-  }
-  if (!s.attack.empty()) {
-    return InvalidArgument("sim: --secagg with --attack: the attacks and their refusals act on individual updates");
-  }
-  return Status::Ok();
-}
-
-
-static Status CheckScenario(const Scenario& s) {
-  ESTUARY_RETURN_IF_ERROR(CheckSecAgg(s));
-  if (s.clients == 0 && (s.partition_by.empty() || !InstructionData(s))) {
-    return InvalidArgument("sim: --clients must be >= 1");
-  }
-  if (InstructionData(s) && !models::IsLanguageModel(s.task().model())) {
-    return InvalidArgument("sim: --data {}: instruction data trains a language model (--model llama-*), not '{}'",
-                           s.data_dir.string(), s.task().model());
-  }
-  if (!(s.per_round > 0)) return InvalidArgument("sim: --per-round {} must be > 0", s.per_round);
-  if (s.rounds == 0) return InvalidArgument("sim: --rounds must be >= 1");
-  if (s.threads == 0) return InvalidArgument("sim: --threads must be >= 1");
-  ESTUARY_RETURN_IF_ERROR(client::ParseCompute(s.device, s.precision).status());
-  ESTUARY_RETURN_IF_ERROR(ParseAttack(s.attack).status());
-  if (!(s.attackers >= 0 && s.attackers <= 1)) {
-    return InvalidArgument("sim: --attackers {}: must be a fraction in [0, 1]", s.attackers);
-  }
-  if (s.attack.empty() != (s.attackers == 0)) {
-    return InvalidArgument("sim: --attack and --attackers go together (got --attack '{}', --attackers {})", s.attack,
-                           s.attackers);
-  }
-  if (s.attack == "label-flip" && models::IsLanguageModel(s.task().model())) {
-    return InvalidArgument("sim: --attack label-flip flips image classes; {} trains on text", s.task().model());
-  }
-  if (!s.attack.empty() && s.task().update_kind() == v1::UPDATE_LORA) {
-    return InvalidArgument("sim: --attack replaces full deltas; a lora federation's sites upload adapter factors");
-  }
-  if (s.task().update_kind() == v1::UPDATE_LORA) {
-    ESTUARY_RETURN_IF_ERROR(SiteRanks(s).status());
-    if (s.lora_base_dtype != "f32" && s.lora_base_dtype != "bf16") {
-      return InvalidArgument("sim: --lora-base-dtype '{}': expected f32 or bf16", s.lora_base_dtype);
-    }
-    if (!s.lora_site_ranks.empty() && s.task().lora().merge() != "exact") {
-      return InvalidArgument("sim: --lora-site-ranks needs --lora-merge exact (only exact merges mixed ranks), not {}",
-                             s.task().lora().merge());
-    }
-  }
-  return aggregation::CheckFederation(FederationOf(s));
 }
 
 // The clients, plus the federation as the server builds it.
@@ -171,6 +92,8 @@ static Result<Simulation> MakeSimulation(const Scenario& given) {
   Scenario s = given;
   ESTUARY_RETURN_IF_ERROR(aggregation::ApplyHfBase(&s.federation).status());
   ESTUARY_ASSIGN_OR_RETURN(sim.clients, ClientsOf(s));
+  // Distributed DP noises on the sites (secagg_round.h): the server's strategy adds none.
+  if (s.dp == "distributed") s.federation.clear_dp();
   // Seeded DP noise: a simulation reproduces from its seed (dp_noise.h).
   ESTUARY_ASSIGN_OR_RETURN(sim.federation,
                            aggregation::MakeFederation(FederationOf(s),
@@ -196,7 +119,14 @@ Result<Report> RunInproc(const Scenario& s, const RoundCallback& on_round, std::
   report.scenario = ScenarioJson(s);
   report.mode = "inproc";
   // DP: the server's accountant, with q = sampled / clients.
-  const v1::DpConfig& dp = sim.federation.config.dp();
+  const v1::DpConfig dp = s.federation.dp();
+  const bool distributed_dp = s.dp == "distributed";
+  SecAggOptions secagg = s.secagg_options;
+  if (distributed_dp) {
+    secagg.dp.noise_multiplier = dp.noise_multiplier();
+    secagg.dp.clip = dp.clip();
+  }
+  const uint64_t secagg_dimension = manifest.total_elements;  // what the protocol sums
   std::optional<privacy::Accountant> accountant;
   if (dp.noise_multiplier() > 0) {
     ESTUARY_ASSIGN_OR_RETURN(accountant, privacy::Accountant::Create(dp.delta()));
@@ -209,9 +139,13 @@ Result<Report> RunInproc(const Scenario& s, const RoundCallback& on_round, std::
     const size_t k = aggregation::ClientsPerRound(s.per_round, names.size());
     const auto selected = aggregation::SampleClients(names, k, task.seed(), round);
     const double sampling_rate = double(k) / double(names.size());
+    secagg.dp.denominator = double(k);  // the fixed denominator: the sites sampled
     if (accountant && dp.max_epsilon() > 0) {
-      ESTUARY_ASSIGN_OR_RETURN(const privacy::Epsilon next, accountant->EpsilonAfter(sampling_rate,
-                                                                                     dp.noise_multiplier()));
+      // Distributed: as if only the fewest inputs the server may unmask were summed.
+      ESTUARY_ASSIGN_OR_RETURN(const privacy::Epsilon next,
+                               distributed_dp ? DistributedDpPreview(*accountant, secagg, sampling_rate, k,
+                                                                     secagg_dimension)
+                                              : accountant->EpsilonAfter(sampling_rate, dp.noise_multiplier()));
       if (next.epsilon > dp.max_epsilon()) {
         spdlog::warn("federation stops before round {}: ε would reach {:.4g} at δ {:g}, beyond dp_max_epsilon {:g} "
                      "(ε {:.4g} after {} rounds)",
@@ -288,10 +222,16 @@ Result<Report> RunInproc(const Scenario& s, const RoundCallback& on_round, std::
     }
     if (s.secagg) {
       ESTUARY_ASSIGN_OR_RETURN(const SecAggRoundResult sum,
-                               RunSecAggRound(s.secagg_options, secagg_inputs, task.seed(), round));
+                               RunSecAggRound(secagg, secagg_inputs, task.seed(), round));
       if (sum.clipped) {
         spdlog::warn("round {}: secagg: {} of {} updates clipped to norm {}", round, sum.clipped, secagg_inputs.size(),
-                     s.secagg_options.clip);
+                     distributed_dp ? secagg.dp.clip : secagg.clip);
+      }
+      if (distributed_dp) {  // charged with the shares actually summed
+        ESTUARY_ASSIGN_OR_RETURN(const auto rdp, DistributedDpRoundRdp(sum.dp, uint32_t(sum.included.size()),
+                                                                       sampling_rate, accountant->orders()));
+        ESTUARY_RETURN_IF_ERROR(accountant->AddRoundRdp(rdp));
+        row.dp_clip = secagg.dp.clip;
       }
       // The weighted mean, folded as one update of the included sites' weight.
       ESTUARY_RETURN_IF_ERROR(strategy.Fold(sum.mean, sum.included_weight));
@@ -308,7 +248,7 @@ Result<Report> RunInproc(const Scenario& s, const RoundCallback& on_round, std::
     ESTUARY_RETURN_IF_ERROR(strategy.Finish(global));
     bound.CommitRound();
     if (accountant) {
-      ESTUARY_RETURN_IF_ERROR(accountant->AddRounds(sampling_rate, dp.noise_multiplier()));
+      if (!distributed_dp) ESTUARY_RETURN_IF_ERROR(accountant->AddRounds(sampling_rate, dp.noise_multiplier()));
       row.epsilon = accountant->Spent().epsilon;
       if (const auto* dp_strategy = dynamic_cast<const aggregation::DpFedAvg*>(&strategy)) {
         row.dp_clip = dp_strategy->last_round().clip;

@@ -66,7 +66,12 @@ struct Scenario {
   // inproc, full updates: each round's mean through SecAgg+ (secagg_round.h),
   // sites dropping out of it with probability secagg_options.dropout.
   bool secagg = false;
-  SecAggOptions secagg_options;
+  SecAggOptions secagg_options;  // its dp.survivors is --dp-survivors; the rest of dp is the runner's
+  // How the federation's DP noise (federation.dp, on when its noise multiplier
+  // is > 0) is added: "central" — DP-FedAvg on the server
+  // (aggregation/dp_fedavg.h) — or "distributed": each site adds its share of
+  // discrete Gaussian noise inside --secagg (secagg_round.h).
+  std::string dp = "central";
   uint32_t threads = 2;
   // loopback only
   std::string server;                        // attach to HOST:PORT instead of starting one

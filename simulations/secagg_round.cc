@@ -6,7 +6,9 @@
 #include <random>
 
 #include "base/seed.h"
+#include "privacy/distributed_dp.h"
 #include "secagg/client.h"
+#include "secagg/discrete_gaussian.h"
 #include "secagg/neighbours.h"
 #include "secagg/quantize.h"
 #include "secagg/server.h"
@@ -46,12 +48,74 @@ Result<ProtocolConfig> ConfigFor(const SecAggOptions& options, uint32_t sites, u
 
 }  // namespace
 
+Key32 SiteRoundingKey(uint64_t seed, uint64_t round, uint32_t site) {
+  return DerivedKey(MixSeed(MixSeed(seed, round), MixSeed(site, "secagg rounding")));
+}
+
+Key32 SiteNoiseKey(uint64_t seed, uint64_t round, uint32_t site) {
+  return DerivedKey(MixSeed(MixSeed(seed, round), MixSeed(site, "secagg discrete gaussian")));
+}
+
+Result<DistributedDpPlan> PlanDistributedDp(const DistributedDpOptions& dp, int bits, uint32_t sites,
+                                            uint64_t dimension) {
+  const double z = dp.noise_multiplier, clip = dp.clip, n = sites;
+  DistributedDpPlan plan;
+  plan.min_included = uint32_t(std::ceil(dp.survivors * n - 1e-9));
+  const double m = std::max<uint32_t>(plan.min_included, 1);
+  const double slack = std::sqrt(double(dimension)) + 1;  // Δ = s·C + slack
+  const double limit = std::ldexp(1.0, bits - 1) - 1;
+  // n(sC + 1) + 10 √(nV) <= limit with √(nV) <= z·Δ·√(n/m) + √n.
+  const double r = std::sqrt(n / m);
+  double scale = (limit - n - 10 * std::sqrt(n) - 10 * z * r * slack) / (clip * (n + 10 * z * r));
+  scale = std::min(scale, (std::sqrt(m) * std::ldexp(1.0, 26) / z - slack) / clip);  // V <= 2^52
+  scale = std::floor(scale);
+  if (!(scale >= 1)) {
+    return InvalidArgument("sim: --dp distributed: --secagg-bits {} leaves no room for {} sites at --dp-clip {} and "
+                           "--dp-noise-multiplier {} (scale {} < 1)",
+                           bits, sites, clip, z, scale);
+  }
+  plan.scale = scale;
+  plan.dimension = dimension;
+  plan.sensitivity = scale * clip + slack;
+  plan.site_variance = uint64_t(std::max(1.0, std::ceil(z * z * plan.sensitivity * plan.sensitivity / m)));
+  const double worst = n * (scale * clip + 1) + 10 * std::sqrt(n * double(plan.site_variance));
+  if (plan.site_variance > kMaxDiscreteGaussianVariance || worst > limit) {
+    return Internal("sim: --dp distributed: scale {} gives variance {} and a worst sum of {} in {} bits", scale,
+                    plan.site_variance, worst, bits);
+  }
+  return plan;
+}
+
+Result<std::vector<double>> DistributedDpRoundRdp(const DistributedDpPlan& plan, uint32_t included, double q,
+                                                  std::span<const double> orders) {
+  const privacy::DistributedDiscreteGaussian mechanism{.l2_sensitivity = plan.sensitivity,
+                                                       .site_variance = double(plan.site_variance),
+                                                       .sites = included,
+                                                       .dimension = int64_t(plan.dimension)};
+  return privacy::SampledDistributedDiscreteGaussianRdp(q, mechanism, orders);
+}
+
+Result<privacy::Epsilon> DistributedDpPreview(const privacy::Accountant& accountant, const SecAggOptions& options,
+                                              double q, uint32_t sites, uint64_t dimension) {
+  ESTUARY_ASSIGN_OR_RETURN(const DistributedDpPlan plan, PlanDistributedDp(options.dp, options.bits, sites, dimension));
+  ESTUARY_ASSIGN_OR_RETURN(const auto rdp, DistributedDpRoundRdp(plan, plan.min_included, q, accountant.orders()));
+  return accountant.EpsilonAfterRdp(rdp);
+}
+
 Status CheckSecAggOptions(const SecAggOptions& o, uint32_t sites) {
   if (o.neighbours < 0) return InvalidArgument("sim: --secagg-neighbours {}: must be >= 0 (0: the default)", o.neighbours);
   if (o.threshold < 0) return InvalidArgument("sim: --secagg-threshold {}: must be >= 0 (0: the default)", o.threshold);
   if (o.bits < 2 || o.bits > 32) return InvalidArgument("sim: --secagg-bits {}: must be in [2, 32]", o.bits);
   if (!(std::isfinite(o.clip) && o.clip > 0)) return InvalidArgument("sim: --secagg-clip {}: must be finite and > 0", o.clip);
   if (!(o.dropout >= 0 && o.dropout < 1)) return InvalidArgument("sim: --dropout {}: must be in [0, 1)", o.dropout);
+  if (o.dp.noise_multiplier > 0) {
+    if (!(o.dp.survivors > 0 && o.dp.survivors <= 1)) {
+      return InvalidArgument("sim: --dp-survivors {}: must be in (0, 1]", o.dp.survivors);
+    }
+    if (!(std::isfinite(o.dp.clip) && o.dp.clip > 0)) {
+      return InvalidArgument("sim: --dp distributed: --dp-clip {}: must be finite and > 0", o.dp.clip);
+    }
+  }
   return ConfigFor(o, sites, 1, 0, 0).status();
 }
 
@@ -60,6 +124,9 @@ Result<SecAggRoundResult> RunSecAggRound(const SecAggOptions& options, std::span
   const auto start = std::chrono::steady_clock::now();
   const uint32_t n = uint32_t(inputs.size());
   if (n < 2) return InvalidArgument("sim: --secagg: round {} samples {} site: secure aggregation needs 2", round, n);
+  if (options.dp.noise_multiplier > 0 && !(options.dp.denominator > 0)) {
+    return InvalidArgument("sim: --dp distributed: the mean's denominator {}: must be > 0", options.dp.denominator);
+  }
   ESTUARY_ASSIGN_OR_RETURN(const ProtocolConfig config, ConfigFor(options, n, inputs[0].update.size(), seed, round));
 
   // The scale: as fine as the ring allows for these weights.
@@ -70,17 +137,24 @@ Result<SecAggRoundResult> RunSecAggRound(const SecAggOptions& options, std::span
     }
     total_weight += input.examples;
   }
-  const double scale = std::floor((std::ldexp(1.0, options.bits - 1) - 1 - n) / (options.clip * total_weight));
+  // Under distributed DP every site weighs 1 and the plan sets the scale.
+  const bool dp = options.dp.noise_multiplier > 0;
+  const double clip = dp ? options.dp.clip : options.clip;
+  SecAggRoundResult result{.neighbours = config.degree, .threshold = config.threshold};
+  double scale = std::floor((std::ldexp(1.0, options.bits - 1) - 1 - n) / (options.clip * total_weight));
+  if (dp) {
+    ESTUARY_ASSIGN_OR_RETURN(result.dp, PlanDistributedDp(options.dp, options.bits, n, config.dimension));
+    scale = result.dp.scale;
+  }
   if (!(scale >= 1)) {
     return InvalidArgument("sim: --secagg-bits {}: too narrow for {} sites of {} examples at clip {} (scale {} < 1)",
                            options.bits, n, total_weight, options.clip, scale);
   }
-  const QuantizationConfig quantization{.bits = options.bits, .clip_norm = options.clip, .scale = scale};
+  const QuantizationConfig quantization{.bits = options.bits, .clip_norm = clip, .scale = scale};
 
   // Who stops where.
   std::mt19937_64 draws(MixSeed(MixSeed(seed, round), "secagg dropout"));
   std::vector<Drop> drop(n, Drop::kNone);
-  SecAggRoundResult result{.neighbours = config.degree, .threshold = config.threshold};
   for (uint32_t u = 0; u < n; ++u) {
     const double p = double(draws() >> 11) * 0x1p-53;
     const uint64_t stage = UniformBelow(draws, 4);
@@ -118,15 +192,24 @@ Result<SecAggRoundResult> RunSecAggRound(const SecAggOptions& options, std::span
     const SecAggSiteInput& input = inputs[u];
     double squares = 0;
     for (float x : input.update) squares += double(x) * double(x);
-    result.clipped += std::sqrt(squares) > options.clip;
-    ESTUARY_ASSIGN_OR_RETURN(std::vector<uint32_t> quantized,
-                             Quantize(input.update, input.examples, quantization,
-                                      DerivedKey(MixSeed(MixSeed(seed, round), MixSeed(u, "secagg rounding")))));
+    result.clipped += std::sqrt(squares) > clip;
+    ESTUARY_ASSIGN_OR_RETURN(std::vector<uint32_t> quantized, Quantize(input.update, dp ? 1.0 : input.examples,
+                                                                       quantization, SiteRoundingKey(seed, round, u)));
+    // The site's share of the noise goes in before its masks.
+    if (dp) {
+      ESTUARY_RETURN_IF_ERROR(
+          AddDiscreteGaussian(quantized, result.dp.site_variance, options.bits, SiteNoiseKey(seed, round, u)));
+    }
     ESTUARY_ASSIGN_OR_RETURN(MaskedInput masked, clients[u].MaskInput(inbox, quantized));
     bytes[u] += WireBytes(masked);
     ESTUARY_RETURN_IF_ERROR(server.Receive(masked));
   }
   ESTUARY_ASSIGN_OR_RETURN(UnmaskRequest request, server.CloseMaskedInput());
+  if (dp && request.survived.size() < result.dp.min_included) {
+    return FailedPrecondition("secagg round {}: distributed DP: {} of {} inputs arrived, fewer than the {} the noise is "
+                              "calibrated for (--dp-survivors {}): refusing to unmask",
+                              round, request.survived.size(), n, result.dp.min_included, options.dp.survivors);
+  }
   for (uint32_t u : request.survived) {
     bytes[u] += WireBytes(request);
     if (drop[u] == Drop::kAfterMaskedInput) continue;
@@ -140,9 +223,12 @@ Result<SecAggRoundResult> RunSecAggRound(const SecAggOptions& options, std::span
     result.included.push_back(u);
     result.included_weight += inputs[u].examples;
   }
-  ESTUARY_ASSIGN_OR_RETURN(std::vector<double> mean, Dequantize(output.sum, result.included_weight, quantization));
+  // DP: the fixed denominator; the error bound is the rounding's alone (the noise is meant).
+  const double denominator = dp ? options.dp.denominator : result.included_weight;
+  ESTUARY_ASSIGN_OR_RETURN(std::vector<double> mean, Dequantize(output.sum, denominator, quantization));
   result.mean.assign(mean.begin(), mean.end());
-  result.error_bound = DequantizationErrorBound(int(output.included.size()), result.included_weight, quantization);
+  result.error_bound = DequantizationErrorBound(int(output.included.size()), denominator, quantization);
+  result.sum = std::move(output.sum);
   uint64_t total_bytes = 0;
   for (uint64_t b : bytes) total_bytes += b;
   result.bytes_per_site = total_bytes / n;

@@ -20,6 +20,24 @@
 // draws, the graph seed and the rounding seeds derive from the federation's
 // seed and the round, so a run reproduces; the sites' keys and masks come
 // from RAND_bytes and cancel exactly, so they do not change the result.
+//
+// Distributed DP (estuary-sim --dp distributed; docs/PRIVACY.md): with
+// options.dp.noise_multiplier z > 0 every site weighs its update 1 (not its
+// examples), clips it to dp.clip C, quantises it with a scale s and adds its
+// share of discrete Gaussian noise, N_Z(0, V), to the ring elements before
+// masking (secagg/discrete_gaussian.h). One site's quantised update has L2
+// norm at most Δ = s·C + √d + 1 (stochastic rounding moves each of the d
+// elements by under one step; the 1 covers the clip's float rounding), and
+// the shares are calibrated so that m = ⌈dp.survivors · n⌉ of them sum to
+// the target: V = ⌈(z·Δ)² / m⌉. The server refuses to unmask a sum of fewer
+// than m inputs (the round ends the run with one line), so the noise in
+// anything released is at least z·Δ; the accountant charges each round with
+// the number of inputs actually summed (privacy/distributed_dp.h). The mean
+// is the signed sum / (s · dp.denominator), a fixed denominator as in
+// DP-FedAvg. s is the largest that keeps n·(s·C + 1) + 10·√(n·V) within
+// 2^(b−1) − 1, so the sum wraps only where one element's noise passes ten
+// standard deviations (under 1e-16 a round for d = 2·10^5), and V within the
+// sampler's 2^52.
 #pragma once
 
 #include <cstdint>
@@ -27,8 +45,34 @@
 #include <vector>
 
 #include "base/status.h"
+#include "privacy/accountant.h"
+#include "secagg/bytes.h"
 
 namespace estuary::simulations {
+
+struct DistributedDpOptions {
+  double noise_multiplier = 0;  // z; 0: off
+  double clip = 1;              // C
+  double survivors = 1;         // the fraction of the sampled sites the noise is calibrated for, (0, 1]
+  double denominator = 0;       // the mean's fixed denominator (sites expected a round), > 0
+};
+
+// What the sites of one round of n use: the scale, each share's variance,
+// the sensitivity it covers, and the fewest inputs the server may unmask.
+struct DistributedDpPlan {
+  double scale = 0;
+  uint64_t site_variance = 0;
+  double sensitivity = 0;
+  uint32_t min_included = 0;
+  uint64_t dimension = 0;
+};
+Result<DistributedDpPlan> PlanDistributedDp(const DistributedDpOptions& dp, int bits, uint32_t sites,
+                                            uint64_t dimension);
+
+// The Rényi DP of one round (sampling rate q) whose sum holds `included`
+// shares of the plan's noise, at each of `orders`.
+Result<std::vector<double>> DistributedDpRoundRdp(const DistributedDpPlan& plan, uint32_t included, double q,
+                                                  std::span<const double> orders);
 
 struct SecAggOptions {
   int neighbours = 0;   // k; 0: secagg::DefaultDegree(n)
@@ -36,7 +80,14 @@ struct SecAggOptions {
   int bits = 32;        // the ring Z/2^bits, 2..32
   double clip = 100;    // C: the L2 norm each update is clipped to before weighting
   double dropout = 0;   // per sampled site, in [0, 1)
+  DistributedDpOptions dp;
 };
+
+// ε after one more round of `sites` sampled at rate q, charged as if only
+// the fewest inputs the server may unmask were summed: what the budget stop
+// (--dp-max-epsilon) asks before the round runs.
+Result<privacy::Epsilon> DistributedDpPreview(const privacy::Accountant& accountant, const SecAggOptions& options,
+                                              double q, uint32_t sites, uint64_t dimension);
 
 // The options, and the protocol they make for rounds of `sites` sites.
 Status CheckSecAggOptions(const SecAggOptions& options, uint32_t sites);
@@ -56,7 +107,15 @@ struct SecAggRoundResult {
   double seconds = 0;
   double error_bound = 0;         // per element of `mean`
   int neighbours = 0, threshold = 0;
+  std::vector<uint32_t> sum;      // the server's unmasked sum in Z/2^b
+  DistributedDpPlan dp;           // under distributed DP: what the sites used
 };
+
+// The keys of site u's stochastic rounding and of its noise in a round, from
+// the federation's seed: a simulation reproduces, and its noise is known to
+// whoever knows the seed (docs/PRIVACY.md).
+secagg::Key32 SiteRoundingKey(uint64_t seed, uint64_t round, uint32_t site);
+secagg::Key32 SiteNoiseKey(uint64_t seed, uint64_t round, uint32_t site);
 
 // Runs the protocol over `inputs` (site i is protocol id i). Fails with the
 // protocol's one line when fewer than t sites remain at some stage.

@@ -1,0 +1,119 @@
+#include "simulations/scenario_checks.h"
+
+#include "aggregation/robust_strategy.h"
+#include "aggregation/sampling.h"
+#include "client/compute.h"
+#include "models/language_model.h"
+#include "simulations/attack.h"
+#include "simulations/workload.h"
+
+namespace estuary::simulations {
+
+// --dp distributed needs secure aggregation, noise, and a fixed clip.
+static Status CheckDistributedDp(const Scenario& s) {
+  const v1::DpConfig& dp = s.federation.dp();
+  if (s.dp != "central" && s.dp != "distributed") {
+    return InvalidArgument("sim: --dp '{}': expected central or distributed", s.dp);
+  }
+  if (s.dp == "central") {
+    if (s.secagg_options.dp.survivors != 1) {
+      return InvalidArgument("sim: --dp-survivors calibrates the sites' noise shares: it needs --dp distributed");
+    }
+    return Status::Ok();
+  }
+  if (!s.secagg) {
+    return InvalidArgument("sim: --dp distributed adds each site's noise inside secure aggregation: it needs --secagg");
+  }
+  if (!(dp.noise_multiplier() > 0)) return InvalidArgument("sim: --dp distributed needs --dp-noise-multiplier Z > 0");
+  if (dp.adaptive_clip()) {
+    return InvalidArgument("sim: --dp distributed with --dp-adaptive-clip: the clip's quantile needs a noised count of "
+                           "unclipped sites, which secure aggregation does not compute yet");
+  }
+  if (!(s.secagg_options.dp.survivors > 0 && s.secagg_options.dp.survivors <= 1)) {
+    return InvalidArgument("sim: --dp-survivors {}: must be in (0, 1]", s.secagg_options.dp.survivors);
+  }
+  return Status::Ok();
+}
+
+// What --secagg cannot be combined with: whatever needs one site's update.
+static Status CheckSecAgg(const Scenario& s) {
+  ESTUARY_RETURN_IF_ERROR(CheckDistributedDp(s));
+  const SecAggOptions& o = s.secagg_options;
+  if (!s.secagg) {
+    if (o.dropout > 0) return InvalidArgument("sim: --dropout drops sites out of the secure aggregation: it needs --secagg");
+    if (o.neighbours || o.threshold) {
+      return InvalidArgument("sim: --secagg-neighbours and --secagg-threshold need --secagg");
+    }
+    return Status::Ok();
+  }
+  if (s.clients > 0) {
+    ESTUARY_RETURN_IF_ERROR(CheckSecAggOptions(o, uint32_t(aggregation::ClientsPerRound(s.per_round, s.clients))));
+  }
+  const std::string& strategy = s.federation.strategy().name();
+  if (s.mode != "inproc") {
+    return InvalidArgument("sim: --secagg runs in inproc mode only: the protocol is not yet part of the server's rounds");
+  }
+  if (aggregation::IsRobustStrategy(strategy)) {
+    return InvalidArgument("sim: --secagg with --strategy {}: a robust rule needs the individual updates, which "
+                           "secure aggregation hides (fedavg, fedavgm and the fedopt family take the sum)",
+                           strategy);
+  }
+  if (s.task().update_kind() == v1::UPDATE_LORA) {
+    return InvalidArgument("sim: --secagg sums full deltas; a lora federation's adapter factors are not supported");
+  }
+  if (s.federation.dp().noise_multiplier() > 0 && s.dp == "central") {
+    return InvalidArgument("sim: --secagg with --dp central: DP-FedAvg clips and counts individual updates on the "
+                           "server, which secure aggregation hides (--dp distributed noises them on the sites)");
+  }
+  if (s.federation.limits().max_norm() > 0 || s.federation.limits().max_norm_over_median() > 0) {
+    return InvalidArgument("sim: --secagg with --max-update-norm or --max-norm-over-median: the server never sees an "
+                           "update's norm; --secagg-clip bounds it on the site");
+  }
+  if (!s.attack.empty()) {
+    return InvalidArgument("sim: --secagg with --attack: the attacks and their refusals act on individual updates");
+  }
+  return Status::Ok();
+}
+
+
+Status CheckScenario(const Scenario& s) {
+  ESTUARY_RETURN_IF_ERROR(CheckSecAgg(s));
+  if (s.clients == 0 && (s.partition_by.empty() || !InstructionData(s))) {
+    return InvalidArgument("sim: --clients must be >= 1");
+  }
+  if (InstructionData(s) && !models::IsLanguageModel(s.task().model())) {
+    return InvalidArgument("sim: --data {}: instruction data trains a language model (--model llama-*), not '{}'",
+                           s.data_dir.string(), s.task().model());
+  }
+  if (!(s.per_round > 0)) return InvalidArgument("sim: --per-round {} must be > 0", s.per_round);
+  if (s.rounds == 0) return InvalidArgument("sim: --rounds must be >= 1");
+  if (s.threads == 0) return InvalidArgument("sim: --threads must be >= 1");
+  ESTUARY_RETURN_IF_ERROR(client::ParseCompute(s.device, s.precision).status());
+  ESTUARY_RETURN_IF_ERROR(ParseAttack(s.attack).status());
+  if (!(s.attackers >= 0 && s.attackers <= 1)) {
+    return InvalidArgument("sim: --attackers {}: must be a fraction in [0, 1]", s.attackers);
+  }
+  if (s.attack.empty() != (s.attackers == 0)) {
+    return InvalidArgument("sim: --attack and --attackers go together (got --attack '{}', --attackers {})", s.attack,
+                           s.attackers);
+  }
+  if (s.attack == "label-flip" && models::IsLanguageModel(s.task().model())) {
+    return InvalidArgument("sim: --attack label-flip flips image classes; {} trains on text", s.task().model());
+  }
+  if (!s.attack.empty() && s.task().update_kind() == v1::UPDATE_LORA) {
+    return InvalidArgument("sim: --attack replaces full deltas; a lora federation's sites upload adapter factors");
+  }
+  if (s.task().update_kind() == v1::UPDATE_LORA) {
+    ESTUARY_RETURN_IF_ERROR(SiteRanks(s).status());
+    if (s.lora_base_dtype != "f32" && s.lora_base_dtype != "bf16") {
+      return InvalidArgument("sim: --lora-base-dtype '{}': expected f32 or bf16", s.lora_base_dtype);
+    }
+    if (!s.lora_site_ranks.empty() && s.task().lora().merge() != "exact") {
+      return InvalidArgument("sim: --lora-site-ranks needs --lora-merge exact (only exact merges mixed ranks), not {}",
+                             s.task().lora().merge());
+    }
+  }
+  return aggregation::CheckFederation(FederationOf(s));
+}
+
+}  // namespace estuary::simulations

@@ -1,0 +1,268 @@
+// Distributed DP under SecAgg+ in the simulator (estuary-sim --dp distributed
+// --secagg): the server's unmasked sum is the plain sum of the same noised,
+// quantised inputs bit for bit, with the noise's variance the plan's; the
+// plan's scale and shares keep the sum in the ring and the noise at its
+// target; on MNIST every round's ε is the accountant's for the inputs summed,
+// the budget stops the run, and bad combinations are refused in one line.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <random>
+
+#include "privacy/accountant.h"
+#include "secagg/discrete_gaussian.h"
+#include "secagg/quantize.h"
+#include "simulations/report.h"
+#include "simulations/runner.h"
+#include "simulations/secagg_round.h"
+#include "tests/e2e/harness.h"
+
+namespace estuary::simulations {
+namespace {
+
+namespace fs = std::filesystem;
+
+fs::path MnistDir() {
+  if (const char* given = std::getenv("ESTUARY_MNIST")) return given;
+  return fs::path(ESTUARY_SOURCE_DIR) / "data" / "mnist";
+}
+
+#define REQUIRE_MNIST()                                                                                      \
+  if (!fs::exists(MnistDir() / "train-images-idx3-ubyte")) {                                                 \
+    FAIL() << "no MNIST at " << MnistDir() << " (scripts/fetch-mnist data/mnist; or set ESTUARY_MNIST)"; \
+  }
+
+// n sites' updates of dimension d, normally distributed with norms around 1.
+std::vector<std::vector<float>> Updates(uint32_t n, size_t d, uint64_t seed) {
+  std::mt19937_64 generator(seed);
+  std::normal_distribution<float> normal(0, 1.0f / std::sqrt(float(d)));
+  std::vector<std::vector<float>> updates(n, std::vector<float>(d));
+  for (auto& update : updates) {
+    for (float& x : update) x = normal(generator);
+  }
+  return updates;
+}
+
+SecAggOptions DpOptions(double z, double survivors, double dropout) {
+  SecAggOptions options;
+  options.dropout = dropout;
+  options.dp = {.noise_multiplier = z, .clip = 0.8, .survivors = survivors, .denominator = 10};
+  return options;
+}
+
+TEST(DistributedDp, UnmaskedSumIsThePlainSumOfTheNoisedInputsBitForBit) {
+  const uint32_t n = 10;
+  const size_t d = 20000;
+  const auto updates = Updates(n, d, 1);
+  std::vector<SecAggSiteInput> inputs;
+  for (const auto& update : updates) inputs.push_back({update, 100});
+  const uint64_t seed = 9, round = 4;
+  // A third of the sites drop at random stages; the noise is calibrated for half.
+  const SecAggOptions options = DpOptions(1.0, 0.5, 0.3);
+  auto result = RunSecAggRound(options, inputs, seed, round);
+  ASSERT_TRUE(result.ok()) << result.status().ToString();
+  ASSERT_LT(result->included.size(), n) << "no input was lost: the dropped sites' masks were never cancelled";
+  ASSERT_GE(result->included.size(), 5u);
+  const DistributedDpPlan& plan = result->dp;
+
+  // The same sites' inputs, quantised and noised in the clear, summed mod 2^32.
+  const secagg::QuantizationConfig quantization{.bits = 32, .clip_norm = 0.8, .scale = plan.scale};
+  std::vector<uint32_t> noised(d, 0), plain(d, 0);
+  for (size_t u : result->included) {
+    auto q = secagg::Quantize(updates[u], 1.0, quantization, SiteRoundingKey(seed, round, uint32_t(u)));
+    ASSERT_TRUE(q.ok());
+    for (size_t i = 0; i < d; ++i) plain[i] += (*q)[i];
+    ASSERT_TRUE(secagg::AddDiscreteGaussian(*q, plan.site_variance, 32, SiteNoiseKey(seed, round, uint32_t(u))).ok());
+    for (size_t i = 0; i < d; ++i) noised[i] += (*q)[i];
+  }
+  EXPECT_EQ(result->sum, noised);
+  EXPECT_NE(result->sum, plain) << "the server's sum carries no noise";
+
+  // The noise in the sum: |U3| shares of variance V each, per element.
+  double squares = 0;
+  for (size_t i = 0; i < d; ++i) {
+    const double noise = double(int32_t(noised[i] - plain[i]));
+    squares += noise * noise;
+  }
+  const double variance = double(result->included.size()) * double(plan.site_variance);
+  EXPECT_NEAR(squares / d, variance, 5 * variance * std::sqrt(2.0 / d));
+  // And it is at least the target (z·Δ)², because |U3| >= m.
+  EXPECT_GE(variance, plan.sensitivity * plan.sensitivity);
+
+  // The mean is the signed sum over s · the fixed denominator.
+  EXPECT_NEAR(result->mean[7], double(int32_t(noised[7])) / (plan.scale * 10), 1e-6 * std::abs(result->mean[7]) + 1e-9);
+}
+
+TEST(DistributedDp, PlanFillsTheRingAndReachesTheTargetNoise) {
+  for (uint32_t n : {2u, 10u, 100u}) {
+    for (double z : {0.5, 1.0, 4.0}) {
+      for (double survivors : {1.0, 0.7}) {
+        const uint64_t d = 199210;
+        const DistributedDpOptions dp{.noise_multiplier = z, .clip = 1, .survivors = survivors, .denominator = 1};
+        auto plan = PlanDistributedDp(dp, 32, n, d);
+        ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+        const uint32_t m = uint32_t(std::ceil(survivors * n - 1e-9));
+        EXPECT_EQ(plan->min_included, m);
+        EXPECT_EQ(plan->sensitivity, plan->scale + std::sqrt(double(d)) + 1);
+        // m shares make at least the target variance, and not one unit more than needed.
+        const double target = z * z * plan->sensitivity * plan->sensitivity;
+        EXPECT_GE(double(plan->site_variance) * m, target);
+        EXPECT_LT(double(plan->site_variance - 1) * m, target);
+        // n sites at the clip plus ten standard deviations of n shares fit in 31 bits...
+        const double limit = std::ldexp(1.0, 31) - 1;
+        EXPECT_LE(n * (plan->scale + 1) + 10 * std::sqrt(n * double(plan->site_variance)), limit);
+        EXPECT_LE(plan->site_variance, secagg::kMaxDiscreteGaussianVariance);
+        // ... and a scale 1 % finer would not (or would pass the sampler's limit).
+        const double finer = plan->scale * 1.01, finer_delta = finer + std::sqrt(double(d)) + 1;
+        const double finer_variance = std::ceil(z * z * finer_delta * finer_delta / m);
+        EXPECT_TRUE(n * (finer + 1) + 10 * std::sqrt(n * finer_variance) > limit ||
+                    finer_variance > double(secagg::kMaxDiscreteGaussianVariance))
+            << "n " << n << " z " << z << " survivors " << survivors << ": scale " << plan->scale;
+      }
+    }
+  }
+  // Too narrow a ring: one line.
+  const DistributedDpOptions dp{.noise_multiplier = 1, .clip = 1, .survivors = 1, .denominator = 1};
+  EXPECT_EQ(PlanDistributedDp(dp, 12, 10, 199210).status().message(),
+            "sim: --dp distributed: --secagg-bits 12 leaves no room for 10 sites at --dp-clip 1 and "
+            "--dp-noise-multiplier 1 (scale -124 < 1)");
+}
+
+TEST(DistributedDp, FewerInputsThanTheNoiseNeedsAreNotUnmasked) {
+  const auto updates = Updates(10, 1000, 2);
+  std::vector<SecAggSiteInput> inputs;
+  for (const auto& update : updates) inputs.push_back({update, 100});
+  // Sites drop with probability 0.3 but every one must arrive: some round fails.
+  bool refused = false;
+  for (uint64_t round = 1; round <= 10 && !refused; ++round) {
+    auto result = RunSecAggRound(DpOptions(1.0, 1.0, 0.3), inputs, 3, round);
+    if (result.ok()) {
+      EXPECT_EQ(result->included.size(), 10u);
+      continue;
+    }
+    refused = true;
+    EXPECT_NE(result.status().message().find("the 10 the noise is calibrated for (--dp-survivors 1): refusing to "
+                                             "unmask"),
+              std::string::npos)
+        << result.status().message();
+  }
+  EXPECT_TRUE(refused);
+}
+
+// 20 sites, 10 a round, one local epoch: ε per round and the budget stop.
+Scenario Mnist(uint64_t rounds) {
+  Scenario s;
+  s.clients = 20;
+  s.per_round = 10;
+  s.rounds = rounds;
+  s.data_dir = MnistDir();
+  s.task().set_seed(5);
+  s.task().set_epochs(1);
+  s.secagg = true;
+  s.dp = "distributed";
+  s.federation.mutable_limits()->set_max_norm_over_median(0);
+  s.federation.mutable_dp()->set_noise_multiplier(1.0);
+  s.federation.mutable_dp()->set_clip(1.0);
+  s.federation.mutable_dp()->set_delta(1e-5);
+  return s;
+}
+
+TEST(DistributedDp, EpsilonPerRoundIsTheAccountantsAndTheBudgetStops) {
+  REQUIRE_MNIST();
+  Scenario s = Mnist(3);
+  s.secagg_options.dropout = 0.15;
+  s.secagg_options.dp.survivors = 0.6;
+  auto report = RunInproc(s, nullptr);
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  ASSERT_EQ(report->rounds.size(), 3u);
+  // The accountant, rebuilt from what each round summed: q = 10/20, the plan of 10 sites.
+  const uint64_t d = 199210;
+  const DistributedDpPlan plan = *PlanDistributedDp(
+      {.noise_multiplier = 1, .clip = 1, .survivors = 0.6, .denominator = 10}, 32, 10, d);
+  auto accountant = *privacy::Accountant::Create(1e-5);
+  std::vector<double> epsilons;
+  bool lost = false;
+  for (const RoundReport& row : report->rounds) {
+    lost |= row.updates_received < 10;
+    ASSERT_TRUE(row.epsilon.has_value());
+    ASSERT_TRUE(accountant.AddRoundRdp(*DistributedDpRoundRdp(plan, row.updates_received, 0.5, accountant.orders()))
+                    .ok());
+    EXPECT_DOUBLE_EQ(*row.epsilon, accountant.Spent().epsilon) << "round " << row.round;
+    EXPECT_EQ(row.dp_clip, 1.0);
+    epsilons.push_back(*row.epsilon);
+  }
+  EXPECT_TRUE(lost) << "no round lost an input: the per-round charge is not exercised";
+  EXPECT_LT(epsilons[0], epsilons[1]);
+  EXPECT_LT(epsilons[1], epsilons[2]);
+  ASSERT_TRUE(report->epsilon.has_value());
+  EXPECT_EQ(*report->epsilon, epsilons.back());
+  // Above central DP's ε at the noise the first round's sum actually held
+  // (more than z: its shares were calibrated for 6 inputs): the subsampling
+  // bound is looser than the sampled Gaussian's exact series.
+  const double z_first = std::sqrt(report->rounds[0].updates_received * double(plan.site_variance)) / plan.sensitivity;
+  EXPECT_GT(z_first, 1.0);
+  EXPECT_GT(epsilons[0], privacy::EpsilonAfterRounds(0.5, z_first, 1, 1e-5)->epsilon);
+
+  // The budget stop previews a round as if only the fewest inputs the server
+  // may unmask (6) were summed. Without dropouts every round sums 10, so the
+  // preview before round r is (r − 1) rounds of 10 and one of 6: a budget
+  // between the previews of rounds 2 and 3 runs two rounds.
+  auto spent = *privacy::Accountant::Create(1e-5);
+  const auto at_full = *DistributedDpRoundRdp(plan, 10, 0.5, spent.orders());
+  const auto at_minimum = *DistributedDpRoundRdp(plan, 6, 0.5, spent.orders());
+  ASSERT_TRUE(spent.AddRoundRdp(at_full).ok());
+  const double before_two = spent.EpsilonAfterRdp(at_minimum)->epsilon;
+  ASSERT_TRUE(spent.AddRoundRdp(at_full).ok());
+  const double before_three = spent.EpsilonAfterRdp(at_minimum)->epsilon;
+  ASSERT_LT(before_two, before_three);
+  Scenario budget = Mnist(5);
+  budget.secagg_options.dp.survivors = 0.6;
+  budget.federation.mutable_dp()->set_max_epsilon((before_two + before_three) / 2);
+  auto stopped = RunInproc(budget, nullptr);
+  ASSERT_TRUE(stopped.ok()) << stopped.status().ToString();
+  EXPECT_EQ(stopped->rounds.size(), 2u);
+  EXPECT_DOUBLE_EQ(*stopped->epsilon, spent.Spent().epsilon);
+}
+
+TEST(DistributedDp, CombinationsThatCannotWorkAreRefused) {
+  auto line = [](Scenario s) { return RunInproc(s, nullptr).status().message(); };
+  Scenario s = Mnist(1);
+  s.secagg = false;
+  EXPECT_EQ(line(s), "sim: --dp distributed adds each site's noise inside secure aggregation: it needs --secagg");
+  s = Mnist(1);
+  s.federation.mutable_dp()->set_noise_multiplier(0);
+  EXPECT_EQ(line(s), "sim: --dp distributed needs --dp-noise-multiplier Z > 0");
+  s = Mnist(1);
+  s.federation.mutable_dp()->set_adaptive_clip(true);
+  EXPECT_EQ(line(s).substr(0, 50), "sim: --dp distributed with --dp-adaptive-clip: the");
+  s = Mnist(1);
+  s.secagg_options.dp.survivors = 1.5;
+  EXPECT_EQ(line(s), "sim: --dp-survivors 1.5: must be in (0, 1]");
+  s = Mnist(1);
+  s.dp = "local";
+  EXPECT_EQ(line(s), "sim: --dp 'local': expected central or distributed");
+  s = Mnist(1);
+  s.dp = "central";
+  EXPECT_EQ(line(s).substr(0, 48), "sim: --secagg with --dp central: DP-FedAvg clips");
+  s.secagg = false;
+  s.secagg_options.dp.survivors = 0.5;
+  EXPECT_EQ(line(s), "sim: --dp-survivors calibrates the sites' noise shares: it needs --dp distributed");
+}
+
+TEST(DistributedDp, SecAggClipWithDistributedDpIsRefusedByTheBinary) {
+  testing::TempDir dir;
+  const auto result = testing::RunCommand(fmt::format(
+      "{} --quiet --data {} --clients 20 --per-round 10 --rounds 1 --secagg --dp distributed "
+      "--dp-noise-multiplier 1 --secagg-clip 5 --report {}",
+      testing::BinaryPath("estuary-sim").string(), MnistDir().string(), (dir / "r.json").string()));
+  EXPECT_NE(result.exit_code, 0);
+  EXPECT_NE(result.output.find("sim: --dp distributed clips each update to --dp-clip; --secagg-clip is for --secagg "
+                               "without DP"),
+            std::string::npos)
+      << result.output;
+}
+
+}  // namespace
+}  // namespace estuary::simulations
