@@ -126,7 +126,10 @@ Result<Report> RunInproc(const Scenario& s, const RoundCallback& on_round, std::
     secagg.dp.noise_multiplier = dp.noise_multiplier();
     secagg.dp.clip = dp.clip();
   }
-  const uint64_t secagg_dimension = manifest.total_elements;  // what the protocol sums
+  // What the protocol sums: the full delta, or a lora federation's upload.
+  const uint64_t secagg_dimension = sim.federation.lora
+                                        ? aggregation::ExpectedLoraUpload(*sim.federation.lora).total_elements
+                                        : manifest.total_elements;
   std::optional<privacy::Accountant> accountant;
   if (dp.noise_multiplier() > 0) {
     ESTUARY_ASSIGN_OR_RETURN(accountant, privacy::Accountant::Create(dp.delta()));
@@ -153,6 +156,11 @@ Result<Report> RunInproc(const Scenario& s, const RoundCallback& on_round, std::
                      accountant->rounds());
         break;
       }
+    }
+    // lora under --secagg: the global adapter's tensors in the upload layout, this round's.
+    std::optional<SecAggLoraReference> lora_reference;
+    if (s.secagg && sim.federation.lora) {
+      ESTUARY_ASSIGN_OR_RETURN(lora_reference, LoraReferenceOf(*sim.federation.lora, global));
     }
     std::vector<std::optional<Result<client::Update>>> updates(k);
     std::atomic<size_t> next{0};
@@ -187,6 +195,7 @@ Result<Report> RunInproc(const Scenario& s, const RoundCallback& on_round, std::
     };
     std::vector<SecAggSiteInput> secagg_inputs;  // under --secagg: the round's updates, into the protocol
     std::vector<size_t> secagg_update;            // secagg_inputs[j] is updates[secagg_update[j]]
+    std::vector<std::vector<float>> moved(k);     // lora under --secagg: upload − the global's same tensors
     for (size_t i = 0; i < k; ++i) {
       if (!updates[i]->ok()) return updates[i]->status();
       client::Update& update = updates[i]->value();
@@ -206,6 +215,14 @@ Result<Report> RunInproc(const Scenario& s, const RoundCallback& on_round, std::
       }
       ESTUARY_ASSIGN_OR_RETURN(const aggregation::UpdateBound::Admitted admitted, std::move(admitted_or));
       if (!admitted.note().empty()) spdlog::warn("round {}: update from {}: {}", round, selected[i], admitted.note());
+      if (s.secagg && lora_reference) {  // the protocol sums how far each site moved the adapter
+        ESTUARY_RETURN_IF_ERROR(aggregation::CheckLoraUpload(selected[i], update.manifest, *sim.federation.lora));
+        moved[i].resize(update.payload.size());
+        for (size_t j = 0; j < moved[i].size(); ++j) moved[i][j] = update.payload[j] - lora_reference->values[j];
+        secagg_inputs.push_back({moved[i], double(update.num_examples)});
+        secagg_update.push_back(i);
+        continue;
+      }
       if (s.secagg) {  // no norm bound under secagg (CheckSecAgg): the values are the payload
         secagg_inputs.push_back({update.payload, double(update.num_examples)});
         secagg_update.push_back(i);
@@ -233,8 +250,13 @@ Result<Report> RunInproc(const Scenario& s, const RoundCallback& on_round, std::
         ESTUARY_RETURN_IF_ERROR(accountant->AddRoundRdp(rdp));
         row.dp_clip = secagg.dp.clip;
       }
-      // The weighted mean, folded as one update of the included sites' weight.
-      ESTUARY_RETURN_IF_ERROR(strategy.Fold(sum.mean, sum.included_weight));
+      // The weighted mean, folded as one update of the included sites' weight
+      // (lora: the mean upload, the global adapter's tensors plus the mean movement).
+      std::vector<float> mean = sum.mean;
+      if (lora_reference) {
+        for (size_t j = 0; j < mean.size(); ++j) mean[j] += lora_reference->values[j];
+      }
+      ESTUARY_RETURN_IF_ERROR(strategy.Fold(mean, sum.included_weight));
       for (size_t j : sum.included) received(updates[secagg_update[j]]->value());
       row.secagg_bytes_per_site = sum.bytes_per_site;
       row.secagg_seconds = sum.seconds;

@@ -58,8 +58,9 @@ static Status CheckSecAgg(const Scenario& s) {
                            "secure aggregation hides (fedavg, fedavgm and the fedopt family take the sum)",
                            strategy);
   }
-  if (s.task().update_kind() == v1::UPDATE_LORA) {
-    return InvalidArgument("sim: --secagg sums full deltas; a lora federation's adapter factors are not supported");
+  if (s.task().update_kind() == v1::UPDATE_LORA && s.task().lora().merge() == "exact") {
+    return InvalidArgument("sim: --secagg with --lora-merge exact: the exact merge needs each site's factors B_i, A_i "
+                           "(their products), which secure aggregation hides; naive and frozen-a take the sum");
   }
   if (s.federation.dp().noise_multiplier() > 0 && s.dp == "central") {
     return InvalidArgument("sim: --secagg with --dp central: DP-FedAvg clips and counts individual updates on the "

@@ -5,6 +5,7 @@
 #include <map>
 #include <random>
 
+#include "aggregation/dp_fedavg.h"
 #include "base/seed.h"
 #include "privacy/distributed_dp.h"
 #include "secagg/client.h"
@@ -100,6 +101,20 @@ Result<privacy::Epsilon> DistributedDpPreview(const privacy::Accountant& account
   ESTUARY_ASSIGN_OR_RETURN(const DistributedDpPlan plan, PlanDistributedDp(options.dp, options.bits, sites, dimension));
   ESTUARY_ASSIGN_OR_RETURN(const auto rdp, DistributedDpRoundRdp(plan, plan.min_included, q, accountant.orders()));
   return accountant.EpsilonAfterRdp(rdp);
+}
+
+Result<SecAggLoraReference> LoraReferenceOf(const aggregation::LoraStrategyOptions& lora,
+                                            std::span<const float> global) {
+  ESTUARY_ASSIGN_OR_RETURN(const aggregation::DpUploadReference reference, aggregation::LoraUploadReference(lora));
+  SecAggLoraReference out;
+  for (const auto& [offset, count] : reference.slices) {
+    if (offset + count > global.size()) {
+      return Internal("sim: --secagg: adapter tensor at {} + {} beyond the global model's {}", offset, count,
+                      global.size());
+    }
+    out.values.insert(out.values.end(), global.begin() + offset, global.begin() + offset + count);
+  }
+  return out;
 }
 
 Status CheckSecAggOptions(const SecAggOptions& o, uint32_t sites) {

@@ -44,6 +44,7 @@
 #include <span>
 #include <vector>
 
+#include "aggregation/lora_strategy.h"
 #include "base/status.h"
 #include "privacy/accountant.h"
 #include "secagg/bytes.h"
@@ -88,6 +89,18 @@ struct SecAggOptions {
 // (--dp-max-epsilon) asks before the round runs.
 Result<privacy::Epsilon> DistributedDpPreview(const privacy::Accountant& accountant, const SecAggOptions& options,
                                               double q, uint32_t sites, uint64_t dimension);
+
+// A LoRA federation under --secagg (naive and frozen-a merges, which need
+// only the mean upload): the sites' uploads are factors, so what the protocol
+// sums is how far each site moved them, upload − `values` (the global
+// adapter's tensors in the upload layout), and the mean upload is `values`
+// plus the mean movement. The clip and the quantisation bound then apply to
+// the movement, as DP-FedAvg's clip does (aggregation/dp_fedavg.h).
+struct SecAggLoraReference {
+  std::vector<float> values;
+};
+Result<SecAggLoraReference> LoraReferenceOf(const aggregation::LoraStrategyOptions& lora,
+                                            std::span<const float> global);
 
 // The options, and the protocol they make for rounds of `sites` sites.
 Status CheckSecAggOptions(const SecAggOptions& options, uint32_t sites);

@@ -504,6 +504,87 @@ TEST(LoraSimulation, AdaptersAreAFractionOfAFullUpdateAndLearn) {
   }
 }
 
+// naive and frozen-a need only the mean upload, so they run through SecAgg+:
+// the protocol sums how far each site moved its adapter (b = 32, C = 100), and
+// the global model equals the plain federation's within the quantisation
+// bound n / (s · W), s = ⌊(2^31 − 1 − n) / (C · W)⌋ — about n · C / 2^31 —
+// plus float rounding; the base is untouched. exact is refused in one line.
+TEST(LoraSimulation, SecAggEqualsThePlainMergeWithinTheQuantisationBound) {
+  testing::TempDir dir;
+  const auto data = WriteTopics(dir);
+  for (const char* merge : {"naive", "frozen-a"}) {
+    Scenario plain = Lora(data, merge);
+    plain.rounds = 1;
+    std::vector<float> plain_global, secure_global;
+    auto plain_run = RunInproc(plain, nullptr, &plain_global);
+    ASSERT_TRUE(plain_run.ok()) << merge << ": " << plain_run.status().ToString();
+    Scenario secure = plain;
+    secure.secagg = true;
+    secure.federation.mutable_limits()->set_max_norm_over_median(0);  // as estuary-sim sets it under --secagg
+    auto secure_run = RunInproc(secure, nullptr, &secure_global);
+    ASSERT_TRUE(secure_run.ok()) << merge << ": " << secure_run.status().ToString();
+    ASSERT_EQ(secure_run->rounds.size(), 1u);
+    ASSERT_EQ(secure_global.size(), plain_global.size());
+    const RoundReport& row = secure_run->rounds[0];
+    ASSERT_TRUE(row.secagg_error_bound.has_value());
+    EXPECT_EQ(row.updates_received, 3u);
+    const double bound = *row.secagg_error_bound;
+    EXPECT_NEAR(bound, 3 * 100 / std::ldexp(1.0, 31), 0.01 * 3 * 100 / std::ldexp(1.0, 31)) << merge;
+    // Allowed: the bound, plus float rounding of the mean and of the model.
+    std::optional<models::LoraConfig> lora = aggregation::LoraConfigOf(secure.task());
+    auto initial = models::LoraInitialModel(secure.task().model(), *lora, secure.task().seed(), {});
+    ASSERT_TRUE(initial.ok());
+    double worst = 0, worst_excess = -1;
+    size_t adapter_elements = 0;
+    for (const auto& spec : initial->manifest.tensors) {
+      const bool adapter = !models::LoraModuleOf(spec.name).empty();
+      for (uint64_t i = spec.offset; i < spec.offset + spec.numel(); ++i) {
+        const double diff = std::abs(double(secure_global[i]) - double(plain_global[i]));
+        if (!adapter) {
+          ASSERT_EQ(diff, 0) << merge << ": base tensor " << spec.name << " changed";
+          continue;
+        }
+        ++adapter_elements;
+        worst = std::max(worst, diff);
+        worst_excess = std::max(worst_excess, diff - (bound + std::ldexp(1.0, -22) * (1 + std::abs(plain_global[i]))));
+      }
+    }
+    EXPECT_GT(adapter_elements, 0u);
+    EXPECT_LE(worst_excess, 0) << merge << ": worst difference " << worst;
+    EXPECT_GT(worst, 0) << merge << ": quantisation changed nothing: the comparison proves nothing";
+  }
+  // Distributed DP noises the movement: the base stays, the adapter moves by far more than the bound.
+  Scenario noised = Lora(data, "naive");
+  noised.rounds = 1;
+  noised.secagg = true;
+  noised.dp = "distributed";
+  noised.federation.mutable_limits()->set_max_norm_over_median(0);
+  noised.federation.mutable_dp()->set_noise_multiplier(1);
+  noised.federation.mutable_dp()->set_clip(1);
+  std::vector<float> noised_global;
+  auto noised_run = RunInproc(noised, nullptr, &noised_global);
+  ASSERT_TRUE(noised_run.ok()) << noised_run.status().ToString();
+  EXPECT_GT(noised_run->epsilon.value_or(0), 0);
+  std::optional<models::LoraConfig> lora = aggregation::LoraConfigOf(noised.task());
+  auto initial = models::LoraInitialModel(noised.task().model(), *lora, noised.task().seed(), {});
+  ASSERT_TRUE(initial.ok());
+  double adapter_moved = 0;
+  for (const auto& spec : initial->manifest.tensors) {
+    const bool adapter = !models::LoraModuleOf(spec.name).empty();
+    for (uint64_t i = spec.offset; i < spec.offset + spec.numel(); ++i) {
+      if (!adapter) ASSERT_EQ(noised_global[i], initial->values[i]) << spec.name;
+      else adapter_moved = std::max(adapter_moved, double(std::abs(noised_global[i] - initial->values[i])));
+    }
+  }
+  EXPECT_GT(adapter_moved, 1e-3);
+  Scenario exact = Lora(data, "exact");
+  exact.secagg = true;
+  exact.federation.mutable_limits()->set_max_norm_over_median(0);
+  EXPECT_EQ(RunInproc(exact, nullptr).status().message(),
+            "sim: --secagg with --lora-merge exact: the exact merge needs each site's factors B_i, A_i (their "
+            "products), which secure aggregation hides; naive and frozen-a take the sum");
+}
+
 // The real server and TLS connections: the server validates, stages and
 // merges the same adapters, so the rounds agree with the in-process run.
 TEST(LoraSimulation, LoopbackAgreesWithInproc) {
