@@ -155,6 +155,9 @@ int main(int argc, char** argv) {
                  "instruction data (--data FILE.jsonl): number of sites, as --clients (--partition-by FIELD: "
                  "default one per value)");
   app.add_option("--per-round", s.per_round, "clients per round: count (>= 1) or fraction (< 1)");
+  app.add_option("--sample-rate", s.sample_rate,
+                 "inproc: Poisson sampling instead of --per-round: each client joins a round with this probability, "
+                 "the q the privacy accountant uses");
   app.add_option("--rounds", s.rounds, "federated rounds");
   app.add_option("--partition", s.partition, "iid | shards | dirichlet:ALPHA (images); topic (text)");
   app.add_option("--tokenizer", s.tokenizer, "instruction data (--data FILE.jsonl): the sites' tokenizer.json");
@@ -226,6 +229,9 @@ int main(int argc, char** argv) {
     // sites clip to --secagg-clip instead of the default relative bound.
     s.federation.mutable_limits()->set_max_norm_over_median(0);
   }
+  if (s.sample_rate > 0 && app.get_option("--per-round")->count() > 0) {
+    return Fail(InvalidArgument("sim: --sample-rate and --per-round both choose a round's clients: give one"));
+  }
   if (s.dp == "distributed" && app.get_option("--secagg-clip")->count() > 0) {
     return Fail(InvalidArgument("sim: --dp distributed clips each update to --dp-clip; --secagg-clip is for --secagg "
                                 "without DP"));
@@ -247,8 +253,10 @@ int main(int argc, char** argv) {
                               : s.dirichlet_alpha > 0
                                   ? fmt::format("dirichlet:{} over {}", s.dirichlet_alpha, s.label_field)
                                   : s.partition;
-    std::printf("estuary-sim: %s, %s (%s), %g per round, %llu rounds, %u epochs, batch %u, lr %g, %s, %s%s\n",
-                task.model().c_str(), clients.c_str(), split.c_str(), s.per_round, (unsigned long long)s.rounds,
+    const std::string per_round = s.sample_rate > 0 ? fmt::format("each with probability {:g} a round", s.sample_rate)
+                                                    : fmt::format("{:g} per round", s.per_round);
+    std::printf("estuary-sim: %s, %s (%s), %s, %llu rounds, %u epochs, batch %u, lr %g, %s, %s%s\n",
+                task.model().c_str(), clients.c_str(), split.c_str(), per_round.c_str(), (unsigned long long)s.rounds,
                 task.epochs(), task.batch_size(), task.learning_rate(),
                 task.update_kind() == v1::UPDATE_LORA
                     ? fmt::format("lora r={} alpha={} {} merge", task.lora().rank(), task.lora().alpha(),

@@ -41,6 +41,7 @@
 #include "simulations/attack.h"
 #include "simulations/instruction_sites.h"
 #include "simulations/partition.h"
+#include "simulations/poisson_sampling.h"
 #include "simulations/scenario_checks.h"
 #include "simulations/server_process.h"
 #include "simulations/workload.h"
@@ -65,7 +66,7 @@ nlohmann::json ScenarioJson(const Scenario& s) {
   options.always_print_primitive_fields = true;
   (void)google::protobuf::util::MessageToJsonString(FederationOf(s), &federation, options);
   nlohmann::json out = {{"federation", nlohmann::json::parse(federation)},
-          {"clients", s.clients}, {"per_round", s.per_round}, {"rounds", s.rounds}, {"partition", s.partition},
+          {"clients", s.clients}, {"per_round", s.per_round}, {"sample_rate", s.sample_rate}, {"rounds", s.rounds}, {"partition", s.partition},
           {"topics", s.topics}, {"mode", s.mode}, {"threads", s.threads}, {"data", s.data_dir.string()},
           {"device", s.device}, {"precision", s.precision}, {"lora_site_ranks", s.lora_site_ranks},
           {"lora_base_dtype", s.lora_base_dtype}, {"tokenizer", s.tokenizer.string()},
@@ -139,10 +140,27 @@ Result<Report> RunInproc(const Scenario& s, const RoundCallback& on_round, std::
   if (attack.kind != Attack::Kind::kNone) report.attackers = std::count(malicious.begin(), malicious.end(), true);
   for (uint64_t round = 1; round <= s.rounds; ++round) {
     const auto round_start = Clock::now();
-    const size_t k = aggregation::ClientsPerRound(s.per_round, names.size());
-    const auto selected = aggregation::SampleClients(names, k, task.seed(), round);
-    const double sampling_rate = double(k) / double(names.size());
-    secagg.dp.denominator = double(k);  // the fixed denominator: the sites sampled
+    // Poisson sampling (--sample-rate q): each site joins with probability q;
+    // otherwise a fixed number, and the accountant is told q = k / N.
+    const bool poisson = s.sample_rate > 0;
+    const auto selected =
+        poisson ? PoissonSample(names, s.sample_rate, task.seed(), round)
+                : aggregation::SampleClients(names, aggregation::ClientsPerRound(s.per_round, names.size()),
+                                             task.seed(), round);
+    const size_t k = selected.size();
+    const double sampling_rate = poisson ? s.sample_rate : double(k) / double(names.size());
+    if (poisson && k < (s.secagg ? 2u : 1u)) {
+      return FailedPrecondition("sim: round {}: --sample-rate {} drew {} of {} sites; a round needs {} (choose q · "
+                                "sites well above it)",
+                                round, s.sample_rate, k, names.size(), s.secagg ? 2 : 1);
+    }
+    // The fixed denominator: the sites sampled, or under Poisson sampling the expected q · N.
+    const double expected = poisson ? s.sample_rate * double(names.size()) : double(k);
+    secagg.dp.denominator = expected;
+    if (poisson) {
+      secagg.dp.expected_sites = expected;
+      secagg.dp.max_sites = PoissonPlannedMaximum(uint32_t(names.size()), s.sample_rate);
+    }
     if (accountant && dp.max_epsilon() > 0) {
       // Distributed: as if only the fewest inputs the server may unmask were summed.
       ESTUARY_ASSIGN_OR_RETURN(const privacy::Epsilon next,

@@ -1,5 +1,7 @@
 #include "simulations/scenario_checks.h"
 
+#include <cmath>
+
 #include "aggregation/robust_strategy.h"
 #include "aggregation/sampling.h"
 #include "client/compute.h"
@@ -46,8 +48,10 @@ static Status CheckSecAgg(const Scenario& s) {
     }
     return Status::Ok();
   }
-  if (s.clients > 0) {
-    ESTUARY_RETURN_IF_ERROR(CheckSecAggOptions(o, uint32_t(aggregation::ClientsPerRound(s.per_round, s.clients))));
+  if (s.clients > 0) {  // the graph for a round of the expected size
+    const size_t per_round = s.sample_rate > 0 ? size_t(std::ceil(s.sample_rate * s.clients))
+                                               : aggregation::ClientsPerRound(s.per_round, s.clients);
+    ESTUARY_RETURN_IF_ERROR(CheckSecAggOptions(o, uint32_t(per_round)));
   }
   const std::string& strategy = s.federation.strategy().name();
   if (s.mode != "inproc") {
@@ -77,7 +81,25 @@ static Status CheckSecAgg(const Scenario& s) {
 }
 
 
+// Poisson sampling: inproc, and not under DP-FedAvg's planned denominator.
+static Status CheckSampleRate(const Scenario& s) {
+  if (s.sample_rate == 0) return Status::Ok();
+  if (!(s.sample_rate > 0 && s.sample_rate <= 1)) {
+    return InvalidArgument("sim: --sample-rate {}: must be in (0, 1]", s.sample_rate);
+  }
+  if (s.mode != "inproc") {
+    return InvalidArgument("sim: --sample-rate runs in inproc mode only: the server samples a fixed number of sites");
+  }
+  if (s.federation.dp().noise_multiplier() > 0 && s.dp == "central") {
+    return InvalidArgument("sim: --sample-rate with --dp central: DP-FedAvg divides by the number of sites planned "
+                           "for the round, and under Poisson sampling it must divide by the expected q · sites, "
+                           "which it does not yet (--dp distributed does)");
+  }
+  return Status::Ok();
+}
+
 Status CheckScenario(const Scenario& s) {
+  ESTUARY_RETURN_IF_ERROR(CheckSampleRate(s));
   ESTUARY_RETURN_IF_ERROR(CheckSecAgg(s));
   if (s.clients == 0 && (s.partition_by.empty() || !InstructionData(s))) {
     return InvalidArgument("sim: --clients must be >= 1");

@@ -59,9 +59,9 @@ Key32 SiteNoiseKey(uint64_t seed, uint64_t round, uint32_t site) {
 
 Result<DistributedDpPlan> PlanDistributedDp(const DistributedDpOptions& dp, int bits, uint32_t sites,
                                             uint64_t dimension) {
-  const double z = dp.noise_multiplier, clip = dp.clip, n = sites;
+  const double z = dp.noise_multiplier, clip = dp.clip, n = dp.max_sites > 0 ? dp.max_sites : sites;
   DistributedDpPlan plan;
-  plan.min_included = uint32_t(std::ceil(dp.survivors * n - 1e-9));
+  plan.min_included = uint32_t(std::ceil(dp.survivors * (dp.expected_sites > 0 ? dp.expected_sites : n) - 1e-9));
   const double m = std::max<uint32_t>(plan.min_included, 1);
   const double slack = std::sqrt(double(dimension)) + 1;  // Δ = s·C + slack
   const double limit = std::ldexp(1.0, bits - 1) - 1;
@@ -141,6 +141,11 @@ Result<SecAggRoundResult> RunSecAggRound(const SecAggOptions& options, std::span
   if (n < 2) return InvalidArgument("sim: --secagg: round {} samples {} site: secure aggregation needs 2", round, n);
   if (options.dp.noise_multiplier > 0 && !(options.dp.denominator > 0)) {
     return InvalidArgument("sim: --dp distributed: the mean's denominator {}: must be > 0", options.dp.denominator);
+  }
+  if (options.dp.noise_multiplier > 0 && options.dp.max_sites > 0 && n > options.dp.max_sites) {
+    return FailedPrecondition("sim: round {}: Poisson sampling drew {} sites, more than the {} the ring was planned "
+                              "for: refusing the round",
+                              round, n, options.dp.max_sites);
   }
   ESTUARY_ASSIGN_OR_RETURN(const ProtocolConfig config, ConfigFor(options, n, inputs[0].update.size(), seed, round));
 

@@ -56,6 +56,11 @@ struct DistributedDpOptions {
   double clip = 1;              // C
   double survivors = 1;         // the fraction of the sampled sites the noise is calibrated for, (0, 1]
   double denominator = 0;       // the mean's fixed denominator (sites expected a round), > 0
+  // Poisson sampling (--sample-rate): the plan is the run's, not the round's
+  // draw's — survivors is a fraction of expected_sites (q·N), and the ring
+  // has room for max_sites; a round that draws more is refused. 0: the round's n.
+  double expected_sites = 0;
+  uint32_t max_sites = 0;
 };
 
 // What the sites of one round of n use: the scale, each share's variance,

@@ -4,17 +4,22 @@
 // plan's scale and shares keep the sum in the ring and the noise at its
 // target; on MNIST every round's ε is the accountant's for the inputs summed,
 // the budget stops the run, and bad combinations are refused in one line.
+// Poisson sampling (--sample-rate): its draws' statistics, and the
+// accountant's q and the plan's fixed denominator under it.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <map>
 #include <random>
+#include <set>
 
 #include "privacy/accountant.h"
 #include "secagg/discrete_gaussian.h"
 #include "secagg/quantize.h"
 #include "simulations/report.h"
+#include "simulations/poisson_sampling.h"
 #include "simulations/runner.h"
 #include "simulations/secagg_round.h"
 #include "tests/e2e/harness.h"
@@ -262,6 +267,99 @@ TEST(DistributedDp, SecAggClipWithDistributedDpIsRefusedByTheBinary) {
                                "without DP"),
             std::string::npos)
       << result.output;
+}
+
+TEST(PoissonSampling, SampleRateWithPerRoundIsRefusedByTheBinary) {
+  testing::TempDir dir;
+  const auto result = testing::RunCommand(fmt::format(
+      "{} --quiet --data {} --clients 20 --per-round 10 --sample-rate 0.5 --rounds 1 --report {}",
+      testing::BinaryPath("estuary-sim").string(), MnistDir().string(), (dir / "r.json").string()));
+  EXPECT_NE(result.exit_code, 0);
+  EXPECT_NE(result.output.find("sim: --sample-rate and --per-round both choose a round's clients: give one"),
+            std::string::npos)
+      << result.output;
+}
+
+TEST(PoissonSampling, EachSiteJoinsWithProbabilityQIndependently) {
+  std::vector<std::string> names;
+  for (int i = 0; i < 200; ++i) names.push_back(fmt::format("site-{:03}", i));
+  const double q = 0.1;
+  const int rounds = 500;
+  std::map<std::string, int> joined;
+  double sizes = 0, size_squares = 0;
+  for (int round = 1; round <= rounds; ++round) {
+    const auto sample = PoissonSample(names, q, 7, round);
+    ASSERT_TRUE(std::is_sorted(sample.begin(), sample.end()));
+    for (const auto& name : sample) ++joined[name];
+    sizes += double(sample.size());
+    size_squares += double(sample.size()) * double(sample.size());
+  }
+  // Each site: Binomial(500, 0.1), mean 50, standard deviation 6.7; 6σ over 200 sites.
+  for (const auto& name : names) EXPECT_NEAR(joined[name], rounds * q, 6 * std::sqrt(rounds * q * (1 - q))) << name;
+  // A round's size: Binomial(200, 0.1), mean 20, variance 18 (fixed-size sampling has variance 0).
+  const double mean = sizes / rounds, variance = size_squares / rounds - mean * mean;
+  EXPECT_NEAR(mean, 200 * q, 5 * std::sqrt(200 * q * (1 - q) / rounds));
+  EXPECT_NEAR(variance, 200 * q * (1 - q), 0.25 * 200 * q * (1 - q));
+  // A site's draw is its own: the same from a subset of the names, and per seed and round.
+  const std::vector<std::string> some(names.begin(), names.begin() + 50);
+  std::vector<std::string> from_all;
+  for (const auto& name : PoissonSample(names, q, 7, 3)) {
+    if (name < names[50]) from_all.push_back(name);
+  }
+  EXPECT_EQ(PoissonSample(some, q, 7, 3), from_all);
+  EXPECT_EQ(PoissonSample(names, q, 7, 3), PoissonSample(names, q, 7, 3));
+  EXPECT_NE(PoissonSample(names, q, 7, 3), PoissonSample(names, q, 7, 4));
+  EXPECT_NE(PoissonSample(names, q, 7, 3), PoissonSample(names, q, 8, 3));
+  EXPECT_EQ(PoissonSample(names, 1, 7, 3), names);
+  EXPECT_TRUE(PoissonSample(names, 0, 7, 3).empty());
+  // Room planned: q·N + 6σ + 1, at most N.
+  EXPECT_EQ(PoissonPlannedMaximum(1000, 0.1), 158u);
+  EXPECT_EQ(PoissonPlannedMaximum(20, 0.5), 20u);
+}
+
+TEST(PoissonSampling, DistributedDpAccountsWithQAndTheExpectedDenominator) {
+  REQUIRE_MNIST();
+  Scenario s = Mnist(4);
+  s.sample_rate = 0.5;
+  s.secagg_options.dp.survivors = 0.6;
+  auto report = RunInproc(s, nullptr);
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  ASSERT_EQ(report->rounds.size(), 4u);
+  // The plan is the run's: 6 of the 10 expected, room for all 20.
+  const DistributedDpPlan plan = *PlanDistributedDp({.noise_multiplier = 1, .clip = 1, .survivors = 0.6,
+                                                     .denominator = 10, .expected_sites = 10, .max_sites = 20},
+                                                    32, 1, 199210);
+  EXPECT_EQ(plan.min_included, 6u);
+  auto accountant = *privacy::Accountant::Create(1e-5);
+  std::set<uint32_t> sizes;
+  for (const RoundReport& row : report->rounds) {
+    sizes.insert(row.clients_selected);
+    ASSERT_TRUE(accountant.AddRoundRdp(*DistributedDpRoundRdp(plan, row.updates_received, 0.5, accountant.orders()))
+                    .ok());
+    EXPECT_DOUBLE_EQ(*row.epsilon, accountant.Spent().epsilon) << "round " << row.round;
+  }
+  EXPECT_GT(sizes.size(), 1u) << "every round drew the same number of sites";
+  EXPECT_EQ(report->scenario["sample_rate"], 0.5);
+
+  auto line = [](Scenario s) { return RunInproc(s, nullptr).status().message(); };
+  Scenario bad = Mnist(1);
+  bad.sample_rate = 1.5;
+  EXPECT_EQ(line(bad), "sim: --sample-rate 1.5: must be in (0, 1]");
+  bad.sample_rate = 0.5;
+  bad.dp = "central";
+  EXPECT_EQ(line(bad).substr(0, 77),
+            "sim: --sample-rate with --dp central: DP-FedAvg divides by the number of site");
+  bad = Mnist(1);
+  bad.sample_rate = 0.5;
+  bad.mode = "loopback";
+  EXPECT_EQ(RunLoopback(bad, nullptr).status().message(),
+            "sim: --sample-rate runs in inproc mode only: the server samples a fixed number of sites");
+  // A draw too small for secure aggregation ends the run with one line.
+  bad = Mnist(20);
+  bad.federation.clear_dp();
+  bad.dp = "central";
+  bad.sample_rate = 0.15;
+  EXPECT_NE(line(bad).find("sites; a round needs 2 (choose q · sites well above it)"), std::string::npos) << line(bad);
 }
 
 }  // namespace
