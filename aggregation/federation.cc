@@ -161,6 +161,18 @@ Status CheckFederation(const v1::FederationConfig& config) {
     return InvalidArgument("federation: max_norm_over_median = {}: must be a number >= 0 (0: none)",
                            limits.max_norm_over_median());
   }
+  if (!config.initial_model().empty()) {
+    // The file is the model: no preset, no base, no adapters.
+    if (task.update_kind() != v1::UPDATE_FULL) {
+      return InvalidArgument("federation: initial_model = {} with update_kind = lora: a model known only as a file "
+                             "trains full updates",
+                             config.initial_model());
+    }
+    if (!config.base_model().empty()) {
+      return InvalidArgument("federation: initial_model = {} with base_model = {}: give one of them",
+                             config.initial_model(), config.base_model());
+    }
+  }
   std::optional<models::LlamaConfig> hf_config;
   if (const std::filesystem::path base(config.base_model()); !base.empty()) {
     std::error_code error;
@@ -330,6 +342,14 @@ Result<std::shared_ptr<const models::HfBase>> ApplyHfBase(v1::FederationConfig* 
   return std::make_shared<const models::HfBase>(std::move(base).value());
 }
 
+Result<std::shared_ptr<const models::CustomModel>> ApplyInitialModel(v1::FederationConfig* config) {
+  if (config->initial_model().empty()) return std::shared_ptr<const models::CustomModel>();
+  auto model = models::LoadCustomModel(config->initial_model());
+  if (!model.ok()) return InvalidArgument("federation: initial_model = {}", model.status().message());
+  config->mutable_task()->set_model(model->name);
+  return std::make_shared<const models::CustomModel>(std::move(model).value());
+}
+
 namespace {
 
 // A server's held-out instruction examples, rendered and packed as the sites
@@ -382,7 +402,17 @@ Result<Federation> MakeFederation(const v1::FederationConfig& config, const Eval
     ESTUARY_ASSIGN_OR_RETURN(f.strategy, LoraStrategy::Make(*f.lora));
   } else {
     f.config.mutable_task()->clear_lora();  // what the sites are sent: no adapters in a full federation
-    ESTUARY_ASSIGN_OR_RETURN(initial, models::InitialModel(task.model(), task.seed()));
+    ESTUARY_ASSIGN_OR_RETURN(f.custom, ApplyInitialModel(&f.config));
+    if (f.custom) {
+      if (!evaluation.data.empty() || evaluation.rows) {
+        return InvalidArgument("--eval-data {}: {} (--initial-model {}) is a model the server knows only as tensors; "
+                               "it has no evaluator for it",
+                               evaluation.data.string(), f.custom->name, config.initial_model());
+      }
+      initial = {f.custom->manifest, f.custom->values};
+    } else {
+      ESTUARY_ASSIGN_OR_RETURN(initial, models::InitialModel(task.model(), task.seed()));
+    }
     ESTUARY_ASSIGN_OR_RETURN(f.strategy, MakeStrategy(StrategyOptionsOf(config.strategy())));
   }
   if (config.dp().noise_multiplier() > 0) {

@@ -25,6 +25,7 @@
 #include "federation.pb.h"
 #include "models/hf_base.h"
 #include "models/llama.h"
+#include "models/custom_model.h"
 #include "models/federated_model.h"
 
 namespace estuary::aggregation {
@@ -76,6 +77,12 @@ struct Federation {
   // base. config.task() then names the base and carries its shape and
   // identity (hf_base). Null otherwise.
   std::shared_ptr<const std::vector<float>> held_base;
+  // A federation of a model known only as a file (config.initial_model,
+  // models/custom_model.h): its layout and held tensors, for the
+  // checkpoints. config.task().model() is then its name, "custom@...", and
+  // there is no evaluator: the server knows no architecture to score.
+  // Null otherwise.
+  std::shared_ptr<const models::CustomModel> custom;
 };
 
 struct EvaluationOptions {
@@ -104,8 +111,15 @@ enum class DpNoise { kUnpredictable, kSeeded };
 // the task before the federation (the simulator's clients) calls it first.
 Result<std::shared_ptr<const models::HfBase>> ApplyHfBase(v1::FederationConfig* config);
 
+// When config->initial_model is set: loads the file, names the task's model
+// after its layout ("custom@<12 hex>", models/custom_model.h) and returns
+// it; errors name the file and what is wrong in one line. Otherwise changes
+// nothing and returns null. MakeFederation calls it.
+Result<std::shared_ptr<const models::CustomModel>> ApplyInitialModel(v1::FederationConfig* config);
+
 // With config.dp.noise_multiplier > 0 the strategy is DpFedAvg around the
-// configured one.
+// configured one. With config.initial_model, evaluation.data must be empty:
+// the server has no evaluator for a model it knows only as tensors.
 Result<Federation> MakeFederation(const v1::FederationConfig& config, const EvaluationOptions& evaluation,
                                   DpNoise noise = DpNoise::kUnpredictable);
 

@@ -122,6 +122,10 @@ std::vector<CLI::Option*> AddFederationFlags(CLI::App& app, v1::FederationConfig
   flags.Add("--base-model", config->base_model(), [config](const std::string& v) { config->set_base_model(v); },
             "lora: the preset's base weights (a safetensors file), or a Hugging Face model directory that every "
             "site holds too and the server never sends (default: the preset initialised from --seed)");
+  flags.Add("--initial-model", config->initial_model(),
+            [config](const std::string& v) { config->set_initial_model(v); },
+            "a safetensors file: federate its tensors by name, shape and dtype, with no architecture known to the "
+            "server (the task's model becomes custom@<12 hex of their layout>; update kind full)");
   flags.Add("--eval-windows", config->eval_windows(), [config](uint64_t v) { config->set_eval_windows(v); },
             "language models: held-out windows scored per round");
 

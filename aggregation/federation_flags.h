@@ -1,7 +1,7 @@
 // The flags that define a federation, the same for `estuary-server serve`
 // and `estuary-sim`: the task (--model, --epochs, --batch, --lr, ..., the
 // --lora-* keys), the strategy (--strategy, --server-lr, --beta1, --beta2,
-// --tau), --seed, --template, --base-model, --eval-windows and the limits on an update
+// --tau), --seed, --template, --base-model, --initial-model, --eval-windows and the limits on an update
 // (--max-update-norm, --max-norm-over-median, --max-examples) and DP-FedAvg
 // (--dp-noise-multiplier, --dp-clip, --dp-adaptive-clip, ...). Each flag writes its field
 // of the v1::FederationConfig straight away, so the message stays the one

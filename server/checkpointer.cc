@@ -10,7 +10,8 @@ namespace estuary::server {
 
 Result<Checkpointer> Checkpointer::Open(std::filesystem::path dir, const v1::TaskConfig& task,
                                         const std::optional<aggregation::LoraStrategyOptions>& lora,
-                                        const LogView& log, const std::filesystem::path& hf_base_dir) {
+                                        const LogView& log, const std::filesystem::path& hf_base_dir,
+                                        const std::map<std::string, std::string>& extra) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) return IoError("server: {}: cannot create checkpoint directory: {}", dir.string(), ec.message());
@@ -29,6 +30,7 @@ Result<Checkpointer> Checkpointer::Open(std::filesystem::path dir, const v1::Tas
     metadata["hf_base_shape"] = task.hf_base().shape();
     metadata["hf_base_dir"] = std::filesystem::absolute(hf_base_dir).lexically_normal().string();
   }
+  metadata.insert(extra.begin(), extra.end());
   Checkpointer checkpointer(std::move(dir), task.model(), std::move(metadata));
   ESTUARY_RETURN_IF_ERROR(checkpointer.Reconcile(log));
   return checkpointer;

@@ -59,9 +59,13 @@ class Checkpointer {
   // every checkpoint's metadata also holds its shape, identity and
   // `hf_base_dir` (the server's copy), from which `estuary-server export`
   // writes the merged model with the base's config and tokenizer files.
+  // `extra` joins every checkpoint's metadata: a model known only as a
+  // file's layout and held tensors (models::CustomModelMetadata), so that
+  // `estuary-server export` writes it back with its own dtypes.
   static Result<Checkpointer> Open(std::filesystem::path dir, const v1::TaskConfig& task,
                                    const std::optional<aggregation::LoraStrategyOptions>& lora, const LogView& log,
-                                   const std::filesystem::path& hf_base_dir = {});
+                                   const std::filesystem::path& hf_base_dir = {},
+                                   const std::map<std::string, std::string>& extra = {});
 
   using State = std::map<std::string, std::vector<float>>;
 

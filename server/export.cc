@@ -9,6 +9,7 @@
 #include "base/split.h"
 #include "crypto/sha256.h"
 #include "models/checkpoint.h"
+#include "models/custom_model.h"
 #include "models/hf_base.h"
 #include "models/language_model.h"
 #include "models/llama.h"
@@ -111,6 +112,27 @@ Result<ExportResult> ExportRound(Store& store, std::optional<uint64_t> round, co
     ESTUARY_RETURN_IF_ERROR(models::RegisterHfModel(model_name, *config));
     ESTUARY_ASSIGN_OR_RETURN(const std::string dir, Meta(checkpoint, "hf_base_dir", path));
     hf_base_dir = dir;
+  }
+  if (checkpoint.metadata.contains("custom_layout")) {
+    // A model known only as a file: written back as one, with the file's names, shapes and dtypes.
+    const std::map<std::string, std::string> metadata = {{"model", model_name},
+                                                         {"round", std::to_string(record->round)},
+                                                         {"sha256", checksum}};
+    ESTUARY_ASSIGN_OR_RETURN(const models::CustomModel custom,
+                             models::CustomModelFromMetadata(checkpoint.metadata, std::move(checkpoint.data), path));
+    if (custom.name != model_name) {
+      return FailedPrecondition("export: {}: the tensors it describes are {}, not the federation's {}", path,
+                                custom.name, model_name);
+    }
+    std::error_code error;
+    std::filesystem::create_directories(out, error);
+    if (error) return IoError("export: cannot create {}: {}", out.string(), error.message());
+    ExportResult result{.round = record->round, .checksum = checksum, .written = {out / "model.safetensors"}};
+    ESTUARY_RETURN_IF_ERROR(models::SaveCustomModel(result.written[0], custom, metadata));
+    result.description = fmt::format("round {} of {}: {} tensors with the initial file's names, shapes and dtypes "
+                                     "({} held as it had them)",
+                                     record->round, model_name, custom.layout.size(), custom.held.size());
+    return result;
   }
   if (!models::IsLanguageModel(model_name)) {
     return InvalidArgument("export: model '{}' is not a decoder; its checkpoint {} is a safetensors file already",

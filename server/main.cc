@@ -9,7 +9,8 @@
 //   estuary-server rounds list|show N --db F        the round log
 //   estuary-server clients --db F                   the client registry
 //   estuary-server events --db F                    refused handshakes, rejected frames, revocations
-//   estuary-server export --db F --out D [--round N]  a round's model: PEFT adapter, base, merged (lora)
+//   estuary-server export --db F --out D [--round N]  a round's model: PEFT adapter, base, merged (lora),
+//                                                     model.safetensors (--initial-model)
 #include <fmt/ranges.h>
 
 #include <cstdio>
@@ -166,7 +167,8 @@ int main(int argc, char** argv) {
   auto* clients = add_view(&app, "clients", "the client registry");
   std::string export_dir;
   auto* export_round = app.add_subcommand("export", "a committed round's model for other tools: a PEFT adapter, "
-                                                    "its base and the merged model (lora), or a Hugging Face model");
+                                                    "its base and the merged model (lora), a Hugging Face model, or "
+                                                    "model.safetensors (a federation of an --initial-model)");
   export_round->add_option("--db", db, "SQLite round log")->required();
   export_round->add_option("--round", round_number, "the round (default: the last committed)");
   export_round->add_option("--out", export_dir, "directory to write into")->required();

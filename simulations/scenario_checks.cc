@@ -108,6 +108,12 @@ Status CheckScenario(const Scenario& s) {
     return InvalidArgument("sim: --data {}: instruction data trains a language model (--model llama-*), not '{}'",
                            s.data_dir.string(), s.task().model());
   }
+  if (!s.federation.initial_model().empty()) {
+    // Its sites are the user's own programs (include/estuary/client.h); the simulator has no trainer for it.
+    return InvalidArgument("sim: --initial-model {}: the simulator trains the built-in models; a model known only as "
+                           "a file trains at sites written against the client API (estuary-server serve)",
+                           s.federation.initial_model());
+  }
   if (!(s.per_round > 0)) return InvalidArgument("sim: --per-round {} must be > 0", s.per_round);
   if (s.rounds == 0) return InvalidArgument("sim: --rounds must be >= 1");
   if (s.threads == 0) return InvalidArgument("sim: --threads must be >= 1");
