@@ -234,11 +234,10 @@ void Agent::OnRoundStart(const v1::RoundStart& start) {
   manifest_ = std::move(manifest).value();
   incoming_low_rank_.clear();
   incoming_factors_.clear();
-  if (std::string refused = RefusalOfBase(options_.base.get(), start.task(), start.round(),
-                                          name_.empty() ? options_.label : name_);
-      !refused.empty()) {
-    return Refuse(start.round(), refused);
-  }
+  const std::string& site = name_.empty() ? options_.label : name_;
+  std::string refused = RefusalOfBase(options_.base.get(), start.task(), start.round(), site);
+  if (refused.empty()) refused = RefusalOfModel(options_.expected_model, start.task(), start.round(), site);
+  if (!refused.empty()) return Refuse(start.round(), refused);
   if (start.model_follows() && start.patch_on_base()) {
     // The base is ours: only the adapter (and what a merge changed) follows.
     if (!options_.base || !start.task().has_hf_base() || start.low_rank_size() > 0 || start.patch_size() == 0) {

@@ -77,6 +77,10 @@ struct AgentOptions {
   // a SiteRefusal naming both identities and finishes with that line. A
   // patch on the base (RoundStart.patch_on_base) is applied to this copy.
   std::shared_ptr<const models::HfBase> base;
+  // The model this site trains, when it knows it ("custom@..." of its own
+  // layout): a round whose task names another is refused in one line, as a
+  // base that differs is. Empty: whatever the task names.
+  std::string expected_model;
 };
 
 class Agent : public std::enable_shared_from_this<Agent> {

@@ -30,6 +30,13 @@ std::string RefusalOfBase(const models::HfBase* base, const v1::TaskConfig& task
                      round, base->dir.string(), base->sha256, task.model(), theirs, why);
 }
 
+std::string RefusalOfModel(const std::string& expected, const v1::TaskConfig& task, uint64_t round,
+                           const std::string& site) {
+  if (expected.empty() || task.model() == expected) return {};
+  return fmt::format("{}: refused round {}: the federation trains {}, this site's model is {}", site, round,
+                     task.model(), expected);
+}
+
 Result<std::vector<float>> ModelOnBase(const models::HfBase& base, const Manifest& manifest) {
   for (size_t i = 0; i < base.manifest.tensors.size(); ++i) {
     const TensorSpec& want = base.manifest.tensors[i];

@@ -22,6 +22,13 @@ namespace estuary::client {
 std::string RefusalOfBase(const models::HfBase* base, const v1::TaskConfig& task, uint64_t round,
                           const std::string& site);
 
+// Empty when the site trains whatever the task names (`expected` empty) or
+// the task names `expected` (a site of a model known only as a file checks
+// its own layout's name, models::CustomModelName); otherwise the one line
+// that refuses round `round`, naming both models.
+std::string RefusalOfModel(const std::string& expected, const v1::TaskConfig& task, uint64_t round,
+                           const std::string& site);
+
 // The model before a patch on the base: `base`'s weights where `manifest`
 // begins with its tensors (same names, shapes and offsets), zero after
 // them. Fails, naming the first tensor that differs, otherwise.

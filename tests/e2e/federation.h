@@ -31,6 +31,9 @@ class Federation {
   // Whether the server stops after the last round (--exit-when-done); a test
   // that inspects the server afterwards stops it itself.
   bool exit_when_done = true;
+  // Whether the server scores the synthetic data (--eval-data); a model it
+  // knows only as a file (--initial-model) has no evaluator.
+  bool eval_data = true;
 
   void Issue(const std::string& name, const crypto::CertOptions& options = {}) {
     Status s = crypto::IssueCertificate(certs_, name, options);
@@ -68,6 +71,7 @@ class Federation {
                                                             {"--eval-data", data_.string()},
                                                             {"--round-deadline", "60"}};
     for (const auto& [flag, value] : defaults) {
+      if (!eval_data && std::string_view(flag) == "--eval-data") continue;
       if (std::find(extra.begin(), extra.end(), flag) == extra.end()) args.insert(args.end(), {flag, value});
     }
     return args;

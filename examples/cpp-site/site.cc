@@ -1,0 +1,149 @@
+// A site of your own model, written against Estuary's client API only
+// (estuary/client.h): linear regression y = w·x + b, whose tensors are named
+// as torch.nn.Linear(D, 1)'s state dict names them.
+//
+//   linreg-site --server HOST:PORT --ca ca.pem --cert site.pem --key site.key --data site.csv [--check-model]
+//
+// site.csv holds one example per line: D features, then y. Each round runs
+// the task's epochs of full-batch gradient descent on the mean squared error
+// at the task's learning rate, from the global model. With --check-model the
+// site refuses a federation of any model but its own (ModelName of its
+// tensors), as a site whose model file differs from the server's should.
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "estuary/client.h"
+
+namespace {
+
+struct Example {
+  std::vector<double> x;
+  double y = 0;
+};
+
+std::vector<Example> ReadCsv(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw std::runtime_error(path + ": cannot read it");
+  std::vector<Example> examples;
+  std::string line;
+  for (int number = 1; std::getline(in, line); ++number) {
+    if (line.empty()) continue;
+    std::vector<double> values;
+    std::stringstream fields(line);
+    for (std::string field; std::getline(fields, field, ',');) {
+      char* end = nullptr;
+      values.push_back(std::strtod(field.c_str(), &end));
+      if (end == field.c_str()) throw std::runtime_error(path + ":" + std::to_string(number) + ": not a number");
+    }
+    if (values.size() < 2 || (!examples.empty() && values.size() != examples[0].x.size() + 1)) {
+      throw std::runtime_error(path + ":" + std::to_string(number) + ": expected the same D features and y per line");
+    }
+    examples.push_back({{values.begin(), values.end() - 1}, values.back()});
+  }
+  if (examples.empty()) throw std::runtime_error(path + ": no examples");
+  return examples;
+}
+
+class LinearRegression : public estuary::Trainer {
+ public:
+  explicit LinearRegression(std::vector<Example> examples) : examples_(std::move(examples)) {}
+
+  size_t features() const { return examples_[0].x.size(); }
+
+  std::vector<estuary::TensorLayout> Layout() const {
+    return {{"linear.weight", {1, int64_t(features())}, "F32"}, {"linear.bias", {1}, "F32"}};
+  }
+
+  uint64_t num_examples() const override { return examples_.size(); }
+
+  estuary::TrainResult Train(const std::vector<estuary::Tensor>& global, const estuary::TaskInfo& task) override {
+    std::vector<double> w, b;
+    for (const estuary::Tensor& t : global) {
+      if (t.name == "linear.weight") w.assign(t.data.begin(), t.data.end());
+      if (t.name == "linear.bias") b.assign(t.data.begin(), t.data.end());
+    }
+    if (w.size() != features() || b.size() != 1) throw std::runtime_error("the global model is not this Linear");
+    const double n = double(examples_.size());
+    double loss = 0;
+    for (uint32_t epoch = 0; epoch < task.epochs; ++epoch) {
+      std::vector<double> grad_w(w.size(), 0.0);
+      double grad_b = 0;
+      loss = 0;
+      for (const Example& e : examples_) {
+        double prediction = b[0];
+        for (size_t j = 0; j < w.size(); ++j) prediction += w[j] * e.x[j];
+        const double error = prediction - e.y;
+        loss += error * error / n;
+        for (size_t j = 0; j < w.size(); ++j) grad_w[j] += 2 * error * e.x[j] / n;
+        grad_b += 2 * error / n;
+      }
+      for (size_t j = 0; j < w.size(); ++j) w[j] -= task.learning_rate * grad_w[j];
+      b[0] -= task.learning_rate * grad_b;
+    }
+    estuary::TrainResult result;
+    result.tensors = {{"linear.weight", {1, int64_t(w.size())}, {w.begin(), w.end()}},
+                      {"linear.bias", {1}, {b.begin(), b.end()}}};
+    result.num_examples = examples_.size();
+    result.metrics = {{"loss", loss}};
+    return result;
+  }
+
+ private:
+  std::vector<Example> examples_;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  estuary::SiteOptions options;
+  std::string data;
+  bool check_model = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string flag = argv[i];
+    if (flag == "--check-model") {
+      check_model = true;
+      continue;
+    }
+    if (i + 1 >= argc) {
+      std::fprintf(stderr, "%s: needs a value\n", flag.c_str());
+      return 2;
+    }
+    const std::string value = argv[++i];
+    if (flag == "--server") {
+      options.server = value;
+    } else if (flag == "--ca") {
+      options.ca = value;
+    } else if (flag == "--cert") {
+      options.cert = value;
+    } else if (flag == "--key") {
+      options.key = value;
+    } else if (flag == "--data") {
+      data = value;
+    } else if (flag == "--max-backoff") {
+      options.max_backoff_s = std::atof(value.c_str());
+    } else {
+      std::fprintf(stderr, "unknown flag %s\n", flag.c_str());
+      return 2;
+    }
+  }
+  try {
+    LinearRegression trainer(ReadCsv(data));
+    if (check_model) options.expected_model = estuary::ModelName(trainer.Layout());
+    const estuary::SiteResult result = estuary::RunSite(options, trainer);
+    if (!result.ok) {
+      std::fprintf(stderr, "site: %s\n", result.error.c_str());
+      return 1;
+    }
+    std::printf("federation complete: trained %llu rounds\n", (unsigned long long)result.rounds_trained);
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "site: %s\n", e.what());
+    return 1;
+  }
+}
