@@ -42,9 +42,12 @@ Result<std::vector<float>> Flatten(const std::vector<Tensor>& tensors, const Man
   for (const TensorSpec& spec : manifest.tensors) specs[spec.name] = &spec;
   for (const Tensor& t : tensors) {
     const auto it = specs.find(t.name);
+    if (it == specs.end() && manifest.Find(t.name)) {
+      return InvalidArgument("round {}: the trainer returned tensor '{}' twice", round, t.name);
+    }
     if (it == specs.end()) {
-      return InvalidArgument("round {}: the trainer returned tensor '{}', which the global model {}", round, t.name,
-                             manifest.Find(t.name) ? "holds once" : "does not hold");
+      return InvalidArgument("round {}: the trainer returned tensor '{}', which the global model does not hold", round,
+                             t.name);
     }
     const TensorSpec& spec = *it->second;
     const bool scalar = t.shape.empty() && spec.shape == std::vector<int64_t>{1};

@@ -3,12 +3,15 @@
 // as torch.nn.Linear(D, 1)'s state dict names them.
 //
 //   linreg-site --server HOST:PORT --ca ca.pem --cert site.pem --key site.key --data site.csv [--check-model]
+//               [--delta]
 //
 // site.csv holds one example per line: D features, then y. Each round runs
 // the task's epochs of full-batch gradient descent on the mean squared error
 // at the task's learning rate, from the global model. With --check-model the
 // site refuses a federation of any model but its own (ModelName of its
 // tensors), as a site whose model file differs from the server's should.
+// With --delta it returns local minus global instead of the local weights
+// (the same update: the server computes that difference itself otherwise).
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -52,7 +55,7 @@ std::vector<Example> ReadCsv(const std::string& path) {
 
 class LinearRegression : public estuary::Trainer {
  public:
-  explicit LinearRegression(std::vector<Example> examples) : examples_(std::move(examples)) {}
+  LinearRegression(std::vector<Example> examples, bool delta) : examples_(std::move(examples)), delta_(delta) {}
 
   size_t features() const { return examples_[0].x.size(); }
 
@@ -63,11 +66,12 @@ class LinearRegression : public estuary::Trainer {
   uint64_t num_examples() const override { return examples_.size(); }
 
   estuary::TrainResult Train(const std::vector<estuary::Tensor>& global, const estuary::TaskInfo& task) override {
-    std::vector<double> w, b;
+    std::vector<float> w0, b0;
     for (const estuary::Tensor& t : global) {
-      if (t.name == "linear.weight") w.assign(t.data.begin(), t.data.end());
-      if (t.name == "linear.bias") b.assign(t.data.begin(), t.data.end());
+      if (t.name == "linear.weight") w0 = t.data;
+      if (t.name == "linear.bias") b0 = t.data;
     }
+    std::vector<double> w(w0.begin(), w0.end()), b(b0.begin(), b0.end());
     if (w.size() != features() || b.size() != 1) throw std::runtime_error("the global model is not this Linear");
     const double n = double(examples_.size());
     double loss = 0;
@@ -89,6 +93,12 @@ class LinearRegression : public estuary::Trainer {
     estuary::TrainResult result;
     result.tensors = {{"linear.weight", {1, int64_t(w.size())}, {w.begin(), w.end()}},
                       {"linear.bias", {1}, {b.begin(), b.end()}}};
+    if (delta_) {
+      // In fp32, as the server would subtract: the same update either way.
+      for (size_t j = 0; j < w.size(); ++j) result.tensors[0].data[j] -= w0[j];
+      result.tensors[1].data[0] -= b0[0];
+      result.is_delta = true;
+    }
     result.num_examples = examples_.size();
     result.metrics = {{"loss", loss}};
     return result;
@@ -96,6 +106,7 @@ class LinearRegression : public estuary::Trainer {
 
  private:
   std::vector<Example> examples_;
+  bool delta_;
 };
 
 }  // namespace
@@ -103,11 +114,11 @@ class LinearRegression : public estuary::Trainer {
 int main(int argc, char** argv) {
   estuary::SiteOptions options;
   std::string data;
-  bool check_model = false;
+  bool check_model = false, delta = false;
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
-    if (flag == "--check-model") {
-      check_model = true;
+    if (flag == "--check-model" || flag == "--delta") {
+      (flag == "--delta" ? delta : check_model) = true;
       continue;
     }
     if (i + 1 >= argc) {
@@ -133,7 +144,7 @@ int main(int argc, char** argv) {
     }
   }
   try {
-    LinearRegression trainer(ReadCsv(data));
+    LinearRegression trainer(ReadCsv(data), delta);
     if (check_model) options.expected_model = estuary::ModelName(trainer.Layout());
     const estuary::SiteResult result = estuary::RunSite(options, trainer);
     if (!result.ok) {

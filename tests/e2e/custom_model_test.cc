@@ -59,13 +59,14 @@ models::CustomModel LinearModel(bool counter) {
 }
 
 std::unique_ptr<ChildProcess> StartSite(Federation& f, const std::string& name, uint16_t port, const fs::path& data,
-                                        bool check_model) {
+                                        bool check_model, bool delta = false) {
   const auto files = f.Files(name);
   std::vector<std::string> argv = {fs::path(ESTUARY_BINARY_DIR) / "examples" / "linreg-site", "--server",
                                    fmt::format("127.0.0.1:{}", port), "--ca", files.ca.string(), "--cert",
                                    files.cert.string(), "--key", files.key.string(), "--data", data.string(),
                                    "--max-backoff", "1"};
   if (check_model) argv.push_back("--check-model");
+  if (delta) argv.push_back("--delta");
   return std::make_unique<ChildProcess>(argv, f.dir() / (name + ".log"));
 }
 
@@ -94,7 +95,8 @@ TEST(CustomModelFederation, FedAvgOfClientApiSitesIsGradientDescentOnTheirPooled
   constexpr double kLr = 0.1;
   const uint16_t port = f.StartServer(kRounds, 3, ServeFlags(model_file, kLr));
   std::vector<std::unique_ptr<ChildProcess>> sites;
-  for (int k = 0; k < 3; ++k) sites.push_back(StartSite(f, fmt::format("site-{}", k), port, data[k], false));
+  // Site 1 returns its delta, the others their weights: the same update.
+  for (int k = 0; k < 3; ++k) sites.push_back(StartSite(f, fmt::format("site-{}", k), port, data[k], false, k == 1));
   for (int k = 0; k < 3; ++k) {
     EXPECT_EQ(sites[k]->Wait(), 0) << f.ClientLog(fmt::format("site-{}", k));
     EXPECT_NE(f.ClientLog(fmt::format("site-{}", k)).find(fmt::format("trained {} rounds", kRounds)),
@@ -192,6 +194,39 @@ TEST(CustomModelFederation, ASiteOfTheSameModelTrainsIt) {
   EXPECT_EQ(site->Wait(), 0) << f.ClientLog("site-0");
   EXPECT_EQ(f.WaitServer(), 0) << f.ServerLog();
   EXPECT_NE(f.ServerLog().find("model " + initial.name), std::string::npos) << f.ServerLog();
+}
+
+TEST(CustomModelFederation, ARestartedServerResumesItAndExportsEachRound) {
+  Federation f;
+  f.eval_data = false;
+  const models::CustomModel initial = LinearModel(/*counter=*/true);
+  const fs::path model_file = f.dir() / "linear.safetensors";
+  ASSERT_TRUE(models::SaveCustomModel(model_file, initial).ok());
+  f.Issue("site-0");
+  const fs::path data = f.dir() / "site-0.csv";
+  WriteSiteData(data, 10, 1);
+  for (uint64_t rounds : {1, 2}) {  // the second server resumes the first's federation from its checkpoint
+    const uint16_t port = f.StartServer(rounds, 1, ServeFlags(model_file, 0.1));
+    auto site = StartSite(f, "site-0", port, data, false);
+    EXPECT_EQ(site->Wait(), 0) << f.ClientLog("site-0");
+    ASSERT_EQ(f.WaitServer(), 0) << f.ServerLog();
+  }
+  EXPECT_NE(f.ServerLog().find("resumed after round 1"), std::string::npos) << f.ServerLog();
+  std::vector<std::vector<float>> exported;
+  for (int round : {1, 2}) {
+    const fs::path out = f.dir() / fmt::format("export-{}", round);
+    const auto run = RunCommand(fmt::format("{} export --db {} --round {} --out {}",
+                                            BinaryPath("estuary-server").string(), f.db().string(), round,
+                                            out.string()));
+    ASSERT_EQ(run.exit_code, 0) << run.output;
+    auto back = models::LoadCustomModel(out / "model.safetensors");
+    ASSERT_TRUE(back.ok()) << back.status().ToString();
+    EXPECT_EQ(back->name, initial.name);
+    EXPECT_EQ(back->held, initial.held);
+    exported.push_back(back->values);
+  }
+  EXPECT_NE(exported[0], exported[1]);
+  EXPECT_NE(exported[0], initial.values);
 }
 
 TEST(CustomModelFederation, TheServerRefusesEvaluationDataAndBadFilesInOneLine) {
