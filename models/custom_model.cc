@@ -192,7 +192,7 @@ Result<CustomModel> LoadCustomModel(const std::filesystem::path& path) {
   }
   if (next != data_bytes) return InvalidArgument("{}: the tensors end at byte {} of {} in the data", file, next, data_bytes);
 
-  CustomModel model;
+  CustomModel model{.source = file};
   for (const Entry& e : entries) model.layout.push_back(e.tensor);
   model.name = CustomModelName(model.layout);
   model.manifest = ManifestOf(model.layout);
@@ -226,6 +226,12 @@ Result<CustomModel> LoadCustomModel(const std::filesystem::path& path) {
     }
   }
   return model;
+}
+
+std::string DescribeCustomModel(const CustomModel& model) {
+  return fmt::format("model {} from {}: {} tensors ({} federated, {} held as the file has them); the server knows no "
+                     "architecture for it, so it reports no server-side accuracy, only the sites' training loss",
+                     model.name, model.source, model.layout.size(), model.manifest.tensors.size(), model.held.size());
 }
 
 std::map<std::string, std::string> CustomModelMetadata(const CustomModel& model) {

@@ -48,6 +48,7 @@ struct CustomTensor {
 
 struct CustomModel {
   std::string name;                     // "custom@0123456789ab"
+  std::string source;                   // the file it was read from
   std::vector<CustomTensor> layout;     // every tensor, in the file's data order
   Manifest manifest;                    // the federated tensors, fp32, in layout order
   std::vector<float> values;            // their values, manifest layout
@@ -63,6 +64,10 @@ bool IsFederatedDType(const std::string& dtype);
 // Reads a safetensors file. Every error is one line naming the file and
 // what is wrong in it (a tensor, its dtype, the header).
 Result<CustomModel> LoadCustomModel(const std::filesystem::path& path);
+
+// What the server's operator must know of it, in one line: its name, where
+// from, its tensors federated and held, and that the server can score none.
+std::string DescribeCustomModel(const CustomModel& model);
 
 // The checkpoint metadata that lets `estuary-server export` write the model
 // back without the initial file: "custom_layout" (the layout, JSON) and

@@ -49,16 +49,6 @@ double Coordinator::SecondsSince(SteadyClock::time_point start) const {
   return std::chrono::duration<double>(clock_.Now() - start).count();
 }
 
-// A model known only as a file: what the operator must know of it, once.
-static void LogCustomModel(const aggregation::Federation& federation) {
-  if (!federation.custom) return;
-  const models::CustomModel& custom = *federation.custom;
-  spdlog::info("model {} from {}: {} tensors ({} federated, {} held as the file has them); the server knows no "
-               "architecture for it, so it reports no server-side accuracy, only the sites' training loss",
-               custom.name, federation.config.initial_model(), custom.layout.size(), custom.manifest.tensors.size(),
-               custom.held.size());
-}
-
 Status Coordinator::Recover() {
   // Evaluation runs between rounds, when the clients are idle: two threads.
   ESTUARY_ASSIGN_OR_RETURN(aggregation::Federation federation,
@@ -124,7 +114,7 @@ Status Coordinator::Recover() {
     ESTUARY_RETURN_IF_ERROR(CountFailedTries());
     spdlog::info("new federation {}: model {} ({} parameters), checksum {}", federation_id_, task_.model(),
                  manifest_.total_elements, checksum.substr(0, 12));
-    LogCustomModel(federation);
+    if (federation.custom) spdlog::info("{}", models::DescribeCustomModel(*federation.custom));
     return Status::Ok();
   }
   ESTUARY_ASSIGN_OR_RETURN(auto path, store_.CheckpointFor(last->round));
@@ -136,7 +126,7 @@ Status Coordinator::Recover() {
   ESTUARY_RETURN_IF_ERROR(CountFailedTries());
   spdlog::info("federation {} resumed after round {}: model version {}, checksum {}", federation_id_, last->round,
                last->model_version, last->global_checksum.substr(0, 12));
-  LogCustomModel(federation);
+  if (federation.custom) spdlog::info("{}", models::DescribeCustomModel(*federation.custom));
   return Status::Ok();
 }
 
