@@ -24,7 +24,9 @@ inline void ExpectCudaFollowsTheCpu(const Scenario& s, const std::string& label)
     EXPECT_NE(run->trained_on.find("cuda::"), std::string::npos) << label << " " << precision << ": " << run->trained_on;
     EXPECT_NE(run->trained_on.find(precision == "fp32" ? " in f32" : " in bf16"), std::string::npos)
         << label << ": " << run->trained_on;
-    if (s.recompute) EXPECT_NE(run->trained_on.find("recompute"), std::string::npos) << label << ": " << run->trained_on;
+    if (s.recompute) {
+      EXPECT_NE(run->trained_on.find("recompute"), std::string::npos) << label << ": " << run->trained_on;
+    }
     ASSERT_EQ(run->rounds.size(), cpu->rounds.size());
     const double tolerance = precision == "fp32" ? 1e-3 : 2e-2;
     for (size_t r = 0; r < cpu->rounds.size(); ++r) {
