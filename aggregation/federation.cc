@@ -182,11 +182,6 @@ Status CheckFederation(const v1::FederationConfig& config) {
                                "is a model directory: config.json and model.safetensors)",
                                config.base_model());
       }
-      if (task.update_kind() != v1::UPDATE_LORA) {
-        return InvalidArgument("federation: base_model = {} (a Hugging Face model directory) with update_kind = "
-                               "full: only a lora federation runs on a Hugging Face base",
-                               config.base_model());
-      }
       auto read = models::ReadHfConfig(base);
       if (!read.ok()) return InvalidArgument("federation: base_model = {}: {}", config.base_model(),
                                              read.status().message());
@@ -207,8 +202,11 @@ Status CheckFederation(const v1::FederationConfig& config) {
     }
     return (hf_config ? LoraOptionsOf(task, *hf_config) : LoraOptionsOf(task)).status();
   }
-  if (!config.base_model().empty()) {
-    return InvalidArgument("federation: base_model = {}: only a lora federation starts from a base model",
+  if (!config.base_model().empty() && !hf_config) {
+    // A preset's safetensors file is a lora federation's base; a full one
+    // starts from a Hugging Face model directory.
+    return InvalidArgument("federation: base_model = {}: only a lora federation starts from a base model file (a "
+                           "full one takes a Hugging Face model directory)",
                            config.base_model());
   }
   if (Status valid = ValidateStrategyOptions(StrategyOptionsOf(config.strategy())); !valid.ok()) {
@@ -410,6 +408,11 @@ Result<Federation> MakeFederation(const v1::FederationConfig& config, const Eval
                                evaluation.data.string(), f.custom->name, config.initial_model());
       }
       initial = {f.custom->manifest, f.custom->values};
+    } else if (hf_base) {
+      // The global model starts as the base itself; every tensor a round
+      // changes is what a site lacks, the rest it holds.
+      initial = {.manifest = hf_base->manifest, .values = hf_base->weights};
+      f.held_base = std::make_shared<const std::vector<float>>(hf_base->weights);
     } else {
       ESTUARY_ASSIGN_OR_RETURN(initial, models::InitialModel(task.model(), task.seed()));
     }

@@ -4,8 +4,9 @@
 // same strategy and score with the same evaluator.
 //
 // A federation of update kind full starts from the task's model initialised
-// from the seed and merges weight deltas with the configured strategy
-// (FedAvg, FedAdam). One of kind lora starts from the base (the preset from
+// from the seed, or from a Hugging Face base (base_model a model directory)
+// itself, and merges weight deltas with the configured strategy (FedAvg,
+// FedAdam). One of kind lora starts from the base (the preset from
 // the seed, or base_model's safetensors) followed by the global adapter
 // (models/lora_federation.h) and merges the sites' adapters by the task's
 // LoRA merge rule (lora_strategy.h).
@@ -72,7 +73,8 @@ struct Federation {
   std::optional<LoraStrategyOptions> lora;       // set in a federation of update kind lora
   // A federation on a Hugging Face base (base_model a model directory,
   // models/hf_base.h): what every site holds before round 1, the global
-  // layout with the base's weights and a zero adapter. The server sends a
+  // layout with the base's weights (and, in a lora federation, a zero
+  // adapter after them). The server sends a
   // site only what differs from it (RoundStart.patch_on_base), never the
   // base. config.task() then names the base and carries its shape and
   // identity (hf_base). Null otherwise.

@@ -50,11 +50,6 @@ Status CheckTask(const v1::TaskConfig& task) {
       return InvalidArgument("task: hf_base.sha256 = '{}': expected 64 lowercase hex digits", sha);
     }
     if (task.hf_base().shape().empty()) return InvalidArgument("task: hf_base.shape is empty");
-    if (task.update_kind() != v1::UPDATE_LORA) {
-      return InvalidArgument("task: a Hugging Face base model (model '{}') with update_kind = full: only a lora "
-                             "federation trains on a base the sites hold",
-                             task.model());
-    }
   }
   if (task.update_kind() == v1::UPDATE_LORA) {
     const v1::LoraTask& lora = task.lora();

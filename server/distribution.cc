@@ -1,5 +1,6 @@
 #include "server/distribution.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include <spdlog/spdlog.h>
@@ -34,9 +35,12 @@ void ModelDistribution::FindChangesFromBase() {
     }
   }
   // An empty patch would read as "the whole model"; a model equal to the
-  // base (no adapter A is zero, so never in practice) sends its last tensor.
+  // base (a full federation's round 1) sends its smallest tensor.
   if (ranges.empty() && !manifest_.tensors.empty()) {
-    ranges.emplace_back(manifest_.tensors.back().offset, manifest_.tensors.back().numel());
+    const TensorSpec& smallest = *std::min_element(
+        manifest_.tensors.begin(), manifest_.tensors.end(),
+        [](const TensorSpec& a, const TensorSpec& b) { return a.numel() < b.numel(); });
+    ranges.emplace_back(smallest.offset, smallest.numel());
   }
 }
 

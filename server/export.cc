@@ -146,6 +146,10 @@ Result<ExportResult> ExportRound(Store& store, std::optional<uint64_t> round, co
     result.written = {out / "model"};
     ESTUARY_RETURN_IF_ERROR(models::SaveHfCheckpoint(result.written[0], model));
     result.description = fmt::format("round {} of a full {} federation: a Hugging Face model", record->round, model_name);
+    if (!hf_base_dir.empty()) {
+      ESTUARY_ASSIGN_OR_RETURN(const std::string copied, CopyBaseFiles(hf_base_dir, {result.written[0]}));
+      result.description += fmt::format(", trained from base {}: {}", hf_base_dir.string(), copied);
+    }
     return result;
   }
 

@@ -359,12 +359,6 @@ TEST(Federation, AHuggingFaceBaseIsRefusedInOneLineWhereItCannotServe) {
             fmt::format("federation: base_model = {}: a directory without config.json (a Hugging Face base is a model "
                         "directory: config.json and model.safetensors)",
                         (dir.path() / "empty").string()));
-  config = DefaultFederation();  // update_kind full
-  config.set_base_model((dir.path() / "tiny").string());
-  EXPECT_EQ(CheckFederation(config).message(),
-            fmt::format("federation: base_model = {} (a Hugging Face model directory) with update_kind = full: only a "
-                        "lora federation runs on a Hugging Face base",
-                        (dir.path() / "tiny").string()));
   // Its config.json is read for the shapes the adapters need: a bad one names the file and the key.
   std::filesystem::create_directories(dir.path() / "bad");
   WriteText(dir.path() / "bad" / "config.json", R"({"architectures": ["LlamaForCausalLM"], "hidden_size": -4})");
@@ -439,6 +433,32 @@ TEST(Federation, OnAHuggingFaceBaseTheServerScoresWithTheBasesTokenizer) {
   std::filesystem::remove(base / "tokenizer.json");
   EXPECT_NE(MakeFederation(config, {.data = file}).status().message().find((base / "tokenizer.json").string()),
             std::string::npos);
+}
+
+// A full federation on a Hugging Face base: the global model starts as the
+// base, in the base's own layout, and the sites hold all of it already.
+TEST(Federation, OnAHuggingFaceBaseAFullFederationStartsFromTheBaseTheSitesHold) {
+  TempDir dir;
+  const models::HfBase base = WriteHfBase(dir.path() / "tiny");
+  v1::FederationConfig config = DefaultFederation();  // update_kind full, model mlp until the base names it
+  config.set_base_model((dir.path() / "tiny").string());
+  config.mutable_task()->set_optimizer("adamw");
+  ASSERT_TRUE(CheckFederation(config).ok()) << CheckFederation(config).ToString();
+  auto f = MakeFederation(config, {});
+  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  const v1::TaskConfig& task = f->config.task();
+  EXPECT_EQ(task.model(), "tiny@" + base.sha256.substr(0, 12));
+  EXPECT_EQ(task.hf_base().sha256(), base.sha256);
+  EXPECT_EQ(task.update_kind(), v1::UPDATE_FULL);
+  EXPECT_FALSE(task.has_lora());
+  EXPECT_FALSE(f->lora.has_value());
+  EXPECT_TRUE(f->manifest == base.manifest);
+  EXPECT_EQ(f->initial, base.weights);
+  ASSERT_NE(f->held_base, nullptr);
+  EXPECT_EQ(*f->held_base, base.weights);
+  // A server optimizer over full deltas is allowed, as on a preset.
+  config.mutable_strategy()->set_name("fedadam");
+  EXPECT_TRUE(CheckFederation(config).ok()) << CheckFederation(config).ToString();
 }
 
 }  // namespace

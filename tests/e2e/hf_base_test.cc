@@ -8,11 +8,13 @@
 // records.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "models/checkpoint.h"
 #include "models/federated_model.h"
 #include "models/hf_base.h"
 #include "models/language_model.h"
@@ -193,6 +195,118 @@ TEST(HfBaseFederation, SitesHoldTheBaseTheServerSendsOnlyTheAdapterAndTheHeldOut
   SCOPED_TRACE("held-out loss, base then per round: " + trace);
   for (size_t i = 1; i < losses.size(); ++i) EXPECT_LT(losses[i], losses[i - 1]);
   ExpectTheExportMergesOntoTheBase(f, f.dir() / "server-base");
+}
+
+const std::vector<std::string> kFullFlags = {"--optimizer", "adamw", "--lr", "0.003", "--batch", "4", "--seq-len",
+                                             "32", "--max-local-steps", "4", "--eval-windows", "4", "--update-kind",
+                                             "full", "--seed", "9"};
+
+// The held-out loss of the base and after each committed round, in order.
+std::vector<double> HeldOutLosses(const models::HfBase& base, const fs::path& text,
+                                  const std::vector<server::RoundRecord>& rounds) {
+  EXPECT_TRUE(models::RegisterHfModel(base.ModelName(), base.config).ok());
+  auto evaluator = models::MakeEvaluator(base.ModelName(), text, {.seq_len = 32, .max_windows = 4, .seed = 9});
+  EXPECT_TRUE(evaluator.ok()) << evaluator.status().ToString();
+  if (!evaluator.ok()) return {};
+  auto initial = (*evaluator)->Evaluate(base.weights);
+  EXPECT_TRUE(initial.ok()) << initial.status().ToString();
+  std::vector<double> losses = {initial.ok() ? initial->loss : std::nan("")};
+  for (const auto& r : rounds) losses.push_back(r.test_loss.value_or(std::nan("")));
+  return losses;
+}
+
+// A full federation on a Hugging Face base: every site trains all of its
+// weights and uploads full deltas; the server keeps the global model. In
+// round 1 the global model is the base, which the sites hold, so each is
+// sent one tensor (the smallest, a norm); afterwards every weight has
+// changed, so each is sent the model once and nothing of the base beside it.
+// The export is a Hugging Face directory with the base's config.json and
+// tokenizer, which our loader reads back to the round's weights and logits.
+TEST(HfBaseFederation, AFullFederationTrainsEveryWeightAndExportsAModelOurLoaderReadsBack) {
+  Federation f;
+  f.Issue("site-a");
+  f.Issue("site-b");
+  const fs::path text = WriteText(f);
+  const models::HfBase base = WriteBase(f.dir() / "server-base");
+  std::ofstream(f.dir() / "server-base" / "tokenizer.json") << R"({"version": "1.0", "model": {"type": "BPE"}})";
+  WriteBase(f.dir() / "site-copy");
+  std::vector<std::string> flags = {"--base-model", (f.dir() / "server-base").string(), "--eval-data", text.string()};
+  flags.insert(flags.end(), kFullFlags.begin(), kFullFlags.end());
+  const uint16_t port = f.StartServer(3, 2, flags);
+  ASSERT_NE(port, 0) << f.ServerLog();
+  const std::vector<std::string> site = {"--base-model", (f.dir() / "site-copy").string()};
+  auto a = f.StartClient("site-a", port, text, site);
+  auto b = f.StartClient("site-b", port, text, site);
+  EXPECT_EQ(a->Wait(), 0) << f.ClientLog("site-a");
+  EXPECT_EQ(b->Wait(), 0) << f.ClientLog("site-b");
+  ASSERT_EQ(f.WaitServer(), 0) << f.ServerLog();
+
+  const uint64_t model_bytes = base.manifest.byte_size();
+  uint64_t smallest = model_bytes;
+  for (const auto& spec : base.manifest.tensors) smallest = std::min<uint64_t>(smallest, spec.numel() * 4);
+  auto store = f.OpenStore();
+  ASSERT_TRUE(store);
+  auto rounds = store->Rounds();
+  ASSERT_TRUE(rounds.ok());
+  ASSERT_EQ(rounds->size(), 3u);
+  for (const auto& r : *rounds) {
+    EXPECT_EQ(r.state, server::RoundState::kCommitted);
+    EXPECT_EQ(r.updates_received, 2u);
+    const uint64_t sent = r.round == 1 ? smallest : model_bytes;
+    for (const auto& [name, p] : ParticipationsByName(*store, r.round)) {
+      std::printf("round %llu %s: %llu bytes down, %llu up (model %llu)\n", (unsigned long long)r.round, name.c_str(),
+                  (unsigned long long)p.bytes_down, (unsigned long long)p.bytes_up, (unsigned long long)model_bytes);
+      EXPECT_EQ(p.bytes_down, sent) << name << " round " << r.round;
+      // Never the base and the model: the base stays at the site.
+      EXPECT_LT(p.bytes_down, 2 * model_bytes) << name;
+      EXPECT_GE(p.bytes_up, model_bytes) << name << ": a full delta";
+    }
+  }
+  EXPECT_LT((*rounds)[0].bytes_down, model_bytes / 100);
+
+  const std::vector<double> losses = HeldOutLosses(base, text, *rounds);
+  const std::string trace = fmt::format("{:.4f}", fmt::join(losses, " "));
+  std::printf("held-out loss, base then after each round: %s\n", trace.c_str());
+  SCOPED_TRACE("held-out loss, base then per round: " + trace);
+  ASSERT_EQ(losses.size(), 4u);
+  for (size_t i = 1; i < losses.size(); ++i) EXPECT_LT(losses[i], losses[i - 1]);
+
+  // The export: model/ with the base's config.json and tokenizer, the round's weights bit for bit.
+  const fs::path out = f.dir() / "export";
+  const CommandResult exported = RunCommand(
+      fmt::format("{} export --db {} --out {}", BinaryPath("estuary-server").string(), f.db().string(), out.string()));
+  ASSERT_EQ(exported.exit_code, 0) << exported.output;
+  EXPECT_NE(exported.output.find("copied config.json, tokenizer.json"), std::string::npos) << exported.output;
+  for (const char* file : {"config.json", "tokenizer.json"}) {
+    EXPECT_EQ(ReadAll(out / "model" / file), ReadAll(f.dir() / "server-base" / file)) << file;
+  }
+  auto path = store->CheckpointFor(3);
+  ASSERT_TRUE(path.ok() && path->has_value());
+  auto checkpoint = models::LoadCheckpoint(**path);
+  ASSERT_TRUE(checkpoint.ok()) << checkpoint.status().ToString();
+  auto reloaded = models::LoadHfCheckpoint(out / "model");
+  ASSERT_TRUE(reloaded.ok()) << reloaded.status().ToString();
+  ASSERT_EQ(reloaded->parameters().size(), checkpoint->data.size());
+  EXPECT_TRUE(std::equal(checkpoint->data.begin(), checkpoint->data.end(), reloaded->parameters().begin()));
+  EXPECT_FALSE(std::equal(base.weights.begin(), base.weights.end(), reloaded->parameters().begin()));
+  auto direct = models::Llama::Create(base.config, 1);
+  ASSERT_TRUE(direct.ok());
+  std::copy(checkpoint->data.begin(), checkpoint->data.end(), direct->parameters().begin());
+  std::vector<int32_t> tokens;
+  for (int i = 0; i < 24; ++i) tokens.push_back(int32_t("a stitch in time saves 9"[i]));
+  std::vector<float> want(tokens.size() * 256), got(want.size());
+  ASSERT_TRUE(direct->Forward(tokens.data(), 1, int(tokens.size()), want.data()).ok());
+  ASSERT_TRUE(reloaded->Forward(tokens.data(), 1, int(tokens.size()), got.data()).ok());
+  EXPECT_EQ(got, want) << "the exported model's logits are the round's model's";
+  // And its held-out loss is the one the round log recorded for round 3.
+  auto evaluator =
+      models::MakeEvaluator(base.ModelName(), text, {.threads = 2, .seq_len = 32, .max_windows = 4, .seed = 9});
+  ASSERT_TRUE(evaluator.ok());
+  auto scored = (*evaluator)->Evaluate(reloaded->parameters());
+  ASSERT_TRUE(scored.ok());
+  // (To the round log's rounding: evaluation sums windows over threads in whatever order they finish.)
+  EXPECT_NEAR(scored->loss, losses[3], 1e-6 * losses[3]);
+  std::printf("exported model's held-out loss %.9f, round 3's in the log %.9f\n", scored->loss, losses[3]);
 }
 
 TEST(HfBaseFederation, ASiteWhoseCopyDiffersInOneWeightRefusesTheRoundInOneLine) {

@@ -210,6 +210,42 @@ TEST(HeldBaseDistribution, ASiteWithoutAVersionGetsWhatDiffersFromTheBaseItHolds
   }
 }
 
+// A full federation on a Hugging Face base: in round 1 the global model is
+// the base, so a site is sent one tensor, the smallest (an empty patch would
+// read as the whole model); once a round has changed every weight, the patch
+// on the base is every tensor: the model, once, and nothing of the base
+// beside it.
+TEST(HeldBaseDistribution, AFullFederationSendsTheSmallestTensorOfTheBaseThenWhatARoundChanged) {
+  FakeClock clock;
+  ModelDistribution distribution{clock, seconds(30)};
+  Manifest layout;
+  layout.Append("embed", {16, 32});
+  layout.Append("norm", {4});
+  layout.Append("head", {16, 32});
+  std::vector<float> values(layout.total_elements);
+  std::iota(values.begin(), values.end(), 1.0f);
+  distribution.SetHeldBase(std::make_shared<const std::vector<float>>(values));
+  distribution.Reset(layout, ModelOf(values, 0));
+  distribution.OnHello("site", v1::Hello());
+  auto site = std::make_shared<FakeSession>("site");
+  distribution.BeginRound(1);
+  v1::RoundStart start;
+  EXPECT_EQ(distribution.Offer(site, &start), 4 * sizeof(float));
+  EXPECT_TRUE(start.patch_on_base());
+  auto patch = proto::ReadModelPatch(start, layout);
+  ASSERT_TRUE(patch.ok()) << patch.status().ToString();
+  EXPECT_EQ(patch->ranges, (std::vector<std::pair<uint64_t, uint64_t>>{{512, 4}}));
+
+  for (float& v : values) v -= 0.5f;
+  distribution.Publish(ModelOf(values, 1), {});
+  distribution.BeginRound(2);
+  EXPECT_EQ(distribution.Offer(site, &start), layout.byte_size());
+  EXPECT_TRUE(start.patch_on_base());
+  patch = proto::ReadModelPatch(start, layout);
+  ASSERT_TRUE(patch.ok()) << patch.status().ToString();
+  EXPECT_EQ(patch->ranges, (std::vector<std::pair<uint64_t, uint64_t>>{{0, layout.total_elements}}));
+}
+
 TEST_F(DistributionTest, AConfirmationCountsOnlyForTheAttemptThatOfferedIt) {
   auto keeper = Site("keeper", Holding(v0, true));
   distribution.Publish(v1, {});

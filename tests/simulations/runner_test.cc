@@ -644,6 +644,44 @@ TEST(LoraSimulation, OnAHuggingFaceBaseInprocLearnsAndLoopbackAgreesWithoutSendi
   }
 }
 
+// estuary-sim --base-model DIR --update-kind full: every weight trained, in
+// one process and over TLS alike; in round 1 each site is sent one tensor of
+// the base it holds (the smallest), afterwards the model once, never the
+// base beside it.
+TEST(TextSimulation, AFullFederationOnAHuggingFaceBaseLearnsAndLoopbackAgrees) {
+  testing::TempDir dir;
+  models::LlamaConfig c;
+  c.vocab_size = 256, c.hidden_size = 64, c.intermediate_size = 128, c.num_layers = 2, c.num_heads = 4;
+  c.num_kv_heads = 2, c.max_seq_len = 64;
+  auto model = models::Llama::Create(c, 1);
+  ASSERT_TRUE(model.ok());
+  model->Initialize(21);
+  ASSERT_TRUE(models::SaveHfCheckpoint(dir / "hf-tiny", *model).ok());
+  Scenario s = Text(WriteTopics(dir));
+  s.per_round = 3;
+  s.federation.set_base_model((dir / "hf-tiny").string());
+  s.workdir = dir / "run";
+  s.server_binary = testing::BinaryPath("estuary-server");
+  auto inproc = RunInproc(s, nullptr);
+  ASSERT_TRUE(inproc.ok()) << inproc.status().ToString();
+  ASSERT_EQ(inproc->rounds.size(), 3u);
+  EXPECT_LT(inproc->rounds[2].test_loss, inproc->rounds[0].test_loss);
+  s.mode = "loopback";
+  auto loopback = RunLoopback(s, nullptr);
+  ASSERT_TRUE(loopback.ok()) << loopback.status().ToString();
+  ASSERT_EQ(loopback->rounds.size(), inproc->rounds.size());
+  const uint64_t model_bytes = model->parameters().size_bytes();
+  uint64_t smallest = model_bytes;
+  for (const auto& spec : model->manifest().tensors) smallest = std::min<uint64_t>(smallest, spec.numel() * 4);
+  for (size_t r = 0; r < inproc->rounds.size(); ++r) {
+    EXPECT_EQ(loopback->rounds[r].updates_received, 3u);
+    EXPECT_EQ(loopback->rounds[r].bytes_per_update, model_bytes);
+    EXPECT_NEAR(loopback->rounds[r].test_loss, inproc->rounds[r].test_loss, 1e-4 * inproc->rounds[r].test_loss)
+        << "round " << r + 1;
+    EXPECT_EQ(loopback->rounds[r].bytes_down, 3 * (r == 0 ? smallest : model_bytes)) << "round " << r + 1;
+  }
+}
+
 TEST(LoraSimulation, BadLoraScenariosNameTheProblem) {
   testing::TempDir dir;
   const auto data = WriteTopics(dir);
