@@ -3,6 +3,7 @@
 // and the model a patch on the base starts from.
 #include "client/held_base.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "models/llama.h"
@@ -74,6 +75,53 @@ TEST(HeldBase, APatchOnTheBaseStartsFromItsWeightsAndAZeroAdapter) {
   ASSERT_FALSE(refused.ok());
   EXPECT_EQ(refused.status().message(),
             "the model's manifest does not begin with base model /copies/tiny's tensor model.layers.0.mlp.gate_proj.weight");
+}
+
+// Full training on a held base: five fp32 copies of the weights, AdamW's
+// two moments (or SGD's momentum), and the activations of one batch; a site
+// whose memory is short refuses the round in one line with the arithmetic.
+TEST(HeldBase, FullTrainingThatDoesNotFitIsRefusedInOneLineWithItsArithmetic) {
+  const models::HfBase base = BaseOf(Tiny(), 0.5f);
+  v1::TaskConfig task = TaskOn(base);
+  task.set_update_kind(v1::UPDATE_FULL);
+  task.set_optimizer("adamw");
+  task.set_batch_size(4);
+  task.set_seq_len(16);
+  const double parameters = double(base.manifest.total_elements);
+  const FullTrainingMemory m = FullTrainingMemoryOf(base.config, task);
+  EXPECT_EQ(m.parameters, parameters);
+  EXPECT_EQ(m.copies, 7);
+  models::LlamaConfig at16 = base.config;
+  at16.max_seq_len = 16;
+  EXPECT_EQ(m.activations, at16.ActivationsPerSequence() * 4 * 4);
+  EXPECT_GT(m.activations, 0);
+  const double need = parameters * 4 * 7 + m.activations;
+  ASSERT_EQ(m.bytes(), need);
+  // The arena a Llama maps for those steps is of that order (the formula leaves out backward's scratch).
+  auto llama = models::Llama::Create(at16, 4);
+  ASSERT_TRUE(llama.ok());
+  EXPECT_GT(m.activations, 0.5 * double(llama->activation_arena().size_bytes()));
+
+  EXPECT_EQ(RefusalOfMemory(base.config, task, 2, "site-a", uint64_t(need)), "");
+  EXPECT_EQ(RefusalOfMemory(base.config, task, 2, "site-a", uint64_t(need) - 1),
+            fmt::format("site-a: refused round 2: training {} in full needs {} parameters x 4 bytes x 7 (the held "
+                        "base, the global model, weights, gradients, the update, AdamW's two moments) + {:.0f} bytes "
+                        "of activations for 4 x 16 tokens = {:.0f} bytes ({:.2f} GiB), more than the {} bytes ({:.2f} "
+                        "GiB) of its limit",
+                        task.model(), base.manifest.total_elements, m.activations, need, need / (1 << 30),
+                        uint64_t(need) - 1, (need - 1) / (1 << 30)));
+  // Plain SGD keeps no state; momentum one copy.
+  task.set_optimizer("sgd");
+  EXPECT_EQ(FullTrainingMemoryOf(base.config, task).copies, 5);
+  task.set_momentum(0.9);
+  EXPECT_EQ(FullTrainingMemoryOf(base.config, task).copies, 6);
+  EXPECT_EQ(RefusalOfMemory(base.config, task, 2, "site-a", uint64_t(need) - 1), "") << "SGD fits where AdamW did not";
+  // A LoRA round, or a task on no base, is not this check's.
+  task.set_update_kind(v1::UPDATE_LORA);
+  EXPECT_EQ(RefusalOfMemory(base.config, task, 2, "site-a", 1), "");
+  // This tiny base fits this machine, so RefusalOfBase lets the full round train.
+  task.set_update_kind(v1::UPDATE_FULL);
+  EXPECT_EQ(RefusalOfBase(&base, task, 2, "site-a"), "");
 }
 
 }  // namespace
