@@ -60,6 +60,13 @@ Status Coordinator::Recover() {
   manifest_ = federation.manifest;
   distribution_.SetHeldBase(federation.held_base);
   ESTUARY_ASSIGN_OR_RETURN(auto stored_model, store_.GetMeta("model"));
+  if (stored_model && *stored_model != task_.model() && task_.has_hf_base()) {
+    // The name holds the base's directory name and identity: another base, or the same one renamed.
+    return FailedPrecondition("server: {} holds a federation on base model {}, not {} ({}, sha256 {}): start it on "
+                              "the base it began with",
+                              config_.db.string(), *stored_model, config_.federation.base_model(), task_.model(),
+                              task_.hf_base().sha256());
+  }
   if (stored_model && *stored_model != task_.model()) {
     return FailedPrecondition("server: {} holds a federation of model '{}', not '{}'", config_.db.string(),
                               *stored_model, task_.model());

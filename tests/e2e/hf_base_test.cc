@@ -309,6 +309,100 @@ TEST(HfBaseFederation, AFullFederationTrainsEveryWeightAndExportsAModelOurLoader
   std::printf("exported model's held-out loss %.9f, round 3's in the log %.9f\n", scored->loss, losses[3]);
 }
 
+struct RoundResult {
+  std::string checksum;
+  double loss = 0;
+  bool operator==(const RoundResult&) const = default;
+};
+
+// `rounds` rounds of the federation `flags` describes, on the base
+// server-base (the site holds its own copy), with one site so that the
+// folding order is fixed. The server is stopped after each round in `stops`
+// and started again on the same round log and checkpoints; before the last
+// start, a start on another base (a copy with one bit flipped) must be
+// refused in one line and leave the round log as it was.
+std::vector<RoundResult> RunWithRestarts(const std::vector<std::string>& federation, uint64_t rounds,
+                                         const std::vector<uint64_t>& stops) {
+  Federation f;
+  f.Issue("site-a");
+  const fs::path text = WriteText(f);
+  const models::HfBase base = WriteBase(f.dir() / "server-base");
+  WriteBase(f.dir() / "site-copy");
+  std::vector<std::string> flags = {"--base-model", (f.dir() / "server-base").string(), "--eval-data", text.string()};
+  flags.insert(flags.end(), federation.begin(), federation.end());
+  std::vector<uint64_t> stints = stops;
+  stints.push_back(rounds);
+  for (size_t i = 0; i < stints.size(); ++i) {
+    if (i > 0 && i + 1 == stints.size()) {
+      const models::HfBase other = WriteBase(f.dir() / "other-base", 12345);
+      std::vector<std::string> args = f.ServeArgs(rounds, 1, flags);
+      std::replace(args.begin(), args.end(), (f.dir() / "server-base").string(), (f.dir() / "other-base").string());
+      std::string command = BinaryPath("estuary-server").string();
+      for (const std::string& arg : args) command += " " + arg;
+      const CommandResult refused = RunCommand(command);
+      EXPECT_NE(refused.exit_code, 0) << refused.output;
+      const std::string line = fmt::format(
+          "server: {} holds a federation on base model server-base@{}, not {} (other-base@{}, sha256 {}): start it "
+          "on the base it began with",
+          f.db().string(), base.sha256.substr(0, 12), (f.dir() / "other-base").string(), other.sha256.substr(0, 12),
+          other.sha256);
+      EXPECT_NE(refused.output.find(line), std::string::npos) << refused.output;
+      EXPECT_EQ(std::count(refused.output.begin(), refused.output.end(), '\n'), 1) << refused.output;
+      auto rounds_now = f.OpenStore()->Rounds();
+      EXPECT_TRUE(rounds_now.ok() && rounds_now->size() == stints[i - 1]) << "the refused start changed the log";
+    }
+    const uint16_t port = f.StartServer(stints[i], 1, flags);
+    if (port == 0) return {};
+    auto a = f.StartClient("site-a", port, text, {"--base-model", (f.dir() / "site-copy").string()});
+    EXPECT_EQ(a->Wait(), 0) << f.ClientLog("site-a");
+    EXPECT_EQ(f.WaitServer(), 0) << f.ServerLog();
+    if (i > 0) {
+      EXPECT_NE(f.ServerLog().find(fmt::format("resumed after round {}", stints[i - 1])), std::string::npos)
+          << f.ServerLog();
+    }
+  }
+  auto store = f.OpenStore();
+  auto records = store->Rounds();
+  EXPECT_TRUE(records.ok());
+  std::vector<RoundResult> out;
+  for (const auto& r : *records) {
+    EXPECT_EQ(r.state, server::RoundState::kCommitted) << r.round;
+    out.push_back({r.global_checksum, r.test_loss.value_or(std::nan(""))});
+    // Every checkpoint, before and after a restart, names the same base.
+    auto path = store->CheckpointFor(r.round);
+    EXPECT_TRUE(path.ok() && path->has_value());
+    auto checkpoint = models::LoadCheckpoint(**path);
+    EXPECT_TRUE(checkpoint.ok());
+    if (checkpoint.ok()) EXPECT_EQ(checkpoint->metadata["hf_base_sha256"], base.sha256) << r.round;
+  }
+  return out;
+}
+
+// A server restarted on the same round log resumes with the same base, and
+// the rounds after the restart are those of a server that never stopped, bit
+// for bit: a LoRA federation (exact, whose base weights change) and a full
+// one (FedAdam, whose moments live in the checkpoint).
+TEST(HfBaseFederation, ARestartedServerResumesOnTheSameBaseAndRefusesAnother) {
+  std::vector<std::string> lora = kLoraFlags;
+  lora.insert(lora.end(), {"--lora-merge", "exact"});
+  std::vector<std::string> full = kFullFlags;
+  full.insert(full.end(), {"--strategy", "fedadam", "--server-lr", "0.003"});
+  for (const auto& [name, flags] : {std::pair{"lora", lora}, std::pair{"full", full}}) {
+    SCOPED_TRACE(name);
+    const std::vector<RoundResult> continuous = RunWithRestarts(flags, 3, {});
+    const std::vector<RoundResult> restarted = RunWithRestarts(flags, 3, {1});
+    ASSERT_EQ(continuous.size(), 3u);
+    ASSERT_EQ(restarted.size(), 3u);
+    for (size_t r = 0; r < 3; ++r) {
+      std::printf("%s round %zu: %s, held-out loss %.6f (continuous) %s, %.6f (restarted after round 1)\n", name, r + 1,
+                  continuous[r].checksum.substr(0, 12).c_str(), continuous[r].loss,
+                  restarted[r].checksum.substr(0, 12).c_str(), restarted[r].loss);
+      EXPECT_EQ(restarted[r], continuous[r]) << "round " << r + 1;
+    }
+    EXPECT_NE(continuous[2].checksum, continuous[1].checksum);
+  }
+}
+
 TEST(HfBaseFederation, ASiteWhoseCopyDiffersInOneWeightRefusesTheRoundInOneLine) {
   Federation f;
   f.exit_when_done = false;
