@@ -420,7 +420,7 @@ int main(int argc, char** argv) {
   options.max_backoff_s = max_backoff;
   options.label = tls.cert.stem().string();
   if (agent_rank && !base_model.empty()) {
-    auto base = models::LoadHfBase(base_model);
+    auto base = models::LoadHfBase(base_model, {.recompute = recompute});
     if (!base.ok()) return Fail(InvalidArgument("--base-model {}: {}", base_model, base.status().message()));
     spdlog::info("base model {}: {} ({} parameters), sha256 {}", base_model, base->ModelName(), base->weights.size(),
                  base->sha256);

@@ -164,11 +164,12 @@ bool IsHfModelDir(const fs::path& path) {
   return fs::is_directory(path, error) && fs::exists(path / "config.json", error);
 }
 
-Result<HfBase> LoadHfBase(const fs::path& dir) {
+Result<HfBase> LoadHfBase(const fs::path& dir, HfLoadOptions options) {
   if (!IsHfModelDir(dir)) {
     return InvalidArgument("base model {}: not a Hugging Face model directory (no config.json)", dir.string());
   }
-  ESTUARY_ASSIGN_OR_RETURN(Llama model, LoadHfCheckpoint(dir, HfLoadOptions{.max_batch = 1}));
+  options.max_seq_len = 0;
+  ESTUARY_ASSIGN_OR_RETURN(Llama model, LoadHfCheckpoint(dir, options));
   HfBase base;
   base.dir = dir;
   base.config = model.config();

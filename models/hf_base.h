@@ -55,9 +55,11 @@ struct HfBase {
   std::string ModelName() const;
 };
 
-// Reads config.json and the weights (LoadHfCheckpoint's checks and errors)
-// and computes the identity.
-Result<HfBase> LoadHfBase(const std::filesystem::path& dir);
+// Reads config.json and the weights (LoadHfCheckpoint's checks and errors,
+// its memory check with `options`: a site that trains with recompute checks
+// recompute's arena) and computes the identity. options.max_seq_len is
+// ignored: the shape, and so the identity, keeps config.json's context.
+Result<HfBase> LoadHfBase(const std::filesystem::path& dir, HfLoadOptions options = {});
 
 // True when `path` is a model directory (holds config.json), as opposed to a
 // preset's safetensors file.

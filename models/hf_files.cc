@@ -276,7 +276,20 @@ Result<ShardIndex> ReadShardIndex(const fs::path& path) {
   return out;
 }
 
-Status CheckMemory(const fs::path& dir, const LlamaConfig& config, int max_batch, uint64_t max_bytes) {
+// ActivationsPerSequence, less under recompute the num_layers - 1 blocks'
+// activations the arena no longer holds (llama.h: one block's region, which
+// every block's forward overwrites, beside the residual streams).
+double ArenaFloatsPerSequence(const LlamaConfig& config, bool recompute) {
+  const double plain = config.ActivationsPerSequence();
+  if (!recompute || config.num_layers <= 1) return plain;
+  const double D = config.hidden_size, I = config.intermediate_size, H = config.num_heads, KV = config.num_kv_heads,
+               S = config.max_seq_len, hd = config.head_dim();
+  const double block = H * S * S + S * (4 * D + (2 * H + 2 * KV) * hd + 3 * I);
+  return plain - (config.num_layers - 1) * block;
+}
+
+Status CheckMemory(const fs::path& dir, const LlamaConfig& config, int max_batch, uint64_t max_bytes,
+                   bool recompute) {
   const bool physical = max_bytes == 0;
   const double limit = physical ? double(PhysicalMemoryBytes()) : double(max_bytes);
   const char* const of = physical ? "this machine's physical memory" : "max_bytes";
@@ -290,12 +303,14 @@ Status CheckMemory(const fs::path& dir, const LlamaConfig& config, int max_batch
   }
   // The activation arena is mapped, not touched, but a published context of
   // 128k tokens asks for terabytes of address space.
-  const double arena = config.ActivationsPerSequence() * max_batch * sizeof(float);
+  const double arena = ArenaFloatsPerSequence(config, recompute) * max_batch * sizeof(float);
   if (arena > limit) {
     return FailedPrecondition(
-        "{}: the activation arena for {} x {} tokens (max_position_embeddings, or the context asked for) would map "
-        "{:.0f} bytes ({:.2f} GiB), more than the {:.0f} bytes ({:.2f} GiB) of {}; load at a shorter context",
-        dir.string(), max_batch, config.max_seq_len, arena, arena / kGiB, limit, limit / kGiB, of);
+        "{}: the activation arena for {} x {} tokens (max_position_embeddings, or the context asked for){} would "
+        "map {:.0f} bytes ({:.2f} GiB), more than the {:.0f} bytes ({:.2f} GiB) of {}; load at a shorter context{}",
+        dir.string(), max_batch, config.max_seq_len,
+        recompute ? fmt::format(" with recompute (one block's activations, not {})", config.num_layers) : "", arena,
+        arena / kGiB, limit, limit / kGiB, of, recompute ? "" : ", or with recompute");
   }
   return Status::Ok();
 }
@@ -341,7 +356,7 @@ Result<Llama> LoadHfCheckpoint(const fs::path& dir, const HfLoadOptions& options
     }
     ESTUARY_RETURN_IF_ERROR(
         CheckTensors(file, checkpoint, LayoutOf(config).manifest, "config.json implies", expected, recomputed));
-    ESTUARY_RETURN_IF_ERROR(CheckMemory(dir, config, options.max_batch, options.max_bytes));
+    ESTUARY_RETURN_IF_ERROR(CheckMemory(dir, config, options.max_batch, options.max_bytes, options.recompute));
     ESTUARY_ASSIGN_OR_RETURN(Llama model, Llama::Create(config, options.max_batch, options.recompute));
     ESTUARY_RETURN_IF_ERROR(CopyCheckedTensors(file, checkpoint, model.manifest(), model.parameters(),
                                                "config.json implies", expected, recomputed));
@@ -366,7 +381,7 @@ Result<Llama> LoadHfCheckpoint(const fs::path& dir, const HfLoadOptions& options
       return InvalidArgument("{}: unexpected tensor '{}' ({})", index_path.string(), tensor, expected);
     }
   }
-  ESTUARY_RETURN_IF_ERROR(CheckMemory(dir, config, options.max_batch, options.max_bytes));
+  ESTUARY_RETURN_IF_ERROR(CheckMemory(dir, config, options.max_batch, options.max_bytes, options.recompute));
   ESTUARY_ASSIGN_OR_RETURN(Llama model, Llama::Create(config, options.max_batch, options.recompute));
   std::map<std::string, std::string> found;  // tensor -> the shard it was read from
   for (const std::string& shard : index.shards) {

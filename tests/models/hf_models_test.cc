@@ -304,6 +304,52 @@ TEST(HfCheckpointLimits, AModelTooLargeIsRefusedWithTheArithmetic) {
   EXPECT_NE(arena.find("load at a shorter context"), std::string::npos) << arena;
 }
 
+// Under recompute the arena holds one block's activations, not num_layers:
+// the memory check counts that arena, so a context refused without
+// recompute loads with it, and the refusal line's bytes are the formula's.
+TEST(HfCheckpointLimits, RecomputeIsCheckedAgainstItsOwnSmallerArena) {
+  testing::TempDir tmp;
+  LlamaConfig c;
+  c.vocab_size = 256, c.hidden_size = 32, c.intermediate_size = 64, c.num_layers = 4, c.num_heads = 4;
+  c.num_kv_heads = 2, c.max_seq_len = 256;
+  auto model = Llama::Create(c, 1);
+  ASSERT_TRUE(model.ok());
+  model->Initialize(1);
+  ASSERT_TRUE(SaveHfCheckpoint(tmp / "tiny", *model).ok());
+  // One block's activations for one sequence: attention weights, then the
+  // per-token rows (two norms' inputs and outputs, q/k/v, the attention's
+  // output, gate, up and their product), as ActivationsPerSequence counts them.
+  const double S = c.max_seq_len, H = c.num_heads, hd = c.head_dim();
+  const double block = H * S * S + S * (4 * c.hidden_size + (2 * H + 2 * c.num_kv_heads) * hd + 3 * c.intermediate_size);
+  const double plain = c.ActivationsPerSequence() * 4, recomputed = plain - 3 * block * 4;
+  ASSERT_LT(8 * c.ParameterCount(), recomputed) << "the weights are not what is refused";
+  // The model's own arenas shrink by about the same three blocks: ActivationsPerSequence is an estimate
+  // (the carved block also holds the norms' statistics and rounds every slice to 16 floats; 2 % here).
+  auto plain_model = Llama::Create(c, 1, false);
+  auto recompute_model = Llama::Create(c, 1, true);
+  ASSERT_TRUE(plain_model.ok() && recompute_model.ok());
+  const double carved_saving = double(plain_model->activation_arena().size_bytes()) -
+                               double(recompute_model->activation_arena().size_bytes());
+  EXPECT_NEAR(plain - recomputed, carved_saving, 0.05 * carved_saving);
+
+  const uint64_t limit = uint64_t(recomputed);  // fits recompute's arena exactly, not the plain one
+  const std::string refused = LoadError(tmp / "tiny", {.max_batch = 1, .max_bytes = limit});
+  EXPECT_EQ(refused, fmt::format("{}: the activation arena for 1 x 256 tokens (max_position_embeddings, or the context "
+                                 "asked for) would map {:.0f} bytes ({:.2f} GiB), more than the {} bytes ({:.2f} GiB) "
+                                 "of max_bytes; load at a shorter context, or with recompute",
+                                 (tmp / "tiny").string(), plain, plain / (1 << 30), limit, double(limit) / (1 << 30)));
+  auto loaded = LoadHfCheckpoint(tmp / "tiny", {.max_batch = 1, .max_bytes = limit, .recompute = true});
+  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+  EXPECT_TRUE(loaded->recompute());
+  // One byte less and recompute's arena is refused, with its own arithmetic.
+  EXPECT_EQ(LoadError(tmp / "tiny", {.max_batch = 1, .max_bytes = limit - 1, .recompute = true}),
+            fmt::format("{}: the activation arena for 1 x 256 tokens (max_position_embeddings, or the context asked "
+                        "for) with recompute (one block's activations, not 4) would map {:.0f} bytes ({:.2f} GiB), "
+                        "more than the {} bytes ({:.2f} GiB) of max_bytes; load at a shorter context",
+                        (tmp / "tiny").string(), recomputed, recomputed / (1 << 30), limit - 1,
+                        double(limit - 1) / (1 << 30)));
+}
+
 TEST(HfCheckpointConfig, ArchitecturesAndWindowsItCannotRunAreRefused) {
   testing::TempDir tmp;
   const fs::path dir = CopyOf("real_smollm_135m", tmp);
