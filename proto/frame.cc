@@ -135,6 +135,14 @@ std::string_view BodyName(const Envelope& envelope) {
     case Envelope::kHeartbeat: return "heartbeat";
     case Envelope::kError: return "error";
     case Envelope::kRefusal: return "refusal";
+    case Envelope::kSecaggAdvertise: return "secagg_advertise";
+    case Envelope::kSecaggKeys: return "secagg_keys";
+    case Envelope::kSecaggShares: return "secagg_shares";
+    case Envelope::kSecaggInbox: return "secagg_inbox";
+    case Envelope::kSecaggMaskedChunk: return "secagg_masked_chunk";
+    case Envelope::kSecaggMaskedDone: return "secagg_masked_done";
+    case Envelope::kSecaggUnmask: return "secagg_unmask";
+    case Envelope::kSecaggUnmaskResponse: return "secagg_unmask_response";
     case Envelope::BODY_NOT_SET: return "empty";
   }
   return "unknown";

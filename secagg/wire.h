@@ -1,0 +1,45 @@
+// SecAgg+'s messages (secagg/protocol.h) as the federation's wire messages
+// (proto/estuary.proto's SecAgg*), both ways. The state machines never see
+// this file: it is what the server's sessions and a site's agent relay them
+// with. Every From* checks what the wire can get wrong before a struct exists
+// — fixed sizes (32-byte keys and commitments, 160-byte envelopes, 66-byte
+// share values), the round, the count of ring elements in a chunk — and
+// names the field in its one-line error; ids, sets and stages are the state
+// machines' to check.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "base/status.h"
+#include "estuary.pb.h"
+#include "secagg/protocol.h"
+
+namespace estuary::secagg {
+
+// The protocol of a round as its setup announces it to `site`, and back.
+v1::SecAggSetup ToProto(const ProtocolConfig& config, uint32_t site, double clip, double scale, uint64_t weight);
+Result<ProtocolConfig> ConfigFromProto(const v1::SecAggSetup& setup, uint64_t round);
+
+v1::SecAggAdvertise ToProto(const AdvertiseKeys& message, uint64_t round);
+Result<AdvertiseKeys> FromProto(const v1::SecAggAdvertise& message, uint32_t site);
+v1::SecAggKeys ToProto(const KeysBroadcast& message, uint64_t round);
+Result<KeysBroadcast> FromProto(const v1::SecAggKeys& message);
+v1::SecAggShares ToProto(const ShareKeys& message, uint64_t round);
+Result<ShareKeys> FromProto(const v1::SecAggShares& message, uint32_t site);
+v1::SecAggInbox ToProto(const ShareInbox& message, uint64_t round);
+Result<ShareInbox> FromProto(const v1::SecAggInbox& message);
+v1::SecAggUnmask ToProto(const UnmaskRequest& message, uint64_t round);
+UnmaskRequest FromProto(const v1::SecAggUnmask& message);
+v1::SecAggUnmaskResponse ToProto(const UnmaskResponse& message, uint64_t round);
+Result<UnmaskResponse> FromProto(const v1::SecAggUnmaskResponse& message, uint32_t site);
+
+// A chunk's ring elements (little-endian uint32) appended to `out`, which
+// must hold exactly `chunk.offset()` elements so far and at most `dimension`
+// after.
+Status AppendMaskedChunk(const v1::SecAggMaskedChunk& chunk, uint64_t dimension, std::vector<uint32_t>& out);
+// The frame of elements [offset, offset + values.size()) of a masked input.
+v1::Envelope MaskedChunkMessage(uint64_t round, uint64_t offset, std::span<const uint32_t> values);
+
+}  // namespace estuary::secagg
