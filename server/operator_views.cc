@@ -40,6 +40,19 @@ uint32_t Dropped(Store& store, uint64_t round) {
   return n;
 }
 
+ordered_json SecAggJson(const RoundSecAgg& a) {
+  ordered_json stages = ordered_json::array();
+  for (int i = 0; i < 4; ++i) {
+    stages.push_back({{"stage", RoundSecAgg::kStages[i]},
+                      {"answered", a.answered[i]},
+                      {"dropouts", a.dropouts[i]},
+                      {"bytes_up", a.bytes_up[i]},
+                      {"bytes_down", a.bytes_down[i]}});
+  }
+  return {{"stage_reached", a.stage}, {"sites", a.sites},   {"neighbours", a.neighbours}, {"threshold", a.threshold},
+          {"bits", a.bits},           {"clip", a.clip},     {"scale", a.scale},           {"stages", std::move(stages)}};
+}
+
 ordered_json RoundJson(const RoundRecord& r) {
   return {{"round", r.round},
           {"state", RoundStateName(r.state)},
@@ -63,7 +76,9 @@ ordered_json RoundJson(const RoundRecord& r) {
                                                {"noise_multiplier", r.privacy->noise_multiplier},
                                                {"clip", r.privacy->clip},
                                                {"noise_stddev", r.privacy->noise_stddev}}
-                                : ordered_json(nullptr)}};
+                                : ordered_json(nullptr)},
+          {"protocol", r.secagg ? "secagg" : "plain"},
+          {"secagg", r.secagg ? SecAggJson(*r.secagg) : ordered_json(nullptr)}};
 }
 
 // The ε column, in a DP federation's log only.
@@ -138,6 +153,19 @@ Status ShowRound(Store& store, uint64_t round, bool json, std::string* out) {
     *out += fmt::format("  privacy   ε {:.4g} at δ {:g} after this round (sampling rate {:.4g}, noise multiplier {:g}, "
                         "clip {:.4g}, noise stddev {:.4g})\n",
                         p.epsilon, p.delta, p.sampling_rate, p.noise_multiplier, p.clip, p.noise_stddev);
+  }
+  if (r.secagg) {
+    const RoundSecAgg& a = *r.secagg;
+    *out += fmt::format("  protocol  secagg: {} sites, k {}, t {}, {} bits, clip {:g}, scale {:g}; reached {}\n", a.sites,
+                        a.neighbours, a.threshold, a.bits, a.clip, a.scale, a.stage);
+    *out += fmt::format("  {:<16}  {:>8}  {:>8}  {:>12}  {:>12}\n", "  stage", "answered", "dropouts", "bytes up",
+                        "bytes down");
+    for (int i = 0; i < 4; ++i) {
+      *out += fmt::format("  {:<16}  {:>8}  {:>8}  {:>12}  {:>12}\n", fmt::format("  {}", RoundSecAgg::kStages[i]),
+                          a.answered[i], a.dropouts[i], a.bytes_up[i], a.bytes_down[i]);
+    }
+  } else {
+    *out += "  protocol  plain\n";
   }
   if (!r.detail.empty()) *out += fmt::format("  detail    {}\n", r.detail);
   *out += fmt::format("\n  {:<20}  {:<10}  {:>8}  {:>8}  {:>10}  {:>10}  {:>8}  {}\n", "client", "status", "examples",

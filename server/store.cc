@@ -8,8 +8,8 @@ namespace estuary::server {
 
 namespace {
 
-// 2: round_privacy.
-constexpr int kSchemaVersion = 2;
+// 2: round_privacy. 3: round_secagg.
+constexpr int kSchemaVersion = 3;
 
 constexpr const char* kSchema = R"sql(
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -40,6 +40,21 @@ CREATE TABLE IF NOT EXISTS round_privacy (
   round INTEGER PRIMARY KEY REFERENCES rounds(round) ON DELETE CASCADE, sampling_rate REAL NOT NULL,
   noise_multiplier REAL NOT NULL, clip REAL NOT NULL, noise_stddev REAL NOT NULL, epsilon REAL NOT NULL,
   delta REAL NOT NULL);
+)sql";
+
+// Schema 3, also what migrates a schema 1 or 2 log: its rounds were plain.
+constexpr const char* kSecAggSchema = R"sql(
+CREATE TABLE IF NOT EXISTS round_secagg (
+  round INTEGER PRIMARY KEY REFERENCES rounds(round) ON DELETE CASCADE, stage TEXT NOT NULL,
+  sites INTEGER NOT NULL, neighbours INTEGER NOT NULL, threshold INTEGER NOT NULL, bits INTEGER NOT NULL,
+  clip REAL NOT NULL, scale REAL NOT NULL,
+  answered_advertise INTEGER NOT NULL, answered_share INTEGER NOT NULL, answered_masked INTEGER NOT NULL,
+  answered_unmask INTEGER NOT NULL,
+  dropped_advertise INTEGER NOT NULL, dropped_share INTEGER NOT NULL, dropped_masked INTEGER NOT NULL,
+  dropped_unmask INTEGER NOT NULL,
+  up_advertise INTEGER NOT NULL, up_share INTEGER NOT NULL, up_masked INTEGER NOT NULL, up_unmask INTEGER NOT NULL,
+  down_advertise INTEGER NOT NULL, down_share INTEGER NOT NULL, down_masked INTEGER NOT NULL,
+  down_unmask INTEGER NOT NULL);
 )sql";
 
 // One prepared statement; binds by position, steps, finalizes on scope exit.
@@ -239,10 +254,12 @@ Result<std::unique_ptr<Store>> Store::Open(const std::filesystem::path& path) {
     Transaction tx(db);
     ESTUARY_RETURN_IF_ERROR(tx.status());
     ESTUARY_RETURN_IF_ERROR(Exec(db, kPrivacySchema));
+    ESTUARY_RETURN_IF_ERROR(Exec(db, kSecAggSchema));
     ESTUARY_RETURN_IF_ERROR(Exec(db, fmt::format("PRAGMA user_version={}", kSchemaVersion).c_str()));
     ESTUARY_RETURN_IF_ERROR(tx.Commit());
   }
   store->has_privacy_ = true;
+  store->has_secagg_ = true;
   return store;
 }
 
@@ -263,6 +280,7 @@ Result<std::unique_ptr<Store>> Store::OpenReadOnly(const std::filesystem::path& 
     return FailedPrecondition("store: {}: not an Estuary round log", path.string());
   }
   store->has_privacy_ = version.Int(0) >= 2;
+  store->has_secagg_ = version.Int(0) >= 3;
   return store;
 }
 
@@ -383,7 +401,20 @@ Status Store::CommitRoundTransaction(const RoundRecord& r, const std::filesystem
                                 .Bind(p.delta)
                                 .Run());
   }
+  if (r.secagg) ESTUARY_RETURN_IF_ERROR(RecordSecAgg(r.round, *r.secagg));
   return tx.Commit();
+}
+
+Status Store::RecordSecAgg(uint64_t round, const RoundSecAgg& a) {
+  Statement s(db_,
+              "INSERT OR REPLACE INTO round_secagg VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, "
+              "?, ?, ?, ?)");
+  s.Bind(round).Bind(a.stage).Bind(a.sites).Bind(a.neighbours).Bind(a.threshold).Bind(a.bits).Bind(a.clip).Bind(a.scale);
+  for (uint32_t v : a.answered) s.Bind(v);
+  for (uint32_t v : a.dropouts) s.Bind(v);
+  for (uint64_t v : a.bytes_up) s.Bind(v);
+  for (uint64_t v : a.bytes_down) s.Bind(v);
+  return s.Run();
 }
 
 Status Store::FailRound(uint64_t round, const std::string& reason, int64_t now_ms) {
@@ -441,6 +472,24 @@ Status Store::ReadPrivacy(RoundRecord& record) {
                                   .noise_stddev = s.Real(3),
                                   .epsilon = s.Real(4),
                                   .delta = s.Real(5)};
+  }
+  if (!has_secagg_) return Status::Ok();
+  Statement a(db_, "SELECT * FROM round_secagg WHERE round = ?");
+  ESTUARY_ASSIGN_OR_RETURN(bool found, a.Bind(record.round).Step());
+  if (!found) return Status::Ok();
+  RoundSecAgg& out = record.secagg.emplace();
+  out.stage = a.Text(1);
+  out.sites = uint32_t(a.Int(2));
+  out.neighbours = uint32_t(a.Int(3));
+  out.threshold = uint32_t(a.Int(4));
+  out.bits = uint32_t(a.Int(5));
+  out.clip = a.Real(6);
+  out.scale = a.Real(7);
+  for (int i = 0; i < 4; ++i) {
+    out.answered[i] = uint32_t(a.Int(8 + i));
+    out.dropouts[i] = uint32_t(a.Int(12 + i));
+    out.bytes_up[i] = uint64_t(a.Int(16 + i));
+    out.bytes_down[i] = uint64_t(a.Int(20 + i));
   }
   return Status::Ok();
 }

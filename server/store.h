@@ -4,14 +4,16 @@
 // aggregate metrics), participations (one row per client per round),
 // transitions (every state change of every round), checkpoints (index of the
 // model files), events (refused handshakes, rejected frames), round_privacy
-// (a DP round's release and the ε spent after it) and meta. A round log of
-// schema 1 (before round_privacy) is migrated when a server opens it, and
-// read as it is by the operator CLI.
+// (a DP round's release and the ε spent after it), round_secagg (a SecAgg+
+// round's stages) and meta. A round log of schema 1 (before round_privacy)
+// or 2 (before round_secagg) is migrated when a server opens it, and read as
+// it is by the operator CLI.
 // A round's final record, its checkpoint row and its last transition are
 // written in one transaction, so a restart sees a round committed or not at
 // all. Every method is safe to call from one thread at a time.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <filesystem>
 #include <memory>
@@ -40,6 +42,25 @@ struct RoundPrivacy {
   double delta = 0;
 };
 
+// A round run through SecAgg+ (docs/SECAGG.md): how far the protocol got,
+// and per stage (advertise keys, share keys, masked input, unmasking) the
+// sites that answered, those that dropped out while it was waiting for them,
+// and the bytes moved (all sites together, as framed on the wire).
+struct RoundSecAgg {
+  static constexpr const char* kStages[4] = {"advertise keys", "share keys", "masked input", "unmasking"};
+  std::string stage;          // the last stage begun: one of kStages, or "done" once the sum was unmasked
+  uint32_t sites = 0;         // n
+  uint32_t neighbours = 0;    // k
+  uint32_t threshold = 0;     // t
+  uint32_t bits = 0;
+  double clip = 0;
+  double scale = 0;
+  std::array<uint32_t, 4> answered{};
+  std::array<uint32_t, 4> dropouts{};
+  std::array<uint64_t, 4> bytes_up{};
+  std::array<uint64_t, 4> bytes_down{};
+};
+
 struct RoundRecord {
   uint64_t round = 0;
   RoundState state = RoundState::kOpen;
@@ -57,6 +78,7 @@ struct RoundRecord {
   uint64_t bytes_down = 0;           // server -> client, model payloads
   std::string detail;                // why a round failed
   std::optional<RoundPrivacy> privacy;  // a committed round of a DP federation
+  std::optional<RoundSecAgg> secagg;    // a round summed by SecAgg+ (committed or failed); none: plain
 };
 
 // status: "selected", "committed", "dropped", "late", "rejected", "refused"
@@ -125,6 +147,9 @@ class Store {
   // The round's state becomes failed with `reason`; its participations stay.
   Status FailRound(uint64_t round, const std::string& reason, int64_t now_ms);
   Status RecordEvent(const Event& event);
+  // A round's SecAgg+ record (written with CommitRound as well): for a
+  // round that failed, how far the protocol got.
+  Status RecordSecAgg(uint64_t round, const RoundSecAgg& secagg);
 
   Result<std::vector<RoundRecord>> Rounds();
   Result<std::optional<RoundRecord>> GetRound(uint64_t round);
@@ -141,10 +166,11 @@ class Store {
 
  private:
   explicit Store(sqlite3* db) : db_(db) {}
-  Status ReadPrivacy(RoundRecord& record);
+  Status ReadPrivacy(RoundRecord& record);  // and the round's secagg row
   Status CommitRoundTransaction(const RoundRecord& record, const std::filesystem::path& checkpoint, int64_t now_ms);
   sqlite3* db_;
   bool has_privacy_ = false;  // schema 2: the round_privacy table exists
+  bool has_secagg_ = false;   // schema 3: the round_secagg table exists
 };
 
 int64_t NowMs();

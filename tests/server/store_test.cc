@@ -210,5 +210,94 @@ TEST(Store, ALogOfSchemaOneStillOpensAndIsMigratedByAServer) {
   EXPECT_EQ((*rounds)[1].privacy->epsilon, 3);
 }
 
+// A SecAgg+ round's stages round-trip through the log, committed or failed,
+// and the operator sees them; a plain round says so.
+TEST(Store, ASecAggRoundRecordsItsStagesAndAPlainOneSaysPlain) {
+  testing::TempDir dir;
+  auto store = Store::Open(dir / "rounds.db");
+  ASSERT_TRUE(store.ok());
+  ASSERT_TRUE((*store)->BeginRound(Round(1)).ok());
+  RoundRecord one = Round(1);
+  one.global_checksum = std::string(64, 'a');
+  one.secagg = RoundSecAgg{.stage = "done", .sites = 5, .neighbours = 4, .threshold = 3, .bits = 32, .clip = 100,
+                           .scale = 4772, .answered = {5, 5, 4, 3}, .dropouts = {0, 0, 1, 1},
+                           .bytes_up = {400, 3600, 3200000, 900}, .bytes_down = {1500, 3400, 96, 0}};
+  ASSERT_TRUE((*store)->CommitRound(one, dir / "c1", 10).ok());
+  ASSERT_TRUE((*store)->BeginRound(Round(2)).ok());
+  RoundSecAgg aborted{.stage = "masked input", .sites = 4, .neighbours = 3, .threshold = 3, .bits = 32, .clip = 100,
+                      .scale = 1, .answered = {4, 4, 2, 0}, .dropouts = {0, 0, 2, 0}};
+  ASSERT_TRUE((*store)->RecordSecAgg(2, aborted).ok());
+  ASSERT_TRUE((*store)->FailRound(2, "secagg round 2: masked input: 2 of 4 sites remain", 11).ok());
+  ASSERT_TRUE((*store)->BeginRound(Round(3)).ok());
+  RoundRecord three = Round(3);
+  three.global_checksum = std::string(64, 'c');
+  ASSERT_TRUE((*store)->CommitRound(three, dir / "c3", 12).ok());
+
+  auto rounds = (*store)->Rounds();
+  ASSERT_TRUE(rounds.ok());
+  ASSERT_EQ(rounds->size(), 3u);
+  ASSERT_TRUE((*rounds)[0].secagg.has_value());
+  EXPECT_EQ((*rounds)[0].secagg->answered, one.secagg->answered);
+  EXPECT_EQ((*rounds)[0].secagg->dropouts, one.secagg->dropouts);
+  EXPECT_EQ((*rounds)[0].secagg->bytes_up, one.secagg->bytes_up);
+  EXPECT_EQ((*rounds)[0].secagg->bytes_down, one.secagg->bytes_down);
+  EXPECT_EQ((*rounds)[0].secagg->scale, 4772);
+  ASSERT_TRUE((*rounds)[1].secagg.has_value());
+  EXPECT_EQ((*rounds)[1].secagg->stage, "masked input");
+  EXPECT_EQ((*rounds)[1].secagg->dropouts, aborted.dropouts);
+  EXPECT_FALSE((*rounds)[2].secagg.has_value());
+
+  std::string text;
+  ASSERT_TRUE(ShowRound(**store, 1, false, &text).ok());
+  EXPECT_NE(text.find("protocol  secagg: 5 sites, k 4, t 3, 32 bits, clip 100, scale 4772; reached done"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("masked input" + std::string(11, ' ') + "4" + std::string(9, ' ') + "1" + std::string(7, ' ') + "3200000"), std::string::npos) << text;
+  ASSERT_TRUE(ShowRound(**store, 2, true, &text).ok());
+  EXPECT_NE(text.find("\"stage_reached\": \"masked input\""), std::string::npos) << text;
+  ASSERT_TRUE(ShowRound(**store, 3, false, &text).ok());
+  EXPECT_NE(text.find("protocol  plain"), std::string::npos) << text;
+  ASSERT_TRUE(ShowRound(**store, 3, true, &text).ok());
+  EXPECT_NE(text.find("\"protocol\": \"plain\""), std::string::npos) << text;
+}
+
+// A round log of schema 2 (before round_secagg): read as it is, migrated by a server.
+TEST(Store, ALogOfSchemaTwoStillOpensAndIsMigratedByAServer) {
+  testing::TempDir dir;
+  const auto path = dir / "old.db";
+  {
+    auto store = Store::Open(path);
+    ASSERT_TRUE(store.ok());
+    ASSERT_TRUE((*store)->BeginRound(Round(1)).ok());
+    RoundRecord done = Round(1);
+    done.global_checksum = std::string(64, 'd');
+    ASSERT_TRUE((*store)->CommitRound(done, dir / "c1", 10).ok());
+  }
+  sqlite3* raw = nullptr;
+  ASSERT_EQ(sqlite3_open(path.c_str(), &raw), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(raw, "DROP TABLE round_secagg; PRAGMA user_version=2;", nullptr, nullptr, nullptr), SQLITE_OK);
+  sqlite3_close(raw);
+  {
+    auto old = Store::OpenReadOnly(path);
+    ASSERT_TRUE(old.ok()) << old.status().ToString();
+    std::string text;
+    ASSERT_TRUE(ShowRound(**old, 1, false, &text).ok());
+    EXPECT_NE(text.find("protocol  plain"), std::string::npos) << text;
+  }
+  auto migrated = Store::Open(path);
+  ASSERT_TRUE(migrated.ok()) << migrated.status().ToString();
+  ASSERT_TRUE((*migrated)->BeginRound(Round(2)).ok());
+  RoundRecord two = Round(2);
+  two.global_checksum = std::string(64, 'e');
+  two.secagg = RoundSecAgg{.stage = "done", .sites = 3, .neighbours = 2, .threshold = 2, .bits = 32};
+  ASSERT_TRUE((*migrated)->CommitRound(two, dir / "c2", 12).ok());
+  auto rounds = (*migrated)->Rounds();
+  ASSERT_TRUE(rounds.ok());
+  ASSERT_EQ(rounds->size(), 2u);
+  EXPECT_FALSE((*rounds)[0].secagg.has_value());
+  ASSERT_TRUE((*rounds)[1].secagg.has_value());
+  EXPECT_EQ((*rounds)[1].secagg->sites, 3u);
+}
+
 }  // namespace
 }  // namespace estuary::server
