@@ -105,6 +105,7 @@ void Agent::Connect() {
   awaiting_answer_ = false;
   welcomed_ = false;
   DropUpload();
+  secagg_.reset();  // its secrets are this connection's: the server counts a lost session as a dropout
   Status named = crypto::VerifyServerName(stream_->native_handle(), options_.host);
   if (named.ok() && options_.identity) named = crypto::UseIdentity(stream_->native_handle(), *options_.identity);
   if (!named.ok()) return Finish(named);
@@ -211,6 +212,8 @@ void Agent::Dispatch(v1::Envelope envelope) {
       if (envelope.round_closed().federation_complete()) Finish(Status::Ok());
       return;
     case v1::Envelope::kHeartbeat: return;
+    case v1::Envelope::kSecaggKeys: case v1::Envelope::kSecaggInbox: case v1::Envelope::kSecaggUnmask:
+      return OnSecAgg(envelope);
     case v1::Envelope::kError:
       if (envelope.error().code() == v1::Error::CERTIFICATE_REVOKED) return Revoked(envelope.error().message());
       spdlog::warn("{}: server error {}: {}", name_.empty() ? options_.label : name_,
@@ -238,6 +241,7 @@ void Agent::OnRoundStart(const v1::RoundStart& start) {
   std::string refused = RefusalOfBase(options_.base.get(), start.task(), start.round(), site);
   if (refused.empty()) refused = RefusalOfModel(options_.expected_model, start.task(), start.round(), site);
   if (!refused.empty()) return Refuse(start.round(), refused);
+  if (Status s = StartSecAgg(start); !s.ok()) return Disconnected(fmt::format("round {}: {}", start.round(), s.message()));
   if (start.model_follows() && start.patch_on_base()) {
     // The base is ours: only the adapter (and what a merge changed) follows.
     if (!options_.base || !start.task().has_hf_base() || start.low_rank_size() > 0 || start.patch_size() == 0) {
@@ -392,6 +396,7 @@ void Agent::OnTrained(uint64_t round, Result<Update> update) {
     model_version_ = 0;
     model_checksum_.clear();
   }
+  if (secagg_ && secagg_->round() == round) return SecAggTrained(std::move(update).value());
   spdlog::info("{}: round {} trained on {} in {:.3f} s; uploading", name_, round, update->trained_on, update->seconds);
   auto payload = std::make_shared<const Update>(std::move(update).value());
   v1::Envelope envelope;

@@ -25,6 +25,7 @@
 #include "base/asio.h"
 #include <chrono>
 #include <deque>
+#include <filesystem>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -32,6 +33,7 @@
 #include <vector>
 
 #include "base/status.h"
+#include "client/secagg_site.h"
 #include "client/trainer.h"
 #include "crypto/sha256.h"
 #include "crypto/tls.h"
@@ -81,6 +83,9 @@ struct AgentOptions {
   // layout): a round whose task names another is refused in one line, as a
   // base that differs is. Empty: whatever the task names.
   std::string expected_model;
+  // A SecAgg+ round (RoundStart.secagg): where the site keeps a copy of the
+  // quantised input it masked (SecAggSite::MaskedInput); empty: nowhere.
+  std::filesystem::path secagg_keep_dir;
 };
 
 class Agent : public std::enable_shared_from_this<Agent> {
@@ -144,6 +149,15 @@ class Agent : public std::enable_shared_from_this<Agent> {
   // with that reason when the server, having read it, closes the connection.
   void Refuse(uint64_t round, const std::string& reason);
 
+  // SecAgg+ (agent_secagg.cc): the round's protocol instead of an upload.
+  // StartSecAgg sends the site's keys when the RoundStart carries a setup;
+  // the server's stage messages are answered as they come, and the masked
+  // input goes once both the update and the share inbox are in.
+  Status StartSecAgg(const v1::RoundStart& start);
+  void OnSecAgg(const v1::Envelope& envelope);
+  void SecAggTrained(Update update);
+  void MaybeSendMaskedInput();
+
   boost::asio::io_context& io_;
   AgentOptions options_;
   Trainer& trainer_;
@@ -204,6 +218,10 @@ class Agent : public std::enable_shared_from_this<Agent> {
   uint64_t slice_at_ = 0;      // elements of slice_ already sent
   std::unique_ptr<crypto::Sha256> download_hasher_;
   std::unique_ptr<crypto::Sha256> upload_hasher_;
+
+  std::shared_ptr<SecAggSite> secagg_;  // this round's, on this connection
+  std::optional<Update> secagg_update_;  // trained, waiting for the share inbox
+  bool secagg_masking_ = false;          // its masked input is being computed on the training executor
 };
 
 }  // namespace estuary::client

@@ -362,6 +362,10 @@ int main(int argc, char** argv) {
                "language models: keep each block's input only and recompute its activations in backward (one "
                "block's activations in memory, about one more forward per step; CPU and GPU)");
   int blas_threads = 1;
+  std::string secagg_keep_input;
+  app.add_option("--secagg-keep-input", secagg_keep_input,
+                 "a server running --secagg: keep a copy of the quantised input this site masked each round, in DIR "
+                 "(round-R.site-U.w-W.u32, little-endian ring elements): the site's own record of what it contributed");
   app.add_option("--base-model", base_model,
                  "this site's copy of the federation's Hugging Face base (a model directory); the server never "
                  "sends it, and a round whose base differs from it is refused");
@@ -419,6 +423,7 @@ int main(int argc, char** argv) {
   options.port = port;
   options.max_backoff_s = max_backoff;
   options.label = tls.cert.stem().string();
+  options.secagg_keep_dir = secagg_keep_input;
   if (agent_rank && !base_model.empty()) {
     auto base = models::LoadHfBase(base_model, {.recompute = recompute});
     if (!base.ok()) return Fail(InvalidArgument("--base-model {}: {}", base_model, base.status().message()));

@@ -65,6 +65,12 @@ class Aggregator {
   // robust rule) keeps it instead of copying them (Strategy::FoldShared).
   Result<std::string> Fold(std::string_view client, const Manifest& layout, std::shared_ptr<const void> owner,
                            std::span<const float> values, uint64_t examples);
+  // Folds a secure aggregation's mean (SecAgg+: the included sites'
+  // example-weighted mean) as one update of weight `weight`, their examples
+  // together. No bound applies: the sites clipped their updates themselves,
+  // and a limit on one site's examples is checked against its weight when the
+  // round starts.
+  Status FoldMean(std::span<const float> mean, double weight) { return strategy_->Fold(mean, weight); }
   Finished Finish(uint64_t round, const GlobalModel& previous);
   // After the round log committed `round`: Checkpointer::MarkCommitted.
   Status MarkCommitted(uint64_t round) { return checkpointer_.MarkCommitted(round); }

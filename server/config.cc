@@ -1,5 +1,8 @@
 #include "server/config.h"
 
+#include <cmath>
+
+#include "aggregation/robust_strategy.h"
 
 namespace estuary::server {
 
@@ -34,7 +37,43 @@ Status ServerConfig::Finalize() {
     return InvalidArgument("config: frame_memory = {}: must hold one frame of max_frame = {}", frame_memory_bytes,
                            max_frame_bytes);
   }
-  return aggregation::CheckFederation(federation);
+  ESTUARY_RETURN_IF_ERROR(aggregation::CheckFederation(federation));
+  return CheckSecAgg();
+}
+
+// What secure aggregation cannot be combined with: whatever needs one site's update.
+Status ServerConfig::CheckSecAgg() const {
+  const SecAgg& s = secagg;
+  if (!s.on) {
+    if (s.neighbours || s.threshold) return InvalidArgument("config: secagg_neighbours and secagg_threshold need secagg");
+    return Status::Ok();
+  }
+  if (s.neighbours < 0) return InvalidArgument("config: secagg_neighbours = {}: must be >= 0 (0: the default)", s.neighbours);
+  if (s.threshold < 0) return InvalidArgument("config: secagg_threshold = {}: must be >= 0 (0: the default)", s.threshold);
+  if (s.bits < 2 || s.bits > 32) return InvalidArgument("config: secagg_bits = {}: must be in [2, 32]", s.bits);
+  if (!(std::isfinite(s.clip) && s.clip > 0)) return InvalidArgument("config: secagg_clip = {}: must be finite and > 0", s.clip);
+  const std::string& strategy = federation.strategy().name();
+  if (aggregation::IsRobustStrategy(strategy)) {
+    return InvalidArgument("config: secagg with strategy {}: a robust rule needs the individual updates, which secure "
+                           "aggregation hides (fedavg, fedavgm and the fedopt family take the sum)",
+                           strategy);
+  }
+  if (federation.task().update_kind() == v1::UPDATE_LORA) {
+    return InvalidArgument("config: secagg with update kind lora: {}",
+                           federation.task().lora().merge() == "exact"
+                               ? "the exact merge multiplies each site's factors (B_i A_i) before summing, which a "
+                                 "masked sum of the factors cannot give"
+                               : "adapter factors are not summed through secure aggregation yet (full updates only)");
+  }
+  if (federation.dp().noise_multiplier() > 0) {
+    return InvalidArgument("config: secagg with dp_noise_multiplier: DP-FedAvg clips and counts individual updates on "
+                           "the server, which secure aggregation hides");
+  }
+  if (federation.limits().max_norm() > 0 || federation.limits().max_norm_over_median() > 0) {
+    return InvalidArgument("config: secagg with max_update_norm or max_norm_over_median: the server never sees an "
+                           "update's norm; secagg_clip bounds it on the site");
+  }
+  return Status::Ok();
 }
 
 }  // namespace estuary::server

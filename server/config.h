@@ -56,9 +56,23 @@ struct ServerConfig {
   uint64_t heartbeat_ms = 5000;
   bool exit_when_done = false;                 // stop serving after the last round
 
+  // SecAgg+ (docs/SECAGG.md): each round's FedAvg sum goes through the
+  // protocol over the sites' sessions; the server sees only the sum.
+  // neighbours / threshold 0: secagg::DefaultDegree(n) / DefaultThreshold(k).
+  struct SecAgg {
+    bool on = false;
+    int neighbours = 0;
+    int threshold = 0;
+    int bits = 32;      // the ring Z/2^bits
+    double clip = 100;  // C: the L2 norm a site clips its update to
+  };
+  SecAgg secagg;
+
   // Fills defaults that depend on other fields and checks ranges; errors
   // name the key ("config: clients_per_round = 0: must be > 0").
   Status Finalize();
+  // The secagg settings, and what they cannot be combined with (one line each).
+  Status CheckSecAgg() const;
 };
 
 }  // namespace estuary::server

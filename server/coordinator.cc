@@ -10,6 +10,7 @@
 #include "crypto/sha256.h"
 #include "proto/frame.h"
 #include "aggregation/federation.h"
+#include "secagg/wire.h"
 #include "server/round_messages.h"
 #include "server/update_checks.h"
 
@@ -156,6 +157,7 @@ void Coordinator::OnHello(const std::shared_ptr<ClientSession>& session, const v
   connected_[name] = session;
   if (metrics_) metrics_->SetConnectedSites(connected_.size());
   distribution_.OnHello(name, hello);
+  hello_examples_[name] = hello.num_examples();
   LogIfError(store_.ClientSeen(name, session->address(), clock_.UnixMs()), "store");
   // Until round 1 opens, the operator's question is how many are still missing.
   const bool waiting = !round_running_ && !complete() && connected_.size() < config_.min_clients;
@@ -176,6 +178,11 @@ void Coordinator::OnMessage(const std::shared_ptr<ClientSession>& session, v1::E
     case v1::Envelope::kUpdateChunk: return OnUpdateChunk(session, envelope.update_chunk());
     case v1::Envelope::kUpdateCommit: return OnUpdateCommit(session, envelope.update_commit());
     case v1::Envelope::kRefusal: return OnRefusal(session, envelope.refusal());
+    case v1::Envelope::kSecaggAdvertise:
+    case v1::Envelope::kSecaggShares:
+    case v1::Envelope::kSecaggMaskedChunk:
+    case v1::Envelope::kSecaggMaskedDone:
+    case v1::Envelope::kSecaggUnmaskResponse: return OnSecAgg(session, envelope);
     default:
       return Reject(session, v1::Error::BAD_MESSAGE,
                     fmt::format("a client may not send {}", proto::BodyName(envelope)));
@@ -221,10 +228,20 @@ void Coordinator::StartRound() {
     if (!status.ok()) spdlog::critical("strategy begin: {}", status.ToString());
   });
 
+  secagg_.reset();
+  if (config_.secagg.on) {
+    if (Status s = StartSecAgg(selected); !s.ok()) return FailRound(s.message());
+  }
   const int64_t deadline_ms = clock_.UnixMs() + int64_t(config_.round_deadline_s * 1000);
   v1::Envelope envelope = RoundStartMessage(round_, global, manifest_, task_, deadline_ms);
   for (const auto& name : selected) {
     auto session = connected_.at(name);
+    if (secagg_) {
+      const uint32_t id = secagg_->ids.at(name);
+      const RoundSecAgg& r = secagg_->record;
+      *envelope.mutable_round_start()->mutable_secagg() =
+          secagg::ToProto(secagg_->server.config(), id, r.clip, r.scale, secagg_->weights[id]);
+    }
     const uint64_t bytes_down = distribution_.Offer(session, envelope.mutable_round_start());
     session->Send(envelope);
     Participant& p = participants_[name];
@@ -374,6 +391,7 @@ void Coordinator::Reject(const std::shared_ptr<ClientSession>& session, v1::Erro
     p.record.status = "rejected";
     p.record.detail = message;
     LogIfError(store_.UpsertParticipation(p.record), "store");
+    if (secagg_) SecAggGone(p.record.client);
   }
   session->SendErrorAndClose(code, message);
   GrantSlots();
@@ -401,6 +419,7 @@ void Coordinator::OnRefusal(const std::shared_ptr<ClientSession>& session, const
   p.record.detail = reason;
   p.record.seconds = SecondsSince(p.started);
   LogIfError(store_.UpsertParticipation(p.record), "store");
+  if (secagg_) SecAggGone(p.record.client);
   GrantSlots();
   MaybeFinishRound();
 }
@@ -415,10 +434,13 @@ void Coordinator::OnClosed(ClientSession& session) {
     Participant& p = p_it->second;
     slots_.Release(p.record.client);  // a partial upload is discarded here, unread
     p.record.status = "dropped";
-    p.record.detail = "connection lost";
+    p.record.detail = secagg_ ? fmt::format("connection lost in secagg stage {}", RoundSecAgg::kStages[std::min<int>(
+                                                                                   secagg_->stage, 3)])
+                              : "connection lost";
     p.record.seconds = SecondsSince(p.started);
     LogIfError(store_.UpsertParticipation(p.record), "store");
     spdlog::info("client {} dropped out of round {}", session.name(), round_);
+    if (secagg_) SecAggGone(session.name());
     GrantSlots();
     MaybeFinishRound();
   }
@@ -426,6 +448,7 @@ void Coordinator::OnClosed(ClientSession& session) {
 
 void Coordinator::OnDeadline() {
   deadline_passed_ = true;
+  if (secagg_) return MaybeCloseSecAggStage(true);
   for (auto& [name, p] : participants_) {
     if (p.record.status != "selected") continue;
     slots_.Release(name);
@@ -440,7 +463,8 @@ void Coordinator::OnDeadline() {
 }
 
 void Coordinator::MaybeFinishRound() {
-  if (!round_running_ || state_ != RoundState::kCollecting || folds_in_flight_ > 0) return;
+  // A secure aggregation ends when its last stage closes (FinishSecAgg).
+  if (!round_running_ || state_ != RoundState::kCollecting || folds_in_flight_ > 0 || secagg_) return;
   bool all_answered = true;
   for (const auto& [name, p] : participants_) all_answered &= p.resolved();
   if (!all_answered && !deadline_passed_) return;
@@ -472,6 +496,7 @@ void Coordinator::OnAggregated(Aggregator::Finished result) {
                                        "client",
                                        aggregator_->name(), per_update, result.changed_bytes)
                          : fmt::format("update kind full ({}): {} bytes per update", aggregator_->name(), per_update);
+  if (secagg_) record_.secagg = secagg_->record;
   record_.ended_ms = clock_.UnixMs();
   record_.model_version = distribution_.current().version + 1;
   record_.global_checksum = result.model.checksum;
@@ -518,6 +543,7 @@ void Coordinator::OnAggregated(Aggregator::Finished result) {
   Broadcast(RoundCommittedMessage(record_, seconds, per_update, result.changed_bytes, round_ == config_.rounds));
 
   round_running_ = false;
+  secagg_.reset();
   ++round_;
   failed_tries_ = 0;
   if (complete()) {
@@ -548,6 +574,8 @@ bool Coordinator::WithinPrivacyBudget(size_t selected, size_t population) {
 void Coordinator::FailRound(const std::string& reason) {
   spdlog::warn("round {} failed: {}", round_, reason);
   deadline_->Cancel();
+  if (secagg_) LogIfError(store_.RecordSecAgg(round_, secagg_->record), "store");
+  secagg_.reset();
   LogIfError(store_.FailRound(round_, reason, clock_.UnixMs()), "store");
   LogIfError(store_.RecordEvent({.at_ms = clock_.UnixMs(),
                                  .kind = "round_failed",

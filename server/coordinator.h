@@ -40,6 +40,7 @@
 #include "server/config.h"
 #include "server/distribution.h"
 #include "server/metrics.h"
+#include "server/secagg_state.h"
 #include "server/staging_slots.h"
 #include "privacy/accountant.h"
 #include "server/store.h"
@@ -109,6 +110,20 @@ class Coordinator {
   // beyond dp.max_epsilon; sets round_sampling_rate_ otherwise.
   bool WithinPrivacyBudget(size_t selected, size_t population);
   void Transition(RoundState to, const std::string& detail = {});
+
+  // SecAgg+ (coordinator_secagg.cc; config_.secagg.on): the round's protocol
+  // over the selected sites' sessions, each site's setup in its RoundStart.
+  Status StartSecAgg(const std::vector<std::string>& selected);
+  void OnSecAgg(const std::shared_ptr<ClientSession>& session, const v1::Envelope& envelope);
+  // The site's session closed, or its message was refused: silent from now on.
+  void SecAggGone(const std::string& name);
+  // Closes the stage when nobody is left waiting, or (`deadline`) at its deadline.
+  void MaybeCloseSecAggStage(bool deadline);
+  void CloseSecAggStage();
+  // Begins `stage`: sends each live site its message; bytes count toward `stage` − 1.
+  void OpenSecAggStage(SecAggState::Stage stage, std::map<uint32_t, v1::Envelope> messages);
+  void FinishSecAgg();
+  void ArmSecAggDeadline();
   void Broadcast(const v1::Envelope& envelope);
   void LogIfError(const Status& status, const char* what);
   double SecondsSince(std::chrono::steady_clock::time_point start) const;
@@ -152,6 +167,8 @@ class Coordinator {
   std::optional<privacy::Accountant> accountant_;
   double round_sampling_rate_ = 0;
   bool budget_spent_ = false;
+  std::unique_ptr<SecAggState> secagg_;              // the round's, under config_.secagg.on
+  std::map<std::string, uint64_t> hello_examples_;  // by certificate name: what each site's Hello claimed
 };
 
 }  // namespace estuary::server

@@ -139,6 +139,16 @@ int main(int argc, char** argv) {
   serve->add_option("--event-interval", config.event_interval_s,
                     "seconds over which repeated events from one address are summarised in one log line and row");
   serve->add_flag("--exit-when-done", config.exit_when_done, "exit after the last round");
+  serve->add_flag("--secagg", config.secagg.on,
+                  "each round's FedAvg sum through SecAgg+ over the sites' connections: the server sees only the sum "
+                  "(full updates; docs/SECAGG.md)");
+  serve->add_option("--secagg-neighbours", config.secagg.neighbours,
+                    "--secagg: neighbours k per site, even and < sites a round, or sites - 1 (0: about 3 log2 n)");
+  serve->add_option("--secagg-threshold", config.secagg.threshold,
+                    "--secagg: shares t that rebuild a secret, a strict majority of k (0: k/2 + 1)");
+  serve->add_option("--secagg-bits", config.secagg.bits, "--secagg: the ring Z/2^bits the sum is taken in, 2..32");
+  serve->add_option("--secagg-clip", config.secagg.clip,
+                    "--secagg: L2 norm each site clips its update to before quantisation");
   AddLogLevelFlag(*serve, &log_level);
   const std::vector<CLI::Option*> federation_flags = aggregation::AddFederationFlags(*serve, &config.federation);
   serve->add_option("--federation", federation_file,
@@ -273,6 +283,11 @@ int main(int argc, char** argv) {
     auto federation = aggregation::ReadFederationFile(federation_file);
     if (!federation.ok()) return Fail(federation.status());
     config.federation = std::move(federation).value();
+  }
+  if (config.secagg.on && serve->get_option("--max-norm-over-median")->count() == 0 && federation_file.empty()) {
+    // The server never sees an update's norm under secure aggregation; the
+    // sites clip to --secagg-clip instead of the default relative bound.
+    config.federation.mutable_limits()->set_max_norm_over_median(0);
   }
   StartLogging("estuary-server", log_level);
   auto server = server::Server::Create(std::move(config));

@@ -1,0 +1,105 @@
+// The Agent's SecAgg+ rounds (client/secagg_site.h): on the I/O thread but
+// for the quantising and masking, which run on the training executor.
+#include <spdlog/spdlog.h>
+
+#include "client/agent.h"
+#include "proto/frame.h"
+
+namespace estuary::client {
+
+namespace asio = boost::asio;
+
+Status Agent::StartSecAgg(const v1::RoundStart& start) {
+  secagg_.reset();
+  secagg_update_.reset();
+  secagg_masking_ = false;
+  if (!start.has_secagg()) return Status::Ok();
+  v1::Envelope advertise;
+  ESTUARY_ASSIGN_OR_RETURN(std::unique_ptr<SecAggSite> site, SecAggSite::Start(start, &advertise));
+  secagg_ = std::move(site);
+  spdlog::debug("{}: round {}: secagg site {} of {}", name_, start.round(), start.secagg().site(),
+                start.secagg().sites());
+  Send(advertise);
+  return Status::Ok();
+}
+
+void Agent::OnSecAgg(const v1::Envelope& envelope) {
+  const uint64_t round = envelope.has_secagg_keys()    ? envelope.secagg_keys().round()
+                         : envelope.has_secagg_inbox() ? envelope.secagg_inbox().round()
+                                                       : envelope.secagg_unmask().round();
+  if (!secagg_ || secagg_->round() != round) {
+    return Disconnected(fmt::format("{} for round {}, in which this site takes no part in secure aggregation",
+                                    proto::BodyName(envelope), round));
+  }
+  Status status;
+  if (envelope.has_secagg_keys()) {
+    auto shares = secagg_->OnKeys(envelope.secagg_keys());
+    if (shares.ok()) Send(*shares);
+    status = shares.status();
+  } else if (envelope.has_secagg_inbox()) {
+    status = secagg_->OnInbox(envelope.secagg_inbox());
+    if (status.ok()) MaybeSendMaskedInput();
+  } else {
+    auto response = secagg_->OnUnmask(envelope.secagg_unmask());
+    if (response.ok()) {
+      spdlog::info("{}: round {}: secagg unmasking answered", name_, round);
+      Send(*response);
+    }
+    status = response.status();
+  }
+  // The site's refusal ends its part in the round; the server sees it gone.
+  if (!status.ok()) {
+    spdlog::error("{}: {}", name_, status.message());
+    secagg_.reset();
+    Disconnected(fmt::format("round {}: secure aggregation refused: {}", round, status.message()));
+  }
+}
+
+void Agent::SecAggTrained(Update update) {
+  if (update.stream || update.kind != UpdateKind::kFull) {
+    spdlog::error("{}: round {}: secure aggregation needs the whole full update in this process (not a ZeRO-3 "
+                  "site's stream, not adapters); this site sits the round out",
+                  name_, secagg_->round());
+    if (update.stream) Discard(update.stream);
+    secagg_.reset();
+    return;
+  }
+  spdlog::info("{}: round {} trained on {} in {:.3f} s; masking for secure aggregation", name_, secagg_->round(),
+               update.trained_on, update.seconds);
+  secagg_update_ = std::move(update);
+  MaybeSendMaskedInput();
+}
+
+void Agent::MaybeSendMaskedInput() {
+  if (!secagg_ || !secagg_update_ || !secagg_->has_inbox() || secagg_masking_) return;
+  secagg_masking_ = true;
+  auto update = std::make_shared<const Update>(std::move(*secagg_update_));
+  secagg_update_.reset();
+  const uint64_t chunk = std::max<uint32_t>(chunk_bytes_ / 4, 1);
+  // Quantising and masking take 1 + k ChaCha20 passes over the update: off the I/O thread.
+  asio::post(training_, [self = shared_from_this(), site = secagg_, update, chunk, connection = connection_] {
+    auto frames = site->MaskedInput(update->payload, chunk, update->num_examples, update->train_loss, update->seconds,
+                                    self->options_.secagg_keep_dir);
+    asio::post(self->io_, [self, site, connection, frames = std::move(frames)]() mutable {
+      if (self->stopped_ || site != self->secagg_ || connection != self->connection_) return;
+      self->secagg_masking_ = false;
+      if (!frames.ok()) {
+        spdlog::error("{}: {}", self->name_, frames.status().message());
+        self->secagg_.reset();
+        return self->Disconnected(fmt::format("round {}: secure aggregation refused: {}", site->round(),
+                                              frames.status().message()));
+      }
+      if (site->clipped()) spdlog::warn("{}: round {}: secagg: the update was clipped to its norm bound", self->name_,
+                                        site->round());
+      // From here the server may answer only once every site's input is in.
+      self->awaiting_answer_ = true;
+      self->ArmRead();
+      for (const v1::Envelope& frame : *frames) {
+        self->outbox_.push_back(std::make_shared<const proto::Frame>(proto::EncodeFrame(frame)));
+      }
+      self->WriteNext();
+    });
+  });
+}
+
+}  // namespace estuary::client

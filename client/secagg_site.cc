@@ -1,0 +1,85 @@
+#include "client/secagg_site.h"
+
+#include <cmath>
+#include <fstream>
+
+#include "base/atomic_file.h"
+#include "secagg/quantize.h"
+#include "secagg/wire.h"
+
+namespace estuary::client {
+
+Result<std::unique_ptr<SecAggSite>> SecAggSite::Start(const v1::RoundStart& start, v1::Envelope* advertise) {
+  const v1::SecAggSetup& setup = start.secagg();
+  ESTUARY_ASSIGN_OR_RETURN(const secagg::ProtocolConfig config, secagg::ConfigFromProto(setup, start.round()));
+  if (config.dimension != start.manifest().total_elements()) {
+    return InvalidArgument("secagg: setup of {} elements for a model of {}", config.dimension,
+                           start.manifest().total_elements());
+  }
+  const secagg::QuantizationConfig quantization{.bits = config.bits, .clip_norm = setup.clip(), .scale = setup.scale()};
+  ESTUARY_RETURN_IF_ERROR(secagg::CheckQuantizationConfig(quantization));
+  if (start.task().update_kind() != v1::UPDATE_FULL) {
+    return InvalidArgument("secagg: a round of update kind lora; secure aggregation sums full updates");
+  }
+  ESTUARY_ASSIGN_OR_RETURN(secagg::SecAggClient client, secagg::SecAggClient::Create(config, setup.site()));
+  std::unique_ptr<SecAggSite> site(new SecAggSite(std::move(client), start.round(), setup));
+  ESTUARY_ASSIGN_OR_RETURN(const secagg::AdvertiseKeys keys, site->client_.Advertise());
+  *advertise->mutable_secagg_advertise() = secagg::ToProto(keys, start.round());
+  return site;
+}
+
+Result<v1::Envelope> SecAggSite::OnKeys(const v1::SecAggKeys& keys) {
+  ESTUARY_ASSIGN_OR_RETURN(const secagg::KeysBroadcast broadcast, secagg::FromProto(keys));
+  ESTUARY_ASSIGN_OR_RETURN(const secagg::ShareKeys shares, client_.Share(broadcast));
+  v1::Envelope envelope;
+  *envelope.mutable_secagg_shares() = secagg::ToProto(shares, round_);
+  return envelope;
+}
+
+Status SecAggSite::OnInbox(const v1::SecAggInbox& inbox) {
+  if (inbox_) return FailedPrecondition("secagg round {}: a second share inbox", round_);
+  ESTUARY_ASSIGN_OR_RETURN(inbox_, secagg::FromProto(inbox));
+  return Status::Ok();
+}
+
+Result<std::vector<v1::Envelope>> SecAggSite::MaskedInput(std::span<const float> update, uint64_t chunk_elements,
+                                                          uint64_t num_examples, double train_loss,
+                                                          double train_seconds, const std::filesystem::path& keep_dir) {
+  if (!inbox_) return FailedPrecondition("secagg round {}: masked input before the share inbox", round_);
+  const secagg::QuantizationConfig quantization{
+      .bits = int(setup_.bits()), .clip_norm = setup_.clip(), .scale = setup_.scale()};
+  double squares = 0;
+  for (float x : update) squares += double(x) * double(x);
+  clipped_ = std::sqrt(squares) > setup_.clip();
+  ESTUARY_ASSIGN_OR_RETURN(const secagg::Key32 rounding, secagg::RandomKey());
+  ESTUARY_ASSIGN_OR_RETURN(const std::vector<uint32_t> quantized,
+                           secagg::Quantize(update, double(setup_.weight()), quantization, rounding));
+  if (!keep_dir.empty()) {
+    const std::string bytes(reinterpret_cast<const char*>(quantized.data()), quantized.size() * sizeof(uint32_t));
+    ESTUARY_RETURN_IF_ERROR(WriteFileAtomically(
+        keep_dir / fmt::format("round-{}.site-{}.w-{}.u32", round_, client_.site(), setup_.weight()), bytes));
+  }
+  ESTUARY_ASSIGN_OR_RETURN(const secagg::MaskedInput masked, client_.MaskInput(*inbox_, quantized));
+  std::vector<v1::Envelope> frames;
+  const uint64_t step = std::max<uint64_t>(chunk_elements, 1);
+  for (uint64_t at = 0; at < masked.values.size(); at += step) {
+    const uint64_t n = std::min<uint64_t>(step, masked.values.size() - at);
+    frames.push_back(secagg::MaskedChunkMessage(round_, at, std::span(masked.values).subspan(at, n)));
+  }
+  v1::Envelope done;
+  done.mutable_secagg_masked_done()->set_round(round_);
+  done.mutable_secagg_masked_done()->set_num_examples(num_examples);
+  done.mutable_secagg_masked_done()->set_train_loss(train_loss);
+  done.mutable_secagg_masked_done()->set_train_seconds(train_seconds);
+  frames.push_back(std::move(done));
+  return frames;
+}
+
+Result<v1::Envelope> SecAggSite::OnUnmask(const v1::SecAggUnmask& request) {
+  ESTUARY_ASSIGN_OR_RETURN(const secagg::UnmaskResponse response, client_.Unmask(secagg::FromProto(request)));
+  v1::Envelope envelope;
+  *envelope.mutable_secagg_unmask_response() = secagg::ToProto(response, round_);
+  return envelope;
+}
+
+}  // namespace estuary::client

@@ -1,0 +1,287 @@
+// The Coordinator's SecAgg+ rounds (server/secagg_state.h): the protocol's
+// four stages relayed over the selected sites' sessions, on the same strand
+// as the rest of the round, so nothing here is locked.
+#include <spdlog/spdlog.h>
+
+#include <cmath>
+
+#include "proto/frame.h"
+#include "secagg/neighbours.h"
+#include "secagg/wire.h"
+#include "server/coordinator.h"
+
+namespace estuary::server {
+
+namespace asio = boost::asio;
+
+namespace {
+
+uint64_t FrameBytes(const v1::Envelope& envelope) { return envelope.ByteSizeLong() + 4; }
+
+secagg::Key32 RandomSeed() {
+  auto key = secagg::RandomKey();
+  // RAND_bytes refusing is OpenSSL broken: nothing secure can run.
+  if (!key.ok()) {
+    spdlog::critical("secagg: {}", key.status().ToString());
+    std::abort();
+  }
+  return *key;
+}
+
+SecAggState::Stage StageOf(v1::Envelope::BodyCase body) {
+  switch (body) {
+    case v1::Envelope::kSecaggAdvertise: return SecAggState::kAdvertise;
+    case v1::Envelope::kSecaggShares: return SecAggState::kShare;
+    case v1::Envelope::kSecaggMaskedChunk:
+    case v1::Envelope::kSecaggMaskedDone: return SecAggState::kMasked;
+    default: return SecAggState::kUnmask;
+  }
+}
+
+uint64_t RoundOf(const v1::Envelope& e) {
+  switch (e.body_case()) {
+    case v1::Envelope::kSecaggAdvertise: return e.secagg_advertise().round();
+    case v1::Envelope::kSecaggShares: return e.secagg_shares().round();
+    case v1::Envelope::kSecaggMaskedChunk: return e.secagg_masked_chunk().round();
+    case v1::Envelope::kSecaggMaskedDone: return e.secagg_masked_done().round();
+    default: return e.secagg_unmask_response().round();
+  }
+}
+
+}  // namespace
+
+Status Coordinator::StartSecAgg(const std::vector<std::string>& selected) {
+  const auto& s = config_.secagg;
+  const uint32_t n = uint32_t(selected.size());
+  if (n < 2) return FailedPrecondition("secagg round {}: {} site selected: secure aggregation needs 2", round_, n);
+  secagg::ProtocolConfig config = secagg::DefaultProtocolConfig(n, manifest_.total_elements, round_, RandomSeed());
+  if (s.neighbours > 0) config.degree = s.neighbours;
+  config.threshold = s.threshold > 0 ? s.threshold : secagg::DefaultThreshold(config.degree);
+  config.bits = s.bits;
+  if (Status ok = secagg::CheckProtocolConfig(config); !ok.ok()) {
+    return InvalidArgument("secagg round {} with {} sites: {}", round_, n, ok.message());
+  }
+  // Each site weighs its update by the examples its Hello claimed (at most
+  // max_examples), and the scale is as fine as the ring allows for their total.
+  std::vector<uint64_t> weights;
+  double total = 0;
+  const uint64_t cap = config_.federation.limits().max_examples();
+  for (const std::string& name : selected) {
+    const uint64_t claimed = hello_examples_[name];
+    weights.push_back(std::max<uint64_t>(1, cap > 0 ? std::min(claimed, cap) : claimed));
+    total += double(weights.back());
+  }
+  const double scale = std::floor((std::ldexp(1.0, s.bits - 1) - 1 - n) / (s.clip * total));
+  if (!(scale >= 1)) {
+    return InvalidArgument("secagg round {}: secagg_bits {} too narrow for {} sites of {} examples at clip {} (scale "
+                           "{} < 1)",
+                           round_, s.bits, n, total, s.clip, scale);
+  }
+  ESTUARY_ASSIGN_OR_RETURN(secagg::SecAggServer server, secagg::SecAggServer::Create(config));
+  secagg_ = std::make_unique<SecAggState>(std::move(server));
+  SecAggState& st = *secagg_;
+  st.quantization = {.bits = s.bits, .clip_norm = s.clip, .scale = scale};
+  st.weights = std::move(weights);
+  for (uint32_t u = 0; u < n; ++u) {
+    st.ids[selected[u]] = u;
+    st.names.push_back(selected[u]);
+    st.waiting.insert(u);
+  }
+  st.record = {.stage = RoundSecAgg::kStages[0], .sites = n, .neighbours = uint32_t(config.degree),
+               .threshold = uint32_t(config.threshold), .bits = uint32_t(s.bits), .clip = s.clip, .scale = scale};
+  spdlog::info("round {}: secagg over {} sites, k {}, t {}, {} bits, clip {:g}, scale {:g}", round_, n, config.degree,
+               config.threshold, s.bits, s.clip, scale);
+  return Status::Ok();
+}
+
+void Coordinator::OnSecAgg(const std::shared_ptr<ClientSession>& session, const v1::Envelope& envelope) {
+  const std::string& name = session->name();
+  const std::string_view body = proto::BodyName(envelope);
+  auto id = secagg_ ? secagg_->ids.find(name) : decltype(secagg_->ids.find(name)){};
+  auto p = participants_.find(name);
+  if (!round_running_ || !secagg_ || state_ != RoundState::kCollecting || RoundOf(envelope) != round_ ||
+      id == secagg_->ids.end() || p == participants_.end() || p->second.session.lock() != session) {
+    return Reject(session, v1::Error::ROUND_NOT_OPEN,
+                  fmt::format("{} for round {}, which has no secure aggregation waiting for {}", body,
+                              RoundOf(envelope), name));
+  }
+  SecAggState& st = *secagg_;
+  const uint32_t u = id->second;
+  const SecAggState::Stage stage = StageOf(envelope.body_case());
+  if (stage != st.stage || !st.waiting.contains(u)) {
+    return Reject(session, v1::Error::BAD_MESSAGE,
+                  fmt::format("secagg round {}: {} from {} (site {}) while the round is at {}{}", round_, body, name, u,
+                              st.stage < 4 ? RoundSecAgg::kStages[st.stage] : "its end",
+                              stage == st.stage ? ", which it already answered or was not asked" : ""));
+  }
+  st.record.bytes_up[stage] += FrameBytes(envelope);
+  p->second.record.bytes_up += FrameBytes(envelope);
+  Status received;
+  switch (envelope.body_case()) {
+    case v1::Envelope::kSecaggAdvertise: {
+      auto keys = secagg::FromProto(envelope.secagg_advertise(), u);
+      received = keys.ok() ? st.server.Receive(*keys) : keys.status();
+      break;
+    }
+    case v1::Envelope::kSecaggShares: {
+      auto shares = secagg::FromProto(envelope.secagg_shares(), u);
+      received = shares.ok() ? st.server.Receive(*shares) : shares.status();
+      break;
+    }
+    case v1::Envelope::kSecaggMaskedChunk:
+      received = secagg::AppendMaskedChunk(envelope.secagg_masked_chunk(), st.server.config().dimension, st.uploads[u]);
+      if (received.ok()) return;  // more follows
+      break;
+    case v1::Envelope::kSecaggMaskedDone: {
+      std::vector<uint32_t> values = std::move(st.uploads[u]);
+      st.uploads.erase(u);
+      if (values.size() != st.server.config().dimension) {
+        received = InvalidArgument("secagg: masked input of {} elements, expected {}", values.size(),
+                                   st.server.config().dimension);
+        break;
+      }
+      received = st.server.Receive(secagg::MaskedInput{.site = u, .values = std::move(values)});
+      const v1::SecAggMaskedDone& done = envelope.secagg_masked_done();
+      Participation& record = p->second.record;
+      record.examples = st.weights[u];
+      record.train_loss = std::isfinite(done.train_loss()) ? done.train_loss() : 0;
+      record.seconds = SecondsSince(p->second.started);
+      break;
+    }
+    default: {
+      auto response = secagg::FromProto(envelope.secagg_unmask_response(), u);
+      received = response.ok() ? st.server.Receive(*response) : response.status();
+      break;
+    }
+  }
+  if (!received.ok()) return Reject(session, v1::Error::BAD_MESSAGE, received.message());
+  st.waiting.erase(u);
+  ++st.record.answered[stage];
+  MaybeCloseSecAggStage(false);
+}
+
+void Coordinator::SecAggGone(const std::string& name) {
+  if (!secagg_) return;
+  SecAggState& st = *secagg_;
+  auto id = st.ids.find(name);
+  if (id == st.ids.end() || !st.gone.insert(id->second).second) return;
+  st.uploads.erase(id->second);
+  if (st.stage < SecAggState::kDone && st.waiting.erase(id->second)) ++st.record.dropouts[st.stage];
+  MaybeCloseSecAggStage(false);
+}
+
+void Coordinator::MaybeCloseSecAggStage(bool deadline) {
+  if (!secagg_ || secagg_->stage == SecAggState::kDone) return;
+  SecAggState& st = *secagg_;
+  if (!deadline && !st.waiting.empty()) return;
+  for (uint32_t u : st.waiting) {  // silent at the deadline: they drop out of this stage
+    ++st.record.dropouts[st.stage];
+    st.gone.insert(u);
+    st.uploads.erase(u);
+    Participant& p = participants_.at(st.names[u]);
+    if (p.record.status != "selected") continue;
+    p.record.status = "late";
+    p.record.detail = fmt::format("no answer in secagg stage {} before its deadline", RoundSecAgg::kStages[st.stage]);
+    p.record.seconds = SecondsSince(p.started);
+    LogIfError(store_.UpsertParticipation(p.record), "store");
+  }
+  st.waiting.clear();
+  CloseSecAggStage();
+}
+
+void Coordinator::CloseSecAggStage() {
+  SecAggState& st = *secagg_;
+  std::map<uint32_t, v1::Envelope> messages;
+  switch (st.stage) {
+    case SecAggState::kAdvertise: {
+      auto keys = st.server.CloseAdvertise();
+      if (!keys.ok()) return FailRound(keys.status().message());
+      for (const auto& [u, broadcast] : *keys) *messages[u].mutable_secagg_keys() = secagg::ToProto(broadcast, round_);
+      return OpenSecAggStage(SecAggState::kShare, std::move(messages));
+    }
+    case SecAggState::kShare: {
+      auto inboxes = st.server.CloseShareKeys();
+      if (!inboxes.ok()) return FailRound(inboxes.status().message());
+      for (const auto& [u, inbox] : *inboxes) *messages[u].mutable_secagg_inbox() = secagg::ToProto(inbox, round_);
+      return OpenSecAggStage(SecAggState::kMasked, std::move(messages));
+    }
+    case SecAggState::kMasked: {
+      auto request = st.server.CloseMaskedInput();
+      if (!request.ok()) return FailRound(request.status().message());
+      v1::Envelope envelope;
+      *envelope.mutable_secagg_unmask() = secagg::ToProto(*request, round_);
+      for (uint32_t u : request->survived) messages[u] = envelope;
+      return OpenSecAggStage(SecAggState::kUnmask, std::move(messages));
+    }
+    case SecAggState::kUnmask: return FinishSecAgg();
+    case SecAggState::kDone: return;
+  }
+}
+
+void Coordinator::OpenSecAggStage(SecAggState::Stage stage, std::map<uint32_t, v1::Envelope> messages) {
+  SecAggState& st = *secagg_;
+  st.stage = stage;
+  st.record.stage = RoundSecAgg::kStages[stage];
+  st.waiting.clear();
+  for (const auto& [u, envelope] : messages) {
+    // The message answers the stage before: its bytes are that stage's.
+    st.record.bytes_down[stage - 1] += FrameBytes(envelope);
+    auto session = participants_.at(st.names[u]).session.lock();
+    if (st.gone.contains(u) || !session || session->closed()) {
+      ++st.record.dropouts[stage];
+      continue;
+    }
+    st.waiting.insert(u);
+    session->Send(envelope);
+  }
+  Transition(RoundState::kCollecting, fmt::format("secagg: {}: waiting for {} of {} sites", st.record.stage,
+                                                  st.waiting.size(), st.record.sites));
+  ArmSecAggDeadline();
+  MaybeCloseSecAggStage(false);
+}
+
+void Coordinator::ArmSecAggDeadline() {
+  // Each stage after the first gets the round's deadline again: the first
+  // includes the download and training, the others only the protocol.
+  deadline_->Arm(std::chrono::milliseconds(int64_t(config_.round_deadline_s * 1000)), [this, round = round_] {
+    if (round_running_ && round_ == round && state_ == RoundState::kCollecting) OnDeadline();
+  });
+}
+
+void Coordinator::FinishSecAgg() {
+  SecAggState& st = *secagg_;
+  auto output = st.server.Finish();
+  if (!output.ok()) return FailRound(output.status().message());
+  st.stage = SecAggState::kDone;
+  st.record.stage = "done";
+  double weight = 0;
+  for (uint32_t u : output->included) {
+    weight += double(st.weights[u]);
+    Participant& p = participants_.at(st.names[u]);
+    p.record.status = "committed";
+    p.record.detail = st.gone.contains(u) ? "in the sum; gone before unmasking" : "";
+    ++record_.updates_received;
+    loss_sum_ += p.record.train_loss * double(p.record.examples);
+    examples_sum_ += double(p.record.examples);
+    LogIfError(store_.UpsertParticipation(p.record), "store");
+  }
+  for (uint64_t bytes : st.record.bytes_up) record_.bytes_up += bytes;
+  auto mean = secagg::Dequantize(output->sum, weight, st.quantization);
+  if (!mean.ok()) return FailRound(fmt::format("secagg round {}: {}", round_, mean.status().message()));
+  spdlog::info("round {}: secagg sum of {} sites unmasked ({} dropped after sharing keys); error bound {:.3g} per "
+               "element",
+               round_, output->included.size(), output->dropped.size(),
+               secagg::DequantizationErrorBound(int(output->included.size()), weight, st.quantization));
+  auto values = std::make_shared<std::vector<float>>(mean->begin(), mean->end());
+  ++folds_in_flight_;
+  asio::post(worker_, [this, values, weight] {
+    Status folded = aggregator_->FoldMean(*values, weight);
+    asio::post(io_, [this, folded] {
+      --folds_in_flight_;
+      if (!folded.ok()) return FailRound(fmt::format("secagg round {}: fold: {}", round_, folded.ToString()));
+      Aggregate();
+    });
+  });
+}
+
+}  // namespace estuary::server

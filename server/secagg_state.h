@@ -1,0 +1,42 @@
+// One round's SecAgg+ on the server: what the Coordinator keeps while it
+// relays the protocol's four stages between the selected sites' sessions
+// (coordinator_secagg.cc). Touched only on the Coordinator's strand.
+//
+// The sampled sites are protocol ids 0..n−1 in sampling order. A stage waits
+// for an answer from every site it opened for (`waiting`); one whose session
+// closes, or whose message is refused, is gone and counts as a dropout of the
+// stage it was waiting in; one silent at the stage's deadline likewise. The
+// stage closes when nobody is left waiting, through SecAggServer::Close*,
+// whose threshold refusal fails the round.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "secagg/quantize.h"
+#include "secagg/server.h"
+#include "server/store.h"
+
+namespace estuary::server {
+
+struct SecAggState {
+  enum Stage { kAdvertise = 0, kShare = 1, kMasked = 2, kUnmask = 3, kDone = 4 };
+
+  explicit SecAggState(secagg::SecAggServer s) : server(std::move(s)) {}
+
+  secagg::SecAggServer server;
+  secagg::QuantizationConfig quantization;
+  Stage stage = kAdvertise;
+  std::map<std::string, uint32_t> ids;  // by site name
+  std::vector<std::string> names;       // by id
+  std::vector<uint64_t> weights;        // by id: the examples its Hello claimed
+  std::set<uint32_t> waiting;           // the stage's sites that have not answered yet
+  std::set<uint32_t> gone;              // lost or refused: silent from then on
+  std::map<uint32_t, std::vector<uint32_t>> uploads;  // masked inputs arriving, until their SecAggMaskedDone
+  RoundSecAgg record;
+};
+
+}  // namespace estuary::server
