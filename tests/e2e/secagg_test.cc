@@ -1,0 +1,319 @@
+// End-to-end: SecAgg+ over the federation's mutual-TLS sessions. The real
+// estuary-server (--secagg) and estuary-client binaries as child processes on
+// 127.0.0.1, and — for the sites that drop out at a chosen stage — scripted
+// sites in this process that speak the same protocol over their own TLS
+// connections and then abort them.
+//
+// The oracle: every site keeps the quantised input it masked
+// (--secagg-keep-input); their plain sum mod 2^32, dequantised and folded by
+// FedAvg into the previous global model, must be the committed model bit for
+// bit — the masks cancel exactly or the test fails.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <fstream>
+#include <regex>
+#include <thread>
+
+#include "aggregation/strategy.h"
+#include "client/secagg_site.h"
+#include "crypto/sha256.h"
+#include "models/checkpoint.h"
+#include "secagg/quantize.h"
+#include "tests/e2e/federation.h"
+#include "tests/e2e/harness.h"
+
+namespace estuary::testing {
+namespace {
+
+// What one site contributed to a round: the quantised input it kept, and its weight.
+struct Contribution {
+  std::vector<uint32_t> quantized;
+  uint64_t weight = 0;
+};
+
+// Every round-R.site-U.w-W.u32 file under `dir`.
+std::vector<Contribution> KeptInputs(const fs::path& dir, uint64_t round) {
+  std::vector<Contribution> out;
+  const std::regex name(fmt::format(R"(round-{}\.site-\d+\.w-(\d+)\.u32)", round));
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    std::smatch m;
+    const std::string file = entry.path().filename().string();
+    if (!std::regex_match(file, m, name)) continue;
+    std::ifstream in(entry.path(), std::ios::binary);
+    std::string bytes{std::istreambuf_iterator<char>(in), {}};
+    Contribution c{.quantized = std::vector<uint32_t>(bytes.size() / 4), .weight = std::stoull(m[1].str())};
+    std::memcpy(c.quantized.data(), bytes.data(), bytes.size());
+    out.push_back(std::move(c));
+  }
+  return out;
+}
+
+// Plain aggregation of the same quantised inputs: their sum mod 2^32,
+// dequantised with the round's scale, folded by FedAvg into `previous`.
+std::vector<float> PlainAggregate(const std::vector<Contribution>& inputs, double clip, double scale,
+                                  std::vector<float> previous, uint64_t round) {
+  std::vector<uint32_t> sum(previous.size(), 0);
+  double weight = 0;
+  for (const Contribution& c : inputs) {
+    EXPECT_EQ(c.quantized.size(), sum.size());
+    for (size_t i = 0; i < sum.size() && i < c.quantized.size(); ++i) sum[i] += c.quantized[i];
+    weight += double(c.weight);
+  }
+  auto mean = secagg::Dequantize(sum, weight, {.bits = 32, .clip_norm = clip, .scale = scale});
+  EXPECT_TRUE(mean.ok()) << mean.status().ToString();
+  const std::vector<float> mean_f(mean->begin(), mean->end());
+  auto fedavg = aggregation::MakeStrategy({.name = "fedavg"});
+  EXPECT_TRUE(fedavg.ok());
+  EXPECT_TRUE((*fedavg)->Begin(round, previous).ok());
+  EXPECT_TRUE((*fedavg)->Fold(mean_f, weight).ok());
+  EXPECT_TRUE((*fedavg)->Finish(previous).ok());
+  return previous;
+}
+
+std::vector<float> Checkpoint(server::Store& store, uint64_t round) {
+  auto path = store.CheckpointFor(round);
+  EXPECT_TRUE(path.ok() && path->has_value());
+  auto checkpoint = models::LoadCheckpoint(**path);
+  EXPECT_TRUE(checkpoint.ok());
+  return checkpoint.ok() ? checkpoint->data : std::vector<float>{};
+}
+
+// A site in this process: takes round 1 over its own TLS connection with a
+// known update, and aborts the connection after the stage it is told.
+class ScriptedSite {
+ public:
+  enum class Stop { kAfterShareKeys, kAfterMaskedInput };
+  ScriptedSite(const Federation& f, const std::string& name, uint16_t port, Stop stop, fs::path keep)
+      : thread_([this, files = f.Files(name), port, stop, keep] { status_ = Run(files, port, stop, keep); }) {}
+  ~ScriptedSite() { Join(); }
+  Status Join() {
+    if (thread_.joinable()) thread_.join();
+    return status_;
+  }
+  const std::vector<float>& initial_model() const { return model_; }
+
+ private:
+  Result<v1::Envelope> Next(RawClient& raw, v1::Envelope::BodyCase wanted) {
+    for (;;) {
+      ESTUARY_ASSIGN_OR_RETURN(v1::Envelope envelope, raw.Receive());
+      if (envelope.body_case() == wanted) return envelope;
+      if (envelope.has_heartbeat() || envelope.has_model_chunk()) continue;
+      return ProtocolError("scripted site: expected {}, got {}", int(wanted), envelope.ShortDebugString());
+    }
+  }
+  Status Run(const crypto::TlsFiles& files, uint16_t port, Stop stop, const fs::path& keep) {
+    ESTUARY_ASSIGN_OR_RETURN(auto raw, RawClient::Connect(port, files));
+    raw->SetTimeouts(std::chrono::seconds(60));
+    ESTUARY_RETURN_IF_ERROR(raw->Handshake());
+    ESTUARY_ASSIGN_OR_RETURN(const v1::RoundStart start, raw->AwaitRound(&model_));
+    if (!start.has_secagg()) return ProtocolError("scripted site: round {} without a secagg setup", start.round());
+    v1::Envelope advertise;
+    ESTUARY_ASSIGN_OR_RETURN(auto site, client::SecAggSite::Start(start, &advertise));
+    ESTUARY_RETURN_IF_ERROR(raw->Send(advertise));
+    ESTUARY_ASSIGN_OR_RETURN(const v1::Envelope keys, Next(*raw, v1::Envelope::kSecaggKeys));
+    ESTUARY_ASSIGN_OR_RETURN(const v1::Envelope shares, site->OnKeys(keys.secagg_keys()));
+    ESTUARY_RETURN_IF_ERROR(raw->Send(shares));
+    if (stop == Stop::kAfterShareKeys) {
+      // Gone once the server has its shares: its mask key must be rebuilt.
+      ESTUARY_RETURN_IF_ERROR(Next(*raw, v1::Envelope::kSecaggInbox).status());
+      raw->Abort();
+      return Status::Ok();
+    }
+    ESTUARY_ASSIGN_OR_RETURN(const v1::Envelope inbox, Next(*raw, v1::Envelope::kSecaggInbox));
+    ESTUARY_RETURN_IF_ERROR(site->OnInbox(inbox.secagg_inbox()));
+    std::vector<float> update(model_.size());
+    for (size_t i = 0; i < update.size(); ++i) update[i] = 1e-3f * float(int(i % 7) - 3);
+    ESTUARY_ASSIGN_OR_RETURN(auto frames, site->MaskedInput(update, 65536, 10, 0.5, 0.1, keep));
+    for (const v1::Envelope& frame : frames) ESTUARY_RETURN_IF_ERROR(raw->Send(frame));
+    // Gone with its input in the sum: its neighbours' shares remove its self mask.
+    ESTUARY_RETURN_IF_ERROR(Next(*raw, v1::Envelope::kSecaggUnmask).status());
+    raw->Abort();
+    return Status::Ok();
+  }
+
+  std::vector<float> model_;
+  Status status_;
+  std::thread thread_;
+};
+
+TEST(SecAggOverTls, ThreeSitesCommitThePlainAggregateOfTheirQuantisedInputsBitForBit) {
+  Federation f;
+  std::vector<std::string> sites = {"site-a", "site-b", "site-c"};
+  for (const auto& s : sites) f.Issue(s);
+  const uint16_t port = f.StartServer(2, 3, {"--secagg"});
+  std::vector<std::unique_ptr<ChildProcess>> children;
+  for (const auto& s : sites) {
+    fs::create_directories(f.dir() / ("keep-" + s));
+    children.push_back(f.StartClient(s, port, {}, {"--secagg-keep-input", (f.dir() / ("keep-" + s)).string()}));
+  }
+  ASSERT_TRUE(f.AwaitCommitted(2, std::chrono::seconds(120))) << f.ServerLog();
+  for (auto& c : children) EXPECT_EQ(c->Wait(), 0);
+  ASSERT_EQ(f.WaitServer(), 0) << f.ServerLog();
+  auto store = f.OpenStore();
+  ASSERT_TRUE(store);
+  auto rounds = store->Rounds();
+  ASSERT_TRUE(rounds.ok());
+  ASSERT_EQ(rounds->size(), 2u);
+  for (const auto& r : *rounds) {
+    EXPECT_EQ(r.state, server::RoundState::kCommitted);
+    EXPECT_EQ(r.updates_received, 3u);
+    ASSERT_TRUE(r.secagg.has_value());
+    EXPECT_EQ(r.secagg->stage, "done");
+    EXPECT_EQ(r.secagg->sites, 3u);
+    EXPECT_EQ(r.secagg->neighbours, 2u);  // the complete graph
+    EXPECT_EQ(r.secagg->threshold, 2u);
+    EXPECT_EQ(r.secagg->answered, (std::array<uint32_t, 4>{3, 3, 3, 3}));
+    EXPECT_EQ(r.secagg->dropouts, (std::array<uint32_t, 4>{0, 0, 0, 0}));
+    // The masked inputs: 4 bytes an element, and more than that in framing.
+    EXPECT_GT(r.secagg->bytes_up[2], 3u * 199210 * 4);
+    EXPECT_LT(r.secagg->bytes_up[2], 3u * 199210 * 4 + 3u * 4096);
+    ASSERT_TRUE(r.test_accuracy.has_value());
+    EXPECT_GT(*r.test_accuracy, 0.3);  // chance is 0.1
+  }
+  const double scale = (*rounds)[1].secagg->scale;
+  // s = floor((2^31 − 1 − n) / (C · W)), C = 100, W = 3 · 300.
+  EXPECT_EQ(scale, std::floor((2147483647.0 - 3) / (100.0 * 900)));
+  std::vector<Contribution> inputs;
+  for (const auto& s : sites) {
+    auto kept = KeptInputs(f.dir() / ("keep-" + s), 2);
+    ASSERT_EQ(kept.size(), 1u) << s;
+    EXPECT_EQ(kept[0].weight, 300u);
+    inputs.push_back(std::move(kept[0]));
+  }
+  const std::vector<float> expected = PlainAggregate(inputs, 100, scale, Checkpoint(*store, 1), 2);
+  const std::vector<float> committed = Checkpoint(*store, 2);
+  ASSERT_EQ(committed.size(), expected.size());
+  EXPECT_EQ(std::memcmp(committed.data(), expected.data(), expected.size() * sizeof(float)), 0)
+      << "the committed model is not the plain aggregate of the kept inputs";
+  // Not trivially so: the round moved the model.
+  EXPECT_NE(committed, Checkpoint(*store, 1));
+
+  const std::string server_bin = BinaryPath("estuary-server").string();
+  auto show = RunCommand(fmt::format("{} rounds show 2 --db {}", server_bin, f.db().string()));
+  ASSERT_EQ(show.exit_code, 0) << show.output;
+  EXPECT_NE(show.output.find("protocol  secagg: 3 sites, k 2, t 2, 32 bits, clip 100"), std::string::npos)
+      << show.output;
+  EXPECT_NE(show.output.find("reached done"), std::string::npos) << show.output;
+  auto json = RunCommand(fmt::format("{} rounds show 2 --db {} --json", server_bin, f.db().string()));
+  ASSERT_EQ(json.exit_code, 0) << json.output;
+  auto doc = nlohmann::json::parse(json.output, nullptr, false);
+  ASSERT_FALSE(doc.is_discarded()) << json.output;
+  EXPECT_EQ(doc["protocol"], "secagg");
+  EXPECT_EQ(doc["secagg"]["stages"][2]["stage"], "masked input");
+  EXPECT_EQ(doc["secagg"]["stages"][2]["bytes_up"], (*rounds)[1].secagg->bytes_up[2]);
+}
+
+TEST(SecAggOverTls, TheRoundCommitsWhenOneSiteDiesAfterSharingKeysAndOneAfterItsMaskedInput) {
+  Federation f;
+  // Six sites, the complete graph: k = 5, t = 3. With two gone, every
+  // secret still has three neighbours left to answer for it.
+  std::vector<std::string> sites = {"site-a", "site-b", "site-c", "site-d"};
+  for (const auto& s : sites) f.Issue(s);
+  f.Issue("gone-after-shares");
+  f.Issue("gone-after-input");
+  const uint16_t port = f.StartServer(1, 6, {"--secagg"});
+  std::vector<std::unique_ptr<ChildProcess>> children;
+  for (const auto& s : sites) {
+    fs::create_directories(f.dir() / ("keep-" + s));
+    children.push_back(f.StartClient(s, port, {}, {"--secagg-keep-input", (f.dir() / ("keep-" + s)).string()}));
+  }
+  fs::create_directories(f.dir() / "keep-scripted");
+  ScriptedSite after_shares(f, "gone-after-shares", port, ScriptedSite::Stop::kAfterShareKeys, f.dir() / "keep-none");
+  ScriptedSite after_input(f, "gone-after-input", port, ScriptedSite::Stop::kAfterMaskedInput,
+                           f.dir() / "keep-scripted");
+  Status shares_done = after_shares.Join(), input_done = after_input.Join();
+  EXPECT_TRUE(shares_done.ok()) << shares_done.ToString();
+  EXPECT_TRUE(input_done.ok()) << input_done.ToString();
+  ASSERT_TRUE(f.AwaitCommitted(1, std::chrono::seconds(120))) << f.ServerLog();
+  for (auto& c : children) EXPECT_EQ(c->Wait(), 0);
+  ASSERT_EQ(f.WaitServer(), 0) << f.ServerLog();
+
+  auto store = f.OpenStore();
+  ASSERT_TRUE(store);
+  auto round = store->GetRound(1);
+  ASSERT_TRUE(round.ok() && round->has_value());
+  const server::RoundRecord& r = **round;
+  ASSERT_EQ(r.state, server::RoundState::kCommitted) << r.detail << "\n" << f.ServerLog();
+  ASSERT_TRUE(r.secagg.has_value());
+  EXPECT_EQ(r.secagg->sites, 6u);
+  EXPECT_EQ(r.secagg->threshold, 3u);  // k = 5 (complete), t = 5/2 + 1
+  EXPECT_EQ(r.secagg->answered, (std::array<uint32_t, 4>{6, 6, 5, 4}));
+  EXPECT_EQ(r.secagg->dropouts, (std::array<uint32_t, 4>{0, 0, 1, 1}));
+  EXPECT_EQ(r.updates_received, 5u);  // the site gone before unmasking is in the sum
+  auto participants = ParticipationsByName(*store, 1);
+  EXPECT_EQ(participants["gone-after-shares"].status, "dropped");
+  EXPECT_EQ(participants["gone-after-input"].status, "committed");
+  EXPECT_EQ(participants["gone-after-input"].detail, "in the sum; gone before unmasking");
+
+  std::vector<Contribution> inputs;
+  for (const auto& dir : {"keep-site-a", "keep-site-b", "keep-site-c", "keep-site-d", "keep-scripted"}) {
+    auto kept = KeptInputs(f.dir() / dir, 1);
+    ASSERT_EQ(kept.size(), 1u) << dir;
+    inputs.push_back(std::move(kept[0]));
+  }
+  EXPECT_EQ(inputs[4].weight, 10u);  // the scripted site's Hello
+  const std::vector<float> expected =
+      PlainAggregate(inputs, 100, r.secagg->scale, after_input.initial_model(), 1);
+  const std::vector<float> committed = Checkpoint(*store, 1);
+  ASSERT_EQ(committed.size(), expected.size());
+  EXPECT_EQ(std::memcmp(committed.data(), expected.data(), expected.size() * sizeof(float)), 0)
+      << "the committed model is not the plain aggregate of the five included inputs";
+}
+
+TEST(SecAggOverTls, TooManyDropoutsAbortTheRoundWithTheStageAndTheCounts) {
+  Federation f;
+  f.exit_when_done = false;
+  f.Issue("site-a");
+  f.Issue("site-b");
+  f.Issue("gone-1");
+  f.Issue("gone-2");
+  const uint16_t port = f.StartServer(1, 4, {"--secagg", "--secagg-threshold", "3"});
+  auto a = f.StartClient("site-a", port);
+  auto b = f.StartClient("site-b", port);
+  ScriptedSite gone1(f, "gone-1", port, ScriptedSite::Stop::kAfterShareKeys, {});
+  ScriptedSite gone2(f, "gone-2", port, ScriptedSite::Stop::kAfterShareKeys, {});
+  EXPECT_TRUE(gone1.Join().ok());
+  EXPECT_TRUE(gone2.Join().ok());
+  const std::string line =
+      "round 1 failed: secagg round 1: masked input: 2 of 4 sites remain, fewer than the threshold 3: refusing to "
+      "proceed";
+  ASSERT_TRUE(f.AwaitLog(line)) << f.ServerLog();
+  f.server().Kill();
+  auto store = f.OpenStore();
+  ASSERT_TRUE(store);
+  auto round = store->GetRound(1);
+  ASSERT_TRUE(round.ok() && round->has_value());
+  EXPECT_EQ((*round)->state, server::RoundState::kFailed);
+  EXPECT_NE((*round)->detail.find("masked input: 2 of 4 sites remain"), std::string::npos) << (*round)->detail;
+  ASSERT_TRUE((*round)->secagg.has_value());
+  EXPECT_EQ((*round)->secagg->stage, "masked input");
+  EXPECT_EQ((*round)->secagg->dropouts, (std::array<uint32_t, 4>{0, 0, 2, 0}));
+  EXPECT_EQ((*round)->secagg->answered, (std::array<uint32_t, 4>{4, 4, 2, 0}));
+}
+
+TEST(SecAggOverTls, CombinationsItCannotServeAreRefusedInOneLine) {
+  Federation f;
+  const std::string server_bin = BinaryPath("estuary-server").string();
+  const std::pair<std::string, std::string> cases[] = {
+      {"--strategy median", "secagg with strategy median: a robust rule needs the individual updates"},
+      {"--dp-noise-multiplier 1 --dp-clip 1", "secagg with dp_noise_multiplier"},
+      {"--max-update-norm 5", "secagg with max_update_norm or max_norm_over_median"},
+      {"--secagg-bits 40", "secagg_bits = 40: must be in [2, 32]"},
+      {"--model llama-tiny --update-kind lora --lora-merge exact",
+       "secagg with update kind lora: the exact merge multiplies each site's factors"},
+      {"--model llama-tiny --update-kind lora --lora-merge naive",
+       "secagg with update kind lora: adapter factors are not summed through secure aggregation yet"},
+  };
+  for (const auto& [flags, expected] : cases) {
+    std::string args;
+    for (const auto& a : f.ServeArgs(1, 2, {"--secagg"})) args += " " + a;
+    auto run = RunCommand(fmt::format("{}{} {}", server_bin, args, flags));
+    EXPECT_NE(run.exit_code, 0) << flags;
+    EXPECT_NE(run.output.find(expected), std::string::npos) << flags << ": " << run.output;
+    EXPECT_EQ(std::count(run.output.begin(), run.output.end(), '\n'), 1) << run.output;
+  }
+}
+
+}  // namespace
+}  // namespace estuary::testing
