@@ -289,6 +289,10 @@ void Coordinator::OnUpdateBegin(const std::shared_ptr<ClientSession>& session, c
   // It trains only on a model whose checksum it verified: it holds this
   // round's version now.
   distribution_.Confirm(name);
+  if (secagg_) {  // a site that does not speak the protocol: its update would be in the clear
+    return Reject(session, v1::Error::BAD_MESSAGE,
+                  fmt::format("round {} sums updates by secure aggregation: a plain update is refused", round_));
+  }
   if (slots_.Staged(name) || slots_.Queued(name) || p.record.status != "selected") {
     return Reject(session, v1::Error::DUPLICATE_UPDATE,
                   fmt::format("second update from {} in round {}", name, round_));

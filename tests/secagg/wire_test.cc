@@ -1,0 +1,112 @@
+#include "secagg/wire.h"
+
+#include <gtest/gtest.h>
+
+#include "secagg/client.h"
+
+namespace estuary::secagg {
+namespace {
+
+Key32 Filled(uint8_t v) {
+  Key32 k;
+  k.fill(v);
+  return k;
+}
+
+TEST(Wire, TheSetupRoundTripsAndABadOneIsRefused) {
+  ProtocolConfig config = DefaultProtocolConfig(10, 1000, 7, Filled(3));
+  const v1::SecAggSetup setup = ToProto(config, 4, 100, 894, 300);
+  auto back = ConfigFromProto(setup, 7);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->sites, 10u);
+  EXPECT_EQ(back->degree, config.degree);
+  EXPECT_EQ(back->threshold, config.threshold);
+  EXPECT_EQ(back->graph_seed, config.graph_seed);
+  EXPECT_EQ(back->dimension, 1000u);
+  EXPECT_EQ(setup.weight(), 300u);
+
+  v1::SecAggSetup bad = setup;
+  bad.set_graph_seed("short");
+  EXPECT_EQ(ConfigFromProto(bad, 7).status().message(), "secagg: setup graph_seed: 5 bytes, expected 32");
+  bad = setup;
+  bad.set_site(10);
+  EXPECT_EQ(ConfigFromProto(bad, 7).status().message(), "secagg: setup: site 10 of 10 sites");
+  bad = setup;
+  bad.set_threshold(2);  // not a majority of k = 9
+  EXPECT_FALSE(ConfigFromProto(bad, 7).ok());
+}
+
+TEST(Wire, EveryStageMessageRoundTripsThroughTheStateMachines) {
+  ProtocolConfig config = DefaultProtocolConfig(3, 5, 1, Filled(9));
+  auto a = SecAggClient::Create(config, 0), b = SecAggClient::Create(config, 1);
+  ASSERT_TRUE(a.ok() && b.ok());
+  auto keys_a = a->Advertise(), keys_b = b->Advertise();
+  ASSERT_TRUE(keys_a.ok() && keys_b.ok());
+  auto wire_keys = FromProto(ToProto(*keys_a, 1), 0);
+  ASSERT_TRUE(wire_keys.ok());
+  EXPECT_EQ(wire_keys->mask_public_key, keys_a->mask_public_key);
+  EXPECT_EQ(wire_keys->share_public_key, keys_a->share_public_key);
+
+  auto broadcast = FromProto(ToProto(KeysBroadcast{.neighbours = {*keys_b}}, 1));
+  ASSERT_TRUE(broadcast.ok());
+  ASSERT_EQ(broadcast->neighbours.size(), 1u);
+  EXPECT_EQ(broadcast->neighbours[0].site, 1u);
+  EXPECT_EQ(broadcast->neighbours[0].mask_public_key, keys_b->mask_public_key);
+
+  // t = 2 of k = 2: a site with one advertised neighbour refuses, as it should.
+  EXPECT_FALSE(a->Share(*broadcast).ok());
+
+  ShareKeys shares{.site = 2, .seed_commitment = Filled(1), .key_commitment = Filled(2),
+                   .envelopes = {{.peer = 0, .envelope = std::vector<uint8_t>(kShareEnvelopeBytes, 7)}}};
+  auto wire_shares = FromProto(ToProto(shares, 1), 2);
+  ASSERT_TRUE(wire_shares.ok());
+  EXPECT_EQ(wire_shares->seed_commitment, shares.seed_commitment);
+  EXPECT_EQ(wire_shares->envelopes[0].envelope, shares.envelopes[0].envelope);
+  v1::SecAggShares short_envelope = ToProto(shares, 1);
+  short_envelope.mutable_envelopes(0)->mutable_envelope()->pop_back();
+  EXPECT_EQ(FromProto(short_envelope, 2).status().message(),
+            "secagg: shares: the envelope for site 0 has 159 bytes, expected 160");
+  v1::SecAggInbox inbox = ToProto(ShareInbox{.envelopes = shares.envelopes}, 1);
+  EXPECT_TRUE(FromProto(inbox).ok());
+  inbox.mutable_envelopes(0)->mutable_envelope()->append("x");
+  EXPECT_EQ(FromProto(inbox).status().message(), "secagg: inbox: the envelope for site 0 has 161 bytes, expected 160");
+
+  const UnmaskRequest request{.survived = {0, 2}, .dropped = {1}};
+  const UnmaskRequest request_back = FromProto(ToProto(request, 1));
+  EXPECT_EQ(request_back.survived, request.survived);
+  EXPECT_EQ(request_back.dropped, request.dropped);
+
+  UnmaskResponse response{.site = 1};
+  response.seed_shares.push_back({.peer = 0});
+  response.seed_shares[0].y.fill(5);
+  response.key_shares.push_back({.peer = 2});
+  auto response_back = FromProto(ToProto(response, 1), 1);
+  ASSERT_TRUE(response_back.ok());
+  EXPECT_EQ(response_back->seed_shares[0].y, response.seed_shares[0].y);
+  EXPECT_EQ(response_back->key_shares[0].peer, 2u);
+  v1::SecAggUnmaskResponse wrong = ToProto(response, 1);
+  wrong.mutable_key_shares(0)->set_y("tiny");
+  EXPECT_EQ(FromProto(wrong, 1).status().message(), "secagg: unmask response key share: 4 bytes, expected 66");
+}
+
+TEST(Wire, MaskedChunksArriveInOrderAsWholeLittleEndianElements) {
+  const std::vector<uint32_t> values = {0x01020304u, 0xffffffffu, 0, 42, 0x80000000u};
+  std::vector<uint32_t> out;
+  v1::Envelope first = MaskedChunkMessage(3, 0, std::span(values).subspan(0, 2));
+  EXPECT_EQ(first.secagg_masked_chunk().data().substr(0, 4), std::string("\x04\x03\x02\x01", 4));
+  ASSERT_TRUE(AppendMaskedChunk(first.secagg_masked_chunk(), 5, out).ok());
+  v1::Envelope again = first;  // a repeat: not where the input continues
+  EXPECT_EQ(AppendMaskedChunk(again.secagg_masked_chunk(), 5, out).message(),
+            "secagg: masked input chunk at element 0, expected 2");
+  v1::Envelope rest = MaskedChunkMessage(3, 2, std::span(values).subspan(2));
+  v1::Envelope ragged = rest;
+  ragged.mutable_secagg_masked_chunk()->mutable_data()->pop_back();
+  EXPECT_FALSE(AppendMaskedChunk(ragged.secagg_masked_chunk(), 5, out).ok());
+  EXPECT_EQ(out.size(), 2u);  // a refused chunk adds nothing
+  EXPECT_FALSE(AppendMaskedChunk(rest.secagg_masked_chunk(), 4, out).ok());  // past the dimension
+  ASSERT_TRUE(AppendMaskedChunk(rest.secagg_masked_chunk(), 5, out).ok());
+  EXPECT_EQ(out, values);
+}
+
+}  // namespace
+}  // namespace estuary::secagg
