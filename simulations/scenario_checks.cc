@@ -55,7 +55,8 @@ static Status CheckSecAgg(const Scenario& s) {
   }
   const std::string& strategy = s.federation.strategy().name();
   if (s.mode != "inproc") {
-    return InvalidArgument("sim: --secagg runs in inproc mode only: the protocol is not yet part of the server's rounds");
+    return InvalidArgument("sim: --secagg runs in inproc mode only: the simulator's loopback sites do not take part in the "
+                           "protocol yet (estuary-server serve --secagg with estuary-client sites does)");
   }
   if (aggregation::IsRobustStrategy(strategy)) {
     return InvalidArgument("sim: --secagg with --strategy {}: a robust rule needs the individual updates, which "
