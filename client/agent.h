@@ -11,6 +11,8 @@
 // with a patch sends only the ranges that changed since the version held
 // (a lora federation's adapter and the base weights a merge changed); the
 // rest comes from the model held, and the checksum is checked over the whole.
+// A RoundStart with a SecAggSetup makes the site take part in SecAgg+
+// instead of uploading in the clear (agent_secagg.cc, client/secagg_site.h).
 // When the connection drops it reconnects with
 // exponential backoff, until the server announces the federation complete.
 // Every stage of a connection has a deadline (AgentOptions); one that passes

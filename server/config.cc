@@ -52,6 +52,10 @@ Status ServerConfig::CheckSecAgg() const {
   if (s.threshold < 0) return InvalidArgument("config: secagg_threshold = {}: must be >= 0 (0: the default)", s.threshold);
   if (s.bits < 2 || s.bits > 32) return InvalidArgument("config: secagg_bits = {}: must be in [2, 32]", s.bits);
   if (!(std::isfinite(s.clip) && s.clip > 0)) return InvalidArgument("config: secagg_clip = {}: must be finite and > 0", s.clip);
+  if (clients_per_round >= 1 && clients_per_round < 2) {
+    return InvalidArgument("config: secagg with clients_per_round = {}: secure aggregation needs 2 sites a round",
+                           clients_per_round);
+  }
   const std::string& strategy = federation.strategy().name();
   if (aggregation::IsRobustStrategy(strategy)) {
     return InvalidArgument("config: secagg with strategy {}: a robust rule needs the individual updates, which secure "

@@ -16,7 +16,11 @@
 // committed round's sampling rate (selected / connected), noise and ε go into
 // the round log, and a round that would take ε beyond dp.max_epsilon is not
 // opened: the federation completes instead. A Hello reaches it once
-// Connections has checked the session's protocol and certificate.
+// Connections has checked the session's protocol and certificate. Under
+// secure aggregation (config.secagg) collecting runs SecAgg+'s four stages
+// over the selected sessions instead of uploads, and the unmasked mean is
+// folded as one update (coordinator_secagg.cc, server/secagg_state.h); the
+// protocol's threshold t, not min_updates, decides whether the round goes on.
 //
 // Time comes from a Clock and the two executors are given to it, so tests
 // drive all of it from one thread. Everything posted to the worker must have

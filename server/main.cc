@@ -13,7 +13,11 @@
 //                                                     model.safetensors (--initial-model)
 #include <fmt/ranges.h>
 
+#include <google/protobuf/text_format.h>
+
 #include <cstdio>
+#include <fstream>
+#include <sstream>
 
 #include "aggregation/federation_flags.h"
 #include "base/cli.h"
@@ -29,6 +33,20 @@
 extern "C" void openblas_set_num_threads(int);
 
 namespace {
+
+// Whether a federation file gives limits.max_norm_over_median a value (a
+// file read over the defaults cannot say 0, so --secagg's default of none
+// applies unless it says something else).
+bool SetsMaxNormOverMedian(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  estuary::v1::FederationConfig given;
+  google::protobuf::TextFormat::Parser parser;
+  parser.AllowPartialMessage(true);
+  return parser.ParseFromString(text.str(), &given) && given.limits().max_norm_over_median() != 0;
+}
+
 
 using namespace estuary;
 
@@ -284,7 +302,8 @@ int main(int argc, char** argv) {
     if (!federation.ok()) return Fail(federation.status());
     config.federation = std::move(federation).value();
   }
-  if (config.secagg.on && serve->get_option("--max-norm-over-median")->count() == 0 && federation_file.empty()) {
+  if (config.secagg.on && serve->get_option("--max-norm-over-median")->count() == 0 &&
+      (federation_file.empty() || !SetsMaxNormOverMedian(federation_file))) {
     // The server never sees an update's norm under secure aggregation; the
     // sites clip to --secagg-clip instead of the default relative bound.
     config.federation.mutable_limits()->set_max_norm_over_median(0);

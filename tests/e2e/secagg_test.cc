@@ -312,7 +312,14 @@ TEST(SecAggOverTls, CombinationsItCannotServeAreRefusedInOneLine) {
     EXPECT_NE(run.exit_code, 0) << flags;
     EXPECT_NE(run.output.find(expected), std::string::npos) << flags << ": " << run.output;
     EXPECT_EQ(std::count(run.output.begin(), run.output.end(), '\n'), 1) << run.output;
-  }
+  }  // One site a round is no secure aggregation.
+  std::string args;
+  for (const auto& a : f.ServeArgs(1, 1, {"--secagg"})) args += " " + a;
+  auto alone = RunCommand(server_bin + args);
+  EXPECT_NE(alone.exit_code, 0);
+  EXPECT_NE(alone.output.find("config: secagg with clients_per_round = 1: secure aggregation needs 2 sites a round"),
+            std::string::npos)
+      << alone.output;
 }
 
 }  // namespace
