@@ -320,15 +320,27 @@ Result<Report> RunInproc(const Scenario& s, const RoundCallback& on_round, std::
 
 namespace {
 
-// The server's noise is its own: a loopback run's ε comes from its round log.
+// The server's noise is its own: a loopback run's ε comes from its round log,
+// and so do a secure aggregation's bytes (framed, sent + received, per site) and dropouts.
 Status AddPrivacyFromRoundLog(Report& report) {
   ESTUARY_ASSIGN_OR_RETURN(auto store, server::Store::OpenReadOnly(report.round_log));
   ESTUARY_ASSIGN_OR_RETURN(const std::vector<server::RoundRecord> logged, store->Rounds());
   std::map<uint64_t, server::RoundPrivacy> privacy;
+  std::map<uint64_t, server::RoundSecAgg> secagg;
   for (const auto& r : logged) {
     if (r.state == server::RoundState::kCommitted && r.privacy) privacy[r.round] = *r.privacy;
+    if (r.state == server::RoundState::kCommitted && r.secagg) secagg[r.round] = *r.secagg;
   }
   for (RoundReport& row : report.rounds) {
+    if (auto a = secagg.find(row.round); a != secagg.end() && a->second.sites > 0) {
+      uint64_t bytes = 0, dropouts = 0;
+      for (int i = 0; i < 4; ++i) {
+        bytes += a->second.bytes_up[i] + a->second.bytes_down[i];
+        dropouts += a->second.dropouts[i];
+      }
+      row.secagg_bytes_per_site = bytes / a->second.sites;
+      row.secagg_dropouts = dropouts;
+    }
     auto it = privacy.find(row.round);
     if (it == privacy.end()) continue;
     row.epsilon = it->second.epsilon;
@@ -414,6 +426,12 @@ Result<Report> RunLoopback(const Scenario& given, const RoundCallback& on_round)
         // The server logs at this process's level, but never below info: its log file is the round's record.
         fmt::to_string(spdlog::level::to_string_view(std::min(spdlog::get_level(), spdlog::level::info)))};
     if (InstructionData(s)) args.insert(args.end(), {"--tokenizer", s.tokenizer.string()});
+    if (s.secagg) {  // the sites take part when their RoundStart says so
+      const SecAggOptions& o = s.secagg_options;
+      args.insert(args.end(), {"--secagg", "--secagg-neighbours", std::to_string(o.neighbours), "--secagg-threshold",
+                               std::to_string(o.threshold), "--secagg-bits", std::to_string(o.bits), "--secagg-clip",
+                               fmt::format("{}", o.clip)});
+    }
     const fs::path log = s.workdir / "server.log";
     // The server starts while this process loads its data and certificates.
     ESTUARY_RETURN_IF_ERROR(server.Spawn(binary, args, log));

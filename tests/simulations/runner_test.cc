@@ -130,6 +130,35 @@ TEST(Simulation, LoopbackAgreesWithInproc) {
   }
 }
 
+// Under --secagg the loopback sites run SecAgg+ with the server over their
+// TLS sessions (estuary-server serve --secagg): the same federation as in
+// process, up to quantisation, rounding and fold order; the round log's bytes
+// reach the report.
+TEST(Simulation, LoopbackRunsSecAggOverTheSessions) {
+  testing::TempDir dir;
+  testing::WriteSyntheticMnist(dir / "data", 600, 200, 3);
+  Scenario s = Small(dir / "data", dir / "run");
+  s.server_binary = testing::BinaryPath("estuary-server");
+  s.secagg = true;
+  s.federation.mutable_limits()->set_max_norm_over_median(0);  // as estuary-sim sets it under --secagg
+  auto inproc = RunInproc(s, nullptr);
+  ASSERT_TRUE(inproc.ok()) << inproc.status().ToString();
+  s.mode = "loopback";
+  auto loopback = RunLoopback(s, nullptr);
+  ASSERT_TRUE(loopback.ok()) << loopback.status().ToString();
+  ASSERT_EQ(loopback->rounds.size(), 3u);
+  for (size_t r = 0; r < 3; ++r) {
+    const RoundReport& row = loopback->rounds[r];
+    EXPECT_EQ(row.updates_received, 4u);
+    ASSERT_TRUE(row.secagg_bytes_per_site.has_value()) << "round " << r + 1;
+    // The masked input (4 bytes a parameter of the MLP) and a little more.
+    EXPECT_GT(*row.secagg_bytes_per_site, 4u * 199210);
+    EXPECT_LT(*row.secagg_bytes_per_site, 4u * 199210 + 8192);
+    EXPECT_EQ(row.secagg_dropouts, 0u);
+    EXPECT_NEAR(row.test_accuracy, inproc->rounds[r].test_accuracy, 0.005) << "round " << r + 1;
+  }
+}
+
 // The server runs the robust rules over its staged update files: the same
 // sites' updates give the in-process run's global models bit for bit (the
 // coordinate-wise rules do not depend on the order updates arrive in).
