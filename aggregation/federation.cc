@@ -123,6 +123,12 @@ Status CheckDp(const v1::FederationConfig& config) {
                            "mean, not a robust rule",
                            dp.noise_multiplier(), config.strategy().name());
   }
+  if (dp.noise_multiplier() > 0 && config.strategy().name() == "fednova") {
+    // DP-FedAvg folds one noised mean into its inner strategy: no site's local work is left to normalise by.
+    return InvalidArgument("federation: dp_noise_multiplier = {} with strategy = fednova: DP-FedAvg hands on one "
+                           "noised mean, FedNova needs each site's update with its local steps",
+                           dp.noise_multiplier());
+  }
   if (dp.noise_multiplier() == 0) {
     if (dp.adaptive_clip() || dp.max_epsilon() > 0) {
       return InvalidArgument("federation: dp_{} without dp_noise_multiplier: differential privacy is off",

@@ -9,6 +9,7 @@
 
 #include "aggregation/fedavg.h"
 #include "aggregation/fedavgm.h"
+#include "aggregation/fednova.h"
 #include "aggregation/fedopt.h"
 #include "aggregation/robust_strategy.h"
 
@@ -60,6 +61,7 @@ Result<std::unique_ptr<Strategy>> MakeStrategy(const StrategyOptions& options) {
   ESTUARY_RETURN_IF_ERROR(ValidateStrategyOptions(options));
   if (options.name == "fedavg") return std::unique_ptr<Strategy>(std::make_unique<FedAvg>());
   if (IsRobustStrategy(options.name)) return std::unique_ptr<Strategy>(std::make_unique<RobustStrategy>(options));
+  if (options.name == "fednova") return std::unique_ptr<Strategy>(std::make_unique<FedNova>());
   if (options.name == "fedavgm") return std::unique_ptr<Strategy>(std::make_unique<FedAvgM>(options));
   return std::unique_ptr<Strategy>(std::make_unique<FedOpt>(options));
 }

@@ -32,6 +32,16 @@ struct LowRankChange {
   models::LowRankMatrix delta;
 };
 
+// How a site trained for its update, as it reported it (UpdateBegin's
+// local_steps and normalizer): τ_i, the optimizer steps it took, and a_i,
+// FedNova's ‖a_i‖₁ (client/local_work.h): the sum of the coefficients with
+// which its τ_i gradients entered its delta, in units of the learning rate.
+// 0: not reported.
+struct LocalWork {
+  uint64_t steps = 0;
+  double normalizer = 0;
+};
+
 class Strategy {
  public:
   virtual ~Strategy() = default;
@@ -62,6 +72,14 @@ class Strategy {
                             std::span<const float> values, double weight) {
     return FoldUpdate(client, layout, values, weight);
   }
+  // FoldShared (owner set) or FoldUpdate (owner null) of an update with how
+  // its site trained. Only strategies that weigh updates by the local work
+  // behind them (FedNova, fednova.h) read `work`.
+  virtual Status FoldWork(std::string_view client, const Manifest& layout, std::shared_ptr<const void> owner,
+                          std::span<const float> values, double weight, const LocalWork& work) {
+    return owner ? FoldShared(client, layout, std::move(owner), values, weight)
+                 : FoldUpdate(client, layout, values, weight);
+  }
   // Number of updates folded since Begin.
   virtual uint64_t folded() const = 0;
   // Writes the new global model into `global` (the same span given to Begin,
@@ -85,8 +103,8 @@ class Strategy {
 };
 
 struct StrategyOptions {
-  // fedavg | fedavgm | fedadam | fedyogi | fedadagrad, or a robust rule
-  // (robust_strategy.h): median | trimmed-mean | krum | multi-krum | bulyan
+  // fedavg | fedavgm | fedadam | fedyogi | fedadagrad | fednova, or a robust
+  // rule (robust_strategy.h): median | trimmed-mean | krum | multi-krum | bulyan
   std::string name = "fedavg";
   // The server's learning rate η: FedOpt's (fedopt.h) and FedAvgM's. Each
   // has its own default (DefaultServerLr).
@@ -110,8 +128,9 @@ struct StrategyOptions {
 };
 
 // The strategies MakeStrategy knows, in the order --help lists them.
-inline constexpr const char* kStrategyNames[] = {"fedavg",       "fedavgm", "fedadam",    "fedyogi", "fedadagrad",
-                                                 "median",       "trimmed-mean", "krum", "multi-krum", "bulyan"};
+inline constexpr const char* kStrategyNames[] = {"fedavg",       "fedavgm",      "fedadam", "fedyogi",
+                                                 "fedadagrad",   "fednova",      "median",  "trimmed-mean",
+                                                 "krum",         "multi-krum",   "bulyan"};
 
 // η where a federation leaves it unset: 1 for fedavgm (Hsu et al.'s setting,
 // where β = 0 is FedAvg), 0.01 for FedOpt (Reddi et al. tune it per task).

@@ -32,6 +32,8 @@ class WeightedMean {
   double total_weight() const { return total_weight_; }
   // The weighted mean of value i; meaningful only when count() > 0.
   double Mean(size_t i) const { return sums_[i] / total_weight_; }
+  // Σ w_i Δ_i of value i.
+  double Sum(size_t i) const { return sums_[i]; }
 
  private:
   std::vector<double> sums_;  // Σ w_i Δ_i, in double so many folds lose nothing visible in float

@@ -73,7 +73,10 @@ int main(int argc, char** argv) {
     const bench::Stopwatch watch;
     ESTUARY_RETURN_IF_ERROR(strategy.Begin(1, start));
     for (int i = 0; i < sites; ++i) {
-      ESTUARY_RETURN_IF_ERROR(strategy.FoldShared("site", Manifest{}, updates[size_t(i)], *updates[size_t(i)], 10.0 + i));
+      // Local work as a site of plain SGD reports it (FedNova reads it; the others fold as FoldShared).
+      const aggregation::LocalWork work{.steps = uint64_t(5 + i), .normalizer = 5.0 + i};
+      ESTUARY_RETURN_IF_ERROR(
+          strategy.FoldWork("site", Manifest{}, updates[size_t(i)], *updates[size_t(i)], 10.0 + i, work));
     }
     ESTUARY_RETURN_IF_ERROR(strategy.Finish(global));
     return watch.Seconds();

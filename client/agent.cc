@@ -407,6 +407,8 @@ void Agent::OnTrained(uint64_t round, Result<Update> update) {
   begin->set_train_loss(payload->train_loss);
   *begin->mutable_manifest() = proto::ToProto(payload->manifest);
   begin->set_train_seconds(payload->seconds);
+  begin->set_local_steps(payload->local_steps);
+  begin->set_normalizer(payload->normalizer);
   awaiting_answer_ = true;
   ArmRead();  // from here the server may read nothing from us until a staging slot frees
   Send(envelope);

@@ -72,6 +72,7 @@ class RankTrainerBase : public RankTrainer {
     return state_.ReadOut([&](parallel::DataParallel& dp) { return trained_->ReadOut(dp, fn); });
   }
   const RankModel* trained() const override { return trained_; }
+  uint64_t steps() const override { return steps_; }
 
  protected:
   // The model for `key` (after the kind, the model name and batch), made by
@@ -99,6 +100,7 @@ class RankTrainerBase : public RankTrainer {
   RankModels models_;
   ModelCache own_cache_;
   RankModel* trained_ = nullptr;  // the round's model
+  uint64_t steps_ = 0;            // the round's optimizer steps
   RoundState state_;
 };
 
@@ -151,6 +153,7 @@ class ClassifierRankTrainer : public RankTrainerBase {
 
     double epoch_loss = 0;  // this rank's share of the last epoch's loss sum
     uint64_t epoch_examples = 0;
+    steps_ = 0;
     BatchSchedule schedule(indices_, task, round, client_name);
     while (schedule.Next()) {
       if (schedule.starts_epoch()) epoch_loss = 0, epoch_examples = 0;
@@ -162,10 +165,14 @@ class ClassifierRankTrainer : public RankTrainerBase {
       const int n = int(rows.items.size());
       std::optional<float> loss;
       if (fusable) loss = model->FusedSgdStep(x.data(), y.data(), n, task.learning_rate, task.weight_decay);
-      if (!loss) {
+      if (loss) {
+        ++steps_;
+      } else {
         ESTUARY_ASSIGN_OR_RETURN(loss, model->ForwardBackward(x.data(), y.data(), n, dp->MicroBatch(rows.weight, true)));
-        ESTUARY_RETURN_IF_ERROR(
-            dp->Step([&](std::span<const models::ParameterSlice> s) { model->OptimizerStep(s); }).status());
+        ESTUARY_ASSIGN_OR_RETURN(
+            const parallel::StepResult stepped,
+            dp->Step([&](std::span<const models::ParameterSlice> s) { model->OptimizerStep(s); }));
+        if (stepped.stepped) ++steps_;
         ESTUARY_RETURN_IF_ERROR(model->FinishStep());
       }
       epoch_loss += double(*loss) * double(rows.examples);
@@ -252,6 +259,7 @@ class TextRankTrainer : public RankTrainerBase {
 
     double loss_sum = 0;  // this rank's share of the last epoch's loss sum
     uint64_t loss_tokens = 0;
+    steps_ = 0;
     std::vector<uint32_t> order(Windows(task));
     std::iota(order.begin(), order.end(), 0u);
     BatchSchedule schedule(std::move(order), task, round, client_name);
@@ -283,8 +291,10 @@ class TextRankTrainer : public RankTrainerBase {
       ESTUARY_ASSIGN_OR_RETURN(const float loss,
                                decoder->ForwardBackward(inputs.data(), targets.data(), int(rows.items.size()), seq,
                                                         dp->MicroBatch(weight, true)));
-      ESTUARY_RETURN_IF_ERROR(
-          dp->Step([&](std::span<const models::ParameterSlice> s) { decoder->OptimizerStep(s); }).status());
+      ESTUARY_ASSIGN_OR_RETURN(
+          const parallel::StepResult stepped,
+          dp->Step([&](std::span<const models::ParameterSlice> s) { decoder->OptimizerStep(s); }));
+      if (stepped.stepped) ++steps_;
       ESTUARY_RETURN_IF_ERROR(decoder->FinishStep());
       loss_sum += double(loss) * double(rank_scored);
       loss_tokens += batch_scored;  // the whole global batch: every rank counts the same

@@ -63,6 +63,9 @@ class RankTrainer {
   virtual Status ReadOut(const std::function<Status(uint64_t offset, std::span<const float> values)>& fn) = 0;
   // After TrainRound: the model that trained ("cuda::LlamaEngine", ...).
   virtual const RankModel* trained() const = 0;
+  // After TrainRound: the optimizer steps it took (a step a loss scaler
+  // skipped for inf/NaN is not one); the same on every rank.
+  virtual uint64_t steps() const = 0;
 
   // Rank 0, after TrainRound: how many values ReadOut hands out, and the
   // round's update from them (not collective). By default the trained

@@ -4,6 +4,8 @@
 
 #include <chrono>
 
+#include "client/local_work.h"
+
 namespace estuary::client {
 
 namespace {
@@ -113,7 +115,11 @@ Result<Update> SiteTrainer::Train(std::span<const float> global, const Manifest&
     });
     if (!read.ok()) return Broken(read);
     Result<Update> update = rank_->UpdateOf(std::move(trained), global, manifest, task, *loss, start, round);
-    if (update.ok()) update->trained_on = TrainedOn();
+    if (update.ok()) {
+      update->trained_on = TrainedOn();
+      update->local_steps = rank_->steps();
+      update->normalizer = FedNovaNormalizer(task, update->local_steps);
+    }
     return update;
   }
 
@@ -144,6 +150,8 @@ Result<Update> SiteTrainer::Train(std::span<const float> global, const Manifest&
   update.manifest = manifest;
   update.stream = std::move(stream);
   update.trained_on = TrainedOn();
+  update.local_steps = rank_->steps();
+  update.normalizer = FedNovaNormalizer(task, update.local_steps);
   update.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return update;
 }

@@ -31,6 +31,10 @@ struct Update {
   uint64_t num_examples = 0;
   double train_loss = 0;     // mean loss over the last local epoch
   double seconds = 0;        // wall time of local training
+  // The optimizer steps the round took (τ), and FedNova's ‖a‖₁ for them
+  // (client/local_work.h); both travel in UpdateBegin.
+  uint64_t local_steps = 0;
+  double normalizer = 0;
   // Where the round trained, as the site ran it: "cuda::LlamaEngine on
   // cuda:0 in bf16, 1 rank (solo, ddp)" (SiteTrainer says how).
   std::string trained_on;

@@ -58,11 +58,12 @@ struct AdmittedUpdate {
 }  // namespace
 
 Result<std::string> Aggregator::Fold(std::string_view client, const Manifest& layout, std::shared_ptr<const void> owner,
-                                     std::span<const float> values, uint64_t examples) {
+                                     std::span<const float> values, uint64_t examples,
+                                     const aggregation::LocalWork& work) {
   ESTUARY_ASSIGN_OR_RETURN(aggregation::UpdateBound::Admitted admitted, bound_.Admit(values, examples));
   if (admitted.scale() != 1) owner.reset();  // the values are the Admitted's scaled copy now
   auto held = std::make_shared<const AdmittedUpdate>(AdmittedUpdate{std::move(owner), std::move(admitted)});
-  ESTUARY_RETURN_IF_ERROR(strategy_->FoldShared(client, layout, held, held->admitted.values(), double(examples)));
+  ESTUARY_RETURN_IF_ERROR(strategy_->FoldWork(client, layout, held, held->admitted.values(), double(examples), work));
   return held->admitted.note();
 }
 

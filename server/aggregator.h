@@ -63,8 +63,10 @@ class Aggregator {
   // empty; an error when it was refused, the strategy untouched. `owner`
   // keeps `values` alive: a strategy that holds updates until Finish (a
   // robust rule) keeps it instead of copying them (Strategy::FoldShared).
+  // `work`: how the site trained, as its UpdateBegin said (FedNova reads it).
   Result<std::string> Fold(std::string_view client, const Manifest& layout, std::shared_ptr<const void> owner,
-                           std::span<const float> values, uint64_t examples);
+                           std::span<const float> values, uint64_t examples,
+                           const aggregation::LocalWork& work = {});
   // Folds a secure aggregation's mean (SecAgg+: the included sites'
   // example-weighted mean) as one update of weight `weight`, their examples
   // together. No bound applies: the sites clipped their updates themselves,

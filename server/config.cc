@@ -62,6 +62,10 @@ Status ServerConfig::CheckSecAgg() const {
                            "aggregation hides (fedavg, fedavgm and the fedopt family take the sum)",
                            strategy);
   }
+  if (strategy == "fednova") {
+    return InvalidArgument("config: secagg with strategy fednova: FedNova divides each site's update by its own "
+                           "local work, which a masked sum cannot");
+  }
   if (federation.task().update_kind() == v1::UPDATE_LORA) {
     return InvalidArgument("config: secagg with update kind lora: {}",
                            federation.task().lora().merge() == "exact"

@@ -257,9 +257,10 @@ void Coordinator::OnUpdateCommit(const std::shared_ptr<ClientSession>& session, 
   spdlog::debug("round {}: update from {} committed after {:.3f} s (trained {:.3f} s)", round_, name,
                 p.record.seconds, p.begin.train_seconds());
   ++folds_in_flight_;
-  asio::post(worker_, [this, staged, examples = p.begin.num_examples(), name, layout = p.layout] {
+  const aggregation::LocalWork work{.steps = p.begin.local_steps(), .normalizer = p.begin.normalizer()};
+  asio::post(worker_, [this, staged, examples = p.begin.num_examples(), name, layout = p.layout, work] {
     const auto start = std::chrono::steady_clock::now();
-    Result<std::string> folded = aggregator_->Fold(name, layout, staged, staged->values(), examples);
+    Result<std::string> folded = aggregator_->Fold(name, layout, staged, staged->values(), examples, work);
     if (metrics_ && folded.ok()) {
       metrics_->Folded(staged->values().size() * sizeof(float),
                        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());

@@ -15,6 +15,8 @@ namespace {
 constexpr double kLargestLoss = 1e6;
 // A round longer than a year is not a measurement.
 constexpr double kLongestTraining = 365.0 * 24 * 3600;
+// A billion optimizer steps in one round is not a round.
+constexpr uint64_t kMostLocalSteps = uint64_t{1} << 30;
 
 }  // namespace
 
@@ -41,6 +43,14 @@ Result<Manifest> CheckUpdateBegin(const v1::UpdateBegin& begin, std::string_view
   }
   if (!(begin.train_seconds() >= 0 && begin.train_seconds() <= kLongestTraining)) {
     return ProtocolError("train_seconds {} is not a training time", begin.train_seconds());
+  }
+  if (begin.local_steps() > kMostLocalSteps) {
+    return ProtocolError("local_steps {} is beyond {}", begin.local_steps(), kMostLocalSteps);
+  }
+  // ‖a‖₁ ≤ τ / (1 - momentum); a site with momentum 0.999 stays well within.
+  if (!(begin.normalizer() >= 0 && begin.normalizer() <= 1e4 * double(begin.local_steps()))) {
+    return ProtocolError("normalizer {} is not one of {} local steps (expected one in [0, 1e4 x steps])",
+                         begin.normalizer(), begin.local_steps());
   }
   ESTUARY_ASSIGN_OR_RETURN(Manifest layout, proto::FromProto(begin.manifest(), global.total_elements));
   if (lora) {

@@ -247,7 +247,8 @@ Result<Report> RunInproc(const Scenario& s, const RoundCallback& on_round, std::
         continue;
       }
       const Status folded =
-          strategy.FoldUpdate(selected[i], update.manifest, admitted.values(), double(update.num_examples));
+          strategy.FoldWork(selected[i], update.manifest, nullptr, admitted.values(), double(update.num_examples),
+                            {.steps = update.local_steps, .normalizer = update.normalizer});
       if (!folded.ok() && report.attackers) {
         refuse(folded);
         continue;

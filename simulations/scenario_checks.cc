@@ -63,6 +63,10 @@ static Status CheckSecAgg(const Scenario& s) {
                            "secure aggregation hides (fedavg, fedavgm and the fedopt family take the sum)",
                            strategy);
   }
+  if (strategy == "fednova") {
+    return InvalidArgument("sim: --secagg with --strategy fednova: FedNova divides each site's update by its own "
+                           "local work, which a masked sum cannot");
+  }
   if (s.task().update_kind() == v1::UPDATE_LORA && s.task().lora().merge() == "exact") {
     return InvalidArgument("sim: --secagg with --lora-merge exact: the exact merge needs each site's factors B_i, A_i "
                            "(their products), which secure aggregation hides; naive and frozen-a take the sum");

@@ -74,6 +74,17 @@ TEST(UpdateChecks, EachRefusalNamesWhatIsWrong) {
   begin.set_train_seconds(std::numeric_limits<double>::infinity());
   EXPECT_EQ(Refusal(begin), "train_seconds inf is not a training time");
 
+  begin = Announced(Layout());
+  begin.set_local_steps(uint64_t{1} << 31);
+  EXPECT_EQ(Refusal(begin), "local_steps 2147483648 is beyond 1073741824");
+  begin.set_local_steps(10);
+  begin.set_normalizer(-1);
+  EXPECT_EQ(Refusal(begin), "normalizer -1 is not one of 10 local steps (expected one in [0, 1e4 x steps])");
+  begin.set_normalizer(std::nan(""));
+  EXPECT_EQ(Refusal(begin), "normalizer nan is not one of 10 local steps (expected one in [0, 1e4 x steps])");
+  begin.set_normalizer(24.5);  // momentum: ‖a‖₁ beyond τ is a site's
+  EXPECT_TRUE(CheckUpdateBegin(begin, "site-a", v1::UPDATE_FULL, {}, Layout(), std::nullopt).ok());
+
   Manifest renamed = Layout();
   renamed.tensors[1].name = "bias";
   EXPECT_EQ(Refusal(Announced(renamed)), "update manifest does not match the global model's");

@@ -184,6 +184,35 @@ TEST(Simulation, LoopbackRunsTheRobustRulesAsInprocDoes) {
   }
 }
 
+// FedNova's τ and ‖a‖₁ travel in UpdateBegin: over TLS the server folds
+// what the sites trained in process, in arrival order (so to rounding). On
+// sites of unequal size (Dirichlet) the local steps differ, and FedNova is
+// not FedAvg.
+TEST(Simulation, FedNovaRunsOverTlsAsInprocAndDiffersFromFedAvgOnUnequalSites) {
+  testing::TempDir dir;
+  testing::WriteSyntheticMnist(dir / "data", 600, 200, 3);
+  Scenario s = Small(dir / "data", dir / "run" / "fednova");
+  s.rounds = 2;
+  s.partition = "dirichlet:0.3";
+  s.task().set_momentum(0.5f);  // ‖a‖₁ ≠ τ: the normaliser is the site's, not the step count
+  s.server_binary = testing::BinaryPath("estuary-server");
+  auto fedavg = RunInproc(s, nullptr);
+  ASSERT_TRUE(fedavg.ok()) << fedavg.status().ToString();
+  s.federation.mutable_strategy()->set_name("fednova");
+  auto inproc = RunInproc(s, nullptr);
+  ASSERT_TRUE(inproc.ok()) << inproc.status().ToString();
+  EXPECT_NE(inproc->rounds[0].global_checksum, fedavg->rounds[0].global_checksum);
+  s.mode = "loopback";
+  auto loopback = RunLoopback(s, nullptr);
+  ASSERT_TRUE(loopback.ok()) << loopback.status().ToString();
+  ASSERT_EQ(loopback->rounds.size(), 2u);
+  for (size_t r = 0; r < 2; ++r) {
+    EXPECT_EQ(loopback->rounds[r].updates_received, 4u) << "round " << r + 1;
+    EXPECT_NEAR(loopback->rounds[r].test_loss, inproc->rounds[r].test_loss, 1e-4) << "round " << r + 1;
+  }
+  EXPECT_GT(std::abs(inproc->rounds[1].test_loss - fedavg->rounds[1].test_loss), 1e-3);
+}
+
 // Malicious sites attack over TLS as in process: the same sites upload the
 // same sign-flipped deltas, so under the median the loopback run's models
 // equal the in-process run's bit for bit, and differ from a run without them.
