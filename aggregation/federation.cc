@@ -71,7 +71,8 @@ StrategyOptions StrategyOptionsOf(const v1::StrategyConfig& c) {
           .server_momentum = c.server_momentum(),
           .trim = c.trim(),
           .byzantine = c.byzantine(),
-          .krum_select = c.krum_select()};
+          .krum_select = c.krum_select(),
+          .total_sites = c.total_sites()};
 }
 
 models::LoraConfig LoraConfigOf(const v1::TaskConfig& task) {
@@ -123,11 +124,13 @@ Status CheckDp(const v1::FederationConfig& config) {
                            "mean, not a robust rule",
                            dp.noise_multiplier(), config.strategy().name());
   }
-  if (dp.noise_multiplier() > 0 && config.strategy().name() == "fednova") {
-    // DP-FedAvg folds one noised mean into its inner strategy: no site's local work is left to normalise by.
-    return InvalidArgument("federation: dp_noise_multiplier = {} with strategy = fednova: DP-FedAvg hands on one "
-                           "noised mean, FedNova needs each site's update with its local steps",
-                           dp.noise_multiplier());
+  if (dp.noise_multiplier() > 0 && (config.strategy().name() == "fednova" || config.strategy().name() == "scaffold")) {
+    // DP-FedAvg folds one noised mean into its inner strategy: no site's
+    // local work or control delta is left to fold.
+    return InvalidArgument("federation: dp_noise_multiplier = {} with strategy = {}: DP-FedAvg hands on one noised "
+                           "mean, {} needs each site's update with its {}",
+                           dp.noise_multiplier(), config.strategy().name(), config.strategy().name(),
+                           config.strategy().name() == "fednova" ? "local steps" : "control delta");
   }
   if (dp.noise_multiplier() == 0) {
     if (dp.adaptive_clip() || dp.max_epsilon() > 0) {

@@ -94,9 +94,9 @@ std::vector<CLI::Option*> AddFederationFlags(CLI::App& app, v1::FederationConfig
             fmt::format("how full updates merge: {}", fmt::join(kStrategyNames, " | ")));
   flags
       .Add("--server-lr", strategy->server_lr(), [strategy](double v) { strategy->set_server_lr(v); },
-           "fedavgm, fedadam, fedyogi, fedadagrad: server learning rate (> 0)")
+           "fedavgm, fedadam, fedyogi, fedadagrad, scaffold: server learning rate (> 0)")
       ->default_str(strategy->server_lr() != 0 ? fmt::format("{}", strategy->server_lr())
-                                               : "1 under fedavgm, 0.01 under the others")
+                                               : "1 under fedavgm and scaffold, 0.01 under the others")
       // 0 in a federation file means the default; given on the command line it is a mistake.
       ->check(CLI::Validator(
           [](std::string& text) {
@@ -119,6 +119,9 @@ std::vector<CLI::Option*> AddFederationFlags(CLI::App& app, v1::FederationConfig
             "krum, multi-krum, bulyan: Byzantine updates f tolerated (krum needs n >= 2f+3, bulyan n >= 4f+3)");
   flags.Add("--krum-select", strategy->krum_select(), [strategy](uint32_t v) { strategy->set_krum_select(v); },
             "multi-krum: updates m averaged, in [1, n - f] (0: n - f)");
+  flags.Add("--total-sites", strategy->total_sites(), [strategy](uint32_t v) { strategy->set_total_sites(v); },
+            "scaffold: N, the federation's sites, which the control variate's update divides by (estuary-sim: "
+            "--clients when 0)");
   flags.Add("--base-model", config->base_model(), [config](const std::string& v) { config->set_base_model(v); },
             "lora: the preset's base weights (a safetensors file), or a Hugging Face model directory that every "
             "site holds too and the server never sends (default: the preset initialised from --seed)");

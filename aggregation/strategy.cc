@@ -12,10 +12,13 @@
 #include "aggregation/fednova.h"
 #include "aggregation/fedopt.h"
 #include "aggregation/robust_strategy.h"
+#include "aggregation/scaffold.h"
 
 namespace estuary::aggregation {
 
-double DefaultServerLr(std::string_view strategy) { return strategy == "fedavgm" ? 1.0 : 0.01; }
+double DefaultServerLr(std::string_view strategy) {
+  return strategy == "fedavgm" || strategy == "scaffold" ? 1.0 : 0.01;
+}
 
 Status ValidateStrategyOptions(const StrategyOptions& options) {
   if (std::find(std::begin(kStrategyNames), std::end(kStrategyNames), options.name) == std::end(kStrategyNames)) {
@@ -51,6 +54,14 @@ Status ValidateStrategyOptions(const StrategyOptions& options) {
     return InvalidArgument("aggregation: krum_select = {} is multi-krum's; {} has none", options.krum_select,
                            options.name);
   }
+  if (options.name == "scaffold" && options.total_sites == 0) {
+    return InvalidArgument("aggregation: scaffold needs total_sites (N, the federation's sites, which its control "
+                           "variate's update divides by)");
+  }
+  if (options.total_sites > 0 && options.name != "scaffold") {
+    return InvalidArgument("aggregation: total_sites = {} is scaffold's; {} has none", options.total_sites,
+                           options.name);
+  }
   if (options.bias_correction && options.name != "fedadam") {
     return InvalidArgument("aggregation: bias_correction is Adam's; {} has none", options.name);
   }
@@ -61,6 +72,7 @@ Result<std::unique_ptr<Strategy>> MakeStrategy(const StrategyOptions& options) {
   ESTUARY_RETURN_IF_ERROR(ValidateStrategyOptions(options));
   if (options.name == "fedavg") return std::unique_ptr<Strategy>(std::make_unique<FedAvg>());
   if (IsRobustStrategy(options.name)) return std::unique_ptr<Strategy>(std::make_unique<RobustStrategy>(options));
+  if (options.name == "scaffold") return std::unique_ptr<Strategy>(std::make_unique<Scaffold>(options));
   if (options.name == "fednova") return std::unique_ptr<Strategy>(std::make_unique<FedNova>());
   if (options.name == "fedavgm") return std::unique_ptr<Strategy>(std::make_unique<FedAvgM>(options));
   return std::unique_ptr<Strategy>(std::make_unique<FedOpt>(options));

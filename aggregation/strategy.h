@@ -125,20 +125,25 @@ struct StrategyOptions {
   uint32_t byzantine = 1;
   // multi-krum: how many updates m to average; 0: n - f.
   uint32_t krum_select = 0;
+  // scaffold (scaffold.h): N, the federation's sites, which c's update
+  // divides by. Required (> 0) under scaffold, refused elsewhere.
+  uint32_t total_sites = 0;
 };
 
 // The strategies MakeStrategy knows, in the order --help lists them.
 inline constexpr const char* kStrategyNames[] = {"fedavg",       "fedavgm",      "fedadam", "fedyogi",
-                                                 "fedadagrad",   "fednova",      "median",  "trimmed-mean",
-                                                 "krum",         "multi-krum",   "bulyan"};
+                                                 "fedadagrad",   "fednova",      "scaffold", "median",
+                                                 "trimmed-mean", "krum",         "multi-krum", "bulyan"};
 
 // η where a federation leaves it unset: 1 for fedavgm (Hsu et al.'s setting,
-// where β = 0 is FedAvg), 0.01 for FedOpt (Reddi et al. tune it per task).
+// where β = 0 is FedAvg) and scaffold (Karimireddy et al.'s η_g = 1), 0.01
+// for FedOpt (Reddi et al. tune it per task).
 double DefaultServerLr(std::string_view strategy);
 
 // Checks the numeric options: server_lr and tau finite and > 0, betas and
 // server_momentum in [0, 1), bias_correction only under fedadam, trim in
-// [0, 0.5), krum_select only under multi-krum, and a known name.
+// [0, 0.5), krum_select only under multi-krum, total_sites > 0 under
+// scaffold and 0 elsewhere, and a known name.
 // MakeStrategy calls it. How many updates a robust rule needs (krum:
 // n >= 2f + 3) depends on the round and is checked at its Finish.
 Status ValidateStrategyOptions(const StrategyOptions& options);

@@ -73,6 +73,10 @@ class RankTrainerBase : public RankTrainer {
   }
   const RankModel* trained() const override { return trained_; }
   uint64_t steps() const override { return steps_; }
+  void SetControl(std::span<const float> control, std::span<const float> site_control) override {
+    control_ = control;
+    site_control_ = site_control;
+  }
 
  protected:
   // The model for `key` (after the kind, the model name and batch), made by
@@ -88,10 +92,13 @@ class RankTrainerBase : public RankTrainer {
   // does not: part of its cache key.
   std::string_view RecomputeKey() const { return models_.recompute ? "recompute" : ""; }
 
-  // The site's DataParallel options with what the task adds: FedProx's μ.
+  // The site's DataParallel options with what the task adds: FedProx's μ,
+  // and SCAFFOLD's control variates when set.
   parallel::DataParallelOptions RoundOptions(const TaskConfig& task) const {
     parallel::DataParallelOptions options = options_;
     options.proximal_mu = task.proximal_mu;
+    options.control = control_;
+    options.site_control = site_control_;
     return options;
   }
 
@@ -101,6 +108,7 @@ class RankTrainerBase : public RankTrainer {
   ModelCache own_cache_;
   RankModel* trained_ = nullptr;  // the round's model
   uint64_t steps_ = 0;            // the round's optimizer steps
+  std::span<const float> control_, site_control_;  // SCAFFOLD's c and c_i; empty: off
   RoundState state_;
 };
 
@@ -145,7 +153,8 @@ class ClassifierRankTrainer : public RankTrainerBase {
     // backward where the model can (the same update, one pass fewer).
     const bool fusable = comm_.size() == 1 && options_.stage == parallel::ZeroStage::kDdp &&
                          options_.max_grad_norm == 0 && !options_.loss_scaler &&
-                         task.optimizer == OptimizerKind::kSgd && task.momentum == 0 && task.proximal_mu == 0;
+                         task.optimizer == OptimizerKind::kSgd && task.momentum == 0 && task.proximal_mu == 0 &&
+                         control_.empty();
 
     const int features = data_->feature_size;
     std::vector<float> x(size_t(task.batch_size) * features);

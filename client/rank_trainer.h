@@ -66,6 +66,10 @@ class RankTrainer {
   // After TrainRound: the optimizer steps it took (a step a loss scaler
   // skipped for inf/NaN is not one); the same on every rank.
   virtual uint64_t steps() const = 0;
+  // SCAFFOLD: the next rounds correct every gradient by (control -
+  // site_control) (parallel::DataParallelOptions::control), until set empty.
+  // The spans must outlive those rounds.
+  virtual void SetControl(std::span<const float> control, std::span<const float> site_control) = 0;
 
   // Rank 0, after TrainRound: how many values ReadOut hands out, and the
   // round's update from them (not collective). By default the trained

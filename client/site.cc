@@ -156,6 +156,24 @@ Result<Update> SiteTrainer::Train(std::span<const float> global, const Manifest&
   return update;
 }
 
+Result<Update> SiteTrainer::TrainControlled(std::span<const float> global, const Manifest& manifest,
+                                            const v1::TaskConfig& task, uint64_t round, std::string_view client_name,
+                                            std::span<const float> control, std::span<const float> site_control) {
+  if (comm_.size() > 1) {
+    return FailedPrecondition("site: SCAFFOLD's gradient correction runs on a site of one rank for now; this one "
+                              "has {}",
+                              comm_.size());
+  }
+  if (control.size() != global.size() || site_control.size() != global.size()) {
+    return InvalidArgument("site: control variates of {} and {} values for a model of {}", control.size(),
+                           site_control.size(), global.size());
+  }
+  rank_->SetControl(control, site_control);
+  Result<Update> update = Train(global, manifest, task, round, client_name);
+  rank_->SetControl({}, {});
+  return update;
+}
+
 Status SiteTrainer::KeepAlive() {
   // While an update streams the others are in its gathers, not waiting for a header.
   if (finished_ || (pending_ && !pending_->started())) return Status::Ok();

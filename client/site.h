@@ -59,6 +59,11 @@ class SiteTrainer : public Trainer {
   uint64_t num_examples() const override { return rank_->num_examples(); }
   Result<Update> Train(std::span<const float> global, const Manifest& manifest, const v1::TaskConfig& task,
                        uint64_t round, std::string_view client_name) override;
+  // A site of one CPU rank (parallel::DataParallelOptions::control); others
+  // are refused in one line.
+  Result<Update> TrainControlled(std::span<const float> global, const Manifest& manifest, const v1::TaskConfig& task,
+                                 uint64_t round, std::string_view client_name, std::span<const float> control,
+                                 std::span<const float> site_control) override;
 
   // Tells the followers rank 0 is alive and no round is in progress.
   Status KeepAlive();

@@ -40,6 +40,8 @@ struct Update {
   std::string trained_on;
   Manifest manifest;
   std::vector<float> payload;
+  // SCAFFOLD (client/scaffold.h): Δc_i, of payload's size; empty otherwise.
+  std::vector<float> control_delta;
   // Set instead of payload when the delta streams slice by slice
   // (update_stream.h): a ZeRO-3 site. Whoever receives the update must Run
   // it on the trainer's thread, or Cancel and Run it.
@@ -58,6 +60,15 @@ class Trainer {
   // model's manifest, or asks for an update kind this trainer cannot produce.
   virtual Result<Update> Train(std::span<const float> global, const Manifest& manifest, const v1::TaskConfig& task,
                                uint64_t round, std::string_view client_name) = 0;
+
+  // SCAFFOLD (client/scaffold.h): Train with every local gradient corrected
+  // by (control - site_control), both of global's size. By default refused:
+  // a trainer that cannot correct its gradients says so.
+  virtual Result<Update> TrainControlled(std::span<const float> global, const Manifest& manifest,
+                                         const v1::TaskConfig& task, uint64_t round, std::string_view client_name,
+                                         std::span<const float> control, std::span<const float> site_control) {
+    return FailedPrecondition("trainer: this site cannot correct its gradients by SCAFFOLD's control variates");
+  }
 };
 
 // An update's header (kind, weight, loss), or an error when the loss is not

@@ -88,6 +88,17 @@ Result<std::unique_ptr<DataParallel>> DataParallel::Create(comm::Communicator& c
   if (!(options.proximal_mu >= 0) || !std::isfinite(options.proximal_mu)) {
     return InvalidArgument("data parallel: proximal_mu {} must be finite and >= 0", options.proximal_mu);
   }
+  if (!options.control.empty() || !options.site_control.empty()) {
+    if (options.control.size() != parameters.size() || options.site_control.size() != parameters.size()) {
+      return InvalidArgument("data parallel: control variates of {} and {} values for {} parameters",
+                             options.control.size(), options.site_control.size(), parameters.size());
+    }
+    if (comm.device() != Device::kCpu || comm.size() != 1 || options.stage != ZeroStage::kDdp) {
+      return InvalidArgument("data parallel: SCAFFOLD's gradient correction runs on a site of one CPU rank under "
+                             "DDP for now; this one has {} {} rank(s) under {}",
+                             comm.size(), comm.backend(), ZeroStageName(options.stage));
+    }
+  }
   if (options.max_grad_norm < 0 || !std::isfinite(options.max_grad_norm)) {
     return InvalidArgument("data parallel: max_grad_norm {} must be finite and >= 0", options.max_grad_norm);
   }
@@ -455,6 +466,13 @@ Result<StepResult> DataParallel::Step(const OptimizerStep& optimizer_step) {
       ESTUARY_RETURN_IF_ERROR(
           ops_->AddScaledDifference(grad_pieces_[i].data, s.params, anchor_.get() + at, s.size, options_.proximal_mu));
       at += s.size;
+    }
+  }
+  if (!options_.control.empty()) {  // one CPU rank under DDP (Create): the slices are views of params_
+    for (size_t i = 0; i < slices_.size(); ++i) {
+      const size_t at = size_t(slices_[i].params - params_.data());
+      ESTUARY_RETURN_IF_ERROR(ops_->AddScaledDifference(grad_pieces_[i].data, options_.control.data() + at,
+                                                        options_.site_control.data() + at, slices_[i].size, 1.0f));
     }
   }
   if (options_.max_grad_norm > 0) {

@@ -98,6 +98,14 @@ struct DataParallelOptions {
   // through the loss; w₀ is kept for those slices only (1/N of P under ZeRO).
   // 0: off.
   float proximal_mu = 0;
+  // SCAFFOLD (Karimireddy et al. 2020): the server's control variate c and
+  // the site's c_i, over the whole flat layout, in host memory the caller
+  // keeps alive until the round's last Step. Each Step adds (c - c_i) to
+  // the reduced, unscaled gradients, after FedProx's term and before
+  // clipping and the optimizer. Empty: off. For now a site of one CPU rank
+  // under DDP only (Create refuses the rest).
+  std::span<const float> control;
+  std::span<const float> site_control;
   // Buffers on a GPU: the stream (a cudaStream_t) the model's kernels run on
   // and the communicator follows; DataParallel's own buffer work runs there.
   void* device_stream = nullptr;

@@ -37,6 +37,11 @@ Status ServerConfig::Finalize() {
     return InvalidArgument("config: frame_memory = {}: must hold one frame of max_frame = {}", frame_memory_bytes,
                            max_frame_bytes);
   }
+  if (federation.strategy().name() == "scaffold") {
+    // Neither c (down) nor Δc (up) travels in the round's messages yet.
+    return InvalidArgument("config: strategy = scaffold runs in estuary-sim's inproc mode only for now: the server's "
+                           "rounds do not carry the control variates yet");
+  }
   ESTUARY_RETURN_IF_ERROR(aggregation::CheckFederation(federation));
   return CheckSecAgg();
 }

@@ -17,12 +17,14 @@
 #include "aggregation/dp_fedavg.h"
 #include "aggregation/lora_strategy.h"
 #include "aggregation/robust_strategy.h"
+#include "aggregation/scaffold.h"
 #include "aggregation/sampling.h"
 #include "base/host_port.h"
 #include "base/seed.h"
 #include "base/split.h"
 #include "client/agent.h"
 #include "client/compute.h"
+#include "client/scaffold.h"
 #include "client/site.h"
 #include "client/task.h"
 #include "client/trainer.h"
@@ -56,6 +58,8 @@ static double Since(Clock::time_point t) { return std::chrono::duration<double>(
 v1::FederationConfig FederationOf(const Scenario& s) {
   v1::FederationConfig federation = s.federation;
   if (!s.lora_site_ranks.empty()) federation.mutable_task()->mutable_lora()->set_mixed_ranks(true);
+  v1::StrategyConfig& strategy = *federation.mutable_strategy();
+  if (strategy.name() == "scaffold" && strategy.total_sites() == 0) strategy.set_total_sites(s.clients);
   return federation;
 }
 
@@ -138,6 +142,10 @@ Result<Report> RunInproc(const Scenario& s, const RoundCallback& on_round, std::
   ESTUARY_ASSIGN_OR_RETURN(const Attack attack, ParseAttack(s.attack));
   const std::vector<bool> malicious = ChooseAttackers(uint32_t(names.size()), s.attackers, task.seed());
   if (attack.kind != Attack::Kind::kNone) report.attackers = std::count(malicious.begin(), malicious.end(), true);
+  // SCAFFOLD: the server's c travels down with the model, each site's Δc up
+  // with its delta, and each site keeps its c_i here, by site.
+  auto* scaffold = dynamic_cast<aggregation::Scaffold*>(&strategy);
+  std::vector<client::SiteControl> site_controls(scaffold ? names.size() : 0);
   for (uint64_t round = 1; round <= s.rounds; ++round) {
     const auto round_start = Clock::now();
     // Poisson sampling (--sample-rate q): each site joins with probability q;
@@ -181,10 +189,17 @@ Result<Report> RunInproc(const Scenario& s, const RoundCallback& on_round, std::
       ESTUARY_ASSIGN_OR_RETURN(lora_reference, LoraReferenceOf(*sim.federation.lora, global));
     }
     std::vector<std::optional<Result<client::Update>>> updates(k);
+    std::vector<float> control;  // SCAFFOLD: the c this round's sites correct by
+    if (scaffold) {
+      ESTUARY_ASSIGN_OR_RETURN(control, scaffold->Control(global.size()));
+    }
     std::atomic<size_t> next{0};
     auto work = [&] {
       for (size_t i; (i = next.fetch_add(1)) < k;) {
-        updates[i] = sim.clients.trainers[index_of.at(selected[i])]->Train(global, manifest, task, round, selected[i]);
+        const size_t site = index_of.at(selected[i]);
+        client::Trainer& trainer = *sim.clients.trainers[site];
+        updates[i] = scaffold ? site_controls[site].Train(trainer, global, manifest, task, round, selected[i], control)
+                              : trainer.Train(global, manifest, task, round, selected[i]);
       }
     };
     std::vector<std::thread> pool;
@@ -205,8 +220,8 @@ Result<Report> RunInproc(const Scenario& s, const RoundCallback& on_round, std::
     if (report.attackers) row.attackers = row.updates_refused = 0;
     auto received = [&](const client::Update& update) {
       ++row.updates_received;
-      row.bytes_up += update.payload.size() * sizeof(float);
-      row.bytes_down += manifest.byte_size();
+      row.bytes_up += (update.payload.size() + update.control_delta.size()) * sizeof(float);
+      row.bytes_down += manifest.byte_size() * (scaffold ? 2 : 1);
       loss_sum += update.train_loss * double(update.num_examples);
       examples += double(update.num_examples);
       if (report.trained_on.empty()) report.trained_on = update.trained_on;
@@ -247,7 +262,9 @@ Result<Report> RunInproc(const Scenario& s, const RoundCallback& on_round, std::
         continue;
       }
       const Status folded =
-          strategy.FoldWork(selected[i], update.manifest, nullptr, admitted.values(), double(update.num_examples),
+          scaffold ? scaffold->FoldControl(selected[i], admitted.values(), update.control_delta,
+                                           double(update.num_examples))
+                   : strategy.FoldWork(selected[i], update.manifest, nullptr, admitted.values(), double(update.num_examples),
                             {.steps = update.local_steps, .normalizer = update.normalizer});
       if (!folded.ok() && report.attackers) {
         refuse(folded);

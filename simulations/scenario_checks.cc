@@ -122,6 +122,15 @@ Status CheckScenario(const Scenario& s) {
   if (!(s.per_round > 0)) return InvalidArgument("sim: --per-round {} must be > 0", s.per_round);
   if (s.rounds == 0) return InvalidArgument("sim: --rounds must be >= 1");
   if (s.threads == 0) return InvalidArgument("sim: --threads must be >= 1");
+  if (s.federation.strategy().name() == "scaffold") {
+    // The sites' control variates live in this process: the wire carries neither c nor Δc yet.
+    if (s.mode != "inproc") {
+      return InvalidArgument("sim: --strategy scaffold runs in inproc mode only for now: c and Δc do not travel "
+                             "between server and sites yet");
+    }
+    if (!s.attack.empty()) return InvalidArgument("sim: --strategy scaffold with --attack: attackers send no Δc");
+    if (s.secagg) return InvalidArgument("sim: --strategy scaffold with --secagg: Δc is not masked");
+  }
   ESTUARY_RETURN_IF_ERROR(client::ParseCompute(s.device, s.precision).status());
   ESTUARY_RETURN_IF_ERROR(ParseAttack(s.attack).status());
   if (!(s.attackers >= 0 && s.attackers <= 1)) {

@@ -211,3 +211,24 @@ TEST(ServerConfig, TheServerTakesTheRobustStrategies) {
 
 }  // namespace
 }  // namespace estuary::server
+
+namespace estuary::server {
+namespace {
+
+// FedNova's local work travels in UpdateBegin, so the server takes it;
+// SCAFFOLD's control variates do not travel yet, so the server refuses it
+// in one line rather than refuse every update of its rounds.
+TEST(ServerConfig, TheServerTakesFedNovaAndRefusesScaffoldForNow) {
+  ServerConfig config;
+  config.federation.mutable_strategy()->set_name("fednova");
+  EXPECT_TRUE(config.Finalize().ok()) << config.Finalize().ToString();
+  config.federation.mutable_strategy()->set_name("scaffold");
+  config.federation.mutable_strategy()->set_total_sites(10);
+  const Status refused = config.Finalize();
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.message().find("scaffold"), std::string::npos) << refused.message();
+  EXPECT_EQ(refused.message().find('\n'), std::string::npos);
+}
+
+}  // namespace
+}  // namespace estuary::server

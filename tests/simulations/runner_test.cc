@@ -213,6 +213,38 @@ TEST(Simulation, FedNovaRunsOverTlsAsInprocAndDiffersFromFedAvgOnUnequalSites) {
   EXPECT_GT(std::abs(inproc->rounds[1].test_loss - fedavg->rounds[1].test_loss), 1e-3);
 }
 
+// SCAFFOLD in process: c and each site's c_i start at zero, so round 1 is
+// FedAvg's (to rounding: FedAvg's sites fuse their SGD step, SCAFFOLD's
+// correct the gradient first); from round 2 the correction moves it. Each
+// round moves the control variates beside the model, both ways; a rerun
+// gives the same bits; over TLS it is refused for now.
+TEST(Simulation, ScaffoldRunsInprocWithTwiceTheTraffic) {
+  testing::TempDir dir;
+  testing::WriteSyntheticMnist(dir / "data", 600, 200, 3);
+  Scenario s = Small(dir / "data", dir / "run" / "scaffold");
+  s.rounds = 2;
+  auto fedavg = RunInproc(s, nullptr);
+  ASSERT_TRUE(fedavg.ok()) << fedavg.status().ToString();
+  s.federation.mutable_strategy()->set_name("scaffold");
+  auto first = RunInproc(s, nullptr);
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  auto again = RunInproc(s, nullptr);
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(first->scenario["federation"]["strategy"]["total_sites"], 12);  // --clients, where unset
+  for (size_t r = 0; r < 2; ++r) {
+    EXPECT_EQ(first->rounds[r].global_checksum, again->rounds[r].global_checksum) << "round " << r + 1;
+    EXPECT_EQ(first->rounds[r].bytes_up, 2 * fedavg->rounds[r].bytes_up) << "round " << r + 1;
+    EXPECT_EQ(first->rounds[r].bytes_down, 2 * fedavg->rounds[r].bytes_down) << "round " << r + 1;
+  }
+  EXPECT_NEAR(first->rounds[0].test_loss, fedavg->rounds[0].test_loss, 1e-5);
+  EXPECT_GT(std::abs(first->rounds[1].test_loss - fedavg->rounds[1].test_loss), 1e-4);
+
+  s.mode = "loopback";
+  auto loopback = RunLoopback(s, nullptr);
+  ASSERT_FALSE(loopback.ok());
+  EXPECT_NE(loopback.status().message().find("inproc"), std::string::npos) << loopback.status().message();
+}
+
 // Malicious sites attack over TLS as in process: the same sites upload the
 // same sign-flipped deltas, so under the median the loopback run's models
 // equal the in-process run's bit for bit, and differ from a run without them.
