@@ -53,12 +53,23 @@ class StragglingTrainer final : public client::Trainer {
   uint64_t num_examples() const override { return honest_->num_examples(); }
   Result<client::Update> Train(std::span<const float> global, const Manifest& manifest, const v1::TaskConfig& task,
                                uint64_t round, std::string_view client_name) override {
-    v1::TaskConfig slower = task;
-    slower.set_max_local_steps(StragglerSteps(stragglers_, task, honest_->num_examples(), seed_, round, site_));
-    return honest_->Train(global, manifest, slower, round, client_name);
+    return honest_->Train(global, manifest, Slower(task, round), round, client_name);
+  }
+  // SCAFFOLD's site (client/scaffold.h) forms Δc from the steps the round took: a straggler's.
+  Result<client::Update> TrainControlled(std::span<const float> global, const Manifest& manifest,
+                                         const v1::TaskConfig& task, uint64_t round, std::string_view client_name,
+                                         std::span<const float> control,
+                                         std::span<const float> site_control) override {
+    return honest_->TrainControlled(global, manifest, Slower(task, round), round, client_name, control, site_control);
   }
 
  private:
+  v1::TaskConfig Slower(const v1::TaskConfig& task, uint64_t round) const {
+    v1::TaskConfig slower = task;
+    slower.set_max_local_steps(StragglerSteps(stragglers_, task, honest_->num_examples(), seed_, round, site_));
+    return slower;
+  }
+
   std::unique_ptr<client::Trainer> honest_;
   Stragglers stragglers_;
   uint64_t seed_;

@@ -126,5 +126,29 @@ TEST(Stragglers, AFederationWithStragglersReproducesAndLoopbackAgrees) {
             "steps)");
 }
 
+// FedNova and SCAFFOLD see a straggler's partial work: FedNova normalises
+// by the steps it took (so it is not FedAvg once the steps differ), and a
+// straggling SCAFFOLD site corrects its gradients and forms its Δc from its
+// own steps (the straggler forwards TrainControlled).
+TEST(Stragglers, FedNovaAndScaffoldTakeAStragglersPartialWork) {
+  testing::TempDir dir;
+  testing::WriteSyntheticMnist(dir / "data", 600, 200, 3);
+  Scenario s = Small(dir / "data", dir / "run");
+  s.rounds = 2;
+  s.stragglers = 0.5;
+  s.straggler_work = "0.2:0.4";
+  auto fedavg = RunInproc(s, nullptr);
+  ASSERT_TRUE(fedavg.ok()) << fedavg.status().ToString();
+  s.federation.mutable_strategy()->set_name("fednova");
+  auto fednova = RunInproc(s, nullptr);
+  ASSERT_TRUE(fednova.ok()) << fednova.status().ToString();
+  EXPECT_NE(fednova->rounds[0].global_checksum, fedavg->rounds[0].global_checksum);
+  s.federation.mutable_strategy()->set_name("scaffold");
+  auto scaffold = RunInproc(s, nullptr);
+  ASSERT_TRUE(scaffold.ok()) << scaffold.status().ToString();
+  EXPECT_EQ(scaffold->rounds[1].updates_received, fedavg->rounds[1].updates_received);
+  EXPECT_NE(scaffold->rounds[1].global_checksum, fedavg->rounds[1].global_checksum);
+}
+
 }  // namespace
 }  // namespace estuary::simulations
