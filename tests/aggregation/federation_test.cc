@@ -200,7 +200,7 @@ TEST(FederationFlags, TheStrategyFlagsSetTheirFieldsAndAnUnsetServerLrIsTheStrat
   AddFederationFlags(app, &config);
   const std::string help = app.help();
   for (const char* shown : {"fedavg | fedavgm | fedadam | fedyogi | fedadagrad",
-                            "--server-lr FLOAT=1 under fedavgm, 0.01 under the others", "--server-momentum FLOAT=0.9"}) {
+                            "--server-lr FLOAT=1 under fedavgm and scaffold, 0.01 under the others", "--server-momentum FLOAT=0.9"}) {
     EXPECT_NE(help.find(shown), std::string::npos) << shown << "\n" << help;
   }
   EXPECT_DOUBLE_EQ(StrategyOptionsOf(config.strategy()).server_lr, 0.01) << "fedavg's";
@@ -216,6 +216,16 @@ TEST(FederationFlags, TheStrategyFlagsSetTheirFieldsAndAnUnsetServerLrIsTheStrat
   EXPECT_DOUBLE_EQ(StrategyOptionsOf(config.strategy()).server_lr, 0.01);
   config.mutable_strategy()->set_server_lr(0.3);
   EXPECT_DOUBLE_EQ(StrategyOptionsOf(config.strategy()).server_lr, 0.3) << "given, it is kept";
+  {
+    v1::FederationConfig scaffold = DefaultFederation();
+    CLI::App flags;
+    AddFederationFlags(flags, &scaffold);
+    std::vector<std::string> given = {"40", "--total-sites", "scaffold", "--strategy"};
+    flags.parse(given);
+    const StrategyOptions o = StrategyOptionsOf(scaffold.strategy());
+    EXPECT_EQ(o.total_sites, 40u);
+    EXPECT_DOUBLE_EQ(o.server_lr, 1.0) << "scaffold's η_g";
+  }
 
   for (const char* bad : {"0", "-1", "x"}) {
     CLI::App strict;
