@@ -222,6 +222,9 @@ TEST(ServerConfig, TheServerTakesFedNovaAndRefusesScaffoldForNow) {
   ServerConfig config;
   config.federation.mutable_strategy()->set_name("fednova");
   EXPECT_TRUE(config.Finalize().ok()) << config.Finalize().ToString();
+  config.secagg.on = true;  // a masked sum cannot be divided per site
+  EXPECT_NE(config.Finalize().message().find("fednova"), std::string::npos) << config.Finalize().ToString();
+  config.secagg.on = false;
   config.federation.mutable_strategy()->set_name("scaffold");
   config.federation.mutable_strategy()->set_total_sites(10);
   const Status refused = config.Finalize();
