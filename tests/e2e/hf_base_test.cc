@@ -373,7 +373,9 @@ std::vector<RoundResult> RunWithRestarts(const std::vector<std::string>& federat
     EXPECT_TRUE(path.ok() && path->has_value());
     auto checkpoint = models::LoadCheckpoint(**path);
     EXPECT_TRUE(checkpoint.ok());
-    if (checkpoint.ok()) EXPECT_EQ(checkpoint->metadata["hf_base_sha256"], base.sha256) << r.round;
+    if (checkpoint.ok()) {
+      EXPECT_EQ(checkpoint->metadata["hf_base_sha256"], base.sha256) << r.round;
+    }
   }
   return out;
 }
