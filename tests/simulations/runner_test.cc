@@ -24,6 +24,7 @@
 #include "simulations/lora_fortunes.h"
 #include "simulations/runner.h"
 #include "tests/simulations/cuda_follows.h"
+#include "tests/simulations/small_mnist.h"
 #include "tests/simulations/text_topics.h"
 #include "tests/e2e/harness.h"
 
@@ -46,20 +47,6 @@ void SetTargets(Scenario& s, const std::string& modules) {
   for (const std::string& module : SplitCommas(modules)) s.task().mutable_lora()->add_target_modules(module);
 }
 
-Scenario Small(const std::filesystem::path& data, const std::filesystem::path& workdir) {
-  Scenario s;
-  s.clients = 12;
-  s.per_round = 4;
-  s.rounds = 3;
-  s.task().set_epochs(1);
-  s.task().set_batch_size(10);
-  s.task().set_learning_rate(0.05f);
-  s.partition = "shards";
-  s.data_dir = data;
-  s.workdir = workdir;
-  s.task().set_seed(11);
-  return s;
-}
 
 TEST(Simulation, InprocIsBitwiseReproducibleFromTheSeed) {
   testing::TempDir dir;

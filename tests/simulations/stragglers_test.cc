@@ -9,6 +9,7 @@
 
 #include "simulations/runner.h"
 #include "tests/e2e/harness.h"
+#include "tests/simulations/small_mnist.h"
 
 namespace estuary::simulations {
 namespace {
@@ -79,20 +80,6 @@ TEST(Stragglers, AStragglingSiteIsToldItsStepsAsTheTasksCap) {
   EXPECT_LT(steps, 50u);
 }
 
-Scenario Small(const std::filesystem::path& data, const std::filesystem::path& workdir) {
-  Scenario s;
-  s.clients = 12;
-  s.per_round = 4;
-  s.rounds = 3;
-  s.task().set_epochs(2);
-  s.task().set_batch_size(10);
-  s.task().set_learning_rate(0.05f);
-  s.partition = "shards";
-  s.data_dir = data;
-  s.workdir = workdir;
-  s.task().set_seed(11);
-  return s;
-}
 
 // Half the sites straggling changes what the federation learns, the same way
 // every run, and over TLS as in process.
@@ -100,6 +87,7 @@ TEST(Stragglers, AFederationWithStragglersReproducesAndLoopbackAgrees) {
   testing::TempDir dir;
   testing::WriteSyntheticMnist(dir / "data", 600, 200, 3);
   Scenario s = Small(dir / "data", dir / "run");
+  s.task().set_epochs(2);
   auto plain = RunInproc(s, nullptr);
   ASSERT_TRUE(plain.ok()) << plain.status().ToString();
   s.stragglers = 0.5;
@@ -134,6 +122,7 @@ TEST(Stragglers, FedNovaAndScaffoldTakeAStragglersPartialWork) {
   testing::TempDir dir;
   testing::WriteSyntheticMnist(dir / "data", 600, 200, 3);
   Scenario s = Small(dir / "data", dir / "run");
+  s.task().set_epochs(2);
   s.rounds = 2;
   s.stragglers = 0.5;
   s.straggler_work = "0.2:0.4";
