@@ -23,20 +23,14 @@
 #include "models/lora_federation.h"
 #include "tests/e2e/federation.h"
 #include "tests/e2e/harness.h"
+#include "tests/models/tiny_hf_base.h"
 
 namespace estuary::testing {
 namespace {
 
-models::LlamaConfig TinyConfig() {
-  models::LlamaConfig c;
-  c.vocab_size = 256, c.hidden_size = 64, c.intermediate_size = 128, c.num_layers = 2, c.num_heads = 4;
-  c.num_kv_heads = 2, c.max_seq_len = 64;
-  return c;
-}
-
 // Writes the base to `dir` and, with flip >= 0, flips the lowest bit of weight `flip` first.
 models::HfBase WriteBase(const fs::path& dir, int64_t flip = -1) {
-  auto model = models::Llama::Create(TinyConfig(), 1);
+  auto model = models::Llama::Create(TinyHfConfig(), 1);
   EXPECT_TRUE(model.ok());
   model->Initialize(3);
   if (flip >= 0) {

@@ -16,6 +16,7 @@
 #include "models/llama.h"
 #include "tests/e2e/federation.h"
 #include "tests/e2e/harness.h"
+#include "tests/models/tiny_hf_base.h"
 
 namespace estuary::testing {
 namespace {
@@ -232,13 +233,7 @@ TEST(Site, ALoraSiteOnTwoRanksTrainsItsAdaptersAsOnOne) {
 // from the site's copy, and two ranks under ZeRO-1 train as one does.
 TEST(Site, ALoraSiteOnTwoRanksTrainsOnAHuggingFaceBaseAsOnOne) {
   TempDir dir;
-  models::LlamaConfig c;
-  c.vocab_size = 256, c.hidden_size = 64, c.intermediate_size = 128, c.num_layers = 2, c.num_heads = 4;
-  c.num_kv_heads = 2, c.max_seq_len = 64;
-  auto model = models::Llama::Create(c, 1);
-  ASSERT_TRUE(model.ok());
-  model->Initialize(3);
-  for (const char* copy : {"server-base", "site-base"}) ASSERT_TRUE(models::SaveHfCheckpoint(dir / copy, *model).ok());
+  WriteTinyHfBase({dir / "server-base", dir / "site-base"}, 3);
   const std::vector<std::string> lora = {"--update-kind", "lora", "--lora-rank", "4", "--lora-alpha", "8",
                                          "--lora-merge", "naive", "--base-model", (dir / "server-base").string()};
   const std::vector<std::string> site = {"--base-model", (dir / "site-base").string()};

@@ -25,6 +25,7 @@
 #include "simulations/runner.h"
 #include "tests/simulations/cuda_follows.h"
 #include "tests/simulations/small_mnist.h"
+#include "tests/models/tiny_hf_base.h"
 #include "tests/simulations/text_topics.h"
 #include "tests/e2e/harness.h"
 
@@ -690,13 +691,7 @@ TEST(LoraSimulation, LoopbackAgreesWithInproc) {
 // the server sends them only what differs from it.
 TEST(LoraSimulation, OnAHuggingFaceBaseInprocLearnsAndLoopbackAgreesWithoutSendingTheBase) {
   testing::TempDir dir;
-  models::LlamaConfig c;
-  c.vocab_size = 256, c.hidden_size = 64, c.intermediate_size = 128, c.num_layers = 2, c.num_heads = 4;
-  c.num_kv_heads = 2, c.max_seq_len = 64;
-  auto model = models::Llama::Create(c, 1);
-  ASSERT_TRUE(model.ok());
-  model->Initialize(21);
-  ASSERT_TRUE(models::SaveHfCheckpoint(dir / "hf-tiny", *model).ok());
+  const models::Llama model = testing::WriteTinyHfBase({dir / "hf-tiny"}, 21);
   Scenario s = Lora(WriteTopics(dir), "exact");
   s.federation.set_base_model((dir / "hf-tiny").string());
   s.workdir = dir / "run";
@@ -709,7 +704,7 @@ TEST(LoraSimulation, OnAHuggingFaceBaseInprocLearnsAndLoopbackAgreesWithoutSendi
   auto loopback = RunLoopback(s, nullptr);
   ASSERT_TRUE(loopback.ok()) << loopback.status().ToString();
   ASSERT_EQ(loopback->rounds.size(), inproc->rounds.size());
-  const uint64_t base_bytes = model->parameters().size_bytes();
+  const uint64_t base_bytes = model.parameters().size_bytes();
   for (size_t r = 0; r < inproc->rounds.size(); ++r) {
     EXPECT_EQ(loopback->rounds[r].updates_received, 3u);
     EXPECT_EQ(loopback->rounds[r].bytes_per_update, inproc->rounds[r].bytes_per_update);
@@ -727,13 +722,7 @@ TEST(LoraSimulation, OnAHuggingFaceBaseInprocLearnsAndLoopbackAgreesWithoutSendi
 // base beside it.
 TEST(TextSimulation, AFullFederationOnAHuggingFaceBaseLearnsAndLoopbackAgrees) {
   testing::TempDir dir;
-  models::LlamaConfig c;
-  c.vocab_size = 256, c.hidden_size = 64, c.intermediate_size = 128, c.num_layers = 2, c.num_heads = 4;
-  c.num_kv_heads = 2, c.max_seq_len = 64;
-  auto model = models::Llama::Create(c, 1);
-  ASSERT_TRUE(model.ok());
-  model->Initialize(21);
-  ASSERT_TRUE(models::SaveHfCheckpoint(dir / "hf-tiny", *model).ok());
+  const models::Llama model = testing::WriteTinyHfBase({dir / "hf-tiny"}, 21);
   Scenario s = Text(WriteTopics(dir));
   s.per_round = 3;
   s.federation.set_base_model((dir / "hf-tiny").string());
@@ -747,9 +736,9 @@ TEST(TextSimulation, AFullFederationOnAHuggingFaceBaseLearnsAndLoopbackAgrees) {
   auto loopback = RunLoopback(s, nullptr);
   ASSERT_TRUE(loopback.ok()) << loopback.status().ToString();
   ASSERT_EQ(loopback->rounds.size(), inproc->rounds.size());
-  const uint64_t model_bytes = model->parameters().size_bytes();
+  const uint64_t model_bytes = model.parameters().size_bytes();
   uint64_t smallest = model_bytes;
-  for (const auto& spec : model->manifest().tensors) smallest = std::min<uint64_t>(smallest, spec.numel() * 4);
+  for (const auto& spec : model.manifest().tensors) smallest = std::min<uint64_t>(smallest, spec.numel() * 4);
   for (size_t r = 0; r < inproc->rounds.size(); ++r) {
     EXPECT_EQ(loopback->rounds[r].updates_received, 3u);
     EXPECT_EQ(loopback->rounds[r].bytes_per_update, model_bytes);
