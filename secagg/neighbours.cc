@@ -23,6 +23,12 @@ Result<NeighbourGraph> NeighbourGraph::Harary(int sites, int degree, const Key32
                            "(complete)",
                            degree, sites, sites, sites - 1);
   }
+  // Every site builds the whole graph, so its size is bounded where a setup
+  // from the server could otherwise make a site allocate without limit.
+  if (uint64_t(sites) * uint64_t(degree) > kMaxGraphEntries) {
+    return InvalidArgument("secagg: neighbour graph of {} sites with degree {}: {} entries, more than 2^24", sites,
+                           degree, uint64_t(sites) * uint64_t(degree));
+  }
   // position -> site: Fisher–Yates with unbiased draws from the round stream.
   std::vector<uint32_t> site_at(sites);
   for (int i = 0; i < sites; ++i) site_at[i] = static_cast<uint32_t>(i);

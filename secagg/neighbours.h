@@ -38,10 +38,14 @@ namespace estuary::secagg {
 int DefaultDegree(int sites);
 int DefaultThreshold(int degree);
 
+inline constexpr uint64_t kMaxGraphEntries = uint64_t{1} << 24;
+
 class NeighbourGraph {
  public:
   // Sites are 0..sites−1. degree must be even with 2 <= degree < sites, or
-  // sites − 1 (complete graph), for 2 <= sites.
+  // sites − 1 (complete graph), for 2 <= sites; sites × degree at most
+  // kMaxGraphEntries (2^24: a million sites at degree 16, or the complete
+  // graph of 4,096).
   static Result<NeighbourGraph> Harary(int sites, int degree, const Key32& round_seed);
 
   int sites() const { return static_cast<int>(neighbours_.size()); }

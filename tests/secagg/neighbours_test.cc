@@ -84,5 +84,17 @@ TEST(NeighbourGraph, BadShapesAreRefused) {
   }
 }
 
+// A setup names the graph every site builds: one too large for a site to hold
+// is refused before anything is allocated (a complete graph of 2^24 sites
+// would be 2^48 entries).
+TEST(NeighbourGraph, AGraphLargerThanASiteShouldHoldIsRefused) {
+  for (auto [n, k] : {std::pair{1 << 24, (1 << 24) - 1}, std::pair{1 << 20, 18}, std::pair{5000, 4999}}) {
+    auto graph = NeighbourGraph::Harary(n, k, CountingKey(1));
+    ASSERT_FALSE(graph.ok()) << n << " " << k;
+    EXPECT_NE(graph.status().message().find("more than 2^24"), std::string::npos) << graph.status().message();
+  }
+  EXPECT_TRUE(NeighbourGraph::Harary(1 << 16, 16, CountingKey(1)).ok());
+}
+
 }  // namespace
 }  // namespace estuary::secagg
