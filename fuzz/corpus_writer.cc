@@ -27,6 +27,9 @@
 #include "proto/frame.h"
 #include "proto/model_patch.h"
 #include "proto/wire.h"
+#include "secagg/client.h"
+#include "secagg/server.h"
+#include "secagg/wire.h"
 
 namespace estuary::fuzz {
 namespace {
@@ -428,6 +431,71 @@ void Crls(Corpus& corpus, const fs::path& scratch) {
   corpus.Add("crl", "edge_empty_block", std::string(1, '\0') + "-----BEGIN X509 CRL-----\n-----END X509 CRL-----\n");
 }
 
+// One of each SecAgg+ message from an honest run of the secagg target's
+// protocol (five sites, six elements, Z/2^16, round 7), as Envelopes; and
+// setups, one a site can afford and one whose graph it cannot.
+void SecAgg(Corpus& corpus) {
+  using namespace secagg;
+  ProtocolConfig config{.round = 7, .sites = 5, .degree = 4, .threshold = 3, .bits = 16, .dimension = 6};
+  for (size_t i = 0; i < config.graph_seed.size(); ++i) config.graph_seed[i] = uint8_t(i * 7 + 1);
+  auto check = [](auto result) {
+    Check(result.status());
+    return std::move(*result);
+  };
+  auto add = [&](const std::string& name, const v1::Envelope& e) { corpus.Add("secagg", name, e.SerializeAsString()); };
+  SecAggServer server = check(SecAggServer::Create(config));
+  std::vector<SecAggClient> clients;
+  for (uint32_t u = 0; u < config.sites; ++u) clients.push_back(check(SecAggClient::Create(config, u)));
+  v1::Envelope e;
+  for (SecAggClient& client : clients) {
+    AdvertiseKeys keys = check(client.Advertise());
+    Check(server.Receive(keys));
+    if (client.site() == 4) *e.mutable_secagg_advertise() = ToProto(keys, config.round);
+  }
+  add("advertise", e);
+  auto broadcasts = check(server.CloseAdvertise());
+  e.Clear();
+  *e.mutable_secagg_keys() = ToProto(broadcasts.at(0), config.round);
+  add("keys", e);
+  e.Clear();
+  for (SecAggClient& client : clients) {
+    ShareKeys shares = check(client.Share(broadcasts.at(client.site())));
+    Check(server.Receive(shares));
+    if (client.site() == 4) *e.mutable_secagg_shares() = ToProto(shares, config.round);
+  }
+  add("shares", e);
+  auto inboxes = check(server.CloseShareKeys());
+  e.Clear();
+  *e.mutable_secagg_inbox() = ToProto(inboxes.at(0), config.round);
+  add("inbox", e);
+  for (SecAggClient& client : clients) {
+    const std::vector<uint32_t> input(config.dimension, client.site() + 1);
+    MaskedInput masked = check(client.MaskInput(inboxes.at(client.site()), input));
+    Check(server.Receive(masked));
+    if (client.site() == 4) add("masked_chunk", MaskedChunkMessage(config.round, 0, masked.values));
+  }
+  UnmaskRequest request = check(server.CloseMaskedInput());
+  e.Clear();
+  *e.mutable_secagg_unmask() = ToProto(request, config.round);
+  add("unmask", e);
+  e.Clear();
+  for (SecAggClient& client : clients) {
+    UnmaskResponse response = check(client.Unmask(request));
+    Check(server.Receive(response));
+    if (client.site() == 4) *e.mutable_secagg_unmask_response() = ToProto(response, config.round);
+  }
+  add("unmask_response", e);
+  Check(server.Finish().status());
+  e.Clear();
+  e.mutable_round_start()->set_round(config.round);
+  *e.mutable_round_start()->mutable_secagg() = ToProto(config, 0, 1.0, 1000.0, 60);
+  add("setup", e);
+  e.mutable_round_start()->mutable_secagg()->set_sites(1u << 24);
+  e.mutable_round_start()->mutable_secagg()->set_neighbours((1u << 24) - 1);
+  e.mutable_round_start()->mutable_secagg()->set_threshold(1u << 23);
+  add("edge_setup_graph_too_large", e);
+}
+
 }  // namespace
 }  // namespace estuary::fuzz
 
@@ -449,6 +517,7 @@ int main(int argc, char** argv) {
   Toml(corpus);
   FederationFiles(corpus, scratch);
   Crls(corpus, scratch);
+  SecAgg(corpus);
   std::printf("corpus_writer: wrote the seeds under %s\n", argv[1]);
   return 0;
 }
