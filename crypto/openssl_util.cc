@@ -4,6 +4,7 @@
 #include <openssl/err.h>
 #include <openssl/bn.h>
 #include <openssl/pem.h>
+#include <openssl/x509v3.h>
 
 #include <cctype>
 #include <cerrno>
@@ -159,6 +160,11 @@ Result<std::string> CommonName(X509* cert) {
   std::string name(reinterpret_cast<char*>(utf8), static_cast<size_t>(length));
   OPENSSL_free(utf8);
   return name;
+}
+
+uint32_t StatedRoles(X509* cert) {
+  if ((X509_get_extension_flags(cert) & EXFLAG_XKUSAGE) == 0) return 0;
+  return X509_get_extended_key_usage(cert) & (XKU_SSL_SERVER | XKU_SSL_CLIENT);
 }
 
 std::string SerialHex(const ASN1_INTEGER* serial) {

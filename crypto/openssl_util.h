@@ -16,7 +16,8 @@
 #include "base/status.h"
 
 namespace estuary::crypto {
-struct CrlInfo;  // crypto/revocation.h
+struct CrlInfo;   // crypto/revocation.h
+struct TlsFiles;  // crypto/tls.h
 }  // namespace estuary::crypto
 
 namespace estuary::crypto::internal {
@@ -53,6 +54,20 @@ Status CheckKeyMatches(X509* cert, EVP_PKEY* key, const std::filesystem::path& c
 
 // Subject CN of `cert` as UTF-8, or an error if it has none.
 Result<std::string> CommonName(X509* cert);
+
+// The roles `cert` states in its extendedKeyUsage: XKU_SSL_SERVER,
+// XKU_SSL_CLIENT, both or neither. A certificate without the extension is
+// valid for every use as far as OpenSSL's purpose check goes, and one issued
+// before roles (estuary 0.1) states both: either could serve a federation as
+// well as join it. We want exactly one role stated, so a site's certificate
+// cannot pass as the server's or the reverse.
+uint32_t StatedRoles(X509* cert);
+
+// Puts files.ca's certificates into `store`, and with files.crl, the list
+// too and the check of every leaf certificate against it (a revoked one fails
+// to verify: "certificate revoked"). Returns the CRL's contents (none: empty).
+// (crypto/tls.cc)
+Result<CrlInfo> Trust(X509_STORE* store, const TlsFiles& files);
 
 // A serial number as lowercase hex without leading zeros ("" if unreadable).
 std::string SerialHex(const ASN1_INTEGER* serial);

@@ -9,10 +9,32 @@
 #include "crypto/revocation.h"
 
 namespace estuary::crypto {
+namespace internal {
+
+Result<CrlInfo> Trust(X509_STORE* store, const TlsFiles& files) {
+  ESTUARY_ASSIGN_OR_RETURN(auto ca_certs, internal::ReadCertificates(files.ca));
+  for (const X509Ptr& ca : ca_certs) {
+    if (X509_STORE_add_cert(store, ca.get()) != 1) {
+      return InvalidArgument("crypto: {}: CA certificate refused: {}", files.ca.string(), TakeOpenSslErrors());
+    }
+  }
+  CrlInfo info;
+  if (files.crl.empty()) return info;
+  ESTUARY_ASSIGN_OR_RETURN(internal::CrlPtr crl, internal::ReadCheckedCrl(files.crl, files.ca, &info));
+  if (X509_STORE_add_crl(store, crl.get()) != 1 || X509_STORE_set_flags(store, X509_V_FLAG_CRL_CHECK) != 1) {
+    return InvalidArgument("crypto: {}: CRL refused: {}", files.crl.string(), TakeOpenSslErrors());
+  }
+  return info;
+}
+
+}  // namespace internal
+
 namespace {
 
 namespace ssl = boost::asio::ssl;
 using internal::TakeOpenSslErrors;
+using internal::StatedRoles;
+using internal::Trust;
 using internal::X509Ptr;
 
 // Session-ID context is required by OpenSSL whenever the server verifies
@@ -26,17 +48,6 @@ constexpr unsigned char kSessionIdContext[] = "estuary";
 // under half a millisecond), which an unauthenticated peer can ask for at will.
 constexpr char kGroups[] = "X25519:P-256";
 constexpr char kSignatureAlgorithms[] = "ecdsa_secp256r1_sha256";
-
-// The roles `cert` states in its extendedKeyUsage: XKU_SSL_SERVER,
-// XKU_SSL_CLIENT, both or neither. A certificate without the extension is
-// valid for every use as far as OpenSSL's purpose check goes, and one issued
-// before roles (estuary 0.1) states both: either could serve a federation as
-// well as join it. We want exactly one role stated, so a site's certificate
-// cannot pass as the server's or the reverse.
-uint32_t StatedRoles(X509* cert) {
-  if ((X509_get_extension_flags(cert) & EXFLAG_XKUSAGE) == 0) return 0;
-  return X509_get_extended_key_usage(cert) & (XKU_SSL_SERVER | XKU_SSL_CLIENT);
-}
 
 // Runs after OpenSSL's own checks of each certificate in the peer's chain
 // (purpose included): the peer's own certificate must also state its role
@@ -68,25 +79,6 @@ Status CheckOwnRole(X509* cert, const std::filesystem::path& path, bool server) 
                            usage);
   }
   return Status::Ok();
-}
-
-// Puts the CA certificates into `store`, and with a CRL, the list too and
-// the check of every leaf certificate against it (a revoked one fails to
-// verify: "certificate revoked"). Returns the CRL's contents (none: empty).
-Result<CrlInfo> Trust(X509_STORE* store, const TlsFiles& files) {
-  ESTUARY_ASSIGN_OR_RETURN(auto ca_certs, internal::ReadCertificates(files.ca));
-  for (const X509Ptr& ca : ca_certs) {
-    if (X509_STORE_add_cert(store, ca.get()) != 1) {
-      return InvalidArgument("crypto: {}: CA certificate refused: {}", files.ca.string(), TakeOpenSslErrors());
-    }
-  }
-  CrlInfo info;
-  if (files.crl.empty()) return info;
-  ESTUARY_ASSIGN_OR_RETURN(internal::CrlPtr crl, internal::ReadCheckedCrl(files.crl, files.ca, &info));
-  if (X509_STORE_add_crl(store, crl.get()) != 1 || X509_STORE_set_flags(store, X509_V_FLAG_CRL_CHECK) != 1) {
-    return InvalidArgument("crypto: {}: CRL refused: {}", files.crl.string(), TakeOpenSslErrors());
-  }
-  return info;
 }
 
 // Loads our chain + key and the CA into `ctx`. Each file is parsed by us first
