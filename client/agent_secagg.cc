@@ -15,7 +15,9 @@ Status Agent::StartSecAgg(const v1::RoundStart& start) {
   secagg_masking_ = false;
   if (!start.has_secagg()) return Status::Ok();
   v1::Envelope advertise;
-  ESTUARY_ASSIGN_OR_RETURN(std::unique_ptr<SecAggSite> site, SecAggSite::Start(start, &advertise));
+  if (!stream_) return FailedPrecondition("round {}: secure aggregation without a connection", start.round());
+  ESTUARY_ASSIGN_OR_RETURN(const SecAggIdentity identity, SecAggIdentity::FromConnection(stream_->native_handle()));
+  ESTUARY_ASSIGN_OR_RETURN(std::unique_ptr<SecAggSite> site, SecAggSite::Start(start, identity, &advertise));
   secagg_ = std::move(site);
   spdlog::debug("{}: round {}: secagg site {} of {}", name_, start.round(), start.secagg().site(),
                 start.secagg().sites());

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <fstream>
+#include <set>
 
 #include "base/atomic_file.h"
 #include "secagg/quantize.h"
@@ -9,7 +10,20 @@
 
 namespace estuary::client {
 
-Result<std::unique_ptr<SecAggSite>> SecAggSite::Start(const v1::RoundStart& start, v1::Envelope* advertise) {
+Result<SecAggIdentity> SecAggIdentity::FromConnection(SSL* ssl) {
+  ESTUARY_ASSIGN_OR_RETURN(crypto::SiteSigner signer, crypto::SiteSigner::FromConnection(ssl));
+  ESTUARY_ASSIGN_OR_RETURN(crypto::SiteVerifier verifier, crypto::SiteVerifier::FromConnection(ssl));
+  return SecAggIdentity{std::move(signer), std::move(verifier)};
+}
+
+Result<SecAggIdentity> SecAggIdentity::FromFiles(const crypto::TlsFiles& files) {
+  ESTUARY_ASSIGN_OR_RETURN(crypto::SiteSigner signer, crypto::SiteSigner::FromFiles(files));
+  ESTUARY_ASSIGN_OR_RETURN(crypto::SiteVerifier verifier, crypto::SiteVerifier::FromFiles(files));
+  return SecAggIdentity{std::move(signer), std::move(verifier)};
+}
+
+Result<std::unique_ptr<SecAggSite>> SecAggSite::Start(const v1::RoundStart& start, const SecAggIdentity& identity,
+                                                      v1::Envelope* advertise) {
   const v1::SecAggSetup& setup = start.secagg();
   ESTUARY_ASSIGN_OR_RETURN(const secagg::ProtocolConfig config, secagg::ConfigFromProto(setup, start.round()));
   if (config.dimension != start.manifest().total_elements()) {
@@ -22,14 +36,42 @@ Result<std::unique_ptr<SecAggSite>> SecAggSite::Start(const v1::RoundStart& star
     return InvalidArgument("secagg: a round of update kind lora; secure aggregation sums full updates");
   }
   ESTUARY_ASSIGN_OR_RETURN(secagg::SecAggClient client, secagg::SecAggClient::Create(config, setup.site()));
-  std::unique_ptr<SecAggSite> site(new SecAggSite(std::move(client), start.round(), setup));
+  std::unique_ptr<SecAggSite> site(new SecAggSite(std::move(client), config, setup, identity));
   ESTUARY_ASSIGN_OR_RETURN(const secagg::AdvertiseKeys keys, site->client_.Advertise());
-  *advertise->mutable_secagg_advertise() = secagg::ToProto(keys, start.round());
+  ESTUARY_ASSIGN_OR_RETURN(std::string signature,
+                           identity.signer.Sign(secagg::AdvertisementToSign(config, keys)));
+  v1::SecAggAdvertise& message = *advertise->mutable_secagg_advertise();
+  message = secagg::ToProto(keys, start.round());
+  message.set_signature(std::move(signature));
+  message.set_certificate(identity.signer.certificate());
   return site;
+}
+
+Status SecAggSite::CheckSigned(const v1::SecAggKeys& keys, const secagg::KeysBroadcast& broadcast) const {
+  const std::string& own = identity_.signer.common_name();
+  std::set<std::string> holders = {own};
+  for (int i = 0; i < keys.neighbours_size(); ++i) {
+    const v1::SecAggPeerKeys& peer = keys.neighbours(i);
+    if (peer.signature().empty() || peer.certificate().empty()) {
+      return InvalidArgument("secagg round {}: site {}'s keys come unsigned; a site takes only keys its neighbour "
+                             "signed",
+                             round_, peer.site());
+    }
+    auto holder = identity_.verifier.Verify(
+        peer.certificate(), secagg::AdvertisementToSign(config_, broadcast.neighbours[size_t(i)]), peer.signature());
+    if (!holder.ok()) return InvalidArgument("secagg round {}: site {}'s keys: {}", round_, peer.site(),
+                                             holder.status().message());
+    if (!holders.insert(*holder).second) {
+      return InvalidArgument("secagg round {}: site {}'s keys are signed by '{}', {}", round_, peer.site(), *holder,
+                             *holder == own ? "this site's own certificate" : "who signed another neighbour's too");
+    }
+  }
+  return Status::Ok();
 }
 
 Result<v1::Envelope> SecAggSite::OnKeys(const v1::SecAggKeys& keys) {
   ESTUARY_ASSIGN_OR_RETURN(const secagg::KeysBroadcast broadcast, secagg::FromProto(keys));
+  ESTUARY_RETURN_IF_ERROR(CheckSigned(keys, broadcast));
   ESTUARY_ASSIGN_OR_RETURN(const secagg::ShareKeys shares, client_.Share(broadcast));
   v1::Envelope envelope;
   *envelope.mutable_secagg_shares() = secagg::ToProto(shares, round_);

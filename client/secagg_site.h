@@ -3,7 +3,7 @@
 // agent hands it — the round's setup from RoundStart, the server's stage
 // messages, and the trained update — turned into the site's answers.
 //
-//   auto site = SecAggSite::Start(round_start);   // its SecAggAdvertise to send
+//   auto site = SecAggSite::Start(round_start, identity);   // its SecAggAdvertise to send
 //   site->OnKeys(keys)                            // -> SecAggShares
 //   site->OnInbox(inbox)                          // kept until the update is trained
 //   site->MaskedInput(update, chunk_elements)     // -> chunks, then SecAggMaskedDone
@@ -11,7 +11,11 @@
 //
 // The update is clipped to the setup's C, weighted by its w, quantised by
 // stochastic rounding (uniforms from RAND_bytes) into Z/2^b with its s and
-// masked (secagg/quantize.h, secagg/masking.h). Any refusal ends the site's
+// masked (secagg/quantize.h, secagg/masking.h). The site signs the keys it
+// advertises with its certificate's key, and takes its neighbours' keys only
+// signed by distinct site certificates of the federation, none its own: a
+// server relaying keys of its own in a neighbour's place is refused (the key
+// substitution of docs/SECAGG.md's threat model). Any refusal ends the site's
 // part in the round. Nothing here is thread-safe; the stages come in order,
 // so the agent may run MaskedInput off its I/O thread.
 #pragma once
@@ -23,15 +27,28 @@
 #include <vector>
 
 #include "base/status.h"
+#include "crypto/site_signature.h"
 #include "estuary.pb.h"
 #include "secagg/client.h"
 
 namespace estuary::client {
 
+// Who a site is to its neighbours: the key it signs with, and the trust it
+// checks their signatures against. A connected site's come from its TLS
+// connection (FromConnection), a scripted one's from the same files.
+struct SecAggIdentity {
+  crypto::SiteSigner signer;
+  crypto::SiteVerifier verifier;
+
+  static Result<SecAggIdentity> FromConnection(SSL* ssl);
+  static Result<SecAggIdentity> FromFiles(const crypto::TlsFiles& files);
+};
+
 class SecAggSite {
  public:
   // The setup of `start` (which has one), and the site's first message.
-  static Result<std::unique_ptr<SecAggSite>> Start(const v1::RoundStart& start, v1::Envelope* advertise);
+  static Result<std::unique_ptr<SecAggSite>> Start(const v1::RoundStart& start, const SecAggIdentity& identity,
+                                                   v1::Envelope* advertise);
 
   uint64_t round() const { return round_; }
   uint32_t site() const { return client_.site(); }
@@ -53,12 +70,17 @@ class SecAggSite {
   bool clipped() const { return clipped_; }
 
  private:
-  SecAggSite(secagg::SecAggClient client, uint64_t round, const v1::SecAggSetup& setup)
-      : client_(std::move(client)), round_(round), setup_(setup) {}
+  SecAggSite(secagg::SecAggClient client, const secagg::ProtocolConfig& config, const v1::SecAggSetup& setup,
+             const SecAggIdentity& identity)
+      : client_(std::move(client)), round_(config.round), config_(config), setup_(setup), identity_(identity) {}
+  // Every neighbour's keys signed by a distinct site of the federation, not this one.
+  Status CheckSigned(const v1::SecAggKeys& keys, const secagg::KeysBroadcast& broadcast) const;
 
   secagg::SecAggClient client_;
   uint64_t round_;
+  secagg::ProtocolConfig config_;
   v1::SecAggSetup setup_;
+  SecAggIdentity identity_;
   std::optional<secagg::ShareInbox> inbox_;
   bool clipped_ = false;
 };

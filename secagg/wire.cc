@@ -74,6 +74,21 @@ Result<ProtocolConfig> ConfigFromProto(const v1::SecAggSetup& setup, uint64_t ro
   return config;
 }
 
+std::string AdvertisementToSign(const ProtocolConfig& config, const AdvertiseKeys& keys) {
+  std::string out("estuary secagg advertise v1");
+  out.push_back('\0');
+  auto little_endian = [&out](uint64_t value, int bytes) {
+    for (int i = 0; i < bytes; ++i) out.push_back(char(value >> (8 * i)));
+  };
+  little_endian(config.round, 8);
+  little_endian(config.sites, 4);
+  out += Bytes(config.graph_seed);
+  little_endian(keys.site, 4);
+  out += Bytes(keys.mask_public_key);
+  out += Bytes(keys.share_public_key);
+  return out;
+}
+
 v1::SecAggAdvertise ToProto(const AdvertiseKeys& message, uint64_t round) {
   v1::SecAggAdvertise out;
   out.set_round(round);

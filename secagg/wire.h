@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "base/status.h"
@@ -34,6 +35,13 @@ v1::SecAggUnmask ToProto(const UnmaskRequest& message, uint64_t round);
 UnmaskRequest FromProto(const v1::SecAggUnmask& message);
 v1::SecAggUnmaskResponse ToProto(const UnmaskResponse& message, uint64_t round);
 Result<UnmaskResponse> FromProto(const v1::SecAggUnmaskResponse& message, uint32_t site);
+
+// The bytes a site signs over the keys it advertises (SecAggAdvertise's
+// signature, crypto/site_signature.h): a fixed label, the round, the sites
+// and the graph seed of the setup, the site's id and both keys. Bound so, a
+// signature cannot be replayed into another round nor relayed as another
+// site's keys.
+std::string AdvertisementToSign(const ProtocolConfig& config, const AdvertiseKeys& keys);
 
 // A chunk's ring elements (little-endian uint32) appended to `out`, which
 // must hold exactly `chunk.offset()` elements so far and at most `dimension`

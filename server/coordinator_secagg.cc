@@ -5,6 +5,7 @@
 
 #include <cmath>
 
+#include "crypto/site_signature.h"
 #include "proto/frame.h"
 #include "secagg/neighbours.h"
 #include "secagg/wire.h"
@@ -46,6 +47,19 @@ uint64_t RoundOf(const v1::Envelope& e) {
     case v1::Envelope::kSecaggMaskedDone: return e.secagg_masked_done().round();
     default: return e.secagg_unmask_response().round();
   }
+}
+
+// The site's keys come signed with the certificate it authenticated with.
+// Its neighbours check the signature (client/secagg_site.h); this catches a
+// site that would have them refuse the round, at its first message.
+Status CheckAdvertiser(const v1::SecAggAdvertise& advertise, const std::string& name) {
+  if (advertise.signature().empty() || advertise.certificate().empty()) {
+    return InvalidArgument("secagg: {}'s keys come unsigned", name);
+  }
+  auto holder = crypto::CertificateCommonName(advertise.certificate());
+  if (!holder.ok()) return InvalidArgument("secagg: {}'s keys: {}", name, holder.status().message());
+  if (*holder != name) return InvalidArgument("secagg: {}'s keys come with the certificate of '{}'", name, *holder);
+  return Status::Ok();
 }
 
 }  // namespace
@@ -119,8 +133,11 @@ void Coordinator::OnSecAgg(const std::shared_ptr<ClientSession>& session, const 
   Status received;
   switch (envelope.body_case()) {
     case v1::Envelope::kSecaggAdvertise: {
-      auto keys = secagg::FromProto(envelope.secagg_advertise(), u);
-      received = keys.ok() ? st.server.Receive(*keys) : keys.status();
+      const v1::SecAggAdvertise& advertise = envelope.secagg_advertise();
+      auto keys = secagg::FromProto(advertise, u);
+      received = keys.ok() ? CheckAdvertiser(advertise, name) : keys.status();
+      if (received.ok()) received = st.server.Receive(*keys);
+      if (received.ok()) st.signed_keys[u] = {advertise.signature(), advertise.certificate()};
       break;
     }
     case v1::Envelope::kSecaggShares: {
@@ -196,7 +213,14 @@ void Coordinator::CloseSecAggStage() {
     case SecAggState::kAdvertise: {
       auto keys = st.server.CloseAdvertise();
       if (!keys.ok()) return FailRound(keys.status().message());
-      for (const auto& [u, broadcast] : *keys) *messages[u].mutable_secagg_keys() = secagg::ToProto(broadcast, round_);
+      for (const auto& [u, broadcast] : *keys) {
+        v1::SecAggKeys& relayed = *messages[u].mutable_secagg_keys() = secagg::ToProto(broadcast, round_);
+        for (v1::SecAggPeerKeys& peer : *relayed.mutable_neighbours()) {
+          const auto& [signature, certificate] = st.signed_keys.at(peer.site());
+          peer.set_signature(signature);
+          peer.set_certificate(certificate);
+        }
+      }
       return OpenSecAggStage(SecAggState::kShare, std::move(messages));
     }
     case SecAggState::kShare: {

@@ -36,6 +36,8 @@ struct SecAggState {
   std::set<uint32_t> waiting;           // the stage's sites that have not answered yet
   std::set<uint32_t> gone;              // lost or refused: silent from then on
   std::map<uint32_t, std::vector<uint32_t>> uploads;  // masked inputs arriving, until their SecAggMaskedDone
+  // By id: the signature and certificate its advertised keys came with, relayed beside them.
+  std::map<uint32_t, std::pair<std::string, std::string>> signed_keys;
   RoundSecAgg record;
 };
 

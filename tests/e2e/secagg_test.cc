@@ -83,15 +83,19 @@ std::vector<float> Checkpoint(server::Store& store, uint64_t round) {
 // known update, and aborts the connection after the stage it is told.
 class ScriptedSite {
  public:
-  enum class Stop { kAfterShareKeys, kAfterMaskedInput };
+  // kSignsAsSiteA: advertises keys signed with site-a's certificate over its own connection, and stops at
+  // the server's answer.
+  enum class Stop { kAfterShareKeys, kAfterMaskedInput, kSignsAsSiteA };
   ScriptedSite(const Federation& f, const std::string& name, uint16_t port, Stop stop, fs::path keep)
-      : thread_([this, files = f.Files(name), port, stop, keep] { status_ = Run(files, port, stop, keep); }) {}
+      : thread_([this, files = f.Files(name), signs = f.Files(stop == Stop::kSignsAsSiteA ? "site-a" : name), port,
+                 stop, keep] { status_ = Run(files, signs, port, stop, keep); }) {}
   ~ScriptedSite() { (void)Join(); }  // a test that cares has joined and checked it
   Status Join() {
     if (thread_.joinable()) thread_.join();
     return status_;
   }
   const std::vector<float>& initial_model() const { return model_; }
+  const std::string& refusal() const { return refusal_; }  // the server's Error, where it sent one
 
  private:
   Result<v1::Envelope> Next(RawClient& raw, v1::Envelope::BodyCase wanted) {
@@ -102,15 +106,22 @@ class ScriptedSite {
       return ProtocolError("scripted site: expected {}, got {}", int(wanted), envelope.ShortDebugString());
     }
   }
-  Status Run(const crypto::TlsFiles& files, uint16_t port, Stop stop, const fs::path& keep) {
+  Status Run(const crypto::TlsFiles& files, const crypto::TlsFiles& signs, uint16_t port, Stop stop,
+             const fs::path& keep) {
     ESTUARY_ASSIGN_OR_RETURN(auto raw, RawClient::Connect(port, files));
     raw->SetTimeouts(std::chrono::seconds(60));
     ESTUARY_RETURN_IF_ERROR(raw->Handshake());
     ESTUARY_ASSIGN_OR_RETURN(const v1::RoundStart start, raw->AwaitRound(&model_));
     if (!start.has_secagg()) return ProtocolError("scripted site: round {} without a secagg setup", start.round());
     v1::Envelope advertise;
-    ESTUARY_ASSIGN_OR_RETURN(auto site, client::SecAggSite::Start(start, &advertise));
+    ESTUARY_ASSIGN_OR_RETURN(const auto identity, client::SecAggIdentity::FromFiles(signs));
+    ESTUARY_ASSIGN_OR_RETURN(auto site, client::SecAggSite::Start(start, identity, &advertise));
     ESTUARY_RETURN_IF_ERROR(raw->Send(advertise));
+    if (stop == Stop::kSignsAsSiteA) {
+      auto refused = Next(*raw, v1::Envelope::kError);
+      if (refused.ok()) refusal_ = refused->error().message();
+      return refused.status();
+    }
     ESTUARY_ASSIGN_OR_RETURN(const v1::Envelope keys, Next(*raw, v1::Envelope::kSecaggKeys));
     ESTUARY_ASSIGN_OR_RETURN(const v1::Envelope shares, site->OnKeys(keys.secagg_keys()));
     ESTUARY_RETURN_IF_ERROR(raw->Send(shares));
@@ -133,6 +144,7 @@ class ScriptedSite {
   }
 
   std::vector<float> model_;
+  std::string refusal_;
   Status status_;
   std::thread thread_;
 };
@@ -259,6 +271,36 @@ TEST(SecAggOverTls, TheRoundCommitsWhenOneSiteDiesAfterSharingKeysAndOneAfterIts
   ASSERT_EQ(committed.size(), expected.size());
   EXPECT_EQ(std::memcmp(committed.data(), expected.data(), expected.size() * sizeof(float)), 0)
       << "the committed model is not the plain aggregate of the five included inputs";
+}
+
+// A site signs the keys it advertises with its own certificate's key; keys
+// signed with another site's are refused by the server at once (and by every
+// neighbour, client/secagg_site.h), and the round goes on without it.
+TEST(SecAggOverTls, KeysSignedWithAnotherSitesCertificateAreRefusedAndTheRoundGoesOn) {
+  Federation f;
+  std::vector<std::string> sites = {"site-a", "site-b", "site-c"};
+  for (const auto& s : sites) f.Issue(s);
+  f.Issue("impostor");
+  const uint16_t port = f.StartServer(1, 4, {"--secagg"});
+  std::vector<std::unique_ptr<ChildProcess>> children;
+  for (const auto& s : sites) children.push_back(f.StartClient(s, port));
+  ScriptedSite impostor(f, "impostor", port, ScriptedSite::Stop::kSignsAsSiteA, {});
+  Status done = impostor.Join();
+  EXPECT_TRUE(done.ok()) << done.ToString();
+  EXPECT_NE(impostor.refusal().find("secagg: impostor's keys come with the certificate of 'site-a'"),
+            std::string::npos)
+      << impostor.refusal();
+  ASSERT_TRUE(f.AwaitCommitted(1, std::chrono::seconds(120))) << f.ServerLog();
+  for (auto& c : children) EXPECT_EQ(c->Wait(), 0);
+  ASSERT_EQ(f.WaitServer(), 0) << f.ServerLog();
+  auto store = f.OpenStore();
+  ASSERT_TRUE(store);
+  auto round = store->GetRound(1);
+  ASSERT_TRUE(round.ok() && round->has_value());
+  EXPECT_EQ((*round)->state, server::RoundState::kCommitted) << (*round)->detail;
+  EXPECT_EQ((*round)->updates_received, 3u);
+  ASSERT_TRUE((*round)->secagg.has_value());
+  EXPECT_EQ((*round)->secagg->dropouts, (std::array<uint32_t, 4>{1, 0, 0, 0}));
 }
 
 TEST(SecAggOverTls, TooManyDropoutsAbortTheRoundWithTheStageAndTheCounts) {
