@@ -17,6 +17,7 @@ namespace estuary::server {
 struct ServerConfig {
   std::string listen = "127.0.0.1:7443";  // HOST:PORT; port 0 picks a free one
   std::string metrics_listen;             // HOST:PORT of the Prometheus endpoint; empty: none
+  std::filesystem::path tensorboard;      // TensorBoard event files for the committed rounds; empty: none
   crypto::TlsFiles tls;
   std::filesystem::path db = "estuary.db";
   std::filesystem::path checkpoint_dir;     // default: "<db>.checkpoints"

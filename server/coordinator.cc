@@ -19,6 +19,20 @@ namespace estuary::server {
 namespace {
 // A failed try's event detail begins "round R try ", then its number.
 std::string FailedTryPrefix(uint64_t round) { return fmt::format("round {} try ", round); }
+
+// What TensorBoard plots of a committed round (serve --tensorboard).
+std::map<std::string, double> RoundScalars(const RoundRecord& r, double seconds) {
+  std::map<std::string, double> out = {{"round/train_loss", r.train_loss},
+                                       {"round/updates_received", double(r.updates_received)},
+                                       {"round/sites_selected", double(r.clients_selected)},
+                                       {"round/seconds", seconds},
+                                       {"round/bytes_up", double(r.bytes_up)},
+                                       {"round/bytes_down", double(r.bytes_down)}};
+  if (r.test_accuracy) out["eval/accuracy"] = *r.test_accuracy;
+  if (r.test_loss) out["eval/loss"] = *r.test_loss;
+  if (r.privacy) out["privacy/epsilon"] = r.privacy->epsilon;
+  return out;
+}
 }  // namespace
 
 namespace asio = boost::asio;
@@ -450,6 +464,7 @@ void Coordinator::OnAggregated(Aggregator::Finished result) {
     metrics_->RoundEnded(RoundState::kCommitted, seconds);
     if (record_.privacy) metrics_->SetEpsilon(record_.privacy->epsilon, record_.privacy->delta);
   }
+  if (events_) LogIfError(events_->WriteScalars(int64_t(round_), RoundScalars(record_, seconds)), "tensorboard");
   spdlog::info("round {} committed: {} updates, train loss {:.4f}{}{}, {:.3f} s ({:.3f} s collecting)", round_,
                record_.updates_received, record_.train_loss,
                eval ? fmt::format(", test accuracy {:.4f}", eval->accuracy) : std::string(),

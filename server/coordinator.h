@@ -43,6 +43,7 @@
 #include "server/clock.h"
 #include "server/config.h"
 #include "server/distribution.h"
+#include "proto/event_file.h"
 #include "server/metrics.h"
 #include "server/secagg_state.h"
 #include "server/staging_slots.h"
@@ -72,6 +73,8 @@ class Coordinator {
   // Where rounds, sites, rejections and folds are counted (server/metrics.h);
   // null (the default): nowhere. Must outlive the Coordinator.
   void set_metrics(Metrics* metrics) { metrics_ = metrics; }
+  // Each committed round's scalars go to `events` too (serve --tensorboard).
+  void set_event_file(proto::EventFile* events) { events_ = events; }
   // Lets every connected client finish reading what is queued, then closes
   // it; a Hello from then on is closed the same way.
   void CloseAll();
@@ -149,6 +152,7 @@ class Coordinator {
 
   std::map<std::string, std::shared_ptr<ClientSession>> connected_;  // by certificate name
   Metrics* metrics_ = nullptr;
+  proto::EventFile* events_ = nullptr;
   uint64_t round_ = 1;
   // Tries of round_ that failed (counted from the round log after a restart):
   // each retry draws its sites with the seed mixed with this count, so a

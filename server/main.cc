@@ -117,6 +117,8 @@ int main(int argc, char** argv) {
   serve->add_option("--listen", config.listen, "HOST:PORT to listen on (port 0: any free port)");
   serve->add_option("--metrics-listen", config.metrics_listen,
                     "HOST:PORT of a plain-HTTP Prometheus endpoint, GET /metrics (default: none; port 0: any free port)");
+  serve->add_option("--tensorboard", config.tensorboard,
+                    "DIR: a TensorBoard event file of every committed round's scalars (tensorboard --logdir DIR)");
   serve->add_option("--cert", config.tls.cert, "server certificate (PEM)");
   serve->add_option("--key", config.tls.key, "server private key (PEM)");
   serve->add_option("--ca", config.tls.ca, "federation CA certificate (PEM)");

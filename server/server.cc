@@ -86,6 +86,11 @@ Result<std::unique_ptr<Server>> Server::Create(ServerConfig config) {
   server->coordinator_ = std::make_unique<Coordinator>(server->config_, *server->store_, server->clock_,
                                                        server->core_, server->worker_.get_executor());
   server->coordinator_->set_metrics(&server->metrics_);
+  if (!c.tensorboard.empty()) {
+    ESTUARY_ASSIGN_OR_RETURN(server->events_, proto::EventFile::Create(c.tensorboard, "server"));
+    server->coordinator_->set_event_file(server->events_.get());
+    spdlog::info("tensorboard: {}", server->events_->path().string());
+  }
   ESTUARY_RETURN_IF_ERROR(server->coordinator_->Recover());
   server->connections_ = std::make_unique<Connections>(
       *server->coordinator_, *server->store_, server->clock_,

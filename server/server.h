@@ -70,6 +70,7 @@ class Server {
   std::unique_ptr<Connections> connections_;
   std::unique_ptr<Acceptor> acceptor_;
   std::unique_ptr<MetricsEndpoint> metrics_endpoint_;  // with --metrics-listen
+  std::unique_ptr<proto::EventFile> events_;           // with --tensorboard
   std::unique_ptr<boost::asio::signal_set> signals_;
   std::unique_ptr<boost::asio::signal_set> reload_;  // SIGHUP
   boost::asio::steady_timer crl_timer_{front_};

@@ -15,6 +15,7 @@
 #include "base/config_file.h"
 #include "base/memory.h"
 #include "models/checkpoint.h"
+#include "proto/event_file.h"
 #include "proto/frame.h"
 #include "simulations/instruct_fortunes.h"
 #include "simulations/lora_fortunes.h"
@@ -138,7 +139,7 @@ int main(int argc, char** argv) {
   CLI::App app{"estuary-sim: a federation of many clients on one machine"};
   ShowDefaultsInHelp(app);
   simulations::Scenario s;
-  std::string config, report_path = "run/report.json", plot_path, log_level = "warn";
+  std::string config, report_path = "run/report.json", plot_path, log_level = "warn", tensorboard;
   bool quiet = false;
   std::string scenario;
   simulations::LoraFortunesOptions lf;
@@ -206,6 +207,7 @@ int main(int argc, char** argv) {
   app.add_option("--threads", s.threads, "clients trained at once");
   app.add_option("--report", report_path, "JSON report to write");
   app.add_option("--plot", plot_path, "SVG accuracy plot (default: the report's path with .svg)");
+  app.add_option("--tensorboard", tensorboard, "DIR: a TensorBoard event file of every round's scalars");
   app.add_option("--server", s.server, "loopback: attach to a running server HOST:PORT");
   app.add_option("--round-log", s.round_log, "loopback with --server: the server's round log, for the report");
   app.add_option("--workdir", s.workdir, "loopback: certificates, round log, checkpoints, server log");
@@ -267,8 +269,27 @@ int main(int argc, char** argv) {
     std::fputs(simulations::RenderRoundTableHeader().c_str(), stdout);
     std::fflush(stdout);
   }
+  std::unique_ptr<proto::EventFile> events;
+  if (!tensorboard.empty()) {
+    auto created = proto::EventFile::Create(tensorboard, "sim");
+    if (!created.ok()) return Fail(created.status());
+    events = std::move(*created);
+  }
   const bool tty = isatty(STDERR_FILENO);
   auto on_round = [&](const simulations::RoundReport& row, uint64_t total) {
+    if (events) {
+      std::map<std::string, double> scalars = {{"eval/accuracy", row.test_accuracy},
+                                               {"eval/loss", row.test_loss},
+                                               {"round/train_loss", row.train_loss},
+                                               {"round/updates_received", double(row.updates_received)},
+                                               {"round/seconds", row.seconds},
+                                               {"round/bytes_up", double(row.bytes_up)},
+                                               {"round/bytes_down", double(row.bytes_down)}};
+      if (row.epsilon) scalars["privacy/epsilon"] = *row.epsilon;
+      if (Status written = events->WriteScalars(int64_t(row.round), scalars); !written.ok()) {
+        std::fprintf(stderr, "estuary-sim: %s\n", written.message().c_str());
+      }
+    }
     if (quiet) return;
     if (tty) std::fprintf(stderr, "\r%80s\r", "");
     std::fputs(simulations::RenderRoundTable({row}).c_str(), stdout);

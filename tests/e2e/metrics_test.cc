@@ -3,6 +3,7 @@
 // over TLS: every sample in the text format, the counts the federation
 // implies, and the refusals of other paths and methods.
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include <csignal>
 #include <map>
@@ -149,6 +150,48 @@ TEST(Metrics, AFederationIsCountedWhereAPrometheusScraperLooks) {
 
   kill(f.server().pid(), SIGTERM);
   EXPECT_EQ(f.WaitServer(), 0) << f.ServerLog();
+}
+
+// serve --tensorboard: one event file, a point per committed round, read by
+// an independent reader (tests/proto/read_tfevents.py) and equal, as float32,
+// to what the round log holds.
+TEST(Metrics, TensorBoardPlotsEveryCommittedRoundAsTheRoundLogHasIt) {
+  Federation f;
+  f.Issue("site-a");
+  f.Issue("site-b");
+  const fs::path events_dir = f.dir() / "tensorboard";
+  const uint16_t port = f.StartServer(2, 2, {"--tensorboard", events_dir.string()});
+  auto a = f.StartClient("site-a", port);
+  auto b = f.StartClient("site-b", port);
+  EXPECT_EQ(a->Wait(), 0);
+  EXPECT_EQ(b->Wait(), 0);
+  ASSERT_EQ(f.WaitServer(), 0) << f.ServerLog();
+  std::vector<fs::path> files;
+  for (const auto& entry : fs::directory_iterator(events_dir)) files.push_back(entry.path());
+  ASSERT_EQ(files.size(), 1u);
+  auto read = RunCommand(
+      fmt::format("{} {}/proto/read_tfevents.py {}", ESTUARY_PYTHON, ESTUARY_TESTS_DIR, files[0].string()));
+  ASSERT_EQ(read.exit_code, 0) << read.output;
+  auto doc = nlohmann::json::parse(read.output, nullptr, false);
+  ASSERT_FALSE(doc.is_discarded()) << read.output;
+  auto store = f.OpenStore();
+  ASSERT_TRUE(store);
+  auto rounds = store->Rounds();
+  ASSERT_TRUE(rounds.ok());
+  ASSERT_EQ(doc["events"].size(), rounds->size());
+  ASSERT_EQ(rounds->size(), 2u);
+  for (size_t i = 0; i < rounds->size(); ++i) {
+    const server::RoundRecord& r = (*rounds)[i];
+    const auto& event = doc["events"][i];
+    EXPECT_EQ(event["step"], r.round);
+    const auto& scalars = event["scalars"];
+    EXPECT_EQ(scalars["round/train_loss"].get<double>(), double(float(r.train_loss)));
+    EXPECT_EQ(scalars["round/updates_received"].get<double>(), 2.0);
+    EXPECT_EQ(scalars["round/bytes_up"].get<double>(), double(float(r.bytes_up)));
+    ASSERT_TRUE(r.test_accuracy.has_value());
+    EXPECT_EQ(scalars["eval/accuracy"].get<double>(), double(float(*r.test_accuracy)));
+    EXPECT_GT(scalars["round/seconds"].get<double>(), 0);
+  }
 }
 
 TEST(Metrics, AnAddressThatIsNotOneIsRefusedInOneLine) {
