@@ -156,11 +156,12 @@ void RunProtocol(const v1::Envelope& hostile) {
       if (!hostile_inbox) return;
       inbox = *hostile_inbox;
     }
-    const std::vector<uint32_t> input = InputOf(u);
-    honest(u, clients.at(u).MaskInput(inbox, input), [&](const MaskedInput&) {
-      if (silent.contains(u)) return;
+    const uint32_t site = u;  // clang 14 cannot capture a structured binding
+    const std::vector<uint32_t> input = InputOf(site);
+    honest(site, clients.at(site).MaskInput(inbox, input), [&](const MaskedInput&) {
+      if (silent.contains(site)) return;
       FUZZ_CHECK(AddInto(expected, input, kBits).ok());
-      sent_input.insert(u);
+      sent_input.insert(site);
     });
   }
   auto request = Accepted(server->CloseMaskedInput());
