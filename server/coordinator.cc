@@ -480,6 +480,7 @@ void Coordinator::OnAggregated(Aggregator::Finished result) {
   failed_tries_ = 0;
   if (complete()) {
     spdlog::info("federation complete after {} rounds", config_.rounds);
+    LogIfError(store_.SetMeta("complete", std::to_string(round_ - 1)), "store");
     if (on_complete_) on_complete_();
     return;
   }
@@ -498,6 +499,7 @@ bool Coordinator::WithinPrivacyBudget(size_t selected, size_t population) {
                round_, next.ok() ? fmt::format("{:.4g}", next->epsilon) : next.status().ToString(), dp.delta(),
                dp.max_epsilon(), accountant_->Spent().epsilon, accountant_->rounds());
   budget_spent_ = true;
+  LogIfError(store_.SetMeta("complete", std::to_string(round_ - 1)), "store");
   Broadcast(FederationCompleteMessage(round_ - 1, distribution_.current()));
   if (on_complete_) on_complete_();
   return false;

@@ -71,6 +71,9 @@ Status Coordinator::Recover() {
   ESTUARY_RETURN_IF_ERROR(store_.SetMeta("federation_id", federation_id_));
   ESTUARY_RETURN_IF_ERROR(store_.SetMeta("model", task_.model()));
   ESTUARY_RETURN_IF_ERROR(store_.SetMeta("strategy", config_.federation.strategy().name()));
+  // For `rounds watch`: the rounds planned, and not complete until they are (a restart may plan more).
+  ESTUARY_RETURN_IF_ERROR(store_.SetMeta("rounds", std::to_string(config_.rounds)));
+  ESTUARY_RETURN_IF_ERROR(store_.SetMeta("complete", ""));
   aggregator_ = std::make_unique<Aggregator>(std::move(federation.strategy), std::move(federation.bound),
                                              std::move(federation.evaluator), std::move(checkpointer), manifest_);
 

@@ -6,7 +6,7 @@
 //   estuary-server certs crl --dir D                re-sign D/crl.pem with a fresh validity
 //   estuary-server certs list --dir D               each certificate: serial, expiry, valid/expired/revoked
 //   estuary-server serve ...                        run the federation (flags or --config)
-//   estuary-server rounds list|show N --db F        the round log
+//   estuary-server rounds list|show N|watch --db F  the round log
 //   estuary-server clients --db F                   the client registry
 //   estuary-server events --db F                    refused handshakes, rejected frames, revocations
 //   estuary-server export --db F --out D [--round N]  a round's model: PEFT adapter, base, merged (lora),
@@ -14,6 +14,8 @@
 #include <fmt/ranges.h>
 
 #include <google/protobuf/text_format.h>
+
+#include <unistd.h>
 
 #include <cstdio>
 #include <fstream>
@@ -29,6 +31,7 @@
 #include "server/export.h"
 #include "server/operator_views.h"
 #include "server/server.h"
+#include "server/watch.h"
 
 extern "C" void openblas_set_num_threads(int);
 
@@ -191,6 +194,11 @@ int main(int argc, char** argv) {
   auto* list = add_view(rounds, "list", "one line per round");
   auto* show = add_view(rounds, "show", "one round: participants, dropouts, metrics");
   show->add_option("round", round_number, "round number")->required();
+  server::WatchOptions watch_options;
+  auto* watch = rounds->add_subcommand("watch", "follow a live federation: the round running, its arrivals, the ETA");
+  watch->add_option("--db", db, "SQLite round log")->required();
+  watch->add_option("--interval", watch_options.interval_s, "seconds between refreshes")->check(CLI::PositiveNumber);
+  watch->add_flag("--once", watch_options.once, "print the view once and exit");
   int event_limit = 50;
   auto* events = add_view(&app, "events", "refused handshakes, rejected frames, revoked certificates");
   events->add_option("--limit", event_limit, "the last N events");
@@ -274,6 +282,11 @@ int main(int argc, char** argv) {
     if (!exported.ok()) return Fail(exported.status());
     std::printf("%s (sha256 %s)\n", exported->description.c_str(), exported->checksum.substr(0, 12).c_str());
     for (const auto& dir : exported->written) std::printf("  wrote %s\n", dir.c_str());
+    return 0;
+  }
+  if (watch->parsed()) {
+    watch_options.redraw = isatty(STDOUT_FILENO) != 0;
+    if (Status watched = server::Watch(db, watch_options, stdout); !watched.ok()) return Fail(watched);
     return 0;
   }
   if (list->parsed() || show->parsed() || clients->parsed() || events->parsed()) {

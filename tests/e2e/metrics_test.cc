@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include <csignal>
+#include <fstream>
 #include <map>
 #include <regex>
 #include <set>
@@ -192,6 +193,42 @@ TEST(Metrics, TensorBoardPlotsEveryCommittedRoundAsTheRoundLogHasIt) {
     EXPECT_EQ(scalars["eval/accuracy"].get<double>(), double(float(*r.test_accuracy)));
     EXPECT_GT(scalars["round/seconds"].get<double>(), 0);
   }
+}
+
+// rounds watch follows a live federation from its round log and stops by
+// itself once the server marks it complete: off a terminal, a line per change.
+TEST(Metrics, RoundsWatchFollowsTheFederationAndStopsWhenItCompletes) {
+  Federation f;
+  f.Issue("site-a");
+  f.Issue("site-b");
+  const uint16_t port = f.StartServer(3, 2);
+  const fs::path watched = f.dir() / "watch.log";
+  ChildProcess watch({BinaryPath("estuary-server").string(), "rounds", "watch", "--db", f.db().string(), "--interval",
+                      "0.02"},
+                     watched);
+  auto a = f.StartClient("site-a", port);
+  auto b = f.StartClient("site-b", port);
+  EXPECT_EQ(a->Wait(), 0);
+  EXPECT_EQ(b->Wait(), 0);
+  ASSERT_EQ(f.WaitServer(), 0) << f.ServerLog();
+  ASSERT_EQ(watch.Wait(std::chrono::seconds(60)), 0) << "the watch did not stop when the federation completed";
+  std::ifstream in(watched);
+  const std::string log{std::istreambuf_iterator<char>(in), {}};
+  auto store = f.OpenStore();
+  ASSERT_TRUE(store);
+  auto rounds = store->Rounds();
+  ASSERT_TRUE(rounds.ok() && rounds->size() == 3u);
+  for (const server::RoundRecord& r : *rounds) {
+    const std::string committed = fmt::format("round {} of 3 committed: 2 of 2 updates (2 committed), test accuracy {:.4f}",
+                                              r.round, *r.test_accuracy);
+    EXPECT_NE(log.find(committed), std::string::npos) << committed << "\n" << log;
+  }
+  EXPECT_NE(log.find("; federation complete\n"), std::string::npos) << log;
+  // Once, on the finished log: the last round and the whole federation's figures.
+  auto once = RunCommand(fmt::format("{} rounds watch --once --db {}", BinaryPath("estuary-server").string(),
+                                     f.db().string()));
+  EXPECT_EQ(once.exit_code, 0) << once.output;
+  EXPECT_NE(once.output.find("round 3 of 3 committed: 2 of 2 updates"), std::string::npos) << once.output;
 }
 
 TEST(Metrics, AnAddressThatIsNotOneIsRefusedInOneLine) {

@@ -4,6 +4,7 @@
 
 #include "server/operator_views.h"
 #include "server/store.h"
+#include "server/watch.h"
 #include "tests/e2e/harness.h"
 
 namespace estuary::server {
@@ -297,6 +298,48 @@ TEST(Store, ALogOfSchemaTwoStillOpensAndIsMigratedByAServer) {
   EXPECT_FALSE((*rounds)[0].secagg.has_value());
   ASSERT_TRUE((*rounds)[1].secagg.has_value());
   EXPECT_EQ((*rounds)[1].secagg->sites, 3u);
+}
+
+// rounds watch's view of a log with one round committed and one collecting.
+TEST(Store, TheWatchShowsTheRunningRoundsArrivalsAndTheTimeLeft) {
+  testing::TempDir dir;
+  auto store = Store::Open(dir / "rounds.db");
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  Store& s = **store;
+  for (auto [key, value] : {std::pair{"federation_id", "0123456789abcdef"}, std::pair{"model", "mlp"},
+                            std::pair{"strategy", "fedavg"}, std::pair{"rounds", "10"}, std::pair{"complete", ""}}) {
+    ASSERT_TRUE(s.SetMeta(key, value).ok());
+  }
+  ASSERT_TRUE(s.BeginRound(Round(1)).ok());
+  RoundRecord done = Round(1);
+  done.updates_received = 2;
+  done.train_loss = 0.25;
+  done.global_checksum = std::string(64, 'a');
+  done.test_accuracy = 0.9;
+  done.ended_ms = 3000;
+  ASSERT_TRUE(s.CommitRound(done, dir / "global-r00001.safetensors", 3000).ok());
+  RoundRecord running = Round(2);
+  running.started_ms = 4000;
+  running.clients_selected = 3;
+  ASSERT_TRUE(s.BeginRound(running).ok());
+  ASSERT_TRUE(s.Transition(2, RoundState::kOpen, RoundState::kCollecting, 4001).ok());
+  ASSERT_TRUE(s.UpsertParticipation({2, "site-a", "committed", 80, 0.5, 100, 200, 1.5, ""}).ok());
+  ASSERT_TRUE(s.UpsertParticipation({2, "site-b", "selected", 0, 0, 0, 200, 0, ""}).ok());
+  ASSERT_TRUE(s.UpsertParticipation({2, "site-c", "dropped", 0, 0, 0, 200, 2.0, "connection lost"}).ok());
+
+  auto frame = ReadWatchFrame(s, 5500);
+  ASSERT_TRUE(frame.ok()) << frame.status().ToString();
+  EXPECT_EQ(RenderWatchFrame(*frame),
+            "federation 0123456789ab · mlp · fedavg · 1 committed, 0 failed\n"
+            "now   round 2 of 10 collecting: 1 of 3 updates (1 committed, 1 training, 1 dropped) (1.5 s)\n"
+            "last  round 1 committed in 2.0 s: train loss 0.2500, test accuracy 0.9000\n"
+            "eta   18.0 s (2.0 s a round, 9 rounds left)");
+  EXPECT_EQ(DescribeWatchFrame(*frame), "round 2 of 10 collecting: 1 of 3 updates (1 committed, 1 training, 1 dropped)")
+      << "no clock in what changes are detected by";
+  ASSERT_TRUE(s.SetMeta("complete", "2").ok());
+  frame = ReadWatchFrame(s, 5500);
+  ASSERT_TRUE(frame.ok());
+  EXPECT_TRUE(frame->complete);
 }
 
 }  // namespace
