@@ -3,7 +3,10 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
+#include <set>
+#include <tuple>
 #include <thread>
 
 namespace estuary::server {
@@ -15,6 +18,8 @@ std::string Duration(double seconds) {
   if (s < 3600) return fmt::format("{}m{:02}s", s / 60, s % 60);
   return fmt::format("{}h{:02}m", s / 3600, (s % 3600) / 60);
 }
+
+std::string Planned(uint64_t planned) { return planned ? fmt::format(" of {}", planned) : ""; }
 
 bool Running(const RoundRecord& r) { return r.state != RoundState::kCommitted && r.state != RoundState::kFailed; }
 
@@ -41,12 +46,12 @@ Result<WatchFrame> ReadWatchFrame(Store& store, int64_t now_ms) {
   ESTUARY_ASSIGN_OR_RETURN(f.model, meta("model"));
   ESTUARY_ASSIGN_OR_RETURN(f.strategy, meta("strategy"));
   ESTUARY_ASSIGN_OR_RETURN(const std::string rounds, meta("rounds"));
-  f.rounds = rounds.empty() ? 0 : std::stoull(rounds);
+  std::from_chars(rounds.data(), rounds.data() + rounds.size(), f.planned);  // 0 if not a number
   ESTUARY_ASSIGN_OR_RETURN(const std::string complete, meta("complete"));
   f.complete = !complete.empty();
-  ESTUARY_ASSIGN_OR_RETURN(const std::vector<RoundRecord> all, store.Rounds());
+  ESTUARY_ASSIGN_OR_RETURN(f.rounds, store.Rounds());
   double committed_seconds = 0;
-  for (const RoundRecord& r : all) {
+  for (const RoundRecord& r : f.rounds) {
     if (r.state == RoundState::kCommitted) {
       ++f.committed;
       committed_seconds += double(r.ended_ms - r.started_ms) / 1000;
@@ -56,8 +61,8 @@ Result<WatchFrame> ReadWatchFrame(Store& store, int64_t now_ms) {
     }
   }
   if (f.committed > 0) f.mean_round_seconds = committed_seconds / double(f.committed);
-  if (all.empty()) return f;
-  f.current = all.back();
+  if (f.rounds.empty()) return f;
+  f.current = f.rounds.back();
   f.current_seconds = double((Running(*f.current) ? now_ms : f.current->ended_ms) - f.current->started_ms) / 1000;
   ESTUARY_ASSIGN_OR_RETURN(const std::vector<Participation> participants, store.Participations(f.current->round));
   for (const Participation& p : participants) ++f.arrivals[p.status];
@@ -67,18 +72,19 @@ Result<WatchFrame> ReadWatchFrame(Store& store, int64_t now_ms) {
 std::string DescribeWatchFrame(const WatchFrame& f) {
   if (!f.current) return fmt::format("federation {}: no round yet", f.federation);
   const RoundRecord& r = *f.current;
+  if (!Running(r)) return DescribeEndedRound(r, f.planned) + (f.complete ? "; federation complete" : "");
   const auto arrived = f.arrivals.find("committed");
-  const uint32_t updates = r.state == RoundState::kCommitted ? r.updates_received
-                           : arrived != f.arrivals.end()     ? arrived->second
-                                                             : 0;
-  std::string line = fmt::format("round {}{} {}: {} of {} updates", r.round,
-                                 f.rounds ? fmt::format(" of {}", f.rounds) : "", RoundStateName(r.state), updates,
+  std::string line = fmt::format("round {}{} {}: {} of {} updates", r.round, Planned(f.planned),
+                                 RoundStateName(r.state), arrived != f.arrivals.end() ? arrived->second : 0,
                                  r.clients_selected);
   if (const std::string arrivals = Arrivals(f); !arrivals.empty()) line += fmt::format(" ({})", arrivals);
-  if (r.state == RoundState::kCommitted && r.test_accuracy) line += fmt::format(", test accuracy {:.4f}", *r.test_accuracy);
-  if (r.state == RoundState::kFailed) line += fmt::format(": {}", r.detail);
-  if (f.complete) line += "; federation complete";
   return line;
+}
+
+std::string DescribeEndedRound(const RoundRecord& r, uint64_t planned) {
+  if (r.state == RoundState::kFailed) return fmt::format("round {}{} failed: {}", r.round, Planned(planned), r.detail);
+  return fmt::format("round {}{} committed: {} of {} updates{}", r.round, Planned(planned), r.updates_received,
+                     r.clients_selected, r.test_accuracy ? fmt::format(", test accuracy {:.4f}", *r.test_accuracy) : "");
 }
 
 std::string RenderWatchFrame(const WatchFrame& f) {
@@ -92,8 +98,8 @@ std::string RenderWatchFrame(const WatchFrame& f) {
                        Duration(double(r.ended_ms - r.started_ms) / 1000), r.train_loss,
                        r.test_accuracy ? fmt::format(", test accuracy {:.4f}", *r.test_accuracy) : "");
   }
-  if (f.rounds > 0 && !f.complete && f.committed > 0) {
-    const uint64_t left = f.rounds > f.committed ? f.rounds - f.committed : 0;
+  if (f.planned > 0 && !f.complete && f.committed > 0) {
+    const uint64_t left = f.planned > f.committed ? f.planned - f.committed : 0;
     out += fmt::format("\neta   {} ({} a round, {} rounds left)", Duration(f.mean_round_seconds * double(left)),
                        Duration(f.mean_round_seconds), left);
   }
@@ -102,7 +108,8 @@ std::string RenderWatchFrame(const WatchFrame& f) {
 
 Status Watch(const std::filesystem::path& db, const WatchOptions& options, FILE* out) {
   ESTUARY_ASSIGN_OR_RETURN(std::unique_ptr<Store> store, Store::OpenReadOnly(db));
-  std::string last_described;
+  std::string last_running;
+  std::set<std::tuple<uint64_t, int, int64_t>> printed;  // ended rounds: (round, state, end); a retry reuses the number
   size_t drawn_lines = 0;
   for (;;) {
     ESTUARY_ASSIGN_OR_RETURN(const WatchFrame frame, ReadWatchFrame(*store, NowMs()));
@@ -116,9 +123,23 @@ Status Watch(const std::filesystem::path& db, const WatchOptions& options, FILE*
         end = std::min(text.find('\n', start), text.size());
         std::fprintf(out, "\x1b[2K%.*s\n", int(end - start), text.data() + start);
       }
-    } else if (const std::string described = DescribeWatchFrame(frame); described != last_described) {
-      std::fprintf(out, "%s\n", described.c_str());
-      last_described = described;
+    } else {
+      for (const RoundRecord& r : frame.rounds) {
+        if (Running(r) || !printed.insert({r.round, int(r.state), r.ended_ms}).second) continue;
+        if (options.once && &r != &frame.rounds.back()) continue;  // once: the latest only
+        std::fprintf(out, "%s\n", DescribeEndedRound(r, frame.planned).c_str());
+      }
+      if (frame.current && Running(*frame.current)) {
+        if (const std::string running = DescribeWatchFrame(frame); running != last_running) {
+          std::fprintf(out, "%s\n", running.c_str());
+          last_running = running;
+        }
+      } else if (frame.complete) {
+        std::fprintf(out, "federation complete: %llu rounds committed, %llu failed\n",
+                     (unsigned long long)frame.committed, (unsigned long long)frame.failed);
+      } else if (!frame.current) {
+        std::fprintf(out, "%s\n", DescribeWatchFrame(frame).c_str());
+      }
     }
     std::fflush(out);
     if (options.once || frame.complete) return Status::Ok();

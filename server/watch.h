@@ -13,6 +13,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "server/store.h"
 
@@ -21,9 +22,10 @@ namespace estuary::server {
 // The view at one moment.
 struct WatchFrame {
   std::string federation, model, strategy;
-  uint64_t rounds = 0;     // planned; 0 when the log does not say
+  uint64_t planned = 0;    // rounds planned; 0 when the log does not say
   bool complete = false;   // the server marked the federation complete
   uint64_t committed = 0, failed = 0;
+  std::vector<RoundRecord> rounds;     // every round in the log, in order
   std::optional<RoundRecord> current;  // the latest round, running or not
   double current_seconds = 0;          // since it started (to its end, once ended)
   // The current round's participants by status: selected (training), committed, dropped, late, rejected, refused.
@@ -33,10 +35,13 @@ struct WatchFrame {
 };
 
 Result<WatchFrame> ReadWatchFrame(Store& store, int64_t now_ms);
-// Lines without a trailing line break. `Describe` is what changes are
-// detected by: the frame without its clocks.
+// Lines without a trailing line break. RenderWatchFrame is the terminal's
+// view; off a terminal, each round that ends is one DescribeEndedRound line
+// and the running round one DescribeWatchFrame line whenever it changes
+// (the frame without its clocks).
 std::string RenderWatchFrame(const WatchFrame& frame);
 std::string DescribeWatchFrame(const WatchFrame& frame);
+std::string DescribeEndedRound(const RoundRecord& round, uint64_t planned);
 
 struct WatchOptions {
   double interval_s = 1;
