@@ -1,0 +1,187 @@
+"""The Python SDK's names, files and errors; a failing fit and a refused model against a real estuary-server.
+
+Oracles: the model name's recipe as docs/CUSTOM_MODELS.md gives it (hashlib
+over the layout), and the safetensors format read here by hand (an 8-byte
+header length, a JSON header, the tensors' little-endian bytes) against
+torch's own bytes of each tensor.
+"""
+
+import hashlib
+import json
+import struct
+import tempfile
+import threading
+import unittest
+from pathlib import Path
+
+import numpy as np
+import torch
+
+import estuary
+
+DT = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16", torch.int64: "I64", torch.int32: "I32",
+      torch.uint8: "U8", torch.bool: "BOOL"}
+
+
+def recipe_name(sd):
+    """docs/CUSTOM_MODELS.md's Python for the model's name."""
+    text = "".join(f"{k}\t{DT[t.dtype]}\t{','.join(map(str, t.shape))}\n" for k, t in sorted(sd.items()))
+    return "custom@" + hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def every_dtype():
+    g = torch.Generator().manual_seed(5)
+    return {
+        "w32": torch.randn(3, 4, generator=g),
+        "wbf16": torch.randn(2, 5, generator=g).to(torch.bfloat16),
+        "w16": torch.randn(7, generator=g).to(torch.float16),
+        "count": torch.tensor(1234567890123, dtype=torch.int64),
+        "i32": torch.arange(-3, 3, dtype=torch.int32),
+        "u8": torch.arange(250, 256, dtype=torch.uint8),
+        "mask": torch.tensor([True, False, True]),
+        "scale": torch.tensor(0.375),
+        "empty": torch.zeros(0, 4),
+    }
+
+
+def raw(t):
+    """A tensor's bytes as torch holds them (bf16 through an int16 view: NumPy has no bfloat16)."""
+    t = t.contiguous()
+    return (t.view(torch.int16) if t.dtype == torch.bfloat16 else t).numpy().tobytes()
+
+
+def read_safetensors(path):
+    data = Path(path).read_bytes()
+    (length,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + length])
+    body = data[8 + length:]
+    return {k: (v["dtype"], v["shape"], body[v["data_offsets"][0]:v["data_offsets"][1]])
+            for k, v in header.items() if k != "__metadata__"}
+
+
+def linear():
+    return {"linear.weight": torch.tensor([[0.5, -0.25, 0.125]]), "linear.bias": torch.tensor([0.2])}
+
+
+class Names(unittest.TestCase):
+    def test_model_name_is_the_documented_recipe(self):
+        sd = every_dtype()
+        self.assertEqual(estuary.model_name(sd), recipe_name(sd))
+        # A module's state dict, and NumPy arrays of the same layout, name the same model.
+        module = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4))
+        self.assertEqual(estuary.model_name(module), recipe_name(module.state_dict()))
+        as_numpy = {k: v.numpy() for k, v in module.state_dict().items()}
+        self.assertEqual(estuary.model_name(as_numpy), recipe_name(module.state_dict()))
+        # The name depends on dtypes and shapes.
+        changed = dict(sd, w32=torch.randn(4, 3))
+        self.assertNotEqual(estuary.model_name(changed), estuary.model_name(sd))
+
+
+class Files(unittest.TestCase):
+    def test_save_writes_torch_bytes_and_load_gives_them_back(self):
+        sd = every_dtype()
+        with tempfile.TemporaryDirectory() as d:
+            path = Path(d) / "m.safetensors"
+            name = estuary.save_model(path, sd)
+            self.assertEqual(name, recipe_name(sd))
+            on_disk = read_safetensors(path)
+            self.assertEqual(sorted(on_disk), sorted(sd))
+            for k, t in sd.items():
+                dtype, shape, data = on_disk[k]
+                self.assertEqual((dtype, shape), (DT[t.dtype], list(t.shape)), k)
+                self.assertEqual(data, raw(t), k)
+            back = estuary.load_model(path, as_torch=True)
+            for k, t in sd.items():
+                self.assertEqual(back[k].dtype, t.dtype, k)
+                self.assertEqual(tuple(back[k].shape), tuple(t.shape), k)
+                self.assertEqual(raw(back[k]), raw(t), k)
+            as_numpy = estuary.load_model(path)
+            self.assertEqual(as_numpy["wbf16"].dtype, np.float32)  # widened: NumPy has no bfloat16
+            np.testing.assert_array_equal(as_numpy["wbf16"], sd["wbf16"].float().numpy())
+            self.assertEqual(as_numpy["w16"].dtype, np.float16)
+
+    def test_float64_is_refused_in_one_line(self):
+        with tempfile.TemporaryDirectory() as d:
+            with self.assertRaises(ValueError) as caught:
+                estuary.save_model(Path(d) / "m.safetensors", {"w": np.zeros(3)})
+            self.assertIn("tensor 'w' is float64", str(caught.exception))
+            self.assertNotIn("\n", str(caught.exception))
+            self.assertFalse((Path(d) / "m.safetensors").exists())
+
+    def test_a_damaged_file_is_refused_naming_it(self):
+        with tempfile.TemporaryDirectory() as d:
+            path = Path(d) / "m.safetensors"
+            estuary.save_model(path, linear())
+            path.write_bytes(path.read_bytes()[:-3])
+            with self.assertRaises(ValueError) as caught:
+                estuary.load_model(path)
+            self.assertIn(str(path), str(caught.exception))
+            self.assertNotIn("\n", str(caught.exception))
+
+
+def fit_linear(weights, config):
+    return {k: v - config["learning_rate"] for k, v in weights.items()}, 4, {"loss": 1.0}
+
+
+class Sites(unittest.TestCase):
+    def test_a_missing_certificate_raises_one_line(self):
+        with tempfile.TemporaryDirectory() as d:
+            missing = Path(d) / "absent.pem"
+            client = estuary.Client("127.0.0.1:9", cert=missing, key=Path(d) / "absent.key", ca=Path(d) / "ca.pem")
+            with self.assertRaises(estuary.SiteError) as caught:
+                client.run(fit_linear)
+            self.assertIn(str(missing), str(caught.exception))
+            self.assertNotIn("\n", str(caught.exception))
+
+    def test_a_site_of_another_model_refuses_the_round_in_one_line(self):
+        with tempfile.TemporaryDirectory() as d:
+            server = estuary.LocalServer(d, linear(), ["site-0"], rounds=1, flags=["--round-deadline", "60"])
+            other = dict(linear(), extra=torch.zeros(2))
+            with server.start():
+                client = estuary.Client(server.address, **server.site_files("site-0"), expected_model=other,
+                                        max_backoff_s=1)
+                with self.assertRaises(estuary.SiteError) as caught:
+                    client.run(fit_linear)
+            line = (f"refused round 1: the federation trains {estuary.model_name(linear())}, this site's model "
+                    f"is {estuary.model_name(other)}")
+            self.assertIn(line, str(caught.exception))
+            self.assertNotIn("\n", str(caught.exception))
+
+    def test_fit_that_raises_withholds_that_round_and_the_site_carries_on(self):
+        with tempfile.TemporaryDirectory() as d:
+            # Two sites; a round closes at its 3 s deadline with one update.
+            server = estuary.LocalServer(d, linear(), ["site-0", "site-1"], rounds=2,
+                                         flags=["--round-deadline", "3", "--min-updates", "1", "--lr", "0.5"])
+            seen = []
+
+            def flaky(weights, config):
+                seen.append(config["round"])
+                if config["round"] == 1:
+                    raise ValueError("no data\ntoday")
+                return fit_linear(weights, config)
+
+            results = {}
+            with server.start():
+                files = [server.site_files(f"site-{k}") for k in range(2)]
+                good = threading.Thread(target=lambda: results.setdefault(
+                    "good", estuary.Client(server.address, **files[1], max_backoff_s=1).run(fit_linear)), daemon=True)
+                good.start()
+                results["flaky"] = estuary.Client(server.address, **files[0], max_backoff_s=1).run(flaky)
+                good.join(60)
+                server.wait(60)
+            self.assertEqual(seen, [1, 2])
+            self.assertEqual(results["flaky"].failures, [(1, "ValueError: no data today")])
+            self.assertEqual(results["flaky"].rounds_trained, 1)
+            self.assertEqual(results["good"].rounds_trained, 2)
+            self.assertEqual(results["good"].failures, [])
+            statuses = {p["client"]: p["status"] for p in server.round(1)["participants"]}
+            self.assertEqual(statuses, {"site-0": "late", "site-1": "committed"})
+            statuses = {p["client"]: p["status"] for p in server.round(2)["participants"]}
+            self.assertEqual(statuses, {"site-0": "committed", "site-1": "committed"})
+            # Round 1 is the good site's update alone; round 2 both, from there.
+            model = server.export()
+            np.testing.assert_allclose(model["linear.bias"], [0.2 - 0.5 - 0.5], rtol=1e-6)
+
+
+if __name__ == "__main__":
+    unittest.main()
