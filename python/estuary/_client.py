@@ -71,9 +71,20 @@ def _update_of(result: Any, received: Mapping[str, np.ndarray]) -> Tuple[Dict[st
         raise TypeError(f"fit returned weights of type {type(weights).__name__}, not a mapping of names to arrays")
     arrays: Dict[str, np.ndarray] = {}
     for name, value in weights.items():
-        if name not in received and dtype_name(name, value) not in ("F32", "BF16", "F16", "F64"):
+        if name not in received:
+            if dtype_name(name, value) in ("F32", "BF16", "F16", "F64"):
+                raise ValueError(f"fit returned tensor '{name}', which the global model does not hold")
             continue  # an integer buffer (BatchNorm's num_batches_tracked): it stays at the site
-        arrays[str(name)] = as_float32(value)
+        array = as_float32(value)
+        want = received[name].shape
+        if array.shape != want and not (array.ndim == 0 and want == (1,)):  # a 0-d tensor travels as [1]
+            raise ValueError(f"fit returned tensor '{name}' of shape {list(array.shape)}, the global model's is "
+                             f"{list(want)}")
+        arrays[str(name)] = array
+    missing = [name for name in received if name not in arrays]
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise ValueError(f"fit returned no tensor '{missing[0]}'{more}")
     examples = int(examples.item() if hasattr(examples, "item") else examples)
     if examples <= 0:
         raise ValueError(f"fit returned num_examples = {examples}: an update's weight is the examples it trained on")

@@ -182,6 +182,30 @@ class Sites(unittest.TestCase):
             model = server.export()
             np.testing.assert_allclose(model["linear.bias"], [0.2 - 0.5 - 0.5], rtol=1e-6)
 
+    def test_a_result_of_the_wrong_shape_is_the_rounds_failure_in_one_line(self):
+        with tempfile.TemporaryDirectory() as d:
+            # One site: the round fails at its 2 s deadline and is tried again.
+            server = estuary.LocalServer(d, linear(), ["site-0"], rounds=1, flags=["--round-deadline", "2"])
+            calls = []
+
+            def fit(weights, config):
+                calls.append(config["round"])
+                new, examples, metrics = fit_linear(weights, config)
+                if len(calls) == 1:
+                    new["linear.bias"] = np.zeros(2, np.float32)
+                if len(calls) == 2:
+                    del new["linear.weight"]
+                return new, examples, metrics
+
+            with server.start():
+                result = estuary.Client(server.address, **server.site_files("site-0"), max_backoff_s=1).run(fit)
+                server.wait(60)
+            self.assertEqual([message for _, message in result.failures], [
+                "ValueError: fit returned tensor 'linear.bias' of shape [2], the global model's is [1]",
+                "ValueError: fit returned no tensor 'linear.weight'"])
+            self.assertEqual(len(calls), 3)
+            self.assertEqual(result.rounds_trained, 1)
+
 
 if __name__ == "__main__":
     unittest.main()
