@@ -206,6 +206,33 @@ class Sites(unittest.TestCase):
             self.assertEqual(len(calls), 3)
             self.assertEqual(result.rounds_trained, 1)
 
+    def test_received_arrays_are_read_only_views_that_outlive_fit(self):
+        with tempfile.TemporaryDirectory() as d:
+            server = estuary.LocalServer(d, linear(), ["site-0"], rounds=3, flags=["--lr", "0.25"])
+            kept, copies = [], []
+
+            def fit(weights, config):
+                for array in weights.values():
+                    self.assertFalse(array.flags.writeable)
+                    self.assertFalse(array.flags.owndata)  # a view of the agent's buffer, not a copy
+                    with self.assertRaises(ValueError):
+                        array[...] = 0
+                kept.append((weights, weights["linear.weight"][0, 1:], torch.from_numpy(weights["linear.bias"])))
+                copies.append({k: v.copy() for k, v in weights.items()})
+                return fit_linear(weights, config)
+
+            with server.start():
+                result = estuary.Client(server.address, **server.site_files("site-0"), max_backoff_s=1).run(fit)
+                server.wait(60)
+            self.assertEqual(result.rounds_trained, 3)
+            # Each round's arrays, a slice of one and a torch tensor over another still hold their values.
+            for (weights, tail, bias), copy in zip(kept, copies):
+                for name, array in weights.items():
+                    np.testing.assert_array_equal(array, copy[name])
+                np.testing.assert_array_equal(tail, copy["linear.weight"][0, 1:])
+                np.testing.assert_array_equal(bias.numpy(), copy["linear.bias"])
+            np.testing.assert_allclose(copies[2]["linear.bias"], [0.2 - 0.5], rtol=1e-6)
+
 
 if __name__ == "__main__":
     unittest.main()
