@@ -32,10 +32,10 @@ namespace py = pybind11;
 
 namespace {
 
-// The owner of one received tensor's values, as the NumPy view's base.
+// The NumPy view's base: empty while fit runs (the view borrows RunSite's
+// buffer), then the owner of that buffer.
 struct Borrowed {
-  const float* data = nullptr;
-  std::vector<float> owned;  // the buffer, once Train has returned
+  std::vector<float> owned;
 };
 
 py::dict TaskDict(const estuary::TaskInfo& task) {
@@ -91,7 +91,7 @@ class PythonTrainer : public estuary::Trainer {
     std::vector<Borrowed*> views;
     py::dict weights;
     for (const estuary::Tensor& t : global) {
-      auto* owner = new Borrowed{t.data.data(), {}};
+      auto* owner = new Borrowed;
       py::capsule base(owner, [](void* p) { delete static_cast<Borrowed*>(p); });
       py::array_t<float> array(std::vector<py::ssize_t>(t.shape.begin(), t.shape.end()), t.data.data(), base);
       py::detail::array_proxy(array.ptr())->flags &= ~py::detail::npy_api::NPY_ARRAY_WRITEABLE_;

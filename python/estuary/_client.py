@@ -99,8 +99,9 @@ class Client:
     ``expected_model`` is a model name (``estuary.model_name``) or a state
     dict to take it from: a round of another model is refused in one line and
     ``run`` raises SiteError with it. ``num_examples`` is announced to the
-    server when the site connects (each update's weight is what ``fit``
-    returns). ``max_backoff_s`` bounds the waits between reconnects.
+    server when the site connects: a secure-aggregation round (``serve
+    --secagg``) weighs the site by it; otherwise each update's weight is what
+    ``fit`` returns. ``max_backoff_s`` bounds the waits between reconnects.
     """
 
     def __init__(self, server: str = "127.0.0.1:7443", cert: Union[str, os.PathLike] = "",
