@@ -21,7 +21,6 @@ every round:
 """
 
 import argparse
-import os
 import statistics
 import subprocess
 import sys
