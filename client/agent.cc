@@ -388,6 +388,12 @@ void Agent::OnTrained(uint64_t round, Result<Update> update) {
   }
   if (!update.ok()) {
     spdlog::error("{}: round {}: {}", name_, round, update.status().ToString());
+    // The server records why and need not wait for this site; it stays for the next round.
+    v1::Envelope failed;
+    failed.mutable_refusal()->set_round(round);
+    failed.mutable_refusal()->set_reason(update.status().message());
+    failed.mutable_refusal()->set_stays(true);
+    Send(failed);
     return;
   }
   ++rounds_trained_;

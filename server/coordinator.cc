@@ -333,12 +333,14 @@ void Coordinator::OnRefusal(const std::shared_ptr<ClientSession>& session, const
   // One line, bounded: the reason is the peer's text.
   std::string reason = refusal.reason().substr(0, 1024);
   std::replace(reason.begin(), reason.end(), '\n', ' ');
-  spdlog::warn("client {} refused round {}: {}", session->name(), refusal.round(), reason);
-  LogIfError(store_.RecordEvent({clock_.UnixMs(), "site_refused", session->name() + "@" + session->address(),
+  const bool stays = refusal.stays();
+  spdlog::warn("client {} {} round {}: {}", session->name(), stays ? "failed" : "refused", refusal.round(), reason);
+  LogIfError(store_.RecordEvent({clock_.UnixMs(), stays ? "site_failed" : "site_refused",
+                                 session->name() + "@" + session->address(),
                                  fmt::format("round {}: {}", refusal.round(), reason)}),
              "store");
-  // The site leaves; closing from this end lets it go once it has read what was queued for it.
-  session->CloseAfterWrites();
+  // A refusing site leaves; closing from this end lets it go once it has read what was queued for it.
+  if (!stays) session->CloseAfterWrites();
   auto it = participants_.find(session->name());
   if (!round_running_ || refusal.round() != round_ || it == participants_.end() ||
       it->second.session.lock() != session || it->second.record.status != "selected") {
@@ -346,7 +348,7 @@ void Coordinator::OnRefusal(const std::shared_ptr<ClientSession>& session, const
   }
   Participant& p = it->second;
   slots_.Release(p.record.client);
-  p.record.status = "refused";
+  p.record.status = stays ? "failed" : "refused";
   p.record.detail = reason;
   p.record.seconds = SecondsSince(p.started);
   LogIfError(store_.UpsertParticipation(p.record), "store");

@@ -82,7 +82,8 @@ struct RoundRecord {
 };
 
 // status: "selected", "committed", "dropped", "late", "rejected", "refused"
-// (the site declined the round: its base model is not the federation's).
+// (the site declined the round: its base model is not the federation's),
+// "failed" (the site's training failed this round, and it said why).
 struct Participation {
   uint64_t round = 0;
   std::string client;

@@ -25,7 +25,7 @@ bool Running(const RoundRecord& r) { return r.state != RoundState::kCommitted &&
 
 std::string Arrivals(const WatchFrame& f) {
   std::string out;
-  for (const char* status : {"committed", "selected", "dropped", "late", "rejected", "refused"}) {
+  for (const char* status : {"committed", "selected", "dropped", "late", "failed", "rejected", "refused"}) {
     auto it = f.arrivals.find(status);
     if (it == f.arrivals.end() || it->second == 0) continue;
     const char* label = std::string_view(status) == "selected" ? "training" : status;

@@ -28,7 +28,8 @@ struct WatchFrame {
   std::vector<RoundRecord> rounds;     // every round in the log, in order
   std::optional<RoundRecord> current;  // the latest round, running or not
   double current_seconds = 0;          // since it started (to its end, once ended)
-  // The current round's participants by status: selected (training), committed, dropped, late, rejected, refused.
+  // The current round's participants by status: selected (training), committed, dropped, late, failed, rejected,
+  // refused.
   std::map<std::string, uint32_t> arrivals;
   std::optional<RoundRecord> last_committed;
   double mean_round_seconds = 0;  // over the committed rounds

@@ -175,7 +175,9 @@ class Sites(unittest.TestCase):
             self.assertEqual(results["good"].rounds_trained, 2)
             self.assertEqual(results["good"].failures, [])
             statuses = {p["client"]: p["status"] for p in server.round(1)["participants"]}
-            self.assertEqual(statuses, {"site-0": "late", "site-1": "committed"})
+            self.assertEqual(statuses, {"site-0": "failed", "site-1": "committed"})
+            reasons = {p["client"]: p["detail"] for p in server.round(1)["participants"]}
+            self.assertIn("fit raised ValueError: no data", reasons["site-0"])
             statuses = {p["client"]: p["status"] for p in server.round(2)["participants"]}
             self.assertEqual(statuses, {"site-0": "committed", "site-1": "committed"})
             # Round 1 is the good site's update alone; round 2 both, from there.

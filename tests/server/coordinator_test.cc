@@ -387,6 +387,37 @@ TEST(Coordinator, TheDeadlineMarksSilentSitesLateAndAggregatesWithMinUpdates) {
   EXPECT_EQ(round.global_checksum, Checksum(Plus(rig.initial(), 2.0)));
 }
 
+// A site whose training failed says why (SiteRefusal with stays): recorded
+// failed with its line, the round commits without waiting for the deadline,
+// and the site stays connected for the next round.
+TEST(Coordinator, ASiteWhoseTrainingFailedIsRecordedWithItsReasonAndTheRoundDoesNotWaitForIt) {
+  CoordinatorRig rig;
+  rig.config.min_clients = 3;
+  rig.config.clients_per_round = 3;
+  rig.config.min_updates = 2;
+  ASSERT_TRUE(rig.Start().ok());
+  auto a = rig.Connect("site-a");
+  auto b = rig.Connect("site-b");
+  auto c = rig.Connect("site-c");
+  rig.FinishDownloads({a, b, c});
+  rig.Upload(a, 1, Filled(rig, 1.0f));
+  rig.Upload(b, 1, Filled(rig, 3.0f));
+  v1::Envelope failed;
+  failed.mutable_refusal()->set_round(1);
+  failed.mutable_refusal()->set_reason("round 1: the trainer threw: fit raised ValueError: no data");
+  failed.mutable_refusal()->set_stays(true);
+  rig.coordinator->OnMessage(c, failed);
+  rig.executors.RunUntilIdle();
+  const Participation p = ParticipationsOf(rig, 1)["site-c"];
+  EXPECT_EQ(p.status, "failed");
+  EXPECT_EQ(p.detail, "round 1: the trainer threw: fit raised ValueError: no data");
+  EXPECT_EQ(RoundOf(rig, 1).state, RoundState::kCommitted) << "no wait for the deadline";
+  EXPECT_EQ(RoundOf(rig, 1).updates_received, 2u);
+  EXPECT_FALSE(c->closing() || c->closed()) << "the site stays for the next round";
+  rig.executors.RunUntilIdle();
+  EXPECT_EQ(ParticipationsOf(rig, 2)["site-c"].status, "selected");
+}
+
 TEST(Coordinator, ARoundShortOfMinUpdatesAtTheDeadlineFailsAndIsRetriedAfterThePause) {
   CoordinatorRig rig;
   rig.config.min_updates = 2;
