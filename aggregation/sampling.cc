@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <random>
+#include <unordered_map>
 
 namespace estuary::aggregation {
 std::vector<std::string> SampleClients(std::vector<std::string> connected, size_t k, uint64_t seed, uint64_t round) {
@@ -22,6 +23,28 @@ std::vector<std::string> SampleClients(std::vector<std::string> connected, size_
   connected.resize(k);
   std::sort(connected.begin(), connected.end());
   return connected;
+}
+
+std::vector<uint64_t> SampleIndices(uint64_t n, size_t k, uint64_t seed, uint64_t round) {
+  k = size_t(std::min<uint64_t>(k, n));
+  std::mt19937_64 generator(MixSeed(seed, round));
+  // position -> the index now there, for the positions a swap has touched;
+  // every other position still holds its own index.
+  std::unordered_map<uint64_t, uint64_t> moved;
+  moved.reserve(2 * k);
+  auto at = [&](uint64_t position) {
+    const auto it = moved.find(position);
+    return it == moved.end() ? position : it->second;
+  };
+  std::vector<uint64_t> chosen(k);
+  for (size_t i = 0; i < k; ++i) {
+    const uint64_t j = i + UniformBelow(generator, n - i);
+    const uint64_t here = at(i);  // position i is never read again
+    chosen[i] = at(j);
+    moved[j] = here;
+  }
+  std::sort(chosen.begin(), chosen.end());
+  return chosen;
 }
 
 size_t ClientsPerRound(double fraction_or_count, size_t connected) {

@@ -19,6 +19,14 @@ namespace estuary::aggregation {
 // random, and returns them sorted. Duplicate names count once.
 std::vector<std::string> SampleClients(std::vector<std::string> connected, size_t k, uint64_t seed, uint64_t round);
 
+// The same draw over the indices 0 .. n-1 of n clients whose names sort in
+// index order: SampleClients(names, k, seed, round) are the names of
+// SampleIndices(n, k, seed, round), ascending. O(k) time and memory whatever
+// n is (a partial Fisher-Yates over an implicit array, the swapped entries in
+// a hash map), so a simulator samples a round from millions of sites without
+// listing them.
+std::vector<uint64_t> SampleIndices(uint64_t n, size_t k, uint64_t seed, uint64_t round);
+
 // How many clients to sample: a value >= 1 is a count (fractional part
 // dropped), 0 < value < 1 a fraction of `connected` rounded up (at least 1).
 // Clamped to `connected`. Zero for a value that is <= 0 or NaN; validate

@@ -1,5 +1,6 @@
 #include "aggregation/sampling.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -94,6 +95,35 @@ TEST(Sampling, UniformBelowRejectsTheBiasedTail) {
   std::mt19937_64 rng(3);
   for (int i = 0; i < 1000; ++i) EXPECT_EQ(UniformBelow(rng, 1), 0u);
   for (int i = 0; i < 1000; ++i) EXPECT_LT(UniformBelow(rng, 7), 7u);
+}
+
+// Over names that sort in index order, the index draw is the name draw, from
+// a handful of clients (k = n, every one) to more than a draw's reservoir.
+TEST(Sampling, IndicesAreTheClientsDrawOverNamesInIndexOrder) {
+  for (const auto& [n, k] : std::vector<std::pair<size_t, size_t>>{{1, 1}, {7, 7}, {7, 3}, {1000, 100}, {5000, 4999}}) {
+    std::vector<std::string> names;
+    for (size_t i = 0; i < n; ++i) names.push_back(fmt::format("client-{:07}", i));
+    for (uint64_t round : {1, 2, 9}) {
+      const std::vector<std::string> by_name = SampleClients(names, k, 77, round);
+      const std::vector<uint64_t> by_index = SampleIndices(n, k, 77, round);
+      ASSERT_EQ(by_index.size(), by_name.size()) << n << " " << k;
+      for (size_t i = 0; i < by_index.size(); ++i) {
+        EXPECT_EQ(names[by_index[i]], by_name[i]) << "n " << n << " k " << k << " round " << round;
+      }
+    }
+  }
+  EXPECT_EQ(SampleIndices(3, 10, 1, 1), (std::vector<uint64_t>{0, 1, 2}));
+  EXPECT_TRUE(SampleIndices(0, 5, 1, 1).empty());
+}
+
+// A million clients: k distinct indices below n, and another round another draw.
+TEST(Sampling, IndicesFromAMillionAreDistinctAndInRange) {
+  const auto first = SampleIndices(1'000'000, 100, 5, 1);
+  ASSERT_EQ(first.size(), 100u);
+  EXPECT_TRUE(std::adjacent_find(first.begin(), first.end(), std::greater_equal<>()) == first.end());
+  EXPECT_LT(first.back(), 1'000'000u);
+  EXPECT_NE(SampleIndices(1'000'000, 100, 5, 2), first);
+  EXPECT_EQ(SampleIndices(1'000'000, 100, 5, 1), first);
 }
 
 TEST(Sampling, ClientsPerRound) {
