@@ -1,0 +1,267 @@
+// RunLoopback (runner.h): a real estuary-server and one mutual-TLS agent per site.
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <map>
+#include <optional>
+#include <set>
+#include <thread>
+
+#include "base/asio.h"
+#include "base/atomic_file.h"
+#include "base/host_port.h"
+#include "client/agent.h"
+#include "crypto/certs.h"
+#include "crypto/tls.h"
+#include "models/hf_base.h"
+#include "server/store.h"
+#include "simulations/attack.h"
+#include "simulations/instruction_sites.h"
+#include "simulations/runner.h"
+#include "simulations/scenario_checks.h"
+#include "simulations/server_process.h"
+#include "simulations/workload.h"
+
+namespace estuary::simulations {
+
+using Clock = std::chrono::steady_clock;
+namespace fs = std::filesystem;
+
+static double Since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+namespace {
+
+// The server's noise is its own: a loopback run's ε comes from its round log,
+// and so do a secure aggregation's bytes (framed, sent + received, per site) and dropouts.
+Status AddPrivacyFromRoundLog(Report& report) {
+  ESTUARY_ASSIGN_OR_RETURN(auto store, server::Store::OpenReadOnly(report.round_log));
+  ESTUARY_ASSIGN_OR_RETURN(const std::vector<server::RoundRecord> logged, store->Rounds());
+  std::map<uint64_t, server::RoundPrivacy> privacy;
+  std::map<uint64_t, server::RoundSecAgg> secagg;
+  for (const auto& r : logged) {
+    if (r.state == server::RoundState::kCommitted && r.privacy) privacy[r.round] = *r.privacy;
+    if (r.state == server::RoundState::kCommitted && r.secagg) secagg[r.round] = *r.secagg;
+  }
+  for (RoundReport& row : report.rounds) {
+    if (auto a = secagg.find(row.round); a != secagg.end() && a->second.sites > 0) {
+      uint64_t bytes = 0, dropouts = 0;
+      for (int i = 0; i < 4; ++i) {
+        bytes += a->second.bytes_up[i] + a->second.bytes_down[i];
+        dropouts += a->second.dropouts[i];
+      }
+      row.secagg_bytes_per_site = bytes / a->second.sites;
+      row.secagg_dropouts = dropouts;
+    }
+    auto it = privacy.find(row.round);
+    if (it == privacy.end()) continue;
+    row.epsilon = it->second.epsilon;
+    row.dp_clip = it->second.clip;
+    report.epsilon = it->second.epsilon;
+    report.delta = it->second.delta;
+  }
+  return Status::Ok();
+}
+
+// The sites' certificates (client authentication), or with `role` kServer the
+// server's, for the loopback addresses the sites dial. One already in `dir`
+// is kept if it plays that role; one that does not (a workdir from before
+// certificate roles: both usages) is issued anew.
+Status ProvisionCertificates(const fs::path& dir, const std::vector<std::string>& names,
+                             crypto::CertRole role = crypto::CertRole::kSite) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) return IoError("sim: {}: {}", dir.string(), ec.message());
+  if (!fs::exists(dir / "ca.pem")) ESTUARY_RETURN_IF_ERROR(crypto::InitCa(dir));
+  std::map<std::string, std::string> roles;
+  ESTUARY_ASSIGN_OR_RETURN(auto listed, crypto::ListCertificates(dir));
+  for (const auto& cert : listed) {
+    if (cert.state == crypto::CertificateStatus::State::kValid) roles[cert.name] = cert.role;
+  }
+  const std::string wanted = role == crypto::CertRole::kServer ? "server" : "site";
+  for (const auto& name : names) {
+    const fs::path pem = dir / (name + ".pem"), key = dir / (name + ".key");
+    if (fs::exists(pem) && roles[name] == wanted) continue;
+    fs::remove(pem, ec);
+    fs::remove(key, ec);
+    ESTUARY_RETURN_IF_ERROR(crypto::IssueCertificate(dir, name, {.role = role}));
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<Report> RunLoopback(const Scenario& given, const RoundCallback& on_round) {
+  ESTUARY_RETURN_IF_ERROR(CheckScenario(given));
+  // On a Hugging Face base every site holds it (one copy, shared); the server sends none of it.
+  Scenario s = given;
+  ESTUARY_ASSIGN_OR_RETURN(const std::shared_ptr<const models::HfBase> hf_base, aggregation::ApplyHfBase(&s.federation));
+  const auto start = Clock::now();
+  const fs::path certs = s.workdir / "certs";
+  ESTUARY_RETURN_IF_ERROR(ProvisionCertificates(certs, {"server"}, crypto::CertRole::kServer));
+
+  // One site per value of a field, as many as the file holds, and the
+  // examples held out of instruction data: known before the server starts.
+  std::optional<Workload> loaded;
+  uint32_t site_count = s.clients;
+  if (site_count == 0 || InstructionData(s)) {
+    ESTUARY_ASSIGN_OR_RETURN(loaded, ClientsOf(s));
+    site_count = uint32_t(loaded->names.size());
+  }
+  ServerProcess server;
+  std::string host = "127.0.0.1";
+  uint16_t port = 0;
+  fs::path db = s.workdir / "rounds.db";
+  if (s.server.empty()) {
+    // A fresh federation every run: the round log and checkpoints start empty.
+    for (const char* suffix : {"", "-wal", "-shm"}) fs::remove(db.string() + suffix);
+    std::error_code ec;
+    fs::remove_all(db.string() + ".checkpoints", ec);
+    const fs::path binary = s.server_binary.empty() ? FindServerBinary() : s.server_binary;
+    // The server builds the same federation from the same definition.
+    v1::FederationConfig federation = FederationOf(s);
+    if (!federation.base_model().empty()) federation.set_base_model(fs::absolute(federation.base_model()).string());
+    const fs::path federation_file = s.workdir / "federation.txtpb";
+    ESTUARY_RETURN_IF_ERROR(aggregation::WriteFederationFile(federation_file, federation));
+    // The server scores what the in-process run's evaluator scores.
+    fs::path eval_data = s.data_dir;
+    if (InstructionData(s)) {
+      eval_data = s.workdir / "held_out.jsonl";
+      ESTUARY_RETURN_IF_ERROR(WriteFileAtomically(eval_data, loaded->held_out_jsonl));
+    }
+    std::vector<std::string> args = {
+        "serve", "--listen", "127.0.0.1:0", "--cert", (certs / "server.pem").string(), "--key",
+        (certs / "server.key").string(), "--ca", (certs / "ca.pem").string(), "--db", db.string(),
+        "--eval-data", eval_data.string(), "--rounds", std::to_string(s.rounds), "--clients-per-round",
+        fmt::format("{}", s.per_round), "--min-clients", std::to_string(site_count), "--federation",
+        federation_file.string(), "--exit-when-done", "--log-level",
+        // The server logs at this process's level, but never below info: its log file is the round's record.
+        fmt::to_string(spdlog::level::to_string_view(std::min(spdlog::get_level(), spdlog::level::info)))};
+    if (InstructionData(s)) args.insert(args.end(), {"--tokenizer", s.tokenizer.string()});
+    if (s.secagg) {  // the sites take part when their RoundStart says so
+      const SecAggOptions& o = s.secagg_options;
+      args.insert(args.end(), {"--secagg", "--secagg-neighbours", std::to_string(o.neighbours), "--secagg-threshold",
+                               std::to_string(o.threshold), "--secagg-bits", std::to_string(o.bits), "--secagg-clip",
+                               fmt::format("{}", o.clip)});
+    }
+    const fs::path log = s.workdir / "server.log";
+    // The server starts while this process loads its data and certificates.
+    ESTUARY_RETURN_IF_ERROR(server.Spawn(binary, args, log));
+  } else {
+    if (Status parsed = ParseHostPort(s.server, &host, &port); !parsed.ok()) {
+      return InvalidArgument("sim: --server: {}", parsed.message());
+    }
+    db = s.round_log;
+  }
+  if (!loaded) {
+    ESTUARY_ASSIGN_OR_RETURN(loaded, ClientsOf(s));
+  }
+  Workload clients = std::move(*loaded);
+  const auto& names = clients.names;
+  auto& trainers = clients.trainers;
+  ESTUARY_RETURN_IF_ERROR(ProvisionCertificates(certs, names));
+  spdlog::debug("loopback: data and certificates ready after {:.3f} s", Since(start));
+
+  boost::asio::io_context io;
+  boost::asio::thread_pool training(s.threads);
+  Report report;
+  report.scenario = ScenarioJson(s);
+  report.mode = "loopback";
+  if (!s.attack.empty()) {
+    const std::vector<bool> malicious = ChooseAttackers(uint32_t(names.size()), s.attackers, s.task().seed());
+    report.attackers = std::count(malicious.begin(), malicious.end(), true);
+  }
+  report.round_log = db.empty() ? "" : fs::absolute(db).string();
+  std::set<uint64_t> rounds_seen;
+  size_t finished = 0;
+  Status failure;
+  std::vector<std::shared_ptr<client::Agent>> agents;
+  boost::asio::steady_timer watchdog(io);
+  // One client context for all sites (OpenSSL 3 makes each context costly);
+  // each site presents its own certificate on its own connection.
+  ESTUARY_ASSIGN_OR_RETURN(auto tls, crypto::MakeTrustOnlyClientContext(certs / "ca.pem"));
+  std::vector<std::optional<Result<std::shared_ptr<const crypto::Identity>>>> identities(names.size());
+  {
+    std::atomic<size_t> next{0};
+    auto load = [&] {
+      for (size_t i; (i = next.fetch_add(1)) < names.size();) {
+        identities[i] = crypto::LoadIdentity(certs / (names[i] + ".pem"), certs / (names[i] + ".key"));
+      }
+    };
+    std::vector<std::thread> loaders;
+    for (uint32_t t = 1; t < s.threads; ++t) loaders.emplace_back(load);
+    load();
+    for (auto& t : loaders) t.join();
+  }
+  spdlog::debug("loopback: data and {} identities ready after {:.3f} s", names.size(), Since(start));
+  if (s.server.empty()) {
+    ESTUARY_ASSIGN_OR_RETURN(port, server.WaitForPort());
+    spdlog::debug("loopback: server listening after {:.3f} s", Since(start));
+  }
+  for (size_t i = 0; i < names.size(); ++i) {
+    auto& identity = *identities[i];
+    if (!identity.ok()) return identity.status();
+    client::AgentOptions options;
+    options.host = host;
+    options.port = port;
+    options.tls = tls;
+    options.identity = *identity;
+    options.keep_model = false;
+    options.base = hf_base;
+    options.label = names[i];
+    auto agent = std::make_shared<client::Agent>(io, options, *trainers[i], training.get_executor());
+    agent->on_round_closed = [&](const v1::RoundClosed& closed) {
+      if (!closed.committed() || !rounds_seen.insert(closed.round()).second) return;
+      const RoundReport row{
+          .round = closed.round(), .clients_selected = closed.clients_selected(),
+          .updates_received = closed.updates_received(), .test_accuracy = closed.test_accuracy(),
+          .test_loss = closed.test_loss(), .train_loss = closed.train_loss(), .seconds = closed.seconds(),
+          .bytes_up = closed.bytes_up(), .bytes_down = closed.bytes_down(),
+          .bytes_per_update = closed.bytes_per_update(), .merge_bytes_down = closed.merge_bytes_down(),
+          .global_checksum = closed.model_checksum()};
+      report.rounds.push_back(row);
+      if (on_round) on_round(row, s.rounds);
+    };
+    agent->on_finished = [&](const Status& status) {
+      if (!status.ok() && failure.ok()) failure = status;
+      // The last agent done: stop watching the server, or io.run() would
+      // wait out the watchdog's pending period (up to 200 ms) before returning.
+      if (++finished == agents.size()) watchdog.cancel();
+    };
+    agents.push_back(agent);
+  }
+  for (auto& agent : agents) agent->Start();
+
+  // A dead server would leave the agents reconnecting forever: watch it.
+  std::function<void()> watch = [&] {
+    if (finished == agents.size()) return;
+    if (auto code = server.Poll(); code && s.server.empty()) {
+      failure = Aborted("sim: estuary-server exited with status {} before the federation completed; see {}", *code,
+                        (s.workdir / "server.log").string());
+      for (auto& agent : agents) agent->Stop();
+      return;
+    }
+    watchdog.expires_after(std::chrono::milliseconds(200));
+    watchdog.async_wait([&](const boost::system::error_code& ec) {
+      if (!ec) watch();
+    });
+  };
+  watch();
+  io.run();
+  training.join();
+  if (!failure.ok()) return failure;
+  if (s.server.empty()) {
+    if (int code = server.Wait(); code != 0) {
+      return Aborted("sim: estuary-server exited with status {}; see {}", code, (s.workdir / "server.log").string());
+    }
+  }
+  if (report.rounds.empty()) return Aborted("sim: no round completed");
+  std::sort(report.rounds.begin(), report.rounds.end(), [](auto& a, auto& b) { return a.round < b.round; });
+  if (!report.round_log.empty()) ESTUARY_RETURN_IF_ERROR(AddPrivacyFromRoundLog(report));
+  report.total_seconds = Since(start);
+  report.final_accuracy = report.rounds.back().test_accuracy;
+  return report;
+}
+
+}  // namespace estuary::simulations
