@@ -22,6 +22,7 @@
 #include "simulations/runner.h"
 #include "simulations/scenario_checks.h"
 #include "simulations/server_process.h"
+#include "simulations/site_draws.h"
 #include "simulations/workload.h"
 
 namespace estuary::simulations {
@@ -169,8 +170,7 @@ Result<Report> RunLoopback(const Scenario& given, const RoundCallback& on_round)
   report.scenario = ScenarioJson(s);
   report.mode = "loopback";
   if (!s.attack.empty()) {
-    const std::vector<bool> malicious = ChooseAttackers(uint32_t(names.size()), s.attackers, s.task().seed());
-    report.attackers = std::count(malicious.begin(), malicious.end(), true);
+    report.attackers = ChosenSiteCount(names.size(), s.attackers);  // as ChooseAttackers and a population choose
   }
   report.round_log = db.empty() ? "" : fs::absolute(db).string();
   std::set<uint64_t> rounds_seen;

@@ -161,6 +161,9 @@ int main(int argc, char** argv) {
                  "the q the privacy accountant uses");
   app.add_option("--rounds", s.rounds, "federated rounds");
   app.add_option("--partition", s.partition, "iid | shards | dirichlet:ALPHA (images); topic (text)");
+  app.add_option("--examples-per-client", s.examples_per_client,
+                 "images: each client draws this many examples of its own under --partition (clients share "
+                 "examples), made only when sampled, so --clients may be millions; 0 splits the training set");
   app.add_option("--tokenizer", s.tokenizer, "instruction data (--data FILE.jsonl): the sites' tokenizer.json");
   app.add_option("--partition-by", s.partition_by, "instruction data: one site per distinct value of this field");
   app.add_option("--dirichlet", s.dirichlet_alpha,

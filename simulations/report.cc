@@ -34,7 +34,7 @@ constexpr const char* kOptionalRoundKeys[] = {"bytes_per_update", "merge_bytes_d
 constexpr const char* kReportKeys[] = {"scenario", "mode",          "round_log",
                                        "rounds",   "total_seconds", "final_accuracy"};
 // A DP run's (epsilon, delta); a run under attack's (attackers).
-constexpr const char* kOptionalReportKeys[] = {"epsilon", "delta", "attackers", "trained_on"};
+constexpr const char* kOptionalReportKeys[] = {"epsilon", "delta", "attackers", "trained_on", "peak_rss_bytes"};
 
 // A key that only some reports hold: written when set.
 void SetIfPresent(json& object, const char* key, const std::optional<double>& value) {
@@ -262,6 +262,7 @@ nlohmann::json ToJson(const Report& report) {
   SetIfPresent(out, "delta", report.delta);
   SetIfPresent(out, "attackers", report.attackers);
   if (!report.trained_on.empty()) out["trained_on"] = report.trained_on;
+  SetIfPresent(out, "peak_rss_bytes", report.peak_rss_bytes);
   return out;
 }
 
@@ -303,6 +304,12 @@ Result<Report> ReportFromJson(const nlohmann::json& object, std::string_view whe
     uint64_t attackers = 0;
     ESTUARY_RETURN_IF_ERROR(ReadUnsigned(object, "attackers", std::numeric_limits<uint32_t>::max(), where, attackers));
     report.attackers = attackers;
+  }
+  if (object.contains("peak_rss_bytes")) {
+    uint64_t bytes = 0;
+    ESTUARY_RETURN_IF_ERROR(
+        ReadUnsigned(object, "peak_rss_bytes", std::numeric_limits<uint64_t>::max(), where, bytes));
+    report.peak_rss_bytes = bytes;
   }
   if (object.contains("trained_on")) {
     ESTUARY_RETURN_IF_ERROR(ReadString(object, "trained_on", where, report.trained_on));

@@ -80,6 +80,9 @@ struct Report {
   // "models::Llama (recompute, arena N bytes) on cpu in f32, 1 rank (solo,
   // ddp)"); empty when not known.
   std::string trained_on;
+  // inproc: the simulating process's peak resident memory (VmHWM) when the
+  // run ended, in bytes; absent where /proc does not say.
+  std::optional<uint64_t> peak_rss_bytes;
 };
 
 nlohmann::json ToJson(const Report& report);

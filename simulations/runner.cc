@@ -20,6 +20,7 @@
 #include "aggregation/scaffold.h"
 #include "aggregation/sampling.h"
 #include "base/host_port.h"
+#include "base/memory.h"
 #include "base/seed.h"
 #include "base/split.h"
 #include "client/agent.h"
@@ -44,6 +45,7 @@
 #include "simulations/instruction_sites.h"
 #include "simulations/partition.h"
 #include "simulations/poisson_sampling.h"
+#include "simulations/population.h"
 #include "simulations/scenario_checks.h"
 #include "simulations/server_process.h"
 #include "simulations/workload.h"
@@ -71,6 +73,7 @@ nlohmann::json ScenarioJson(const Scenario& s) {
   (void)google::protobuf::util::MessageToJsonString(FederationOf(s), &federation, options);
   nlohmann::json out = {{"federation", nlohmann::json::parse(federation)},
           {"clients", s.clients}, {"per_round", s.per_round}, {"sample_rate", s.sample_rate}, {"rounds", s.rounds}, {"partition", s.partition},
+          {"examples_per_client", s.examples_per_client},
           {"topics", s.topics}, {"mode", s.mode}, {"threads", s.threads}, {"data", s.data_dir.string()},
           {"device", s.device}, {"precision", s.precision}, {"lora_site_ranks", s.lora_site_ranks},
           {"lora_base_dtype", s.lora_base_dtype}, {"tokenizer", s.tokenizer.string()},
@@ -85,18 +88,70 @@ nlohmann::json ScenarioJson(const Scenario& s) {
   return out;
 }
 
-// The clients, plus the federation as the server builds it.
+// The clients — built up front, or with --examples-per-client a population
+// made as it is sampled — plus the federation as the server builds it.
 struct Simulation {
   Workload clients;
+  std::shared_ptr<const Population> population;
   aggregation::Federation federation;
 };
+
+namespace {
+
+// The sites by index, in the order of their names: a workload's or a population's.
+class SiteSet {
+ public:
+  SiteSet(const Scenario& s, Simulation& sim) : s_(s), clients_(sim.clients), population_(sim.population) {
+    for (size_t i = 0; i < clients_.names.size(); ++i) index_of_[clients_.names[i]] = i;
+    if (!population_) malicious_ = ChooseAttackers(uint32_t(clients_.names.size()), s.attackers, s.task().seed());
+  }
+  uint64_t size() const { return population_ ? population_->size() : clients_.names.size(); }
+  std::string Name(uint64_t site) const { return population_ ? population_->Name(site) : clients_.names[site]; }
+  bool Malicious(uint64_t site) const { return population_ ? population_->Malicious(site) : bool(malicious_[site]); }
+  uint64_t attackers() const {
+    return population_ ? population_->attackers() : std::count(malicious_.begin(), malicious_.end(), true);
+  }
+  // Poisson sampling (--sample-rate q): each site joins with probability q;
+  // otherwise a fixed number. Ascending by name.
+  std::vector<uint64_t> Sample(uint64_t round) const {
+    if (population_) return population_->Sample(round);
+    const uint64_t seed = s_.task().seed();
+    const std::vector<std::string> names =
+        s_.sample_rate > 0 ? PoissonSample(clients_.names, s_.sample_rate, seed, round)
+                           : aggregation::SampleClients(clients_.names,
+                                                        aggregation::ClientsPerRound(s_.per_round, size()), seed, round);
+    std::vector<uint64_t> sites;
+    for (const std::string& name : names) sites.push_back(index_of_.at(name));
+    return sites;
+  }
+  // `train` on the site's trainer: a population's is made for the call and dropped after it.
+  Result<client::Update> Train(uint64_t site,
+                               const std::function<Result<client::Update>(client::Trainer&)>& train) const {
+    if (!population_) return train(*clients_.trainers[site]);
+    ESTUARY_ASSIGN_OR_RETURN(const std::unique_ptr<client::Trainer> trainer, population_->Site(site));
+    return train(*trainer);
+  }
+
+ private:
+  const Scenario& s_;
+  Workload& clients_;
+  std::shared_ptr<const Population> population_;
+  std::map<std::string, uint64_t> index_of_;
+  std::vector<bool> malicious_;
+};
+
+}  // namespace
 
 static Result<Simulation> MakeSimulation(const Scenario& given) {
   Simulation sim;
   // On a Hugging Face base the clients build the model the task names after it.
   Scenario s = given;
   ESTUARY_RETURN_IF_ERROR(aggregation::ApplyHfBase(&s.federation).status());
-  ESTUARY_ASSIGN_OR_RETURN(sim.clients, ClientsOf(s));
+  if (s.examples_per_client > 0 && !models::IsLanguageModel(s.task().model())) {
+    ESTUARY_ASSIGN_OR_RETURN(sim.population, Population::Create(s));
+  } else {
+    ESTUARY_ASSIGN_OR_RETURN(sim.clients, ClientsOf(s));
+  }
   // Distributed DP noises on the sites (secagg_round.h): the server's strategy adds none.
   if (s.dp == "distributed") s.federation.clear_dp();
   // Seeded DP noise: a simulation reproduces from its seed (dp_noise.h).
@@ -115,9 +170,8 @@ Result<Report> RunInproc(const Scenario& s, const RoundCallback& on_round, std::
   const Manifest& manifest = sim.federation.manifest;
   std::vector<float>& global = sim.federation.initial;
   aggregation::Strategy& strategy = *sim.federation.strategy;
-  const auto& names = sim.clients.names;
-  std::map<std::string, size_t> index_of;
-  for (size_t i = 0; i < names.size(); ++i) index_of[names[i]] = i;
+  const SiteSet sites(s, sim);
+  const uint64_t population = sites.size();
   const v1::TaskConfig& task = sim.federation.config.task();  // what the server would send every site
 
   Report report;
@@ -140,34 +194,32 @@ Result<Report> RunInproc(const Scenario& s, const RoundCallback& on_round, std::
     ESTUARY_ASSIGN_OR_RETURN(accountant, privacy::Accountant::Create(dp.delta()));
   }
   ESTUARY_ASSIGN_OR_RETURN(const Attack attack, ParseAttack(s.attack));
-  const std::vector<bool> malicious = ChooseAttackers(uint32_t(names.size()), s.attackers, task.seed());
-  if (attack.kind != Attack::Kind::kNone) report.attackers = std::count(malicious.begin(), malicious.end(), true);
+  if (attack.kind != Attack::Kind::kNone) report.attackers = sites.attackers();
   // SCAFFOLD: the server's c travels down with the model, each site's Δc up
-  // with its delta, and each site keeps its c_i here, by site.
+  // with its delta, and each site keeps its c_i here, by site: only the
+  // sites sampled so far have one.
   auto* scaffold = dynamic_cast<aggregation::Scaffold*>(&strategy);
-  std::vector<client::SiteControl> site_controls(scaffold ? names.size() : 0);
+  std::map<uint64_t, client::SiteControl> site_controls;
   for (uint64_t round = 1; round <= s.rounds; ++round) {
     const auto round_start = Clock::now();
-    // Poisson sampling (--sample-rate q): each site joins with probability q;
-    // otherwise a fixed number, and the accountant is told q = k / N.
+    // Under Poisson sampling the accountant is told q; otherwise q = k / N.
     const bool poisson = s.sample_rate > 0;
-    const auto selected =
-        poisson ? PoissonSample(names, s.sample_rate, task.seed(), round)
-                : aggregation::SampleClients(names, aggregation::ClientsPerRound(s.per_round, names.size()),
-                                             task.seed(), round);
+    const std::vector<uint64_t> selected_sites = sites.Sample(round);
+    std::vector<std::string> selected;
+    for (uint64_t site : selected_sites) selected.push_back(sites.Name(site));
     const size_t k = selected.size();
-    const double sampling_rate = poisson ? s.sample_rate : double(k) / double(names.size());
+    const double sampling_rate = poisson ? s.sample_rate : double(k) / double(population);
     if (poisson && k < (s.secagg ? 2u : 1u)) {
       return FailedPrecondition("sim: round {}: --sample-rate {} drew {} of {} sites; a round needs {} (choose q · "
                                 "sites well above it)",
-                                round, s.sample_rate, k, names.size(), s.secagg ? 2 : 1);
+                                round, s.sample_rate, k, population, s.secagg ? 2 : 1);
     }
     // The fixed denominator: the sites sampled, or under Poisson sampling the expected q · N.
-    const double expected = poisson ? s.sample_rate * double(names.size()) : double(k);
+    const double expected = poisson ? s.sample_rate * double(population) : double(k);
     secagg.dp.denominator = expected;
     if (poisson) {
       secagg.dp.expected_sites = expected;
-      secagg.dp.max_sites = PoissonPlannedMaximum(uint32_t(names.size()), s.sample_rate);
+      secagg.dp.max_sites = PoissonPlannedMaximum(uint32_t(population), s.sample_rate);
     }
     if (accountant && dp.max_epsilon() > 0) {
       // Distributed: as if only the fewest inputs the server may unmask were summed.
@@ -192,14 +244,16 @@ Result<Report> RunInproc(const Scenario& s, const RoundCallback& on_round, std::
     std::vector<float> control;  // SCAFFOLD: the c this round's sites correct by
     if (scaffold) {
       ESTUARY_ASSIGN_OR_RETURN(control, scaffold->Control(global.size()));
+      for (uint64_t site : selected_sites) site_controls[site];  // made here: the threads only look them up
     }
     std::atomic<size_t> next{0};
     auto work = [&] {
       for (size_t i; (i = next.fetch_add(1)) < k;) {
-        const size_t site = index_of.at(selected[i]);
-        client::Trainer& trainer = *sim.clients.trainers[site];
-        updates[i] = scaffold ? site_controls[site].Train(trainer, global, manifest, task, round, selected[i], control)
-                              : trainer.Train(global, manifest, task, round, selected[i]);
+        const uint64_t site = selected_sites[i];
+        updates[i] = sites.Train(site, [&](client::Trainer& trainer) {
+          return scaffold ? site_controls.at(site).Train(trainer, global, manifest, task, round, selected[i], control)
+                          : trainer.Train(global, manifest, task, round, selected[i]);
+        });
       }
     };
     std::vector<std::thread> pool;
@@ -232,8 +286,7 @@ Result<Report> RunInproc(const Scenario& s, const RoundCallback& on_round, std::
     for (size_t i = 0; i < k; ++i) {
       if (!updates[i]->ok()) return updates[i]->status();
       client::Update& update = updates[i]->value();
-      const size_t site = index_of.at(selected[i]);
-      if (malicious[site]) ++*row.attackers;  // its trainer attacked (workload.cc)
+      if (sites.Malicious(selected_sites[i])) ++*row.attackers;  // its trainer attacked (workload.cc)
       // Under an attack, as the server does: an update the bound or the
       // strategy refuses is that update's failure, and the round goes on.
       // Without one, a refused update is the simulation's bug and ends the run.
@@ -332,6 +385,7 @@ Result<Report> RunInproc(const Scenario& s, const RoundCallback& on_round, std::
   }
   report.total_seconds = Since(start);
   report.final_accuracy = report.rounds.back().test_accuracy;
+  report.peak_rss_bytes = PeakResidentBytes();
   if (final_global) *final_global = std::move(global);
   return report;
 }

@@ -38,6 +38,10 @@ struct Scenario {
   double sample_rate = 0;
   uint64_t rounds = 20;
   std::string partition = "iid";      // images: iid | shards | dirichlet:ALPHA; text: topic
+  // Images: > 0 makes each site draw this many examples of its own (sites
+  // sharing examples), made only when sampled (population.h), so `clients`
+  // may be millions; 0 splits the training set among the clients.
+  uint32_t examples_per_client = 0;
   std::string topics;                 // text: comma-separated topics the clients hold (empty: the first `clients`)
   std::string device = "cpu";         // where the clients train: cpu | cuda | cuda:N
   std::string precision = "fp32";     // fp32 | bf16 | fp16 (cuda only)

@@ -103,7 +103,29 @@ static Status CheckSampleRate(const Scenario& s) {
   return Status::Ok();
 }
 
+// Loopback connects one agent, with its own certificate and TLS connection,
+// per site of the population (the server samples among those connected), so
+// a population it runs must fit one process's connections.
+constexpr uint32_t kLoopbackMaxPopulation = 1000;
+
+// --examples-per-client: image sites only, and in loopback a population one process can connect.
+static Status CheckPopulation(const Scenario& s) {
+  if (s.examples_per_client == 0) return Status::Ok();
+  if (models::IsLanguageModel(s.task().model())) {
+    return InvalidArgument("sim: --examples-per-client draws image examples; {}'s sites hold a topic or instruction "
+                           "rows each, not a sample of a training set",
+                           s.task().model());
+  }
+  if (s.mode == "loopback" && s.clients > kLoopbackMaxPopulation) {
+    return InvalidArgument("sim: --mode loopback connects one agent (a certificate and a TLS connection) per site: {} "
+                           "sites is over its {}; --mode inproc makes only the sites a round samples",
+                           s.clients, kLoopbackMaxPopulation);
+  }
+  return Status::Ok();
+}
+
 Status CheckScenario(const Scenario& s) {
+  ESTUARY_RETURN_IF_ERROR(CheckPopulation(s));
   ESTUARY_RETURN_IF_ERROR(CheckSampleRate(s));
   ESTUARY_RETURN_IF_ERROR(CheckSecAgg(s));
   if (s.clients == 0 && (s.partition_by.empty() || !InstructionData(s))) {

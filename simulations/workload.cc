@@ -37,6 +37,7 @@
 #include "simulations/attack.h"
 #include "simulations/instruction_sites.h"
 #include "simulations/partition.h"
+#include "simulations/population.h"
 #include "simulations/stragglers.h"
 #include "simulations/server_process.h"
 
@@ -50,9 +51,7 @@ static std::vector<std::string> ClientNames(uint32_t n) {
   return names;
 }
 
-// Every simulated site is a site of one process on the scenario's device,
-// its models shared with the other sites its thread trains.
-static Result<client::LocalSiteOptions> SiteOptionsOf(const Scenario& s) {
+Result<client::LocalSiteOptions> SiteOptionsOf(const Scenario& s) {
   client::LocalSiteOptions options;
   ESTUARY_ASSIGN_OR_RETURN(options.compute, client::ParseCompute(s.device, s.precision));
   options.lora_base = s.lora_base_dtype == "bf16" ? DType::kBF16 : DType::kF32;
@@ -82,10 +81,20 @@ class AttackingTrainer final : public client::Trainer {
   uint32_t site_;
 };
 
+std::unique_ptr<client::Trainer> MakeAttacker(std::unique_ptr<client::Trainer> honest, const Attack& attack,
+                                              uint64_t seed, uint32_t site) {
+  return std::make_unique<AttackingTrainer>(std::move(honest), attack, seed, site);
+}
+
 // The clients' local datasets, split from the training set by the scenario.
 static Result<std::vector<std::unique_ptr<client::Trainer>>> MakeTrainers(
     const Scenario& s, const std::shared_ptr<const models::Dataset>& train) {
   ESTUARY_ASSIGN_OR_RETURN(auto spec, ParsePartition(s.partition));
+  if (s.clients > train->size()) {
+    return InvalidArgument("sim: --clients {} but {} has {} training examples to split among them; give "
+                           "--examples-per-client K to have each site draw K of them (sites then share examples)",
+                           s.clients, s.data_dir.string(), train->size());
+  }
   ESTUARY_ASSIGN_OR_RETURN(auto parts, Partition(train->labels, train->num_classes, int(s.clients), spec,
                                                  MixSeed(s.task().seed(), std::string_view("partition"))));
   // --attack label-flip: the malicious sites hold the same examples under
@@ -109,7 +118,7 @@ static Result<std::vector<std::unique_ptr<client::Trainer>>> MakeTrainers(
                                                               options));
     std::unique_ptr<client::Trainer> trainer = std::move(site);
     if (malicious[i] && attack.kind != Attack::Kind::kLabelFlip) {
-      trainer = std::make_unique<AttackingTrainer>(std::move(trainer), attack, s.task().seed(), uint32_t(i));
+      trainer = MakeAttacker(std::move(trainer), attack, s.task().seed(), uint32_t(i));
     }
     if (slow[i]) trainer = MakeStraggler(std::move(trainer), stragglers, s.task().seed(), uint32_t(i));
     trainers.push_back(std::move(trainer));
@@ -136,6 +145,10 @@ bool InstructionData(const Scenario& s) { return s.data_dir.extension() == ".jso
 
 
 static Result<Workload> ImageWorkload(const Scenario& s) {
+  if (s.examples_per_client > 0) {
+    ESTUARY_ASSIGN_OR_RETURN(const auto population, Population::Create(s));
+    return population->Materialise();
+  }
   ESTUARY_ASSIGN_OR_RETURN(auto train, models::LoadIdx(s.data_dir, models::Split::kTrain));
   Workload w;
   w.names = ClientNames(s.clients);

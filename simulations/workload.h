@@ -9,8 +9,10 @@
 #include <vector>
 
 #include "base/status.h"
+#include "client/site.h"
 #include "client/trainer.h"
 #include "models/lm_sequences.h"
+#include "simulations/attack.h"
 #include "simulations/runner.h"
 
 namespace estuary::simulations {
@@ -24,8 +26,16 @@ struct Workload {
   std::string held_out_jsonl;                               // the same examples as lines of the file
 };
 
-// The clients: their names and trainers, from the scenario's data.
+// The clients: their names and trainers, from the scenario's data (with
+// --examples-per-client, every site of its population; population.h).
 Result<Workload> ClientsOf(const Scenario& s);
+// How every simulated site runs: one process on the scenario's device, its
+// models shared with the other sites its thread trains.
+Result<client::LocalSiteOptions> SiteOptionsOf(const Scenario& s);
+// `honest`, uploading what `attack` makes of its delta (its noise drawn from
+// the seed, the round and `site`).
+std::unique_ptr<client::Trainer> MakeAttacker(std::unique_ptr<client::Trainer> honest, const Attack& attack,
+                                              uint64_t seed, uint32_t site);
 // Whether --data is instruction JSONL (else an IDX or fortunes directory).
 bool InstructionData(const Scenario& s);
 // --lora-site-ranks as numbers; empty when not given.
