@@ -257,6 +257,8 @@ int main(int argc, char** argv) {
     const std::string split = !s.partition_by.empty() ? fmt::format("one per value of {}", s.partition_by)
                               : s.dirichlet_alpha > 0
                                   ? fmt::format("dirichlet:{} over {}", s.dirichlet_alpha, s.label_field)
+                              : s.examples_per_client > 0
+                                  ? fmt::format("{}, {} examples each", s.partition, s.examples_per_client)
                                   : s.partition;
     const std::string per_round = s.sample_rate > 0 ? fmt::format("each with probability {:g} a round", s.sample_rate)
                                                     : fmt::format("{:g} per round", s.per_round);

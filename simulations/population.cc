@@ -16,12 +16,8 @@ Result<std::shared_ptr<const Population>> Population::Create(const Scenario& s) 
   std::shared_ptr<Population> p(new Population(s, std::move(examples)));
   p->sites_ = s.clients;
   p->seed_ = s.task().seed();
-  for (uint64_t widest = s.clients > 0 ? s.clients - 1 : 0, digits = 1; ; widest /= 10, ++digits) {
-    if (widest < 10) {
-      p->name_width_ = std::max(3, int(digits));
-      break;
-    }
-  }
+  // As wide as the last site's index, and never narrower than a split run's client-NNN.
+  p->name_width_ = std::max<int>(3, int(fmt::formatted_size("{}", s.clients > 0 ? s.clients - 1 : 0)));
   ESTUARY_ASSIGN_OR_RETURN(p->attack_, ParseAttack(s.attack));
   ESTUARY_ASSIGN_OR_RETURN(p->stragglers_, ParseStragglers(s.stragglers, s.straggler_work));
   // --attack label-flip: the malicious sites draw their examples from a copy
