@@ -30,7 +30,8 @@ constexpr const char* kRoundKeys[] = {"round",      "clients_selected", "updates
 // Round keys added later: written always, read when present.
 constexpr const char* kOptionalRoundKeys[] = {"bytes_per_update", "merge_bytes_down", "epsilon", "dp_clip",
                                               "attackers", "updates_refused", "secagg_bytes_per_site",
-                                              "secagg_seconds", "secagg_dropouts", "secagg_error_bound"};
+                                              "secagg_seconds", "secagg_dropouts", "secagg_error_bound",
+                                              "sim_time", "staleness_mean", "staleness_max"};
 constexpr const char* kReportKeys[] = {"scenario", "mode",          "round_log",
                                        "rounds",   "total_seconds", "final_accuracy"};
 // A DP run's (epsilon, delta); a run under attack's (attackers).
@@ -143,14 +144,16 @@ Result<RoundReport> RoundFromJson(const json& object, std::string_view where) {
   }
   for (auto [key, out] : {std::pair{"epsilon", &round.epsilon}, std::pair{"dp_clip", &round.dp_clip},
                           std::pair{"secagg_seconds", &round.secagg_seconds},
-                          std::pair{"secagg_error_bound", &round.secagg_error_bound}}) {
+                          std::pair{"secagg_error_bound", &round.secagg_error_bound},
+                          std::pair{"sim_time", &round.sim_time}, std::pair{"staleness_mean", &round.staleness_mean}}) {
     if (!object.contains(key)) continue;
     double value = 0;
     ESTUARY_RETURN_IF_ERROR(ReadNonNegative(object, key, where, value));
     *out = value;
   }
   for (auto [key, out] : {std::pair{"attackers", &round.attackers}, std::pair{"updates_refused", &round.updates_refused},
-                          std::pair{"secagg_dropouts", &round.secagg_dropouts}}) {
+                          std::pair{"secagg_dropouts", &round.secagg_dropouts},
+                          std::pair{"staleness_max", &round.staleness_max}}) {
     if (!object.contains(key)) continue;
     uint64_t value = 0;
     ESTUARY_RETURN_IF_ERROR(ReadUnsigned(object, key, kMaxU32, where, value));
@@ -251,6 +254,9 @@ nlohmann::json ToJson(const Report& report) {
     SetIfPresent(rounds.back(), "secagg_seconds", r.secagg_seconds);
     SetIfPresent(rounds.back(), "secagg_dropouts", r.secagg_dropouts);
     SetIfPresent(rounds.back(), "secagg_error_bound", r.secagg_error_bound);
+    SetIfPresent(rounds.back(), "sim_time", r.sim_time);
+    SetIfPresent(rounds.back(), "staleness_mean", r.staleness_mean);
+    SetIfPresent(rounds.back(), "staleness_max", r.staleness_max);
   }
   json out = {{"scenario", report.scenario},
               {"mode", report.mode},

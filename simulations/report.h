@@ -15,7 +15,8 @@
 // (the clip norm the round used), and the report "epsilon" and "delta" (spent
 // by the whole run); a run without DP has none of these keys. A --secagg run's
 // rounds hold "secagg_bytes_per_site", "secagg_seconds", "secagg_dropouts" and
-// "secagg_error_bound".
+// "secagg_error_bound". An inproc run's rounds hold "sim_time", an --async
+// run's also "staleness_mean" and "staleness_max".
 // JSON has no NaN or infinity; a non-finite metric (a diverged loss) is written
 // as null and read back as NaN, so such a run still leaves a readable report.
 #pragma once
@@ -62,6 +63,13 @@ struct RoundReport {
   std::optional<double> secagg_seconds;
   std::optional<uint64_t> secagg_dropouts;
   std::optional<double> secagg_error_bound;
+  // The simulated clock when the round (an --async run: the model version)
+  // was committed, in local steps of a full-speed site (stragglers.h); set
+  // by inproc runs. An --async version's folded updates' staleness: the mean
+  // and the largest, in versions (its updates_refused: those too stale).
+  std::optional<double> sim_time;
+  std::optional<double> staleness_mean;
+  std::optional<uint64_t> staleness_max;
 
   bool operator==(const RoundReport&) const = default;
 };

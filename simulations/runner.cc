@@ -48,6 +48,7 @@
 #include "simulations/population.h"
 #include "simulations/scenario_checks.h"
 #include "simulations/server_process.h"
+#include "simulations/stragglers.h"
 #include "simulations/workload.h"
 
 namespace estuary::simulations {
@@ -80,6 +81,10 @@ nlohmann::json ScenarioJson(const Scenario& s) {
           {"partition_by", s.partition_by}, {"dirichlet", s.dirichlet_alpha}, {"label_field", s.label_field},
           {"attack", s.attack}, {"attackers", s.attackers}, {"recompute", s.recompute},
           {"stragglers", s.stragglers}, {"straggler_work", s.straggler_work}, {"dp", s.dp}};
+  if (s.async) {
+    out["async"] = {{"buffer", s.buffer}, {"concurrency", s.concurrency}, {"staleness_weight", s.staleness_weight},
+                    {"max_staleness", s.max_staleness}};
+  }
   if (s.secagg) {
     const SecAggOptions& o = s.secagg_options;
     out["secagg"] = {{"neighbours", o.neighbours}, {"threshold", o.threshold}, {"bits", o.bits}, {"clip", o.clip},
@@ -103,11 +108,18 @@ class SiteSet {
  public:
   SiteSet(const Scenario& s, Simulation& sim) : s_(s), clients_(sim.clients), population_(sim.population) {
     for (size_t i = 0; i < clients_.names.size(); ++i) index_of_[clients_.names[i]] = i;
-    if (!population_) malicious_ = ChooseAttackers(uint32_t(clients_.names.size()), s.attackers, s.task().seed());
+    if (!population_) {
+      malicious_ = ChooseAttackers(uint32_t(clients_.names.size()), s.attackers, s.task().seed());
+      slow_ = ChooseSites(uint32_t(clients_.names.size()), s.stragglers, s.task().seed(), "stragglers");
+    }
   }
   uint64_t size() const { return population_ ? population_->size() : clients_.names.size(); }
   std::string Name(uint64_t site) const { return population_ ? population_->Name(site) : clients_.names[site]; }
   bool Malicious(uint64_t site) const { return population_ ? population_->Malicious(site) : bool(malicious_[site]); }
+  bool Straggles(uint64_t site) const {
+    if (s_.stragglers <= 0) return false;
+    return population_ ? IsChosenSite(site, size(), s_.stragglers, s_.task().seed(), "stragglers") : bool(slow_[site]);
+  }
   uint64_t attackers() const {
     return population_ ? population_->attackers() : std::count(malicious_.begin(), malicious_.end(), true);
   }
@@ -137,7 +149,7 @@ class SiteSet {
   Workload& clients_;
   std::shared_ptr<const Population> population_;
   std::map<std::string, uint64_t> index_of_;
-  std::vector<bool> malicious_;
+  std::vector<bool> malicious_, slow_;
 };
 
 }  // namespace
@@ -200,6 +212,9 @@ Result<Report> RunInproc(const Scenario& s, const RoundCallback& on_round, std::
   // sites sampled so far have one.
   auto* scaffold = dynamic_cast<aggregation::Scaffold*>(&strategy);
   std::map<uint64_t, client::SiteControl> site_controls;
+  // The simulated clock: a round ends when its slowest site does (stragglers.h).
+  ESTUARY_ASSIGN_OR_RETURN(const Stragglers stragglers, ParseStragglers(s.stragglers, s.straggler_work));
+  double sim_time = 0;
   for (uint64_t round = 1; round <= s.rounds; ++round) {
     const auto round_start = Clock::now();
     // Under Poisson sampling the accountant is told q; otherwise q = k / N.
@@ -260,6 +275,13 @@ Result<Report> RunInproc(const Scenario& s, const RoundCallback& on_round, std::
     for (uint32_t t = 1; t < std::min<size_t>(s.threads, k); ++t) pool.emplace_back(work);
     work();
     for (auto& thread : pool) thread.join();
+    double round_time = 0;
+    for (size_t i = 0; i < k; ++i) {
+      const uint64_t site = selected_sites[i];
+      const double speed = SiteSpeed(stragglers, sites.Straggles(site), s.task().seed(), round, uint32_t(site));
+      if (updates[i]->ok()) round_time = std::max(round_time, double((*updates[i])->local_steps) / speed);
+    }
+    sim_time += round_time;
 
     // Fold in the sorted order of the names, whatever order training finished
     // in, each as the federation's limits admit it, as the server does.
@@ -372,6 +394,7 @@ Result<Report> RunInproc(const Scenario& s, const RoundCallback& on_round, std::
     row.test_loss = eval.loss;
     row.global_checksum = crypto::Sha256Hex(global.data(), global.size() * sizeof(float));
     row.seconds = Since(round_start);
+    row.sim_time = sim_time;
     report.rounds.push_back(row);
     if (on_round) on_round(row, s.rounds);
   }

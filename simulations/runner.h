@@ -80,6 +80,17 @@ struct Scenario {
   // discrete Gaussian noise inside --secagg (secagg_round.h).
   std::string dp = "central";
   uint32_t threads = 2;
+  // --async (async_runner.h): FedBuff's asynchronous rounds, inproc only;
+  // `rounds` counts model versions, made every `buffer` (K) arrivals from
+  // `concurrency` (C) sites training at once, each update discounted by
+  // `staleness_weight` (constant | poly:A | hinge:A,B) and refused beyond
+  // `max_staleness` versions (-1: none). The server lr is the federation's
+  // (1 where it is unset).
+  bool async = false;
+  uint32_t buffer = 10;
+  uint32_t concurrency = 10;
+  std::string staleness_weight = "constant";
+  int64_t max_staleness = -1;
   // loopback only
   std::string server;                        // attach to HOST:PORT instead of starting one
   std::filesystem::path round_log;           // with `server`: its SQLite file, for the report

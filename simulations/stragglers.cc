@@ -35,11 +35,19 @@ uint64_t FullLocalSteps(const v1::TaskConfig& task, uint64_t examples) {
   return task.max_local_steps() > 0 ? std::min<uint64_t>(full, task.max_local_steps()) : full;
 }
 
-uint64_t StragglerSteps(const Stragglers& s, const v1::TaskConfig& task, uint64_t examples, uint64_t seed,
-                        uint64_t round, uint32_t site) {
+double StragglerWork(const Stragglers& s, uint64_t seed, uint64_t round, uint32_t site) {
   std::mt19937_64 rng(MixSeed(MixSeed(MixSeed(seed, std::string_view("stragglers")), round), site));
   const double u = double(rng() >> 11) * 0x1.0p-53;  // [0, 1), the same bits everywhere
-  const double work = s.min_work + (s.max_work - s.min_work) * u;
+  return s.min_work + (s.max_work - s.min_work) * u;
+}
+
+double SiteSpeed(const Stragglers& s, bool straggler, uint64_t seed, uint64_t round, uint32_t site) {
+  return straggler ? StragglerWork(s, seed, round, site) : 1.0;
+}
+
+uint64_t StragglerSteps(const Stragglers& s, const v1::TaskConfig& task, uint64_t examples, uint64_t seed,
+                        uint64_t round, uint32_t site) {
+  const double work = StragglerWork(s, seed, round, site);
   const uint64_t full = FullLocalSteps(task, examples);
   return std::clamp<uint64_t>(uint64_t(std::floor(work * double(full))), 1, std::max<uint64_t>(full, 1));
 }

@@ -32,7 +32,18 @@ Result<Stragglers> ParseStragglers(double fraction, std::string_view work);
 // at most task.max_local_steps when that is set.
 uint64_t FullLocalSteps(const v1::TaskConfig& task, uint64_t examples);
 
-// What straggler `site` runs in `round`: between 1 and the full steps.
+// The share w of its full local steps straggler `site` runs in `round`,
+// uniform in [min_work, max_work] from (seed, round, site).
+double StragglerWork(const Stragglers& s, uint64_t seed, uint64_t round, uint32_t site);
+
+// The simulated clock (RoundReport::sim_time): a full-speed site runs one
+// local step per unit of time, a straggler w of one: in a synchronous round
+// its w·full steps end when the others' full ones do (the deadline the
+// partial work stands for); under --async, where it runs its full steps, it
+// takes 1/w as long.
+double SiteSpeed(const Stragglers& s, bool straggler, uint64_t seed, uint64_t round, uint32_t site);
+
+// What straggler `site` runs in `round`: floor(w · full), between 1 and the full steps.
 uint64_t StragglerSteps(const Stragglers& s, const v1::TaskConfig& task, uint64_t examples, uint64_t seed,
                         uint64_t round, uint32_t site);
 

@@ -163,6 +163,25 @@ TEST(simulations_report_json, SecAggFieldsRoundTripAndAreAbsentWithoutIt) {
   EXPECT_EQ(json["rounds"][1]["secagg_dropouts"], 3);
 }
 
+TEST(simulations_report_json, SimulatedTimeAndStalenessRoundTrip) {
+  TempDir dir;
+  const fs::path path = dir.path() / "report.json";
+  Report report = MakeReport(2);
+  report.rounds[0].sim_time = 40;
+  report.rounds[1].sim_time = 120;
+  report.rounds[1].staleness_mean = 0.7;
+  report.rounds[1].staleness_max = 3;
+  ASSERT_TRUE(WriteReport(path, report).ok());
+  Result<Report> back = ReadReport(path);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  ExpectSameReport(report, *back);
+  EXPECT_EQ(back->rounds[1].staleness_max, 3u);
+  EXPECT_FALSE(ToJson(report)["rounds"][0].contains("staleness_max"));
+  json bad = ToJson(report);
+  bad["rounds"][1]["sim_time"] = -1;
+  EXPECT_FALSE(ReportFromJson(bad).ok());
+}
+
 TEST(simulations_report_json, NonFiniteMetricsBecomeNullAndComeBackAsNaN) {
   Report report = MakeReport(2);
   report.rounds[1].test_loss = std::numeric_limits<double>::quiet_NaN();
