@@ -12,6 +12,11 @@ Status ServerConfig::Finalize() {
   ESTUARY_RETURN_IF_ERROR(ParseHostPort(listen, &host, &port));
   if (checkpoint_dir.empty()) checkpoint_dir = db.string() + ".checkpoints";
   if (spill_dir.empty()) spill_dir = checkpoint_dir;
+  if (mode == "async") {
+    return InvalidArgument("config: mode = async: the server's rounds are synchronous for now; asynchronous rounds "
+                           "(FedBuff) run in estuary-sim --async");
+  }
+  if (mode != "sync") return InvalidArgument("config: mode = '{}': expected sync or async", mode);
   if (rounds == 0) return InvalidArgument("config: rounds = 0: must be >= 1");
   if (!(clients_per_round > 0)) return InvalidArgument("config: clients_per_round = {}: must be > 0", clients_per_round);
   if (min_clients == 0) return InvalidArgument("config: min_clients = 0: must be >= 1");

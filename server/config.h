@@ -24,6 +24,9 @@ struct ServerConfig {
   std::filesystem::path eval_data;          // IDX dir, fortunes dir, or instruction JSONL; empty = no evaluation
   std::filesystem::path tokenizer;          // an instruction eval_data's; empty: the Hugging Face base's
 
+  // sync: the rounds above. async (FedBuff, aggregation/fedbuff.h) is
+  // refused for now: it runs in estuary-sim --async only.
+  std::string mode = "sync";
   uint64_t rounds = 20;
   double clients_per_round = 10;   // >= 1: a count; in (0, 1): a fraction of those connected
   uint32_t min_clients = 10;       // connected clients needed before a round starts

@@ -136,6 +136,7 @@ int main(int argc, char** argv) {
                     "their responses)");
   serve->add_option("--tokenizer", config.tokenizer,
                     "an instruction --eval-data's tokenizer.json (default: the Hugging Face --base-model's own)");
+  serve->add_option("--mode", config.mode, "sync (rounds) | async (FedBuff: refused for now; estuary-sim --async runs it)");
   serve->add_option("--rounds", config.rounds, "number of rounds");
   serve->add_option("--clients-per-round", config.clients_per_round, "count (>= 1) or fraction (< 1) sampled per round");
   serve->add_option("--min-clients", config.min_clients, "connected clients needed to start a round");

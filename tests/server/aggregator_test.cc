@@ -233,5 +233,19 @@ TEST(ServerConfig, TheServerTakesFedNovaAndRefusesScaffoldForNow) {
   EXPECT_EQ(refused.message().find('\n'), std::string::npos);
 }
 
+// Asynchronous rounds run in the simulator only: serve --mode async (and the
+// TOML key mode) is refused in one line, not run as synchronous rounds.
+TEST(ServerConfig, RefusesAsyncModeForNow) {
+  ServerConfig config;
+  EXPECT_TRUE(config.Finalize().ok());
+  config.mode = "async";
+  const Status refused = config.Finalize();
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.message(), "config: mode = async: the server's rounds are synchronous for now; asynchronous "
+                               "rounds (FedBuff) run in estuary-sim --async");
+  config.mode = "buffered";
+  EXPECT_EQ(config.Finalize().message(), "config: mode = 'buffered': expected sync or async");
+}
+
 }  // namespace
 }  // namespace estuary::server
