@@ -254,6 +254,9 @@ int main(int argc, char** argv) {
     for (const char* flag : {"--buffer", "--concurrency", "--staleness-weight", "--max-staleness"}) {
       if (app.get_option(flag)->count() > 0) return Fail(InvalidArgument("sim: {} is for --async", flag));
     }
+  } else if (app.get_option("--per-round")->count() > 0) {
+    return Fail(InvalidArgument("sim: --per-round is for synchronous rounds; --async keeps --concurrency sites "
+                                "training"));
   }
   StartLogging("estuary-sim", log_level);
   if (!scenario.empty()) {

@@ -6,6 +6,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <functional>
+#include <string>
+
 #include "simulations/stragglers.h"
 #include "tests/e2e/harness.h"
 #include "tests/simulations/small_mnist.h"
@@ -146,6 +150,21 @@ TEST(Async, RefusesWhatAsynchronousRoundsCannotRunInOneLine) {
   refused([](Scenario& s) { s.buffer = 0; }, "--buffer 0");
   refused([](Scenario& s) { s.staleness_weight = "poly:-1"; }, "staleness weight 'poly:-1'");
   refused([](Scenario& s) { s.sample_rate = 0.5; }, "--sample-rate");
+}
+
+// The flags of one kind of round, given to the other, are refused by the
+// binary in one line (nothing runs: no data is read).
+TEST(Async, TheBinaryRefusesTheOtherKindOfRoundsFlags) {
+  const std::string sim = testing::BinaryPath("estuary-sim").string();
+  const auto per_round = testing::RunCommand(sim + " --async --per-round 5 --data /nonexistent");
+  EXPECT_NE(per_round.exit_code, 0);
+  EXPECT_NE(per_round.output.find("sim: --per-round is for synchronous rounds; --async keeps --concurrency sites "
+                                  "training\n"),
+            std::string::npos)
+      << per_round.output;
+  const auto buffer = testing::RunCommand(sim + " --buffer 5 --data /nonexistent");
+  EXPECT_NE(buffer.exit_code, 0);
+  EXPECT_NE(buffer.output.find("sim: --buffer is for --async\n"), std::string::npos) << buffer.output;
 }
 
 }  // namespace
