@@ -1,0 +1,53 @@
+// Single-precision matrix products of the CPU layers, behind one call.
+//
+// Sgemm computes what cblas_sgemm(CblasRowMajor, ...) computes with the same
+// arguments: C[m, n] = alpha · op(A)[m, k] · op(B)[k, n] + beta · C. Each call
+// goes to one of two engines:
+//
+//   libxsmm  a JIT kernel for the shape (AVX-512 or AVX2, as the CPU has),
+//            when the shape is small in one dimension (at most
+//            kSmallGemmDim: the batch of a client's SGD step), alpha is 1,
+//            beta is 0 or 1, and B is not transposed (libxsmm 1.17 cannot
+//            transpose the row-major B). It packs nothing: at batch 10
+//            OpenBLAS spends more time copying the weight matrix into its
+//            panels than multiplying.
+//   OpenBLAS everything else, and every shape in a build without libxsmm
+//            (ESTUARY_HAVE_XSMM undefined: see CMakeLists.txt).
+//
+// The choice is a fixed rule of the arguments, never a timing, so a shape
+// gets the same kernel, and so the same bits, in every run, on every thread.
+// Kernels are generated once per shape and kept in a per-thread table: a call
+// costs a lookup among a few entries, and allocates nothing.
+#pragma once
+
+namespace estuary::models {
+
+enum class GemmEngine { kOpenBlas, kXsmm };
+
+// Largest smallest-dimension that goes to libxsmm (bench/small_gemm measures both engines).
+inline constexpr int kSmallGemmDim = 32;
+
+// The engine Sgemm uses for these arguments.
+GemmEngine ChooseGemmEngine(bool trans_a, bool trans_b, int m, int n, int k, float alpha, float beta);
+
+// Whether a layer's y = x·Wᵀ (x [n, in], W [out, in]), which puts the
+// transpose where libxsmm takes none, pays to be formed as yᵀ = W·xᵀ on
+// libxsmm, the layer transposing x and y: at a small batch n, when W has more
+// than kSmallGemmDim rows. With fewer (a classifier's last layer) OpenBLAS's
+// packing of W costs less than the two transposes.
+bool XsmmForwardPays(int n, int in, int out);
+
+// As cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, ...).
+void Sgemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a, int lda, const float* b,
+           int ldb, float beta, float* c, int ldc);
+
+// The same on the given engine (for benchmarks and tests); kXsmm must be what
+// ChooseGemmEngine would allow, except for the size rule.
+void SgemmOn(GemmEngine engine, bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a, int lda,
+             const float* b, int ldb, float beta, float* c, int ldc);
+
+// Whether this build has libxsmm, and the instruction set its kernels use ("cpx", "hsw", ...; "none").
+bool HaveXsmm();
+const char* XsmmTarget();
+
+}  // namespace estuary::models
