@@ -5,7 +5,8 @@
 // pointers into the model's flat buffers. Backward overwrites the parameter
 // gradients, or adds into them with `accumulate` (micro-batches: the GEMM's
 // beta is 1 and the bias sums start from what is there, so no second buffer).
-// Matrix products go to OpenBLAS; layouts follow PyTorch.
+// Matrix products go through models/small_gemm.h (libxsmm at a small batch,
+// OpenBLAS otherwise); layouts follow PyTorch.
 #pragma once
 
 #include <array>
@@ -13,13 +14,17 @@
 
 namespace estuary::models {
 
+// What a layer applies to its output in the same pass (Linear::Forward).
+enum class Activation { kNone, kRelu };
+
 // y[n, out] = x[n, in] · W[out, in]^T + b. Without bias when b (and db) are
 // null, as the projections of a transformer.
 struct Linear {
   int in = 0, out = 0;
   float *w = nullptr, *b = nullptr, *dw = nullptr, *db = nullptr;
 
-  void Forward(const float* x, int n, float* y) const;
+  // With kRelu, y = max(y, 0) as well (as ReluForward after it).
+  void Forward(const float* x, int n, float* y, Activation activation = Activation::kNone) const;
   // dW = dy^T · x, db = Σ_n dy (or dW += ..., db += ... with accumulate), and
   // dx = dy · W when dx is not null; W is read only for dx. A frozen layer
   // (dw and db null, as LoRA's base weights) forms only dx: no dW GEMM.

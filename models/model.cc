@@ -193,10 +193,8 @@ class Mlp final : public LayeredModel<Mlp> {
 
   // Units: 0 fc1, 1 fc2, 2 fc3.
   void RunForward(Activations& a, const float* x, int n, StepHooks& hooks) {
-    UnitForward(hooks, 0, fc1_, x, n, a.h1);
-    ReluForward(a.h1, int64_t(n) * 200);
-    UnitForward(hooks, 1, fc2_, a.h1, n, a.h2);
-    ReluForward(a.h2, int64_t(n) * 200);
+    UnitForward(hooks, 0, fc1_, x, n, a.h1, Activation::kRelu);
+    UnitForward(hooks, 1, fc2_, a.h1, n, a.h2, Activation::kRelu);
     UnitForward(hooks, 2, fc3_, a.h2, n, a.logits);
   }
 
@@ -278,8 +276,7 @@ class Cnn final : public LayeredModel<Cnn> {
     UnitForward(hooks, 1, conv2_, a.p1, n, a.cols2, a.c2);
     ReluForward(a.c2, int64_t(n) * 64 * 196);
     pool2_.Forward(a.c2, n, a.p2, a.arg2);  // [n, 64, 7, 7] is already PyTorch's flatten order
-    UnitForward(hooks, 2, fc1_, a.p2, n, a.f1);
-    ReluForward(a.f1, int64_t(n) * 512);
+    UnitForward(hooks, 2, fc1_, a.p2, n, a.f1, Activation::kRelu);
     UnitForward(hooks, 3, fc2_, a.f1, n, a.logits);
   }
 
