@@ -8,6 +8,7 @@
 // engines run in alternating blocks, so load from other processes falls on
 // both alike; each line prints both medians, GFLOP/s, the ratio, and the
 // engine models::Sgemm picks for the shape.
+// With --model cnn, its fully connected layers and the products of its convolutions.
 //   build/bench/small_gemm [--model mlp|cnn] [--batch 10,500] [--steps 15]
 #include <fmt/format.h>
 
@@ -105,6 +106,30 @@ int main(int argc, char** argv) {
                              dx.data(), l.in);
            }),
            models::ChooseGemmEngine(false, false, n, l.in, l.out, 1.0f, 0.0f));
+    }
+  }
+  if (model == "cnn") {
+    // The convolutions' products, per image (im2col): W [c_out, c_in·25] · cols [c_in·25, h·w] forward, and
+    // Wᵀ · dY for the columns' gradient. (The weight gradient, dY · colsᵀ, transposes B: OpenBLAS only.)
+    struct Product {
+      const char* name;
+      bool trans_a;
+      int m, n, k;
+    };
+    for (const Product& p : {Product{"conv1 forward", false, 32, 784, 25},
+                             Product{"conv2 forward", false, 64, 196, 800},
+                             Product{"conv2 dcols = Wt.dY", true, 800, 196, 64}}) {
+      std::vector<float> a(size_t(p.m) * p.k, 0.01f), b(size_t(p.k) * p.n, 0.5f), c(size_t(p.m) * p.n);
+      const int lda = p.trans_a ? p.m : p.k;
+      const auto t = Time(reps, [&](GemmEngine e) {
+        models::SgemmOn(e, p.trans_a, false, p.m, p.n, p.k, 1.0f, a.data(), lda, b.data(), p.n, 1.0f, c.data(), p.n);
+      });
+      const double flop = 2.0 * p.m * p.n * p.k;
+      fmt::print("{:<28} {:>11.2f} {:>11.2f} {:>9.1f} {:>9.1f} {:>8.2f}  {}\n", p.name, t.first * 1e6, t.second * 1e6,
+                 flop / t.first / 1e9, flop / t.second / 1e9, t.second / t.first,
+                 models::ChooseGemmEngine(p.trans_a, false, p.m, p.n, p.k, 1.0f, 1.0f) == GemmEngine::kXsmm
+                     ? "libxsmm"
+                     : "OpenBLAS");
     }
   }
   return 0;
