@@ -9,7 +9,8 @@
 // core (one thread a side) and on N cores (Estuary at N threads against the
 // best PyTorch run on N); then the distance to the hardware: the workload's
 // training FLOPs (6 x parameters x example passes) over Estuary's one-thread
-// time, against a large OpenBLAS SGEMM on one core measured in the same run.
+// time, against a large OpenBLAS SGEMM on one core and libxsmm's kernel on
+// operands in L1, both measured in the same run.
 //   build/bench/sim_vs_pytorch [--data data/mnist] [--model mlp|cnn] [--rounds 20] [--threads 2]
 #include <cblas.h>
 #include <fmt/format.h>
@@ -22,6 +23,7 @@
 
 #include "bench/harness.h"
 #include "models/federated_model.h"
+#include "models/small_gemm.h"
 #include "simulations/runner.h"
 
 using namespace estuary;
@@ -55,6 +57,27 @@ double SgemmPeakGflops() {
     bench::Stopwatch watch;
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
     best = std::max(best, 2.0 * n * n * n / watch.Seconds() / 1e9);
+  }
+  return best;
+}
+
+// fp32 GFLOP/s of one core on libxsmm's JIT kernel for a 64^3 product whose
+// operands stay in L1, the best of a few blocks of calls: the kernels the
+// simulator's steps run, at their best. (On an AVX-512 CPU with OpenBLAS held
+// to its AVX2 kernels, as OPENBLAS_CORETYPE=Haswell does, this is the higher
+// of the two peaks.) 0 without libxsmm.
+double XsmmPeakGflops() {
+  if (!models::HaveXsmm()) return 0;
+  const int n = 64, calls = 20000;
+  std::vector<float> a(size_t(n) * n, 0.5f), b(a.size(), 0.25f), c(a.size());
+  double best = 0;
+  for (int rep = 0; rep < 5; ++rep) {
+    bench::Stopwatch watch;
+    for (int i = 0; i < calls; ++i) {
+      models::SgemmOn(models::GemmEngine::kXsmm, false, false, n, n, n, 1.0f, a.data(), n, b.data(), n, 1.0f,
+                      c.data(), n);
+    }
+    best = std::max(best, 2.0 * n * n * n * calls / watch.Seconds() / 1e9);
   }
   return best;
 }
@@ -142,6 +165,10 @@ int main(int argc, char** argv) {
              initial->manifest.total_elements, passes);
   fmt::print("one core: estuary {:.1f} GFLOP/s against OpenBLAS SGEMM 2048^3 at {:.1f} GFLOP/s: {:.1f}% of it\n",
              achieved, peak, 100 * achieved / peak);
+  if (const double xsmm = XsmmPeakGflops(); xsmm > 0) {
+    fmt::print("one core: estuary {:.1f} GFLOP/s against libxsmm ({}) 64^3 in L1 at {:.1f} GFLOP/s: {:.1f}% of it\n",
+               achieved, models::XsmmTarget(), xsmm, 100 * achieved / xsmm);
+  }
   bench::PrintRatio("pytorch / estuary, wall time, per core (1 thread each)", torch[0].seconds / one->total_seconds);
   bench::PrintRatio(fmt::format("pytorch's best on {} cores / estuary on {} threads, wall time", threads, threads),
                     torch_best / many->total_seconds);
