@@ -53,6 +53,22 @@ ordered_json SecAggJson(const RoundSecAgg& a) {
           {"bits", a.bits},           {"clip", a.clip},     {"scale", a.scale},           {"stages", std::move(stages)}};
 }
 
+ordered_json EvaluationJson(const RoundEvaluation& e) {
+  return {{"accuracy", Nullable(e.accuracy)}, {"loss", e.reported > 0 ? ordered_json(e.loss) : ordered_json(nullptr)},
+          {"examples", e.examples},           {"accuracy_examples", e.accuracy_examples},
+          {"sites_selected", e.selected},     {"sites_reported", e.reported},
+          {"sites_unsupported", e.unsupported}, {"sites_failed", e.failed},
+          {"seconds", e.seconds}};
+}
+
+// The federated columns, in a log with an evaluated round only.
+std::string Federated(const RoundRecord& r) {
+  if (!r.evaluation) return fmt::format("  {:>8}  {:>9}", "-", "-");
+  const RoundEvaluation& e = *r.evaluation;
+  return fmt::format("  {:>8}  {:>9}", Metric(e.accuracy),
+                     Metric(e.reported > 0 ? std::optional<double>(e.loss) : std::nullopt));
+}
+
 ordered_json RoundJson(const RoundRecord& r) {
   return {{"round", r.round},
           {"state", RoundStateName(r.state)},
@@ -78,7 +94,8 @@ ordered_json RoundJson(const RoundRecord& r) {
                                                {"noise_stddev", r.privacy->noise_stddev}}
                                 : ordered_json(nullptr)},
           {"protocol", r.secagg ? "secagg" : "plain"},
-          {"secagg", r.secagg ? SecAggJson(*r.secagg) : ordered_json(nullptr)}};
+          {"secagg", r.secagg ? SecAggJson(*r.secagg) : ordered_json(nullptr)},
+          {"federated_evaluation", r.evaluation ? EvaluationJson(*r.evaluation) : ordered_json(nullptr)}};
 }
 
 // The ε column, in a DP federation's log only.
@@ -103,17 +120,20 @@ Status ListRounds(Store& store, bool json, std::string* out) {
                                        return r.privacy.has_value();
                                      })->privacy->delta
                                    : 0;
-  *out = fmt::format("{:>5}  {:<10}  {:<20}  {:>8}  {:>4}  {:>4}  {:>4}  {:>10}  {:>8}  {:>9}  {:>8}  {:>8}{}  {}\n",
+  const bool evaluated_log = std::any_of(rounds.begin(), rounds.end(), [](const auto& r) { return r.evaluation; });
+  *out = fmt::format("{:>5}  {:<10}  {:<20}  {:>8}  {:>4}  {:>4}  {:>4}  {:>10}  {:>8}  {:>9}{}  {:>8}  {:>8}{}  {}\n",
                      "round", "state", "started (UTC)", "seconds", "sel", "recv", "drop", "train loss", "test acc",
-                     "test loss", "MB up", "MB down", private_log ? fmt::format("  {:>8}", "ε") : "", "checksum");
+                     "test loss", evaluated_log ? fmt::format("  {:>8}  {:>9}", "fed acc", "fed loss") : "", "MB up",
+                     "MB down", private_log ? fmt::format("  {:>8}", "ε") : "", "checksum");
   for (const auto& r : rounds) {
     *out += fmt::format(
-        "{:>5}  {:<10}  {:<20}  {:>8.2f}  {:>4}  {:>4}  {:>4}  {:>10.4f}  {:>8}  {:>9}  {:>8}  {:>8}{}  {}\n", r.round,
+        "{:>5}  {:<10}  {:<20}  {:>8.2f}  {:>4}  {:>4}  {:>4}  {:>10.4f}  {:>8}  {:>9}{}  {:>8}  {:>8}{}  {}\n", r.round,
         RoundStateName(r.state), Utc(r.started_ms), Seconds(r), r.clients_selected, r.updates_received,
-        Dropped(store, r.round), r.train_loss, Metric(r.test_accuracy), Metric(r.test_loss), Megabytes(r.bytes_up),
-        Megabytes(r.bytes_down), private_log ? (r.privacy ? Epsilon(r) : fmt::format("  {:>8}", "-")) : "",
-        r.global_checksum.substr(0, 12));
+        Dropped(store, r.round), r.train_loss, Metric(r.test_accuracy), Metric(r.test_loss),
+        evaluated_log ? Federated(r) : "", Megabytes(r.bytes_up), Megabytes(r.bytes_down),
+        private_log ? (r.privacy ? Epsilon(r) : fmt::format("  {:>8}", "-")) : "", r.global_checksum.substr(0, 12));
   }
+  if (evaluated_log) *out += "fed: the global model on the sites' own held-out examples (federated evaluation)\n";
   if (private_log) *out += fmt::format("ε: differential privacy spent after the round, at δ = {:g}\n", delta);
   if (rounds.empty()) *out += "(no rounds yet)\n";
   return Status::Ok();
@@ -166,6 +186,13 @@ Status ShowRound(Store& store, uint64_t round, bool json, std::string* out) {
     }
   } else {
     *out += "  protocol  plain\n";
+  }
+  if (r.evaluation) {
+    const RoundEvaluation& e = *r.evaluation;
+    *out += fmt::format("  federated accuracy {}, loss {} over {} held-out examples of {} of {} sites ({} do not "
+                        "evaluate, {} failed; {:.2f} s)\n",
+                        Metric(e.accuracy), Metric(e.reported > 0 ? std::optional<double>(e.loss) : std::nullopt),
+                        e.examples, e.reported, e.selected, e.unsupported, e.failed, e.seconds);
   }
   if (!r.detail.empty()) *out += fmt::format("  detail    {}\n", r.detail);
   *out += fmt::format("\n  {:<20}  {:<10}  {:>8}  {:>8}  {:>10}  {:>10}  {:>8}  {}\n", "client", "status", "examples",

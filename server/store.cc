@@ -4,12 +4,18 @@
 
 #include <chrono>
 
+#include "server/store_sql.h"
+
 namespace estuary::server {
 
 namespace {
 
-// 2: round_privacy. 3: round_secagg.
-constexpr int kSchemaVersion = 3;
+using sql::Exec;
+using sql::Statement;
+using sql::Transaction;
+
+// 2: round_privacy. 3: round_secagg. 4: round_evaluation.
+constexpr int kSchemaVersion = 4;
 
 constexpr const char* kSchema = R"sql(
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -57,94 +63,13 @@ CREATE TABLE IF NOT EXISTS round_secagg (
   down_unmask INTEGER NOT NULL);
 )sql";
 
-// One prepared statement; binds by position, steps, finalizes on scope exit.
-class Statement {
- public:
-  Statement(sqlite3* db, const char* sql) : db_(db) { rc_ = sqlite3_prepare_v2(db, sql, -1, &stmt_, nullptr); }
-  ~Statement() { sqlite3_finalize(stmt_); }
-  Statement(const Statement&) = delete;
-  Statement& operator=(const Statement&) = delete;
-
-  Statement& Bind(int64_t v) { return Check(sqlite3_bind_int64(stmt_, ++index_, v)); }
-  Statement& Bind(uint64_t v) { return Bind(int64_t(v)); }
-  Statement& Bind(uint32_t v) { return Bind(int64_t(v)); }
-  Statement& Bind(double v) { return Check(sqlite3_bind_double(stmt_, ++index_, v)); }
-  Statement& Bind(const std::string& v) {
-    return Check(sqlite3_bind_text(stmt_, ++index_, v.data(), int(v.size()), SQLITE_TRANSIENT));
-  }
-  Statement& Bind(const std::optional<double>& v) {
-    return v ? Bind(*v) : Check(sqlite3_bind_null(stmt_, ++index_));
-  }
-
-  // SQLITE_ROW -> true, SQLITE_DONE -> false, else error.
-  Result<bool> Step() {
-    if (rc_ != SQLITE_OK) return Error("prepare");
-    const int rc = sqlite3_step(stmt_);
-    if (rc == SQLITE_ROW) return true;
-    if (rc == SQLITE_DONE) return false;
-    rc_ = rc;
-    return Error("step");
-  }
-  Status Run() {
-    auto r = Step();
-    return r.ok() ? Status::Ok() : r.status();
-  }
-
-  int64_t Int(int col) const { return sqlite3_column_int64(stmt_, col); }
-  double Real(int col) const { return sqlite3_column_double(stmt_, col); }
-  std::optional<double> MaybeReal(int col) const {
-    if (sqlite3_column_type(stmt_, col) == SQLITE_NULL) return std::nullopt;
-    return Real(col);
-  }
-  std::string Text(int col) const {
-    const auto* p = sqlite3_column_text(stmt_, col);
-    return p ? std::string(reinterpret_cast<const char*>(p), sqlite3_column_bytes(stmt_, col)) : std::string();
-  }
-
- private:
-  Statement& Check(int rc) {
-    if (rc != SQLITE_OK && rc_ == SQLITE_OK) rc_ = rc;
-    return *this;
-  }
-  Status Error(const char* what) const {
-    return IoError("store: {}: {} failed: {}", sqlite3_db_filename(db_, "main") ? sqlite3_db_filename(db_, "main") : "?",
-                   what, sqlite3_errmsg(db_));
-  }
-
-  sqlite3* db_;
-  sqlite3_stmt* stmt_ = nullptr;
-  int rc_ = SQLITE_OK;
-  int index_ = 0;
-};
-
-Status Exec(sqlite3* db, const char* sql) {
-  char* message = nullptr;
-  if (sqlite3_exec(db, sql, nullptr, nullptr, &message) != SQLITE_OK) {
-    Status s = IoError("store: {}: {}", sqlite3_db_filename(db, "main"), message ? message : "exec failed");
-    sqlite3_free(message);
-    return s;
-  }
-  return Status::Ok();
-}
-
-// Rolls back unless Commit() ran.
-class Transaction {
- public:
-  explicit Transaction(sqlite3* db) : db_(db) { status_ = Exec(db, "BEGIN IMMEDIATE"); }
-  ~Transaction() {
-    if (status_.ok() && !done_) Exec(db_, "ROLLBACK").ok();
-  }
-  const Status& status() const { return status_; }
-  Status Commit() {
-    done_ = true;
-    return Exec(db_, "COMMIT");
-  }
-
- private:
-  sqlite3* db_;
-  Status status_;
-  bool done_ = false;
-};
+// Schema 4, also what migrates an older log: its rounds were not evaluated by the sites.
+constexpr const char* kEvaluationSchema = R"sql(
+CREATE TABLE IF NOT EXISTS round_evaluation (
+  round INTEGER PRIMARY KEY REFERENCES rounds(round) ON DELETE CASCADE, selected INTEGER NOT NULL,
+  reported INTEGER NOT NULL, unsupported INTEGER NOT NULL, failed INTEGER NOT NULL, examples INTEGER NOT NULL,
+  loss REAL NOT NULL, accuracy REAL, accuracy_examples INTEGER NOT NULL, seconds REAL NOT NULL);
+)sql";
 
 RoundState ParseState(const std::string& s) {
   if (s == "collecting") return RoundState::kCollecting;
@@ -255,11 +180,13 @@ Result<std::unique_ptr<Store>> Store::Open(const std::filesystem::path& path) {
     ESTUARY_RETURN_IF_ERROR(tx.status());
     ESTUARY_RETURN_IF_ERROR(Exec(db, kPrivacySchema));
     ESTUARY_RETURN_IF_ERROR(Exec(db, kSecAggSchema));
+    ESTUARY_RETURN_IF_ERROR(Exec(db, kEvaluationSchema));
     ESTUARY_RETURN_IF_ERROR(Exec(db, fmt::format("PRAGMA user_version={}", kSchemaVersion).c_str()));
     ESTUARY_RETURN_IF_ERROR(tx.Commit());
   }
   store->has_privacy_ = true;
   store->has_secagg_ = true;
+  store->has_evaluation_ = true;
   return store;
 }
 
@@ -281,6 +208,7 @@ Result<std::unique_ptr<Store>> Store::OpenReadOnly(const std::filesystem::path& 
   }
   store->has_privacy_ = version.Int(0) >= 2;
   store->has_secagg_ = version.Int(0) >= 3;
+  store->has_evaluation_ = version.Int(0) >= 4;
   return store;
 }
 
@@ -417,6 +345,23 @@ Status Store::RecordSecAgg(uint64_t round, const RoundSecAgg& a) {
   return s.Run();
 }
 
+Status Store::RecordEvaluation(uint64_t round, const RoundEvaluation& e) {
+  return Statement(db_,
+                   "INSERT OR REPLACE INTO round_evaluation(round, selected, reported, unsupported, failed, examples, "
+                   "loss, accuracy, accuracy_examples, seconds) VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
+      .Bind(round)
+      .Bind(e.selected)
+      .Bind(e.reported)
+      .Bind(e.unsupported)
+      .Bind(e.failed)
+      .Bind(e.examples)
+      .Bind(e.loss)
+      .Bind(e.accuracy)
+      .Bind(e.accuracy_examples)
+      .Bind(e.seconds)
+      .Run();
+}
+
 Status Store::FailRound(uint64_t round, const std::string& reason, int64_t now_ms) {
   Transaction tx(db_);
   ESTUARY_RETURN_IF_ERROR(tx.status());
@@ -472,6 +417,23 @@ Status Store::ReadPrivacy(RoundRecord& record) {
                                   .noise_stddev = s.Real(3),
                                   .epsilon = s.Real(4),
                                   .delta = s.Real(5)};
+  }
+  if (has_evaluation_) {
+    Statement e(db_,
+                "SELECT selected, reported, unsupported, failed, examples, loss, accuracy, accuracy_examples, seconds "
+                "FROM round_evaluation WHERE round = ?");
+    ESTUARY_ASSIGN_OR_RETURN(bool evaluated, e.Bind(record.round).Step());
+    if (evaluated) {
+      record.evaluation = RoundEvaluation{.selected = uint32_t(e.Int(0)),
+                                          .reported = uint32_t(e.Int(1)),
+                                          .unsupported = uint32_t(e.Int(2)),
+                                          .failed = uint32_t(e.Int(3)),
+                                          .examples = uint64_t(e.Int(4)),
+                                          .loss = e.Real(5),
+                                          .accuracy = e.MaybeReal(6),
+                                          .accuracy_examples = uint64_t(e.Int(7)),
+                                          .seconds = e.Real(8)};
+    }
   }
   if (!has_secagg_) return Status::Ok();
   Statement a(db_, "SELECT * FROM round_secagg WHERE round = ?");

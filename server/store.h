@@ -5,9 +5,10 @@
 // transitions (every state change of every round), checkpoints (index of the
 // model files), events (refused handshakes, rejected frames), round_privacy
 // (a DP round's release and the ε spent after it), round_secagg (a SecAgg+
-// round's stages) and meta. A round log of schema 1 (before round_privacy)
-// or 2 (before round_secagg) is migrated when a server opens it, and read as
-// it is by the operator CLI.
+// round's stages), round_evaluation (the federated evaluation of a committed
+// round's model) and meta. A round log of schema 1 (before round_privacy),
+// 2 (before round_secagg) or 3 (before round_evaluation) is migrated when a
+// server opens it, and read as it is by the operator CLI.
 // A round's final record, its checkpoint row and its last transition are
 // written in one transaction, so a restart sees a round committed or not at
 // all. Every method is safe to call from one thread at a time.
@@ -61,6 +62,23 @@ struct RoundSecAgg {
   std::array<uint64_t, 4> bytes_down{};
 };
 
+// The federated evaluation of a committed round's model (docs/EVALUATION.md):
+// the sites asked scored it on their own held-out examples. Sites that do not
+// evaluate, and those that failed or did not answer in time, are counted
+// apart and weigh nothing. loss and accuracy are example-weighted means over
+// the sites that reported (accuracy over those whose model has one).
+struct RoundEvaluation {
+  uint32_t selected = 0;
+  uint32_t reported = 0;
+  uint32_t unsupported = 0;
+  uint32_t failed = 0;
+  uint64_t examples = 0;
+  double loss = 0;
+  std::optional<double> accuracy;
+  uint64_t accuracy_examples = 0;
+  double seconds = 0;  // from the first request sent to the last answer (or the deadline)
+};
+
 struct RoundRecord {
   uint64_t round = 0;
   RoundState state = RoundState::kOpen;
@@ -79,6 +97,7 @@ struct RoundRecord {
   std::string detail;                // why a round failed
   std::optional<RoundPrivacy> privacy;  // a committed round of a DP federation
   std::optional<RoundSecAgg> secagg;    // a round summed by SecAgg+ (committed or failed); none: plain
+  std::optional<RoundEvaluation> evaluation;  // a committed round the sites evaluated
 };
 
 // status: "selected", "committed", "dropped", "late", "rejected", "refused"
@@ -151,6 +170,8 @@ class Store {
   // A round's SecAgg+ record (written with CommitRound as well): for a
   // round that failed, how far the protocol got.
   Status RecordSecAgg(uint64_t round, const RoundSecAgg& secagg);
+  // A committed round's federated evaluation, which runs after the commit.
+  Status RecordEvaluation(uint64_t round, const RoundEvaluation& evaluation);
 
   Result<std::vector<RoundRecord>> Rounds();
   Result<std::optional<RoundRecord>> GetRound(uint64_t round);
@@ -167,11 +188,12 @@ class Store {
 
  private:
   explicit Store(sqlite3* db) : db_(db) {}
-  Status ReadPrivacy(RoundRecord& record);  // and the round's secagg row
+  Status ReadPrivacy(RoundRecord& record);  // and the round's secagg and evaluation rows
   Status CommitRoundTransaction(const RoundRecord& record, const std::filesystem::path& checkpoint, int64_t now_ms);
   sqlite3* db_;
   bool has_privacy_ = false;  // schema 2: the round_privacy table exists
   bool has_secagg_ = false;   // schema 3: the round_secagg table exists
+  bool has_evaluation_ = false;  // schema 4: the round_evaluation table exists
 };
 
 int64_t NowMs();

@@ -342,5 +342,84 @@ TEST(Store, TheWatchShowsTheRunningRoundsArrivalsAndTheTimeLeft) {
   EXPECT_TRUE(frame->complete);
 }
 
+// A round log of schema 3 (before round_evaluation): the operator reads it
+// as it is; a server migrates it, and an evaluated round's figures then
+// round-trip and show in `rounds list` and `rounds show` (text and JSON).
+TEST(Store, ALogOfSchemaThreeIsMigratedAndAnEvaluatedRoundShowsItsFigures) {
+  testing::TempDir dir;
+  const auto path = dir / "old.db";
+  {
+    auto store = Store::Open(path);
+    ASSERT_TRUE(store.ok());
+    ASSERT_TRUE((*store)->BeginRound(Round(1)).ok());
+    RoundRecord done = Round(1);
+    done.global_checksum = std::string(64, 'd');
+    ASSERT_TRUE((*store)->CommitRound(done, dir / "c1", 10).ok());
+  }
+  sqlite3* raw = nullptr;
+  ASSERT_EQ(sqlite3_open(path.c_str(), &raw), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(raw, "DROP TABLE round_evaluation; PRAGMA user_version=3;", nullptr, nullptr, nullptr),
+            SQLITE_OK);
+  sqlite3_close(raw);
+  {
+    auto old = Store::OpenReadOnly(path);
+    ASSERT_TRUE(old.ok()) << old.status().ToString();
+    auto rounds = (*old)->Rounds();
+    ASSERT_TRUE(rounds.ok()) << rounds.status().ToString();
+    EXPECT_FALSE((*rounds)[0].evaluation.has_value());
+    std::string text;
+    ASSERT_TRUE(ListRounds(**old, false, &text).ok());
+    EXPECT_EQ(text.find("fed acc"), std::string::npos) << text;
+    ASSERT_TRUE(ShowRound(**old, 1, true, &text).ok());
+    EXPECT_NE(text.find("\"federated_evaluation\": null"), std::string::npos) << text;
+  }
+  auto migrated = Store::Open(path);
+  ASSERT_TRUE(migrated.ok()) << migrated.status().ToString();
+  ASSERT_TRUE((*migrated)->BeginRound(Round(2)).ok());
+  RoundRecord two = Round(2);
+  two.global_checksum = std::string(64, 'e');
+  ASSERT_TRUE((*migrated)->CommitRound(two, dir / "c2", 12).ok());
+  const RoundEvaluation evaluation{.selected = 4, .reported = 2, .unsupported = 1, .failed = 1, .examples = 80,
+                                   .loss = 0.625, .accuracy = 0.8125, .accuracy_examples = 80, .seconds = 1.5};
+  ASSERT_TRUE((*migrated)->RecordEvaluation(2, evaluation).ok());
+  auto rounds = (*migrated)->Rounds();
+  ASSERT_TRUE(rounds.ok());
+  ASSERT_EQ(rounds->size(), 2u);
+  EXPECT_FALSE((*rounds)[0].evaluation.has_value());
+  ASSERT_TRUE((*rounds)[1].evaluation.has_value());
+  const RoundEvaluation& back = *(*rounds)[1].evaluation;
+  EXPECT_EQ(back.selected, 4u);
+  EXPECT_EQ(back.reported, 2u);
+  EXPECT_EQ(back.unsupported, 1u);
+  EXPECT_EQ(back.failed, 1u);
+  EXPECT_EQ(back.examples, 80u);
+  EXPECT_EQ(back.loss, 0.625);
+  EXPECT_EQ(back.accuracy, 0.8125);
+  EXPECT_EQ(back.accuracy_examples, 80u);
+  EXPECT_EQ(back.seconds, 1.5);
+  // A round whose sites reported no accuracy keeps it null.
+  RoundEvaluation no_accuracy = evaluation;
+  no_accuracy.accuracy.reset();
+  ASSERT_TRUE((*migrated)->RecordEvaluation(1, no_accuracy).ok());
+  auto one = (*migrated)->GetRound(1);
+  ASSERT_TRUE(one.ok() && one->has_value() && (*one)->evaluation);
+  EXPECT_FALSE((*one)->evaluation->accuracy.has_value());
+
+  std::string text;
+  ASSERT_TRUE(ListRounds(**migrated, false, &text).ok());
+  EXPECT_NE(text.find("fed acc"), std::string::npos) << text;
+  EXPECT_NE(text.find("0.8125     0.6250"), std::string::npos) << text;
+  ASSERT_TRUE(ShowRound(**migrated, 2, false, &text).ok());
+  EXPECT_NE(text.find("federated accuracy 0.8125, loss 0.6250 over 80 held-out examples of 2 of 4 sites (1 do not "
+                      "evaluate, 1 failed; 1.50 s)"),
+            std::string::npos)
+      << text;
+  ASSERT_TRUE(ShowRound(**migrated, 2, true, &text).ok());
+  EXPECT_NE(text.find("\"sites_unsupported\": 1"), std::string::npos) << text;
+  EXPECT_NE(text.find("\"accuracy\": 0.8125"), std::string::npos) << text;
+  ASSERT_TRUE(ShowRound(**migrated, 1, true, &text).ok());
+  EXPECT_NE(text.find("\"accuracy\": null"), std::string::npos) << text;
+}
+
 }  // namespace
 }  // namespace estuary::server
