@@ -143,6 +143,7 @@ std::string_view BodyName(const Envelope& envelope) {
     case Envelope::kSecaggMaskedDone: return "secagg_masked_done";
     case Envelope::kSecaggUnmask: return "secagg_unmask";
     case Envelope::kSecaggUnmaskResponse: return "secagg_unmask_response";
+    case Envelope::kEvalReport: return "eval_report";
     case Envelope::BODY_NOT_SET: return "empty";
   }
   return "unknown";

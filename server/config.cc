@@ -19,6 +19,10 @@ Status ServerConfig::Finalize() {
   if (mode != "sync") return InvalidArgument("config: mode = '{}': expected sync or async", mode);
   if (rounds == 0) return InvalidArgument("config: rounds = 0: must be >= 1");
   if (!(clients_per_round > 0)) return InvalidArgument("config: clients_per_round = {}: must be > 0", clients_per_round);
+  if (!(evaluate_clients >= 0) || !std::isfinite(evaluate_clients)) {
+    return InvalidArgument("config: evaluate_clients = {}: must be >= 0 (0: every site that evaluates)",
+                           evaluate_clients);
+  }
   if (min_clients == 0) return InvalidArgument("config: min_clients = 0: must be >= 1");
   if (min_updates == 0) return InvalidArgument("config: min_updates = 0: must be >= 1");
   if (!(round_deadline_s > 0)) return InvalidArgument("config: round_deadline = {}: must be > 0", round_deadline_s);

@@ -32,6 +32,13 @@ struct ServerConfig {
   uint32_t min_clients = 10;       // connected clients needed before a round starts
   uint32_t min_updates = 1;        // updates needed to aggregate at the deadline
   double round_deadline_s = 600;
+  // Federated evaluation (docs/EVALUATION.md): after every evaluate_every-th
+  // committed round, and after the last, sites score the new global model on
+  // their own held-out examples (an evaluation round of its own, before the
+  // next training round); 0: never. evaluate_clients: sites asked, a count
+  // (>= 1) or a fraction (< 1) of the connected sites that evaluate; 0: all.
+  uint64_t evaluate_every = 0;
+  double evaluate_clients = 0;
   // The task every selected client trains, the strategy, the seed, the base
   // model: checked by aggregation::CheckFederation, built by MakeFederation.
   v1::FederationConfig federation = aggregation::DefaultFederation();

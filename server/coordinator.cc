@@ -47,6 +47,7 @@ Coordinator::Coordinator(const ServerConfig& config, Store& store, Clock& clock,
       worker_(std::move(worker)),
       deadline_(clock.MakeTimer()),
       retry_(clock.MakeTimer()),
+      eval_deadline_(clock.MakeTimer()),
       distribution_(clock, std::chrono::milliseconds(int64_t(config.download_slot_timeout_s * 1000))),
       // A robust rule keeps a round's staged updates until it commits: on
       // disk, mapped, rather than in memory.
@@ -84,6 +85,11 @@ void Coordinator::OnHello(const std::shared_ptr<ClientSession>& session, const v
   if (metrics_) metrics_->SetConnectedSites(connected_.size());
   distribution_.OnHello(name, hello);
   hello_examples_[name] = hello.num_examples();
+  if (hello.evaluates()) {
+    evaluators_.insert(name);
+  } else {
+    evaluators_.erase(name);
+  }
   LogIfError(store_.ClientSeen(name, session->address(), clock_.UnixMs()), "store");
   // Until round 1 opens, the operator's question is how many are still missing.
   const bool waiting = !round_running_ && !complete() && connected_.size() < config_.min_clients;
@@ -104,6 +110,7 @@ void Coordinator::OnMessage(const std::shared_ptr<ClientSession>& session, v1::E
     case v1::Envelope::kUpdateChunk: return OnUpdateChunk(session, envelope.update_chunk());
     case v1::Envelope::kUpdateCommit: return OnUpdateCommit(session, envelope.update_commit());
     case v1::Envelope::kRefusal: return OnRefusal(session, envelope.refusal());
+    case v1::Envelope::kEvalReport: return OnEvalReport(session, envelope.eval_report());
     case v1::Envelope::kSecaggAdvertise:
     case v1::Envelope::kSecaggShares:
     case v1::Envelope::kSecaggMaskedChunk:
@@ -116,7 +123,7 @@ void Coordinator::OnMessage(const std::shared_ptr<ClientSession>& session, v1::E
 }
 
 void Coordinator::MaybeStartRound() {
-  if (closing_ || round_running_ || complete() || connected_.size() < config_.min_clients) return;
+  if (closing_ || round_running_ || eval_ || complete() || connected_.size() < config_.min_clients) return;
   StartRound();
 }
 
@@ -341,6 +348,7 @@ void Coordinator::OnRefusal(const std::shared_ptr<ClientSession>& session, const
              "store");
   // A refusing site leaves; closing from this end lets it go once it has read what was queued for it.
   if (!stays) session->CloseAfterWrites();
+  if (!stays && eval_ && refusal.round() == eval_->round) EvaluationGone(session->name(), "refused: " + reason);
   auto it = participants_.find(session->name());
   if (!round_running_ || refusal.round() != round_ || it == participants_.end() ||
       it->second.session.lock() != session || it->second.record.status != "selected") {
@@ -361,6 +369,12 @@ void Coordinator::OnClosed(ClientSession& session) {
   auto it = connected_.find(session.name());
   if (it != connected_.end() && it->second.get() == &session) connected_.erase(it);
   if (metrics_) metrics_->SetConnectedSites(connected_.size());
+  if (eval_) {
+    auto e = eval_->sites.find(session.name());
+    if (e != eval_->sites.end() && e->second.session.lock().get() == &session) {
+      EvaluationGone(session.name(), "connection lost");
+    }
+  }
   auto p_it = participants_.find(session.name());
   if (round_running_ && p_it != participants_.end() && p_it->second.session.lock().get() == &session &&
       p_it->second.record.status == "selected") {
@@ -474,13 +488,24 @@ void Coordinator::OnAggregated(Aggregator::Finished result) {
                                : std::string(),
                seconds, collect_seconds_);
 
-  Broadcast(RoundCommittedMessage(record_, seconds, per_update, result.changed_bytes, round_ == config_.rounds));
+  // After the last round the federation ends once its evaluation has.
+  Broadcast(RoundCommittedMessage(record_, seconds, per_update, result.changed_bytes,
+                                  round_ == config_.rounds && !EvaluationDue(round_)));
 
   round_running_ = false;
   secagg_.reset();
   ++round_;
   failed_tries_ = 0;
+  if (EvaluationDue(round_ - 1) && StartEvaluation(round_ - 1)) return;
+  AfterRound();
+}
+
+void Coordinator::AfterRound() {
   if (complete()) {
+    // The last round's RoundClosed left the federation open for its evaluation.
+    if (round_ > config_.rounds && EvaluationDue(config_.rounds)) {
+      Broadcast(FederationCompleteMessage(config_.rounds, distribution_.current()));
+    }
     spdlog::info("federation complete after {} rounds", config_.rounds);
     LogIfError(store_.SetMeta("complete", std::to_string(round_ - 1)), "store");
     if (on_complete_) on_complete_();
@@ -531,6 +556,7 @@ void Coordinator::FailRound(const std::string& reason) {
 void Coordinator::CloseAll() {
   closing_ = true;
   deadline_->Cancel();
+  eval_deadline_->Cancel();
   retry_->Cancel();
   auto sessions = connected_;
   for (auto& [name, session] : sessions) session->CloseAfterWrites();

@@ -21,6 +21,13 @@
 // over the selected sessions instead of uploads, and the unmasked mean is
 // folded as one update (coordinator_secagg.cc, server/secagg_state.h); the
 // protocol's threshold t, not min_updates, decides whether the round goes on.
+// With config.evaluate_every, a committed round that is due is followed by
+// its evaluation round (coordinator_eval.cc): sites whose Hello said they
+// evaluate download the new model and score it on their own held-out data;
+// their answers, folded by AggregateEvaluations, go into the round log, and
+// only then does the next round (or, after the last, the federation's end)
+// come. A site that fails, does not evaluate, or does not answer before the
+// deadline is counted apart and holds nothing up beyond that deadline.
 //
 // Time comes from a Clock and the two executors are given to it, so tests
 // drive all of it from one thread. Everything posted to the worker must have
@@ -33,6 +40,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -44,6 +52,7 @@
 #include "server/config.h"
 #include "server/distribution.h"
 #include "proto/event_file.h"
+#include "server/evaluation.h"
 #include "server/metrics.h"
 #include "server/secagg_state.h"
 #include "server/staging_slots.h"
@@ -81,7 +90,7 @@ class Coordinator {
   // The sessions of the connected clients, in name order.
   std::vector<std::shared_ptr<ClientSession>> Connected() const;
   // The last round committed, or the privacy budget stopped the federation.
-  bool complete() const { return round_ > config_.rounds || budget_spent_; }
+  bool complete() const { return (round_ > config_.rounds && !eval_) || budget_spent_; }
   // The round running, or the next to run.
   uint64_t round() const { return round_; }
 
@@ -117,6 +126,19 @@ class Coordinator {
   // beyond dp.max_epsilon; sets round_sampling_rate_ otherwise.
   bool WithinPrivacyBudget(size_t selected, size_t population);
   void Transition(RoundState to, const std::string& detail = {});
+  // After a round committed (and its evaluation, if any): the next round, or
+  // the federation's end.
+  void AfterRound();
+
+  // Federated evaluation (coordinator_eval.cc; config_.evaluate_every).
+  bool EvaluationDue(uint64_t round) const;
+  // Asks the sampled evaluating sites to score the model `round` committed;
+  // false when no connected site evaluates (nothing is recorded then).
+  bool StartEvaluation(uint64_t round);
+  void OnEvalReport(const std::shared_ptr<ClientSession>& session, const v1::EvalReport& report);
+  // A selected site that will not answer: dropped, refused, or the deadline.
+  void EvaluationGone(const std::string& name, const std::string& why);
+  void MaybeFinishEvaluation(bool deadline);
 
   // SecAgg+ (coordinator_secagg.cc; config_.secagg.on): the round's protocol
   // over the selected sites' sessions, each site's setup in its RoundStart.
@@ -142,6 +164,7 @@ class Coordinator {
   boost::asio::any_io_executor worker_;  // folds, evaluation, checkpoints: never the I/O thread
   std::unique_ptr<Timer> deadline_;
   std::unique_ptr<Timer> retry_;
+  std::unique_ptr<Timer> eval_deadline_;  // the evaluation round's
 
   v1::TaskConfig task_;  // what every selected client trains (the federation's, as built)
   std::unique_ptr<Aggregator> aggregator_;  // touched only on worker_, but for its name
@@ -177,6 +200,19 @@ class Coordinator {
   bool budget_spent_ = false;
   std::unique_ptr<SecAggState> secagg_;              // the round's, under config_.secagg.on
   std::map<std::string, uint64_t> hello_examples_;  // by certificate name: what each site's Hello claimed
+  std::set<std::string> evaluators_;                // by certificate name: sites whose Hello said evaluates
+
+  struct EvalSite {
+    std::weak_ptr<ClientSession> session;
+    bool answered = false;
+    SiteEvaluation result;
+  };
+  struct EvalPhase {
+    uint64_t round = 0;
+    std::chrono::steady_clock::time_point started;
+    std::map<std::string, EvalSite> sites;
+  };
+  std::optional<EvalPhase> eval_;  // the evaluation round running, if any
 };
 
 }  // namespace estuary::server

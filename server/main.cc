@@ -139,6 +139,12 @@ int main(int argc, char** argv) {
   serve->add_option("--mode", config.mode, "sync (rounds) | async (FedBuff: refused for now; estuary-sim --async runs it)");
   serve->add_option("--rounds", config.rounds, "number of rounds");
   serve->add_option("--clients-per-round", config.clients_per_round, "count (>= 1) or fraction (< 1) sampled per round");
+  serve->add_option("--evaluate-every", config.evaluate_every,
+                    "every N rounds (and after the last) the sites score the global model on their own held-out "
+                    "examples: federated evaluation, in the round log (0: never)");
+  serve->add_option("--evaluate-clients", config.evaluate_clients,
+                    "sites asked to evaluate: count (>= 1) or fraction (< 1) of the connected sites that evaluate "
+                    "(0: all)");
   serve->add_option("--min-clients", config.min_clients, "connected clients needed to start a round");
   serve->add_option("--min-updates", config.min_updates, "updates needed to aggregate at the deadline");
   serve->add_option("--round-deadline", config.round_deadline_s, "seconds a round collects updates");

@@ -91,12 +91,13 @@ Status CoordinatorRig::Start() {
 }
 
 std::shared_ptr<FakeSession> CoordinatorRig::Connect(const std::string& name, const std::string& serial,
-                                                     bool keeps_model) {
+                                                     bool keeps_model, bool evaluates) {
   auto session = std::make_shared<FakeSession>(name, serial);
   session->on_closed = [this](ClientSession& closed) { coordinator->OnClosed(closed); };
   v1::Hello hello;
   hello.set_protocol_version(proto::kProtocolVersion);
   hello.set_keeps_model(keeps_model);
+  hello.set_evaluates(evaluates);
   coordinator->OnHello(session, hello);
   return session;
 }

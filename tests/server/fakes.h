@@ -142,9 +142,10 @@ struct CoordinatorRig {
   // Finalizes `config`, opens the store and recovers a Coordinator of it.
   Status Start();
   // A client of that name says hello, holding no model (and keeping the
-  // models it trains from, if `keeps_model`).
+  // models it trains from, if `keeps_model`; answering evaluation rounds, if
+  // `evaluates`).
   std::shared_ptr<FakeSession> Connect(const std::string& name, const std::string& serial = "01",
-                                       bool keeps_model = false);
+                                       bool keeps_model = false, bool evaluates = false);
   // Every selected session's download is written, as often as it takes.
   void FinishDownloads(const std::vector<std::shared_ptr<FakeSession>>& sessions);
 
