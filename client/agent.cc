@@ -155,6 +155,7 @@ void Agent::OnConnected() {
   hello->set_model_version_held(model_version_);
   hello->set_model_checksum_held(model_checksum_);
   hello->set_keeps_model(options_.keep_model);
+  hello->set_evaluates(true);  // a trainer that cannot says so per round (EvalReport.supported)
   Send(envelope);
   last_frame_ = Clock::now();
   ArmRead();
@@ -356,23 +357,6 @@ void Agent::OnModelChunk(const v1::ModelChunk& chunk) {
   Train();
 }
 
-void Agent::Train() {
-  if (busy_training_) {  // a newer round arrived while the last one trains
-    train_again_ = true;
-    return;
-  }
-  busy_training_ = true;
-  const uint64_t round = round_->round();
-  auto model = model_;
-  auto task = round_->task();
-  auto manifest = manifest_;
-  asio::post(training_, [self = shared_from_this(), model, task, manifest, round] {
-    spdlog::debug("{}: round {} training starts", self->name_, round);
-    Result<Update> update = self->trainer_.Train(*model, manifest, task, round, self->name_);
-    asio::post(self->io_, [self, round, update = std::move(update)]() mutable { self->OnTrained(round, std::move(update)); });
-  });
-}
-
 void Agent::OnTrained(uint64_t round, Result<Update> update) {
   busy_training_ = false;
   if (train_again_) {
@@ -382,7 +366,7 @@ void Agent::OnTrained(uint64_t round, Result<Update> update) {
   }
   // A result for a round announced on an earlier connection is stale: the
   // server has either restarted that round (and will say so) or moved on.
-  if (stopped_ || !round_ || round_->round() != round || round_connection_ != connection_) {
+  if (stopped_ || !round_ || round_->round() != round || round_->evaluate_only() || round_connection_ != connection_) {
     if (update.ok() && update->stream) Discard(update->stream);
     return;
   }

@@ -13,6 +13,9 @@
 // rest comes from the model held, and the checksum is checked over the whole.
 // A RoundStart with a SecAggSetup makes the site take part in SecAgg+
 // instead of uploading in the clear (agent_secagg.cc, client/secagg_site.h).
+// A RoundStart with evaluate_only has the trainer score the model on the
+// site's held-out examples (Trainer::Evaluate) and answers with an
+// EvalReport instead of an update; its Hello says it understands them.
 // When the connection drops it reconnects with
 // exponential backoff, until the server announces the federation complete.
 // Every stage of a connection has a deadline (AgentOptions); one that passes
@@ -133,8 +136,10 @@ class Agent : public std::enable_shared_from_this<Agent> {
   void OnModelChunk(const v1::ModelChunk& chunk);
   // Adds every low-rank change, its factors received, to the held tensor.
   void ApplyLowRank();
+  // Trains the round's model, or scores it in an evaluation round (agent_work.cc).
   void Train();
   void OnTrained(uint64_t round, Result<Update> update);
+  void OnEvaluated(uint64_t round, Result<Evaluation> evaluation);
   void Send(const v1::Envelope& envelope);
   void WriteNext();
   // The next frame of a streamed upload, or nothing while its slice is pending.

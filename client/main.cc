@@ -15,10 +15,12 @@
 #include "base/cli.h"
 #include "base/config_file.h"
 #include "base/host_port.h"
+#include "base/seed.h"
 #include "base/memory.h"
 #include "client/agent.h"
 #include "models/hf_base.h"
 #include "comm/gloo_communicator.h"
+#include "client/held_out.h"
 #include "client/launch.h"
 #include "client/site.h"
 #include "crypto/tls.h"
@@ -159,7 +161,7 @@ Result<std::unique_ptr<client::RankTrainer>> MakeRankTrainer(const RankLink& lin
   models.recompute = recompute;
   if (data.instructions) return client::MakeInstructionRankTrainer(comm, data.instructions, options, std::move(models));
   if (data.text) return client::MakeTextRankTrainer(comm, data.text, options, std::move(models));
-  return client::MakeClassifierRankTrainer(comm, data.images, {}, options, std::move(models));
+  return client::MakeClassifierRankTrainer(comm, data.images, data.indices, options, std::move(models));
 }
 
 // Local rank 0's children: started with the same arguments, reaped here.
@@ -333,6 +335,8 @@ int main(int argc, char** argv) {
   std::string lora_base = "f32";
   std::string base_model;
   client::SiteFlags site_flags;
+  double eval_split = 0.1;
+  uint64_t eval_seed = 0;
   app.add_option("--config", config, "TOML file with the same keys as these flags");
   app.add_option("--server", server, "aggregation server HOST:PORT");
   app.add_option("--cert", tls.cert, "this site's certificate (PEM)");
@@ -348,6 +352,10 @@ int main(int argc, char** argv) {
                  "instruction data: the prompt template, the federation's (llama3 | chatml | alpaca | none)");
   app.add_option("--tokenizer", instruction.tokenizer,
                  "instruction data: this site's tokenizer.json (its tokenizer_config.json beside it)");
+  app.add_option("--eval-split", eval_split,
+                 "fraction of this site's examples held out of training, on which it scores the global model when "
+                 "the server asks (federated evaluation; 0: none, the site does not evaluate)");
+  app.add_option("--eval-seed", eval_seed, "seed of which examples --eval-split holds out");
   app.add_option("--device", device, "where a site without --gpus trains: cpu | cuda | cuda:N");
   app.add_option("--precision", precision, "fp32 | bf16 | fp16 (bf16 and fp16 need a GPU)");
   app.add_option("--max-backoff", max_backoff, "longest wait between reconnection attempts, seconds");
@@ -418,6 +426,13 @@ int main(int argc, char** argv) {
   }
   auto site_data = LoadSiteData(data, data_kind, instruction);
   if (!site_data.ok()) return Fail(site_data.status());
+  // Before any rank is built: every rank trains on the same examples.
+  auto held_out = client::SplitHeldOut(&*site_data, eval_split, MixSeed(eval_seed, std::string_view("held-out")));
+  if (!held_out.ok()) return Fail(held_out.status());
+  if (held_out->examples() > 0) {
+    spdlog::info("{} {} held out of training for federated evaluation (--eval-split {:g})", held_out->examples(),
+                 held_out->images ? "examples" : "tokens", eval_split);
+  }
   client::AgentOptions options;
   options.host = host;
   options.port = port;
@@ -450,7 +465,8 @@ int main(int argc, char** argv) {
     spdlog::info("site of 1 rank on {} ({}, solo{})", compute->ToString(), parallel::ZeroStageName(site->zero),
                  recompute ? ", activation recompute" : "");
     uint64_t rounds = 0;
-    Status outcome = RunAgent(options, **trainer, nullptr, nullptr, site->timeout, &rounds);
+    client::EvaluatingTrainer evaluating(**trainer, *held_out);
+    Status outcome = RunAgent(options, evaluating, nullptr, nullptr, site->timeout, &rounds);
     if (!outcome.ok()) return Fail(outcome);
     spdlog::info("federation complete; trained {} rounds", rounds);
     return 0;
@@ -500,7 +516,8 @@ int main(int argc, char** argv) {
   }
   client::SiteTrainer trainer(comm, std::move(*rank_trainer), site->zero, *compute);
   uint64_t rounds = 0;
-  Status outcome = RunAgent(options, trainer, &trainer, &children, site->timeout, &rounds);
+  client::EvaluatingTrainer evaluating(trainer, *held_out);  // on rank 0 alone
+  Status outcome = RunAgent(options, evaluating, &trainer, &children, site->timeout, &rounds);
   if (!outcome.ok()) return fail(outcome);
   if (Status s = children.WaitAll(false); !s.ok()) return Fail(s);
   spdlog::info("federation complete; trained {} rounds on {} ranks", rounds, site->world());

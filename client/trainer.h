@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -48,6 +49,17 @@ struct Update {
   std::shared_ptr<UpdateStream> stream;
 };
 
+// A site's score of a global model on its own held-out examples (federated
+// evaluation, docs/EVALUATION.md). supported false: the site does not
+// evaluate (no held-out data, or no evaluator for the model).
+struct Evaluation {
+  bool supported = false;
+  uint64_t examples = 0;
+  double loss = 0;                 // mean over the examples
+  std::optional<double> accuracy;  // when the model has one
+  double seconds = 0;
+};
+
 class Trainer {
  public:
   virtual ~Trainer() = default;
@@ -68,6 +80,14 @@ class Trainer {
                                          const v1::TaskConfig& task, uint64_t round, std::string_view client_name,
                                          std::span<const float> control, std::span<const float> site_control) {
     return FailedPrecondition("trainer: this site cannot correct its gradients by SCAFFOLD's control variates");
+  }
+
+  // Scores `global` on the site's held-out examples, on the training thread
+  // like Train. By default the site does not evaluate (supported false); an
+  // error is an evaluation that failed, reported as such.
+  virtual Result<Evaluation> Evaluate(std::span<const float> global, const Manifest& manifest,
+                                      const v1::TaskConfig& task, uint64_t round, std::string_view client_name) {
+    return Evaluation{};
   }
 };
 

@@ -65,7 +65,7 @@ TEST(Federation, TwoSitesTrainTwoRoundsAndTheOperatorReadsTheLog) {
   auto participants = ParticipationsByName(*store, 1);
   ASSERT_EQ(participants.size(), 2u);
   EXPECT_EQ(participants["site-a"].status, "committed");
-  EXPECT_EQ(participants["site-a"].examples, 300u);
+  EXPECT_EQ(participants["site-a"].examples, 270u);  // 300, less the 10% held out (--eval-split)
   EXPECT_EQ(participants["site-b"].status, "committed");
   // Every round each site downloads the new global model once: 199,210 f32.
   EXPECT_EQ((*rounds)[1].bytes_down, 2u * 199210 * 4);
@@ -502,7 +502,7 @@ TEST(Federation, UploadViolationsAreRejectedAndTheRoundCarriesOn) {
   EXPECT_EQ(p["site-sum"].status, "rejected");
   EXPECT_EQ(p["site-killed"].status, "dropped") << f.ServerLog();
 
-  // FedAvg of the good update (300 examples) and a zero delta (50 examples):
+  // FedAvg of the good update (270 examples) and a zero delta (50 examples):
   // the model moved, but by far less than the poisoned half-upload would have.
   auto path = store->CheckpointFor(1);
   ASSERT_TRUE(path.ok() && path->has_value());
