@@ -69,6 +69,17 @@ Result<std::vector<float>> Flatten(const std::vector<Tensor>& tensors, const Man
   return flat;
 }
 
+// The global model as named tensors, in the manifest's order.
+std::vector<estuary::Tensor> Tensors(std::span<const float> global, const Manifest& manifest) {
+  std::vector<estuary::Tensor> tensors;
+  tensors.reserve(manifest.tensors.size());
+  for (const TensorSpec& spec : manifest.tensors) {
+    const auto begin = global.begin() + int64_t(spec.offset);
+    tensors.push_back({spec.name, spec.shape, std::vector<float>(begin, begin + int64_t(spec.numel()))});
+  }
+  return tensors;
+}
+
 // The public Trainer behind client::Trainer: named tensors in, an update out.
 class PublicTrainer : public client::Trainer {
  public:
@@ -83,12 +94,7 @@ class PublicTrainer : public client::Trainer {
                              task.update_kind() == v1::UPDATE_LORA ? "lora" : "other");
     }
     const auto start = std::chrono::steady_clock::now();
-    std::vector<estuary::Tensor> tensors;
-    tensors.reserve(manifest.tensors.size());
-    for (const TensorSpec& spec : manifest.tensors) {
-      const auto begin = global.begin() + int64_t(spec.offset);
-      tensors.push_back({spec.name, spec.shape, std::vector<float>(begin, begin + int64_t(spec.numel()))});
-    }
+    std::vector<estuary::Tensor> tensors = Tensors(global, manifest);
     TrainResult result;
     try {
       result = user_.Train(tensors, TaskInfoOf(task, round, client_name));
@@ -120,6 +126,33 @@ class PublicTrainer : public client::Trainer {
                                                                        result.num_examples, loss, start, round));
     update.trained_on = "the client API's trainer";
     return update;
+  }
+
+  Result<client::Evaluation> Evaluate(std::span<const float> global, const Manifest& manifest,
+                                      const v1::TaskConfig& task, uint64_t round,
+                                      std::string_view client_name) override {
+    if (task.update_kind() != v1::UPDATE_FULL) return client::Evaluation{};  // it trains full models only
+    const auto start = std::chrono::steady_clock::now();
+    EvalResult result;
+    try {
+      result = user_.Evaluate(Tensors(global, manifest), TaskInfoOf(task, round, client_name));
+    } catch (const std::exception& e) {
+      return Aborted("round {}: the trainer's evaluation threw: {}", round, e.what());
+    }
+    if (!result.supported) return client::Evaluation{};
+    if (result.num_examples == 0) {
+      return InvalidArgument("round {}: the trainer's evaluation returned num_examples = 0", round);
+    }
+    if (result.has_accuracy && !(result.accuracy >= 0 && result.accuracy <= 1)) {
+      return InvalidArgument("round {}: the trainer's evaluation returned accuracy {}, not in [0, 1]", round,
+                             result.accuracy);
+    }
+    return client::Evaluation{
+        .supported = true,
+        .examples = result.num_examples,
+        .loss = result.loss,
+        .accuracy = result.has_accuracy ? std::optional<double>(result.accuracy) : std::nullopt,
+        .seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()};
   }
 
  private:

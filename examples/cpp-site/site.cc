@@ -3,7 +3,7 @@
 // as torch.nn.Linear(D, 1)'s state dict names them.
 //
 //   linreg-site --server HOST:PORT --ca ca.pem --cert site.pem --key site.key --data site.csv [--check-model]
-//               [--delta]
+//               [--delta] [--eval-data held-out.csv]
 //
 // site.csv holds one example per line: D features, then y. Each round runs
 // the task's epochs of full-batch gradient descent on the mean squared error
@@ -12,6 +12,9 @@
 // tensors), as a site whose model file differs from the server's should.
 // With --delta it returns local minus global instead of the local weights
 // (the same update: the server computes that difference itself otherwise).
+// With --eval-data the site scores the global model on those held-out
+// examples when the server asks (federated evaluation): their mean squared
+// error; without it, it answers that it does not evaluate.
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -55,7 +58,8 @@ std::vector<Example> ReadCsv(const std::string& path) {
 
 class LinearRegression : public estuary::Trainer {
  public:
-  LinearRegression(std::vector<Example> examples, bool delta) : examples_(std::move(examples)), delta_(delta) {}
+  LinearRegression(std::vector<Example> examples, bool delta, std::vector<Example> held_out = {})
+      : examples_(std::move(examples)), delta_(delta), held_out_(std::move(held_out)) {}
 
   size_t features() const { return examples_[0].x.size(); }
 
@@ -104,16 +108,41 @@ class LinearRegression : public estuary::Trainer {
     return result;
   }
 
+  estuary::EvalResult Evaluate(const std::vector<estuary::Tensor>& global, const estuary::TaskInfo&) override {
+    estuary::EvalResult result;
+    if (held_out_.empty()) return result;  // not supported: no held-out examples
+    const std::vector<float>* w = nullptr;
+    const std::vector<float>* b = nullptr;
+    for (const estuary::Tensor& t : global) {
+      if (t.name == "linear.weight") w = &t.data;
+      if (t.name == "linear.bias") b = &t.data;
+    }
+    if (!w || !b || b->size() != 1 || w->size() != held_out_[0].x.size()) {
+      throw std::runtime_error("the global model is not a Linear of the held-out examples' width");
+    }
+    double loss = 0;
+    for (const Example& e : held_out_) {
+      double error = (*b)[0] - e.y;
+      for (size_t j = 0; j < w->size(); ++j) error += (*w)[j] * e.x[j];
+      loss += error * error;
+    }
+    result.supported = true;
+    result.num_examples = held_out_.size();
+    result.loss = loss / double(held_out_.size());
+    return result;
+  }
+
  private:
   std::vector<Example> examples_;
   bool delta_;
+  std::vector<Example> held_out_;
 };
 
 }  // namespace
 
 int main(int argc, char** argv) {
   estuary::SiteOptions options;
-  std::string data;
+  std::string data, eval_data;
   bool check_model = false, delta = false;
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
@@ -136,6 +165,8 @@ int main(int argc, char** argv) {
       options.key = value;
     } else if (flag == "--data") {
       data = value;
+    } else if (flag == "--eval-data") {
+      eval_data = value;
     } else if (flag == "--max-backoff") {
       options.max_backoff_s = std::atof(value.c_str());
     } else {
@@ -144,7 +175,7 @@ int main(int argc, char** argv) {
     }
   }
   try {
-    LinearRegression trainer(ReadCsv(data), delta);
+    LinearRegression trainer(ReadCsv(data), delta, eval_data.empty() ? std::vector<Example>() : ReadCsv(eval_data));
     if (check_model) options.expected_model = estuary::ModelName(trainer.Layout());
     const estuary::SiteResult result = estuary::RunSite(options, trainer);
     if (!result.ok) {

@@ -19,6 +19,12 @@
 // SHA-256 of the file's layout: ModelName of your own tensors gives the same
 // string, and with SiteOptions::expected_model set a site refuses, in one
 // line, a federation of any other model.
+//
+// A Trainer may also score the global model on held-out examples of its own
+// (Trainer::Evaluate) for the server's federated evaluation. Adding it to
+// an existing Trainer is optional; a site written before it builds as it
+// is, against this header (rebuild it: the library's Trainer has one more
+// virtual function than a site compiled against an older header knows of).
 #pragma once
 
 #include <cstdint>
@@ -71,6 +77,21 @@ struct TrainResult {
   std::map<std::string, double> metrics;
 };
 
+// A site's score of the global model on its own held-out examples, for the
+// server's federated evaluation (estuary-server serve --evaluate-every).
+struct EvalResult {
+  // false: this site does not evaluate (the default Trainer::Evaluate's
+  // answer); the server counts it apart, and it weighs nothing.
+  bool supported = false;
+  // The held-out examples scored (> 0 when supported): the weight of this
+  // site's loss and accuracy in the federation's means. They should be
+  // examples Train never trains on.
+  uint64_t num_examples = 0;
+  double loss = 0;            // mean over those examples
+  bool has_accuracy = false;  // the model has an accuracy
+  double accuracy = 0;        // in [0, 1], with has_accuracy
+};
+
 class ESTUARY_API Trainer {
  public:
   virtual ~Trainer() = default;
@@ -80,6 +101,13 @@ class ESTUARY_API Trainer {
   // own, one round at a time. Throwing (any std::exception) withholds this
   // round's update: the error is logged and the site waits for the next.
   virtual TrainResult Train(const std::vector<Tensor>& global, const TaskInfo& task) = 0;
+  // Scores `global` (every tensor of the global model, as Train receives
+  // them) on the site's held-out examples, when the server runs an
+  // evaluation round; on the same thread as Train, never at once with it.
+  // Optional: by default the site answers that it does not evaluate.
+  // Throwing (any std::exception) reports a failed evaluation; neither
+  // holds up the federation.
+  virtual EvalResult Evaluate(const std::vector<Tensor>& /*global*/, const TaskInfo& /*task*/) { return {}; }
 };
 
 struct SiteOptions {

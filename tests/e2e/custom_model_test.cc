@@ -59,7 +59,7 @@ models::CustomModel LinearModel(bool counter) {
 }
 
 std::unique_ptr<ChildProcess> StartSite(Federation& f, const std::string& name, uint16_t port, const fs::path& data,
-                                        bool check_model, bool delta = false) {
+                                        bool check_model, bool delta = false, const fs::path& eval_data = {}) {
   const auto files = f.Files(name);
   std::vector<std::string> argv = {fs::path(ESTUARY_BINARY_DIR) / "examples" / "linreg-site", "--server",
                                    fmt::format("127.0.0.1:{}", port), "--ca", files.ca.string(), "--cert",
@@ -67,6 +67,7 @@ std::unique_ptr<ChildProcess> StartSite(Federation& f, const std::string& name, 
                                    "--max-backoff", "1"};
   if (check_model) argv.push_back("--check-model");
   if (delta) argv.push_back("--delta");
+  if (!eval_data.empty()) argv.insert(argv.end(), {"--eval-data", eval_data.string()});
   return std::make_unique<ChildProcess>(argv, f.dir() / (name + ".log"));
 }
 
@@ -155,6 +156,69 @@ TEST(CustomModelFederation, FedAvgOfClientApiSitesIsGradientDescentOnTheirPooled
   }
   EXPECT_EQ(back->values, checkpoint->data);
   EXPECT_EQ(back->held, initial.held);
+}
+
+// Federated evaluation through the client API (Trainer::Evaluate): one site
+// scores each round's model on its held-out examples, one has none (the
+// default Evaluate: not supported), one's evaluation throws (its held-out
+// examples are of another width). Only the first counts, as its mean squared
+// error, which the test computes from the round's checkpoint; the other two
+// are counted apart and hold nothing up.
+TEST(CustomModelFederation, ClientApiSitesEvaluateAndThoseThatCannotDoNotHoldItUp) {
+  Federation f;
+  f.eval_data = false;
+  const models::CustomModel initial = LinearModel(/*counter=*/false);
+  const fs::path model_file = f.dir() / "linear.safetensors";
+  ASSERT_TRUE(models::SaveCustomModel(model_file, initial).ok());
+  std::vector<fs::path> data;
+  for (int k = 0; k < 3; ++k) {
+    data.push_back(f.dir() / fmt::format("site-{}.csv", k));
+    WriteSiteData(data.back(), 20 + 10 * k, 200 + k);
+    f.Issue(fmt::format("site-{}", k));
+  }
+  const fs::path held_out = f.dir() / "held-out.csv", narrow = f.dir() / "narrow.csv";
+  const std::vector<Example> examples = WriteSiteData(held_out, 16, 300);
+  {
+    std::ofstream out(narrow);
+    out << "1,2,3\n4,5,6\n";  // two features and y: not the model's three
+  }
+  constexpr uint64_t kRounds = 2;
+  std::vector<std::string> flags = ServeFlags(model_file, 0.1);
+  flags.insert(flags.end(), {"--evaluate-every", "1"});
+  const uint16_t port = f.StartServer(kRounds, 3, flags);
+  std::vector<std::unique_ptr<ChildProcess>> sites;
+  sites.push_back(StartSite(f, "site-0", port, data[0], false, false, held_out));
+  sites.push_back(StartSite(f, "site-1", port, data[1], false));
+  sites.push_back(StartSite(f, "site-2", port, data[2], false, false, narrow));
+  for (int k = 0; k < 3; ++k) EXPECT_EQ(sites[k]->Wait(), 0) << f.ClientLog(fmt::format("site-{}", k));
+  ASSERT_EQ(f.WaitServer(), 0) << f.ServerLog();
+  EXPECT_NE(f.ClientLog("site-2").find("the trainer's evaluation threw"), std::string::npos) << f.ClientLog("site-2");
+
+  auto store = f.OpenStore();
+  ASSERT_TRUE(store);
+  for (uint64_t round = 1; round <= kRounds; ++round) {
+    SCOPED_TRACE(fmt::format("round {}", round));
+    auto record = store->GetRound(round);
+    ASSERT_TRUE(record.ok() && record->has_value() && (*record)->evaluation);
+    const server::RoundEvaluation& e = *(*record)->evaluation;
+    EXPECT_EQ(e.selected, 3u);
+    EXPECT_EQ(e.reported, 1u);
+    EXPECT_EQ(e.unsupported, 1u);
+    EXPECT_EQ(e.failed, 1u);
+    EXPECT_EQ(e.examples, examples.size());
+    EXPECT_FALSE(e.accuracy.has_value()) << "a regression has no accuracy";
+    auto path = store->CheckpointFor(round);
+    ASSERT_TRUE(path.ok() && path->has_value());
+    auto checkpoint = models::LoadCheckpoint(**path);
+    ASSERT_TRUE(checkpoint.ok()) << checkpoint.status().ToString();
+    double mse = 0;
+    for (const Example& x : examples) {
+      double error = double(checkpoint->data[kFeatures]) - x.y;
+      for (int j = 0; j < kFeatures; ++j) error += double(checkpoint->data[j]) * x.x[j];
+      mse += error * error / double(examples.size());
+    }
+    EXPECT_NEAR(e.loss, mse, 1e-12 * std::max(1.0, mse));
+  }
 }
 
 TEST(CustomModelFederation, ASiteRefusesAFederationOfAnotherModelInOneLine) {
