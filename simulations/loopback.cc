@@ -18,6 +18,7 @@
 #include "models/hf_base.h"
 #include "server/store.h"
 #include "simulations/attack.h"
+#include "simulations/federated_eval.h"
 #include "simulations/instruction_sites.h"
 #include "simulations/runner.h"
 #include "simulations/scenario_checks.h"
@@ -35,17 +36,21 @@ static double Since(Clock::time_point t) { return std::chrono::duration<double>(
 namespace {
 
 // The server's noise is its own: a loopback run's ε comes from its round log,
-// and so do a secure aggregation's bytes (framed, sent + received, per site) and dropouts.
+// and so do a secure aggregation's bytes (framed, sent + received, per site)
+// and dropouts, and the sites' federated evaluation.
 Status AddPrivacyFromRoundLog(Report& report) {
   ESTUARY_ASSIGN_OR_RETURN(auto store, server::Store::OpenReadOnly(report.round_log));
   ESTUARY_ASSIGN_OR_RETURN(const std::vector<server::RoundRecord> logged, store->Rounds());
   std::map<uint64_t, server::RoundPrivacy> privacy;
   std::map<uint64_t, server::RoundSecAgg> secagg;
+  std::map<uint64_t, server::RoundEvaluation> evaluation;
   for (const auto& r : logged) {
+    if (r.state == server::RoundState::kCommitted && r.evaluation) evaluation[r.round] = *r.evaluation;
     if (r.state == server::RoundState::kCommitted && r.privacy) privacy[r.round] = *r.privacy;
     if (r.state == server::RoundState::kCommitted && r.secagg) secagg[r.round] = *r.secagg;
   }
   for (RoundReport& row : report.rounds) {
+    if (auto e = evaluation.find(row.round); e != evaluation.end()) SetFederated(row, e->second);
     if (auto a = secagg.find(row.round); a != secagg.end() && a->second.sites > 0) {
       uint64_t bytes = 0, dropouts = 0;
       for (int i = 0; i < 4; ++i) {
@@ -140,6 +145,10 @@ Result<Report> RunLoopback(const Scenario& given, const RoundCallback& on_round)
         // The server logs at this process's level, but never below info: its log file is the round's record.
         fmt::to_string(spdlog::level::to_string_view(std::min(spdlog::get_level(), spdlog::level::info)))};
     if (InstructionData(s)) args.insert(args.end(), {"--tokenizer", s.tokenizer.string()});
+    if (s.evaluate_every > 0) {
+      args.insert(args.end(), {"--evaluate-every", std::to_string(s.evaluate_every), "--evaluate-clients",
+                               fmt::format("{}", s.evaluate_clients)});
+    }
     if (s.secagg) {  // the sites take part when their RoundStart says so
       const SecAggOptions& o = s.secagg_options;
       args.insert(args.end(), {"--secagg", "--secagg-neighbours", std::to_string(o.neighbours), "--secagg-threshold",

@@ -217,6 +217,13 @@ int main(int argc, char** argv) {
                  "--async: constant | poly:A ((1+t)^-A) | hinge:A,B (1 up to B versions stale, then 1/(A(t-B)+1))");
   app.add_option("--max-staleness", s.max_staleness, "--async: refuse updates more versions stale than this (-1: none)");
   app.add_option("--threads", s.threads, "clients trained at once");
+  app.add_option("--evaluate-every", s.evaluate_every,
+                 "federated evaluation: every N rounds (and after the last) the sites score the global model on "
+                 "their own held-out examples, reported beside the test accuracy (0: never)");
+  app.add_option("--evaluate-clients", s.evaluate_clients,
+                 "--evaluate-every: sites asked, count (>= 1) or fraction (< 1) (0: all)");
+  app.add_option("--eval-split", s.eval_split,
+                 "--evaluate-every: fraction of each site's examples held out of its training to evaluate on");
   app.add_option("--report", report_path, "JSON report to write");
   app.add_option("--plot", plot_path, "SVG accuracy plot (default: the report's path with .svg)");
   app.add_option("--tensorboard", tensorboard, "DIR: a TensorBoard event file of every round's scalars");

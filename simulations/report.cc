@@ -31,7 +31,8 @@ constexpr const char* kRoundKeys[] = {"round",      "clients_selected", "updates
 constexpr const char* kOptionalRoundKeys[] = {"bytes_per_update", "merge_bytes_down", "epsilon", "dp_clip",
                                               "attackers", "updates_refused", "secagg_bytes_per_site",
                                               "secagg_seconds", "secagg_dropouts", "secagg_error_bound",
-                                              "sim_time", "staleness_mean", "staleness_max"};
+                                              "sim_time", "staleness_mean", "staleness_max",
+                                              "federated_accuracy", "federated_loss", "federated_examples"};
 constexpr const char* kReportKeys[] = {"scenario", "mode",          "round_log",
                                        "rounds",   "total_seconds", "final_accuracy"};
 // A DP run's (epsilon, delta); a run under attack's (attackers).
@@ -142,7 +143,18 @@ Result<RoundReport> RoundFromJson(const json& object, std::string_view where) {
   if (object.contains("merge_bytes_down")) {
     ESTUARY_RETURN_IF_ERROR(ReadUnsigned(object, "merge_bytes_down", kMaxU64, where, round.merge_bytes_down));
   }
+  if (object.contains("federated_accuracy")) {
+    double value = 0;
+    ESTUARY_RETURN_IF_ERROR(ReadFraction(object, "federated_accuracy", where, value));
+    round.federated_accuracy = value;
+  }
+  if (object.contains("federated_examples")) {
+    uint64_t value = 0;
+    ESTUARY_RETURN_IF_ERROR(ReadUnsigned(object, "federated_examples", kMaxU64, where, value));
+    round.federated_examples = value;
+  }
   for (auto [key, out] : {std::pair{"epsilon", &round.epsilon}, std::pair{"dp_clip", &round.dp_clip},
+                          std::pair{"federated_loss", &round.federated_loss},
                           std::pair{"secagg_seconds", &round.secagg_seconds},
                           std::pair{"secagg_error_bound", &round.secagg_error_bound},
                           std::pair{"sim_time", &round.sim_time}, std::pair{"staleness_mean", &round.staleness_mean}}) {
@@ -257,6 +269,9 @@ nlohmann::json ToJson(const Report& report) {
     SetIfPresent(rounds.back(), "sim_time", r.sim_time);
     SetIfPresent(rounds.back(), "staleness_mean", r.staleness_mean);
     SetIfPresent(rounds.back(), "staleness_max", r.staleness_max);
+    SetIfPresent(rounds.back(), "federated_accuracy", r.federated_accuracy);
+    SetIfPresent(rounds.back(), "federated_loss", r.federated_loss);
+    SetIfPresent(rounds.back(), "federated_examples", r.federated_examples);
   }
   json out = {{"scenario", report.scenario},
               {"mode", report.mode},

@@ -70,6 +70,13 @@ struct RoundReport {
   std::optional<double> sim_time;
   std::optional<double> staleness_mean;
   std::optional<uint64_t> staleness_max;
+  // Under --evaluate-every (docs/EVALUATION.md): the global model after the
+  // round scored by the sampled sites on their own held-out examples, the
+  // example-weighted means, and the examples scored. Unset in a round not
+  // evaluated.
+  std::optional<double> federated_accuracy;
+  std::optional<double> federated_loss;
+  std::optional<uint64_t> federated_examples;
 
   bool operator==(const RoundReport&) const = default;
 };

@@ -38,10 +38,12 @@
 #include "models/language_model.h"
 #include "models/lora_federation.h"
 #include "privacy/accountant.h"
+#include "server/evaluation.h"
 #include "server/store.h"
 #include "models/model.h"
 #include "models/text_corpus.h"
 #include "simulations/attack.h"
+#include "simulations/federated_eval.h"
 #include "simulations/instruction_sites.h"
 #include "simulations/partition.h"
 #include "simulations/poisson_sampling.h"
@@ -84,6 +86,9 @@ nlohmann::json ScenarioJson(const Scenario& s) {
   if (s.async) {
     out["async"] = {{"buffer", s.buffer}, {"concurrency", s.concurrency}, {"staleness_weight", s.staleness_weight},
                     {"max_staleness", s.max_staleness}};
+  }
+  if (s.evaluate_every > 0) {
+    out["evaluate"] = {{"every", s.evaluate_every}, {"clients", s.evaluate_clients}, {"eval_split", s.eval_split}};
   }
   if (s.secagg) {
     const SecAggOptions& o = s.secagg_options;
@@ -395,6 +400,10 @@ Result<Report> RunInproc(const Scenario& s, const RoundCallback& on_round, std::
     row.global_checksum = crypto::Sha256Hex(global.data(), global.size() * sizeof(float));
     row.seconds = Since(round_start);
     row.sim_time = sim_time;
+    if (server::EvaluationDue(round, s.evaluate_every, s.rounds)) {
+      SetFederated(row, EvaluateOnSites(sim.clients.names, sim.clients.trainers, s.evaluate_clients, global, manifest,
+                                        task, round, s.threads));
+    }
     report.rounds.push_back(row);
     if (on_round) on_round(row, s.rounds);
   }

@@ -91,6 +91,13 @@ struct Scenario {
   uint32_t concurrency = 10;
   std::string staleness_weight = "constant";
   int64_t max_staleness = -1;
+  // Federated evaluation (docs/EVALUATION.md), both modes: after every
+  // evaluate_every-th round and the last, the sampled sites (evaluate_clients:
+  // a count, a fraction, 0: all) score the global model on eval_split of their
+  // own examples, held out of their training. 0: never (nothing held out).
+  uint64_t evaluate_every = 0;
+  double evaluate_clients = 0;
+  double eval_split = 0.1;
   // loopback only
   std::string server;                        // attach to HOST:PORT instead of starting one
   std::filesystem::path round_log;           // with `server`: its SQLite file, for the report

@@ -131,6 +131,17 @@ Status CheckScenario(const Scenario& s) {
   if (s.clients == 0 && (s.partition_by.empty() || !InstructionData(s))) {
     return InvalidArgument("sim: --clients must be >= 1");
   }
+  if (!(s.evaluate_clients >= 0) || !std::isfinite(s.evaluate_clients)) {
+    return InvalidArgument("sim: --evaluate-clients {}: must be >= 0 (0: every site)", s.evaluate_clients);
+  }
+  if (s.evaluate_every > 0 && (s.async || s.examples_per_client > 0)) {
+    return InvalidArgument("sim: --evaluate-every with {}: federated evaluation runs in synchronous rounds of sites "
+                           "built up front, for now",
+                           s.async ? "--async" : "--examples-per-client");
+  }
+  if (s.evaluate_every > 0 && !(s.eval_split > 0 && s.eval_split < 1)) {
+    return InvalidArgument("sim: --eval-split {}: with --evaluate-every, must be in (0, 1)", s.eval_split);
+  }
   if (InstructionData(s) && !models::IsLanguageModel(s.task().model())) {
     return InvalidArgument("sim: --data {}: instruction data trains a language model (--model llama-*), not '{}'",
                            s.data_dir.string(), s.task().model());

@@ -19,6 +19,7 @@
 #include "base/split.h"
 #include "client/agent.h"
 #include "client/compute.h"
+#include "client/held_out.h"
 #include "client/site.h"
 #include "client/task.h"
 #include "client/trainer.h"
@@ -86,6 +87,13 @@ std::unique_ptr<client::Trainer> MakeAttacker(std::unique_ptr<client::Trainer> h
   return std::make_unique<AttackingTrainer>(std::move(honest), attack, seed, site);
 }
 
+// Under --evaluate-every: site i's held-out examples, taken out of `data`
+// (seeded by the federation's seed and the site); otherwise none.
+static Result<client::HeldOutData> HeldOutOf(const Scenario& s, client::SiteData* data, size_t i) {
+  if (s.evaluate_every == 0) return client::HeldOutData{};
+  return client::SplitHeldOut(data, s.eval_split, MixSeed(MixSeed(s.task().seed(), std::string_view("held-out")), i));
+}
+
 // The clients' local datasets, split from the training set by the scenario.
 static Result<std::vector<std::unique_ptr<client::Trainer>>> MakeTrainers(
     const Scenario& s, const std::shared_ptr<const models::Dataset>& train) {
@@ -113,14 +121,15 @@ static Result<std::vector<std::unique_ptr<client::Trainer>>> MakeTrainers(
   std::vector<std::unique_ptr<client::Trainer>> trainers;
   ESTUARY_ASSIGN_OR_RETURN(const client::LocalSiteOptions options, SiteOptionsOf(s));
   for (size_t i = 0; i < parts.size(); ++i) {
-    ESTUARY_ASSIGN_OR_RETURN(auto site, client::MakeLocalSite({.images = flipped && malicious[i] ? flipped : train,
-                                                               .indices = std::move(parts[i])},
-                                                              options));
+    client::SiteData data{.images = flipped && malicious[i] ? flipped : train, .indices = std::move(parts[i])};
+    ESTUARY_ASSIGN_OR_RETURN(client::HeldOutData held, HeldOutOf(s, &data, i));
+    ESTUARY_ASSIGN_OR_RETURN(auto site, client::MakeLocalSite(std::move(data), options));
     std::unique_ptr<client::Trainer> trainer = std::move(site);
     if (malicious[i] && attack.kind != Attack::Kind::kLabelFlip) {
       trainer = MakeAttacker(std::move(trainer), attack, s.task().seed(), uint32_t(i));
     }
     if (slow[i]) trainer = MakeStraggler(std::move(trainer), stragglers, s.task().seed(), uint32_t(i));
+    if (s.evaluate_every > 0) trainer = std::make_unique<client::EvaluatingTrainer>(std::move(trainer), std::move(held));
     trainers.push_back(std::move(trainer));
   }
   return trainers;
@@ -202,10 +211,12 @@ static Result<Workload> TextWorkload(const Scenario& s) {
   for (uint32_t i = 0; i < s.clients; ++i) {
     w.names.push_back(sources[i].name);
     options.lora_rank = site_ranks.empty() ? 0 : site_ranks[i % site_ranks.size()];
-    ESTUARY_ASSIGN_OR_RETURN(
-        auto site, client::MakeLocalSite({.text = std::make_shared<const std::vector<int32_t>>(std::move(sources[i].train))},
-                                         options));
-    w.trainers.push_back(std::move(site));
+    client::SiteData data{.text = std::make_shared<const std::vector<int32_t>>(std::move(sources[i].train))};
+    ESTUARY_ASSIGN_OR_RETURN(client::HeldOutData held, HeldOutOf(s, &data, i));
+    ESTUARY_ASSIGN_OR_RETURN(auto site, client::MakeLocalSite(std::move(data), options));
+    std::unique_ptr<client::Trainer> trainer = std::move(site);
+    if (s.evaluate_every > 0) trainer = std::make_unique<client::EvaluatingTrainer>(std::move(trainer), std::move(held));
+    w.trainers.push_back(std::move(trainer));
   }
   return w;
 }
