@@ -123,6 +123,12 @@ void Coordinator::MaybeFinishEvaluation(bool deadline) {
   const RoundEvaluation evaluation = AggregateEvaluations(results, SecondsSince(eval_->started));
   eval_.reset();
   LogIfError(store_.RecordEvaluation(round, evaluation), "store");
+  if (events_ && evaluation.reported > 0) {  // serve --tensorboard: beside the round's own point
+    std::map<std::string, double> scalars = {{"federated/loss", evaluation.loss},
+                                             {"federated/examples", double(evaluation.examples)}};
+    if (evaluation.accuracy) scalars["federated/accuracy"] = *evaluation.accuracy;
+    LogIfError(events_->WriteScalars(int64_t(round), scalars), "tensorboard");
+  }
   spdlog::info("round {} federated evaluation: accuracy {}, loss {:.4f} over {} examples of {} of {} sites ({} do "
                "not evaluate, {} failed)",
                round, evaluation.accuracy ? fmt::format("{:.4f}", *evaluation.accuracy) : "-", evaluation.loss,

@@ -317,6 +317,9 @@ int main(int argc, char** argv) {
                                                {"round/bytes_up", double(row.bytes_up)},
                                                {"round/bytes_down", double(row.bytes_down)}};
       if (row.epsilon) scalars["privacy/epsilon"] = *row.epsilon;
+      // --evaluate-every, inproc (loopback reads them from the round log at the end).
+      if (row.federated_accuracy) scalars["federated/accuracy"] = *row.federated_accuracy;
+      if (row.federated_loss) scalars["federated/loss"] = *row.federated_loss;
       if (Status written = events->WriteScalars(int64_t(row.round), scalars); !written.ok()) {
         std::fprintf(stderr, "estuary-sim: %s\n", written.message().c_str());
       }

@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <map>
+
 #include "base/seed.h"
 #include "client/held_out.h"
 #include "models/checkpoint.h"
@@ -32,7 +34,8 @@ TEST(FederatedEvaluation, TheSitesScoreIsTheGlobalModelsOnTheUnionOfTheirHeldOut
   f.Issue("site-b");
   const fs::path data_b = f.dir() / "data-b";
   WriteSyntheticMnist(data_b, 200, 50, 11);
-  const uint16_t port = f.StartServer(3, 2, {"--evaluate-every", "2"});
+  const fs::path events_dir = f.dir() / "tensorboard";
+  const uint16_t port = f.StartServer(3, 2, {"--evaluate-every", "2", "--tensorboard", events_dir.string()});
   auto a = f.StartClient("site-a", port, {}, {"--eval-split", "0.2", "--eval-seed", "5"});
   auto b = f.StartClient("site-b", port, data_b, {"--eval-split", "0.1"});
   EXPECT_EQ(a->Wait(), 0) << f.ClientLog("site-a");
@@ -95,6 +98,29 @@ TEST(FederatedEvaluation, TheSitesScoreIsTheGlobalModelsOnTheUnionOfTheirHeldOut
   ASSERT_EQ(listed.exit_code, 0) << listed.output;
   EXPECT_NE(listed.output.find("fed acc"), std::string::npos) << listed.output;
   EXPECT_NE(f.ClientLog("site-a").find("60 examples held out of training"), std::string::npos) << f.ClientLog("site-a");
+
+  // serve --tensorboard: the evaluated rounds' federated scalars, read by an
+  // independent reader, as the round log has them (as float32).
+  std::vector<fs::path> files;
+  for (const auto& entry : fs::directory_iterator(events_dir)) files.push_back(entry.path());
+  ASSERT_EQ(files.size(), 1u);
+  auto read = RunCommand(
+      fmt::format("{} {}/proto/read_tfevents.py {}", ESTUARY_PYTHON, ESTUARY_TESTS_DIR, files[0].string()));
+  ASSERT_EQ(read.exit_code, 0) << read.output;
+  const auto events = nlohmann::json::parse(read.output, nullptr, false);
+  ASSERT_FALSE(events.is_discarded()) << read.output;
+  std::map<uint64_t, nlohmann::json> federated;
+  for (const auto& event : events["events"]) {
+    if (event["scalars"].contains("federated/accuracy")) federated[event["step"].get<uint64_t>()] = event["scalars"];
+  }
+  ASSERT_EQ(federated.size(), 2u) << read.output;
+  for (uint64_t round : {2u, 3u}) {
+    const server::RoundEvaluation& e = *(*rounds)[round - 1].evaluation;
+    ASSERT_TRUE(federated.count(round)) << read.output;
+    EXPECT_EQ(federated[round]["federated/accuracy"].get<double>(), double(float(*e.accuracy)));
+    EXPECT_EQ(federated[round]["federated/loss"].get<double>(), double(float(e.loss)));
+    EXPECT_EQ(federated[round]["federated/examples"].get<double>(), 80.0);
+  }
 }
 
 // A site that holds nothing out answers that it does not evaluate: counted

@@ -16,7 +16,8 @@ TEST(SimulationTensorBoard, EveryRoundIsPlottedAsTheReportHasIt) {
   WriteSyntheticMnist(dir / "data", 600, 200, 3);
   const fs::path report = dir / "report.json", events_dir = dir / "tb";
   const auto run = RunCommand(fmt::format(
-      "{} --quiet --data {} --clients 6 --per-round 3 --rounds 3 --epochs 1 --seed 5 --report {} --tensorboard {}",
+      "{} --quiet --data {} --clients 6 --per-round 3 --rounds 3 --epochs 1 --seed 5 --report {} --tensorboard {} "
+      "--evaluate-every 3",
       BinaryPath("estuary-sim").string(), (dir / "data").string(), report.string(), events_dir.string()));
   ASSERT_EQ(run.exit_code, 0) << run.output;
   std::vector<fs::path> files;
@@ -39,6 +40,13 @@ TEST(SimulationTensorBoard, EveryRoundIsPlottedAsTheReportHasIt) {
     EXPECT_EQ(scalars["eval/accuracy"].get<double>(), double(float(rounds[i]["test_accuracy"].get<double>())));
     EXPECT_EQ(scalars["round/train_loss"].get<double>(), double(float(rounds[i]["train_loss"].get<double>())));
     EXPECT_EQ(scalars["round/updates_received"].get<double>(), 3.0);
+    // --evaluate-every 3: the sites' federated evaluation of the last round only.
+    EXPECT_EQ(scalars.contains("federated/accuracy"), i == 2);
+    if (i == 2) {
+      EXPECT_EQ(scalars["federated/accuracy"].get<double>(),
+                double(float(rounds[i]["federated_accuracy"].get<double>())));
+      EXPECT_EQ(scalars["federated/loss"].get<double>(), double(float(rounds[i]["federated_loss"].get<double>())));
+    }
   }
 }
 
