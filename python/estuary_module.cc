@@ -1,6 +1,6 @@
 // _estuary: the compiled half of the Python SDK (python/estuary/). It runs
 // estuary::RunSite (include/estuary/client.h) with a Trainer that calls a
-// Python function, and reads and writes the safetensors files a federation
+// Python function (and, for the server's evaluation rounds, another), and reads and writes the safetensors files a federation
 // of a custom model starts from (models/custom_model.h).
 //
 // Threads: run_site releases the GIL for the whole of RunSite (TLS, framing,
@@ -60,7 +60,10 @@ py::dict TaskDict(const estuary::TaskInfo& task) {
 // num_examples, dict name -> float) or raises with a one-line message.
 class PythonTrainer : public estuary::Trainer {
  public:
-  PythonTrainer(py::object call, uint64_t examples) : call_(std::move(call)), examples_(examples) {}
+  // `evaluate`: None, or the wrapper of the user's evaluate: it returns
+  // (loss, num_examples, accuracy or None) or raises with a one-line message.
+  PythonTrainer(py::object call, py::object evaluate, uint64_t examples)
+      : call_(std::move(call)), evaluate_(std::move(evaluate)), evaluates_(!evaluate_.is_none()), examples_(examples) {}
 
   uint64_t num_examples() const override { return examples_; }
 
@@ -71,6 +74,32 @@ class PythonTrainer : public estuary::Trainer {
     try {
       estuary::TrainResult result = TrainHoldingGil(global, task);
       train_s_.push_back(Seconds(start));
+      return result;
+    } catch (py::error_already_set& e) {
+      throw std::runtime_error(py::str(e.value()).cast<std::string>());
+    }
+  }
+
+  // The server's evaluation rounds: the global model as arrays of their own
+  // (copies: evaluation is rare, and nothing here outlives the call).
+  estuary::EvalResult Evaluate(const std::vector<estuary::Tensor>& global, const estuary::TaskInfo& task) override {
+    if (!evaluates_) return {};
+    py::gil_scoped_acquire gil;
+    try {
+      py::dict weights;
+      for (const estuary::Tensor& t : global) {
+        py::array_t<float> array(std::vector<py::ssize_t>(t.shape.begin(), t.shape.end()), t.data.data());
+        py::detail::array_proxy(array.ptr())->flags &= ~py::detail::npy_api::NPY_ARRAY_WRITEABLE_;
+        weights[py::str(t.name)] = std::move(array);
+      }
+      auto parts = evaluate_(weights, TaskDict(task)).cast<py::tuple>();
+      estuary::EvalResult result{.supported = true,
+                                 .num_examples = parts[1].cast<uint64_t>(),
+                                 .loss = parts[0].cast<double>()};
+      if (!parts[2].is_none()) {
+        result.has_accuracy = true;
+        result.accuracy = parts[2].cast<double>();
+      }
       return result;
     } catch (py::error_already_set& e) {
       throw std::runtime_error(py::str(e.value()).cast<std::string>());
@@ -136,7 +165,8 @@ class PythonTrainer : public estuary::Trainer {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
   }
 
-  py::object call_;
+  py::object call_, evaluate_;
+  bool evaluates_;  // read without the GIL
   uint64_t examples_;
   double overhead_s_ = 0;
   std::vector<double> train_s_;
@@ -144,7 +174,7 @@ class PythonTrainer : public estuary::Trainer {
 
 py::dict RunSite(const std::string& server, const std::string& cert, const std::string& key, const std::string& ca,
                  const std::string& crl, const std::string& expected_model, double max_backoff_s, uint64_t examples,
-                 py::object call) {
+                 py::object call, py::object evaluate) {
   estuary::SiteOptions options;
   options.server = server;
   options.cert = cert;
@@ -153,7 +183,7 @@ py::dict RunSite(const std::string& server, const std::string& cert, const std::
   options.crl = crl;
   options.expected_model = expected_model;
   options.max_backoff_s = max_backoff_s;
-  PythonTrainer trainer(std::move(call), examples);
+  PythonTrainer trainer(std::move(call), std::move(evaluate), examples);
   estuary::SiteResult result;
   {
     py::gil_scoped_release release;
@@ -225,7 +255,8 @@ py::tuple LoadModel(const std::string& path) {
 PYBIND11_MODULE(_estuary, m) {
   m.doc() = "The compiled half of the estuary package; use estuary, not this module.";
   m.def("run_site", &RunSite, py::arg("server"), py::arg("cert"), py::arg("key"), py::arg("ca"), py::arg("crl"),
-        py::arg("expected_model"), py::arg("max_backoff_s"), py::arg("num_examples"), py::arg("call"));
+        py::arg("expected_model"), py::arg("max_backoff_s"), py::arg("num_examples"), py::arg("call"),
+        py::arg("evaluate") = py::none());
   m.def("model_name", &ModelName, py::arg("tensors"));
   m.def("save_model", &SaveModel, py::arg("path"), py::arg("tensors"));
   m.def("load_model", &LoadModel, py::arg("path"));

@@ -14,13 +14,14 @@ the file with ``estuary.save_model``). ``estuary.Simulation`` runs many sites
 of one model in this process against a local server. docs/PYTHON.md.
 """
 
-from ._client import Client, FitFunction, FitResult, RunResult, SiteError, load_weights
+from ._client import (Client, EvaluateFunction, EvaluateResult, FitFunction, FitResult, RunResult, SiteError,
+                      load_weights)
 from ._model_files import load_model, model_name, save_model
 from ._local_server import LocalServer, ServerError, find_server
 from ._simulation import Simulation, SimulationError, SimulationResult, Site
 
 __all__ = [
-    "Client", "FitFunction", "FitResult", "RunResult", "SiteError", "load_weights", "load_model", "model_name",
-    "save_model", "LocalServer", "ServerError", "find_server", "Simulation", "SimulationError", "SimulationResult",
+    "Client", "EvaluateFunction", "EvaluateResult", "FitFunction", "FitResult", "RunResult", "SiteError",
+    "load_weights", "load_model", "model_name", "save_model", "LocalServer", "ServerError", "find_server", "Simulation", "SimulationError", "SimulationResult",
     "Site",
 ]

@@ -27,6 +27,12 @@ FitResult = Union[Tuple[Mapping[str, Any], int], Tuple[Mapping[str, Any], int, M
 FitFunction = Callable[[Dict[str, np.ndarray], Dict[str, Any]], FitResult]
 """``fit(weights, config)``: weights are read-only float32 arrays by name; config holds the round's task."""
 
+EvaluateResult = Union[Tuple[float, int], Tuple[float, int, Mapping[str, float]]]
+"""What ``evaluate`` returns: (mean loss, the held-out examples scored[, metrics such as {"accuracy": ...}])."""
+
+EvaluateFunction = Callable[[Dict[str, np.ndarray], Dict[str, Any]], EvaluateResult]
+"""``evaluate(weights, config)``: scores the global model on the site's held-out examples."""
+
 log = logging.getLogger("estuary")
 
 
@@ -41,6 +47,26 @@ class _FitFailed(Exception):
     """fit raised: the round's update is withheld (its message goes to the agent's log)."""
 
 
+def _evaluation_of(result: Any) -> Tuple[float, int, Optional[float]]:
+    """evaluate's result as the C++ side takes it: (loss, examples, accuracy or None)."""
+    if not isinstance(result, (tuple, list)) or len(result) not in (2, 3):
+        raise TypeError("evaluate must return (loss, num_examples) or (loss, num_examples, metrics), "
+                        f"not {type(result).__name__}")
+    loss = float(result[0])
+    examples = int(result[1].item() if hasattr(result[1], "item") else result[1])
+    metrics = dict(result[2]) if len(result) == 3 else {}
+    if not np.isfinite(loss):
+        raise ValueError(f"evaluate returned a loss of {loss}")
+    if examples <= 0:
+        raise ValueError(f"evaluate returned num_examples = {examples}: a score's weight is the examples it scored")
+    accuracy = metrics.get("accuracy")
+    if accuracy is not None:
+        accuracy = float(accuracy)
+        if not 0.0 <= accuracy <= 1.0:
+            raise ValueError(f"evaluate returned an accuracy of {accuracy}, outside [0, 1]")
+    return loss, examples, accuracy
+
+
 @dataclasses.dataclass
 class RunResult:
     """How a site's run went, once the server announced the federation complete."""
@@ -53,6 +79,8 @@ class RunResult:
     """Seconds the SDK spent around ``fit`` (views, task, copying the result), over all rounds."""
     train_seconds: List[float]
     """Each trained round's whole call from the agent: taking the GIL, the views, ``fit``, copying its result."""
+    evaluation_failures: List[Tuple[int, str]] = dataclasses.field(default_factory=list)
+    """(round, one-line message) of every evaluation round whose ``evaluate`` raised: reported as failed."""
 
 
 def _one_line(error: BaseException) -> str:
@@ -118,7 +146,7 @@ class Client:
         self.num_examples = int(num_examples)
         self.max_backoff_s = float(max_backoff_s)
 
-    def run(self, fit: FitFunction) -> RunResult:
+    def run(self, fit: FitFunction, evaluate: Optional[EvaluateFunction] = None) -> RunResult:
         """Trains every round this site is chosen for until the server says the federation is complete.
 
         ``fit(weights, config)`` gets the global model's floating-point tensors
@@ -131,12 +159,22 @@ class Client:
         any float dtype, by name; integer buffers the server does not send
         are dropped. ``metrics["loss"]`` goes to the server's round log.
 
-        An exception in ``fit`` withholds that round's update (the server
-        counts the site late at the round's deadline); the site carries on
-        and the round is listed in the result's ``failures``. Raises SiteError
-        when the site gives up. Ctrl-C stops the process at once.
+        ``evaluate(weights, config)``, when given, answers the server's
+        evaluation rounds (``serve --evaluate-every N``): it scores the global
+        model on examples the site holds out from training and returns (mean
+        loss, examples scored[, {"accuracy": ...}]); the server averages the
+        sites' figures weighted by their examples. Without it the site says it
+        does not evaluate.
+
+        An exception in ``fit`` withholds that round's update: the site tells
+        the server why (recorded ``failed`` with the line), carries on, and
+        the round is listed in the result's ``failures``; one in ``evaluate``
+        is reported as a failed evaluation and listed in
+        ``evaluation_failures``. Raises SiteError when the site gives up.
+        Ctrl-C stops the process at once.
         """
         failures: List[Tuple[int, str]] = []
+        evaluation_failures: List[Tuple[int, str]] = []
 
         def call(weights: Dict[str, np.ndarray], config: Dict[str, Any]):
             try:
@@ -147,6 +185,15 @@ class Client:
                 log.error("round %d: fit raised", config["round"], exc_info=True)
                 raise _FitFailed(f"fit raised {line}") from None
 
+        def evaluate_call(weights: Dict[str, np.ndarray], config: Dict[str, Any]):
+            try:
+                return _evaluation_of(evaluate(weights, config))  # type: ignore[misc]
+            except Exception as error:  # the agent reports a failed evaluation
+                line = _one_line(error)
+                evaluation_failures.append((int(config["round"]), line))
+                log.error("round %d: evaluate raised", config["round"], exc_info=True)
+                raise _FitFailed(f"evaluate raised {line}") from None
+
         # The agent holds the main thread without the GIL, so Python could not
         # act on SIGINT until the federation ends: let it end the process.
         restore = None
@@ -154,14 +201,15 @@ class Client:
             restore = signal.signal(signal.SIGINT, signal.SIG_DFL)
         try:
             out = _estuary.run_site(self.server, self.cert, self.key, self.ca, self.crl, self.expected_model,
-                                    self.max_backoff_s, self.num_examples, call)
+                                    self.max_backoff_s, self.num_examples, call,
+                                    evaluate_call if evaluate is not None else None)
         finally:
             if restore is not None:
                 signal.signal(signal.SIGINT, restore)
         if not out["ok"]:
             raise SiteError(out["error"])
         return RunResult(int(out["rounds_trained"]), failures, float(out["overhead_seconds"]),
-                         [float(t) for t in out["train_seconds"]])
+                         [float(t) for t in out["train_seconds"]], evaluation_failures)
 
 
 def load_weights(module: Any, weights: Mapping[str, np.ndarray]) -> None:
@@ -184,4 +232,5 @@ def load_weights(module: Any, weights: Mapping[str, np.ndarray]) -> None:
             target.copy_(source.reshape(target.shape))
 
 
-__all__ = ["Client", "RunResult", "SiteError", "FitFunction", "FitResult", "load_weights"]
+__all__ = ["Client", "RunResult", "SiteError", "FitFunction", "FitResult", "EvaluateFunction", "EvaluateResult",
+           "load_weights"]

@@ -184,6 +184,56 @@ class Sites(unittest.TestCase):
             model = server.export()
             np.testing.assert_allclose(model["linear.bias"], [0.2 - 0.5 - 0.5], rtol=1e-6)
 
+    def test_evaluate_answers_the_servers_evaluation_rounds_weighted_by_examples(self):
+        with tempfile.TemporaryDirectory() as d:
+            server = estuary.LocalServer(d, linear(), ["site-0", "site-1", "site-2"], rounds=2,
+                                         flags=["--evaluate-every", "1", "--evaluate-clients", "0"])
+            seen = {}
+
+            # Each site scores what it is sent: site k reports loss k + 1 over 10 (k + 1) examples,
+            # accuracy 0.1 (k + 1), and the bias it received, so the test knows which model it scored.
+            def scorer(k):
+                def evaluate(weights, config):
+                    seen.setdefault(k, []).append((config["round"], float(weights["linear.bias"][0])))
+                    if k == 2:
+                        raise RuntimeError("no held-out data here")
+                    return float(k + 1), 10 * (k + 1), {"accuracy": 0.1 * (k + 1)}
+                return evaluate
+
+            rates = []
+
+            def fit(weights, config):
+                rates.append(config["learning_rate"])
+                return fit_linear(weights, config)
+
+            results = {}
+            with server.start():
+                threads = []
+                for k in range(3):
+                    files = server.site_files(f"site-{k}")
+                    t = threading.Thread(target=lambda k=k, files=files: results.setdefault(
+                        k, estuary.Client(server.address, **files, max_backoff_s=1).run(fit, scorer(k))),
+                        daemon=True)
+                    t.start()
+                    threads.append(t)
+                for t in threads:
+                    t.join(60)
+                server.wait(60)
+            for rnd in (1, 2):
+                e = server.round(rnd)["federated_evaluation"]
+                self.assertEqual(e["sites_reported"], 2)
+                self.assertEqual(e["sites_failed"], 1)
+                self.assertEqual(e["examples"], 30)
+                self.assertAlmostEqual(e["loss"], (1 * 10 + 2 * 20) / 30, places=12)
+                self.assertAlmostEqual(e["accuracy"], (0.1 * 10 + 0.2 * 20) / 30, places=12)
+            self.assertEqual(results[2].evaluation_failures,
+                             [(1, "RuntimeError: no held-out data here"), (2, "RuntimeError: no held-out data here")])
+            self.assertEqual(results[0].evaluation_failures, [])
+            # The model scored after round r is the one round r committed: bias 0.2 - r * lr.
+            self.assertEqual([r for r, _ in seen[0]], [1, 2])
+            for r, bias in seen[0]:
+                self.assertAlmostEqual(bias, 0.2 - r * rates[0], places=6)
+
     def test_a_result_of_the_wrong_shape_is_the_rounds_failure_in_one_line(self):
         with tempfile.TemporaryDirectory() as d:
             # One site: the round fails at its 2 s deadline and is tried again.
