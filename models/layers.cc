@@ -23,6 +23,13 @@ float* Scratch(int slot, size_t floats) {
   return buffer.data();
 }
 
+// Sgemm, or OpenBLAS alone for a layer that is not small_batch.
+void Gemm(bool small_batch, bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a, int lda,
+          const float* b, int ldb, float beta, float* c, int ldc) {
+  if (small_batch) return Sgemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  SgemmOn(GemmEngine::kOpenBlas, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
 }  // namespace
 
 void Linear::Forward(const float* x, int n, float* y, Activation activation) const {
@@ -30,14 +37,14 @@ void Linear::Forward(const float* x, int n, float* y, Activation activation) con
   // it pays (models/small_gemm.h) the layer forms Yᵀ = W·Xᵀ instead ([out, n]:
   // the vector runs along the batch) and turns it back in the pass that adds
   // the bias and applies the activation.
-  if (XsmmForwardPays(n, in, out)) {
+  if (small_batch && XsmmForwardPays(n, in, out)) {
     float* xt = Scratch(0, size_t(in) * n);
     float* yt = Scratch(1, size_t(out) * n);
     for (int i = 0; i < n; ++i) {
       const float* row = x + int64_t(i) * in;
       for (int j = 0; j < in; ++j) xt[int64_t(j) * n + i] = row[j];
     }
-    Sgemm(false, false, out, n, in, 1.0f, w, in, xt, n, 0.0f, yt, n);
+    Gemm(true, false, false, out, n, in, 1.0f, w, in, xt, n, 0.0f, yt, n);
     for (int i = 0; i < n; ++i) {
       float* row = y + int64_t(i) * out;
       for (int o = 0; o < out; ++o) {
@@ -50,12 +57,12 @@ void Linear::Forward(const float* x, int n, float* y, Activation activation) con
   if (b) {
     for (int i = 0; i < n; ++i) std::memcpy(y + int64_t(i) * out, b, sizeof(float) * out);
   }
-  Sgemm(false, true, n, out, in, 1.0f, x, in, w, in, b ? 1.0f : 0.0f, y, out);
+  Gemm(small_batch, false, true, n, out, in, 1.0f, x, in, w, in, b ? 1.0f : 0.0f, y, out);
   if (activation == Activation::kRelu) ReluForward(y, int64_t(n) * out);
 }
 
 void Linear::Backward(const float* x, const float* dy, int n, float* dx, bool accumulate) const {
-  if (dw) Sgemm(true, false, out, in, n, 1.0f, dy, out, x, in, accumulate ? 1.0f : 0.0f, dw, in);
+  if (dw) Gemm(small_batch, true, false, out, in, n, 1.0f, dy, out, x, in, accumulate ? 1.0f : 0.0f, dw, in);
   if (db) {
     for (int o = 0; !accumulate && o < out; ++o) db[o] = 0;
     for (int i = 0; i < n; ++i) {
@@ -63,17 +70,17 @@ void Linear::Backward(const float* x, const float* dy, int n, float* dx, bool ac
       for (int o = 0; o < out; ++o) db[o] += row[o];
     }
   }
-  if (dx) Sgemm(false, false, n, in, out, 1.0f, dy, out, w, in, 0.0f, dx, in);
+  if (dx) Gemm(small_batch, false, false, n, in, out, 1.0f, dy, out, w, in, 0.0f, dx, in);
 }
 
 void Linear::BackwardSgd(const float* x, const float* dy, int n, float* dx, float lr, float wd) const {
-  if (dx) Sgemm(false, false, n, in, out, 1.0f, dy, out, w, in, 0.0f, dx, in);
+  if (dx) Gemm(small_batch, false, false, n, in, out, 1.0f, dy, out, w, in, 0.0f, dx, in);
   const float keep = 1.0f - lr * wd;
   // libxsmm's kernels take neither alpha nor a beta other than 0 or 1: at a
   // small batch the step scales dy by -lr, in the pass that sums it for the
   // bias, scales W by keep where there is weight decay, and adds
   // (-lr·dy)ᵀ·x into W with beta 1. OpenBLAS scales inside the product.
-  const bool small = ChooseGemmEngine(true, false, out, in, n, 1.0f, 1.0f) == GemmEngine::kXsmm;
+  const bool small = small_batch && ChooseGemmEngine(true, false, out, in, n, 1.0f, 1.0f) == GemmEngine::kXsmm;
   float* scaled = small ? Scratch(0, size_t(n) * out) : nullptr;
   for (int o = 0; o < out; ++o) {
     float sum = 0;
@@ -88,9 +95,9 @@ void Linear::BackwardSgd(const float* x, const float* dy, int n, float* dx, floa
     if (keep != 1.0f) {
       for (int64_t i = 0; i < int64_t(out) * in; ++i) w[i] *= keep;
     }
-    Sgemm(true, false, out, in, n, 1.0f, scaled, out, x, in, 1.0f, w, in);
+    Gemm(true, true, false, out, in, n, 1.0f, scaled, out, x, in, 1.0f, w, in);
   } else {
-    Sgemm(true, false, out, in, n, -lr, dy, out, x, in, keep, w, in);
+    Gemm(small_batch, true, false, out, in, n, -lr, dy, out, x, in, keep, w, in);
   }
 }
 

@@ -22,6 +22,12 @@ enum class Activation { kNone, kRelu };
 struct Linear {
   int in = 0, out = 0;
   float *w = nullptr, *b = nullptr, *dw = nullptr, *db = nullptr;
+  // Batch-sized products may run on libxsmm (models/small_gemm.h): the
+  // classifiers' layers, whose rows are a client's batch. Otherwise (the
+  // decoders, whose rows are batch × sequence and vary with a rank's share)
+  // every product is OpenBLAS's, so a split of the rows changes only the
+  // summation order, never the engine.
+  bool small_batch = false;
 
   // With kRelu, y = max(y, 0) as well (as ReluForward after it).
   void Forward(const float* x, int n, float* y, Activation activation = Activation::kNone) const;

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <random>
 #include <thread>
+#include <type_traits>
 
 #include "models/flat_buffer.h"
 #include "models/layers.h"
@@ -99,6 +100,7 @@ class FlatModel : public Model {
     layer.b = params_.data() + bo;
     layer.dw = grads_.data() + wo;
     layer.db = grads_.data() + bo;
+    if constexpr (std::is_same_v<Layer, Linear>) layer.small_batch = true;
   }
   // The forward pass, in the arena; returns the logits there.
   virtual const float* ForwardToArena(const float* x, int n) = 0;
