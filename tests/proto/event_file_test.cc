@@ -9,20 +9,21 @@
 
 #include <cstdio>
 #include <fstream>
+#include <utility>
 
 namespace estuary::proto {
 namespace {
 
-std::string ReadBack(const std::filesystem::path& file) {
+// read_tfevents.py on `file`: its exit status and what it printed.
+std::pair<int, std::string> ReadBack(const std::filesystem::path& file) {
   const std::string command =
       fmt::format("{} {}/read_tfevents.py {} 2>&1", ESTUARY_PYTHON, ESTUARY_TEST_DIR, file.string());
   std::string out;
-  if (FILE* pipe = popen(command.c_str(), "r")) {
-    char buffer[4096];
-    for (size_t n; (n = std::fread(buffer, 1, sizeof buffer, pipe)) > 0;) out.append(buffer, n);
-    EXPECT_EQ(pclose(pipe), 0) << out;
-  }
-  return out;
+  FILE* pipe = popen(command.c_str(), "r");
+  if (pipe == nullptr) return {-1, "cannot run " + command};
+  char buffer[4096];
+  for (size_t n; (n = std::fread(buffer, 1, sizeof buffer, pipe)) > 0;) out.append(buffer, n);
+  return {pclose(pipe), out};
 }
 
 TEST(EventFile, Crc32cHasItsCheckValue) {
@@ -46,8 +47,10 @@ TEST(EventFile, AnIndependentReaderReadsEveryScalarBack) {
                       .ok());
     }
   }
-  auto doc = nlohmann::json::parse(ReadBack(path), nullptr, false);
-  ASSERT_FALSE(doc.is_discarded()) << ReadBack(path);
+  const auto [status, output] = ReadBack(path);
+  ASSERT_EQ(status, 0) << output;
+  auto doc = nlohmann::json::parse(output, nullptr, false);
+  ASSERT_FALSE(doc.is_discarded()) << output;
   EXPECT_EQ(doc["file_version"], "brain.Event:2");
   ASSERT_EQ(doc["events"].size(), 3u);
   for (int64_t round = 1; round <= 3; ++round) {
@@ -79,14 +82,9 @@ TEST(EventFile, ACorruptedRecordIsRefusedByTheReader) {
   file.seekp(-6, std::ios::end);  // inside the last record's data
   file.put('\x7f');
   file.close();
-  const std::string command =
-      fmt::format("{} {}/read_tfevents.py {} 2>&1", ESTUARY_PYTHON, ESTUARY_TEST_DIR, path.string());
-  FILE* pipe = popen(command.c_str(), "r");
-  ASSERT_NE(pipe, nullptr);
-  char buffer[512] = {};
-  const size_t n = std::fread(buffer, 1, sizeof buffer - 1, pipe);
-  EXPECT_NE(pclose(pipe), 0) << "the reader took a corrupted record";
-  EXPECT_NE(std::string(buffer, n).find("CRC does not match"), std::string::npos) << buffer;
+  const auto [status, output] = ReadBack(path);
+  EXPECT_NE(status, 0) << "the reader took a corrupted record";
+  EXPECT_NE(output.find("CRC does not match"), std::string::npos) << output;
   std::filesystem::remove_all(dir);
 }
 
