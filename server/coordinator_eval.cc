@@ -36,9 +36,9 @@ bool Coordinator::StartEvaluation(uint64_t round) {
                                                 : names.size();
   const std::vector<std::string> selected =
       aggregation::SampleClients(names, k, EvaluationSeed(task_.seed()), round);
-  eval_.emplace();
-  eval_->round = round;
-  eval_->started = clock_.Now();
+  // Assigned whole, not emplace()d: clang cannot default-construct a nested struct
+  // with member initialisers until the enclosing class is complete.
+  eval_ = EvalPhase{.round = round, .started = clock_.Now(), .sites = {}};
   distribution_.BeginRound(round);
   const int64_t deadline_ms = clock_.UnixMs() + int64_t(config_.round_deadline_s * 1000);
   v1::Envelope envelope = RoundStartMessage(round, distribution_.current(), manifest_, task_, deadline_ms);
