@@ -66,6 +66,9 @@ std::vector<CLI::Option*> AddFederationFlags(CLI::App& app, v1::FederationConfig
             "(llama3 | chatml | alpaca | none)");
   flags.Add("--max-local-steps", task->max_local_steps(), [task](uint32_t v) { task->set_max_local_steps(v); },
             "cap on local optimizer steps per round (0: every batch of every epoch)");
+  flags.Add("--max-local-seconds", task->max_local_seconds(), [task](double v) { task->set_max_local_seconds(v); },
+            "cap on each site's local training time per round, in seconds: a site stops after the step that "
+            "crosses it and reports the steps it took (0: no cap)");
   flags.Add("--seed", task->seed(), [task](uint64_t v) { task->set_seed(v); },
             "one seed for initialisation, sampling and shuffling");
   flags

@@ -388,6 +388,7 @@ void Agent::OnTrained(uint64_t round, Result<Update> update) {
   }
   if (secagg_ && secagg_->round() == round) return SecAggTrained(std::move(update).value());
   spdlog::info("{}: round {} trained on {} in {:.3f} s; uploading", name_, round, update->trained_on, update->seconds);
+  if (update->local_steps > 0) spdlog::info("{}: round {}: {} local steps", name_, round, update->local_steps);
   auto payload = std::make_shared<const Update>(std::move(update).value());
   v1::Envelope envelope;
   auto* begin = envelope.mutable_update_begin();

@@ -358,6 +358,11 @@ int main(int argc, char** argv) {
   app.add_option("--eval-seed", eval_seed, "seed of which examples --eval-split holds out");
   app.add_option("--device", device, "where a site without --gpus trains: cpu | cuda | cuda:N");
   app.add_option("--precision", precision, "fp32 | bf16 | fp16 (bf16 and fp16 need a GPU)");
+  double max_local_seconds = 0;
+  app.add_option("--max-local-seconds", max_local_seconds,
+                 "this site's cap on a round's local training time, in seconds: it stops after the step that "
+                 "crosses it and reports the steps it took; the tighter of it and the server's applies (0: none)")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--max-backoff", max_backoff, "longest wait between reconnection attempts, seconds");
   AddLogLevelFlag(app, &log_level);
   app.add_option("--lora-rank", lora_rank,
@@ -462,6 +467,7 @@ int main(int argc, char** argv) {
                                                       .lora_base = lora.base,
                                                       .recompute = recompute});
     if (!trainer.ok()) return Fail(trainer.status());
+    (*trainer)->set_max_local_seconds(max_local_seconds);
     spdlog::info("site of 1 rank on {} ({}, solo{})", compute->ToString(), parallel::ZeroStageName(site->zero),
                  recompute ? ", activation recompute" : "");
     uint64_t rounds = 0;
@@ -515,6 +521,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   client::SiteTrainer trainer(comm, std::move(*rank_trainer), site->zero, *compute);
+  trainer.set_max_local_seconds(max_local_seconds);
   uint64_t rounds = 0;
   client::EvaluatingTrainer evaluating(trainer, *held_out);  // on rank 0 alone
   Status outcome = RunAgent(options, evaluating, &trainer, &children, site->timeout, &rounds);

@@ -8,6 +8,7 @@
 #include <optional>
 
 #include "client/batch_schedule.h"
+#include "client/local_deadline.h"
 #include "client/lora_round.h"
 #include "models/language_model.h"
 #include "models/transformer_ops.h"
@@ -164,6 +165,7 @@ class ClassifierRankTrainer : public RankTrainerBase {
     uint64_t epoch_examples = 0;
     steps_ = 0;
     BatchSchedule schedule(indices_, task, round, client_name);
+    LocalDeadline deadline(task.max_local_seconds, comm_);
     while (schedule.Next()) {
       if (schedule.starts_epoch()) epoch_loss = 0, epoch_examples = 0;
       const RankRows rows = RowsOf(schedule.batch(), comm_);
@@ -186,6 +188,8 @@ class ClassifierRankTrainer : public RankTrainerBase {
       }
       epoch_loss += double(*loss) * double(rows.examples);
       epoch_examples += schedule.batch().size();  // the whole global batch: every rank counts the same
+      ESTUARY_ASSIGN_OR_RETURN(const bool out_of_time, deadline.Reached());
+      if (out_of_time) break;
     }
     return state_.Finish(std::move(dp), epoch_loss, double(epoch_examples));
   }
@@ -272,6 +276,7 @@ class TextRankTrainer : public RankTrainerBase {
     std::vector<uint32_t> order(Windows(task));
     std::iota(order.begin(), order.end(), 0u);
     BatchSchedule schedule(std::move(order), task, round, client_name);
+    LocalDeadline deadline(task.max_local_seconds, comm_);
     while (schedule.Next()) {
       if (schedule.starts_epoch()) loss_sum = 0, loss_tokens = 0;
       const RankRows rows = RowsOf(schedule.batch(), comm_);
@@ -307,6 +312,8 @@ class TextRankTrainer : public RankTrainerBase {
       ESTUARY_RETURN_IF_ERROR(decoder->FinishStep());
       loss_sum += double(loss) * double(rank_scored);
       loss_tokens += batch_scored;  // the whole global batch: every rank counts the same
+      ESTUARY_ASSIGN_OR_RETURN(const bool out_of_time, deadline.Reached());
+      if (out_of_time) break;
     }
     // An epoch that scored nothing (no row with a response in reach) has loss 0, as a batch of them does.
     return state_.Finish(std::move(dp), loss_sum, std::max<double>(double(loss_tokens), 1.0));

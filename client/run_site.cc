@@ -12,6 +12,7 @@
 #include "base/host_port.h"
 #include "client/agent.h"
 #include "client/trainer.h"
+#include "client/local_work.h"
 #include "crypto/tls.h"
 #include "models/custom_model.h"
 
@@ -29,6 +30,7 @@ TaskInfo TaskInfoOf(const v1::TaskConfig& task, uint64_t round, std::string_view
           .weight_decay = task.weight_decay(),
           .optimizer = task.optimizer().empty() ? "sgd" : task.optimizer(),
           .max_local_steps = task.max_local_steps(),
+          .max_local_seconds = task.max_local_seconds(),
           .proximal_mu = task.proximal_mu(),
           .seed = task.seed()};
 }
@@ -80,6 +82,21 @@ std::vector<estuary::Tensor> Tensors(std::span<const float> global, const Manife
   return tensors;
 }
 
+// What the user's trainer reported beside its tensors: the steps it took,
+// which FedNova weighs its update by (with the task's momentum, as a
+// built-in site's are).
+client::Update Reported(client::Update update, uint64_t local_steps, const v1::TaskConfig& task) {
+  update.trained_on = "the client API's trainer";
+  if (local_steps > 0) {
+    update.local_steps = local_steps;
+    update.normalizer = client::FedNovaNormalizer(
+        {.momentum = task.momentum(),
+         .optimizer = task.optimizer() == "adamw" ? client::OptimizerKind::kAdamW : client::OptimizerKind::kSgd},
+        local_steps);
+  }
+  return update;
+}
+
 // The public Trainer behind client::Trainer: named tensors in, an update out.
 class PublicTrainer : public client::Trainer {
  public:
@@ -119,13 +136,11 @@ class PublicTrainer : public client::Trainer {
       update.manifest = manifest;
       update.payload = std::move(flat);
       update.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      update.trained_on = "the client API's trainer";
-      return update;
+      return Reported(std::move(update), result.local_steps, task);
     }
     ESTUARY_ASSIGN_OR_RETURN(client::Update update, client::FullUpdate(std::move(flat), global, manifest,
                                                                        result.num_examples, loss, start, round));
-    update.trained_on = "the client API's trainer";
-    return update;
+    return Reported(std::move(update), result.local_steps, task);
   }
 
   Result<client::Evaluation> Evaluate(std::span<const float> global, const Manifest& manifest,

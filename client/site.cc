@@ -69,10 +69,16 @@ Status SiteTrainer::Broken(Status status) {
 }
 
 Result<Update> SiteTrainer::Train(std::span<const float> global, const Manifest& manifest,
-                                  const v1::TaskConfig& sent, uint64_t round, std::string_view client_name) {
+                                  const v1::TaskConfig& from_server, uint64_t round, std::string_view client_name) {
   RunPending();
   ESTUARY_RETURN_IF_ERROR(broken_);
   if (finished_) return FailedPrecondition("site: the federation is over");
+  // The task as this site trains it, which its other ranks are sent: the
+  // server's, under this site's own time cap when that is tighter.
+  v1::TaskConfig sent = from_server;
+  if (max_local_seconds_ > 0 && (sent.max_local_seconds() == 0 || max_local_seconds_ < sent.max_local_seconds())) {
+    sent.set_max_local_seconds(max_local_seconds_);
+  }
   ESTUARY_ASSIGN_OR_RETURN(const TaskConfig task, TaskFromProto(sent));
   // A task this site cannot train fails here, before the other ranks hear of
   // it, like a task a single process cannot train: the site carries on.

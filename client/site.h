@@ -73,6 +73,11 @@ class SiteTrainer : public Trainer {
 
   std::function<void(const Status&)> on_broken;
 
+  // This site's own cap on a round's local training time, in seconds
+  // (estuary-client --max-local-seconds; 0: none): the tighter of it and
+  // the task's applies (client/local_deadline.h).
+  void set_max_local_seconds(double seconds) { max_local_seconds_ = seconds; }
+
  private:
   Status SendHeader(uint32_t kind, uint64_t length);
   Status Broken(Status status);
@@ -87,6 +92,7 @@ class SiteTrainer : public Trainer {
   std::unique_ptr<RankTrainer> rank_;
   Status broken_;
   bool finished_ = false;
+  double max_local_seconds_ = 0;
   parallel::ZeroStage stage_;
   Compute compute_;
   std::shared_ptr<UpdateStream> pending_;  // the last round's stream, until it has run

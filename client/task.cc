@@ -24,7 +24,8 @@ Result<TaskConfig> TaskFromProto(const v1::TaskConfig& t) {
                   .learning_rate = t.learning_rate(), .momentum = t.momentum(), .weight_decay = t.weight_decay(),
                   .update_kind = t.update_kind() == v1::UPDATE_LORA ? UpdateKind::kLora : UpdateKind::kFull,
                   .seed = t.seed(), .optimizer = optimizer, .seq_len = t.seq_len(),
-                  .max_local_steps = t.max_local_steps(), .proximal_mu = t.proximal_mu(),
+                  .max_local_steps = t.max_local_steps(),
+                  .max_local_seconds = t.max_local_seconds(), .proximal_mu = t.proximal_mu(),
                   .prompt_template = t.prompt_template()};
   if (t.has_hf_base()) {
     // Every trainer builds the decoder by name: the name is the shape's from here on.

@@ -37,6 +37,7 @@ struct TaskConfig {
   OptimizerKind optimizer = OptimizerKind::kSgd;  // a fresh optimizer every round
   uint32_t seq_len = 128;                          // language models: tokens per window
   uint32_t max_local_steps = 0;                    // 0: every batch of every epoch
+  double max_local_seconds = 0;                    // 0: no cap on the round's local training time
   float proximal_mu = 0;                           // FedProx's μ; 0: off
   LoraTask lora;                                   // with update_kind kLora
   // Instruction data: the template every site renders with ("" or "none":

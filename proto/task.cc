@@ -21,6 +21,10 @@ Status CheckTask(const v1::TaskConfig& task) {
   if (!(task.proximal_mu() >= 0) || !std::isfinite(task.proximal_mu())) {
     return InvalidArgument("task: proximal_mu = {}: must be a number >= 0", task.proximal_mu());
   }
+  if (!(task.max_local_seconds() >= 0) || !std::isfinite(task.max_local_seconds())) {
+    return InvalidArgument("task: max_local_seconds = {}: must be a number >= 0 (0: no cap)",
+                           task.max_local_seconds());
+  }
   if (!(task.weight_decay() >= 0) || !std::isfinite(task.weight_decay())) {
     return InvalidArgument("task: weight_decay = {}: must be a number >= 0", task.weight_decay());
   }

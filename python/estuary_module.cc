@@ -50,6 +50,7 @@ py::dict TaskDict(const estuary::TaskInfo& task) {
   d["weight_decay"] = task.weight_decay;
   d["optimizer"] = task.optimizer;
   d["max_local_steps"] = task.max_local_steps;
+  d["max_local_seconds"] = task.max_local_seconds;
   d["proximal_mu"] = task.proximal_mu;
   d["seed"] = task.seed;
   return d;
@@ -157,6 +158,10 @@ class PythonTrainer : public estuary::Trainer {
     }
     result.num_examples = parts[1].cast<uint64_t>();
     result.metrics = parts[2].cast<std::map<std::string, double>>();
+    // "local_steps": the optimizer steps fit took (a whole number >= 1, as _update_of checked).
+    if (auto steps = result.metrics.find("local_steps"); steps != result.metrics.end()) {
+      result.local_steps = uint64_t(steps->second);
+    }
     overhead_s_ += Seconds(after);
     return result;
   }

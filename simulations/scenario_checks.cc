@@ -125,6 +125,12 @@ static Status CheckPopulation(const Scenario& s) {
 }
 
 Status CheckScenario(const Scenario& s) {
+  if (s.task().max_local_seconds() > 0) {
+    // Steps cut by the clock would differ from run to run and machine to machine.
+    return InvalidArgument("sim: --max-local-seconds {}: a simulation stays reproducible from its seed, and a cap on "
+                           "wall time would not; --stragglers makes sites do partial work by a seeded draw",
+                           s.task().max_local_seconds());
+  }
   ESTUARY_RETURN_IF_ERROR(CheckPopulation(s));
   ESTUARY_RETURN_IF_ERROR(CheckSampleRate(s));
   ESTUARY_RETURN_IF_ERROR(CheckSecAgg(s));

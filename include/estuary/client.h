@@ -60,6 +60,9 @@ struct TaskInfo {
   float weight_decay = 0;
   std::string optimizer;      // "sgd" or "adamw": a suggestion to a custom trainer
   uint32_t max_local_steps = 0;  // 0: no limit
+  // A cap on this round's local training time, in seconds (0: none): stop
+  // after the step that crosses it and report the steps taken (local_steps).
+  double max_local_seconds = 0;
   float proximal_mu = 0;      // FedProx: mu / 2 * |w - w_global|^2 added to the local objective
   uint64_t seed = 0;          // the federation's; combine it with round and site to shuffle
 };
@@ -75,6 +78,10 @@ struct TrainResult {
   // (a loss that is not finite withholds the update: the site diverged).
   // Other names are logged by this site only.
   std::map<std::string, double> metrics;
+  // The optimizer steps this round took (0: not reported). FedNova weighs
+  // each update by them, so a site that did less work (max_local_seconds,
+  // a smaller share) counts for what it did; it refuses updates without.
+  uint64_t local_steps = 0;
 };
 
 // A site's score of the global model on its own held-out examples, for the

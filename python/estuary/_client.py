@@ -116,7 +116,12 @@ def _update_of(result: Any, received: Mapping[str, np.ndarray]) -> Tuple[Dict[st
     examples = int(examples.item() if hasattr(examples, "item") else examples)
     if examples <= 0:
         raise ValueError(f"fit returned num_examples = {examples}: an update's weight is the examples it trained on")
-    return arrays, examples, {str(k): float(v) for k, v in dict(metrics).items()}
+    metrics = {str(k): float(v) for k, v in dict(metrics).items()}
+    steps = metrics.get("local_steps")
+    if steps is not None and not (steps >= 1 and steps == int(steps)):
+        raise ValueError(f"fit returned metrics['local_steps'] = {steps:g}: expected a whole number >= 1 (the "
+                         "optimizer steps it took)")
+    return arrays, examples, metrics
 
 
 class Client:
@@ -154,10 +159,13 @@ class Client:
         what you change, e.g. ``module.load_state_dict({k: torch.tensor(v)
         ...}, strict=False)`` or ``estuary.load_weights``) and the round's
         task (model, round, site, epochs, batch_size, learning_rate, momentum,
-        weight_decay, optimizer, max_local_steps, proximal_mu, seed). It
-        returns (weights, num_examples[, metrics]): arrays or torch tensors of
-        any float dtype, by name; integer buffers the server does not send
-        are dropped. ``metrics["loss"]`` goes to the server's round log.
+        weight_decay, optimizer, max_local_steps, max_local_seconds,
+        proximal_mu, seed). It returns (weights, num_examples[, metrics]):
+        arrays or torch tensors of any float dtype, by name; integer buffers
+        the server does not send are dropped. ``metrics["loss"]`` goes to the
+        server's round log; ``metrics["local_steps"]``, the optimizer steps
+        fit took, lets FedNova weigh the update by its work (stop after the
+        step that crosses ``config["max_local_seconds"]`` when it is set).
 
         ``evaluate(weights, config)``, when given, answers the server's
         evaluation rounds (``serve --evaluate-every N``): it scores the global

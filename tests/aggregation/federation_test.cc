@@ -51,6 +51,8 @@ TEST(Federation, EachBadFieldIsOneLineNamingItsKey) {
       {[](auto& c) { c.mutable_task()->set_momentum(1); }, "momentum = 1"},
       {[](auto& c) { c.mutable_task()->set_optimizer("adagrad"); }, "optimizer = 'adagrad'"},
       {[](auto& c) { c.mutable_task()->set_seq_len(0); }, "seq_len = 0"},
+      {[](auto& c) { c.mutable_task()->set_max_local_seconds(-1); }, "max_local_seconds = -1: must be a number >= 0"},
+      {[](auto& c) { c.mutable_task()->set_max_local_seconds(INFINITY); }, "max_local_seconds = inf"},
       {[](auto& c) { c.mutable_strategy()->set_name("fedprox"); }, "unknown strategy 'fedprox'"},
       {[](auto& c) { c.mutable_strategy()->set_beta1(1); }, "beta1 must be in [0, 1)"},
       {[](auto& c) { c.mutable_strategy()->set_tau(0); }, "tau must be finite and > 0"},
@@ -169,7 +171,7 @@ TEST(FederationFlags, EachFlagSetsItsFieldAndHelpShowsTheDefaults) {
 
   std::vector<std::string> args = {"--model",      "llama-tiny", "--epochs",     "3",     "--update-kind",
                                    "lora",         "--lora-targets", "q_proj,v_proj", "--lora-mixed-ranks",
-                                   "--server-lr",  "0.25",       "--max-local-steps", "7",
+                                   "--server-lr",  "0.25",       "--max-local-steps", "7", "--max-local-seconds", "2.5",
                                    "--max-update-norm", "3.5",   "--max-examples", "5000"};
   std::reverse(args.begin(), args.end());  // CLI11 parses a vector back to front
   app.parse(args);
@@ -181,6 +183,7 @@ TEST(FederationFlags, EachFlagSetsItsFieldAndHelpShowsTheDefaults) {
   EXPECT_TRUE(config.task().lora().mixed_ranks());
   EXPECT_DOUBLE_EQ(config.strategy().server_lr(), 0.25);
   EXPECT_EQ(config.task().max_local_steps(), 7u);
+  EXPECT_DOUBLE_EQ(config.task().max_local_seconds(), 2.5);
   EXPECT_DOUBLE_EQ(config.limits().max_norm(), 3.5);
   EXPECT_EQ(config.limits().max_examples(), 5000u);
   EXPECT_DOUBLE_EQ(config.limits().max_norm_over_median(), 10) << "the default";

@@ -184,6 +184,63 @@ class Sites(unittest.TestCase):
             model = server.export()
             np.testing.assert_allclose(model["linear.bias"], [0.2 - 0.5 - 0.5], rtol=1e-6)
 
+    def test_fednova_weighs_each_fit_by_the_steps_it_reports(self):
+        # Two sites of 4 examples each: site-0 moves -lr in 1 step, site-1 -2 lr in 4. FedNova
+        # (Wang et al. 2020, plain SGD: a_i = steps): tau_eff = 2.5, sum p_i d_i / a_i = -0.75 lr,
+        # so the bias moves -1.875 lr, where FedAvg's mean of the deltas would move it -1.5 lr.
+        with tempfile.TemporaryDirectory() as d:
+            lr = 0.1
+            server = estuary.LocalServer(d, linear(), ["site-0", "site-1"], rounds=1,
+                                         flags=["--strategy", "fednova", "--lr", str(lr), "--max-local-seconds", "7.5"])
+            caps = []
+
+            def stepper(scale, steps):
+                def fit(weights, config):
+                    caps.append(config["max_local_seconds"])
+                    return ({k: v - scale * config["learning_rate"] for k, v in weights.items()}, 4,
+                            {"loss": 1.0, "local_steps": steps})
+                return fit
+
+            results = {}
+            with server.start():
+                threads = []
+                for k, (scale, steps) in enumerate([(1, 1), (2, 4)]):
+                    files = server.site_files(f"site-{k}")
+                    t = threading.Thread(target=lambda k=k, files=files, fit=stepper(scale, steps): results.setdefault(
+                        k, estuary.Client(server.address, **files, max_backoff_s=1).run(fit)), daemon=True)
+                    t.start()
+                    threads.append(t)
+                for t in threads:
+                    t.join(60)
+                server.wait(60)
+            self.assertEqual(caps, [7.5, 7.5])
+            self.assertEqual([results[k].failures for k in range(2)], [[], []])
+            model = server.export()
+            np.testing.assert_allclose(model["linear.bias"], [0.2 - 1.875 * lr], rtol=1e-6)
+
+    def test_local_steps_that_are_not_a_whole_number_fail_the_round_in_one_line(self):
+        with tempfile.TemporaryDirectory() as d:
+            server = estuary.LocalServer(d, linear(), ["site-0", "site-1"], rounds=1,
+                                         flags=["--round-deadline", "3", "--min-updates", "1"])
+
+            def fit(weights, config):
+                update, n, metrics = fit_linear(weights, config)
+                return update, n, {**metrics, "local_steps": 2.5}
+
+            results = {}
+            with server.start():
+                files = [server.site_files(f"site-{k}") for k in range(2)]
+                good = threading.Thread(target=lambda: results.setdefault(
+                    "good", estuary.Client(server.address, **files[1], max_backoff_s=1).run(fit_linear)), daemon=True)
+                good.start()
+                results["bad"] = estuary.Client(server.address, **files[0], max_backoff_s=1).run(fit)
+                good.join(60)
+                server.wait(60)
+            self.assertEqual(results["bad"].failures, [(1, "ValueError: fit returned metrics['local_steps'] = 2.5: "
+                                                           "expected a whole number >= 1 (the optimizer steps it took)")])
+            statuses = {p["client"]: p["status"] for p in server.round(1)["participants"]}
+            self.assertEqual(statuses, {"site-0": "failed", "site-1": "committed"})
+
     def test_evaluate_answers_the_servers_evaluation_rounds_weighted_by_examples(self):
         with tempfile.TemporaryDirectory() as d:
             server = estuary.LocalServer(d, linear(), ["site-0", "site-1", "site-2"], rounds=2,

@@ -8,6 +8,7 @@
 #include <set>
 
 #include "simulations/runner.h"
+#include "simulations/scenario_checks.h"
 #include "tests/e2e/harness.h"
 #include "tests/simulations/small_mnist.h"
 
@@ -27,6 +28,21 @@ TEST(Stragglers, BadFlagsAreOneLineNamingTheFlag) {
   EXPECT_EQ(ok->fraction, 0.3);
   EXPECT_EQ(ok->min_work, 0.25);
   EXPECT_EQ(ok->max_work, 0.75);
+}
+
+// A wall-clock cap would make a run depend on the machine: the simulator
+// refuses it and names the reproducible way to the same setting.
+TEST(Stragglers, TheSimulatorRefusesAWallClockCapAndNamesStragglersInstead) {
+  Scenario s;
+  s.federation.mutable_task()->set_max_local_seconds(2);
+  for (const char* mode : {"inproc", "loopback"}) {
+    s.mode = mode;
+    const Status refused = CheckScenario(s);
+    EXPECT_NE(refused.message().find("sim: --max-local-seconds 2: a simulation stays reproducible from its seed"),
+              std::string::npos)
+        << mode << ": " << refused.ToString();
+    EXPECT_NE(refused.message().find("--stragglers"), std::string::npos);
+  }
 }
 
 TEST(Stragglers, AStragglerRunsItsDrawnShareOfTheFullStepsSeededByRoundAndSite) {
