@@ -24,12 +24,21 @@ class ServerError(RuntimeError):
 
 
 def find_server() -> str:
-    """estuary-server: $ESTUARY_SERVER, else the build tree this package was built in, else PATH."""
+    """estuary-server: $ESTUARY_SERVER, else the build tree this package was built in, or the prefix it
+    was installed into (cmake --install), else PATH."""
     if os.environ.get("ESTUARY_SERVER"):
         return os.environ["ESTUARY_SERVER"]
-    built = Path(__file__).resolve().parents[2] / "server" / "estuary-server"  # build/python/estuary -> build
+    here = Path(__file__).resolve().parent
+    built = here.parents[1] / "server" / "estuary-server"  # build/python/estuary -> build
     if built.exists():
         return str(built)
+    try:
+        from ._installed import SERVER  # only in an installed package
+        installed = (here / SERVER).resolve()
+        if installed.exists():
+            return str(installed)
+    except ImportError:
+        pass
     found = shutil.which("estuary-server")
     if not found:
         raise ServerError("no estuary-server: set ESTUARY_SERVER, or put it on PATH")

@@ -2,21 +2,45 @@
 # The C++ package from outside: `cmake --install` into a scratch prefix, then
 # examples/cpp-site configured and built against it as a user would
 # (find_package(Estuary), Estuary::client), and the site it builds run: one
-# line on data it cannot read, then a round of the installed server.
+# line on data it cannot read, then a round of the installed server. And the
+# Python module from the prefix's lib/python3/dist-packages, in a clean
+# environment: two sites of estuary.Simulation through the installed server.
 #   install_test.sh BUILD_DIR SOURCE_DIR SCRATCH_DIR
 set -euo pipefail
 build=$1 source=$2 scratch=$3
 rm -rf "$scratch"
 mkdir -p "$scratch"
 cmake --install "$build" --prefix "$scratch/prefix" > "$scratch/install.log"
+python_dir=lib/python3/dist-packages
 for f in include/estuary/client.h lib/cmake/Estuary/EstuaryConfig.cmake lib/cmake/Estuary/EstuaryTargets.cmake \
-         bin/estuary-server bin/estuary-client; do
+         bin/estuary-server bin/estuary-client $python_dir/estuary/__init__.py $python_dir/estuary/_installed.py; do
   [ -e "$scratch/prefix/$f" ] || { echo "install: $f is missing from the prefix"; exit 1; }
 done
 # Only the public header: an out-of-tree site never sees Estuary's internals.
 if [ "$(find "$scratch/prefix/include" -type f | wc -l)" != 1 ]; then
   echo "install: headers beyond estuary/client.h:"; find "$scratch/prefix/include" -type f; exit 1
 fi
+
+# The Python module from the prefix alone: nothing of this shell's
+# environment, no ESTUARY_SERVER, no build tree on any path. It imports from
+# the prefix, finds the prefix's estuary-server, and averages two sites.
+env -i HOME="$scratch" PATH=/usr/bin:/bin PYTHONPATH="$scratch/prefix/$python_dir" OPENBLAS_NUM_THREADS=1 \
+    python3 - "$scratch/prefix" > "$scratch/python.log" 2>&1 <<'PY' || { echo "python:"; cat "$scratch/python.log"; exit 1; }
+import os, sys
+import numpy as np
+import estuary
+prefix = os.path.realpath(sys.argv[1])
+for module in (estuary, estuary._estuary):
+    assert os.path.realpath(module.__file__).startswith(prefix + "/"), module.__file__
+assert estuary.find_server() == os.path.join(prefix, "bin", "estuary-server"), estuary.find_server()
+initial = {"w": np.array([1.0, -2.0, 0.5], dtype=np.float32)}
+def site(step):
+    return lambda weights, config: ({"w": weights["w"] + step}, 10, {"loss": 0.0})
+result = estuary.Simulation(initial, [site(1.0), site(3.0)], rounds=1).run(timeout_s=120)
+# FedAvg of two sites of 10 examples each: the mean of their weights.
+assert np.array_equal(result.model["w"], initial["w"] + 2.0), result.model
+print("python: estuary from", os.path.dirname(estuary.__file__), "averaged two sites through", estuary.find_server())
+PY
 launcher=()
 if command -v ccache > /dev/null; then launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache); fi
 generator=()
@@ -68,4 +92,5 @@ timeout 120 "$scratch/site/linreg-site" --server "127.0.0.1:$port" --ca "$scratc
     > "$scratch/site.log" 2>&1 || { echo "linreg-site failed:"; cat "$scratch/site.log"; exit 1; }
 wait $server || { echo "estuary-server failed:"; cat "$scratch/server.log"; exit 1; }
 grep -q "round 1 committed: 1 updates" "$scratch/server.log" || { cat "$scratch/server.log"; exit 1; }
+cat "$scratch/python.log"
 echo "installed into $scratch/prefix; examples/cpp-site built against it trained a round of the installed server"
