@@ -20,6 +20,10 @@ done
 if [ "$(find "$scratch/prefix/include" -type f | wc -l)" != 1 ]; then
   echo "install: headers beyond estuary/client.h:"; find "$scratch/prefix/include" -type f; exit 1
 fi
+# Nothing for a host's /etc or systemd: those are the Debian packages' (cpack).
+if grep -E "/etc/|systemd" "$scratch/install.log"; then
+  echo "install: a prefix install wrote the packages' files (above)"; exit 1
+fi
 
 # The Python module from the prefix alone: nothing of this shell's
 # environment, no ESTUARY_SERVER, no build tree on any path. It imports from
