@@ -37,8 +37,10 @@ root=$scratch/root
 for name in server client; do
   deb=$(ls "$scratch"/packages/estuary-${name}_*.deb) || fail "no estuary-$name package"
   info=$(dpkg-deb -I "$deb")
-  for member in conffiles postinst prerm postrm; do
-    grep -qE "^ +[0-9]+ bytes, +[0-9]+ lines +(\* +)?$member" <<< "$info" || fail "$deb: no $member:"$'\n'"$info"
+  # The control archive: the conffiles list, and the maintainer scripts executable ('*').
+  grep -qE "^ +[0-9]+ bytes, +[0-9]+ lines +conffiles" <<< "$info" || fail "$deb: no conffiles:"$'\n'"$info"
+  for script in postinst prerm postrm; do
+    grep -qE "^ +[0-9]+ bytes, +[0-9]+ lines +\* +$script" <<< "$info" || fail "$deb: no executable $script:"$'\n'"$info"
   done
   contents=$(dpkg-deb -c "$deb")
   for path in ./usr/bin/estuary-$name ./usr/lib/systemd/system/estuary-$name.service ./etc/estuary/$name.toml; do
@@ -53,6 +55,9 @@ for name in server client; do
   dpkg-deb -e "$deb" "$control"
   [ "$(cat "$control/conffiles")" = /etc/estuary/$name.toml ] || fail "$deb: conffiles: $(cat "$control/conffiles")"
   grep -q "adduser --system" "$control/postinst" || fail "$deb: postinst does not create the estuary user"
+  for script in postinst prerm postrm; do
+    sh -n "$control/$script" || fail "$deb: $script is not a valid sh script"
+  done
   depends=$(dpkg-deb -f "$deb" Depends)
   grep -qE "(^|, )adduser(,|$)" <<< "$depends" || fail "$deb: Depends lacks adduser (postinst): $depends"
   if grep -qiE "cuda|cublas|nccl|nvidia" <<< "$depends"; then fail "$deb: CUDA in Depends: $depends"; fi
@@ -154,12 +159,12 @@ for prefix, n in (("train", 200), ("t10k", 50)):
 PY
 
 exec_start server
-(cd "$state" && exec "${words[@]}" --listen 127.0.0.1:0 --rounds 2 --min-clients 1 --clients-per-round 1 \
+(cd "$state" && exec timeout 300 "${words[@]}" --listen 127.0.0.1:0 --rounds 2 --min-clients 1 --clients-per-round 1 \
     --epochs 1 --exit-when-done) > "$scratch/server.log" 2>&1 &
 server=$!
 trap 'kill $server 2> /dev/null || true' EXIT
 port=
-for _ in $(seq 200); do
+for _ in $(seq 600); do  # 30 s for the server to listen
   port=$(sed -n 's/^listening on 127.0.0.1:\([0-9]*\)$/\1/p' "$scratch/server.log")
   [ -n "$port" ] && break
   kill -0 $server 2> /dev/null || break
