@@ -6,6 +6,7 @@
 #include <future>
 #include <utility>
 
+#include "aggregation/scaffold.h"
 #include "crypto/sha256.h"
 
 namespace estuary::server {
@@ -59,8 +60,17 @@ struct AdmittedUpdate {
 
 Result<std::string> Aggregator::Fold(std::string_view client, const Manifest& layout, std::shared_ptr<const void> owner,
                                      std::span<const float> values, uint64_t examples,
-                                     const aggregation::LocalWork& work) {
+                                     const aggregation::LocalWork& work, std::span<const float> control_delta) {
+  auto* scaffold = dynamic_cast<aggregation::Scaffold*>(strategy_.get());
+  if (!control_delta.empty() && !scaffold) {
+    return InvalidArgument("server: the update from {} carries a control delta, which {} does not take", client,
+                           strategy_->name());
+  }
   ESTUARY_ASSIGN_OR_RETURN(aggregation::UpdateBound::Admitted admitted, bound_.Admit(values, examples));
+  if (scaffold) {  // it copies both into its sums: nothing is kept
+    ESTUARY_RETURN_IF_ERROR(scaffold->FoldControl(client, admitted.values(), control_delta, double(examples)));
+    return admitted.note();
+  }
   if (admitted.scale() != 1) owner.reset();  // the values are the Admitted's scaled copy now
   auto held = std::make_shared<const AdmittedUpdate>(AdmittedUpdate{std::move(owner), std::move(admitted)});
   ESTUARY_RETURN_IF_ERROR(strategy_->FoldWork(client, layout, held, held->admitted.values(), double(examples), work));
@@ -105,7 +115,22 @@ Aggregator::Finished Aggregator::Finish(uint64_t round, const GlobalModel& previ
     result.status = written.status();
   }
   result.model.values = std::move(global);
+  if (result.status.ok()) {
+    auto control = Control();
+    if (control.ok()) {
+      result.control = std::move(control).value();
+    } else {
+      result.status = control.status();
+    }
+  }
   return result;
+}
+
+Result<std::shared_ptr<const std::vector<float>>> Aggregator::Control() const {
+  const auto* scaffold = dynamic_cast<const aggregation::Scaffold*>(strategy_.get());
+  if (!scaffold) return std::shared_ptr<const std::vector<float>>();
+  ESTUARY_ASSIGN_OR_RETURN(std::vector<float> control, scaffold->Control(manifest_.total_elements));
+  return std::make_shared<const std::vector<float>>(std::move(control));
 }
 
 }  // namespace estuary::server

@@ -42,6 +42,9 @@ class Aggregator {
     uint64_t changed_bytes = 0;                       // Strategy::changed_bytes
     std::vector<aggregation::LowRankChange> low_rank;  // Strategy::low_rank_changes
     std::optional<aggregation::DpRound> dp;            // what a DP-FedAvg round released
+    // SCAFFOLD: the control variate c the next round's sites correct by
+    // (checkpointed with the model); null under every other strategy.
+    std::shared_ptr<const std::vector<float>> control;
   };
 
   // `evaluator` may be null. `manifest` is the global model's layout.
@@ -64,9 +67,13 @@ class Aggregator {
   // keeps `values` alive: a strategy that holds updates until Finish (a
   // robust rule) keeps it instead of copying them (Strategy::FoldShared).
   // `work`: how the site trained, as its UpdateBegin said (FedNova reads it).
+  // `control_delta`: SCAFFOLD's Δc_i, uploaded beside the delta; the bound
+  // admits the delta, and Δc_i is folded as it came (aggregation::Scaffold::
+  // FoldControl). Empty under every other strategy; a strategy that is not
+  // SCAFFOLD refuses one, and SCAFFOLD refuses an update without one.
   Result<std::string> Fold(std::string_view client, const Manifest& layout, std::shared_ptr<const void> owner,
                            std::span<const float> values, uint64_t examples,
-                           const aggregation::LocalWork& work = {});
+                           const aggregation::LocalWork& work = {}, std::span<const float> control_delta = {});
   // Folds a secure aggregation's mean (SecAgg+: the included sites'
   // example-weighted mean) as one update of weight `weight`, their examples
   // together. No bound applies: the sites clipped their updates themselves,
@@ -74,6 +81,9 @@ class Aggregator {
   // round starts.
   Status FoldMean(std::span<const float> mean, double weight) { return strategy_->Fold(mean, weight); }
   Finished Finish(uint64_t round, const GlobalModel& previous);
+  // SCAFFOLD: c as the strategy holds it now (zeros before the first round,
+  // or restored with the checkpoint); null under every other strategy.
+  Result<std::shared_ptr<const std::vector<float>>> Control() const;
   // After the round log committed `round`: Checkpointer::MarkCommitted.
   Status MarkCommitted(uint64_t round) { return checkpointer_.MarkCommitted(round); }
 

@@ -46,10 +46,9 @@ Status ServerConfig::Finalize() {
     return InvalidArgument("config: frame_memory = {}: must hold one frame of max_frame = {}", frame_memory_bytes,
                            max_frame_bytes);
   }
-  if (federation.strategy().name() == "scaffold") {
-    // Neither c (down) nor Δc (up) travels in the round's messages yet.
-    return InvalidArgument("config: strategy = scaffold runs in estuary-sim's inproc mode only for now: the server's "
-                           "rounds do not carry the control variates yet");
+  if (federation.strategy().name() == "scaffold" && federation.task().update_kind() == v1::UPDATE_LORA) {
+    return InvalidArgument("config: strategy = scaffold with update kind lora: SCAFFOLD's control variates are over "
+                           "the whole model's parameters, a lora site trains and uploads adapters");
   }
   ESTUARY_RETURN_IF_ERROR(aggregation::CheckFederation(federation));
   return CheckSecAgg();
@@ -75,6 +74,10 @@ Status ServerConfig::CheckSecAgg() const {
     return InvalidArgument("config: secagg with strategy {}: a robust rule needs the individual updates, which secure "
                            "aggregation hides (fedavg, fedavgm and the fedopt family take the sum)",
                            strategy);
+  }
+  if (strategy == "scaffold") {
+    return InvalidArgument("config: secagg with strategy scaffold: the server folds each site's control delta Δc_i "
+                           "into c, and secure aggregation would have to hide it (it masks the delta only)");
   }
   if (strategy == "fednova") {
     return InvalidArgument("config: secagg with strategy fednova: FedNova divides each site's update by its own "

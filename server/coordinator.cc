@@ -234,7 +234,9 @@ void Coordinator::OnUpdateBegin(const std::shared_ptr<ClientSession>& session, c
   if (!layout.ok()) return Reject(session, v1::Error::BAD_MESSAGE, layout.status().message());
   p.begin = begin;
   p.layout = std::move(layout).value();
-  Status staged = slots_.Begin(session, p.layout);
+  auto staging = StagedLayout(begin, name, p.layout, config_.federation.strategy().name() == "scaffold");
+  if (!staging.ok()) return Reject(session, v1::Error::BAD_MESSAGE, staging.status().message());
+  Status staged = slots_.Begin(session, *staging);
   if (!staged.ok()) return Reject(session, v1::Error::SERVER_BUSY, staged.message());
 }
 
@@ -281,7 +283,10 @@ void Coordinator::OnUpdateCommit(const std::shared_ptr<ClientSession>& session, 
   const aggregation::LocalWork work{.steps = p.begin.local_steps(), .normalizer = p.begin.normalizer()};
   asio::post(worker_, [this, staged, examples = p.begin.num_examples(), name, layout = p.layout, work] {
     const auto start = std::chrono::steady_clock::now();
-    Result<std::string> folded = aggregator_->Fold(name, layout, staged, staged->values(), examples, work);
+    // The delta, then SCAFFOLD's Δc_i where the upload has one (StagedLayout).
+    const std::span<const float> values = staged->values();
+    Result<std::string> folded = aggregator_->Fold(name, layout, staged, values.first(layout.total_elements), examples,
+                                                   work, values.subspan(layout.total_elements));
     if (metrics_ && folded.ok()) {
       metrics_->Folded(staged->values().size() * sizeof(float),
                        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
@@ -475,6 +480,7 @@ void Coordinator::OnAggregated(Aggregator::Finished result) {
   state_ = RoundState::kCommitted;
   result.model.version = record_.model_version;
   distribution_.Publish(std::move(result.model), std::move(result.low_rank));
+  distribution_.SetControl(std::move(result.control));
   const double seconds = SecondsSince(round_started_);
   if (metrics_) {
     metrics_->RoundEnded(RoundState::kCommitted, seconds);

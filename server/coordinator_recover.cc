@@ -81,6 +81,8 @@ Status Coordinator::Recover() {
     auto initial = std::make_shared<const std::vector<float>>(std::move(federation.initial));
     const std::string checksum = crypto::Sha256Hex(initial->data(), initial->size() * sizeof(float));
     distribution_.Reset(manifest_, {std::move(initial), checksum, 0});
+    ESTUARY_ASSIGN_OR_RETURN(auto control, aggregator_->Control());  // SCAFFOLD's c: zeros
+    distribution_.SetControl(std::move(control));
     round_ = 1;
     ESTUARY_RETURN_IF_ERROR(CountFailedTries());
     spdlog::info("new federation {}: model {} ({} parameters), checksum {}", federation_id_, task_.model(),
@@ -93,6 +95,8 @@ Status Coordinator::Recover() {
   ESTUARY_ASSIGN_OR_RETURN(std::vector<float> global, aggregator_->Restore(*path, last->global_checksum));
   distribution_.Reset(manifest_, {std::make_shared<const std::vector<float>>(std::move(global)),
                                   last->global_checksum, last->model_version});
+  ESTUARY_ASSIGN_OR_RETURN(auto control, aggregator_->Control());  // SCAFFOLD's c, as checkpointed
+  distribution_.SetControl(std::move(control));
   round_ = last->round + 1;
   ESTUARY_RETURN_IF_ERROR(CountFailedTries());
   spdlog::info("federation {} resumed after round {}: model version {}, checksum {}", federation_id_, last->round,

@@ -60,6 +60,11 @@ void ModelDistribution::Publish(GlobalModel next, std::vector<aggregation::LowRa
   FindChangesFromBase();
 }
 
+void ModelDistribution::SetControl(std::shared_ptr<const std::vector<float>> control) {
+  control_ = std::move(control);
+  control_checksum_ = control_ ? crypto::Sha256Hex(control_->data(), control_->size() * sizeof(float)) : "";
+}
+
 void ModelDistribution::FindChangedRanges() {
   const auto& previous = previous_.values;
   const auto& current = current_.values;
@@ -119,12 +124,18 @@ uint64_t ModelDistribution::Offer(const std::shared_ptr<ClientSession>& session,
   start->set_patch_base_version(send == Send::kPatch ? version - 1 : 0);
   start->set_patch_on_base(send == Send::kPatchOnBase);
   offered_[name] = {version, current_.checksum};
-  if (holds_model) return 0;
-  queue_.push_back({session, send});
+  // An evaluation round scores the model alone: no site trains, so no c.
+  const bool control = control_ && !start->evaluate_only();
+  start->set_control_follows(control);
+  start->set_control_checksum(control ? control_checksum_ : "");
+  const uint64_t control_bytes = control ? control_->size() * sizeof(float) : 0;
+  if (holds_model && !control) return 0;
+  queue_.push_back({session, holds_model ? Send::kNone : send, control});
+  if (holds_model) return control_bytes;
   switch (send) {
-    case Send::kPatch: return (patch_.range_elements() + patch_.factor_count()) * sizeof(float);
-    case Send::kPatchOnBase: return base_patch_.range_elements() * sizeof(float);
-    default: return manifest_.byte_size();
+    case Send::kPatch: return (patch_.range_elements() + patch_.factor_count()) * sizeof(float) + control_bytes;
+    case Send::kPatchOnBase: return base_patch_.range_elements() * sizeof(float) + control_bytes;
+    default: return manifest_.byte_size() + control_bytes;
   }
 }
 
@@ -165,6 +176,13 @@ void ModelDistribution::StreamQueued() {
       if (!patch_.low_rank.empty()) tail = factors_;
     } else if (next.send == Send::kPatchOnBase) {
       bytes = base_patch_.ByteRanges(manifest_.total_elements);
+    }
+    if (next.control) {  // c past the model's end, in a range of its own (no low-rank tail beside it)
+      const uint64_t model_bytes = manifest_.byte_size();
+      if (next.send == Send::kWhole) bytes = {{0, model_bytes}};
+      if (next.send == Send::kNone) bytes.clear();
+      bytes.emplace_back(model_bytes, model_bytes + control_->size() * sizeof(float));
+      tail = control_;
     }
     // A session that closes mid-stream calls back too, so its place frees
     // either way; a stream of an earlier attempt is no longer in streams_.

@@ -17,6 +17,10 @@
 // back the rest (a site that reads nothing is cut off by its session's write
 // deadline).
 //
+// Under SCAFFOLD (SetControl) every selected site also downloads the
+// server's control variate c, past the model's end (RoundStart.
+// control_follows), whatever of the model it holds: c changes every round.
+//
 // What a site holds is what it said in its Hello, and a version it was sent
 // only once it has confirmed it: its UpdateBegin for the round (it trains
 // only on a model whose checksum it verified) while it keeps its models. A
@@ -64,6 +68,9 @@ class ModelDistribution {
   // patch from it is every tensor that differs, those in `low_rank`
   // (Strategy::low_rank_changes) as their factors.
   void Publish(GlobalModel next, std::vector<aggregation::LowRankChange> low_rank);
+  // SCAFFOLD: c, of the model's size, that every offer from now on sends
+  // after the model (Aggregator::Finished::control); null: none.
+  void SetControl(std::shared_ptr<const std::vector<float>> control);
 
   const Manifest& manifest() const { return manifest_; }
   const GlobalModel& current() const { return current_; }
@@ -78,8 +85,8 @@ class ModelDistribution {
   // confirmed.
   void BeginRound(uint64_t round);
   // Sets the model fields of `start` for `session` (model_follows, the patch,
-  // patch_base_version) and queues its download. Returns the bytes it
-  // downloads.
+  // patch_base_version; control_follows and its checksum unless `start` is
+  // evaluate_only) and queues its download. Returns the bytes it downloads.
   uint64_t Offer(const std::shared_ptr<ClientSession>& session, v1::RoundStart* start);
   // The site began its update for this round: it holds what it was offered,
   // and keeps it if its Hello said so.
@@ -94,10 +101,11 @@ class ModelDistribution {
     uint64_t version = 0;
     std::string checksum;
   };
-  enum class Send { kWhole, kPatch, kPatchOnBase };
+  enum class Send { kWhole, kPatch, kPatchOnBase, kNone };
   struct Download {
     std::weak_ptr<ClientSession> session;
     Send send = Send::kWhole;
+    bool control = false;  // SCAFFOLD's c follows the model
   };
   // A download streaming: until it is written (or its session closes) or
   // its place times out.
@@ -121,6 +129,8 @@ class ModelDistribution {
   proto::ModelPatch base_patch_;  // held_base_ to current_
   // Every low-rank change's u then v: the stream's tail after the ranges.
   std::shared_ptr<const std::vector<float>> factors_;
+  std::shared_ptr<const std::vector<float>> control_;  // SCAFFOLD's c; null: none
+  std::string control_checksum_;
   Clock& clock_;
   const std::chrono::steady_clock::duration slot_timeout_;
   std::map<std::string, Held> held_;     // said in a Hello, or confirmed

@@ -63,4 +63,21 @@ Result<Manifest> CheckUpdateBegin(const v1::UpdateBegin& begin, std::string_view
   return layout;
 }
 
+Result<Manifest> StagedLayout(const v1::UpdateBegin& begin, std::string_view client, const Manifest& layout,
+                              bool scaffold) {
+  if (scaffold && !begin.control_follows()) {
+    return ProtocolError("update from {} carries no control delta: strategy scaffold needs each site's Δc beside its "
+                         "delta (an estuary-client that predates SCAFFOLD over the network?)",
+                         client);
+  }
+  if (!scaffold && begin.control_follows()) {
+    return ProtocolError("update from {} carries a control delta, but this federation's strategy is not scaffold",
+                         client);
+  }
+  if (!scaffold) return layout;
+  Manifest staged = layout;
+  staged.Append("scaffold.control_delta", {int64_t(layout.total_elements)});
+  return staged;
+}
+
 }  // namespace estuary::server

@@ -27,4 +27,13 @@ Result<Manifest> CheckUpdateBegin(const v1::UpdateBegin& begin, std::string_view
                                   const Manifest& global,
                                   const std::optional<aggregation::LoraStrategyOptions>& lora);
 
+// What the upload of `layout` stages: `layout`, then under SCAFFOLD
+// (`scaffold`: the federation's strategy) the site's control delta Δc_i as a
+// tensor "scaffold.control_delta" of as many values, so both share one
+// staging area, one checksum and the staging budget (twice the bytes).
+// Fails when the announcement's control_follows is not what the strategy
+// takes: a SCAFFOLD upload without Δc, or a Δc another strategy would drop.
+Result<Manifest> StagedLayout(const v1::UpdateBegin& begin, std::string_view client, const Manifest& layout,
+                              bool scaffold);
+
 }  // namespace estuary::server

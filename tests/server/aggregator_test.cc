@@ -187,6 +187,81 @@ TEST_F(AggregatorTest, UpdatesAreFoldedWithinTheFederationsLimits) {
   EXPECT_NE(next->find("scaled down to the bound 13.16"), std::string::npos) << *next;
 }
 
+// SCAFFOLD through the aggregator, as the coordinator drives it: each
+// update's Δc_i beside its delta; the model steps by the example-weighted
+// mean delta and c by Σ Δc_i / N. c goes into the checkpoint beside the
+// model, and an aggregator restarted from it goes on bit for bit with one
+// that never stopped. Another strategy refuses a control delta, and
+// SCAFFOLD an update without one.
+TEST_F(AggregatorTest, ScaffoldFoldsEachSitesControlDeltaIntoCAndARestartContinuesBitForBit) {
+  auto make = [&] {
+    auto strategy = aggregation::MakeStrategy({.name = "scaffold", .server_lr = 1.0, .total_sites = 4});
+    auto checkpointer = Checkpointer::Open(dir.path(), task(), std::nullopt, log);
+    EXPECT_TRUE(strategy.ok() && checkpointer.ok());
+    return std::make_unique<Aggregator>(std::move(strategy).value(), aggregation::UpdateBound(v1::UpdateLimits()),
+                                        nullptr, std::move(checkpointer).value(), Layout());
+  };
+  auto fold = [](Aggregator& a, std::string_view client, float delta, const std::vector<float>& control_delta,
+                 uint64_t examples) {
+    auto owned = std::make_shared<const std::vector<float>>(40, delta);
+    return a.Fold(client, Layout(), owned, *owned, examples, {}, control_delta);
+  };
+  std::vector<float> dc_a(40), dc_b(40);
+  for (size_t i = 0; i < 40; ++i) {
+    dc_a[i] = 0.25f * float(i) - 3.0f;
+    dc_b[i] = 1.0f / float(i + 1);
+  }
+  auto fedavg = Make();
+  ASSERT_TRUE(fedavg->Begin(5, *previous.values, 1).ok());
+  auto not_taken = fold(*fedavg, "site-a", 1.0f, dc_a, 1);
+  ASSERT_FALSE(not_taken.ok());
+  EXPECT_NE(not_taken.status().message().find("carries a control delta, which fedavg does not take"),
+            std::string::npos)
+      << not_taken.status().message();
+  auto fedavg_control = fedavg->Control();
+  ASSERT_TRUE(fedavg_control.ok());
+  EXPECT_EQ(*fedavg_control, nullptr);
+
+  auto aggregator = make();
+  auto zero = aggregator->Control();
+  ASSERT_TRUE(zero.ok() && *zero);
+  EXPECT_EQ(**zero, std::vector<float>(40, 0.0f)) << "c starts at zero";
+  ASSERT_TRUE(aggregator->Begin(5, *previous.values, 2).ok());
+  EXPECT_FALSE(fold(*aggregator, "site-x", 1.0f, {}, 1).ok()) << "no Δc";
+  EXPECT_FALSE(fold(*aggregator, "site-x", 1.0f, std::vector<float>(39, 0.0f), 1).ok()) << "a Δc of another size";
+  ASSERT_TRUE(fold(*aggregator, "site-a", 1.0f, dc_a, 1).ok());
+  ASSERT_TRUE(fold(*aggregator, "site-b", 4.0f, dc_b, 2).ok());
+  const Aggregator::Finished finished = aggregator->Finish(5, previous);
+  ASSERT_TRUE(finished.status.ok()) << finished.status.ToString();
+  std::vector<float> expected_c(40);
+  for (size_t i = 0; i < 40; ++i) {
+    EXPECT_EQ((*finished.model.values)[i], (*previous.values)[i] + 3.0f) << i;  // (1·1 + 4·2) / 3
+    expected_c[i] = static_cast<float>(0.0 + 0.25 * (double(dc_a[i]) + double(dc_b[i])));
+  }
+  ASSERT_TRUE(finished.control);
+  EXPECT_EQ(*finished.control, expected_c);
+  EXPECT_TRUE(std::filesystem::exists(finished.checkpoint.string() + ".strategy")) << "c beside the model";
+
+  Commit(*aggregator, 5);
+  auto restarted = make();
+  auto restored = restarted->Restore(finished.checkpoint, finished.model.checksum);
+  ASSERT_TRUE(restored.ok()) << restored.status().ToString();
+  auto restored_c = restarted->Control();
+  ASSERT_TRUE(restored_c.ok() && *restored_c);
+  EXPECT_EQ(**restored_c, expected_c);
+  std::vector<Aggregator::Finished> round_6;
+  for (Aggregator* a : {aggregator.get(), restarted.get()}) {
+    ASSERT_TRUE(a->Begin(6, *finished.model.values, 1).ok());
+    ASSERT_TRUE(fold(*a, "site-b", -0.5f, dc_a, 3).ok());
+    round_6.push_back(a->Finish(6, finished.model));
+    ASSERT_TRUE(round_6.back().status.ok()) << round_6.back().status.ToString();
+  }
+  EXPECT_EQ(*round_6[1].model.values, *round_6[0].model.values);
+  EXPECT_EQ(round_6[1].model.checksum, round_6[0].model.checksum);
+  EXPECT_EQ(*round_6[1].control, *round_6[0].control);
+  EXPECT_NE(*round_6[1].control, expected_c) << "round 6 moved c";
+}
+
 TEST_F(AggregatorTest, ARoundWithNothingFoldedFailsAndWritesNothing) {
   auto aggregator = Make();
   ASSERT_TRUE(aggregator->Begin(5, *previous.values, 2).ok());
@@ -215,10 +290,12 @@ TEST(ServerConfig, TheServerTakesTheRobustStrategies) {
 namespace estuary::server {
 namespace {
 
-// FedNova's local work travels in UpdateBegin, so the server takes it;
-// SCAFFOLD's control variates do not travel yet, so the server refuses it
-// in one line rather than refuse every update of its rounds.
-TEST(ServerConfig, TheServerTakesFedNovaAndRefusesScaffoldForNow) {
+// FedNova's local work travels in UpdateBegin, and SCAFFOLD's control
+// variates beside the model and the update, so the server takes both; what
+// cannot carry them is refused in one line: secure aggregation (the server
+// folds each site's Δc_i) and lora (c is over the model, a lora site trains
+// adapters).
+TEST(ServerConfig, TheServerTakesFedNovaAndScaffoldAndRefusesWhatCannotCarryTheirs) {
   ServerConfig config;
   config.federation.mutable_strategy()->set_name("fednova");
   EXPECT_TRUE(config.Finalize().ok()) << config.Finalize().ToString();
@@ -226,11 +303,19 @@ TEST(ServerConfig, TheServerTakesFedNovaAndRefusesScaffoldForNow) {
   EXPECT_NE(config.Finalize().message().find("fednova"), std::string::npos) << config.Finalize().ToString();
   config.secagg.on = false;
   config.federation.mutable_strategy()->set_name("scaffold");
+  EXPECT_NE(config.Finalize().message().find("total_sites"), std::string::npos) << config.Finalize().ToString();
   config.federation.mutable_strategy()->set_total_sites(10);
-  const Status refused = config.Finalize();
-  ASSERT_FALSE(refused.ok());
-  EXPECT_NE(refused.message().find("scaffold"), std::string::npos) << refused.message();
-  EXPECT_EQ(refused.message().find('\n'), std::string::npos);
+  EXPECT_TRUE(config.Finalize().ok()) << config.Finalize().ToString();
+  config.secagg.on = true;
+  const Status secagg = config.Finalize();
+  EXPECT_NE(secagg.message().find("secagg with strategy scaffold: the server folds each site's control delta"),
+            std::string::npos)
+      << secagg.ToString();
+  EXPECT_EQ(secagg.message().find('\n'), std::string::npos);
+  config.secagg.on = false;
+  config.federation.mutable_task()->set_update_kind(v1::UPDATE_LORA);
+  const Status lora = config.Finalize();
+  EXPECT_NE(lora.message().find("strategy = scaffold with update kind lora"), std::string::npos) << lora.ToString();
 }
 
 // Asynchronous rounds run in the simulator only: serve --mode async (and the

@@ -326,6 +326,51 @@ TEST_F(DistributionTest, AHeldChecksumInUpperCaseIsTheSameChecksum) {
   EXPECT_GT(start.patch_size(), 0);
 }
 
+// SCAFFOLD: every site of a training round downloads c after the model, in
+// a range of its own past the model's end, whatever of the model it holds;
+// an evaluation round sends the model alone. The RoundStart names c's
+// checksum.
+TEST_F(DistributionTest, UnderScaffoldEveryTrainingSiteDownloadsCAfterTheModel) {
+  auto fresh = Site("fresh", v1::Hello());
+  auto current = Site("current", Holding(v0, true));
+  std::vector<float> c(Layout().total_elements);
+  std::iota(c.begin(), c.end(), -100.0f);
+  auto control = std::make_shared<const std::vector<float>>(c);
+  distribution.SetControl(control);
+  distribution.BeginRound(1);
+  const uint64_t whole = Layout().byte_size();
+  v1::RoundStart start;
+  start.set_round(1);
+  EXPECT_EQ(distribution.Offer(fresh, &start), 2 * whole);
+  EXPECT_TRUE(start.model_follows());
+  EXPECT_TRUE(start.control_follows());
+  EXPECT_EQ(start.control_checksum(), crypto::Sha256Hex(c.data(), whole));
+  EXPECT_EQ(distribution.Offer(current, &start), whole) << "it holds the model: c alone";
+  EXPECT_FALSE(start.model_follows());
+  EXPECT_TRUE(start.control_follows());
+  distribution.StreamQueued();
+  ASSERT_EQ(fresh->models.size(), 1u);
+  ASSERT_EQ(current->models.size(), 1u);
+  EXPECT_EQ(fresh->models[0].ranges, (std::vector<std::pair<uint64_t, uint64_t>>{{0, whole}, {whole, 2 * whole}}));
+  EXPECT_EQ(fresh->models[0].tail, control) << "shared, not copied";
+  EXPECT_EQ(current->models[0].ranges, (std::vector<std::pair<uint64_t, uint64_t>>{{whole, 2 * whole}}));
+  EXPECT_EQ(current->models[0].tail, control);
+
+  distribution.BeginRound(1);
+  v1::RoundStart evaluate;
+  evaluate.set_evaluate_only(true);
+  EXPECT_EQ(distribution.Offer(current, &evaluate), 0u);
+  EXPECT_FALSE(evaluate.control_follows());
+  EXPECT_EQ(distribution.Offer(fresh, &evaluate), whole);
+  EXPECT_FALSE(evaluate.control_follows());
+  EXPECT_TRUE(evaluate.control_checksum().empty());
+
+  distribution.SetControl(nullptr);  // another strategy: nothing past the model
+  distribution.BeginRound(2);
+  EXPECT_EQ(distribution.Offer(current, &start), 0u);
+  EXPECT_FALSE(start.control_follows());
+}
+
 TEST_F(DistributionTest, ARetriedRoundForgetsTheStreamsOfTheAttemptBefore) {
   auto a = Site("a", v1::Hello());
   auto b = Site("b", v1::Hello());

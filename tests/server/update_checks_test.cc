@@ -97,5 +97,34 @@ TEST(UpdateChecks, EachRefusalNamesWhatIsWrong) {
   EXPECT_EQ(too_large.find('\n'), std::string::npos);
 }
 
+// SCAFFOLD: the upload stages Δc_i after the delta, in the same area, so the
+// staging budget counts both; an announcement whose control_follows is not
+// what the strategy takes is refused in one line naming the site.
+TEST(UpdateChecks, AScaffoldUploadStagesItsControlDeltaAfterTheDelta) {
+  v1::UpdateBegin begin = Announced(Layout());
+  auto plain = StagedLayout(begin, "site-a", Layout(), false);
+  ASSERT_TRUE(plain.ok());
+  EXPECT_EQ(*plain, Layout());
+  auto missing = StagedLayout(begin, "site-a", Layout(), true);
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.status().message().find("update from site-a carries no control delta: strategy scaffold"),
+            std::string::npos)
+      << missing.status().message();
+  begin.set_control_follows(true);
+  auto staged = StagedLayout(begin, "site-a", Layout(), true);
+  ASSERT_TRUE(staged.ok()) << staged.status().ToString();
+  EXPECT_EQ(staged->total_elements, 80u);
+  EXPECT_EQ(staged->byte_size(), 2 * Layout().byte_size());
+  ASSERT_EQ(staged->tensors.size(), 3u);
+  EXPECT_EQ(staged->tensors[2].name, "scaffold.control_delta");
+  EXPECT_EQ(staged->tensors[2].offset, 40u);
+  auto unwanted = StagedLayout(begin, "site-a", Layout(), false);
+  ASSERT_FALSE(unwanted.ok());
+  EXPECT_NE(unwanted.status().message().find("carries a control delta, but this federation's strategy is not "
+                                             "scaffold"),
+            std::string::npos)
+      << unwanted.status().message();
+}
+
 }  // namespace
 }  // namespace estuary::server
