@@ -241,6 +241,7 @@ void Agent::OnRoundStart(const v1::RoundStart& start) {
   const std::string& site = name_.empty() ? options_.label : name_;
   std::string refused = RefusalOfBase(options_.base.get(), start.task(), start.round(), site);
   if (refused.empty()) refused = RefusalOfModel(options_.expected_model, start.task(), start.round(), site);
+  if (refused.empty()) refused = RefusalOfControl(start, site);
   if (!refused.empty()) return Refuse(start.round(), refused);
   if (Status s = StartSecAgg(start); !s.ok()) return Disconnected(fmt::format("round {}: {}", start.round(), s.message()));
   if (start.model_follows() && start.patch_on_base()) {
@@ -274,6 +275,7 @@ void Agent::OnRoundStart(const v1::RoundStart& start) {
     incoming_.assign(manifest_.total_elements, 0.0f);
     incoming_ranges_ = {{0, manifest_.total_elements * sizeof(float)}};
   }
+  ExpectControl(start);  // SCAFFOLD: c follows the model
   if (start.model_follows()) {
     incoming_range_ = 0;
     incoming_offset_ = incoming_ranges_[0].first;
@@ -286,7 +288,7 @@ void Agent::OnRoundStart(const v1::RoundStart& start) {
   if (!model_ || model_version_ != start.model_version() || !crypto::SameHexDigest(model_checksum_, start.model_checksum())) {
     return Disconnected(fmt::format("round {}: server sent no model but we hold version {}", start.round(), model_version_));
   }
-  Train();
+  if (!control_hasher_) Train();  // else once c is in
 }
 
 void Agent::Refuse(uint64_t round, const std::string& reason) {
@@ -299,62 +301,6 @@ void Agent::Refuse(uint64_t round, const std::string& reason) {
   // once the server has closed the connection the agent finishes.
   finish_when_written_ = FailedPrecondition("{}", reason);
   Send(envelope);
-}
-
-void Agent::ApplyLowRank() {
-  const float* at = incoming_factors_.data();
-  for (auto& [offset, change] : incoming_low_rank_) {
-    change.u.assign(at, at + change.rows * change.rank);
-    at += change.u.size();
-    change.v.assign(at, at + change.rank * change.cols);
-    at += change.v.size();
-    change.AddTo(std::span<float>(incoming_).subspan(offset, change.rows * change.cols));
-  }
-  incoming_low_rank_.clear();
-  incoming_factors_.clear();
-}
-
-void Agent::OnModelChunk(const v1::ModelChunk& chunk) {
-  if (!round_ || chunk.round() != round_->round() || incoming_.empty()) return;  // a stale stream; ignore
-  const uint64_t total = incoming_.size() * sizeof(float);
-  const uint64_t range_end = incoming_ranges_[incoming_range_].second;
-  if (chunk.offset() != incoming_offset_ || chunk.data().size() > range_end - incoming_offset_) {
-    return Disconnected(fmt::format("model chunk at {} (+{}) does not continue at {} within its range", chunk.offset(),
-                                    chunk.data().size(), incoming_offset_));
-  }
-  const bool hash_as_it_comes = incoming_low_rank_.empty();
-  char* bytes = reinterpret_cast<char*>(incoming_.data());
-  if (incoming_offset_ >= total) {  // a low-rank change's factors
-    std::memcpy(reinterpret_cast<char*>(incoming_factors_.data()) + (incoming_offset_ - total), chunk.data().data(),
-                chunk.data().size());
-  } else {
-    std::memcpy(bytes + incoming_offset_, chunk.data().data(), chunk.data().size());
-    // Hashed chunk by chunk while the bytes are still in cache.
-    if (hash_as_it_comes) download_hasher_->Update(bytes + incoming_offset_, chunk.data().size());
-  }
-  incoming_offset_ += chunk.data().size();
-  if (incoming_offset_ < range_end) return;
-  // The held bytes up to the next range (or the end) count in the checksum too.
-  const uint64_t next = ++incoming_range_ < incoming_ranges_.size() ? incoming_ranges_[incoming_range_].first : total;
-  if (hash_as_it_comes) download_hasher_->Update(bytes + incoming_offset_, next - incoming_offset_);
-  incoming_offset_ = next;
-  if (incoming_range_ < incoming_ranges_.size()) return;
-  if (!hash_as_it_comes) {
-    ApplyLowRank();
-    download_hasher_->Update(incoming_.data(), total);
-  }
-  const std::string checksum = crypto::ToHex(download_hasher_->Final());
-  download_hasher_.reset();
-  if (!crypto::SameHexDigest(checksum, round_->model_checksum())) {
-    return Disconnected(fmt::format("round {}: model checksum {} != announced {}", round_->round(), checksum,
-                                    round_->model_checksum()));
-  }
-  spdlog::debug("{}: round {} model received", name_, round_->round());
-  model_ = std::make_shared<const std::vector<float>>(std::move(incoming_));
-  incoming_.clear();
-  model_version_ = round_->model_version();
-  model_checksum_ = checksum;
-  Train();
 }
 
 void Agent::OnTrained(uint64_t round, Result<Update> update) {
@@ -400,6 +346,7 @@ void Agent::OnTrained(uint64_t round, Result<Update> update) {
   begin->set_train_seconds(payload->seconds);
   begin->set_local_steps(payload->local_steps);
   begin->set_normalizer(payload->normalizer);
+  begin->set_control_follows(!payload->control_delta.empty());
   awaiting_answer_ = true;
   ArmRead();  // from here the server may read nothing from us until a staging slot frees
   Send(envelope);
@@ -490,10 +437,15 @@ void Agent::WriteNext() {
   if (outbox_.empty() && upload_ && upload_->stream) {
     NextStreamChunk();
   } else if (outbox_.empty() && upload_) {
-    const uint64_t total = upload_->payload.size() * sizeof(float);
+    // The delta, then SCAFFOLD's Δc_i past its end; no chunk holds both.
+    const uint64_t delta = upload_->payload.size() * sizeof(float);
+    const uint64_t total = delta + upload_->control_delta.size() * sizeof(float);
     if (upload_offset_ < total) {
-      const uint64_t size = std::min<uint64_t>(chunk_bytes_, total - upload_offset_);
-      const char* bytes = reinterpret_cast<const char*>(upload_->payload.data()) + upload_offset_;
+      const bool in_delta = upload_offset_ < delta;
+      const uint64_t size = std::min<uint64_t>(chunk_bytes_, (in_delta ? delta : total) - upload_offset_);
+      const char* bytes = in_delta ? reinterpret_cast<const char*>(upload_->payload.data()) + upload_offset_
+                                   : reinterpret_cast<const char*>(upload_->control_delta.data()) +
+                                         (upload_offset_ - delta);
       outbox_.push_back(std::make_shared<const proto::Frame>(
           proto::EncodeUpdateChunk(upload_round_, upload_offset_, v1::DTYPE_F32, bytes, size)));
       upload_hasher_->Update(bytes, size);  // one pass: hashed as it is sent

@@ -16,6 +16,11 @@
 // A RoundStart with evaluate_only has the trainer score the model on the
 // site's held-out examples (Trainer::Evaluate) and answers with an
 // EvalReport instead of an update; its Hello says it understands them.
+// A RoundStart with control_follows (SCAFFOLD) sends the server's control
+// variate c after the model (or alone, when the site holds the model),
+// checked against its own checksum; the site trains through its SiteControl
+// (AgentOptions::scaffold) and uploads Δc_i after its delta in the same
+// upload (agent_download.cc).
 // When the connection drops it reconnects with
 // exponential backoff, until the server announces the federation complete.
 // Every stage of a connection has a deadline (AgentOptions); one that passes
@@ -38,6 +43,7 @@
 #include <vector>
 
 #include "base/status.h"
+#include "client/scaffold.h"
 #include "client/secagg_site.h"
 #include "client/trainer.h"
 #include "crypto/sha256.h"
@@ -91,6 +97,11 @@ struct AgentOptions {
   // A SecAgg+ round (RoundStart.secagg): where the site keeps a copy of the
   // quantised input it masked (SecAggSite::MaskedInput); empty: nowhere.
   std::filesystem::path secagg_keep_dir;
+  // SCAFFOLD: this site's control variate c_i (in memory, or a file of the
+  // site's state directory), used by the rounds whose RoundStart says
+  // control_follows. Null: such a round is refused in one line, and the
+  // agent finishes with it.
+  std::shared_ptr<SiteControl> scaffold;
 };
 
 class Agent : public std::enable_shared_from_this<Agent> {
@@ -134,6 +145,13 @@ class Agent : public std::enable_shared_from_this<Agent> {
   void Dispatch(v1::Envelope envelope);
   void OnRoundStart(const v1::RoundStart& start);
   void OnModelChunk(const v1::ModelChunk& chunk);
+  // SCAFFOLD (agent_download.cc): why this site will not train a round whose
+  // RoundStart sends c (empty: it will); then, for such a round, makes ready
+  // to receive c once the model is in.
+  std::string RefusalOfControl(const v1::RoundStart& start, const std::string& site) const;
+  void ExpectControl(const v1::RoundStart& start);
+  void OnModelBytes(const v1::ModelChunk& chunk);
+  void OnControlBytes(const v1::ModelChunk& chunk);
   // Adds every low-rank change, its factors received, to the held tensor.
   void ApplyLowRank();
   // Trains the round's model, or scores it in an evaluation round (agent_work.cc).
@@ -213,6 +231,12 @@ class Agent : public std::enable_shared_from_this<Agent> {
   // everything is in, and only then is the model hashed.
   std::vector<std::pair<uint64_t, models::LowRankMatrix>> incoming_low_rank_;
   std::vector<float> incoming_factors_;
+  // SCAFFOLD: the round's c as it arrives (hashed on its own, after the
+  // model), then, checked, what the round trains with; null: no c this round.
+  std::vector<float> incoming_control_;
+  uint64_t control_received_ = 0;  // bytes
+  std::unique_ptr<crypto::Sha256> control_hasher_;
+  std::shared_ptr<const std::vector<float>> control_;
   bool busy_training_ = false;
   bool train_again_ = false;
   uint64_t rounds_trained_ = 0;

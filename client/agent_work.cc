@@ -34,9 +34,13 @@ void Agent::Train() {
     });
     return;
   }
-  asio::post(training_, [self = shared_from_this(), model, task, manifest, round] {
+  // SCAFFOLD: the round's c came after the model; the site's c_i corrects with it.
+  auto control = round_->control_follows() ? control_ : nullptr;
+  asio::post(training_, [self = shared_from_this(), model, task, manifest, round, control] {
     spdlog::debug("{}: round {} training starts", self->name_, round);
-    Result<Update> update = self->trainer_.Train(*model, manifest, task, round, self->name_);
+    Result<Update> update =
+        control ? self->options_.scaffold->Train(self->trainer_, *model, manifest, task, round, self->name_, *control)
+                : self->trainer_.Train(*model, manifest, task, round, self->name_);
     asio::post(self->io_, [self, round, update = std::move(update)]() mutable { self->OnTrained(round, std::move(update)); });
   });
 }

@@ -240,6 +240,21 @@ class LocalRanks {
   std::vector<Ended> ended_;
 };
 
+// SCAFFOLD's c_i: in `state_dir` (created) when one is given, so a
+// restarted site goes on from its last round; else in memory.
+Result<std::shared_ptr<client::SiteControl>> OpenSiteControl(const std::string& state_dir) {
+  if (state_dir.empty()) return std::make_shared<client::SiteControl>();
+  std::error_code ec;
+  std::filesystem::create_directories(state_dir, ec);
+  if (ec) return IoError("--state-dir {}: {}", state_dir, ec.message());
+  ESTUARY_ASSIGN_OR_RETURN(client::SiteControl control,
+                           client::SiteControl::Open(std::filesystem::path(state_dir) / "scaffold-control.f32"));
+  if (!control.value().empty()) {
+    spdlog::info("SCAFFOLD: this site's control variate c_i ({} values) from {}", control.value().size(), state_dir);
+  }
+  return std::make_shared<client::SiteControl>(std::move(control));
+}
+
 // Runs the Agent until the federation completes or the site gives up. With
 // a site (rank 0 of several), it also keeps the followers told that rank 0 is
 // alive between rounds, tells them when it is over, and gives up the
@@ -379,6 +394,10 @@ int main(int argc, char** argv) {
   app.add_option("--secagg-keep-input", secagg_keep_input,
                  "a server running --secagg: keep a copy of the quantised input this site masked each round, in DIR "
                  "(round-R.site-U.w-W.u32, little-endian ring elements): the site's own record of what it contributed");
+  std::string state_dir;
+  app.add_option("--state-dir", state_dir,
+                 "where the site keeps what outlives a restart: SCAFFOLD's control variate c_i "
+                 "(scaffold-control.f32, replaced atomically each round; without it c_i lives in memory only)");
   app.add_option("--base-model", base_model,
                  "this site's copy of the federation's Hugging Face base (a model directory); the server never "
                  "sends it, and a round whose base differs from it is refused");
@@ -444,6 +463,11 @@ int main(int argc, char** argv) {
   options.max_backoff_s = max_backoff;
   options.label = tls.cert.stem().string();
   options.secagg_keep_dir = secagg_keep_input;
+  if (agent_rank) {
+    auto control = OpenSiteControl(state_dir);
+    if (!control.ok()) return Fail(control.status());
+    options.scaffold = std::move(control).value();
+  }
   if (agent_rank && !base_model.empty()) {
     auto base = models::LoadHfBase(base_model, {.recompute = recompute});
     if (!base.ok()) return Fail(InvalidArgument("--base-model {}: {}", base_model, base.status().message()));

@@ -22,6 +22,7 @@
 #include <boost/asio/write.hpp>
 #include <cctype>
 #include <chrono>
+#include <cstring>
 #include <deque>
 #include <functional>
 #include <memory>
@@ -93,6 +94,14 @@ class FakeTrainer : public Trainer {
     update.train_loss = 1;
     update.manifest = manifest;
     update.payload.assign(global.size(), 0.25f);
+    return update;
+  }
+  // SCAFFOLD: the same update, in one optimizer step.
+  Result<Update> TrainControlled(std::span<const float> global, const Manifest& manifest, const v1::TaskConfig& task,
+                                 uint64_t round, std::string_view name, std::span<const float>,
+                                 std::span<const float>) override {
+    auto update = Train(global, manifest, task, round, name);
+    if (update.ok()) update->local_steps = 1;
     return update;
   }
   std::atomic<int> calls{0};
@@ -397,6 +406,10 @@ struct RoundPlan {
   uint64_t elements = 0;
   std::function<std::string(const std::string&)> announce = [](const std::string& c) { return c; };
   bool read_after_model = true;  // false: the server stops reading once the model is sent
+  // SCAFFOLD: c, sent after the model (past its end) and announced by
+  // `announce_control(checksum(c))`, in a task of learning rate 0.5; empty: none.
+  std::vector<float> control;
+  std::function<std::string(const std::string&)> announce_control = [](const std::string& c) { return c; };
 };
 
 // A server that welcomes the site and starts round 1 with a model of
@@ -424,10 +437,19 @@ void ServeRound(FakeServer& server, ssl::context& context, RoundPlan plan) {
                                         std::chrono::system_clock::now().time_since_epoch())
                                         .count());
         round->set_model_follows(true);
-        Write(peer, start);
         const uint64_t bytes = model->size() * sizeof(float);
+        if (!plan.control.empty()) {
+          round->set_control_follows(true);
+          round->set_control_checksum(plan.announce_control(crypto::Sha256Hex(plan.control.data(), bytes)));
+          round->mutable_task()->set_learning_rate(0.5f);
+        }
+        Write(peer, start);
         for (uint64_t at = 0; at < bytes; at += 1 << 20) {
           Write(peer, proto::EncodeModelChunk(1, at, reinterpret_cast<const char*>(model->data()) + at,
+                                              std::min<uint64_t>(1 << 20, bytes - at)));
+        }
+        for (uint64_t at = 0; at < bytes && !plan.control.empty(); at += 1 << 20) {
+          Write(peer, proto::EncodeModelChunk(1, bytes + at, reinterpret_cast<const char*>(plan.control.data()) + at,
                                               std::min<uint64_t>(1 << 20, bytes - at)));
         }
         return plan.read_after_model;
@@ -476,6 +498,85 @@ TEST_F(AgentDeadlines, AnUpperCaseChecksumIsTheSameChecksum) {
   EXPECT_EQ(server.accepts(), 1) << sink_->All();
   EXPECT_EQ(sink_->Count("disconnected"), 0) << sink_->All();
   EXPECT_EQ(trainer_.calls.load(), 1);
+}
+
+// SCAFFOLD: c follows the model past its end, checked against its own
+// checksum; the site trains through its SiteControl and uploads Δc_i after
+// its delta (Δc_i = −c − Δy / (K η), here −c − 0.25 / 0.5), one checksum over
+// both, and keeps c_i⁺ = Δc_i. A c that does not match its checksum is never
+// trained on; a site with no control variate refuses the round in one line.
+TEST_F(AgentDeadlines, ControlVariatesFollowTheModelAndGoBackAfterTheDelta) {
+  constexpr uint64_t kElements = 300'000;  // c crosses a chunk boundary
+  std::vector<float> control(kElements);
+  for (uint64_t i = 0; i < kElements; ++i) control[i] = float(i % 5) - 2.0f;
+  auto context = ServerContext();
+  {
+    FakeServer server(io_);
+    ServeRound(server, *context, {.elements = kElements, .control = control, .announce_control = [](const std::string&) {
+                                    return std::string(64, 'a');
+                                  }});
+    AgentOptions options = Options(server.port());
+    options.scaffold = std::make_shared<SiteControl>();
+    Start(options);
+    ASSERT_TRUE(RunUntil([&] { return sink_->Count("control variate checksum") >= 1; })) << sink_->All();
+    EXPECT_EQ(trainer_.calls.load(), 0);
+    agent_->Stop();
+  }
+  {
+    FakeServer server(io_);
+    ServeRound(server, *context, {.elements = kElements, .control = control});
+    AgentOptions options = Options(server.port());
+    auto site_control = std::make_shared<SiteControl>();
+    options.scaffold = site_control;
+    Start(options);
+    auto committed = [&]() -> const v1::Envelope* {
+      for (const auto& peer : server.peers) {
+        for (const auto& e : peer->received) {
+          if (e.has_update_commit()) return &e;
+        }
+      }
+      return nullptr;
+    };
+    ASSERT_TRUE(RunUntil([&] { return committed() != nullptr; })) << sink_->All();
+    std::vector<float> expected(kElements, 0.25f);
+    std::vector<float> control_delta(kElements);
+    for (uint64_t i = 0; i < kElements; ++i) control_delta[i] = float(-double(control[i]) - 0.25 / 0.5);
+    expected.insert(expected.end(), control_delta.begin(), control_delta.end());
+    std::vector<float> uploaded;
+    bool announced = false;
+    for (const auto& e : server.peers.back()->received) {
+      if (e.has_update_begin()) announced = e.update_begin().control_follows();
+      if (!e.has_update_chunk()) continue;
+      EXPECT_EQ(e.update_chunk().offset(), uploaded.size() * sizeof(float));
+      const std::string& data = e.update_chunk().data();
+      const size_t at = uploaded.size();
+      uploaded.resize(at + data.size() / sizeof(float));
+      std::memcpy(uploaded.data() + at, data.data(), data.size());
+    }
+    EXPECT_TRUE(announced);
+    EXPECT_EQ(uploaded, expected);
+    EXPECT_EQ(committed()->update_commit().checksum(),
+              crypto::Sha256Hex(expected.data(), expected.size() * sizeof(float)));
+    EXPECT_EQ(std::vector<float>(site_control->value().begin(), site_control->value().end()), control_delta);
+    agent_->Stop();
+  }
+  {
+    FakeServer server(io_);
+    ServeRound(server, *context, {.elements = 1000, .control = std::vector<float>(1000, 1.0f)});
+    Start(Options(server.port()));  // no SiteControl
+    auto refusal = [&]() -> std::string {
+      for (const auto& peer : server.peers) {
+        for (const auto& e : peer->received) {
+          if (e.has_refusal()) return e.refusal().reason();
+        }
+      }
+      return "";
+    };
+    ASSERT_TRUE(RunUntil([&] { return !refusal().empty(); })) << sink_->All();
+    EXPECT_EQ(refusal(), "site-a: round 1 sends SCAFFOLD's control variate, but this site keeps no control variate of "
+                         "its own (c_i)");
+    EXPECT_EQ(trainer_.calls.load(), 1) << "the round before; not this one";
+  }
 }
 
 // Servers that are not the federation's server at the address dialled: the
