@@ -219,6 +219,8 @@ Result<Report> RunLoopback(const Scenario& given, const RoundCallback& on_round)
     options.keep_model = false;
     options.base = hf_base;
     options.label = names[i];
+    // SCAFFOLD: each site keeps its own c_i, in memory, as in process.
+    if (s.federation.strategy().name() == "scaffold") options.scaffold = std::make_shared<client::SiteControl>();
     auto agent = std::make_shared<client::Agent>(io, options, *trainers[i], training.get_executor());
     agent->on_round_closed = [&](const v1::RoundClosed& closed) {
       if (!closed.committed() || !rounds_seen.insert(closed.round()).second) return;

@@ -162,11 +162,6 @@ Status CheckScenario(const Scenario& s) {
   if (s.rounds == 0) return InvalidArgument("sim: --rounds must be >= 1");
   if (s.threads == 0) return InvalidArgument("sim: --threads must be >= 1");
   if (s.federation.strategy().name() == "scaffold") {
-    // The sites' control variates live in this process: the wire carries neither c nor Δc yet.
-    if (s.mode != "inproc") {
-      return InvalidArgument("sim: --strategy scaffold runs in inproc mode only for now: c and Δc do not travel "
-                             "between server and sites yet");
-    }
     if (!s.attack.empty()) return InvalidArgument("sim: --strategy scaffold with --attack: attackers send no Δc");
     if (s.secagg) return InvalidArgument("sim: --strategy scaffold with --secagg: Δc is not masked");
   }
