@@ -28,6 +28,11 @@
 // only then does the next round (or, after the last, the federation's end)
 // come. A site that fails, does not evaluate, or does not answer before the
 // deadline is counted apart and holds nothing up beyond that deadline.
+// Under SCAFFOLD every training round's sites download the server's control
+// variate c after the model (ModelDistribution::SetControl) and upload their
+// Δc_i after their delta, staged with it as one upload (StagedLayout); the
+// fold takes both (Aggregator::Fold), and the committed round's c, which
+// the checkpoint holds too, goes out with the next round.
 //
 // Time comes from a Clock and the two executors are given to it, so tests
 // drive all of it from one thread. Everything posted to the worker must have
