@@ -213,7 +213,8 @@ void Agent::Dispatch(v1::Envelope envelope) {
       if (envelope.round_closed().federation_complete()) Finish(Status::Ok());
       return;
     case v1::Envelope::kHeartbeat: return;
-    case v1::Envelope::kSecaggKeys: case v1::Envelope::kSecaggInbox: case v1::Envelope::kSecaggUnmask:
+    case v1::Envelope::kSecaggKeys: case v1::Envelope::kSecaggInbox: case v1::Envelope::kSecaggSurvivors:
+    case v1::Envelope::kSecaggUnmask:
       return OnSecAgg(envelope);
     case v1::Envelope::kError:
       if (envelope.error().code() == v1::Error::CERTIFICATE_REVOKED) return Revoked(envelope.error().message());

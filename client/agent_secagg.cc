@@ -26,9 +26,10 @@ Status Agent::StartSecAgg(const v1::RoundStart& start) {
 }
 
 void Agent::OnSecAgg(const v1::Envelope& envelope) {
-  const uint64_t round = envelope.has_secagg_keys()    ? envelope.secagg_keys().round()
-                         : envelope.has_secagg_inbox() ? envelope.secagg_inbox().round()
-                                                       : envelope.secagg_unmask().round();
+  const uint64_t round = envelope.has_secagg_keys()       ? envelope.secagg_keys().round()
+                         : envelope.has_secagg_inbox()    ? envelope.secagg_inbox().round()
+                         : envelope.has_secagg_survivors() ? envelope.secagg_survivors().round()
+                                                          : envelope.secagg_unmask().round();
   if (!secagg_ || secagg_->round() != round) {
     return Disconnected(fmt::format("{} for round {}, in which this site takes no part in secure aggregation",
                                     proto::BodyName(envelope), round));
@@ -41,6 +42,10 @@ void Agent::OnSecAgg(const v1::Envelope& envelope) {
   } else if (envelope.has_secagg_inbox()) {
     status = secagg_->OnInbox(envelope.secagg_inbox());
     if (status.ok()) MaybeSendMaskedInput();
+  } else if (envelope.has_secagg_survivors()) {
+    auto signed_survivors = secagg_->OnSurvivors(envelope.secagg_survivors());
+    if (signed_survivors.ok()) Send(*signed_survivors);
+    status = signed_survivors.status();
   } else {
     auto response = secagg_->OnUnmask(envelope.secagg_unmask());
     if (response.ok()) {

@@ -73,6 +73,7 @@ Result<v1::Envelope> SecAggSite::OnKeys(const v1::SecAggKeys& keys) {
   ESTUARY_ASSIGN_OR_RETURN(const secagg::KeysBroadcast broadcast, secagg::FromProto(keys));
   ESTUARY_RETURN_IF_ERROR(CheckSigned(keys, broadcast));
   ESTUARY_ASSIGN_OR_RETURN(const secagg::ShareKeys shares, client_.Share(broadcast));
+  for (const v1::SecAggPeerKeys& peer : keys.neighbours()) certificates_[peer.site()] = peer.certificate();
   v1::Envelope envelope;
   *envelope.mutable_secagg_shares() = secagg::ToProto(shares, round_);
   return envelope;
@@ -117,8 +118,26 @@ Result<std::vector<v1::Envelope>> SecAggSite::MaskedInput(std::span<const float>
   return frames;
 }
 
+Result<v1::Envelope> SecAggSite::OnSurvivors(const v1::SecAggSurvivors& survivors) {
+  ESTUARY_ASSIGN_OR_RETURN(const std::string message, client_.ConfirmSurvivors(secagg::FromProto(survivors)));
+  ESTUARY_ASSIGN_OR_RETURN(std::string signature, identity_.signer.Sign(message));
+  v1::Envelope envelope;
+  *envelope.mutable_secagg_survivors_signed() = secagg::ToProto(
+      secagg::SurvivorsSigned{.site = client_.site(), .signature = std::move(signature)}, round_);
+  return envelope;
+}
+
 Result<v1::Envelope> SecAggSite::OnUnmask(const v1::SecAggUnmask& request) {
-  ESTUARY_ASSIGN_OR_RETURN(const secagg::UnmaskResponse response, client_.Unmask(secagg::FromProto(request)));
+  ESTUARY_ASSIGN_OR_RETURN(const secagg::UnmaskRequest parsed, secagg::FromProto(request));
+  // A neighbour's signature counts under the certificate its keys were signed
+  // with, and no other: the server cannot bring in a signer of its own.
+  const secagg::SignatureCheck check = [this](uint32_t signer, std::string_view message,
+                                              std::string_view signature) -> Status {
+    const auto it = certificates_.find(signer);
+    if (it == certificates_.end()) return InvalidArgument("this site never took site {}'s keys", signer);
+    return identity_.verifier.Verify(it->second, message, signature).status();
+  };
+  ESTUARY_ASSIGN_OR_RETURN(const secagg::UnmaskResponse response, client_.Unmask(parsed, check));
   v1::Envelope envelope;
   *envelope.mutable_secagg_unmask_response() = secagg::ToProto(response, round_);
   return envelope;

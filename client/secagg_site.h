@@ -7,6 +7,7 @@
 //   site->OnKeys(keys)                            // -> SecAggShares
 //   site->OnInbox(inbox)                          // kept until the update is trained
 //   site->MaskedInput(update, chunk_elements)     // -> chunks, then SecAggMaskedDone
+//   site->OnSurvivors(survivors)                  // -> SecAggSurvivorsSigned
 //   site->OnUnmask(request)                       // -> SecAggUnmaskResponse
 //
 // The update is clipped to the setup's C, weighted by its w, quantised by
@@ -15,15 +16,22 @@
 // advertises with its certificate's key, and takes its neighbours' keys only
 // signed by distinct site certificates of the federation, none its own: a
 // server relaying keys of its own in a neighbour's place is refused (the key
-// substitution of docs/SECAGG.md's threat model). Any refusal ends the site's
+// substitution of docs/SECAGG.md's threat model). It signs the survivor set
+// U3 it is told with the same key, and reveals its shares only when the
+// unmasking request carries valid signatures over the same U3 from at least t
+// of its neighbours in U3, each verified under the certificate that signed
+// that neighbour's keys (the consistency check: a server telling different
+// sites different survivor sets is refused). Any refusal ends the site's
 // part in the round. Nothing here is thread-safe; the stages come in order,
 // so the agent may run MaskedInput off its I/O thread.
 #pragma once
 
 #include <cstdint>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "base/status.h"
@@ -65,6 +73,7 @@ class SecAggSite {
   Result<std::vector<v1::Envelope>> MaskedInput(std::span<const float> update, uint64_t chunk_elements,
                                                 uint64_t num_examples, double train_loss, double train_seconds,
                                                 const std::filesystem::path& keep_dir);
+  Result<v1::Envelope> OnSurvivors(const v1::SecAggSurvivors& survivors);
   Result<v1::Envelope> OnUnmask(const v1::SecAggUnmask& request);
   // Updates whose norm exceeded the clip this round (0 or 1).
   bool clipped() const { return clipped_; }
@@ -81,6 +90,7 @@ class SecAggSite {
   secagg::ProtocolConfig config_;
   v1::SecAggSetup setup_;
   SecAggIdentity identity_;
+  std::map<uint32_t, std::string> certificates_;  // DER, by neighbour: what signed the keys it took
   std::optional<secagg::ShareInbox> inbox_;
   bool clipped_ = false;
 };

@@ -474,13 +474,25 @@ void SecAgg(Corpus& corpus) {
     Check(server.Receive(masked));
     if (client.site() == 4) add("masked_chunk", MaskedChunkMessage(config.round, 0, masked.values));
   }
-  UnmaskRequest request = check(server.CloseMaskedInput());
+  SurvivorSet survivors = check(server.CloseMaskedInput());
   e.Clear();
-  *e.mutable_secagg_unmask() = ToProto(request, config.round);
+  *e.mutable_secagg_survivors() = ToProto(survivors, config.round);
+  add("survivors", e);
+  e.Clear();
+  for (SecAggClient& client : clients) {
+    SurvivorsSigned signed_survivors{.site = client.site(),
+                                     .signature = UnauthenticatedSignature(check(client.ConfirmSurvivors(survivors)))};
+    Check(server.Receive(signed_survivors));
+    if (client.site() == 4) *e.mutable_secagg_survivors_signed() = ToProto(signed_survivors, config.round);
+  }
+  add("survivors_signed", e);
+  auto requests = check(server.CloseConsistency());
+  e.Clear();
+  *e.mutable_secagg_unmask() = ToProto(requests.at(0), config.round);
   add("unmask", e);
   e.Clear();
   for (SecAggClient& client : clients) {
-    UnmaskResponse response = check(client.Unmask(request));
+    UnmaskResponse response = check(client.Unmask(requests.at(client.site()), UnauthenticatedSurvivorsCheck));
     Check(server.Receive(response));
     if (client.site() == 4) *e.mutable_secagg_unmask_response() = ToProto(response, config.round);
   }

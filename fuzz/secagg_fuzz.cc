@@ -2,18 +2,21 @@
 // then the state machines of secagg/client.h and secagg/server.h. The input is
 // an Envelope. Five honest sites and the server run the protocol, and the
 // decoded message takes the place of one honest message:
-// - a site's (advertise, shares, masked chunk, unmask response) is site 4's,
-//   at its stage, to the server; the real site 4 then says nothing more;
-// - the server's (keys, inbox, unmask request) is what site 0 receives at its
-//   stage; a RoundStart's SecAggSetup is what a site builds its round from.
+// - a site's (advertise, shares, masked chunk, signed survivor set, unmask
+//   response) is site 4's, at its stage, to the server; the real site 4 then
+//   says nothing more;
+// - the server's (keys, inbox, survivor set, unmask request) is what site 0
+//   receives at its stage; a RoundStart's SecAggSetup is what a site builds its round from.
 // Whatever it is, every refusal is one line, a site never reveals both shares
-// of one peer, and a protocol that completes yields exactly the sum of the
+// of one peer nor any share without t neighbours' signatures over the
+// survivor set it confirmed, and a protocol that completes yields exactly the sum of the
 // included sites' inputs.
 #include <algorithm>
 #include <cstdint>
 #include <map>
 #include <optional>
 #include <set>
+#include <string>
 #include <vector>
 
 #include "estuary.pb.h"
@@ -164,18 +167,56 @@ void RunProtocol(const v1::Envelope& hostile) {
       sent_input.insert(site);
     });
   }
-  auto request = Accepted(server->CloseMaskedInput());
-  if (!request) return;
+  auto survivors = Accepted(server->CloseMaskedInput());
+  if (!survivors) return;
 
-  for (uint32_t u : request->survived) {
+  // The consistency check, unsigned as in every in-process run: a site's
+  // "signature" is the digest of the bytes it confirmed (secagg/client.h).
+  std::map<uint32_t, std::string> confirmed;
+  for (uint32_t u : survivors->survived) {
+    if (u == kAdversary && kind == v1::Envelope::kSecaggSurvivorsSigned) {
+      if (auto signed_survivors = Accepted(FromProto(hostile.secagg_survivors_signed(), u))) {
+        Accepted(server->Receive(*signed_survivors));
+      }
+      continue;
+    }
+    if (silent.contains(u)) continue;
+    SurvivorSet told = *survivors;
+    if (u == kVictim && kind == v1::Envelope::kSecaggSurvivors) told = FromProto(hostile.secagg_survivors());
+    auto message = clients.at(u).ConfirmSurvivors(told);
+    if (!message.ok()) {
+      fuzz::CheckError(message.status());
+      silent.insert(u);
+      continue;
+    }
+    confirmed[u] = *message;
+    if (!Accepted(server->Receive(SurvivorsSigned{u, UnauthenticatedSignature(*message)}))) silent.insert(u);
+  }
+  auto requests = Accepted(server->CloseConsistency());
+  if (!requests) return;
+
+  for (const auto& [u, request] : *requests) {
     if (u == kAdversary && kind == v1::Envelope::kSecaggUnmaskResponse) {
       if (auto response = Accepted(FromProto(hostile.secagg_unmask_response(), u))) Accepted(server->Receive(*response));
       continue;
     }
     if (silent.contains(u)) continue;
-    UnmaskRequest asked = *request;
-    if (u == kVictim && kind == v1::Envelope::kSecaggUnmask) asked = FromProto(hostile.secagg_unmask());
-    honest(u, clients.at(u).Unmask(asked), [](const UnmaskResponse& response) { CheckNeverBothShares(response); });
+    UnmaskRequest asked = request;
+    if (u == kVictim && kind == v1::Envelope::kSecaggUnmask) {
+      auto hostile_request = Accepted(FromProto(hostile.secagg_unmask()));
+      if (!hostile_request) return;
+      asked = *hostile_request;
+    }
+    const uint32_t site = u;  // clang 14 cannot capture a structured binding
+    honest(site, clients.at(site).Unmask(asked, UnauthenticatedSurvivorsCheck), [&](const UnmaskResponse& response) {
+      CheckNeverBothShares(response);
+      // It revealed only on t neighbours' signatures over the set it confirmed.
+      int attested = 0;
+      for (const SurvivorsSigned& s : asked.signatures) {
+        attested += s.signature == UnauthenticatedSignature(confirmed.at(site));
+      }
+      FUZZ_CHECK(attested >= Config().threshold, "site %u revealed its shares on %d signatures", site, attested);
+    });
   }
   auto output = Accepted(server->Finish());
   if (!output) return;

@@ -143,6 +143,8 @@ std::string_view BodyName(const Envelope& envelope) {
     case Envelope::kSecaggMaskedDone: return "secagg_masked_done";
     case Envelope::kSecaggUnmask: return "secagg_unmask";
     case Envelope::kSecaggUnmaskResponse: return "secagg_unmask_response";
+    case Envelope::kSecaggSurvivors: return "secagg_survivors";
+    case Envelope::kSecaggSurvivorsSigned: return "secagg_survivors_signed";
     case Envelope::kEvalReport: return "eval_report";
     case Envelope::BODY_NOT_SET: return "empty";
   }

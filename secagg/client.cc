@@ -1,6 +1,7 @@
 #include "secagg/client.h"
 
 #include <openssl/crypto.h>
+#include <openssl/evp.h>
 
 #include <algorithm>
 #include <set>
@@ -14,7 +15,8 @@ namespace estuary::secagg {
 namespace {
 
 const char* StageName(int stage) {
-  static const char* const kNames[] = {"advertise keys", "share keys", "masked input", "unmasking", "done"};
+  static const char* const kNames[] = {"advertise keys", "share keys", "masked input", "consistency check", "unmasking",
+                                      "done"};
   return kNames[stage];
 }
 
@@ -160,11 +162,51 @@ Result<MaskedInput> SecAggClient::MaskInput(const ShareInbox& inbox, std::span<c
   const Status masked = MaskChunk(site_, self_seed_, *pairwise, config_.bits, 0, out.values);
   for (PairwiseKey& pair : *pairwise) OPENSSL_cleanse(pair.key.data(), pair.key.size());
   if (!masked.ok()) return Refuse(masked);
-  stage_ = Stage::kUnmask;
+  stage_ = Stage::kConsistency;
   return out;
 }
 
-Result<UnmaskResponse> SecAggClient::Unmask(const UnmaskRequest& request) {
+std::string UnauthenticatedSignature(std::string_view message) {
+  std::string digest(32, '\0');
+  unsigned int length = 0;
+  // SHA-256 refusing is OpenSSL broken: an empty digest then matches nothing.
+  if (EVP_Digest(message.data(), message.size(), reinterpret_cast<unsigned char*>(digest.data()), &length,
+                 EVP_sha256(), nullptr) != 1 || length != digest.size()) {
+    return {};
+  }
+  return digest;
+}
+
+Status UnauthenticatedSurvivorsCheck(uint32_t signer, std::string_view message, std::string_view signature) {
+  if (!signature.empty() && signature == UnauthenticatedSignature(message)) return Status::Ok();
+  return InvalidArgument("site {} confirmed another survivor set", signer);
+}
+
+Result<std::string> SecAggClient::ConfirmSurvivors(const SurvivorSet& survivors) {
+  ESTUARY_RETURN_IF_ERROR(Expect(Stage::kConsistency, "consistency check"));
+  const std::string where = fmt::format("secagg site {}: round {}: consistency check", site_, config_.round);
+  std::set<uint32_t> survived;
+  for (uint32_t u : survivors.survived) {
+    if (u >= config_.sites) {
+      return Refuse(ProtocolError("{}: survived site {} is not among the {} sites", where, u, config_.sites));
+    }
+    if (!survived.insert(u).second) return Refuse(ProtocolError("{}: survived site {} listed twice", where, u));
+  }
+  if (!survived.contains(site_)) {
+    return Refuse(ProtocolError("{}: this site sent its masked input but is not listed as survived", where));
+  }
+  if (int(survived.size()) < config_.threshold) {
+    return Refuse(FailedPrecondition("{}: {} sites survived, fewer than the threshold {}", where, survived.size(),
+                                     config_.threshold));
+  }
+  const std::vector<uint32_t> ascending(survived.begin(), survived.end());
+  survivors_ = std::move(survived);
+  confirmed_ = SurvivorsToSign(config_, ascending);
+  stage_ = Stage::kUnmask;
+  return confirmed_;
+}
+
+Result<UnmaskResponse> SecAggClient::Unmask(const UnmaskRequest& request, const SignatureCheck& check) {
   ESTUARY_RETURN_IF_ERROR(Expect(Stage::kUnmask, "unmasking"));
   stage_ = Stage::kDone;  // one answer, whatever it is
   const std::string where = fmt::format("secagg site {}: round {}: unmasking", site_, config_.round);
@@ -181,12 +223,27 @@ Result<UnmaskResponse> SecAggClient::Unmask(const UnmaskRequest& request) {
                            where, d);
     }
   }
-  if (!survived.contains(site_)) {
-    return ProtocolError("{}: this site sent its masked input but is not listed as survived", where);
+  if (survived != survivors_) {
+    return ProtocolError("{}: the request's {} survivors are not the {} this site confirmed: refusing to reveal its "
+                         "shares",
+                         where, survived.size(), survivors_.size());
   }
-  if (int(survived.size()) < config_.threshold) {
-    return FailedPrecondition("{}: {} sites survived, fewer than the threshold {}", where, survived.size(),
-                              config_.threshold);
+  // The consistency check: t neighbours in U3 confirmed the same U3.
+  std::set<uint32_t> signers;
+  for (const SurvivorsSigned& signature : request.signatures) {
+    const uint32_t v = signature.site;
+    if (v >= config_.sites || v == site_ || !graph_.Adjacent(site_, v) || !survivors_.contains(v)) {
+      return ProtocolError("{}: a signature of site {}, not a neighbour in the survivor set", where, v);
+    }
+    if (!signers.insert(v).second) return ProtocolError("{}: two signatures of site {}", where, v);
+    if (Status valid = check(v, confirmed_, signature.signature); !valid.ok()) {
+      return ProtocolError("{}: site {}'s signature on the survivor set refused: {}", where, v, valid.message());
+    }
+  }
+  if (int(signers.size()) < config_.threshold) {
+    return FailedPrecondition("{}: {} of its neighbours signed the survivor set, fewer than the threshold {}: refusing "
+                              "to reveal its shares",
+                              where, signers.size(), config_.threshold);
   }
   UnmaskResponse out{.site = site_};
   for (const auto& [peer, held] : held_) {

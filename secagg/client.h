@@ -5,7 +5,8 @@
 //   AdvertiseKeys a = client->Advertise();                  // round 0
 //   ShareKeys s     = client->Share(keys_broadcast);         // round 1
 //   MaskedInput y   = client->MaskInput(inbox, quantized);   // round 2
-//   UnmaskResponse r = client->Unmask(request);              // round 3
+//   std::string m   = client->ConfirmSurvivors(u3);          // round 3: the site signs m
+//   UnmaskResponse r = client->Unmask(request, check);       // round 4
 //
 // The calls must come in this order, each once; anything else is refused.
 // Every incoming message is checked before anything is derived from it, and
@@ -22,11 +23,25 @@
 // shared keys with it (then its own b_u could never be reconstructed) and to
 // unmask when fewer than t sites are said to have survived, as Bonawitz et
 // al. require (below t, the sum could be close to a single input).
+//
+// The consistency check (Bonawitz et al. §4; Bell et al.'s malicious-server
+// variant). Before revealing anything, the site confirms the survivor set U3
+// it was told by signing it, and reveals its shares only if the request names
+// that same U3 and carries valid signatures over it from at least t of its
+// neighbours in U3. A server that told two sites two different U3 (to get
+// b_v from some neighbours of v and sk_v from others) then holds no t
+// signatures on either story that the other side accepts. A signature that
+// does not verify is refused, as is one from a site outside U3 or not a
+// neighbour, or a second one from the same site.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
+#include <set>
 #include <span>
+#include <string>
+#include <string_view>
 
 #include "base/status.h"
 #include "secagg/key_agreement.h"
@@ -34,6 +49,21 @@
 #include "secagg/protocol.h"
 
 namespace estuary::secagg {
+
+// Verifies `signer`'s signature over `message` (SurvivorsToSign): OK, or one
+// line why not. Over the federation's connections, the signer's certificate
+// key as its advertised keys were signed (client/secagg_site.h).
+using SignatureCheck =
+    std::function<Status(uint32_t signer, std::string_view message, std::string_view signature)>;
+
+// In one process — the simulator's in-process mode, tests, benchmarks — no
+// site has a certificate: a site's "signature" is the SHA-256 of the bytes
+// it confirmed (32 bytes, where a site's ECDSA signature is 70 to 72), and
+// the check compares it with the digest of the site's own. It catches a
+// different survivor set, but authenticates nobody; nothing that crosses a
+// network may use it.
+std::string UnauthenticatedSignature(std::string_view message);
+Status UnauthenticatedSurvivorsCheck(uint32_t signer, std::string_view message, std::string_view signature);
 
 class SecAggClient {
  public:
@@ -56,11 +86,16 @@ class SecAggClient {
   // (config.dimension ring elements) masked with b_u and the pairwise masks
   // of the inbox's senders.
   Result<MaskedInput> MaskInput(const ShareInbox& inbox, std::span<const uint32_t> quantized);
-  // Round 3: the shares the request asks for.
-  Result<UnmaskResponse> Unmask(const UnmaskRequest& request);
+  // Round 3: U3 checked (ids in range, no repeats, this site in it, at least
+  // t sites) and kept; the bytes the site signs to confirm it.
+  Result<std::string> ConfirmSurvivors(const SurvivorSet& survivors);
+  // Round 4: the shares the request asks for, once its survived list is the
+  // U3 confirmed and `check` accepts the signatures of at least t neighbours
+  // in U3 over it.
+  Result<UnmaskResponse> Unmask(const UnmaskRequest& request, const SignatureCheck& check);
 
  private:
-  enum class Stage { kAdvertise, kShare, kMask, kUnmask, kDone };
+  enum class Stage { kAdvertise, kShare, kMask, kConsistency, kUnmask, kDone };
   SecAggClient(const ProtocolConfig& config, uint32_t site, NeighbourGraph graph)
       : config_(config), site_(site), graph_(std::move(graph)) {}
   Status Expect(Stage stage, std::string_view call);
@@ -79,6 +114,8 @@ class SecAggClient {
   Key32 self_seed_{};
   std::map<uint32_t, AdvertiseKeys> peers_;  // neighbours that advertised
   std::map<uint32_t, HeldShares> held_;      // from the inbox's senders
+  std::set<uint32_t> survivors_;             // U3, as this site confirmed it
+  std::string confirmed_;                    // SurvivorsToSign(config_, U3)
 };
 
 }  // namespace estuary::secagg

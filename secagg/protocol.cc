@@ -34,6 +34,20 @@ Status CheckProtocolConfig(const ProtocolConfig& config) {
   return Status::Ok();
 }
 
+std::string SurvivorsToSign(const ProtocolConfig& config, std::span<const uint32_t> survived_ascending) {
+  std::string out("estuary secagg survivors v1");
+  out.push_back('\0');
+  auto little_endian = [&out](uint64_t value, int bytes) {
+    for (int i = 0; i < bytes; ++i) out.push_back(char(value >> (8 * i)));
+  };
+  little_endian(config.round, 8);
+  little_endian(config.sites, 4);
+  out.append(reinterpret_cast<const char*>(config.graph_seed.data()), config.graph_seed.size());
+  little_endian(survived_ascending.size(), 4);
+  for (uint32_t u : survived_ascending) little_endian(u, 4);
+  return out;
+}
+
 uint64_t WireBytes(const AdvertiseKeys&) { return 4 + 2 * 32; }
 
 uint64_t WireBytes(const KeysBroadcast& message) { return 4 + message.neighbours.size() * (4 + 2 * 32); }
@@ -52,8 +66,14 @@ uint64_t WireBytes(const ShareInbox& message) {
 
 uint64_t WireBytes(const MaskedInput& message) { return 4 + 4 + 4 * message.values.size(); }
 
+uint64_t WireBytes(const SurvivorSet& message) { return 4 + 4 * message.survived.size(); }
+
+uint64_t WireBytes(const SurvivorsSigned& message) { return 4 + 8 + message.signature.size(); }
+
 uint64_t WireBytes(const UnmaskRequest& message) {
-  return 8 + 4 * (message.survived.size() + message.dropped.size());
+  uint64_t bytes = 8 + 4 * (message.survived.size() + message.dropped.size());
+  for (const SurvivorsSigned& signature : message.signatures) bytes += 8 + signature.signature.size();
+  return bytes;
 }
 
 uint64_t WireBytes(const UnmaskResponse& message) {

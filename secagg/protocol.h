@@ -10,8 +10,10 @@
 //   round   site -> server           server -> site
 //   0       AdvertiseKeys            KeysBroadcast (its neighbours' public keys)
 //   1       ShareKeys (envelopes)    ShareInbox (envelopes addressed to it)
-//   2       MaskedInput              UnmaskRequest (who survived, who dropped)
-//   3       UnmaskResponse           -
+//   2       MaskedInput              SurvivorSet (U3: whose inputs are in the sum)
+//   3       SurvivorsSigned          UnmaskRequest (who survived, who dropped,
+//                                    the neighbours' signatures over U3)
+//   4       UnmaskResponse           -
 //
 // and the server's output is the sum mod 2^bits of the quantised inputs of
 // the sites whose MaskedInput arrived, with their ids.
@@ -24,6 +26,8 @@
 
 #include <array>
 #include <cstdint>
+#include <span>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -94,11 +98,35 @@ struct MaskedInput {
   std::vector<uint32_t> values;
 };
 
-// Round 2, server -> each site whose MaskedInput arrived. Every site that
-// completed round 1 is in exactly one list.
+// Round 2, server -> each site whose MaskedInput arrived: U3, the sites whose
+// inputs it summed (Bonawitz et al.'s consistency check). Each site signs it.
+struct SurvivorSet {
+  std::vector<uint32_t> survived;
+};
+
+// Round 3, site -> server: its signature over SurvivorsToSign(config, U3).
+// The state machines relay it and never look inside: a site's
+// SignatureCheck (secagg/client.h) verifies it.
+struct SurvivorsSigned {
+  uint32_t site = 0;
+  std::string signature;
+};
+// A signature longer than this is refused (ECDSA P-256 is at most 72 bytes,
+// RSA-4096 512).
+inline constexpr size_t kMaxSurvivorSignatureBytes = 1024;
+
+// The bytes a site signs to confirm U3: a fixed label, the round, the sites,
+// the graph seed and U3 in ascending order. Bound so, a signature confirms
+// only this set, in this round of this federation.
+std::string SurvivorsToSign(const ProtocolConfig& config, std::span<const uint32_t> survived_ascending);
+
+// Round 3, server -> each site that signed U3. Every site that completed
+// round 1 is in exactly one list; `signatures` are those of the site's
+// neighbours in U3 that signed.
 struct UnmaskRequest {
   std::vector<uint32_t> survived;  // their inputs are in the sum: reveal b_u shares
   std::vector<uint32_t> dropped;   // their inputs never arrived: reveal sk_u shares
+  std::vector<SurvivorsSigned> signatures;
 };
 
 struct PeerShare {
@@ -106,7 +134,7 @@ struct PeerShare {
   std::array<uint8_t, kShareValueBytes> y{};
 };
 
-// Round 3, site -> server: its shares, never both of one peer.
+// Round 4, site -> server: its shares, never both of one peer.
 struct UnmaskResponse {
   uint32_t site = 0;
   std::vector<PeerShare> seed_shares;  // of survived neighbours
@@ -122,12 +150,14 @@ struct AggregateOutput {
 
 // What a message costs on the wire, at least: 4 bytes an id, count or
 // element, 32 a key or commitment, 66 a share value, an envelope its length
-// plus 8 (receiver and length). A real encoding adds its framing.
+// plus 8 (receiver and length), a signature its length plus 8 (signer and length). A real encoding adds its framing.
 uint64_t WireBytes(const AdvertiseKeys& message);
 uint64_t WireBytes(const KeysBroadcast& message);
 uint64_t WireBytes(const ShareKeys& message);
 uint64_t WireBytes(const ShareInbox& message);
 uint64_t WireBytes(const MaskedInput& message);
+uint64_t WireBytes(const SurvivorSet& message);
+uint64_t WireBytes(const SurvivorsSigned& message);
 uint64_t WireBytes(const UnmaskRequest& message);
 uint64_t WireBytes(const UnmaskResponse& message);
 

@@ -12,7 +12,8 @@ namespace estuary::secagg {
 namespace {
 
 const char* StageName(int stage) {
-  static const char* const kNames[] = {"advertise keys", "share keys", "masked input", "unmasking", "done", "refused"};
+  static const char* const kNames[] = {"advertise keys", "share keys",   "masked input", "consistency check",
+                                      "unmasking",      "done", "refused"};
   return kNames[stage];
 }
 
@@ -144,19 +145,45 @@ Status SecAggServer::Receive(const MaskedInput& message) {
   return Status::Ok();
 }
 
-Result<UnmaskRequest> SecAggServer::CloseMaskedInput() {
+Result<SurvivorSet> SecAggServer::CloseMaskedInput() {
   ESTUARY_RETURN_IF_ERROR(Expect(Stage::kMask, "closing", 0));
   ESTUARY_RETURN_IF_ERROR(CloseStage("masked input", included_.size(), shared_.size()));
-  UnmaskRequest request;
-  for (uint32_t u : shared_) (included_.contains(u) ? request.survived : request.dropped).push_back(u);
+  stage_ = Stage::kConsistency;
+  return SurvivorSet{.survived = std::vector<uint32_t>(included_.begin(), included_.end())};
+}
+
+Status SecAggServer::Receive(const SurvivorsSigned& message) {
+  ESTUARY_RETURN_IF_ERROR(Expect(Stage::kConsistency, "signed survivor set", message.site));
+  ESTUARY_RETURN_IF_ERROR(CheckSender("signed survivor set", message.site, included_.contains(message.site),
+                                      signed_.contains(message.site), "masked input"));
+  if (message.signature.empty() || message.signature.size() > kMaxSurvivorSignatureBytes) {
+    return ProtocolError("secagg round {}: signed survivor set from site {}: a signature of {} bytes, expected 1 to {}",
+                         config_.round, message.site, message.signature.size(), kMaxSurvivorSignatureBytes);
+  }
+  signed_.emplace(message.site, message.signature);
+  return Status::Ok();
+}
+
+Result<std::map<uint32_t, UnmaskRequest>> SecAggServer::CloseConsistency() {
+  ESTUARY_RETURN_IF_ERROR(Expect(Stage::kConsistency, "closing", 0));
+  ESTUARY_RETURN_IF_ERROR(CloseStage("consistency check", signed_.size(), included_.size()));
+  UnmaskRequest common;
+  for (uint32_t u : shared_) (included_.contains(u) ? common.survived : common.dropped).push_back(u);
+  std::map<uint32_t, UnmaskRequest> out;
+  for (const auto& [u, signature] : signed_) {
+    UnmaskRequest& request = out[u] = common;
+    for (uint32_t v : graph_.Neighbours(u)) {
+      if (auto it = signed_.find(v); it != signed_.end()) request.signatures.push_back({v, it->second});
+    }
+  }
   stage_ = Stage::kUnmask;
-  return request;
+  return out;
 }
 
 Status SecAggServer::Receive(const UnmaskResponse& message) {
   ESTUARY_RETURN_IF_ERROR(Expect(Stage::kUnmask, "unmasking response", message.site));
-  ESTUARY_RETURN_IF_ERROR(CheckSender("unmasking response", message.site, included_.contains(message.site),
-                                      responded_.contains(message.site), "masked input"));
+  ESTUARY_RETURN_IF_ERROR(CheckSender("unmasking response", message.site, signed_.contains(message.site),
+                                      responded_.contains(message.site), "consistency check"));
   const std::string where = fmt::format("secagg round {}: unmasking response from site {}", config_.round, message.site);
   // A holder answers for its neighbours that shared keys, each in its list.
   std::set<uint32_t> seen;
@@ -187,7 +214,7 @@ Status SecAggServer::Receive(const UnmaskResponse& message) {
 
 Result<AggregateOutput> SecAggServer::Finish() {
   ESTUARY_RETURN_IF_ERROR(Expect(Stage::kUnmask, "finishing", 0));
-  ESTUARY_RETURN_IF_ERROR(CloseStage("unmasking", responded_.size(), included_.size()));
+  ESTUARY_RETURN_IF_ERROR(CloseStage("unmasking", responded_.size(), signed_.size()));
   stage_ = Stage::kFailed;  // until the sum is out
   auto enough = [&](const std::map<uint32_t, std::vector<Share>>& shares, uint32_t site,
                     std::string_view secret) -> Status {

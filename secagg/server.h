@@ -5,7 +5,8 @@
 //   auto server = SecAggServer::Create(config);
 //   server->Receive(advertise) ...;  auto keys = server->CloseAdvertise();      // per site
 //   server->Receive(share_keys) ...; auto inboxes = server->CloseShareKeys();   // per site
-//   server->Receive(masked) ...;     auto request = server->CloseMaskedInput(); // to each included site
+//   server->Receive(masked) ...;     auto survivors = server->CloseMaskedInput();  // U3, to each included site
+//   server->Receive(signed) ...;     auto requests = server->CloseConsistency();   // per site that signed
 //   server->Receive(response) ...;   auto output = server->Finish();
 //
 // Receive checks a message against the stage and the sets so far (sender in
@@ -55,14 +56,20 @@ class SecAggServer {
   Result<std::map<uint32_t, ShareInbox>> CloseShareKeys();
 
   Status Receive(const MaskedInput& message);
-  // The one request every site whose input arrived gets.
-  Result<UnmaskRequest> CloseMaskedInput();
+  // U3: what every site whose input arrived is asked to sign.
+  Result<SurvivorSet> CloseMaskedInput();
+
+  // A signature over U3, kept as it came: the sites verify it, not the server.
+  Status Receive(const SurvivorsSigned& message);
+  // Per site that signed: the unmasking request, with the signatures of its
+  // neighbours that signed.
+  Result<std::map<uint32_t, UnmaskRequest>> CloseConsistency();
 
   Status Receive(const UnmaskResponse& message);
   Result<AggregateOutput> Finish();
 
  private:
-  enum class Stage { kAdvertise, kShare, kMask, kUnmask, kDone, kFailed };
+  enum class Stage { kAdvertise, kShare, kMask, kConsistency, kUnmask, kDone, kFailed };
   SecAggServer(const ProtocolConfig& config, NeighbourGraph graph) : config_(config), graph_(std::move(graph)) {}
   Status Expect(Stage stage, std::string_view what, uint32_t site);
   // `allowed`: the sender completed `previous`; `seen`: it already sent this.
@@ -83,7 +90,8 @@ class SecAggServer {
   std::set<uint32_t> shared_;                                              // U2
   std::set<uint32_t> included_;                                            // U3
   std::vector<uint32_t> sum_;
-  std::set<uint32_t> responded_;                                           // U4
+  std::map<uint32_t, std::string> signed_;                                 // U4: their signatures over U3
+  std::set<uint32_t> responded_;                                           // U5
   std::map<uint32_t, std::vector<Share>> seed_shares_, key_shares_;       // by owner
 };
 

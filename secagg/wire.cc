@@ -42,6 +42,12 @@ Result<std::vector<PeerShare>> Shares(const Repeated& repeated, const char* fiel
   return out;
 }
 
+Status SignatureSize(const std::string& signature, const char* field, uint32_t site) {
+  if (!signature.empty() && signature.size() <= kMaxSurvivorSignatureBytes) return Status::Ok();
+  return InvalidArgument("secagg: {}: site {}'s signature has {} bytes, expected 1 to {}", field, site,
+                         signature.size(), kMaxSurvivorSignatureBytes);
+}
+
 }  // namespace
 
 v1::SecAggSetup ToProto(const ProtocolConfig& config, uint32_t site, double clip, double scale, uint64_t weight) {
@@ -165,17 +171,50 @@ Result<ShareInbox> FromProto(const v1::SecAggInbox& message) {
   return out;
 }
 
+v1::SecAggSurvivors ToProto(const SurvivorSet& message, uint64_t round) {
+  v1::SecAggSurvivors out;
+  out.set_round(round);
+  out.mutable_survived()->Add(message.survived.begin(), message.survived.end());
+  return out;
+}
+
+SurvivorSet FromProto(const v1::SecAggSurvivors& message) {
+  return {.survived = {message.survived().begin(), message.survived().end()}};
+}
+
+v1::SecAggSurvivorsSigned ToProto(const SurvivorsSigned& message, uint64_t round) {
+  v1::SecAggSurvivorsSigned out;
+  out.set_round(round);
+  out.set_signature(message.signature);
+  return out;
+}
+
+Result<SurvivorsSigned> FromProto(const v1::SecAggSurvivorsSigned& message, uint32_t site) {
+  ESTUARY_RETURN_IF_ERROR(SignatureSize(message.signature(), "signed survivor set", site));
+  return SurvivorsSigned{.site = site, .signature = message.signature()};
+}
+
 v1::SecAggUnmask ToProto(const UnmaskRequest& message, uint64_t round) {
   v1::SecAggUnmask out;
   out.set_round(round);
   out.mutable_survived()->Add(message.survived.begin(), message.survived.end());
   out.mutable_dropped()->Add(message.dropped.begin(), message.dropped.end());
+  for (const SurvivorsSigned& signature : message.signatures) {
+    auto* s = out.add_signatures();
+    s->set_site(signature.site);
+    s->set_signature(signature.signature);
+  }
   return out;
 }
 
-UnmaskRequest FromProto(const v1::SecAggUnmask& message) {
-  return {.survived = {message.survived().begin(), message.survived().end()},
-          .dropped = {message.dropped().begin(), message.dropped().end()}};
+Result<UnmaskRequest> FromProto(const v1::SecAggUnmask& message) {
+  UnmaskRequest out{.survived = {message.survived().begin(), message.survived().end()},
+                    .dropped = {message.dropped().begin(), message.dropped().end()}};
+  for (const v1::SecAggSurvivorSignature& signature : message.signatures()) {
+    ESTUARY_RETURN_IF_ERROR(SignatureSize(signature.signature(), "unmask request signature", signature.site()));
+    out.signatures.push_back({signature.site(), signature.signature()});
+  }
+  return out;
 }
 
 v1::SecAggUnmaskResponse ToProto(const UnmaskResponse& message, uint64_t round) {

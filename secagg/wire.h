@@ -3,7 +3,7 @@
 // this file: it is what the server's sessions and a site's agent relay them
 // with. Every From* checks what the wire can get wrong before a struct exists
 // — fixed sizes (32-byte keys and commitments, 160-byte envelopes, 66-byte
-// share values), the round, the count of ring elements in a chunk — and
+// share values, signatures of 1 to kMaxSurvivorSignatureBytes), the round, the count of ring elements in a chunk — and
 // names the field in its one-line error; ids, sets and stages are the state
 // machines' to check.
 #pragma once
@@ -31,8 +31,12 @@ v1::SecAggShares ToProto(const ShareKeys& message, uint64_t round);
 Result<ShareKeys> FromProto(const v1::SecAggShares& message, uint32_t site);
 v1::SecAggInbox ToProto(const ShareInbox& message, uint64_t round);
 Result<ShareInbox> FromProto(const v1::SecAggInbox& message);
+v1::SecAggSurvivors ToProto(const SurvivorSet& message, uint64_t round);
+SurvivorSet FromProto(const v1::SecAggSurvivors& message);
+v1::SecAggSurvivorsSigned ToProto(const SurvivorsSigned& message, uint64_t round);
+Result<SurvivorsSigned> FromProto(const v1::SecAggSurvivorsSigned& message, uint32_t site);
 v1::SecAggUnmask ToProto(const UnmaskRequest& message, uint64_t round);
-UnmaskRequest FromProto(const v1::SecAggUnmask& message);
+Result<UnmaskRequest> FromProto(const v1::SecAggUnmask& message);
 v1::SecAggUnmaskResponse ToProto(const UnmaskResponse& message, uint64_t round);
 Result<UnmaskResponse> FromProto(const v1::SecAggUnmaskResponse& message, uint32_t site);
 

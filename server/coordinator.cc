@@ -115,6 +115,7 @@ void Coordinator::OnMessage(const std::shared_ptr<ClientSession>& session, v1::E
     case v1::Envelope::kSecaggShares:
     case v1::Envelope::kSecaggMaskedChunk:
     case v1::Envelope::kSecaggMaskedDone:
+    case v1::Envelope::kSecaggSurvivorsSigned:
     case v1::Envelope::kSecaggUnmaskResponse: return OnSecAgg(session, envelope);
     default:
       return Reject(session, v1::Error::BAD_MESSAGE,
@@ -387,7 +388,7 @@ void Coordinator::OnClosed(ClientSession& session) {
     slots_.Release(p.record.client);  // a partial upload is discarded here, unread
     p.record.status = "dropped";
     p.record.detail = secagg_ ? fmt::format("connection lost in secagg stage {}", RoundSecAgg::kStages[std::min<int>(
-                                                                                   secagg_->stage, 3)])
+                                                                                   secagg_->stage, 4)])
                               : "connection lost";
     p.record.seconds = SecondsSince(p.started);
     LogIfError(store_.UpsertParticipation(p.record), "store");

@@ -17,7 +17,7 @@
 // the round log, and a round that would take ε beyond dp.max_epsilon is not
 // opened: the federation completes instead. A Hello reaches it once
 // Connections has checked the session's protocol and certificate. Under
-// secure aggregation (config.secagg) collecting runs SecAgg+'s four stages
+// secure aggregation (config.secagg) collecting runs SecAgg+'s five stages
 // over the selected sessions instead of uploads, and the unmasked mean is
 // folded as one update (coordinator_secagg.cc, server/secagg_state.h); the
 // protocol's threshold t, not min_updates, decides whether the round goes on.

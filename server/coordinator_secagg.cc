@@ -1,5 +1,5 @@
 // The Coordinator's SecAgg+ rounds (server/secagg_state.h): the protocol's
-// four stages relayed over the selected sites' sessions, on the same strand
+// five stages relayed over the selected sites' sessions, on the same strand
 // as the rest of the round, so nothing here is locked.
 #include <spdlog/spdlog.h>
 
@@ -35,6 +35,7 @@ SecAggState::Stage StageOf(v1::Envelope::BodyCase body) {
     case v1::Envelope::kSecaggShares: return SecAggState::kShare;
     case v1::Envelope::kSecaggMaskedChunk:
     case v1::Envelope::kSecaggMaskedDone: return SecAggState::kMasked;
+    case v1::Envelope::kSecaggSurvivorsSigned: return SecAggState::kConsistency;
     default: return SecAggState::kUnmask;
   }
 }
@@ -45,6 +46,7 @@ uint64_t RoundOf(const v1::Envelope& e) {
     case v1::Envelope::kSecaggShares: return e.secagg_shares().round();
     case v1::Envelope::kSecaggMaskedChunk: return e.secagg_masked_chunk().round();
     case v1::Envelope::kSecaggMaskedDone: return e.secagg_masked_done().round();
+    case v1::Envelope::kSecaggSurvivorsSigned: return e.secagg_survivors_signed().round();
     default: return e.secagg_unmask_response().round();
   }
 }
@@ -125,7 +127,7 @@ void Coordinator::OnSecAgg(const std::shared_ptr<ClientSession>& session, const 
   if (stage != st.stage || !st.waiting.contains(u)) {
     return Reject(session, v1::Error::BAD_MESSAGE,
                   fmt::format("secagg round {}: {} from {} (site {}) while the round is at {}{}", round_, body, name, u,
-                              st.stage < 4 ? RoundSecAgg::kStages[st.stage] : "its end",
+                              st.stage < SecAggState::kDone ? RoundSecAgg::kStages[st.stage] : "its end",
                               stage == st.stage ? ", which it already answered or was not asked" : ""));
   }
   st.record.bytes_up[stage] += FrameBytes(envelope);
@@ -163,6 +165,11 @@ void Coordinator::OnSecAgg(const std::shared_ptr<ClientSession>& session, const 
       record.examples = st.weights[u];
       record.train_loss = std::isfinite(done.train_loss()) ? done.train_loss() : 0;
       record.seconds = SecondsSince(p->second.started);
+      break;
+    }
+    case v1::Envelope::kSecaggSurvivorsSigned: {
+      auto signed_survivors = secagg::FromProto(envelope.secagg_survivors_signed(), u);
+      received = signed_survivors.ok() ? st.server.Receive(*signed_survivors) : signed_survivors.status();
       break;
     }
     default: {
@@ -230,11 +237,17 @@ void Coordinator::CloseSecAggStage() {
       return OpenSecAggStage(SecAggState::kMasked, std::move(messages));
     }
     case SecAggState::kMasked: {
-      auto request = st.server.CloseMaskedInput();
-      if (!request.ok()) return FailRound(request.status().message());
+      auto survivors = st.server.CloseMaskedInput();
+      if (!survivors.ok()) return FailRound(survivors.status().message());
       v1::Envelope envelope;
-      *envelope.mutable_secagg_unmask() = secagg::ToProto(*request, round_);
-      for (uint32_t u : request->survived) messages[u] = envelope;
+      *envelope.mutable_secagg_survivors() = secagg::ToProto(*survivors, round_);
+      for (uint32_t u : survivors->survived) messages[u] = envelope;
+      return OpenSecAggStage(SecAggState::kConsistency, std::move(messages));
+    }
+    case SecAggState::kConsistency: {
+      auto requests = st.server.CloseConsistency();
+      if (!requests.ok()) return FailRound(requests.status().message());
+      for (const auto& [u, request] : *requests) *messages[u].mutable_secagg_unmask() = secagg::ToProto(request, round_);
       return OpenSecAggStage(SecAggState::kUnmask, std::move(messages));
     }
     case SecAggState::kUnmask: return FinishSecAgg();

@@ -42,7 +42,7 @@ uint32_t Dropped(Store& store, uint64_t round) {
 
 ordered_json SecAggJson(const RoundSecAgg& a) {
   ordered_json stages = ordered_json::array();
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < RoundSecAgg::kStageCount; ++i) {
     stages.push_back({{"stage", RoundSecAgg::kStages[i]},
                       {"answered", a.answered[i]},
                       {"dropouts", a.dropouts[i]},
@@ -178,10 +178,10 @@ Status ShowRound(Store& store, uint64_t round, bool json, std::string* out) {
     const RoundSecAgg& a = *r.secagg;
     *out += fmt::format("  protocol  secagg: {} sites, k {}, t {}, {} bits, clip {:g}, scale {:g}; reached {}\n", a.sites,
                         a.neighbours, a.threshold, a.bits, a.clip, a.scale, a.stage);
-    *out += fmt::format("  {:<16}  {:>8}  {:>8}  {:>12}  {:>12}\n", "  stage", "answered", "dropouts", "bytes up",
+    *out += fmt::format("  {:<19}  {:>8}  {:>8}  {:>12}  {:>12}\n", "  stage", "answered", "dropouts", "bytes up",
                         "bytes down");
-    for (int i = 0; i < 4; ++i) {
-      *out += fmt::format("  {:<16}  {:>8}  {:>8}  {:>12}  {:>12}\n", fmt::format("  {}", RoundSecAgg::kStages[i]),
+    for (int i = 0; i < RoundSecAgg::kStageCount; ++i) {
+      *out += fmt::format("  {:<19}  {:>8}  {:>8}  {:>12}  {:>12}\n", fmt::format("  {}", RoundSecAgg::kStages[i]),
                           a.answered[i], a.dropouts[i], a.bytes_up[i], a.bytes_down[i]);
     }
   } else {

@@ -1,5 +1,5 @@
 // One round's SecAgg+ on the server: what the Coordinator keeps while it
-// relays the protocol's four stages between the selected sites' sessions
+// relays the protocol's five stages between the selected sites' sessions
 // (coordinator_secagg.cc). Touched only on the Coordinator's strand.
 //
 // The sampled sites are protocol ids 0..n−1 in sampling order. A stage waits
@@ -23,7 +23,7 @@
 namespace estuary::server {
 
 struct SecAggState {
-  enum Stage { kAdvertise = 0, kShare = 1, kMasked = 2, kUnmask = 3, kDone = 4 };
+  enum Stage { kAdvertise = 0, kShare = 1, kMasked = 2, kConsistency = 3, kUnmask = 4, kDone = 5 };
 
   explicit SecAggState(secagg::SecAggServer s) : server(std::move(s)) {}
 

@@ -14,8 +14,8 @@ using sql::Exec;
 using sql::Statement;
 using sql::Transaction;
 
-// 2: round_privacy. 3: round_secagg. 4: round_evaluation.
-constexpr int kSchemaVersion = 4;
+// 2: round_privacy. 3: round_secagg. 4: round_evaluation. 5: round_secagg's consistency check.
+constexpr int kSchemaVersion = 5;
 
 constexpr const char* kSchema = R"sql(
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -62,6 +62,30 @@ CREATE TABLE IF NOT EXISTS round_secagg (
   down_advertise INTEGER NOT NULL, down_share INTEGER NOT NULL, down_masked INTEGER NOT NULL,
   down_unmask INTEGER NOT NULL);
 )sql";
+
+// Schema 5, also what migrates an older log: SecAgg+'s consistency check stage
+// (its rounds had none: zeros).
+constexpr const char* kConsistencySchema = R"sql(
+ALTER TABLE round_secagg ADD COLUMN answered_consistency INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE round_secagg ADD COLUMN dropped_consistency INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE round_secagg ADD COLUMN up_consistency INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE round_secagg ADD COLUMN down_consistency INTEGER NOT NULL DEFAULT 0;
+)sql";
+
+// The stage columns of round_secagg, in RoundSecAgg::kStages' order.
+constexpr const char* kSecAggStageColumns[RoundSecAgg::kStageCount] = {"advertise", "share", "masked", "consistency",
+                                                                       "unmask"};
+
+// A log older than schema 5 reads as zeros for the consistency check.
+std::string SecAggColumns(bool consistency = true) {
+  std::string out = "round, stage, sites, neighbours, threshold, bits, clip, scale";
+  for (const char* kind : {"answered", "dropped", "up", "down"}) {
+    for (const char* stage : kSecAggStageColumns) {
+      out += consistency || std::string_view(stage) != "consistency" ? fmt::format(", {}_{}", kind, stage) : ", 0";
+    }
+  }
+  return out;
+}
 
 // Schema 4, also what migrates an older log: its rounds were not evaluated by the sites.
 constexpr const char* kEvaluationSchema = R"sql(
@@ -181,12 +205,17 @@ Result<std::unique_ptr<Store>> Store::Open(const std::filesystem::path& path) {
     ESTUARY_RETURN_IF_ERROR(Exec(db, kPrivacySchema));
     ESTUARY_RETURN_IF_ERROR(Exec(db, kSecAggSchema));
     ESTUARY_RETURN_IF_ERROR(Exec(db, kEvaluationSchema));
+    Statement consistency(db, "SELECT count(*) FROM pragma_table_info('round_secagg') WHERE name = "
+                              "'answered_consistency'");
+    ESTUARY_ASSIGN_OR_RETURN(bool counted, consistency.Step());
+    if (!counted || consistency.Int(0) == 0) ESTUARY_RETURN_IF_ERROR(Exec(db, kConsistencySchema));
     ESTUARY_RETURN_IF_ERROR(Exec(db, fmt::format("PRAGMA user_version={}", kSchemaVersion).c_str()));
     ESTUARY_RETURN_IF_ERROR(tx.Commit());
   }
   store->has_privacy_ = true;
   store->has_secagg_ = true;
   store->has_evaluation_ = true;
+  store->has_consistency_ = true;
   return store;
 }
 
@@ -209,6 +238,7 @@ Result<std::unique_ptr<Store>> Store::OpenReadOnly(const std::filesystem::path& 
   store->has_privacy_ = version.Int(0) >= 2;
   store->has_secagg_ = version.Int(0) >= 3;
   store->has_evaluation_ = version.Int(0) >= 4;
+  store->has_consistency_ = version.Int(0) >= 5;
   return store;
 }
 
@@ -334,9 +364,9 @@ Status Store::CommitRoundTransaction(const RoundRecord& r, const std::filesystem
 }
 
 Status Store::RecordSecAgg(uint64_t round, const RoundSecAgg& a) {
-  Statement s(db_,
-              "INSERT OR REPLACE INTO round_secagg VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, "
-              "?, ?, ?, ?)");
+  std::string values = "?";
+  for (int i = 1; i < 8 + 4 * RoundSecAgg::kStageCount; ++i) values += ", ?";
+  Statement s(db_, fmt::format("INSERT OR REPLACE INTO round_secagg({}) VALUES({})", SecAggColumns(), values).c_str());
   s.Bind(round).Bind(a.stage).Bind(a.sites).Bind(a.neighbours).Bind(a.threshold).Bind(a.bits).Bind(a.clip).Bind(a.scale);
   for (uint32_t v : a.answered) s.Bind(v);
   for (uint32_t v : a.dropouts) s.Bind(v);
@@ -436,7 +466,7 @@ Status Store::ReadPrivacy(RoundRecord& record) {
     }
   }
   if (!has_secagg_) return Status::Ok();
-  Statement a(db_, "SELECT * FROM round_secagg WHERE round = ?");
+  Statement a(db_, fmt::format("SELECT {} FROM round_secagg WHERE round = ?", SecAggColumns(has_consistency_)).c_str());
   ESTUARY_ASSIGN_OR_RETURN(bool found, a.Bind(record.round).Step());
   if (!found) return Status::Ok();
   RoundSecAgg& out = record.secagg.emplace();
@@ -447,11 +477,12 @@ Status Store::ReadPrivacy(RoundRecord& record) {
   out.bits = uint32_t(a.Int(5));
   out.clip = a.Real(6);
   out.scale = a.Real(7);
-  for (int i = 0; i < 4; ++i) {
+  constexpr int n = RoundSecAgg::kStageCount;
+  for (int i = 0; i < n; ++i) {
     out.answered[i] = uint32_t(a.Int(8 + i));
-    out.dropouts[i] = uint32_t(a.Int(12 + i));
-    out.bytes_up[i] = uint64_t(a.Int(16 + i));
-    out.bytes_down[i] = uint64_t(a.Int(20 + i));
+    out.dropouts[i] = uint32_t(a.Int(8 + n + i));
+    out.bytes_up[i] = uint64_t(a.Int(8 + 2 * n + i));
+    out.bytes_down[i] = uint64_t(a.Int(8 + 3 * n + i));
   }
   return Status::Ok();
 }

@@ -44,11 +44,14 @@ struct RoundPrivacy {
 };
 
 // A round run through SecAgg+ (docs/SECAGG.md): how far the protocol got,
-// and per stage (advertise keys, share keys, masked input, unmasking) the
+// and per stage (advertise keys, share keys, masked input, consistency check,
+// unmasking) the
 // sites that answered, those that dropped out while it was waiting for them,
 // and the bytes moved (all sites together, as framed on the wire).
 struct RoundSecAgg {
-  static constexpr const char* kStages[4] = {"advertise keys", "share keys", "masked input", "unmasking"};
+  static constexpr int kStageCount = 5;
+  static constexpr const char* kStages[kStageCount] = {"advertise keys", "share keys", "masked input",
+                                                       "consistency check", "unmasking"};
   std::string stage;          // the last stage begun: one of kStages, or "done" once the sum was unmasked
   uint32_t sites = 0;         // n
   uint32_t neighbours = 0;    // k
@@ -56,10 +59,10 @@ struct RoundSecAgg {
   uint32_t bits = 0;
   double clip = 0;
   double scale = 0;
-  std::array<uint32_t, 4> answered{};
-  std::array<uint32_t, 4> dropouts{};
-  std::array<uint64_t, 4> bytes_up{};
-  std::array<uint64_t, 4> bytes_down{};
+  std::array<uint32_t, kStageCount> answered{};
+  std::array<uint32_t, kStageCount> dropouts{};
+  std::array<uint64_t, kStageCount> bytes_up{};
+  std::array<uint64_t, kStageCount> bytes_down{};
 };
 
 // The federated evaluation of a committed round's model (docs/EVALUATION.md):
@@ -194,6 +197,7 @@ class Store {
   bool has_privacy_ = false;  // schema 2: the round_privacy table exists
   bool has_secagg_ = false;   // schema 3: the round_secagg table exists
   bool has_evaluation_ = false;  // schema 4: the round_evaluation table exists
+  bool has_consistency_ = false;  // schema 5: round_secagg has the consistency check's columns
 };
 
 int64_t NowMs();

@@ -224,16 +224,25 @@ Result<SecAggRoundResult> RunSecAggRound(const SecAggOptions& options, std::span
     bytes[u] += WireBytes(masked);
     ESTUARY_RETURN_IF_ERROR(server.Receive(masked));
   }
-  ESTUARY_ASSIGN_OR_RETURN(UnmaskRequest request, server.CloseMaskedInput());
-  if (dp && request.survived.size() < result.dp.min_included) {
+  ESTUARY_ASSIGN_OR_RETURN(SurvivorSet survivors, server.CloseMaskedInput());
+  if (dp && survivors.survived.size() < result.dp.min_included) {
     return FailedPrecondition("secagg round {}: distributed DP: {} of {} inputs arrived, fewer than the {} the noise is "
                               "calibrated for (--dp-survivors {}): refusing to unmask",
-                              round, request.survived.size(), n, result.dp.min_included, options.dp.survivors);
+                              round, survivors.survived.size(), n, result.dp.min_included, options.dp.survivors);
   }
-  for (uint32_t u : request.survived) {
-    bytes[u] += WireBytes(request);
+  // The consistency check, in one process: unsigned (secagg/client.h).
+  for (uint32_t u : survivors.survived) {
+    bytes[u] += WireBytes(survivors);
     if (drop[u] == Drop::kAfterMaskedInput) continue;
-    ESTUARY_ASSIGN_OR_RETURN(UnmaskResponse response, clients[u].Unmask(request));
+    ESTUARY_ASSIGN_OR_RETURN(std::string confirmed, clients[u].ConfirmSurvivors(survivors));
+    const SurvivorsSigned signed_survivors{.site = u, .signature = UnauthenticatedSignature(confirmed)};
+    bytes[u] += WireBytes(signed_survivors);
+    ESTUARY_RETURN_IF_ERROR(server.Receive(signed_survivors));
+  }
+  ESTUARY_ASSIGN_OR_RETURN(auto requests, server.CloseConsistency());
+  for (const auto& [u, request] : requests) {
+    bytes[u] += WireBytes(request);
+    ESTUARY_ASSIGN_OR_RETURN(UnmaskResponse response, clients[u].Unmask(request, UnauthenticatedSurvivorsCheck));
     bytes[u] += WireBytes(response);
     ESTUARY_RETURN_IF_ERROR(server.Receive(response));
   }

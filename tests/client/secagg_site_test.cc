@@ -4,12 +4,18 @@
 // the federation other than its own. A server that substitutes a key (the
 // attack that would let it open the shares sealed to it), replays last
 // round's, relays keys unsigned, or signs two neighbours' with one
-// certificate is refused in one line before the site shares anything.
+// certificate is refused in one line before the site shares anything. And
+// its consistency check: it reveals its shares only on its neighbours' valid
+// signatures over the survivor set it signed itself.
 #include "client/secagg_site.h"
 
 #include <gtest/gtest.h>
 
+#include <map>
+#include <optional>
+
 #include "crypto/certs.h"
+#include "secagg/server.h"
 #include "secagg/wire.h"
 #include "tests/crypto/test_dir.h"
 
@@ -137,6 +143,167 @@ TEST_F(SecAggSiteKeys, OneCertificateForTwoNeighboursOrTheSitesOwnIsRefused) {
     peer.set_certificate(signer.certificate());
     ExpectRefused(keys, because);
   }
+}
+
+
+// The consistency check over real signatures: sites 0, 1, 2 run the round
+// through a SecAggServer up to the unmasking request, each signing the
+// survivor set it is told with its certificate's key. A site reveals its
+// shares only with valid signatures over the set it signed from t = 2 of its
+// neighbours, each under the certificate that signed that neighbour's keys.
+class SecAggSiteConsistency : public SecAggSiteKeys {
+ protected:
+  static constexpr uint64_t kRound = 4;
+
+  // Keys as an honest server relays them to `to`.
+  v1::SecAggKeys RelayedTo(uint32_t to) const {
+    v1::SecAggKeys keys;
+    keys.set_round(kRound);
+    for (uint32_t u = 0; u < 3; ++u) {
+      if (u == to) continue;
+      v1::SecAggPeerKeys& peer = *keys.add_neighbours();
+      peer.set_site(u);
+      peer.set_mask_public_key(adverts_[u].mask_public_key());
+      peer.set_share_public_key(adverts_[u].share_public_key());
+      peer.set_signature(adverts_[u].signature());
+      peer.set_certificate(adverts_[u].certificate());
+    }
+    return keys;
+  }
+
+  // Through the masked inputs: `survivors_` is U3 = {0, 1, 2}.
+  void DriveToConsistency() {
+    StartRound(kRound);
+    auto server = secagg::SecAggServer::Create(Config(kRound));
+    ASSERT_TRUE(server.ok());
+    server_.emplace(std::move(*server));
+    for (uint32_t u = 0; u < 3; ++u) {
+      auto keys = secagg::FromProto(adverts_[u], u);
+      ASSERT_TRUE(keys.ok());
+      ASSERT_TRUE(server_->Receive(*keys).ok());
+    }
+    ASSERT_TRUE(server_->CloseAdvertise().ok());
+    for (uint32_t u = 0; u < 3; ++u) {
+      auto shares = sites_[u]->OnKeys(RelayedTo(u));
+      ASSERT_TRUE(shares.ok()) << shares.status().ToString();
+      auto parsed = secagg::FromProto(shares->secagg_shares(), u);
+      ASSERT_TRUE(parsed.ok());
+      ASSERT_TRUE(server_->Receive(*parsed).ok());
+    }
+    auto inboxes = server_->CloseShareKeys();
+    ASSERT_TRUE(inboxes.ok());
+    for (uint32_t u = 0; u < 3; ++u) {
+      ASSERT_TRUE(sites_[u]->OnInbox(secagg::ToProto(inboxes->at(u), kRound)).ok());
+      const std::vector<float> update(kDimension, 0.01f * float(u + 1));
+      auto frames = sites_[u]->MaskedInput(update, kDimension, 10, 0.5, 0.1, {});
+      ASSERT_TRUE(frames.ok()) << frames.status().ToString();
+      std::vector<uint32_t> values;
+      ASSERT_TRUE(secagg::AppendMaskedChunk((*frames)[0].secagg_masked_chunk(), kDimension, values).ok());
+      ASSERT_TRUE(server_->Receive(secagg::MaskedInput{u, values}).ok());
+    }
+    auto survivors = server_->CloseMaskedInput();
+    ASSERT_TRUE(survivors.ok());
+    survivors_ = *survivors;
+  }
+  // Site u signs `told`: its signature.
+  std::string Sign(uint32_t u, const secagg::SurvivorSet& told) {
+    auto signed_survivors = sites_[u]->OnSurvivors(secagg::ToProto(told, kRound));
+    EXPECT_TRUE(signed_survivors.ok()) << signed_survivors.status().ToString();
+    return signed_survivors.ok() ? signed_survivors->secagg_survivors_signed().signature() : std::string();
+  }
+  // The unmasking request to `to` over `survived`, with these signatures.
+  static v1::SecAggUnmask Request(const std::vector<uint32_t>& survived, const std::vector<uint32_t>& dropped,
+                                  const std::map<uint32_t, std::string>& signatures) {
+    secagg::UnmaskRequest request{.survived = survived, .dropped = dropped};
+    for (const auto& [v, signature] : signatures) request.signatures.push_back({v, signature});
+    return secagg::ToProto(request, kRound);
+  }
+  void ExpectUnmaskRefused(uint32_t u, const v1::SecAggUnmask& request, const std::string& because) {
+    auto response = sites_[u]->OnUnmask(request);
+    ASSERT_FALSE(response.ok()) << "site " << u << " revealed its shares";
+    EXPECT_NE(response.status().message().find(because), std::string::npos) << response.status().message();
+    EXPECT_EQ(response.status().message().find('\n'), std::string::npos);
+  }
+
+  std::optional<secagg::SecAggServer> server_;
+  secagg::SurvivorSet survivors_;
+};
+
+TEST_F(SecAggSiteConsistency, TheSameSetSignedByItsNeighboursIsAnsweredAndTheSumUnmasked) {
+  DriveToConsistency();
+  for (uint32_t u = 0; u < 3; ++u) {
+    ASSERT_TRUE(server_->Receive(secagg::SurvivorsSigned{u, Sign(u, survivors_)}).ok());
+  }
+  auto requests = server_->CloseConsistency();
+  ASSERT_TRUE(requests.ok());
+  for (uint32_t u = 0; u < 3; ++u) {
+    EXPECT_EQ(requests->at(u).signatures.size(), 2u);
+    auto response = sites_[u]->OnUnmask(secagg::ToProto(requests->at(u), kRound));
+    ASSERT_TRUE(response.ok()) << response.status().ToString();
+    auto parsed = secagg::FromProto(response->secagg_unmask_response(), u);
+    ASSERT_TRUE(parsed.ok());
+    EXPECT_EQ(parsed->seed_shares.size(), 2u);
+    ASSERT_TRUE(server_->Receive(*parsed).ok());
+  }
+  auto output = server_->Finish();
+  ASSERT_TRUE(output.ok()) << output.status().ToString();
+  EXPECT_EQ(output->included, (std::vector<uint32_t>{0, 1, 2}));
+}
+
+TEST_F(SecAggSiteConsistency, TwoSitesToldDifferentSurvivorSetsBothRefuse) {
+  DriveToConsistency();
+  // Site 2 is told that site 1 dropped (to have it reveal sk_1); 0 and 1 the truth.
+  const secagg::SurvivorSet lie{.survived = {0, 2}};
+  const std::string by0 = Sign(0, survivors_), by1 = Sign(1, survivors_), by2 = Sign(2, lie);
+  ExpectUnmaskRefused(0, Request({0, 1, 2}, {}, {{1, by1}, {2, by2}}),
+                      "site 2's signature on the survivor set refused: crypto: the signature of 'site-c' does not "
+                      "verify");
+  ExpectUnmaskRefused(2, Request({0, 2}, {1}, {{0, by0}, {1, by1}}),
+                      "site 0's signature on the survivor set refused: crypto: the signature of 'site-a' does not "
+                      "verify");
+  // Site 1, with its one honest neighbour's signature alone: one of t = 2.
+  ExpectUnmaskRefused(1, Request({0, 1, 2}, {}, {{0, by0}}),
+                      "1 of its neighbours signed the survivor set, fewer than the threshold 2: refusing to reveal");
+}
+
+TEST_F(SecAggSiteConsistency, ForgedUnsignedOtherRoundAndOtherCertificateSignaturesAreRefused) {
+  DriveToConsistency();
+  const std::string by1 = Sign(1, survivors_), by2 = Sign(2, survivors_);
+  (void)Sign(0, survivors_);
+  // Each refusal ends the site's part, so each case needs a fresh round.
+  std::string forged = by2;
+  forged[forged.size() / 2] ^= 0x01;
+  ExpectUnmaskRefused(0, Request({0, 1, 2}, {}, {{1, by1}, {2, forged}}),
+                      "site 2's signature on the survivor set refused: crypto: the signature of 'site-c' does not "
+                      "verify");
+
+  DriveToConsistency();
+  const std::string fresh1 = Sign(1, survivors_);
+  (void)Sign(0, survivors_);
+  ExpectUnmaskRefused(0, Request({0, 1, 2}, {}, {{1, fresh1}, {2, ""}}),
+                      "unmask request signature: site 2's signature has 0 bytes");
+
+  DriveToConsistency();
+  const std::string again1 = Sign(1, survivors_);
+  (void)Sign(0, survivors_);
+  // Site-c's key, over last round's set of the same sites.
+  secagg::ProtocolConfig last = Config(kRound - 1);
+  last.graph_seed = Config(kRound).graph_seed;
+  auto stale = identities_[2].signer.Sign(secagg::SurvivorsToSign(last, survivors_.survived));
+  ASSERT_TRUE(stale.ok());
+  ExpectUnmaskRefused(0, Request({0, 1, 2}, {}, {{1, again1}, {2, *stale}}),
+                      "site 2's signature on the survivor set refused: crypto: the signature of 'site-c' does not "
+                      "verify");
+
+  DriveToConsistency();
+  const std::string last1 = Sign(1, survivors_);
+  (void)Sign(0, survivors_);
+  // The right bytes, signed by a certificate of the federation that is not site 2's (the server's pick).
+  auto other = identities_[3].signer.Sign(secagg::SurvivorsToSign(Config(kRound), survivors_.survived));
+  ASSERT_TRUE(other.ok());
+  ExpectUnmaskRefused(0, Request({0, 1, 2}, {}, {{1, last1}, {2, *other}}),
+                      "site 2's signature on the survivor set refused: crypto: the signature of 'site-c' does not "
+                      "verify");
 }
 
 }  // namespace

@@ -137,8 +137,9 @@ class ScriptedSite {
     for (size_t i = 0; i < update.size(); ++i) update[i] = 1e-3f * float(int(i % 7) - 3);
     ESTUARY_ASSIGN_OR_RETURN(auto frames, site->MaskedInput(update, 65536, 10, 0.5, 0.1, keep));
     for (const v1::Envelope& frame : frames) ESTUARY_RETURN_IF_ERROR(raw->Send(frame));
-    // Gone with its input in the sum: its neighbours' shares remove its self mask.
-    ESTUARY_RETURN_IF_ERROR(Next(*raw, v1::Envelope::kSecaggUnmask).status());
+    // Gone with its input in the sum, before signing the survivor set: its
+    // neighbours' shares remove its self mask.
+    ESTUARY_RETURN_IF_ERROR(Next(*raw, v1::Envelope::kSecaggSurvivors).status());
     raw->Abort();
     return Status::Ok();
   }
@@ -175,8 +176,8 @@ TEST(SecAggOverTls, ThreeSitesCommitThePlainAggregateOfTheirQuantisedInputsBitFo
     EXPECT_EQ(r.secagg->sites, 3u);
     EXPECT_EQ(r.secagg->neighbours, 2u);  // the complete graph
     EXPECT_EQ(r.secagg->threshold, 2u);
-    EXPECT_EQ(r.secagg->answered, (std::array<uint32_t, 4>{3, 3, 3, 3}));
-    EXPECT_EQ(r.secagg->dropouts, (std::array<uint32_t, 4>{0, 0, 0, 0}));
+    EXPECT_EQ(r.secagg->answered, (std::array<uint32_t, 5>{3, 3, 3, 3, 3}));
+    EXPECT_EQ(r.secagg->dropouts, (std::array<uint32_t, 5>{0, 0, 0, 0, 0}));
     // The masked inputs: 4 bytes an element, and more than that in framing.
     EXPECT_GT(r.secagg->bytes_up[2], 3u * 199210 * 4);
     EXPECT_LT(r.secagg->bytes_up[2], 3u * 199210 * 4 + 3u * 4096);
@@ -214,6 +215,16 @@ TEST(SecAggOverTls, ThreeSitesCommitThePlainAggregateOfTheirQuantisedInputsBitFo
   EXPECT_EQ(doc["protocol"], "secagg");
   EXPECT_EQ(doc["secagg"]["stages"][2]["stage"], "masked input");
   EXPECT_EQ(doc["secagg"]["stages"][2]["bytes_up"], (*rounds)[1].secagg->bytes_up[2]);
+  // The consistency check: each site's signature over U3 up (framed, an
+  // ECDSA P-256 signature of 70 to 72 bytes); down, what answers it: the
+  // unmasking request with the two neighbours' signatures.
+  EXPECT_EQ(doc["secagg"]["stages"][3]["stage"], "consistency check");
+  EXPECT_EQ(doc["secagg"]["stages"][3]["answered"], 3);
+  const server::RoundSecAgg& a = *(*rounds)[1].secagg;
+  EXPECT_GT(a.bytes_up[3], 3u * 64);
+  EXPECT_LT(a.bytes_up[3], 3u * 100);
+  EXPECT_GT(a.bytes_down[3], 3u * 2 * 64);
+  EXPECT_NE(show.output.find("consistency check"), std::string::npos) << show.output;
 }
 
 TEST(SecAggOverTls, TheRoundCommitsWhenOneSiteDiesAfterSharingKeysAndOneAfterItsMaskedInput) {
@@ -250,8 +261,8 @@ TEST(SecAggOverTls, TheRoundCommitsWhenOneSiteDiesAfterSharingKeysAndOneAfterIts
   ASSERT_TRUE(r.secagg.has_value());
   EXPECT_EQ(r.secagg->sites, 6u);
   EXPECT_EQ(r.secagg->threshold, 3u);  // k = 5 (complete), t = 5/2 + 1
-  EXPECT_EQ(r.secagg->answered, (std::array<uint32_t, 4>{6, 6, 5, 4}));
-  EXPECT_EQ(r.secagg->dropouts, (std::array<uint32_t, 4>{0, 0, 1, 1}));
+  EXPECT_EQ(r.secagg->answered, (std::array<uint32_t, 5>{6, 6, 5, 4, 4}));
+  EXPECT_EQ(r.secagg->dropouts, (std::array<uint32_t, 5>{0, 0, 1, 1, 0}));
   EXPECT_EQ(r.updates_received, 5u);  // the site gone before unmasking is in the sum
   auto participants = ParticipationsByName(*store, 1);
   EXPECT_EQ(participants["gone-after-shares"].status, "dropped");
@@ -300,7 +311,7 @@ TEST(SecAggOverTls, KeysSignedWithAnotherSitesCertificateAreRefusedAndTheRoundGo
   EXPECT_EQ((*round)->state, server::RoundState::kCommitted) << (*round)->detail;
   EXPECT_EQ((*round)->updates_received, 3u);
   ASSERT_TRUE((*round)->secagg.has_value());
-  EXPECT_EQ((*round)->secagg->dropouts, (std::array<uint32_t, 4>{1, 0, 0, 0}));
+  EXPECT_EQ((*round)->secagg->dropouts, (std::array<uint32_t, 5>{1, 0, 0, 0, 0}));
 }
 
 TEST(SecAggOverTls, TooManyDropoutsAbortTheRoundWithTheStageAndTheCounts) {
@@ -330,8 +341,8 @@ TEST(SecAggOverTls, TooManyDropoutsAbortTheRoundWithTheStageAndTheCounts) {
   EXPECT_NE((*round)->detail.find("masked input: 2 of 4 sites remain"), std::string::npos) << (*round)->detail;
   ASSERT_TRUE((*round)->secagg.has_value());
   EXPECT_EQ((*round)->secagg->stage, "masked input");
-  EXPECT_EQ((*round)->secagg->dropouts, (std::array<uint32_t, 4>{0, 0, 2, 0}));
-  EXPECT_EQ((*round)->secagg->answered, (std::array<uint32_t, 4>{4, 4, 2, 0}));
+  EXPECT_EQ((*round)->secagg->dropouts, (std::array<uint32_t, 5>{0, 0, 2, 0, 0}));
+  EXPECT_EQ((*round)->secagg->answered, (std::array<uint32_t, 5>{4, 4, 2, 0, 0}));
 }
 
 TEST(SecAggOverTls, CombinationsItCannotServeAreRefusedInOneLine) {

@@ -85,10 +85,15 @@ Result<Outcome> RunProtocol(const ProtocolConfig& config, const std::map<uint32_
     ESTUARY_RETURN_IF_ERROR(AddInto(outcome.expected, input, kBits));
     outcome.expected_included.insert(u);
   }
-  ESTUARY_ASSIGN_OR_RETURN(UnmaskRequest request, server.CloseMaskedInput());
-  for (uint32_t u : request.survived) {
+  ESTUARY_ASSIGN_OR_RETURN(SurvivorSet survivors, server.CloseMaskedInput());
+  for (uint32_t u : survivors.survived) {
     if (drop(u) == Drop::kAfterMaskedInput) continue;
-    ESTUARY_ASSIGN_OR_RETURN(UnmaskResponse response, clients.at(u).Unmask(request));
+    ESTUARY_ASSIGN_OR_RETURN(std::string confirmed, clients.at(u).ConfirmSurvivors(survivors));
+    ESTUARY_RETURN_IF_ERROR(server.Receive(SurvivorsSigned{u, UnauthenticatedSignature(confirmed)}));
+  }
+  ESTUARY_ASSIGN_OR_RETURN(auto requests, server.CloseConsistency());
+  for (const auto& [u, request] : requests) {
+    ESTUARY_ASSIGN_OR_RETURN(UnmaskResponse response, clients.at(u).Unmask(request, UnauthenticatedSurvivorsCheck));
     ESTUARY_RETURN_IF_ERROR(server.Receive(response));
   }
   ESTUARY_ASSIGN_OR_RETURN(outcome.output, server.Finish());
@@ -232,15 +237,18 @@ TEST(Protocol, FewerThanThresholdSurvivorsIsRefusedWithOneLine) {
             "secagg site 0: round 17: share keys: 2 of 4 neighbours advertised keys, fewer than the threshold 3");
 }
 
-// Drives sites 0..9 (k = 4, t = 3) to the unmasking stage, none dropped.
+// Drives sites 0..9 (k = 4, t = 3) to the consistency check (`survivors`)
+// or through it to the unmasking stage (`requests`), none dropped.
 struct AtUnmasking {
   SecAggServer server;
   std::map<uint32_t, SecAggClient> clients;
   std::map<uint32_t, ShareInbox> inboxes;
-  UnmaskRequest request;
+  SurvivorSet survivors;
+  std::map<uint32_t, std::string> confirmed;
+  std::map<uint32_t, UnmaskRequest> requests;
 };
 
-Result<AtUnmasking> DriveToUnmasking() {
+Result<AtUnmasking> DriveToConsistency() {
   const ProtocolConfig config = Config(10, 4, 3);
   ESTUARY_ASSIGN_OR_RETURN(SecAggServer server, SecAggServer::Create(config));
   AtUnmasking at{.server = std::move(server)};
@@ -260,7 +268,17 @@ Result<AtUnmasking> DriveToUnmasking() {
     ESTUARY_ASSIGN_OR_RETURN(MaskedInput masked, client.MaskInput(at.inboxes.at(u), InputOf(u)));
     ESTUARY_RETURN_IF_ERROR(at.server.Receive(masked));
   }
-  ESTUARY_ASSIGN_OR_RETURN(at.request, at.server.CloseMaskedInput());
+  ESTUARY_ASSIGN_OR_RETURN(at.survivors, at.server.CloseMaskedInput());
+  return at;
+}
+
+Result<AtUnmasking> DriveToUnmasking() {
+  ESTUARY_ASSIGN_OR_RETURN(AtUnmasking at, DriveToConsistency());
+  for (auto& [u, client] : at.clients) {
+    ESTUARY_ASSIGN_OR_RETURN(at.confirmed[u], client.ConfirmSurvivors(at.survivors));
+    ESTUARY_RETURN_IF_ERROR(at.server.Receive(SurvivorsSigned{u, UnauthenticatedSignature(at.confirmed[u])}));
+  }
+  ESTUARY_ASSIGN_OR_RETURN(at.requests, at.server.CloseConsistency());
   return at;
 }
 
@@ -269,26 +287,27 @@ TEST(Protocol, ASiteAskedForBothSecretsOfOnePeerRefuses) {
   ASSERT_TRUE(at.ok()) << at.status().ToString();
   SecAggClient& site = at->clients.at(0);
   const uint32_t peer = site.graph().Neighbours(0)[0];
-  UnmaskRequest both = at->request;
+  UnmaskRequest both = at->requests.at(0);
   both.dropped.push_back(peer);  // also in survived
-  auto response = site.Unmask(both);
+  auto response = site.Unmask(both, UnauthenticatedSurvivorsCheck);
   ASSERT_FALSE(response.ok());
   EXPECT_EQ(response.status().message(),
             fmt::format("secagg site 0: round 17: unmasking: site {} listed as both survived and dropped: refusing "
                         "to reveal both its secrets",
                         peer));
   // It answers once: the honest request afterwards gets nothing either.
-  response = site.Unmask(at->request);
+  response = site.Unmask(at->requests.at(0), UnauthenticatedSurvivorsCheck);
   ASSERT_FALSE(response.ok());
   EXPECT_EQ(response.status().message(), "secagg site 0: round 17: unmasking called in stage done");
 
   // Two requests, each asking for one secret of the peer, get one answer.
   SecAggClient& other = at->clients.at(1);
-  auto first = other.Unmask(at->request);
+  auto first = other.Unmask(at->requests.at(1), UnauthenticatedSurvivorsCheck);
   ASSERT_TRUE(first.ok()) << first.status().ToString();
-  UnmaskRequest flipped;
-  for (uint32_t u : at->request.survived) (u == 1 ? flipped.survived : flipped.dropped).push_back(u);
-  EXPECT_FALSE(other.Unmask(flipped).ok());
+  UnmaskRequest flipped = at->requests.at(1);
+  flipped.survived.clear();
+  for (uint32_t u : at->requests.at(1).survived) (u == 1 ? flipped.survived : flipped.dropped).push_back(u);
+  EXPECT_FALSE(other.Unmask(flipped, UnauthenticatedSurvivorsCheck).ok());
 }
 
 TEST(Protocol, ATamperedEnvelopeIsRefused) {
@@ -351,7 +370,7 @@ TEST(Protocol, MalformedMessagesAreRefusedAndChangeNothing) {
   EXPECT_EQ(at->server.Receive(UnmaskResponse{.site = 12}).message(),
             "secagg round 17: unmasking response from site 12, not among the 10 sites");
   // A share of a survived site offered as a mask-key share.
-  auto response = at->clients.at(2).Unmask(at->request);
+  auto response = at->clients.at(2).Unmask(at->requests.at(2), UnauthenticatedSurvivorsCheck);
   ASSERT_TRUE(response.ok());
   UnmaskResponse wrong = *response;
   wrong.key_shares.push_back(wrong.seed_shares.back());
@@ -375,13 +394,136 @@ TEST(Protocol, MalformedMessagesAreRefusedAndChangeNothing) {
   for (uint32_t u = 0; u < 10; ++u) ASSERT_TRUE(AddInto(expected, InputOf(u), kBits).ok());
   for (auto& [u, client] : at->clients) {
     if (u == 2) continue;
-    auto answer = client.Unmask(at->request);
+    auto answer = client.Unmask(at->requests.at(u), UnauthenticatedSurvivorsCheck);
     ASSERT_TRUE(answer.ok()) << answer.status().ToString();
     ASSERT_TRUE(at->server.Receive(*answer).ok());
   }
   auto output = at->server.Finish();
   ASSERT_TRUE(output.ok()) << output.status().ToString();
   EXPECT_EQ(output->sum, expected);
+}
+
+// The consistency check (Bonawitz et al. §4). A server that tells site 0 one
+// survivor set and its neighbours another — here that a non-neighbour x
+// dropped, so as to ask them for sk_x while others reveal b_x — is refused
+// by both sides, whichever signatures it relays.
+TEST(Protocol, TwoSurvivorSetsAreRefusedByTheSitesOnBothSides) {
+  auto at = DriveToConsistency();
+  ASSERT_TRUE(at.ok()) << at.status().ToString();
+  const NeighbourGraph& graph = at->clients.at(0).graph();
+  uint32_t x = 1;
+  while (graph.Adjacent(0, x)) ++x;
+  SurvivorSet without_x;
+  for (uint32_t u : at->survivors.survived) {
+    if (u != x) without_x.survived.push_back(u);
+  }
+  std::map<uint32_t, std::string> confirmed;
+  for (auto& [u, client] : at->clients) {
+    const bool told_other = graph.Adjacent(0, u);
+    auto message = client.ConfirmSurvivors(told_other ? without_x : at->survivors);
+    ASSERT_TRUE(message.ok()) << message.status().ToString();
+    confirmed[u] = *message;
+  }
+  EXPECT_NE(confirmed.at(0), confirmed.at(graph.Neighbours(0)[0]));
+  // Site 0 with every neighbour's signature, as they signed.
+  UnmaskRequest request{.survived = at->survivors.survived};
+  for (uint32_t v : graph.Neighbours(0)) request.signatures.push_back({v, UnauthenticatedSignature(confirmed.at(v))});
+  auto response = at->clients.at(0).Unmask(request, UnauthenticatedSurvivorsCheck);
+  ASSERT_FALSE(response.ok());
+  EXPECT_EQ(response.status().message(),
+            fmt::format("secagg site 0: round 17: unmasking: site {}'s signature on the survivor set refused: site {} "
+                        "confirmed another survivor set",
+                        graph.Neighbours(0)[0], graph.Neighbours(0)[0]));
+  // A neighbour of site 0, asked for x's mask key: site 0's signature is over the other set.
+  const uint32_t n0 = graph.Neighbours(0)[1];
+  UnmaskRequest other{.survived = without_x.survived, .dropped = {x}};
+  for (uint32_t v : graph.Neighbours(n0)) {
+    if (v != x) other.signatures.push_back({v, UnauthenticatedSignature(confirmed.at(v))});
+  }
+  response = at->clients.at(n0).Unmask(other, UnauthenticatedSurvivorsCheck);
+  ASSERT_FALSE(response.ok());
+  EXPECT_NE(response.status().message().find("signature on the survivor set refused"), std::string::npos)
+      << response.status().message();
+  // Leaving out the signatures that disagree leaves site 0 short of t...
+  const uint32_t n1 = graph.Neighbours(0)[2];
+  auto honest_only = at->clients.at(n1).Unmask(UnmaskRequest{.survived = without_x.survived, .dropped = {x}},
+                                               UnauthenticatedSurvivorsCheck);
+  ASSERT_FALSE(honest_only.ok());
+  EXPECT_EQ(honest_only.status().message(),
+            fmt::format("secagg site {}: round 17: unmasking: 0 of its neighbours signed the survivor set, fewer than "
+                        "the threshold 3: refusing to reveal its shares",
+                        n1));
+  // ...and a request naming a set other than the one it signed is refused outright.
+  const uint32_t n2 = graph.Neighbours(0)[3];
+  response = at->clients.at(n2).Unmask(request, UnauthenticatedSurvivorsCheck);
+  ASSERT_FALSE(response.ok());
+  EXPECT_EQ(response.status().message(),
+            fmt::format("secagg site {}: round 17: unmasking: the request's 10 survivors are not the 9 this site "
+                        "confirmed: refusing to reveal its shares",
+                        n2));
+}
+
+TEST(Protocol, TooFewStrangeOrRepeatedSignaturesAreRefused) {
+  auto at = DriveToUnmasking();
+  ASSERT_TRUE(at.ok()) << at.status().ToString();
+  auto refused = [&](uint32_t u, const UnmaskRequest& request) {
+    auto response = at->clients.at(u).Unmask(request, UnauthenticatedSurvivorsCheck);
+    EXPECT_FALSE(response.ok()) << "site " << u << " revealed its shares";
+    return response.ok() ? std::string() : std::string(response.status().message());
+  };
+  // Two of its four neighbours' signatures, t = 3.
+  UnmaskRequest two = at->requests.at(0);
+  ASSERT_EQ(two.signatures.size(), 4u);
+  two.signatures.resize(2);
+  EXPECT_EQ(refused(0, two), "secagg site 0: round 17: unmasking: 2 of its neighbours signed the survivor set, fewer "
+                             "than the threshold 3: refusing to reveal its shares");
+  // A signature of a site that is not its neighbour (it would pad the count).
+  UnmaskRequest padded = at->requests.at(1);
+  padded.signatures.resize(2);
+  uint32_t far = 0;
+  while (far == 1 || at->clients.at(1).graph().Adjacent(1, far)) ++far;
+  padded.signatures.push_back({far, UnauthenticatedSignature(at->confirmed.at(far))});
+  EXPECT_EQ(refused(1, padded), fmt::format("secagg site 1: round 17: unmasking: a signature of site {}, not a "
+                                            "neighbour in the survivor set",
+                                            far));
+  // One neighbour's signature twice.
+  UnmaskRequest twice = at->requests.at(2);
+  twice.signatures[2] = twice.signatures[1];
+  EXPECT_EQ(refused(2, twice), fmt::format("secagg site 2: round 17: unmasking: two signatures of site {}",
+                                           twice.signatures[1].site));
+  // A signature over last round's set (the same sites, round 16).
+  UnmaskRequest stale = at->requests.at(3);
+  ProtocolConfig last_round = Config(10, 4, 3);
+  last_round.round = 16;
+  stale.signatures[0].signature = UnauthenticatedSignature(SurvivorsToSign(last_round, at->survivors.survived));
+  EXPECT_NE(refused(3, stale).find(fmt::format("site {}'s signature on the survivor set refused",
+                                               stale.signatures[0].site)),
+            std::string::npos);
+  // Each refused request ended its site's part: the honest one gets nothing now.
+  EXPECT_EQ(refused(0, at->requests.at(0)), "secagg site 0: round 17: unmasking called in stage done");
+}
+
+TEST(Protocol, TheServerClosesTheConsistencyCheckBelowTheThreshold) {
+  auto at = DriveToConsistency();
+  ASSERT_TRUE(at.ok()) << at.status().ToString();
+  for (uint32_t u : {0u, 1u}) {
+    auto message = at->clients.at(u).ConfirmSurvivors(at->survivors);
+    ASSERT_TRUE(message.ok());
+    ASSERT_TRUE(at->server.Receive(SurvivorsSigned{u, UnauthenticatedSignature(*message)}).ok());
+  }
+  EXPECT_EQ(at->server.Receive(SurvivorsSigned{0, "again"}).message(),
+            "secagg round 17: a second signed survivor set from site 0");
+  EXPECT_EQ(at->server.Receive(SurvivorsSigned{3, ""}).message(),
+            "secagg round 17: signed survivor set from site 3: a signature of 0 bytes, expected 1 to 1024");
+  EXPECT_EQ(at->server.CloseConsistency().status().message(),
+            "secagg round 17: consistency check: 2 of 10 sites remain, fewer than the threshold 3: refusing to proceed");
+  // A site told a set without itself, or too small, refuses to sign it.
+  auto site = at->clients.find(5);
+  EXPECT_EQ(site->second.ConfirmSurvivors(SurvivorSet{{0, 1, 2}}).status().message(),
+            "secagg site 5: round 17: consistency check: this site sent its masked input but is not listed as "
+            "survived");
+  EXPECT_EQ(at->clients.at(6).ConfirmSurvivors(SurvivorSet{{0, 6}}).status().message(),
+            "secagg site 6: round 17: consistency check: 2 sites survived, fewer than the threshold 3");
 }
 
 TEST(Protocol, ClientChecksItsInputsAndOrder) {

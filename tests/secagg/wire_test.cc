@@ -71,10 +71,29 @@ TEST(Wire, EveryStageMessageRoundTripsThroughTheStateMachines) {
   inbox.mutable_envelopes(0)->mutable_envelope()->append("x");
   EXPECT_EQ(FromProto(inbox).status().message(), "secagg: inbox: the envelope for site 0 has 161 bytes, expected 160");
 
-  const UnmaskRequest request{.survived = {0, 2}, .dropped = {1}};
-  const UnmaskRequest request_back = FromProto(ToProto(request, 1));
-  EXPECT_EQ(request_back.survived, request.survived);
-  EXPECT_EQ(request_back.dropped, request.dropped);
+  const SurvivorSet survivors{.survived = {0, 2}};
+  EXPECT_EQ(FromProto(ToProto(survivors, 1)).survived, survivors.survived);
+  const SurvivorsSigned signed_survivors{.site = 2, .signature = "a signature"};
+  auto signed_back = FromProto(ToProto(signed_survivors, 1), 2);
+  ASSERT_TRUE(signed_back.ok());
+  EXPECT_EQ(signed_back->signature, signed_survivors.signature);
+  EXPECT_EQ(FromProto(ToProto(SurvivorsSigned{.site = 2}, 1), 2).status().message(),
+            "secagg: signed survivor set: site 2's signature has 0 bytes, expected 1 to 1024");
+
+  const UnmaskRequest request{.survived = {0, 2}, .dropped = {1}, .signatures = {{2, "signed by 2"}}};
+  auto request_back = FromProto(ToProto(request, 1));
+  ASSERT_TRUE(request_back.ok());
+  EXPECT_EQ(request_back->survived, request.survived);
+  EXPECT_EQ(request_back->dropped, request.dropped);
+  ASSERT_EQ(request_back->signatures.size(), 1u);
+  EXPECT_EQ(request_back->signatures[0].site, 2u);
+  EXPECT_EQ(request_back->signatures[0].signature, "signed by 2");
+  v1::SecAggUnmask unsigned_request = ToProto(request, 1);
+  unsigned_request.mutable_signatures(0)->clear_signature();
+  EXPECT_EQ(FromProto(unsigned_request).status().message(),
+            "secagg: unmask request signature: site 2's signature has 0 bytes, expected 1 to 1024");
+  unsigned_request.mutable_signatures(0)->set_signature(std::string(1025, 'x'));
+  EXPECT_FALSE(FromProto(unsigned_request).ok());
 
   UnmaskResponse response{.site = 1};
   response.seed_shares.push_back({.peer = 0});

@@ -221,12 +221,12 @@ TEST(Store, ASecAggRoundRecordsItsStagesAndAPlainOneSaysPlain) {
   RoundRecord one = Round(1);
   one.global_checksum = std::string(64, 'a');
   one.secagg = RoundSecAgg{.stage = "done", .sites = 5, .neighbours = 4, .threshold = 3, .bits = 32, .clip = 100,
-                           .scale = 4772, .answered = {5, 5, 4, 3}, .dropouts = {0, 0, 1, 1},
-                           .bytes_up = {400, 3600, 3200000, 900}, .bytes_down = {1500, 3400, 96, 0}};
+                           .scale = 4772, .answered = {5, 5, 4, 3, 3}, .dropouts = {0, 0, 1, 1, 0},
+                           .bytes_up = {400, 3600, 3200000, 270, 900}, .bytes_down = {1500, 3400, 96, 1200, 0}};
   ASSERT_TRUE((*store)->CommitRound(one, dir / "c1", 10).ok());
   ASSERT_TRUE((*store)->BeginRound(Round(2)).ok());
   RoundSecAgg aborted{.stage = "masked input", .sites = 4, .neighbours = 3, .threshold = 3, .bits = 32, .clip = 100,
-                      .scale = 1, .answered = {4, 4, 2, 0}, .dropouts = {0, 0, 2, 0}};
+                      .scale = 1, .answered = {4, 4, 2, 0, 0}, .dropouts = {0, 0, 2, 0, 0}};
   ASSERT_TRUE((*store)->RecordSecAgg(2, aborted).ok());
   ASSERT_TRUE((*store)->FailRound(2, "secagg round 2: masked input: 2 of 4 sites remain", 11).ok());
   ASSERT_TRUE((*store)->BeginRound(Round(3)).ok());
@@ -253,13 +253,76 @@ TEST(Store, ASecAggRoundRecordsItsStagesAndAPlainOneSaysPlain) {
   EXPECT_NE(text.find("protocol  secagg: 5 sites, k 4, t 3, 32 bits, clip 100, scale 4772; reached done"),
             std::string::npos)
       << text;
-  EXPECT_NE(text.find("masked input" + std::string(11, ' ') + "4" + std::string(9, ' ') + "1" + std::string(7, ' ') + "3200000"), std::string::npos) << text;
+  EXPECT_NE(text.find("masked input" + std::string(14, ' ') + "4" + std::string(9, ' ') + "1" + std::string(7, ' ') + "3200000"), std::string::npos) << text;
+  EXPECT_NE(text.find("consistency check" + std::string(9, ' ') + "3" + std::string(9, ' ') + "1" + std::string(11, ' ') + "270" + std::string(10, ' ') + "1200"), std::string::npos) << text;
   ASSERT_TRUE(ShowRound(**store, 2, true, &text).ok());
   EXPECT_NE(text.find("\"stage_reached\": \"masked input\""), std::string::npos) << text;
   ASSERT_TRUE(ShowRound(**store, 3, false, &text).ok());
   EXPECT_NE(text.find("protocol  plain"), std::string::npos) << text;
   ASSERT_TRUE(ShowRound(**store, 3, true, &text).ok());
   EXPECT_NE(text.find("\"protocol\": \"plain\""), std::string::npos) << text;
+}
+
+// A round log of schema 4 (round_secagg without the consistency check's
+// columns): its secagg rounds read zeros for that stage, and a server adds
+// the columns without touching them.
+TEST(Store, ASchemaFourSecAggRoundReadsNoConsistencyCheckAndIsMigrated) {
+  testing::TempDir dir;
+  const auto path = dir / "old.db";
+  {
+    auto store = Store::Open(path);
+    ASSERT_TRUE(store.ok());
+    ASSERT_TRUE((*store)->BeginRound(Round(1)).ok());
+    RoundRecord done = Round(1);
+    done.global_checksum = std::string(64, 'd');
+    ASSERT_TRUE((*store)->CommitRound(done, dir / "c1", 10).ok());
+  }
+  sqlite3* raw = nullptr;
+  ASSERT_EQ(sqlite3_open(path.c_str(), &raw), SQLITE_OK);
+  // round_secagg as schema 3 and 4 made it, with round 1's four stages.
+  ASSERT_EQ(sqlite3_exec(raw,
+                         "DROP TABLE round_secagg; CREATE TABLE round_secagg (round INTEGER PRIMARY KEY REFERENCES "
+                         "rounds(round) ON DELETE CASCADE, stage TEXT NOT NULL, sites INTEGER NOT NULL, neighbours "
+                         "INTEGER NOT NULL, threshold INTEGER NOT NULL, bits INTEGER NOT NULL, clip REAL NOT NULL, "
+                         "scale REAL NOT NULL, answered_advertise INTEGER NOT NULL, answered_share INTEGER NOT NULL, "
+                         "answered_masked INTEGER NOT NULL, answered_unmask INTEGER NOT NULL, dropped_advertise "
+                         "INTEGER NOT NULL, dropped_share INTEGER NOT NULL, dropped_masked INTEGER NOT NULL, "
+                         "dropped_unmask INTEGER NOT NULL, up_advertise INTEGER NOT NULL, up_share INTEGER NOT NULL, "
+                         "up_masked INTEGER NOT NULL, up_unmask INTEGER NOT NULL, down_advertise INTEGER NOT NULL, "
+                         "down_share INTEGER NOT NULL, down_masked INTEGER NOT NULL, down_unmask INTEGER NOT NULL); "
+                         "INSERT INTO round_secagg VALUES(1, 'done', 3, 2, 2, 32, 100, 5, 3, 3, 3, 2, 0, 0, 0, 1, 10, "
+                         "20, 30, 40, 50, 60, 70, 80); PRAGMA user_version=4;",
+                         nullptr, nullptr, nullptr),
+            SQLITE_OK);
+  sqlite3_close(raw);
+  auto expect_round_one = [](Store& store) {
+    auto round = store.GetRound(1);
+    ASSERT_TRUE(round.ok() && round->has_value()) << round.status().ToString();
+    ASSERT_TRUE((*round)->secagg.has_value());
+    const RoundSecAgg& a = *(*round)->secagg;
+    EXPECT_EQ(a.answered, (std::array<uint32_t, 5>{3, 3, 3, 0, 2}));
+    EXPECT_EQ(a.dropouts, (std::array<uint32_t, 5>{0, 0, 0, 0, 1}));
+    EXPECT_EQ(a.bytes_up, (std::array<uint64_t, 5>{10, 20, 30, 0, 40}));
+    EXPECT_EQ(a.bytes_down, (std::array<uint64_t, 5>{50, 60, 70, 0, 80}));
+  };
+  {
+    auto old = Store::OpenReadOnly(path);
+    ASSERT_TRUE(old.ok()) << old.status().ToString();
+    expect_round_one(**old);
+  }
+  auto migrated = Store::Open(path);
+  ASSERT_TRUE(migrated.ok()) << migrated.status().ToString();
+  expect_round_one(**migrated);
+  ASSERT_TRUE((*migrated)->BeginRound(Round(2)).ok());
+  RoundRecord two = Round(2);
+  two.global_checksum = std::string(64, 'e');
+  two.secagg = RoundSecAgg{.stage = "done", .sites = 3, .neighbours = 2, .threshold = 2, .bits = 32,
+                           .answered = {3, 3, 3, 3, 3}, .bytes_up = {1, 2, 3, 4, 5}};
+  ASSERT_TRUE((*migrated)->CommitRound(two, dir / "c2", 12).ok());
+  auto round = (*migrated)->GetRound(2);
+  ASSERT_TRUE(round.ok() && round->has_value());
+  EXPECT_EQ((*round)->secagg->answered, two.secagg->answered);
+  EXPECT_EQ((*round)->secagg->bytes_up, two.secagg->bytes_up);
 }
 
 // A round log of schema 2 (before round_secagg): read as it is, migrated by a server.
