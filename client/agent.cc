@@ -328,12 +328,16 @@ void Agent::OnTrained(uint64_t round, Result<Update> update) {
     return;
   }
   ++rounds_trained_;
+  // Under secure aggregation a lora site measures its adapter from the
+  // global one, so the model goes only after.
+  const bool secure = secagg_ && secagg_->round() == round;
+  if (secure) SecAggTrained(std::move(update).value());
   if (!options_.keep_model) {
     model_.reset();
     model_version_ = 0;
     model_checksum_.clear();
   }
-  if (secagg_ && secagg_->round() == round) return SecAggTrained(std::move(update).value());
+  if (secure) return;
   spdlog::info("{}: round {} trained on {} in {:.3f} s; uploading", name_, round, update->trained_on, update->seconds);
   if (update->local_steps > 0) spdlog::info("{}: round {}: {} local steps", name_, round, update->local_steps);
   auto payload = std::make_shared<const Update>(std::move(update).value());

@@ -63,13 +63,23 @@ void Agent::OnSecAgg(const v1::Envelope& envelope) {
 }
 
 void Agent::SecAggTrained(Update update) {
-  if (update.stream || update.kind != UpdateKind::kFull) {
-    spdlog::error("{}: round {}: secure aggregation needs the whole full update in this process (not a ZeRO-3 "
-                  "site's stream, not adapters); this site sits the round out",
+  if (update.stream) {
+    spdlog::error("{}: round {}: secure aggregation needs the whole update in this process (not a ZeRO-3 site's "
+                  "stream); this site sits the round out",
                   name_, secagg_->round());
-    if (update.stream) Discard(update.stream);
+    Discard(update.stream);
     secagg_.reset();
     return;
+  }
+  if (update.kind == UpdateKind::kLora) {
+    // What the protocol sums: how far the site moved the global adapter.
+    Status moved = model_ ? SubtractGlobalTensors(update.manifest, manifest_, *model_, update.payload)
+                          : FailedPrecondition("the global model is no longer held");
+    if (!moved.ok()) {
+      spdlog::error("{}: round {}: secagg: {}", name_, secagg_->round(), moved.message());
+      secagg_.reset();
+      return Disconnected(fmt::format("round {}: secure aggregation refused: {}", round_->round(), moved.message()));
+    }
   }
   spdlog::info("{}: round {} trained on {} in {:.3f} s; masking for secure aggregation", name_, secagg_->round(),
                update.trained_on, update.seconds);

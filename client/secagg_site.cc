@@ -22,18 +22,41 @@ Result<SecAggIdentity> SecAggIdentity::FromFiles(const crypto::TlsFiles& files) 
   return SecAggIdentity{std::move(signer), std::move(verifier)};
 }
 
+Status SubtractGlobalTensors(const Manifest& upload, const Manifest& global_manifest, std::span<const float> global,
+                             std::span<float> values) {
+  if (values.size() != upload.total_elements) {
+    return InvalidArgument("lora upload of {} values, its manifest has {}", values.size(), upload.total_elements);
+  }
+  for (const TensorSpec& spec : upload.tensors) {
+    const TensorSpec* at = global_manifest.Find(spec.name);
+    if (at == nullptr || at->numel() != spec.numel() || at->offset + at->numel() > global.size()) {
+      return InvalidArgument("lora upload tensor {}: {} in the global model", spec.name,
+                             at == nullptr ? "not" : "of another size");
+    }
+    const float* from = global.data() + at->offset;
+    float* to = values.data() + spec.offset;
+    for (uint64_t i = 0; i < spec.numel(); ++i) to[i] -= from[i];
+  }
+  return Status::Ok();
+}
+
 Result<std::unique_ptr<SecAggSite>> SecAggSite::Start(const v1::RoundStart& start, const SecAggIdentity& identity,
                                                       v1::Envelope* advertise) {
   const v1::SecAggSetup& setup = start.secagg();
   ESTUARY_ASSIGN_OR_RETURN(const secagg::ProtocolConfig config, secagg::ConfigFromProto(setup, start.round()));
-  if (config.dimension != start.manifest().total_elements()) {
-    return InvalidArgument("secagg: setup of {} elements for a model of {}", config.dimension,
+  // A lora site sums its adapter's movement: fewer elements than the model.
+  const bool lora = start.task().update_kind() == v1::UPDATE_LORA;
+  if (lora ? config.dimension > start.manifest().total_elements()
+           : config.dimension != start.manifest().total_elements()) {
+    return InvalidArgument("secagg: setup of {} elements for a {}model of {}", config.dimension, lora ? "lora " : "",
                            start.manifest().total_elements());
   }
   const secagg::QuantizationConfig quantization{.bits = config.bits, .clip_norm = setup.clip(), .scale = setup.scale()};
   ESTUARY_RETURN_IF_ERROR(secagg::CheckQuantizationConfig(quantization));
-  if (start.task().update_kind() != v1::UPDATE_FULL) {
-    return InvalidArgument("secagg: a round of update kind lora; secure aggregation sums full updates");
+  if (lora && start.task().lora().merge() != "naive" && start.task().lora().merge() != "frozen-a") {
+    return InvalidArgument("secagg: a lora round merged '{}': secure aggregation gives only sums of factors (naive, "
+                           "frozen-a)",
+                           start.task().lora().merge());
   }
   ESTUARY_ASSIGN_OR_RETURN(secagg::SecAggClient client, secagg::SecAggClient::Create(config, setup.site()));
   std::unique_ptr<SecAggSite> site(new SecAggSite(std::move(client), config, setup, identity));

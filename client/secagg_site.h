@@ -10,7 +10,8 @@
 //   site->OnSurvivors(survivors)                  // -> SecAggSurvivorsSigned
 //   site->OnUnmask(request)                       // -> SecAggUnmaskResponse
 //
-// The update is clipped to the setup's C, weighted by its w, quantised by
+// The update — a full delta, or a lora site's movement of the adapter's
+// factors (SubtractGlobalTensors) — is clipped to the setup's C, weighted by its w, quantised by
 // stochastic rounding (uniforms from RAND_bytes) into Z/2^b with its s and
 // masked (secagg/quantize.h, secagg/masking.h). The site signs the keys it
 // advertises with its certificate's key, and takes its neighbours' keys only
@@ -31,9 +32,11 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
+#include "base/manifest.h"
 #include "base/status.h"
 #include "crypto/site_signature.h"
 #include "estuary.pb.h"
@@ -52,6 +55,13 @@ struct SecAggIdentity {
   static Result<SecAggIdentity> FromFiles(const crypto::TlsFiles& files);
 };
 
+// A lora site's movement, what secure aggregation sums for it (naive and
+// frozen-a merges): `values` (laid out by `upload`) less the tensors of the
+// same names in the global model, in place. Fails, naming the tensor, when
+// the global model lacks one or its size differs.
+Status SubtractGlobalTensors(const Manifest& upload, const Manifest& global_manifest, std::span<const float> global,
+                             std::span<float> values);
+
 class SecAggSite {
  public:
   // The setup of `start` (which has one), and the site's first message.
@@ -64,7 +74,8 @@ class SecAggSite {
   Result<v1::Envelope> OnKeys(const v1::SecAggKeys& keys);
   Status OnInbox(const v1::SecAggInbox& inbox);
   bool has_inbox() const { return inbox_.has_value(); }
-  // The masked input of `update` (the round's full delta) as frames of at
+  // The masked input of `update` (the round's full delta, or a lora site's
+  // movement: the setup's dimension either way) as frames of at
   // most `chunk_elements` elements, then SecAggMaskedDone carrying
   // `num_examples`, `train_loss` and `train_seconds`. With `keep_dir`, the
   // quantised input before masking is also written to

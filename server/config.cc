@@ -83,12 +83,10 @@ Status ServerConfig::CheckSecAgg() const {
     return InvalidArgument("config: secagg with strategy fednova: FedNova divides each site's update by its own "
                            "local work, which a masked sum cannot");
   }
-  if (federation.task().update_kind() == v1::UPDATE_LORA) {
-    return InvalidArgument("config: secagg with update kind lora: {}",
-                           federation.task().lora().merge() == "exact"
-                               ? "the exact merge multiplies each site's factors (B_i A_i) before summing, which a "
-                                 "masked sum of the factors cannot give"
-                               : "adapter factors are not summed through secure aggregation yet (full updates only)");
+  if (federation.task().update_kind() == v1::UPDATE_LORA && federation.task().lora().merge() == "exact") {
+    return InvalidArgument("config: secagg with update kind lora and lora_merge = exact: the exact merge needs each "
+                           "site's A and B apart to multiply them (B_i A_i) before summing, which a masked sum of the "
+                           "factors cannot give; naive and frozen-a need only sums");
   }
   if (federation.dp().noise_multiplier() > 0) {
     return InvalidArgument("config: secagg with dp_noise_multiplier: DP-FedAvg clips and counts individual updates on "

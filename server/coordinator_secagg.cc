@@ -64,13 +64,38 @@ Status CheckAdvertiser(const v1::SecAggAdvertise& advertise, const std::string& 
   return Status::Ok();
 }
 
+// The global adapter's tensors in the upload layout (all factors, or the B
+// tensors under frozen-a): what a site's movement is measured from.
+Result<std::vector<float>> LoraReferenceOf(const aggregation::LoraStrategyOptions& lora,
+                                           const std::vector<float>& global) {
+  const Manifest upload = aggregation::ExpectedLoraUpload(lora);
+  std::vector<float> out;
+  out.reserve(upload.total_elements);
+  for (const TensorSpec& spec : upload.tensors) {
+    const TensorSpec* at = lora.layout.adapter.Find(spec.name);
+    const uint64_t offset = at ? lora.layout.adapter_offset() + at->offset : 0;
+    if (at == nullptr || offset + spec.numel() > global.size()) {
+      return Internal("secagg: lora upload tensor {} is not in the global model", spec.name);
+    }
+    out.insert(out.end(), global.begin() + int64_t(offset), global.begin() + int64_t(offset + spec.numel()));
+  }
+  return out;
+}
+
 }  // namespace
 
 Status Coordinator::StartSecAgg(const std::vector<std::string>& selected) {
   const auto& s = config_.secagg;
   const uint32_t n = uint32_t(selected.size());
   if (n < 2) return FailedPrecondition("secagg round {}: {} site selected: secure aggregation needs 2", round_, n);
-  secagg::ProtocolConfig config = secagg::DefaultProtocolConfig(n, manifest_.total_elements, round_, RandomSeed());
+  // A lora federation (naive, frozen-a) sums how far each site moved the
+  // adapter's factors: its upload less the global adapter's same tensors.
+  std::vector<float> lora_reference;
+  if (lora_) {
+    ESTUARY_ASSIGN_OR_RETURN(lora_reference, LoraReferenceOf(*lora_, *distribution_.current().values));
+  }
+  const uint64_t dimension = lora_ ? lora_reference.size() : manifest_.total_elements;
+  secagg::ProtocolConfig config = secagg::DefaultProtocolConfig(n, dimension, round_, RandomSeed());
   if (s.neighbours > 0) config.degree = s.neighbours;
   config.threshold = s.threshold > 0 ? s.threshold : secagg::DefaultThreshold(config.degree);
   config.bits = s.bits;
@@ -97,6 +122,7 @@ Status Coordinator::StartSecAgg(const std::vector<std::string>& selected) {
   secagg_ = std::make_unique<SecAggState>(std::move(server));
   SecAggState& st = *secagg_;
   st.quantization = {.bits = s.bits, .clip_norm = s.clip, .scale = scale};
+  st.lora_reference = std::move(lora_reference);
   st.weights = std::move(weights);
   for (uint32_t u = 0; u < n; ++u) {
     st.ids[selected[u]] = u;
@@ -310,6 +336,8 @@ void Coordinator::FinishSecAgg() {
                round_, output->included.size(), output->dropped.size(),
                secagg::DequantizationErrorBound(int(output->included.size()), weight, st.quantization));
   auto values = std::make_shared<std::vector<float>>(mean->begin(), mean->end());
+  // lora: the mean upload is the global adapter's tensors plus the mean movement.
+  for (size_t j = 0; j < st.lora_reference.size(); ++j) (*values)[j] += st.lora_reference[j];
   ++folds_in_flight_;
   asio::post(worker_, [this, values, weight] {
     Status folded = aggregator_->FoldMean(*values, weight);

@@ -38,6 +38,9 @@ struct SecAggState {
   std::map<uint32_t, std::vector<uint32_t>> uploads;  // masked inputs arriving, until their SecAggMaskedDone
   // By id: the signature and certificate its advertised keys came with, relayed beside them.
   std::map<uint32_t, std::pair<std::string, std::string>> signed_keys;
+  // A lora federation's: the global adapter's tensors in the upload layout,
+  // added back to the mean movement the protocol sums. Empty otherwise.
+  std::vector<float> lora_reference;
   RoundSecAgg record;
 };
 

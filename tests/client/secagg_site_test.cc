@@ -306,5 +306,49 @@ TEST_F(SecAggSiteConsistency, ForgedUnsignedOtherRoundAndOtherCertificateSignatu
                       "verify");
 }
 
+
+// A lora site's movement, what the protocol sums for it: its upload less the
+// global model's tensors of the same names, wherever the global holds them.
+TEST(SecAggLora, TheMovementIsTheUploadLessTheGlobalTensorsOfTheSameNames) {
+  Manifest global;
+  global.Append("base.weight", {3});
+  global.Append("m.lora_A.weight", {2});
+  global.Append("m.lora_B.weight", {2});
+  const std::vector<float> global_values = {9, 9, 9, 1, 2, 3, 4};
+  Manifest upload;  // frozen-a: B alone, from offset 0
+  upload.Append("m.lora_B.weight", {2});
+  std::vector<float> values = {3.5f, 5};
+  ASSERT_TRUE(SubtractGlobalTensors(upload, global, global_values, values).ok());
+  EXPECT_EQ(values, (std::vector<float>{0.5f, 1}));
+  Manifest stranger;
+  stranger.Append("m.lora_C.weight", {2});
+  EXPECT_EQ(SubtractGlobalTensors(stranger, global, global_values, values).message(),
+            "lora upload tensor m.lora_C.weight: not in the global model");
+  Manifest wider;
+  wider.Append("m.lora_A.weight", {3});
+  std::vector<float> three(3);
+  EXPECT_EQ(SubtractGlobalTensors(wider, global, global_values, three).message(),
+            "lora upload tensor m.lora_A.weight: of another size in the global model");
+}
+
+// A site takes a lora round only under a merge that needs sums of factors.
+TEST_F(SecAggSiteKeys, ALoraRoundIsTakenUnderNaiveAndFrozenAButNotExact) {
+  for (const char* merge : {"naive", "frozen-a", "exact"}) {
+    v1::RoundStart start = Start(4, 0);
+    start.mutable_task()->set_update_kind(v1::UPDATE_LORA);
+    start.mutable_task()->mutable_lora()->set_merge(merge);
+    start.mutable_manifest()->set_total_elements(kDimension + 100);  // the upload is part of the model
+    v1::Envelope advertise;
+    auto site = SecAggSite::Start(start, identities_[0], &advertise);
+    if (std::string_view(merge) == "exact") {
+      ASSERT_FALSE(site.ok());
+      EXPECT_EQ(site.status().message(), "secagg: a lora round merged 'exact': secure aggregation gives only sums of "
+                                         "factors (naive, frozen-a)");
+    } else {
+      EXPECT_TRUE(site.ok()) << merge << ": " << site.status().ToString();
+    }
+  }
+}
+
 }  // namespace
 }  // namespace estuary::client

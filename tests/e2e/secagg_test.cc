@@ -345,6 +345,109 @@ TEST(SecAggOverTls, TooManyDropoutsAbortTheRoundWithTheStageAndTheCounts) {
   EXPECT_EQ((*round)->secagg->answered, (std::array<uint32_t, 5>{4, 4, 2, 0, 0}));
 }
 
+// A lora federation of three text sites, one round, served plain and then
+// with --secagg: under the merges that need only sums (naive, frozen-a) the
+// sites' adapter movements go through the protocol, and the committed model
+// is the plain run's within the quantisation's bound, n / (s · W) per element
+// (docs/SECAGG.md), plus float rounding of the adapter's values.
+struct LoraRun {
+  std::vector<float> committed;
+  double scale = 0;
+  uint64_t weight = 0;    // W: the sites' weights, from their kept inputs
+  uint64_t dimension = 0;  // elements each site masked
+  double moved = 0;       // the largest movement of one factor element by one site, as it quantised it
+};
+
+LoraRun RunLoraFederation(const std::string& merge, bool secagg) {
+  Federation f;
+  const std::vector<std::string> sites = {"site-a", "site-b", "site-c"};
+  for (const auto& s : sites) f.Issue(s);
+  // The same words in another order: different data, the same number of
+  // examples, so the two runs weigh the sites alike.
+  const char* const sayings[] = {"a stitch in time saves nine", "nine saves time in a stitch",
+                                 "time in a stitch saves nine"};
+  for (size_t i = 0; i < sites.size(); ++i) {
+    fs::create_directories(f.dir() / ("text-" + sites[i]));
+    std::ofstream out(f.dir() / ("text-" + sites[i]) / "sayings");
+    for (int j = 0; j < 120; ++j) out << sayings[i] << ", number " << j << "\n%\n";
+  }
+  std::vector<std::string> flags = {"--model", "llama-tiny", "--eval-data", (f.dir() / "text-site-a").string(),
+                                    "--optimizer", "adamw", "--lr", "0.003", "--batch", "4", "--seq-len", "32",
+                                    "--max-local-steps", "3", "--eval-windows", "8", "--update-kind", "lora",
+                                    "--lora-rank", "8", "--lora-alpha", "16", "--lora-merge", merge};
+  if (secagg) flags.push_back("--secagg");
+  const uint16_t port = f.StartServer(1, 3, flags);
+  std::vector<std::unique_ptr<ChildProcess>> children;
+  for (const auto& s : sites) {
+    fs::create_directories(f.dir() / ("keep-" + s));
+    children.push_back(f.StartClient(s, port, f.dir() / ("text-" + s),
+                                     {"--secagg-keep-input", (f.dir() / ("keep-" + s)).string()}));
+  }
+  LoraRun run;
+  EXPECT_TRUE(f.AwaitCommitted(1, std::chrono::seconds(240))) << f.ServerLog();
+  for (auto& c : children) EXPECT_EQ(c->Wait(), 0);
+  EXPECT_EQ(f.WaitServer(), 0) << f.ServerLog();
+  auto store = f.OpenStore();
+  if (!store) return run;
+  auto round = store->GetRound(1);
+  EXPECT_TRUE(round.ok() && round->has_value());
+  if (!round.ok() || !round->has_value()) return run;
+  EXPECT_EQ((*round)->state, server::RoundState::kCommitted) << (*round)->detail;
+  EXPECT_EQ((*round)->updates_received, 3u);
+  EXPECT_EQ((*round)->secagg.has_value(), secagg);
+  if (secagg && (*round)->secagg) {
+    run.scale = (*round)->secagg->scale;
+    EXPECT_EQ((*round)->secagg->answered, (std::array<uint32_t, 5>{3, 3, 3, 3, 3}));
+    for (const auto& s : sites) {
+      auto kept = KeptInputs(f.dir() / ("keep-" + s), 1);
+      EXPECT_EQ(kept.size(), 1u) << s;
+      if (kept.empty()) continue;
+      run.weight += kept[0].weight;
+      run.dimension = kept[0].quantized.size();
+      for (uint32_t q : kept[0].quantized) {
+        run.moved = std::max(run.moved, std::abs(double(int32_t(q))) / (double(kept[0].weight) * run.scale));
+      }
+    }
+  }
+  run.committed = Checkpoint(*store, 1);
+  return run;
+}
+
+void ExpectSecAggLoraMatchesPlain(const std::string& merge) {
+  const LoraRun plain = RunLoraFederation(merge, false);
+  const LoraRun secure = RunLoraFederation(merge, true);
+  ASSERT_FALSE(plain.committed.empty());
+  ASSERT_EQ(secure.committed.size(), plain.committed.size());
+  ASSERT_GT(secure.scale, 0);
+  ASSERT_GT(secure.weight, 0u);
+  // Only the adapter's upload travels: under frozen-a the B factors alone.
+  EXPECT_GT(secure.dimension, 0u);
+  EXPECT_LT(secure.dimension, plain.committed.size() / 4);
+  const double bound = 3.0 / (secure.scale * double(secure.weight));
+  double worst = 0;
+  size_t differ = 0;
+  for (size_t i = 0; i < plain.committed.size(); ++i) {
+    const double error = std::abs(double(secure.committed[i]) - double(plain.committed[i]));
+    const double slack = bound + 0x1p-22 * (1 + std::abs(double(plain.committed[i])));
+    worst = std::max(worst, error / slack);
+    differ += secure.committed[i] != plain.committed[i];
+  }
+  fmt::print("{}: {} elements masked per site, bound {:.3g}, worst error / allowed {:.3f}, {} of {} parameters "
+             "differ, largest movement {:.3g}\n",
+             merge, secure.dimension, bound, worst, differ, plain.committed.size(), secure.moved);
+  EXPECT_LE(worst, 1.0) << merge << ": an element beyond the quantisation bound " << bound;
+  EXPECT_GT(differ, 0u) << merge << ": quantisation left no trace: was the protocol bypassed?";
+  EXPECT_GT(secure.moved, 100 * bound) << merge << ": the round hardly moved the adapter; the comparison would be empty";
+}
+
+TEST(SecAggOverTls, ALoraFederationUnderNaiveMergeCommitsThePlainModelWithinTheQuantisationBound) {
+  ExpectSecAggLoraMatchesPlain("naive");
+}
+
+TEST(SecAggOverTls, ALoraFederationUnderFrozenAMergeCommitsThePlainModelWithinTheQuantisationBound) {
+  ExpectSecAggLoraMatchesPlain("frozen-a");
+}
+
 TEST(SecAggOverTls, CombinationsItCannotServeAreRefusedInOneLine) {
   Federation f;
   const std::string server_bin = BinaryPath("estuary-server").string();
@@ -354,9 +457,7 @@ TEST(SecAggOverTls, CombinationsItCannotServeAreRefusedInOneLine) {
       {"--max-update-norm 5", "secagg with max_update_norm or max_norm_over_median"},
       {"--secagg-bits 40", "secagg_bits = 40: must be in [2, 32]"},
       {"--model llama-tiny --update-kind lora --lora-merge exact",
-       "secagg with update kind lora: the exact merge multiplies each site's factors"},
-      {"--model llama-tiny --update-kind lora --lora-merge naive",
-       "secagg with update kind lora: adapter factors are not summed through secure aggregation yet"},
+       "secagg with update kind lora and lora_merge = exact: the exact merge needs each site's A and B apart"},
   };
   for (const auto& [flags, expected] : cases) {
     std::string args;
