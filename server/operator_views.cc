@@ -144,6 +144,7 @@ Status ShowRound(Store& store, uint64_t round, bool json, std::string* out) {
   if (!record) return NotFound("round {} is not in the round log", round);
   ESTUARY_ASSIGN_OR_RETURN(auto participants, store.Participations(round));
   ESTUARY_ASSIGN_OR_RETURN(auto transitions, store.Transitions(round));
+  ESTUARY_ASSIGN_OR_RETURN(auto arrivals, store.Arrivals(round));
   const RoundRecord& r = *record;
   if (json) {
     ordered_json doc = RoundJson(r);
@@ -152,6 +153,14 @@ Status ShowRound(Store& store, uint64_t round, bool json, std::string* out) {
       doc["participants"].push_back({{"client", p.client}, {"status", p.status}, {"examples", p.examples},
                                      {"train_loss", p.train_loss}, {"bytes_up", p.bytes_up},
                                      {"bytes_down", p.bytes_down}, {"seconds", p.seconds}, {"detail", p.detail}});
+    }
+    // Asynchronous rounds: the updates of this version, in arrival order (empty for a round).
+    doc["arrivals"] = ordered_json::array();
+    for (const auto& a : arrivals) {
+      doc["arrivals"].push_back({{"seq", a.seq}, {"client", a.client}, {"status", a.status},
+                                 {"trained_from", a.trained_from}, {"staleness", a.staleness}, {"weight", a.weight},
+                                 {"examples", a.examples}, {"train_loss", a.train_loss}, {"bytes_up", a.bytes_up},
+                                 {"seconds", a.seconds}, {"at", Utc(a.at_ms)}, {"detail", a.detail}});
     }
     doc["transitions"] = ordered_json::array();
     for (const auto& t : transitions) {
@@ -200,6 +209,17 @@ Status ShowRound(Store& store, uint64_t round, bool json, std::string* out) {
   for (const auto& p : participants) {
     *out += fmt::format("  {:<20}  {:<10}  {:>8}  {:>8.4f}  {:>10}  {:>10}  {:>8.2f}  {}\n", p.client, p.status,
                         p.examples, p.train_loss, p.bytes_up, p.bytes_down, p.seconds, p.detail);
+  }
+  if (!arrivals.empty()) {
+    *out += fmt::format("\n  arrivals (asynchronous: each update weighted by s(staleness), staleness = this version - 1 "
+                        "- the version it trained from)\n  {:>4}  {:<20}  {:<8}  {:>5}  {:>9}  {:>8}  {:>8}  {:>8}  "
+                        "{:>8}  {}\n",
+                        "seq", "client", "status", "from", "staleness", "weight", "examples", "loss", "seconds", "detail");
+    for (const auto& a : arrivals) {
+      *out += fmt::format("  {:>4}  {:<20}  {:<8}  {:>5}  {:>9}  {:>8.4f}  {:>8}  {:>8.4f}  {:>8.2f}  {}\n", a.seq,
+                          a.client, a.status, a.trained_from, a.staleness, a.weight, a.examples, a.train_loss,
+                          a.seconds, a.detail);
+    }
   }
   *out += "\n  transitions\n";
   for (const auto& t : transitions) {

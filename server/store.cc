@@ -15,7 +15,8 @@ using sql::Statement;
 using sql::Transaction;
 
 // 2: round_privacy. 3: round_secagg. 4: round_evaluation. 5: round_secagg's consistency check.
-constexpr int kSchemaVersion = 5;
+// 6: round_arrivals.
+constexpr int kSchemaVersion = 6;
 
 constexpr const char* kSchema = R"sql(
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -93,6 +94,15 @@ CREATE TABLE IF NOT EXISTS round_evaluation (
   round INTEGER PRIMARY KEY REFERENCES rounds(round) ON DELETE CASCADE, selected INTEGER NOT NULL,
   reported INTEGER NOT NULL, unsupported INTEGER NOT NULL, failed INTEGER NOT NULL, examples INTEGER NOT NULL,
   loss REAL NOT NULL, accuracy REAL, accuracy_examples INTEGER NOT NULL, seconds REAL NOT NULL);
+)sql";
+
+// Schema 6, also what migrates an older log: its rounds were synchronous.
+constexpr const char* kArrivalsSchema = R"sql(
+CREATE TABLE IF NOT EXISTS round_arrivals (
+  round INTEGER NOT NULL REFERENCES rounds(round) ON DELETE CASCADE, seq INTEGER NOT NULL, client TEXT NOT NULL,
+  status TEXT NOT NULL, trained_from INTEGER NOT NULL, staleness INTEGER NOT NULL, weight REAL NOT NULL,
+  examples INTEGER NOT NULL, train_loss REAL NOT NULL, bytes_up INTEGER NOT NULL, seconds REAL NOT NULL,
+  at_ms INTEGER NOT NULL, detail TEXT NOT NULL, PRIMARY KEY (round, seq));
 )sql";
 
 RoundState ParseState(const std::string& s) {
@@ -209,6 +219,7 @@ Result<std::unique_ptr<Store>> Store::Open(const std::filesystem::path& path) {
                               "'answered_consistency'");
     ESTUARY_ASSIGN_OR_RETURN(bool counted, consistency.Step());
     if (!counted || consistency.Int(0) == 0) ESTUARY_RETURN_IF_ERROR(Exec(db, kConsistencySchema));
+    ESTUARY_RETURN_IF_ERROR(Exec(db, kArrivalsSchema));
     ESTUARY_RETURN_IF_ERROR(Exec(db, fmt::format("PRAGMA user_version={}", kSchemaVersion).c_str()));
     ESTUARY_RETURN_IF_ERROR(tx.Commit());
   }
@@ -216,6 +227,7 @@ Result<std::unique_ptr<Store>> Store::Open(const std::filesystem::path& path) {
   store->has_secagg_ = true;
   store->has_evaluation_ = true;
   store->has_consistency_ = true;
+  store->has_arrivals_ = true;
   return store;
 }
 
@@ -239,6 +251,7 @@ Result<std::unique_ptr<Store>> Store::OpenReadOnly(const std::filesystem::path& 
   store->has_secagg_ = version.Int(0) >= 3;
   store->has_evaluation_ = version.Int(0) >= 4;
   store->has_consistency_ = version.Int(0) >= 5;
+  store->has_arrivals_ = version.Int(0) >= 6;
   return store;
 }
 

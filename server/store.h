@@ -6,9 +6,12 @@
 // model files), events (refused handshakes, rejected frames), round_privacy
 // (a DP round's release and the ε spent after it), round_secagg (a SecAgg+
 // round's stages), round_evaluation (the federated evaluation of a committed
-// round's model) and meta. A round log of schema 1 (before round_privacy),
-// 2 (before round_secagg) or 3 (before round_evaluation) is migrated when a
-// server opens it, and read as it is by the operator CLI.
+// round's model), round_arrivals (asynchronous rounds: every update that
+// arrived while a version was built) and meta. A round log of schema 1
+// (before round_privacy), 2 (before round_secagg), 3 (before
+// round_evaluation), 4 (before the consistency check's columns) or 5
+// (before round_arrivals) is migrated when a server opens it, and read as it
+// is by the operator CLI.
 // A round's final record, its checkpoint row and its last transition are
 // written in one transaction, so a restart sees a round committed or not at
 // all. Every method is safe to call from one thread at a time.
@@ -118,6 +121,28 @@ struct Participation {
   std::string detail;
 };
 
+// Asynchronous rounds (FedBuff): one update that arrived while version
+// `round` was built, in arrival order (`seq`, from 1). status: "folded"
+// (weighted by `weight` = s(staleness)), "stale" (beyond max_staleness:
+// refused, weight 0), "rejected" (the federation's limits or a bad value
+// refused it). staleness = the version the server was at minus trained_from.
+// A site may arrive more than once in one version.
+struct Arrival {
+  uint64_t round = 0;
+  uint64_t seq = 0;
+  std::string client;
+  std::string status = "folded";
+  uint64_t trained_from = 0;
+  uint64_t staleness = 0;
+  double weight = 0;
+  uint64_t examples = 0;
+  double train_loss = 0;
+  uint64_t bytes_up = 0;
+  double seconds = 0;  // from its RoundStart sent to its update committed
+  int64_t at_ms = 0;
+  std::string detail;
+};
+
 struct ClientRecord {
   std::string name;
   int64_t first_seen_ms = 0;
@@ -176,6 +201,12 @@ class Store {
   // A committed round's federated evaluation, which runs after the commit.
   Status RecordEvaluation(uint64_t round, const RoundEvaluation& evaluation);
 
+  // An asynchronous round's arrival (the round's row must exist).
+  Status RecordArrival(const Arrival& arrival);
+  // Round `round`'s arrivals in order; none in a synchronous round or a log
+  // before schema 5.
+  Result<std::vector<Arrival>> Arrivals(uint64_t round);
+
   Result<std::vector<RoundRecord>> Rounds();
   Result<std::optional<RoundRecord>> GetRound(uint64_t round);
   Result<std::optional<RoundRecord>> LastCommittedRound();
@@ -198,6 +229,7 @@ class Store {
   bool has_secagg_ = false;   // schema 3: the round_secagg table exists
   bool has_evaluation_ = false;  // schema 4: the round_evaluation table exists
   bool has_consistency_ = false;  // schema 5: round_secagg has the consistency check's columns
+  bool has_arrivals_ = false;    // schema 6: the round_arrivals table exists
 };
 
 int64_t NowMs();
