@@ -352,6 +352,7 @@ void Agent::OnTrained(uint64_t round, Result<Update> update) {
   begin->set_local_steps(payload->local_steps);
   begin->set_normalizer(payload->normalizer);
   begin->set_control_follows(!payload->control_delta.empty());
+  begin->set_trained_from_version(round_->model_version());
   awaiting_answer_ = true;
   ArmRead();  // from here the server may read nothing from us until a staging slot frees
   Send(envelope);

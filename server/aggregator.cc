@@ -87,14 +87,29 @@ Aggregator::Finished Aggregator::Finish(uint64_t round, const GlobalModel& previ
   result.changed_bytes = strategy_->changed_bytes();
   result.low_rank = strategy_->low_rank_changes();
   if (const auto* dp = dynamic_cast<const aggregation::DpFedAvg*>(strategy_.get())) result.dp = dp->last_round();
-  result.model.checksum = crypto::Sha256Hex(global->data(), global->size() * sizeof(float));
+  spdlog::debug("round {}: finished in {:.2f} ms", round, Millis(SteadyClock::now() - start));
+  Seal(round, std::move(global), strategy_->name(), result);
+  if (result.status.ok()) {
+    auto control = Control();
+    if (control.ok()) {
+      result.control = std::move(control).value();
+    } else {
+      result.status = control.status();
+    }
+  }
+  return result;
+}
+
+void Aggregator::Seal(uint64_t round, std::shared_ptr<std::vector<float>> global, std::string_view strategy,
+                      Finished& result) {
   const auto finished = SteadyClock::now();
+  result.model.checksum = crypto::Sha256Hex(global->data(), global->size() * sizeof(float));
   // The checkpoint mostly waits for fsync while evaluation computes: side by side,
   // the round is ready to commit when the longer of the two is done.
   auto checkpointed = std::async(std::launch::async, [&] {
     Checkpointer::State state = strategy_->SaveState();
     state.merge(bound_.SaveState());
-    auto written = checkpointer_.Write(round, manifest_, *global, result.model.checksum, strategy_->name(), state);
+    auto written = checkpointer_.Write(round, manifest_, *global, result.model.checksum, strategy, state);
     return std::make_pair(std::move(written), SteadyClock::now());
   });
   if (evaluator_) {
@@ -107,23 +122,80 @@ Aggregator::Finished Aggregator::Finish(uint64_t round, const GlobalModel& previ
   }
   const auto evaluated = SteadyClock::now();
   auto [written, written_at] = checkpointed.get();
-  spdlog::debug("round {}: finished in {:.2f} ms, then evaluated in {:.2f} ms and checkpointed in {:.2f} ms", round,
-                Millis(finished - start), Millis(evaluated - finished), Millis(written_at - finished));
+  spdlog::debug("round {}: evaluated in {:.2f} ms and checkpointed in {:.2f} ms", round,
+                Millis(evaluated - finished), Millis(written_at - finished));
   if (written.ok()) {
     result.checkpoint = std::move(written).value();
   } else {
     result.status = written.status();
   }
   result.model.values = std::move(global);
-  if (result.status.ok()) {
-    auto control = Control();
-    if (control.ok()) {
-      result.control = std::move(control).value();
-    } else {
-      result.status = control.status();
-    }
+}
+
+Status Aggregator::BeginAsync(const aggregation::FedBuffOptions& options, uint64_t version,
+                              std::shared_ptr<const std::vector<float>> global, uint64_t last) {
+  if (!global || global->size() != manifest_.total_elements) {
+    return InvalidArgument("fedbuff: the model has {} values, its layout {}", global ? global->size() : 0,
+                           manifest_.total_elements);
   }
-  return result;
+  ESTUARY_ASSIGN_OR_RETURN(aggregation::FedBuff fedbuff, aggregation::FedBuff::Create(options, global->size(), version));
+  fedbuff_.emplace(std::move(fedbuff));
+  async_global_ = std::move(global);
+  async_last_ = last;
+  bound_.BeginRound();
+  return Status::Ok();
+}
+
+Aggregator::AsyncFolded Aggregator::FoldAsync(std::span<const float> values, uint64_t examples,
+                                              uint64_t trained_from) {
+  AsyncFolded out;
+  if (!fedbuff_) {
+    out.status = FailedPrecondition("fedbuff: asynchronous rounds were not begun");
+    return out;
+  }
+  out.version = fedbuff_->version();
+  if (out.version >= async_last_) {
+    out.status = FailedPrecondition("the federation completed at version {}", out.version);
+    return out;
+  }
+  if (trained_from > out.version) {
+    out.status = InvalidArgument("update trained from version {}, but the server is at version {}", trained_from,
+                                 out.version);
+    return out;
+  }
+  out.staleness = out.version - trained_from;
+  if (out.staleness > fedbuff_->options().max_staleness) {
+    out.stale = true;
+    out.status = FailedPrecondition("{} versions stale (trained from version {}, the server at {}), beyond "
+                                    "max_staleness {}",
+                                    out.staleness, trained_from, out.version, fedbuff_->options().max_staleness);
+    return out;
+  }
+  auto admitted = bound_.Admit(values, examples);
+  if (!admitted.ok()) {
+    out.status = admitted.status();
+    return out;
+  }
+  out.note = admitted->note();
+  auto folded = fedbuff_->Fold(admitted->values(), trained_from);
+  if (!folded.ok()) {
+    out.status = folded.status();
+    return out;
+  }
+  out.weight = folded->weight;
+  if (!folded->full) return out;
+  const auto start = SteadyClock::now();
+  auto global = std::make_shared<std::vector<float>>(*async_global_);
+  out.step = Finished{};  // assigned whole: clang will not emplace a type that is complete only after Aggregator
+  Finished& step = *out.step;
+  step.status = fedbuff_->Step(*global);
+  if (!step.status.ok()) return out;
+  bound_.CommitRound();  // before the checkpoint, which saves the median it now holds
+  async_global_ = global;
+  spdlog::debug("version {}: stepped in {:.2f} ms", fedbuff_->version(), Millis(SteadyClock::now() - start));
+  Seal(fedbuff_->version(), std::move(global), "fedbuff", step);
+  bound_.BeginRound();
+  return out;
 }
 
 Result<std::shared_ptr<const std::vector<float>>> Aggregator::Control() const {

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "aggregation/dp_fedavg.h"
+#include "aggregation/fedbuff.h"
 #include "aggregation/strategy.h"
 #include "aggregation/update_bound.h"
 #include "base/manifest.h"
@@ -87,12 +88,44 @@ class Aggregator {
   // After the round log committed `round`: Checkpointer::MarkCommitted.
   Status MarkCommitted(uint64_t round) { return checkpointer_.MarkCommitted(round); }
 
+  // Asynchronous rounds (FedBuff, aggregation/fedbuff.h): instead of
+  // Begin/Fold/Finish, the accumulator at model `version` of `global` (the
+  // committed version's values, restored or initial). The strategy (fedavg)
+  // only names the checkpoints; the bound applies to every update and
+  // advances with every version.
+  // No version beyond `last` is stepped: an update after it is refused.
+  Status BeginAsync(const aggregation::FedBuffOptions& options, uint64_t version,
+                    std::shared_ptr<const std::vector<float>> global, uint64_t last);
+  struct AsyncFolded {
+    Status status;            // ok: folded; else refused, folding nothing
+    bool stale = false;       // refused for staleness beyond max_staleness
+    uint64_t version = 0;     // the version the server was at when it arrived
+    uint64_t staleness = 0;   // version − trained_from
+    double weight = 0;        // s(staleness); 0 when refused
+    std::string note;         // what the bound did to it, if anything
+    // The K-th folded update: the next version (version + 1), its checksum,
+    // checkpoint and the server's evaluation of it, as Finish gives them.
+    std::optional<Finished> step;
+  };
+  // Folds one update trained from `trained_from`: too stale, it is refused
+  // before the bound sees it; then the bound admits it and FedBuff weights it.
+  // The K-th steps the model at once, here, so the next update's staleness is
+  // against the new version whatever the I/O thread has taken in.
+  AsyncFolded FoldAsync(std::span<const float> values, uint64_t examples, uint64_t trained_from);
+
  private:
+  // The new global model's checksum, checkpoint (with the strategy's and
+  // the bound's state) and evaluation, side by side, into `result`.
+  void Seal(uint64_t round, std::shared_ptr<std::vector<float>> global, std::string_view strategy, Finished& result);
+
   std::unique_ptr<aggregation::Strategy> strategy_;
   aggregation::UpdateBound bound_;
   std::unique_ptr<models::Evaluator> evaluator_;
   Checkpointer checkpointer_;
   Manifest manifest_;
+  std::optional<aggregation::FedBuff> fedbuff_;                // under BeginAsync
+  std::shared_ptr<const std::vector<float>> async_global_;  // fedbuff_'s version
+  uint64_t async_last_ = 0;
 };
 
 }  // namespace estuary::server

@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "aggregation/fedbuff.h"
 #include "aggregation/robust_strategy.h"
 
 namespace estuary::server {
@@ -12,11 +13,7 @@ Status ServerConfig::Finalize() {
   ESTUARY_RETURN_IF_ERROR(ParseHostPort(listen, &host, &port));
   if (checkpoint_dir.empty()) checkpoint_dir = db.string() + ".checkpoints";
   if (spill_dir.empty()) spill_dir = checkpoint_dir;
-  if (mode == "async") {
-    return InvalidArgument("config: mode = async: the server's rounds are synchronous for now; asynchronous rounds "
-                           "(FedBuff) run in estuary-sim --async");
-  }
-  if (mode != "sync") return InvalidArgument("config: mode = '{}': expected sync or async", mode);
+  if (mode != "sync" && mode != "async") return InvalidArgument("config: mode = '{}': expected sync or async", mode);
   if (rounds == 0) return InvalidArgument("config: rounds = 0: must be >= 1");
   if (!(clients_per_round > 0)) return InvalidArgument("config: clients_per_round = {}: must be > 0", clients_per_round);
   if (!(evaluate_clients >= 0) || !std::isfinite(evaluate_clients)) {
@@ -51,7 +48,32 @@ Status ServerConfig::Finalize() {
                            "the whole model's parameters, a lora site trains and uploads adapters");
   }
   ESTUARY_RETURN_IF_ERROR(aggregation::CheckFederation(federation));
+  ESTUARY_RETURN_IF_ERROR(CheckAsync());
   return CheckSecAgg();
+}
+
+Status ServerConfig::CheckAsync() const {
+  if (mode != "async") return Status::Ok();
+  if (async.buffer == 0) return InvalidArgument("config: buffer = 0: must be >= 1 updates a version");
+  auto weight = aggregation::ParseStalenessWeight(async.staleness_weight);
+  if (!weight.ok()) return InvalidArgument("config: staleness_weight: {}", weight.status().message());
+  if (async.max_staleness < -1) {
+    return InvalidArgument("config: max_staleness = {}: must be >= 0 versions (-1: none refused)", async.max_staleness);
+  }
+  if (secagg.on) {
+    return InvalidArgument("config: mode = async with secagg: secure aggregation masks one round's sum over the sites "
+                           "sampled together, and asynchronous updates arrive one at a time from different versions");
+  }
+  if (evaluate_every > 0) {
+    return InvalidArgument("config: mode = async with evaluate_every: an evaluation round asks the sites between two "
+                           "rounds, and asynchronous sites never stop training (the server's --eval-data scores every "
+                           "version)");
+  }
+  // The robust rules, SCAFFOLD, FedNova, the server optimizers, lora and DP-FedAvg, each with its reason.
+  if (Status s = aggregation::CheckFedBuffFederation(federation); !s.ok()) {
+    return InvalidArgument("config: mode = async: {}", s.message());
+  }
+  return Status::Ok();
 }
 
 // What secure aggregation cannot be combined with: whatever needs one site's update.

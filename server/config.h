@@ -24,10 +24,19 @@ struct ServerConfig {
   std::filesystem::path eval_data;          // IDX dir, fortunes dir, or instruction JSONL; empty = no evaluation
   std::filesystem::path tokenizer;          // an instruction eval_data's; empty: the Hugging Face base's
 
-  // sync: the rounds above. async (FedBuff, aggregation/fedbuff.h) is
-  // refused for now: it runs in estuary-sim --async only.
+  // sync: the rounds above. async: FedBuff (aggregation/fedbuff.h,
+  // server/async_coordinator.h): no round barrier, every `buffer` accepted
+  // updates make a new model version, weighted by their staleness; `rounds`
+  // counts the versions committed. CheckAsync says what it cannot run with.
   std::string mode = "sync";
   uint64_t rounds = 20;
+  struct Async {
+    uint32_t buffer = 10;       // K: accepted updates folded into one version
+    uint32_t concurrency = 0;   // C: sites training at once; 0: every connected site
+    std::string staleness_weight = "constant";  // constant | poly:A | hinge:A,B
+    int64_t max_staleness = -1;  // S: an update more versions stale is refused; -1: none is
+  };  // η_g is the federation's server_lr (1 when unset), as in estuary-sim --async
+  Async async;
   double clients_per_round = 10;   // >= 1: a count; in (0, 1): a fraction of those connected
   uint32_t min_clients = 10;       // connected clients needed before a round starts
   uint32_t min_updates = 1;        // updates needed to aggregate at the deadline
@@ -84,6 +93,9 @@ struct ServerConfig {
   Status Finalize();
   // The secagg settings, and what they cannot be combined with (one line each).
   Status CheckSecAgg() const;
+  // mode = async's settings, and what asynchronous rounds cannot be combined
+  // with (one line each, saying why).
+  Status CheckAsync() const;
 };
 
 }  // namespace estuary::server

@@ -17,7 +17,7 @@ const char* Said(const std::string& kind) {
 
 }  // namespace
 
-Connections::Connections(Coordinator& coordinator, Store& store, Clock& clock,
+Connections::Connections(RoundDriver& coordinator, Store& store, Clock& clock,
                          std::chrono::steady_clock::duration interval)
     : coordinator_(coordinator), store_(store), clock_(clock), throttle_(interval), flush_(clock.MakeTimer()) {}
 

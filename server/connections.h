@@ -21,7 +21,7 @@
 #include "crypto/revocation.h"
 #include "server/client_session.h"
 #include "server/clock.h"
-#include "server/coordinator.h"
+#include "server/round_driver.h"
 #include "server/event_throttle.h"
 #include "server/store.h"
 
@@ -30,7 +30,7 @@ namespace estuary::server {
 class Connections final : public SessionListener {
  public:
   // Repeated events from one address are summarised every `interval`.
-  Connections(Coordinator& coordinator, Store& store, Clock& clock,
+  Connections(RoundDriver& coordinator, Store& store, Clock& clock,
               std::chrono::steady_clock::duration interval = std::chrono::seconds(10));
 
   // Writes `event` to the store (an error goes to the log).
@@ -56,7 +56,7 @@ class Connections final : public SessionListener {
   void ArmFlush();
   void WriteSummaries(const std::vector<EventThrottle::Summary>& summaries);
 
-  Coordinator& coordinator_;
+  RoundDriver& coordinator_;
   Store& store_;
   Clock& clock_;
   EventThrottle throttle_;

@@ -59,6 +59,7 @@
 #include "proto/event_file.h"
 #include "server/evaluation.h"
 #include "server/metrics.h"
+#include "server/round_driver.h"
 #include "server/secagg_state.h"
 #include "server/staging_slots.h"
 #include "privacy/accountant.h"
@@ -66,36 +67,36 @@
 
 namespace estuary::server {
 
-class Coordinator {
+class Coordinator final : public RoundDriver {
  public:
   Coordinator(const ServerConfig& config, Store& store, Clock& clock, boost::asio::any_io_executor io,
               boost::asio::any_io_executor worker);
-  ~Coordinator();
+  ~Coordinator() override;
 
-  // Builds the federation (aggregation::MakeFederation), then loads the last committed
+  // Builds the federation (RecoverFederation), then loads the last committed
   // round's checkpoint, or starts from the initial model.
-  Status Recover();
+  Status Recover() override;
 
   // A hello from a session that passed the connection's checks; it replaces
   // an earlier connection under the same name.
-  void OnHello(const std::shared_ptr<ClientSession>& session, const v1::Hello& hello);
-  void OnMessage(const std::shared_ptr<ClientSession>& session, v1::Envelope envelope);
-  void OnClosed(ClientSession& session);
+  void OnHello(const std::shared_ptr<ClientSession>& session, const v1::Hello& hello) override;
+  void OnMessage(const std::shared_ptr<ClientSession>& session, v1::Envelope envelope) override;
+  void OnClosed(ClientSession& session) override;
 
   // Called once the federation is complete (the last round committed).
-  void set_on_complete(std::function<void()> fn) { on_complete_ = std::move(fn); }
+  void set_on_complete(std::function<void()> fn) override { on_complete_ = std::move(fn); }
   // Where rounds, sites, rejections and folds are counted (server/metrics.h);
   // null (the default): nowhere. Must outlive the Coordinator.
-  void set_metrics(Metrics* metrics) { metrics_ = metrics; }
+  void set_metrics(Metrics* metrics) override { metrics_ = metrics; }
   // Each committed round's scalars go to `events` too (serve --tensorboard).
-  void set_event_file(proto::EventFile* events) { events_ = events; }
+  void set_event_file(proto::EventFile* events) override { events_ = events; }
   // Lets every connected client finish reading what is queued, then closes
   // it; a Hello from then on is closed the same way.
-  void CloseAll();
+  void CloseAll() override;
   // The sessions of the connected clients, in name order.
-  std::vector<std::shared_ptr<ClientSession>> Connected() const;
+  std::vector<std::shared_ptr<ClientSession>> Connected() const override;
   // The last round committed, or the privacy budget stopped the federation.
-  bool complete() const { return (round_ > config_.rounds && !eval_) || budget_spent_; }
+  bool complete() const override { return (round_ > config_.rounds && !eval_) || budget_spent_; }
   // The round running, or the next to run.
   uint64_t round() const { return round_; }
 

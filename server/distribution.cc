@@ -130,7 +130,22 @@ uint64_t ModelDistribution::Offer(const std::shared_ptr<ClientSession>& session,
   start->set_control_checksum(control ? control_checksum_ : "");
   const uint64_t control_bytes = control ? control_->size() * sizeof(float) : 0;
   if (holds_model && !control) return 0;
-  queue_.push_back({session, holds_model ? Send::kNone : send, control});
+  const Send what = holds_model ? Send::kNone : send;
+  Download download{.session = session, .round = start->round(), .values = current_.values};
+  if (what == Send::kPatch) {
+    download.bytes = patch_.ByteRanges(manifest_.total_elements);
+    if (!patch_.low_rank.empty()) download.tail = factors_;
+  } else if (what == Send::kPatchOnBase) {
+    download.bytes = base_patch_.ByteRanges(manifest_.total_elements);
+  }
+  if (control) {  // c past the model's end, in a range of its own (no low-rank tail beside it)
+    const uint64_t model_bytes = manifest_.byte_size();
+    if (what == Send::kWhole) download.bytes = {{0, model_bytes}};
+    if (what == Send::kNone) download.bytes.clear();
+    download.bytes.emplace_back(model_bytes, model_bytes + control_->size() * sizeof(float));
+    download.tail = control_;
+  }
+  queue_.push_back(std::move(download));
   if (holds_model) return control_bytes;
   switch (send) {
     case Send::kPatch: return (patch_.range_elements() + patch_.factor_count()) * sizeof(float) + control_bytes;
@@ -153,7 +168,7 @@ void ModelDistribution::Confirm(const std::string& name) {
 
 void ModelDistribution::StreamQueued() {
   while (streaming_ < kConcurrentDownloads && !queue_.empty()) {
-    const Download next = queue_.front();
+    Download next = std::move(queue_.front());
     queue_.pop_front();
     auto session = next.session.lock();
     if (!session || session->closed()) continue;
@@ -169,25 +184,10 @@ void ModelDistribution::StreamQueued() {
                    it->second.name, std::chrono::duration<double>(slot_timeout_).count());
       FreeSlot(id);
     });
-    std::vector<std::pair<uint64_t, uint64_t>> bytes;  // empty: the whole model
-    std::shared_ptr<const std::vector<float>> tail;
-    if (next.send == Send::kPatch) {
-      bytes = patch_.ByteRanges(manifest_.total_elements);
-      if (!patch_.low_rank.empty()) tail = factors_;
-    } else if (next.send == Send::kPatchOnBase) {
-      bytes = base_patch_.ByteRanges(manifest_.total_elements);
-    }
-    if (next.control) {  // c past the model's end, in a range of its own (no low-rank tail beside it)
-      const uint64_t model_bytes = manifest_.byte_size();
-      if (next.send == Send::kWhole) bytes = {{0, model_bytes}};
-      if (next.send == Send::kNone) bytes.clear();
-      bytes.emplace_back(model_bytes, model_bytes + control_->size() * sizeof(float));
-      tail = control_;
-    }
     // A session that closes mid-stream calls back too, so its place frees
     // either way; a stream of an earlier attempt is no longer in streams_.
     session->SendModel(
-        round_, current_.values,
+        next.round, std::move(next.values),
         [this, id] {
           auto it = streams_.find(id);
           if (it == streams_.end()) return;
@@ -198,7 +198,7 @@ void ModelDistribution::StreamQueued() {
             StreamQueued();
           }
         },
-        std::move(bytes), std::move(tail));
+        std::move(next.bytes), std::move(next.tail));
   }
 }
 

@@ -82,11 +82,13 @@ class ModelDistribution {
   void OnHello(const std::string& name, const v1::Hello& hello);
   // Round `round` begins: downloads queued or running for an earlier
   // attempt no longer count, and what was offered then is forgotten unless
-  // confirmed.
+  // confirmed. Asynchronous rounds call it once: their offers are each
+  // site's own, of the version current when it was offered.
   void BeginRound(uint64_t round);
   // Sets the model fields of `start` for `session` (model_follows, the patch,
   // patch_base_version; control_follows and its checksum unless `start` is
-  // evaluate_only) and queues its download. Returns the bytes it downloads.
+  // evaluate_only) and queues its download, as ModelChunks of start->round().
+  // Returns the bytes it downloads.
   uint64_t Offer(const std::shared_ptr<ClientSession>& session, v1::RoundStart* start);
   // The site began its update for this round: it holds what it was offered,
   // and keeps it if its Hello said so.
@@ -102,10 +104,15 @@ class ModelDistribution {
     std::string checksum;
   };
   enum class Send { kWhole, kPatch, kPatchOnBase, kNone };
+  // What was offered, fixed when it was: a version published before the
+  // download streams (asynchronous rounds publish while sites download) does
+  // not change what this site was told to expect.
   struct Download {
     std::weak_ptr<ClientSession> session;
-    Send send = Send::kWhole;
-    bool control = false;  // SCAFFOLD's c follows the model
+    uint64_t round = 0;
+    std::shared_ptr<const std::vector<float>> values;
+    std::vector<std::pair<uint64_t, uint64_t>> bytes;  // empty: the whole model
+    std::shared_ptr<const std::vector<float>> tail;
   };
   // A download streaming: until it is written (or its session closes) or
   // its place times out.

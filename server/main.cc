@@ -136,8 +136,17 @@ int main(int argc, char** argv) {
                     "their responses)");
   serve->add_option("--tokenizer", config.tokenizer,
                     "an instruction --eval-data's tokenizer.json (default: the Hugging Face --base-model's own)");
-  serve->add_option("--mode", config.mode, "sync (rounds) | async (FedBuff: refused for now; estuary-sim --async runs it)");
-  serve->add_option("--rounds", config.rounds, "number of rounds");
+  serve->add_option("--mode", config.mode,
+                    "sync (rounds) | async (FedBuff: no round barrier, a new model version every --buffer updates)");
+  serve->add_option("--rounds", config.rounds, "number of rounds (async: model versions committed)");
+  serve->add_option("--buffer", config.async.buffer, "async: K, the accepted updates folded into each model version");
+  serve->add_option("--concurrency", config.async.concurrency,
+                    "async: C, the sites training at once, drawn with the seed from those idle (0: every connected "
+                    "site)");
+  serve->add_option("--staleness-weight", config.async.staleness_weight,
+                    "async: constant | poly:A ((1+τ)^-A) | hinge:A,B (1 up to B versions stale, then 1/(A(τ-B)+1))");
+  serve->add_option("--max-staleness", config.async.max_staleness,
+                    "async: refuse an update more versions stale than this (-1: none)");
   serve->add_option("--clients-per-round", config.clients_per_round, "count (>= 1) or fraction (< 1) sampled per round");
   serve->add_option("--evaluate-every", config.evaluate_every,
                     "every N rounds (and after the last) the sites score the global model on their own held-out "

@@ -12,6 +12,8 @@
 #include <vector>
 
 #include "base/utc.h"
+#include "server/async_coordinator.h"
+#include "server/coordinator.h"
 #include "server/session.h"
 
 namespace estuary::server {
@@ -83,8 +85,13 @@ Result<std::unique_ptr<Server>> Server::Create(ServerConfig config) {
     server->crl_next_update_ = crl.next_update;
   }
   ESTUARY_ASSIGN_OR_RETURN(server->store_, Store::Open(c.db));
-  server->coordinator_ = std::make_unique<Coordinator>(server->config_, *server->store_, server->clock_,
-                                                       server->core_, server->worker_.get_executor());
+  if (c.mode == "async") {
+    server->coordinator_ = std::make_unique<AsyncCoordinator>(server->config_, *server->store_, server->clock_,
+                                                              server->core_, server->worker_.get_executor());
+  } else {
+    server->coordinator_ = std::make_unique<Coordinator>(server->config_, *server->store_, server->clock_,
+                                                         server->core_, server->worker_.get_executor());
+  }
   server->coordinator_->set_metrics(&server->metrics_);
   if (!c.tensorboard.empty()) {
     ESTUARY_ASSIGN_OR_RETURN(server->events_, proto::EventFile::Create(c.tensorboard, "server"));

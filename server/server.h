@@ -29,7 +29,7 @@
 #include "server/clock.h"
 #include "server/config.h"
 #include "server/connections.h"
-#include "server/coordinator.h"
+#include "server/round_driver.h"
 #include "server/metrics.h"
 #include "server/metrics_endpoint.h"
 #include "server/store.h"
@@ -66,7 +66,7 @@ class Server {
   AsioClock clock_{core_};
   BufferBudget budget_;
   Metrics metrics_;  // before everything that counts into it
-  std::unique_ptr<Coordinator> coordinator_;
+  std::unique_ptr<RoundDriver> coordinator_;  // Coordinator, or AsyncCoordinator under mode = async
   std::unique_ptr<Connections> connections_;
   std::unique_ptr<Acceptor> acceptor_;
   std::unique_ptr<MetricsEndpoint> metrics_endpoint_;  // with --metrics-listen

@@ -81,9 +81,14 @@ CoordinatorRig::CoordinatorRig() {
 Status CoordinatorRig::Start() {
   ESTUARY_RETURN_IF_ERROR(config.Finalize());
   ESTUARY_ASSIGN_OR_RETURN(store, Store::Open(config.db));
-  coordinator = std::make_unique<Coordinator>(config, *store, clock, executors.io.get_executor(),
-                                              executors.worker.get_executor());
-  ESTUARY_RETURN_IF_ERROR(coordinator->Recover());
+  if (config.mode == "async") {
+    async = std::make_unique<AsyncCoordinator>(config, *store, clock, executors.io.get_executor(),
+                                               executors.worker.get_executor());
+  } else {
+    coordinator = std::make_unique<Coordinator>(config, *store, clock, executors.io.get_executor(),
+                                                executors.worker.get_executor());
+  }
+  ESTUARY_RETURN_IF_ERROR(driver().Recover());
   ESTUARY_ASSIGN_OR_RETURN(auto initial, models::InitialModel(config.federation.task().model(), config.federation.task().seed()));
   manifest_ = initial.manifest;
   initial_ = std::make_shared<const std::vector<float>>(std::move(initial.values));
@@ -93,12 +98,12 @@ Status CoordinatorRig::Start() {
 std::shared_ptr<FakeSession> CoordinatorRig::Connect(const std::string& name, const std::string& serial,
                                                      bool keeps_model, bool evaluates) {
   auto session = std::make_shared<FakeSession>(name, serial);
-  session->on_closed = [this](ClientSession& closed) { coordinator->OnClosed(closed); };
+  session->on_closed = [this](ClientSession& closed) { driver().OnClosed(closed); };
   v1::Hello hello;
   hello.set_protocol_version(proto::kProtocolVersion);
   hello.set_keeps_model(keeps_model);
   hello.set_evaluates(evaluates);
-  coordinator->OnHello(session, hello);
+  driver().OnHello(session, hello);
   return session;
 }
 
@@ -121,7 +126,8 @@ void CoordinatorRig::Begin(const std::shared_ptr<FakeSession>& session, uint64_t
   begin.mutable_update_begin()->set_num_examples(examples);
   begin.mutable_update_begin()->set_train_loss(loss);
   *begin.mutable_update_begin()->mutable_manifest() = proto::ToProto(manifest_);
-  coordinator->OnMessage(session, begin);
+  if (trained_from) begin.mutable_update_begin()->set_trained_from_version(*trained_from);
+  driver().OnMessage(session, begin);
 }
 
 void CoordinatorRig::SendChunks(const std::shared_ptr<FakeSession>& session, uint64_t round,
@@ -136,7 +142,7 @@ void CoordinatorRig::SendChunks(const std::shared_ptr<FakeSession>& session, uin
     chunk.mutable_update_chunk()->set_offset(offset);
     chunk.mutable_update_chunk()->set_dtype(v1::DTYPE_F32);
     chunk.mutable_update_chunk()->set_data(bytes + offset, std::min(kChunk, size - offset));
-    coordinator->OnMessage(session, chunk);
+    driver().OnMessage(session, chunk);
   }
 }
 
@@ -145,7 +151,7 @@ void CoordinatorRig::Commit(const std::shared_ptr<FakeSession>& session, uint64_
   v1::Envelope commit;
   commit.mutable_update_commit()->set_round(round);
   commit.mutable_update_commit()->set_checksum(crypto::Sha256Hex(delta.data(), delta.size() * sizeof(float)));
-  coordinator->OnMessage(session, commit);
+  driver().OnMessage(session, commit);
 }
 
 void CoordinatorRig::Upload(const std::shared_ptr<FakeSession>& session, uint64_t round,

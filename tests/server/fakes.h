@@ -18,6 +18,7 @@
 #include "server/client_session.h"
 #include "server/clock.h"
 #include "server/config.h"
+#include "server/async_coordinator.h"
 #include "server/coordinator.h"
 #include "server/store.h"
 #include "tests/e2e/harness.h"
@@ -169,6 +170,12 @@ struct CoordinatorRig {
   ServerConfig config;
   std::unique_ptr<Store> store;
   std::unique_ptr<Coordinator> coordinator;
+  // Under config.mode = "async", Start() makes this one instead, and the
+  // helpers above talk to it; uploads then say they trained from
+  // `trained_from` (unset: they say nothing).
+  std::unique_ptr<AsyncCoordinator> async;
+  std::optional<uint64_t> trained_from;
+  RoundDriver& driver() { return async ? static_cast<RoundDriver&>(*async) : *coordinator; }
 
  private:
   std::shared_ptr<const std::vector<float>> initial_;

@@ -1,0 +1,43 @@
+// RecoverFederation: what either round driver (Coordinator,
+// AsyncCoordinator) starts from. The federation built from the config, the
+// round log checked against it (the model, the mode, DP on or off, with a DP
+// federation's ε replayed), the checkpoint directory reconciled with the log
+// and the last committed round's model loaded, or the initial model.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "aggregation/lora_strategy.h"
+#include "base/manifest.h"
+#include "base/status.h"
+#include "privacy/accountant.h"
+#include "server/aggregator.h"
+#include "server/config.h"
+#include "server/global_model.h"
+#include "server/store.h"
+
+namespace estuary::server {
+
+struct RecoveredFederation {
+  v1::TaskConfig task;  // what every site trains (the federation's, as built)
+  std::optional<aggregation::LoraStrategyOptions> lora;
+  Manifest manifest;
+  std::shared_ptr<const std::vector<float>> held_base;  // a Hugging Face base every site holds; null: none
+  std::unique_ptr<Aggregator> aggregator;
+  std::string federation_id;
+  GlobalModel model;                      // the last committed round's, or the initial one (version 0)
+  std::optional<RoundRecord> last;        // the last committed round; none in a new federation
+  std::optional<privacy::Accountant> accountant;  // a DP federation's, the committed rounds replayed
+  std::string custom_description;         // a custom model's summary line; empty: a zoo model
+};
+
+// Also records in the log's meta what it now holds: federation_id, model,
+// strategy, mode, rounds, and complete = "" (not yet). Refuses a log of the
+// other mode that has committed anything.
+Result<RecoveredFederation> RecoverFederation(const ServerConfig& config, Store& store);
+
+}  // namespace estuary::server
