@@ -341,9 +341,28 @@ void AsyncCoordinator::Commit(Aggregator::Finished step) {
   spdlog::info("federation complete after {} versions", version_);
   LogIfError(store_.SetMeta("complete", std::to_string(version_)), "store");
   Broadcast(FederationCompleteMessage(version_, distribution_.current()));
-  for (auto& [name, w] : work_) {
-    if (w.state != Work::State::kFolding) slots_.Release(name);
-  }
+  // Unlike a round's end, sites are busy here: one may be writing an upload
+  // that crossed the message. Closing under it would break its pipe before
+  // it reads that the federation is over, so the sites leave first (each
+  // does once it has read it), within idle_timeout.
+  finishing_ = true;
+  finish_timer_ = clock_.MakeTimer();
+  finish_timer_->Arm(std::chrono::milliseconds(int64_t(config_.idle_timeout_s * 1000)), [this] {
+    spdlog::info("{} sites still connected {} s after the federation completed", connected_.size(),
+                 config_.idle_timeout_s);
+    Finish();
+  });
+  MaybeFinish();
+}
+
+void AsyncCoordinator::MaybeFinish() {
+  if (finishing_ && connected_.empty()) Finish();
+}
+
+void AsyncCoordinator::Finish() {
+  if (!finishing_) return;
+  finishing_ = false;
+  if (finish_timer_) finish_timer_->Cancel();
   if (on_complete_) on_complete_();
 }
 
@@ -392,6 +411,7 @@ void AsyncCoordinator::OnClosed(ClientSession& session) {
   connected_.erase(it);
   if (metrics_) metrics_->SetConnectedSites(connected_.size());
   MaybeAssign();
+  MaybeFinish();
 }
 
 void AsyncCoordinator::GrantSlots() {

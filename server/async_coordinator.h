@@ -25,7 +25,8 @@
 // A site that has not committed its upload within round_deadline of its
 // RoundStart is recorded late (an event) and is idle again. After `rounds`
 // versions the federation completes as a synchronous one does (meta
-// complete, RoundClosed with federation_complete to every site).
+// complete, RoundClosed with federation_complete to every site); the server
+// is told (set_on_complete) once the sites have left, or after idle_timeout.
 //
 // Restart: the buffer is not checkpointed. A restarted server resumes at the
 // last committed version (its checkpoint); the version it was building is
@@ -117,6 +118,9 @@ class AsyncCoordinator final : public RoundDriver {
   void Reject(const std::shared_ptr<ClientSession>& session, v1::Error::Code code, const std::string& message);
   void GrantSlots();
   void Halt(const std::string& reason);
+  // After the last version: on_complete_ once every site has left, or at finish_timer_.
+  void MaybeFinish();
+  void Finish();
   void Broadcast(const v1::Envelope& envelope);
   void LogIfError(const Status& status, const char* what);
 
@@ -141,6 +145,8 @@ class AsyncCoordinator final : public RoundDriver {
   bool started_ = false;      // min_clients were connected once: work goes out
   bool closing_ = false;
   bool halted_ = false;       // a version could not be committed: nothing more is folded
+  bool finishing_ = false;    // the last version is committed; on_complete_ has not run
+  std::unique_ptr<Timer> finish_timer_;
   uint64_t next_work_ = 0;    // Work::id
   uint64_t draws_ = 0;        // draws of sites so far: mixed into the seed
   uint64_t arrivals_ = 0;     // of the version being built

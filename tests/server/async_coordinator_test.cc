@@ -232,7 +232,7 @@ TEST(AsyncCoordinator, RVersionsThenTheFederationCompletes) {
   Train(rig, a, 1.0f);
   EXPECT_FALSE(completed);
   Train(rig, b, 1.0f);  // one version stale, weight 1
-  EXPECT_TRUE(completed);
+  EXPECT_FALSE(completed) << "the sites are told first, and leave";
   EXPECT_TRUE(rig.async->complete());
   EXPECT_EQ(rig.async->version(), 2u);
   EXPECT_EQ(*rig.store->GetMeta("complete"), std::optional<std::string>("2"));
@@ -249,6 +249,28 @@ TEST(AsyncCoordinator, RVersionsThenTheFederationCompletes) {
   Train(rig, a, 1.0f);
   EXPECT_EQ(rig.async->version(), 2u);
   EXPECT_FALSE(Acks(*a).back().accepted());
+  a->Close();
+  EXPECT_FALSE(completed);
+  b->Close();
+  EXPECT_TRUE(completed) << "the last site has left";
+}
+
+TEST(AsyncCoordinator, ASiteThatDoesNotLeaveHoldsTheEndOnlyUntilTheIdleTimeout) {
+  CoordinatorRig rig;
+  Async(rig, 1, "constant");
+  rig.config.rounds = 1;
+  ASSERT_TRUE(rig.Start().ok());
+  bool completed = false;
+  rig.async->set_on_complete([&] { completed = true; });
+  auto a = rig.Connect("site-a");
+  auto b = rig.Connect("site-b");
+  Train(rig, a, 1.0f);
+  ASSERT_TRUE(rig.async->complete());
+  a->Close();
+  rig.clock.Advance(std::chrono::seconds(59));
+  EXPECT_FALSE(completed);
+  rig.clock.Advance(std::chrono::seconds(2));
+  EXPECT_TRUE(completed);
 }
 
 TEST(AsyncCoordinator, AnUploadMustSayTheVersionItWasGiven) {
