@@ -8,7 +8,7 @@
 // engines run in alternating blocks, so load from other processes falls on
 // both alike; each line prints both medians, GFLOP/s, the ratio, and the
 // engine models::Sgemm picks for the shape.
-// With --model cnn, its fully connected layers and the products of its convolutions.
+// With --model cnn, its fully connected layers and the per-image products of its convolutions.
 //   build/bench/small_gemm [--model mlp|cnn] [--batch 10,500] [--steps 15]
 #include <fmt/format.h>
 
@@ -109,15 +109,19 @@ int main(int argc, char** argv) {
     }
   }
   if (model == "cnn") {
-    // The convolutions' products, per image (im2col): W [c_out, c_in·25] · cols [c_in·25, h·w] forward, and
-    // Wᵀ · dY for the columns' gradient. (The weight gradient, dY · colsᵀ, transposes B: OpenBLAS only.)
+    // The convolutions' products, per image (im2col), as Conv2d forms them: W [c_out, c_in·25] · cols
+    // [c_in·25, h·w] forward, Wᵀ · dY for the columns' gradient, and the weight gradient transposed,
+    // dWᵀ += cols · dYᵀ (dY · colsᵀ would transpose B, which libxsmm cannot; beta 1, as from the second
+    // image on). The batch does not enter these shapes.
     struct Product {
       const char* name;
       bool trans_a;
       int m, n, k;
     };
     for (const Product& p : {Product{"conv1 forward", false, 32, 784, 25},
+                             Product{"conv1 dWt += cols.dYt", false, 25, 32, 784},
                              Product{"conv2 forward", false, 64, 196, 800},
+                             Product{"conv2 dWt += cols.dYt", false, 800, 64, 196},
                              Product{"conv2 dcols = Wt.dY", true, 800, 196, 64}}) {
       std::vector<float> a(size_t(p.m) * p.k, 0.01f), b(size_t(p.k) * p.n, 0.5f), c(size_t(p.m) * p.n);
       const int lda = p.trans_a ? p.m : p.k;

@@ -14,10 +14,11 @@ namespace estuary::models {
 
 namespace {
 
-// Per-thread scratch of the small-batch paths (transposed operands, scaled
-// gradients): grown on first use and never shrunk, so steady steps allocate nothing.
+// Per-thread scratch of the small-batch paths and the convolutions (transposed
+// operands, scaled gradients, bias sums): grown on first use and never shrunk,
+// so steady steps allocate nothing.
 float* Scratch(int slot, size_t floats) {
-  thread_local std::vector<float> buffers[2];
+  thread_local std::vector<float> buffers[3];
   std::vector<float>& buffer = buffers[slot];
   if (buffer.size() < floats) buffer.resize(floats);
   return buffer.data();
@@ -199,7 +200,7 @@ static void Col2Im(const float* cols, int c, int h, int w, int k, int pad, float
   }
 }
 
-void Conv2d::Forward(const float* x, int n, float* cols, float* y) const {
+void Conv2d::Forward(const float* x, int n, float* cols, float* y, Activation activation) const {
   const int hw = height * width;
   const int kdim = in_channels * kernel * kernel;
   for (int i = 0; i < n; ++i) {
@@ -207,57 +208,79 @@ void Conv2d::Forward(const float* x, int n, float* cols, float* y) const {
     Im2Col(x + int64_t(i) * in_channels * hw, in_channels, height, width, kernel, pad, col);
     float* out = y + int64_t(i) * out_channels * hw;
     for (int o = 0; o < out_channels; ++o) std::fill(out + int64_t(o) * hw, out + int64_t(o + 1) * hw, b[o]);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, out_channels, hw, kdim, 1.0f, w, kdim, col, hw, 1.0f, out,
-                hw);
+    Sgemm(false, false, out_channels, hw, kdim, 1.0f, w, kdim, col, hw, 1.0f, out, hw);
+    // While the image's output is still in cache.
+    if (activation == Activation::kRelu) ReluForward(out, int64_t(out_channels) * hw);
   }
 }
 
-void Conv2d::Backward(const float* cols, const float* dy, int n, float* dcol, float* dx, bool accumulate) const {
-  const int hw = height * width;
-  const int kdim = in_channels * kernel * kernel;
-  if (!accumulate) std::memset(db, 0, sizeof(float) * out_channels);
+namespace {
+
+// What the two backward passes of Conv2d share: the bias sums and the weight
+// product. dW = dY·colsᵀ puts the transpose on the right, where libxsmm takes
+// none, so each image adds colsᵢ·dYᵢᵀ into dWᵀ [kdim, out] (scratch): dYᵢ is
+// transposed in the pass that sums it for the bias (out × h·w floats, a
+// fraction of cols' kdim × h·w). The caller turns dWᵀ into W or dW once per call.
+const float* ConvWeightProductTransposed(const Conv2d& c, const float* cols, const float* dy, int n, float* bias_sum) {
+  const int hw = c.height * c.width;
+  const int kdim = c.in_channels * c.kernel * c.kernel;
+  float* dyt = Scratch(0, size_t(hw) * c.out_channels);
+  float* dwt = Scratch(1, size_t(kdim) * c.out_channels);
+  for (int o = 0; o < c.out_channels; ++o) bias_sum[o] = 0;
+  if (n == 0) std::fill(dwt, dwt + size_t(kdim) * c.out_channels, 0.0f);
   for (int i = 0; i < n; ++i) {
-    const float* g = dy + int64_t(i) * out_channels * hw;
-    const float* col = cols + i * col_size();
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, out_channels, kdim, hw, 1.0f, g, hw, col, hw,
-                i == 0 && !accumulate ? 0.0f : 1.0f, dw, kdim);
-    for (int o = 0; o < out_channels; ++o) {
+    const float* g = dy + int64_t(i) * c.out_channels * hw;
+    for (int o = 0; o < c.out_channels; ++o) {
       const float* row = g + int64_t(o) * hw;
       float sum = 0;
-      for (int p = 0; p < hw; ++p) sum += row[p];
-      db[o] += sum;
+      for (int p = 0; p < hw; ++p) {
+        sum += row[p];
+        dyt[int64_t(p) * c.out_channels + o] = row[p];
+      }
+      bias_sum[o] += sum;
     }
-    if (dx) {
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, kdim, hw, out_channels, 1.0f, w, kdim, g, hw, 0.0f, dcol,
-                  hw);
-      Col2Im(dcol, in_channels, height, width, kernel, pad, dx + int64_t(i) * in_channels * hw);
-    }
+    Sgemm(false, false, kdim, c.out_channels, hw, 1.0f, cols + i * c.col_size(), hw, dyt, c.out_channels,
+          i == 0 ? 0.0f : 1.0f, dwt, c.out_channels);
   }
+  return dwt;
+}
+
+// dx = col2im(Wᵀ · dY) for each image, with the current W.
+void ConvInputGradient(const Conv2d& c, const float* dy, int n, float* dcol, float* dx) {
+  const int hw = c.height * c.width;
+  const int kdim = c.in_channels * c.kernel * c.kernel;
+  for (int i = 0; i < n; ++i) {
+    Sgemm(true, false, kdim, hw, c.out_channels, 1.0f, c.w, kdim, dy + int64_t(i) * c.out_channels * hw, hw, 0.0f,
+          dcol, hw);
+    Col2Im(dcol, c.in_channels, c.height, c.width, c.kernel, c.pad, dx + int64_t(i) * c.in_channels * hw);
+  }
+}
+
+}  // namespace
+
+void Conv2d::Backward(const float* cols, const float* dy, int n, float* dcol, float* dx, bool accumulate) const {
+  const int kdim = in_channels * kernel * kernel;
+  float* bias_sum = Scratch(2, size_t(out_channels));
+  const float* dwt = ConvWeightProductTransposed(*this, cols, dy, n, bias_sum);
+  for (int o = 0; o < out_channels; ++o) {
+    db[o] = (accumulate ? db[o] : 0.0f) + bias_sum[o];
+    float* row = dw + int64_t(o) * kdim;
+    for (int j = 0; j < kdim; ++j) row[j] = (accumulate ? row[j] : 0.0f) + dwt[int64_t(j) * out_channels + o];
+  }
+  if (dx) ConvInputGradient(*this, dy, n, dcol, dx);
 }
 
 void Conv2d::BackwardSgd(const float* cols, const float* dy, int n, float* dcol, float* dx, float lr,
                          float wd) const {
-  const int hw = height * width;
   const int kdim = in_channels * kernel * kernel;
-  if (dx) {
-    for (int i = 0; i < n; ++i) {
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, kdim, hw, out_channels, 1.0f, w, kdim,
-                  dy + int64_t(i) * out_channels * hw, hw, 0.0f, dcol, hw);
-      Col2Im(dcol, in_channels, height, width, kernel, pad, dx + int64_t(i) * in_channels * hw);
-    }
-  }
+  if (dx) ConvInputGradient(*this, dy, n, dcol, dx);  // every dx first: they need the old W
+  float* bias_sum = Scratch(2, size_t(out_channels));
+  const float* dwt = ConvWeightProductTransposed(*this, cols, dy, n, bias_sum);
   const float keep = 1.0f - lr * wd;
   for (int o = 0; o < out_channels; ++o) {
-    float sum = 0;
-    for (int i = 0; i < n; ++i) {
-      const float* row = dy + (int64_t(i) * out_channels + o) * hw;
-      for (int p = 0; p < hw; ++p) sum += row[p];
-    }
-    b[o] = keep * b[o] - lr * sum;
-  }
-  for (int i = 0; i < n; ++i) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, out_channels, kdim, hw, -lr, dy + int64_t(i) * out_channels * hw,
-                hw, cols + i * col_size(), hw, i == 0 ? keep : 1.0f, w, kdim);
+    b[o] = keep * b[o] - lr * bias_sum[o];
+    float* row = w + int64_t(o) * kdim;
+    for (int j = 0; j < kdim; ++j) row[j] = keep * row[j] - lr * dwt[int64_t(j) * out_channels + o];
   }
 }
 

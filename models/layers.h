@@ -63,13 +63,18 @@ void ReluForward(float* x, int64_t count);
 void ReluBackward(const float* y, float* dy, int64_t count);
 
 // Conv2d, stride 1, zero padding `pad`, square kernel k, on [n, c, h, w].
+// Its products are per image (W [out, c·k·k] against one image's columns), so
+// their shapes, and with them the engine Sgemm picks (libxsmm for the MNIST
+// CNN's), are a function of the layer alone, never of the batch or of a
+// rank's share of it.
 struct Conv2d {
   int in_channels = 0, out_channels = 0, kernel = 5, pad = 2, height = 0, width = 0;
   float *w = nullptr, *b = nullptr, *dw = nullptr, *db = nullptr;
 
   int64_t col_size() const { return int64_t(in_channels) * kernel * kernel * height * width; }
-  // cols receives the unfolded input for each image (n * col_size()), kept for backward.
-  void Forward(const float* x, int n, float* cols, float* y) const;
+  // cols receives the unfolded input for each image (n * col_size()), kept for
+  // backward. With kRelu, y = max(y, 0) as well, image by image while in cache.
+  void Forward(const float* x, int n, float* cols, float* y, Activation activation = Activation::kNone) const;
   // dcol is scratch of col_size(); dx may be null for the first layer, and W
   // is read only for dx. accumulate as in Linear.
   void Backward(const float* cols, const float* dy, int n, float* dcol, float* dx, bool accumulate = false) const;

@@ -272,11 +272,9 @@ class Cnn final : public LayeredModel<Cnn> {
 
   // Units: 0 conv1, 1 conv2, 2 fc1, 3 fc2.
   void RunForward(Activations& a, const float* x, int n, StepHooks& hooks) {
-    UnitForward(hooks, 0, conv1_, x, n, a.cols1, a.c1);
-    ReluForward(a.c1, int64_t(n) * 32 * 784);
+    UnitForward(hooks, 0, conv1_, x, n, a.cols1, a.c1, Activation::kRelu);
     pool1_.Forward(a.c1, n, a.p1, a.arg1);
-    UnitForward(hooks, 1, conv2_, a.p1, n, a.cols2, a.c2);
-    ReluForward(a.c2, int64_t(n) * 64 * 196);
+    UnitForward(hooks, 1, conv2_, a.p1, n, a.cols2, a.c2, Activation::kRelu);
     pool2_.Forward(a.c2, n, a.p2, a.arg2);  // [n, 64, 7, 7] is already PyTorch's flatten order
     UnitForward(hooks, 2, fc1_, a.p2, n, a.f1, Activation::kRelu);
     UnitForward(hooks, 3, fc2_, a.f1, n, a.logits);

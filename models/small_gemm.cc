@@ -3,6 +3,7 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <cstdint>
 
 #ifdef ESTUARY_HAVE_XSMM
 #include <immintrin.h>
@@ -84,12 +85,12 @@ bool Xsmm(bool trans_a, int m, int n, int k, const float* a, int lda, const floa
 
 GemmEngine ChooseGemmEngine(bool /*trans_a*/, bool trans_b, int m, int n, int k, float alpha, float beta) {
   if (!HaveXsmm() || !XsmmCan(trans_b, alpha, beta)) return GemmEngine::kOpenBlas;
-  return std::min({m, n, k}) <= kSmallGemmDim ? GemmEngine::kXsmm : GemmEngine::kOpenBlas;
+  const bool small = std::min({m, n, k}) <= kSmallGemmDim || int64_t(m) * n * k <= kSmallGemmVolume;
+  return small ? GemmEngine::kXsmm : GemmEngine::kOpenBlas;
 }
 
 bool XsmmForwardPays(int n, int in, int out) {
-  return n <= kSmallGemmDim && out > kSmallGemmDim &&
-         ChooseGemmEngine(false, false, out, n, in, 1.0f, 0.0f) == GemmEngine::kXsmm;
+  return n <= kSmallGemmDim && ChooseGemmEngine(false, false, out, n, in, 1.0f, 0.0f) == GemmEngine::kXsmm;
 }
 
 void SgemmOn(GemmEngine engine, bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a, int lda,

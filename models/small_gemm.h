@@ -6,7 +6,9 @@
 //
 //   libxsmm  a JIT kernel for the shape (AVX-512 or AVX2, as the CPU has),
 //            when the shape is small in one dimension (at most
-//            kSmallGemmDim: the batch of a client's SGD step), alpha is 1,
+//            kSmallGemmDim: the batch of a client's SGD step) or small as a
+//            whole (m·n·k at most kSmallGemmVolume: a convolution's product
+//            for one image, whose operands fit in L2), alpha is 1,
 //            beta is 0 or 1, and B is not transposed (libxsmm 1.17 cannot
 //            transpose the row-major B). It packs nothing: at batch 10
 //            OpenBLAS spends more time copying the weight matrix into its
@@ -20,21 +22,29 @@
 // costs a lookup among a few entries, and allocates nothing.
 #pragma once
 
+#include <cstdint>
+
 namespace estuary::models {
 
 enum class GemmEngine { kOpenBlas, kXsmm };
 
 // Largest smallest-dimension that goes to libxsmm (bench/small_gemm measures both engines).
 inline constexpr int kSmallGemmDim = 32;
+// Largest m·n·k that goes to libxsmm whatever its dimensions: 2^24, past the
+// CNN's per-image products (64 × 196 × 800 ≈ 10^7), short of a classifier's
+// layer at evaluation's batch of 500 (500 × 200 × 784 ≈ 7.8 · 10^7).
+inline constexpr int64_t kSmallGemmVolume = int64_t(1) << 24;
 
 // The engine Sgemm uses for these arguments.
 GemmEngine ChooseGemmEngine(bool trans_a, bool trans_b, int m, int n, int k, float alpha, float beta);
 
 // Whether a layer's y = x·Wᵀ (x [n, in], W [out, in]), which puts the
-// transpose where libxsmm takes none, pays to be formed as yᵀ = W·xᵀ on
-// libxsmm, the layer transposing x and y: at a small batch n, when W has more
-// than kSmallGemmDim rows. With fewer (a classifier's last layer) OpenBLAS's
-// packing of W costs less than the two transposes.
+// transpose where libxsmm takes none, is formed as yᵀ = W·xᵀ on libxsmm, the
+// layer transposing x and y: at a small batch n, for every layer. On the last
+// layers (10 outputs) too: bench/small_gemm measures libxsmm 1.6-13x faster
+// there with this machine's OPENBLAS_CORETYPE=Haswell (OpenBLAS's AVX-512
+// kernels, without it, pack those small matrices for less than the two
+// transposes cost).
 bool XsmmForwardPays(int n, int in, int out);
 
 // As cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, ...).

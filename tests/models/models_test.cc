@@ -79,6 +79,24 @@ TEST(TorchOracle, Conv2d) {
   EXPECT_LE(RelativeError(db.data(), Get(f, "db")), kTolerance);
 }
 
+// The CNN's conv2 shape (its per-image products are libxsmm's by the volume
+// rule), with the ReLU fused into the forward and plain SGD into the backward.
+TEST(TorchOracle, Conv2dReluAndFusedSgdAtTheCnnsShape) {
+  auto f = Fixture("conv2d_relu_sgd");
+  Values x = Get(f, "x"), w = Get(f, "w"), b = Get(f, "b"), dy = Get(f, "dy");
+  Conv2d conv{32, 64, 5, 2, 14, 14};
+  conv.w = w.data();
+  conv.b = b.data();
+  Values cols(2 * conv.col_size()), y(2 * 64 * 196, 99.0f), dcol(conv.col_size()), dx(x.size(), 99.0f);
+  conv.Forward(x.data(), 2, cols.data(), y.data(), Activation::kRelu);
+  EXPECT_LE(RelativeError(y.data(), Get(f, "y")), kTolerance);
+  ReluBackward(y.data(), dy.data(), int64_t(dy.size()));
+  conv.BackwardSgd(cols.data(), dy.data(), 2, dcol.data(), dx.data(), 0.05f, 1e-4f);
+  EXPECT_LE(RelativeError(dx.data(), Get(f, "dx")), kTolerance);
+  EXPECT_LE(RelativeError(w.data(), Get(f, "w_after")), kTolerance);
+  EXPECT_LE(RelativeError(b.data(), Get(f, "b_after")), kTolerance);
+}
+
 TEST(TorchOracle, MaxPool) {
   auto f = Fixture("maxpool");
   Values x = Get(f, "x"), dy = Get(f, "dy");

@@ -96,11 +96,19 @@ TEST(SmallGemm, SmallBatchProductsGoToLibxsmmTheRestToOpenBlas) {
   EXPECT_EQ(ChooseGemmEngine(true, false, 200, 784, 10, 1, 0.5f), GemmEngine::kOpenBlas);
   // No small dimension (evaluation at batch 500): OpenBLAS.
   EXPECT_EQ(ChooseGemmEngine(false, false, 200, 500, 784, 1, 0), GemmEngine::kOpenBlas);
-  // The forward as yᵀ = W·xᵀ: for fc1 and fc2 at batch 10, not for fc3 (10 rows) nor at batch 500.
+  // The forward as yᵀ = W·xᵀ: for every layer at batch 10 and at evaluation's 32 (fc3 too, so that a row's
+  // logits do not depend on its batch), not at 500.
   EXPECT_TRUE(XsmmForwardPays(10, 784, 200));
   EXPECT_TRUE(XsmmForwardPays(10, 200, 200));
-  EXPECT_FALSE(XsmmForwardPays(10, 200, 10));
+  EXPECT_TRUE(XsmmForwardPays(10, 200, 10));
+  EXPECT_TRUE(XsmmForwardPays(32, 3136, 512));
   EXPECT_FALSE(XsmmForwardPays(500, 784, 200));
+  // The CNN's convolutions, per image, by their size: conv2's forward, weight product and columns' gradient.
+  EXPECT_EQ(ChooseGemmEngine(false, false, 64, 196, 800, 1, 1), GemmEngine::kXsmm);
+  EXPECT_EQ(ChooseGemmEngine(false, false, 800, 64, 196, 1, 0), GemmEngine::kXsmm);
+  EXPECT_EQ(ChooseGemmEngine(true, false, 800, 196, 64, 1, 0), GemmEngine::kXsmm);
+  // A large product with no small dimension stays on OpenBLAS (the CNN's fc1 at batch 500).
+  EXPECT_EQ(ChooseGemmEngine(true, false, 512, 3136, 500, 1, 0), GemmEngine::kOpenBlas);
   EXPECT_NE(std::string(XsmmTarget()), "none");
 }
 

@@ -145,3 +145,14 @@ for step in range(3):
     opt.step()
 after = {k + ".after": v for k, v in model.state_dict().items()}
 save("fedprox_mlp", mu=[mu], max_norm=[1.0], lr=[0.5], norms=norms, **batches, **before, **after)
+
+# The CNN's second convolution (32 -> 64 channels on 14x14, the products the
+# CPU layer runs per image on libxsmm) with its ReLU, then one plain SGD step.
+x, w, b = rand(2, 32, 14, 14), (rand(64, 32, 5, 5) * 0.05).detach().requires_grad_(), rand(64)
+y = F.relu(F.conv2d(x, w, b, padding=2))
+dy = torch.randn_like(y)
+y.backward(dy)
+w_before, b_before = w.detach().clone(), b.detach().clone()
+sgd = torch.optim.SGD([w, b], lr=0.05, weight_decay=1e-4)
+sgd.step()
+save("conv2d_relu_sgd", x=x, w=w_before, b=b_before, y=y, dy=dy, dx=x.grad, w_after=w, b_after=b)
