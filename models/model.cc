@@ -8,6 +8,7 @@
 
 #include "models/flat_buffer.h"
 #include "models/layers.h"
+#include "models/small_gemm.h"
 
 namespace estuary::models {
 
@@ -308,6 +309,8 @@ Result<std::unique_ptr<Model>> MakeModel(std::string_view name) {
   return InvalidArgument("unknown model '{}' (expected mlp or cnn)", name);
 }
 
+static_assert(kEvalBatch <= kSmallGemmDim, "evaluation's batch is one the small-batch kernels take");
+
 EvalResult Evaluate(Model& model, const float* x, const int32_t* y, uint64_t n, int batch) {
   EvalResult result;
   std::vector<float> logits(size_t(batch) * model.num_classes());
@@ -333,7 +336,8 @@ EvalResult EvaluateParallel(std::vector<std::unique_ptr<Model>>& replicas, std::
   const size_t parts = replicas.size();
   std::vector<EvalResult> results(parts);
   auto run = [&](size_t part) {
-    const uint64_t begin = n * part / parts, end = n * (part + 1) / parts;
+    auto cut = [&](size_t at) { return at == parts ? n : n * at / parts / kEvalBatch * kEvalBatch; };
+    const uint64_t begin = cut(part), end = cut(part + 1);
     Model& model = *replicas[part];
     std::copy(params.begin(), params.end(), model.parameters().begin());
     results[part] = Evaluate(model, x + begin * model.input_size(), y + begin, end - begin);

@@ -12,6 +12,7 @@
 #include "models/layers.h"
 #include "models/model.h"
 #include "models/optimizer.h"
+#include "models/small_gemm.h"
 #include "tests/e2e/harness.h"
 
 namespace estuary::models {
@@ -273,6 +274,37 @@ TEST(Model, InitializationIsDeterministicAndBounded) {
   for (uint64_t i = 0; i < fc1->numel(); ++i) max = std::max(max, std::abs((*a)->parameters()[fc1->offset + i]));
   EXPECT_LE(max, bound);
   EXPECT_GT(max, 0.99f * bound);
+}
+
+// Evaluation runs at a batch that suits the kernels (kEvalBatch), and a
+// kernel's sums can depend on the batch it runs; the threads cut the test set
+// at multiples of that batch, so the result does not depend on their number.
+TEST(Model, EvaluationDoesNotDependOnTheThreads) {
+  for (const char* name : {"mlp", "cnn"}) {
+    SCOPED_TRACE(name);
+    const int n = 3 * kEvalBatch + 13;
+    Values x(size_t(n) * 784);
+    for (size_t i = 0; i < x.size(); ++i) x[i] = float((i * 7919) % 255) / 255.0f;
+    std::vector<int32_t> labels(n);
+    for (int i = 0; i < n; ++i) labels[i] = (i * 7) % 10;
+    auto model = MakeModel(name);
+    ASSERT_TRUE(model.ok());
+    (*model)->Initialize(3);
+    const std::vector<float> params((*model)->parameters().begin(), (*model)->parameters().end());
+    std::vector<EvalResult> results;
+    for (int threads : {1, 2, 3}) {
+      std::vector<std::unique_ptr<Model>> replicas;
+      for (int t = 0; t < threads; ++t) replicas.push_back(std::move(MakeModel(name)).value());
+      results.push_back(EvaluateParallel(replicas, params, x.data(), labels.data(), n));
+    }
+    EXPECT_EQ(results[0].examples, uint64_t(n));
+    EXPECT_GT(results[0].accuracy, 0.0);
+    for (size_t t = 1; t < results.size(); ++t) {
+      EXPECT_EQ(results[t].examples, results[0].examples);
+      EXPECT_NEAR(results[t].accuracy, results[0].accuracy, 1e-12) << t + 1 << " threads";
+      EXPECT_NEAR(results[t].loss, results[0].loss, 1e-12 * results[0].loss) << t + 1 << " threads";
+    }
+  }
 }
 
 TEST(Model, MlpLearnsAFixedBatch) {
