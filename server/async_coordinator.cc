@@ -340,7 +340,7 @@ void AsyncCoordinator::Commit(Aggregator::Finished step) {
   }
   spdlog::info("federation complete after {} versions", version_);
   LogIfError(store_.SetMeta("complete", std::to_string(version_)), "store");
-  Broadcast(FederationCompleteMessage(version_, distribution_.current()));
+  SendToAll(connected_, FederationCompleteMessage(version_, distribution_.current()));
   // Unlike a round's end, sites are busy here: one may be writing an upload
   // that crossed the message. Closing under it would break its pipe before
   // it reads that the federation is over, so the sites leave first (each
@@ -431,18 +431,9 @@ void AsyncCoordinator::CloseAll() {
   for (auto& [name, w] : work_) {
     if (w.deadline) w.deadline->Cancel();
   }
-  auto sessions = connected_;
-  for (auto& [name, session] : sessions) session->CloseAfterWrites();
+  CloseAllAfterWrites(connected_);
 }
 
-std::vector<std::shared_ptr<ClientSession>> AsyncCoordinator::Connected() const {
-  std::vector<std::shared_ptr<ClientSession>> sessions;
-  for (const auto& [name, session] : connected_) sessions.push_back(session);
-  return sessions;
-}
-
-void AsyncCoordinator::Broadcast(const v1::Envelope& envelope) {
-  for (const auto& [name, session] : connected_) session->Send(envelope);
-}
+std::vector<std::shared_ptr<ClientSession>> AsyncCoordinator::Connected() const { return SessionsOf(connected_); }
 
 }  // namespace estuary::server

@@ -121,7 +121,6 @@ class AsyncCoordinator final : public RoundDriver {
   // After the last version: on_complete_ once every site has left, or at finish_timer_.
   void MaybeFinish();
   void Finish();
-  void Broadcast(const v1::Envelope& envelope);
   void LogIfError(const Status& status, const char* what);
 
   const ServerConfig& config_;
@@ -135,7 +134,7 @@ class AsyncCoordinator final : public RoundDriver {
   Manifest manifest_;
   ModelDistribution distribution_;
   StagingSlots slots_;
-  std::map<std::string, std::shared_ptr<ClientSession>> connected_;
+  SessionsByName connected_;
   std::map<std::string, Work> work_;  // by certificate name
   Metrics* metrics_ = nullptr;
   proto::EventFile* events_ = nullptr;

@@ -496,8 +496,8 @@ void Coordinator::OnAggregated(Aggregator::Finished result) {
                seconds, collect_seconds_);
 
   // After the last round the federation ends once its evaluation has.
-  Broadcast(RoundCommittedMessage(record_, seconds, per_update, result.changed_bytes,
-                                  round_ == config_.rounds && !EvaluationDue(round_)));
+  SendToAll(connected_, RoundCommittedMessage(record_, seconds, per_update, result.changed_bytes,
+                                              round_ == config_.rounds && !EvaluationDue(round_)));
 
   round_running_ = false;
   secagg_.reset();
@@ -511,7 +511,7 @@ void Coordinator::AfterRound() {
   if (complete()) {
     // The last round's RoundClosed left the federation open for its evaluation.
     if (round_ > config_.rounds && EvaluationDue(config_.rounds)) {
-      Broadcast(FederationCompleteMessage(config_.rounds, distribution_.current()));
+      SendToAll(connected_, FederationCompleteMessage(config_.rounds, distribution_.current()));
     }
     spdlog::info("federation complete after {} rounds", config_.rounds);
     LogIfError(store_.SetMeta("complete", std::to_string(round_ - 1)), "store");
@@ -534,7 +534,7 @@ bool Coordinator::WithinPrivacyBudget(size_t selected, size_t population) {
                dp.max_epsilon(), accountant_->Spent().epsilon, accountant_->rounds());
   budget_spent_ = true;
   LogIfError(store_.SetMeta("complete", std::to_string(round_ - 1)), "store");
-  Broadcast(FederationCompleteMessage(round_ - 1, distribution_.current()));
+  SendToAll(connected_, FederationCompleteMessage(round_ - 1, distribution_.current()));
   if (on_complete_) on_complete_();
   return false;
 }
@@ -552,7 +552,7 @@ void Coordinator::FailRound(const std::string& reason) {
   state_ = RoundState::kFailed;
   if (metrics_) metrics_->RoundEnded(RoundState::kFailed, SecondsSince(round_started_));
   for (auto& [name, p] : participants_) slots_.Release(name);
-  Broadcast(RoundFailedMessage(record_, distribution_.current(), reason));
+  SendToAll(connected_, RoundFailedMessage(record_, distribution_.current(), reason));
   round_running_ = false;
   ++failed_tries_;
   // The same round number is tried again, after a pause so a flapping
@@ -565,18 +565,9 @@ void Coordinator::CloseAll() {
   deadline_->Cancel();
   eval_deadline_->Cancel();
   retry_->Cancel();
-  auto sessions = connected_;
-  for (auto& [name, session] : sessions) session->CloseAfterWrites();
+  CloseAllAfterWrites(connected_);
 }
 
-std::vector<std::shared_ptr<ClientSession>> Coordinator::Connected() const {
-  std::vector<std::shared_ptr<ClientSession>> sessions;
-  for (const auto& [name, session] : connected_) sessions.push_back(session);
-  return sessions;
-}
-
-void Coordinator::Broadcast(const v1::Envelope& envelope) {
-  for (const auto& [name, session] : connected_) session->Send(envelope);
-}
+std::vector<std::shared_ptr<ClientSession>> Coordinator::Connected() const { return SessionsOf(connected_); }
 
 }  // namespace estuary::server

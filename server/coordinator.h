@@ -159,7 +159,6 @@ class Coordinator final : public RoundDriver {
   void OpenSecAggStage(SecAggState::Stage stage, std::map<uint32_t, v1::Envelope> messages);
   void FinishSecAgg();
   void ArmSecAggDeadline();
-  void Broadcast(const v1::Envelope& envelope);
   void LogIfError(const Status& status, const char* what);
   double SecondsSince(std::chrono::steady_clock::time_point start) const;
 
@@ -179,7 +178,7 @@ class Coordinator final : public RoundDriver {
   ModelDistribution distribution_;
   StagingSlots slots_;
 
-  std::map<std::string, std::shared_ptr<ClientSession>> connected_;  // by certificate name
+  SessionsByName connected_;  // by certificate name
   Metrics* metrics_ = nullptr;
   proto::EventFile* events_ = nullptr;
   uint64_t round_ = 1;

@@ -5,7 +5,9 @@
 #pragma once
 
 #include <functional>
+#include <map>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "base/status.h"
@@ -15,6 +17,26 @@
 #include "server/metrics.h"
 
 namespace estuary::server {
+
+// The connected clients by certificate name, as both drivers keep them.
+using SessionsByName = std::map<std::string, std::shared_ptr<ClientSession>>;
+
+// Their sessions, in name order (RoundDriver::Connected).
+inline std::vector<std::shared_ptr<ClientSession>> SessionsOf(const SessionsByName& sites) {
+  std::vector<std::shared_ptr<ClientSession>> sessions;
+  sessions.reserve(sites.size());
+  for (const auto& [name, session] : sites) sessions.push_back(session);
+  return sessions;
+}
+
+inline void SendToAll(const SessionsByName& sites, const v1::Envelope& envelope) {
+  for (const auto& [name, session] : sites) session->Send(envelope);
+}
+
+// Takes a copy: a session closed here may leave the driver's map before the loop ends.
+inline void CloseAllAfterWrites(SessionsByName sites) {
+  for (auto& [name, session] : sites) session->CloseAfterWrites();
+}
 
 class RoundDriver {
  public:
