@@ -27,6 +27,13 @@ class Federation {
     Issue("server", {.role = crypto::CertRole::kServer});
     WriteSyntheticMnist(data_, 300, 200, 7);
   }
+  // The logs go with the temporary directory: a failed test shows their
+  // tails first, for failures seen once under load.
+  ~Federation() {
+    if (::testing::Test::HasFailure()) PrintLogTails(dir_.path(), 40);
+  }
+  Federation(const Federation&) = delete;
+  Federation& operator=(const Federation&) = delete;
 
   // Whether the server stops after the last round (--exit-when-done); a test
   // that inspects the server afterwards stops it itself.

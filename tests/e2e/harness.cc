@@ -9,9 +9,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cerrno>
 #include <cstdio>
+#include <deque>
+#include <fstream>
 #include <random>
 
 #include "crypto/sha256.h"
@@ -103,6 +106,25 @@ ChildProcess::~ChildProcess() {
   if (pid_ > 0) {
     kill(pid_, SIGKILL);
     Wait();
+  }
+}
+
+void PrintLogTails(const fs::path& dir, size_t lines) {
+  std::error_code ec;
+  std::vector<fs::path> logs;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    if (entry.path().extension() == ".log") logs.push_back(entry.path());
+  }
+  std::sort(logs.begin(), logs.end());
+  for (const fs::path& log : logs) {
+    std::ifstream in(log);
+    std::deque<std::string> tail;
+    for (std::string line; std::getline(in, line);) {
+      tail.push_back(std::move(line));
+      if (tail.size() > lines) tail.pop_front();
+    }
+    std::fprintf(stderr, "---- %s (last %zu lines) ----\n", log.filename().c_str(), tail.size());
+    for (const std::string& line : tail) std::fprintf(stderr, "%s\n", line.c_str());
   }
 }
 

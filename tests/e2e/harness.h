@@ -48,6 +48,9 @@ CommandResult RunCommand(const std::string& command_line);
 // come back on the same port after it is killed.
 uint16_t FreePort();
 
+// Prints the last `lines` lines of every *.log directly in `dir` to stderr.
+void PrintLogTails(const fs::path& dir, size_t lines);
+
 // A child process (estuary-client), killed and reaped when destroyed.
 class ChildProcess {
  public:
