@@ -80,7 +80,10 @@ void AsyncCoordinator::OnHello(const std::shared_ptr<ClientSession>& session, co
   LogIfError(store_.ClientSeen(name, session->address(), clock_.UnixMs()), "store");
   spdlog::info("client {} connected from {} ({} connected)", name, session->address(), connected_.size());
   session->Send(WelcomeMessage(name, config_));
-  if (complete()) session->Send(FederationCompleteMessage(version_, distribution_.current()));
+  if (complete()) {
+    session->Send(FederationCompleteMessage(version_, distribution_.current()));
+    late_sites_.Told(name);
+  }
   if (closing_) return session->CloseAfterWrites();
   MaybeAssign();
 }
@@ -353,6 +356,10 @@ void AsyncCoordinator::Commit(Aggregator::Finished step) {
     Finish();
   });
   MaybeFinish();
+}
+
+void AsyncCoordinator::TellLateSites() {
+  late_sites_.Start(SitesInRoundLog(store_), clock_, LateSites::Limit(config_.idle_timeout_s), on_complete_);
 }
 
 void AsyncCoordinator::MaybeFinish() {

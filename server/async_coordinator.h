@@ -56,6 +56,7 @@
 #include "server/clock.h"
 #include "server/config.h"
 #include "server/distribution.h"
+#include "server/late_sites.h"
 #include "server/round_driver.h"
 #include "server/staging_slots.h"
 #include "server/store.h"
@@ -73,6 +74,7 @@ class AsyncCoordinator final : public RoundDriver {
   void OnMessage(const std::shared_ptr<ClientSession>& session, v1::Envelope envelope) override;
   void OnClosed(ClientSession& session) override;
   void set_on_complete(std::function<void()> fn) override { on_complete_ = std::move(fn); }
+  void TellLateSites() override;
   void set_metrics(Metrics* metrics) override { metrics_ = metrics; }
   void set_event_file(proto::EventFile* events) override { events_ = events; }
   void CloseAll() override;
@@ -139,6 +141,7 @@ class AsyncCoordinator final : public RoundDriver {
   Metrics* metrics_ = nullptr;
   proto::EventFile* events_ = nullptr;
   std::function<void()> on_complete_;
+  LateSites late_sites_;  // restarted complete: who has yet to be told
 
   uint64_t version_ = 0;      // the last committed
   bool started_ = false;      // min_clients were connected once: work goes out

@@ -99,7 +99,10 @@ void Coordinator::OnHello(const std::shared_ptr<ClientSession>& session, const v
                        : "");
 
   session->Send(WelcomeMessage(name, config_));
-  if (complete()) session->Send(FederationCompleteMessage(round_ - 1, distribution_.current()));
+  if (complete()) {
+    session->Send(FederationCompleteMessage(round_ - 1, distribution_.current()));
+    late_sites_.Told(name);
+  }
   if (closing_) return session->CloseAfterWrites();
   if (!complete()) MaybeStartRound();
 }
@@ -505,6 +508,10 @@ void Coordinator::OnAggregated(Aggregator::Finished result) {
   failed_tries_ = 0;
   if (EvaluationDue(round_ - 1) && StartEvaluation(round_ - 1)) return;
   AfterRound();
+}
+
+void Coordinator::TellLateSites() {
+  late_sites_.Start(SitesInRoundLog(store_), clock_, LateSites::Limit(config_.idle_timeout_s), on_complete_);
 }
 
 void Coordinator::AfterRound() {

@@ -56,6 +56,7 @@
 #include "server/clock.h"
 #include "server/config.h"
 #include "server/distribution.h"
+#include "server/late_sites.h"
 #include "proto/event_file.h"
 #include "server/evaluation.h"
 #include "server/metrics.h"
@@ -85,6 +86,7 @@ class Coordinator final : public RoundDriver {
 
   // Called once the federation is complete (the last round committed).
   void set_on_complete(std::function<void()> fn) override { on_complete_ = std::move(fn); }
+  void TellLateSites() override;
   // Where rounds, sites, rejections and folds are counted (server/metrics.h);
   // null (the default): nowhere. Must outlive the Coordinator.
   void set_metrics(Metrics* metrics) override { metrics_ = metrics; }
@@ -198,6 +200,7 @@ class Coordinator final : public RoundDriver {
   double loss_sum_ = 0;
   double examples_sum_ = 0;
   std::function<void()> on_complete_;
+  LateSites late_sites_;  // restarted complete: who has yet to be told
   std::string federation_id_;  // the checkpoint directory's and the round log's
   // DP: ε over the committed rounds (replayed from the round log at Recover).
   std::optional<privacy::Accountant> accountant_;

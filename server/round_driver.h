@@ -63,6 +63,10 @@ class RoundDriver {
   // The sessions of the connected clients, in name order.
   virtual std::vector<std::shared_ptr<ClientSession>> Connected() const = 0;
   virtual bool complete() const = 0;
+  // Restarted complete: tells each site of the round log that the federation
+  // is over as it says hello, and calls on_complete once all have been told,
+  // or after idle_timeout (late_sites.h).
+  virtual void TellLateSites() = 0;
 };
 
 }  // namespace estuary::server

@@ -141,8 +141,9 @@ Status Server::Run() {
   asio::post(core_, [this] {
     if (config_.exit_when_done) {
       coordinator_->set_on_complete([this] { Stop(); });
-      // A server resumed after the federation's last round stops at once.
-      if (coordinator_->complete()) return Stop();
+      // Resumed after the federation's last round, it stops once the sites
+      // have been told (it may have died before they read it).
+      if (coordinator_->complete()) return coordinator_->TellLateSites();
     }
     if (!coordinator_->complete()) spdlog::info("waiting for {} clients to connect", config_.min_clients);
   });

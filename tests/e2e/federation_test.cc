@@ -809,14 +809,27 @@ TEST(Federation, ARestartedServerResumesAfterTheLastCommittedRound) {
   EXPECT_EQ((*rounds)[0].global_checksum, checksum_after_round_1);
   EXPECT_EQ((*rounds)[2].model_version, 3u);
 
-  // Started again with nothing left to run, it says where it resumed and
-  // exits cleanly (it used to stop before reading its own address and die of
-  // the exception; a client that outlived the kill in
-  // AClientReconnectsAfterTheServerCrashes met it under load).
-  ASSERT_NE(f.StartServer(3, 1), 0);
+  // Started again with nothing left to run, it says where it resumed, tells
+  // the sites of its round log that the federation is over as they
+  // reconnect, and then exits cleanly. It may have died between the last
+  // commit and a site reading that: stopping at once left such a site
+  // reconnecting for ever (AClientReconnectsAfterTheServerCrashes, killed
+  // late under load).
+  const uint16_t again = f.StartServer(3, 1);
+  ASSERT_NE(again, 0);
+  auto late = f.StartClient("site-a", again);
+  EXPECT_EQ(late->Wait(), 0) << f.ClientLog("site-a");
   ASSERT_EQ(f.WaitServer(), 0) << f.ServerLog();
   EXPECT_NE(f.ServerLog().find("resumed after round 3"), std::string::npos) << f.ServerLog();
+  EXPECT_NE(f.ServerLog().find("telling the 1 sites of the round log as they reconnect"), std::string::npos)
+      << f.ServerLog();
+  EXPECT_NE(f.ClientLog("site-a").find("federation complete"), std::string::npos) << f.ClientLog("site-a");
   EXPECT_EQ(f.ServerLog().find("terminate called"), std::string::npos) << f.ServerLog();
+
+  // A site that never comes back holds it no longer than --idle-timeout.
+  ASSERT_NE(f.StartServer(3, 1, {"--idle-timeout", "1"}), 0);
+  ASSERT_EQ(f.WaitServer(), 0) << f.ServerLog();
+  EXPECT_NE(f.ServerLog().find("1 sites of the round log did not reconnect"), std::string::npos) << f.ServerLog();
 }
 
 // FedAdam's moments live in the strategy and go into every checkpoint. A
