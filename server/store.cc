@@ -541,11 +541,19 @@ Result<std::vector<Participation>> Store::Participations(uint64_t round) {
 }
 
 Result<std::vector<ClientRecord>> Store::Clients() {
-  Statement s(db_,
-              "SELECT c.name, c.first_seen_ms, c.last_seen_ms, c.last_address, "
-              "(SELECT count(*) FROM participations p WHERE p.client = c.name AND p.status = 'committed'), "
-              "(SELECT count(*) FROM participations p WHERE p.client = c.name AND p.status IN ('dropped', 'late')) "
-              "FROM clients c ORDER BY c.name");
+  // A read-only log from before schema 6 has no round_arrivals.
+  const std::string folded =
+      has_arrivals_ ? " + (SELECT count(*) FROM round_arrivals a WHERE a.client = c.name AND a.status = 'folded')" : "";
+  const std::string refused =
+      has_arrivals_
+          ? " + (SELECT count(*) FROM round_arrivals a WHERE a.client = c.name AND a.status IN ('stale', 'rejected'))"
+          : "";
+  const std::string sql =
+      "SELECT c.name, c.first_seen_ms, c.last_seen_ms, c.last_address, "
+      "(SELECT count(*) FROM participations p WHERE p.client = c.name AND p.status = 'committed')" + folded +
+      ", (SELECT count(*) FROM participations p WHERE p.client = c.name AND p.status IN ('dropped', 'late'))" +
+      refused + " FROM clients c ORDER BY c.name";
+  Statement s(db_, sql.c_str());
   std::vector<ClientRecord> out;
   for (;;) {
     ESTUARY_ASSIGN_OR_RETURN(bool row, s.Step());

@@ -148,8 +148,8 @@ struct ClientRecord {
   int64_t first_seen_ms = 0;
   int64_t last_seen_ms = 0;
   std::string last_address;          // "127.0.0.1:53412"
-  uint64_t rounds_joined = 0;        // participations with status committed
-  uint64_t rounds_dropped = 0;       // dropped or late
+  uint64_t rounds_joined = 0;        // participations committed, and asynchronous arrivals folded
+  uint64_t rounds_dropped = 0;       // participations dropped or late; arrivals stale or rejected
 };
 
 struct Transition {

@@ -25,7 +25,7 @@ bool Running(const RoundRecord& r) { return r.state != RoundState::kCommitted &&
 
 std::string Arrivals(const WatchFrame& f) {
   std::string out;
-  for (const char* status : {"committed", "selected", "dropped", "late", "failed", "rejected", "refused"}) {
+  for (const char* status : {"committed", "selected", "dropped", "late", "failed", "rejected", "refused", "stale"}) {
     auto it = f.arrivals.find(status);
     if (it == f.arrivals.end() || it->second == 0) continue;
     const char* label = std::string_view(status) == "selected" ? "training" : status;
@@ -66,6 +66,9 @@ Result<WatchFrame> ReadWatchFrame(Store& store, int64_t now_ms) {
   f.current_seconds = double((Running(*f.current) ? now_ms : f.current->ended_ms) - f.current->started_ms) / 1000;
   ESTUARY_ASSIGN_OR_RETURN(const std::vector<Participation> participants, store.Participations(f.current->round));
   for (const Participation& p : participants) ++f.arrivals[p.status];
+  // An asynchronous version's updates are arrivals, not participations.
+  ESTUARY_ASSIGN_OR_RETURN(const std::vector<Arrival> arrivals, store.Arrivals(f.current->round));
+  for (const Arrival& a : arrivals) ++f.arrivals[a.status == "folded" ? "committed" : a.status];
   return f;
 }
 

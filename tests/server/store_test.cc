@@ -508,6 +508,7 @@ TEST(Store, ALogOfSchemaFiveIsMigratedAndAnAsyncVersionShowsItsArrivals) {
     std::string text;
     ASSERT_TRUE(ShowRound(**old, 1, true, &text).ok());
     EXPECT_NE(text.find("\"arrivals\": []"), std::string::npos) << text;
+    EXPECT_TRUE((*old)->Clients().ok()) << "a log without round_arrivals still lists its sites";
   }
   auto migrated = Store::Open(path);
   ASSERT_TRUE(migrated.ok()) << migrated.status().ToString();
@@ -550,6 +551,48 @@ TEST(Store, ALogOfSchemaFiveIsMigratedAndAnAsyncVersionShowsItsArrivals) {
   // A version begun again after a restart starts with no arrivals: the buffer was not checkpointed.
   ASSERT_TRUE((*migrated)->BeginRound(two).ok());
   EXPECT_TRUE((*migrated)->Arrivals(2)->empty());
+}
+
+// An asynchronous federation's work is arrivals, not participations: the
+// operator's `clients` and `rounds watch` count them too.
+TEST(Store, AsynchronousArrivalsCountForTheSitesAndTheWatch) {
+  testing::TempDir dir;
+  auto store = Store::Open(dir / "rounds.db");
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  Store& s = **store;
+  ASSERT_TRUE(s.SetMeta("rounds", "4").ok());
+  ASSERT_TRUE(s.ClientSeen("site-a", "127.0.0.1:1", 1).ok());
+  ASSERT_TRUE(s.ClientSeen("site-b", "127.0.0.1:2", 2).ok());
+  RoundRecord version = Round(1);
+  version.strategy = "fedbuff";
+  version.clients_selected = 5;
+  ASSERT_TRUE(s.BeginRound(version).ok());
+  ASSERT_TRUE(s.Transition(1, RoundState::kOpen, RoundState::kCollecting, 1001).ok());
+  Arrival a{.round = 1, .seq = 1, .client = "site-a", .status = "folded", .weight = 1};
+  ASSERT_TRUE(s.RecordArrival(a).ok());
+  a.seq = 3;  // site-a again within the same version
+  ASSERT_TRUE(s.RecordArrival(a).ok());
+  Arrival b = a;
+  b.seq = 2;
+  b.client = "site-b";
+  b.status = "stale";
+  b.weight = 0;
+  ASSERT_TRUE(s.RecordArrival(b).ok());
+  b.seq = 4;
+  b.status = "rejected";
+  ASSERT_TRUE(s.RecordArrival(b).ok());
+
+  auto clients = s.Clients();
+  ASSERT_TRUE(clients.ok()) << clients.status().ToString();
+  ASSERT_EQ(clients->size(), 2u);
+  EXPECT_EQ((*clients)[0].rounds_joined, 2u);
+  EXPECT_EQ((*clients)[0].rounds_dropped, 0u);
+  EXPECT_EQ((*clients)[1].rounds_joined, 0u);
+  EXPECT_EQ((*clients)[1].rounds_dropped, 2u);
+
+  auto frame = ReadWatchFrame(s, 2500);
+  ASSERT_TRUE(frame.ok()) << frame.status().ToString();
+  EXPECT_EQ(DescribeWatchFrame(*frame), "round 1 of 4 collecting: 2 of 5 updates (2 committed, 1 rejected, 1 stale)");
 }
 
 }  // namespace
