@@ -39,9 +39,9 @@ struct Job {
 }  // namespace
 
 Status CheckAsyncScenario(const Scenario& s) {
-  if (s.mode != "inproc") {
-    return InvalidArgument("sim: --async runs in process only (--mode inproc); estuary-server has no asynchronous "
-                           "rounds yet");
+  if (s.mode == "loopback" && s.stragglers > 0) {
+    return InvalidArgument("sim: --async --mode loopback with --stragglers: a straggler is slower in simulated time, "
+                           "which the real server does not keep; run it in process (--mode inproc)");
   }
   if (s.secagg) return InvalidArgument("sim: --async with --secagg: a masked sum needs a whole round's sites at once");
   if (!s.attack.empty()) return InvalidArgument("sim: --async with --attack: not supported");
@@ -68,6 +68,9 @@ Status CheckAsyncScenario(const Scenario& s) {
 
 Result<Report> RunAsync(const Scenario& given, const RoundCallback& on_round, std::vector<float>* final_global) {
   ESTUARY_RETURN_IF_ERROR(CheckAsyncScenario(given));
+  if (given.mode != "inproc") {
+    return InvalidArgument("sim: RunAsync runs in process; RunLoopback runs --async against the server");
+  }
   ESTUARY_RETURN_IF_ERROR(CheckScenario(given));
   const auto start = Clock::now();
   // Stragglers run their full steps here, only slower: the sites' trainers are the honest ones.

@@ -24,9 +24,11 @@
 
 namespace estuary::simulations {
 
-// The combinations --async refuses, in one line each: loopback, secagg,
-// attacks, Poisson sampling, and the federations CheckFedBuffFederation
-// refuses; a concurrency outside [1, clients] or a bad staleness weight.
+// The combinations --async refuses, in one line each: secagg, attacks,
+// Poisson sampling, stragglers in loopback (the server keeps no simulated
+// clock), and the federations CheckFedBuffFederation refuses; a concurrency
+// outside [1, clients] or a bad staleness weight. In loopback the server runs
+// the versions (serve --mode async) and RunLoopback reports them.
 Status CheckAsyncScenario(const Scenario& scenario);
 
 Result<Report> RunAsync(const Scenario& scenario, const RoundCallback& on_round,

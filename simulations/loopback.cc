@@ -17,6 +17,7 @@
 #include "crypto/tls.h"
 #include "models/hf_base.h"
 #include "server/store.h"
+#include "simulations/async_runner.h"
 #include "simulations/attack.h"
 #include "simulations/federated_eval.h"
 #include "simulations/instruction_sites.h"
@@ -96,10 +97,46 @@ Status ProvisionCertificates(const fs::path& dir, const std::vector<std::string>
   return Status::Ok();
 }
 
+// An asynchronous federation's versions are the server's: sites hear of no
+// version's close, so its rows come from the round log, with the staleness of
+// each version's folded arrivals.
+Status AddVersionsFromRoundLog(Report& report, const RoundCallback& on_round, uint64_t planned) {
+  ESTUARY_ASSIGN_OR_RETURN(auto store, server::Store::OpenReadOnly(report.round_log));
+  ESTUARY_ASSIGN_OR_RETURN(const std::vector<server::RoundRecord> logged, store->Rounds());
+  for (const server::RoundRecord& r : logged) {
+    if (r.state != server::RoundState::kCommitted) continue;
+    RoundReport row{.round = r.round, .clients_selected = r.clients_selected, .updates_received = r.updates_received,
+                    .test_accuracy = r.test_accuracy.value_or(0), .test_loss = r.test_loss.value_or(0),
+                    .train_loss = r.train_loss, .seconds = double(r.ended_ms - r.started_ms) / 1000,
+                    .bytes_up = r.bytes_up, .bytes_down = r.bytes_down,
+                    .bytes_per_update = r.bytes_up / std::max<uint64_t>(r.updates_received, 1),
+                    .global_checksum = r.global_checksum};
+    ESTUARY_ASSIGN_OR_RETURN(const std::vector<server::Arrival> arrivals, store->Arrivals(r.round));
+    double staleness = 0;
+    uint64_t folded = 0, largest = 0, refused = 0;
+    for (const server::Arrival& a : arrivals) {
+      if (a.status != "folded") {
+        refused += a.status == "stale";
+        continue;
+      }
+      ++folded;
+      staleness += double(a.staleness);
+      largest = std::max(largest, a.staleness);
+    }
+    row.staleness_mean = folded ? staleness / double(folded) : 0;
+    row.staleness_max = largest;
+    row.updates_refused = refused;
+    report.rounds.push_back(row);
+    if (on_round) on_round(row, planned);
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 Result<Report> RunLoopback(const Scenario& given, const RoundCallback& on_round) {
   ESTUARY_RETURN_IF_ERROR(CheckScenario(given));
+  if (given.async) ESTUARY_RETURN_IF_ERROR(CheckAsyncScenario(given));
   // On a Hugging Face base every site holds it (one copy, shared); the server sends none of it.
   Scenario s = given;
   ESTUARY_ASSIGN_OR_RETURN(const std::shared_ptr<const models::HfBase> hf_base, aggregation::ApplyHfBase(&s.federation));
@@ -149,6 +186,11 @@ Result<Report> RunLoopback(const Scenario& given, const RoundCallback& on_round)
       args.insert(args.end(), {"--evaluate-every", std::to_string(s.evaluate_every), "--evaluate-clients",
                                fmt::format("{}", s.evaluate_clients)});
     }
+    if (s.async) {
+      args.insert(args.end(), {"--mode", "async", "--buffer", std::to_string(s.buffer), "--concurrency",
+                               std::to_string(s.concurrency), "--staleness-weight", s.staleness_weight,
+                               fmt::format("--max-staleness={}", s.max_staleness)});
+    }
     if (s.secagg) {  // the sites take part when their RoundStart says so
       const SecAggOptions& o = s.secagg_options;
       args.insert(args.end(), {"--secagg", "--secagg-neighbours", std::to_string(o.neighbours), "--secagg-threshold",
@@ -177,7 +219,7 @@ Result<Report> RunLoopback(const Scenario& given, const RoundCallback& on_round)
   boost::asio::thread_pool training(s.threads);
   Report report;
   report.scenario = ScenarioJson(s);
-  report.mode = "loopback";
+  report.mode = s.async ? "loopback-async" : "loopback";
   if (!s.attack.empty()) {
     report.attackers = ChosenSiteCount(names.size(), s.attackers);  // as ChooseAttackers and a population choose
   }
@@ -223,7 +265,9 @@ Result<Report> RunLoopback(const Scenario& given, const RoundCallback& on_round)
     if (s.federation.strategy().name() == "scaffold") options.scaffold = std::make_shared<client::SiteControl>();
     auto agent = std::make_shared<client::Agent>(io, options, *trainers[i], training.get_executor());
     agent->on_round_closed = [&](const v1::RoundClosed& closed) {
-      if (!closed.committed() || !rounds_seen.insert(closed.round()).second) return;
+      // An asynchronous federation's versions come from its round log; the
+      // only RoundClosed its sites hear is the federation's end.
+      if (s.async || !closed.committed() || !rounds_seen.insert(closed.round()).second) return;
       const RoundReport row{
           .round = closed.round(), .clients_selected = closed.clients_selected(),
           .updates_received = closed.updates_received(), .test_accuracy = closed.test_accuracy(),
@@ -267,6 +311,7 @@ Result<Report> RunLoopback(const Scenario& given, const RoundCallback& on_round)
       return Aborted("sim: estuary-server exited with status {}; see {}", code, (s.workdir / "server.log").string());
     }
   }
+  if (s.async && !report.round_log.empty()) ESTUARY_RETURN_IF_ERROR(AddVersionsFromRoundLog(report, on_round, s.rounds));
   if (report.rounds.empty()) return Aborted("sim: no round completed");
   std::sort(report.rounds.begin(), report.rounds.end(), [](auto& a, auto& b) { return a.round < b.round; });
   if (!report.round_log.empty()) ESTUARY_RETURN_IF_ERROR(AddPrivacyFromRoundLog(report));

@@ -209,7 +209,7 @@ int main(int argc, char** argv) {
                  "--dp distributed: the fraction of a round's sampled sites whose shares make the full noise; the "
                  "server refuses to unmask fewer inputs (default 1)");
   app.add_flag("--async", s.async,
-               "inproc: asynchronous rounds (FedBuff): sites train continuously, a new model version every --buffer "
+               "asynchronous rounds (FedBuff): sites train continuously, a new model version every --buffer "
                "arrivals; --rounds counts versions (docs/HETEROGENEITY.md)");
   app.add_option("--buffer", s.buffer, "--async: K, the updates folded into each model version");
   app.add_option("--concurrency", s.concurrency, "--async: C, the sites training at once");
@@ -334,9 +334,9 @@ int main(int argc, char** argv) {
     std::error_code ec;
     std::filesystem::create_directories(parent, ec);
   }
-  auto report = s.async              ? simulations::RunAsync(s, on_round)
-                : s.mode == "inproc" ? simulations::RunInproc(s, on_round)
-                                     : simulations::RunLoopback(s, on_round);
+  auto report = s.mode != "inproc" ? simulations::RunLoopback(s, on_round)  // either kind of round
+                : s.async           ? simulations::RunAsync(s, on_round)
+                                    : simulations::RunInproc(s, on_round);
   if (!report.ok()) return Fail(report.status());
   if (Status st = simulations::WriteReport(report_path, *report); !st.ok()) return Fail(st);
   if (plot_path.empty()) plot_path = std::filesystem::path(report_path).replace_extension(".svg").string();
