@@ -21,6 +21,7 @@
 #include "simulations/instruct_fortunes.h"
 #include "simulations/lora_fortunes.h"
 #include "simulations/runner.h"
+#include "simulations/sim_ranks.h"
 
 extern "C" void openblas_set_num_threads(int);
 
@@ -134,6 +135,14 @@ int RunInstructFortunesScenario(const CLI::App& app, const simulations::Scenario
 
 int main(int argc, char** argv) {
   estuary::proto::QuietProtobufLog();
+  // Under mpirun (docs/PERFORMANCE.md, "Beyond one machine"): rank 0 runs the
+  // simulation and reports; the others train their share of each round.
+  std::unique_ptr<simulations::SimRanks> ranks;
+  if (simulations::SimRanks::LaunchedByMpi()) {
+    auto joined = simulations::SimRanks::Join(&argc, &argv);
+    if (!joined.ok()) return Fail(joined.status());
+    ranks = std::move(*joined);
+  }
   // Clients train in parallel, one per thread; BLAS must not oversubscribe the cores.
   RetainFreedMemory();
   openblas_set_num_threads(1);
@@ -266,6 +275,17 @@ int main(int argc, char** argv) {
                                 "training"));
   }
   StartLogging("estuary-sim", log_level);
+  if (ranks) {
+    // A failure of any rank is rank 0's to report, in one line and its exit
+    // code; the others end cleanly, lest mpirun kill rank 0 before it prints.
+    if (Status st = simulations::CheckMpiScenario(s, s.async, scenario); !st.ok()) {
+      return ranks->rank() == 0 ? Fail(st) : 0;
+    }
+    if (ranks->rank() != 0) {
+      (void)simulations::ServeInprocRank(s, *ranks);
+      return 0;
+    }
+  }
   if (!scenario.empty()) {
     if (scenario == "lora-fortunes") return RunLoraFortunesScenario(app, s, lf, report_path, quiet);
     if (scenario == "instruct-fortunes") return RunInstructFortunesScenario(app, s, lf, report_path, quiet);
@@ -336,7 +356,7 @@ int main(int argc, char** argv) {
   }
   auto report = s.mode != "inproc" ? simulations::RunLoopback(s, on_round)  // either kind of round
                 : s.async           ? simulations::RunAsync(s, on_round)
-                                    : simulations::RunInproc(s, on_round);
+                                    : simulations::RunInproc(s, on_round, nullptr, ranks.get());
   if (!report.ok()) return Fail(report.status());
   if (Status st = simulations::WriteReport(report_path, *report); !st.ok()) return Fail(st);
   if (plot_path.empty()) plot_path = std::filesystem::path(report_path).replace_extension(".svg").string();
@@ -375,6 +395,13 @@ int main(int argc, char** argv) {
   if (!report->trained_on.empty()) std::printf("sites trained on %s\n", report->trained_on.c_str());
   if (report->epsilon) std::printf("differential privacy: epsilon %.4g at delta %g\n", *report->epsilon, *report->delta);
   if (!report->round_log.empty()) std::printf("round log: %s\n", report->round_log.c_str());
+  if (report->mpi_ranks) {
+    uint64_t bytes = 0;
+    for (const auto& row : report->rounds) bytes += row.mpi_bytes.value_or(0);
+    std::printf("mpirun: %llu ranks trained %s updates (rank 0 first); %.0f bytes between ranks per round\n",
+                (unsigned long long)*report->mpi_ranks, fmt::format("{}", fmt::join(report->updates_by_rank, " + ")).c_str(),
+                double(bytes) / double(report->rounds.size()));
+  }
   std::printf("report: %s\nplot: %s\n", report_path.c_str(), plot_path.c_str());
   return 0;
 }

@@ -32,11 +32,14 @@ constexpr const char* kOptionalRoundKeys[] = {"bytes_per_update", "merge_bytes_d
                                               "attackers", "updates_refused", "secagg_bytes_per_site",
                                               "secagg_seconds", "secagg_dropouts", "secagg_error_bound",
                                               "sim_time", "staleness_mean", "staleness_max",
-                                              "federated_accuracy", "federated_loss", "federated_examples"};
+                                              "federated_accuracy", "federated_loss", "federated_examples",
+                                              "mpi_bytes"};
 constexpr const char* kReportKeys[] = {"scenario", "mode",          "round_log",
                                        "rounds",   "total_seconds", "final_accuracy"};
 // A DP run's (epsilon, delta); a run under attack's (attackers).
-constexpr const char* kOptionalReportKeys[] = {"epsilon", "delta", "attackers", "trained_on", "peak_rss_bytes"};
+// An mpirun run's (mpi_ranks, updates_by_rank).
+constexpr const char* kOptionalReportKeys[] = {"epsilon", "delta", "attackers", "trained_on", "peak_rss_bytes",
+                                               "mpi_ranks", "updates_by_rank"};
 
 // A key that only some reports hold: written when set.
 void SetIfPresent(json& object, const char* key, const std::optional<double>& value) {
@@ -171,10 +174,12 @@ Result<RoundReport> RoundFromJson(const json& object, std::string_view where) {
     ESTUARY_RETURN_IF_ERROR(ReadUnsigned(object, key, kMaxU32, where, value));
     *out = value;
   }
-  if (object.contains("secagg_bytes_per_site")) {
+  for (auto [key, out] : {std::pair{"secagg_bytes_per_site", &round.secagg_bytes_per_site},
+                          std::pair{"mpi_bytes", &round.mpi_bytes}}) {
+    if (!object.contains(key)) continue;
     uint64_t value = 0;
-    ESTUARY_RETURN_IF_ERROR(ReadUnsigned(object, "secagg_bytes_per_site", kMaxU64, where, value));
-    round.secagg_bytes_per_site = value;
+    ESTUARY_RETURN_IF_ERROR(ReadUnsigned(object, key, kMaxU64, where, value));
+    *out = value;
   }
   return round;
 }
@@ -272,6 +277,7 @@ nlohmann::json ToJson(const Report& report) {
     SetIfPresent(rounds.back(), "federated_accuracy", r.federated_accuracy);
     SetIfPresent(rounds.back(), "federated_loss", r.federated_loss);
     SetIfPresent(rounds.back(), "federated_examples", r.federated_examples);
+    SetIfPresent(rounds.back(), "mpi_bytes", r.mpi_bytes);
   }
   json out = {{"scenario", report.scenario},
               {"mode", report.mode},
@@ -284,6 +290,10 @@ nlohmann::json ToJson(const Report& report) {
   SetIfPresent(out, "attackers", report.attackers);
   if (!report.trained_on.empty()) out["trained_on"] = report.trained_on;
   SetIfPresent(out, "peak_rss_bytes", report.peak_rss_bytes);
+  if (report.mpi_ranks) {
+    out["mpi_ranks"] = *report.mpi_ranks;
+    out["updates_by_rank"] = report.updates_by_rank;
+  }
   return out;
 }
 
@@ -334,6 +344,24 @@ Result<Report> ReportFromJson(const nlohmann::json& object, std::string_view whe
   }
   if (object.contains("trained_on")) {
     ESTUARY_RETURN_IF_ERROR(ReadString(object, "trained_on", where, report.trained_on));
+  }
+  if (object.contains("mpi_ranks") != object.contains("updates_by_rank")) {
+    return InvalidArgument("{}: mpi_ranks and updates_by_rank come together", where);
+  }
+  if (object.contains("mpi_ranks")) {
+    uint64_t ranks = 0;
+    ESTUARY_RETURN_IF_ERROR(ReadUnsigned(object, "mpi_ranks", std::numeric_limits<uint32_t>::max(), where, ranks));
+    const json& counts = object.at("updates_by_rank");
+    if (!counts.is_array() || counts.size() != ranks) {
+      return InvalidArgument("{}.updates_by_rank: expected an array of mpi_ranks ({}) counts", where, ranks);
+    }
+    for (size_t r = 0; r < counts.size(); ++r) {
+      if (!counts[r].is_number_unsigned()) {
+        return InvalidArgument("{}.updates_by_rank[{}]: expected a non-negative integer", where, r);
+      }
+      report.updates_by_rank.push_back(counts[r].get<uint64_t>());
+    }
+    report.mpi_ranks = ranks;
   }
   return report;
 }

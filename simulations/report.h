@@ -16,7 +16,10 @@
 // by the whole run); a run without DP has none of these keys. A --secagg run's
 // rounds hold "secagg_bytes_per_site", "secagg_seconds", "secagg_dropouts" and
 // "secagg_error_bound". An inproc run's rounds hold "sim_time", an --async
-// run's also "staleness_mean" and "staleness_max".
+// run's also "staleness_mean" and "staleness_max". A run under mpirun
+// (docs/PERFORMANCE.md, "Beyond one machine") holds "mpi_ranks" and
+// "updates_by_rank" (the updates each rank trained and sent, rank 0 first),
+// and its rounds "mpi_bytes" (what the round moved between the ranks).
 // JSON has no NaN or infinity; a non-finite metric (a diverged loss) is written
 // as null and read back as NaN, so such a run still leaves a readable report.
 #pragma once
@@ -77,6 +80,10 @@ struct RoundReport {
   std::optional<double> federated_accuracy;
   std::optional<double> federated_loss;
   std::optional<uint64_t> federated_examples;
+  // Under mpirun: the bytes the round moved between the ranks (the round's
+  // order and the global model to every other rank, their sites' updates to
+  // rank 0). Unset in a run of one process.
+  std::optional<uint64_t> mpi_bytes;
 
   bool operator==(const RoundReport&) const = default;
 };
@@ -98,6 +105,10 @@ struct Report {
   // inproc: the simulating process's peak resident memory (VmHWM) when the
   // run ended, in bytes; absent where /proc does not say.
   std::optional<uint64_t> peak_rss_bytes;
+  // Under mpirun: the processes the run used, and how many of the updates
+  // folded each rank trained (counted as they arrived, by sender).
+  std::optional<uint64_t> mpi_ranks;
+  std::vector<uint64_t> updates_by_rank;
 };
 
 nlohmann::json ToJson(const Report& report);

@@ -50,6 +50,7 @@
 #include "simulations/population.h"
 #include "simulations/scenario_checks.h"
 #include "simulations/server_process.h"
+#include "simulations/sim_ranks.h"
 #include "simulations/stragglers.h"
 #include "simulations/workload.h"
 
@@ -180,7 +181,66 @@ static Result<Simulation> MakeSimulation(const Scenario& given) {
   return sim;
 }
 
-Result<Report> RunInproc(const Scenario& s, const RoundCallback& on_round, std::vector<float>* final_global) {
+// Calls train(i) for the sampled sites i this rank trains — all k in one
+// process, i mod N == rank under mpirun (sim_ranks.h) — `threads` at a time.
+static void TrainOwned(size_t k, const SimRanks* ranks, uint32_t threads, const std::function<void(size_t)>& train) {
+  std::vector<size_t> mine;
+  for (size_t i = 0; i < k; ++i) {
+    if (!ranks || ranks->OwnerOf(i) == ranks->rank()) mine.push_back(i);
+  }
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t j; (j = next.fetch_add(1)) < mine.size();) train(mine[j]);
+  };
+  std::vector<std::thread> pool;
+  for (uint32_t t = 1; t < std::min<size_t>(threads, mine.size()); ++t) pool.emplace_back(work);
+  work();
+  for (auto& thread : pool) thread.join();
+}
+
+Status ServeInprocRank(const Scenario& s, SimRanks& ranks) {
+  Result<Simulation> made = [&]() -> Result<Simulation> {
+    ESTUARY_RETURN_IF_ERROR(CheckScenario(s));
+    return MakeSimulation(s);
+  }();
+  ESTUARY_RETURN_IF_ERROR(ranks.Settle(made.status()));  // rank 0 reports a failure, whichever rank's
+  Simulation& sim = *made;
+  const SiteSet sites(s, sim);
+  const Manifest& manifest = sim.federation.manifest;
+  std::vector<float>& global = sim.federation.initial;
+  const v1::TaskConfig& task = sim.federation.config.task();
+  // Past Settle rank 0 waits on this rank's updates: a failure here ends the job.
+  auto or_abort = [&](const Status& status) {
+    if (!status.ok()) ranks.Abort(status);
+  };
+  for (;;) {
+    Result<RoundOrder> order = ranks.ShareOrder({});
+    or_abort(order.status());
+    if (order->round == 0) return Status::Ok();
+    or_abort(ranks.ShareGlobal(global));
+    const size_t k = order->sites.size();
+    std::vector<std::optional<Result<client::Update>>> updates(k);
+    TrainOwned(k, &ranks, s.threads, [&](size_t i) {
+      const uint64_t site = order->sites[i];
+      updates[i] = sites.Train(site, [&](client::Trainer& trainer) {
+        return trainer.Train(global, manifest, task, order->round, sites.Name(site));
+      });
+    });
+    for (size_t i = 0; i < k; ++i) {
+      if (ranks.OwnerOf(i) == ranks.rank()) or_abort(ranks.SendUpdate(*updates[i]));
+    }
+  }
+}
+
+Result<Report> RunInproc(const Scenario& s, const RoundCallback& on_round, std::vector<float>* final_global,
+                         SimRanks* ranks) {
+  // Under mpirun, every way out of the run ends the other ranks' loop (sim_ranks.h).
+  struct CloseRanks {
+    SimRanks* ranks;
+    ~CloseRanks() {
+      if (ranks) ranks->Close();
+    }
+  } close_ranks{ranks};
   ESTUARY_RETURN_IF_ERROR(CheckScenario(s));
   const auto start = Clock::now();
   ESTUARY_ASSIGN_OR_RETURN(Simulation sim, MakeSimulation(s));
@@ -220,6 +280,10 @@ Result<Report> RunInproc(const Scenario& s, const RoundCallback& on_round, std::
   // The simulated clock: a round ends when its slowest site does (stragglers.h).
   ESTUARY_ASSIGN_OR_RETURN(const Stragglers stragglers, ParseStragglers(s.stragglers, s.straggler_work));
   double sim_time = 0;
+  if (ranks) {
+    ESTUARY_RETURN_IF_ERROR(ranks->Settle(Status::Ok()));
+    report.mpi_ranks = uint64_t(ranks->size());
+  }
   for (uint64_t round = 1; round <= s.rounds; ++round) {
     const auto round_start = Clock::now();
     // Under Poisson sampling the accountant is told q; otherwise q = k / N.
@@ -266,20 +330,28 @@ Result<Report> RunInproc(const Scenario& s, const RoundCallback& on_round, std::
       ESTUARY_ASSIGN_OR_RETURN(control, scaffold->Control(global.size()));
       for (uint64_t site : selected_sites) site_controls[site];  // made here: the threads only look them up
     }
-    std::atomic<size_t> next{0};
-    auto work = [&] {
-      for (size_t i; (i = next.fetch_add(1)) < k;) {
-        const uint64_t site = selected_sites[i];
-        updates[i] = sites.Train(site, [&](client::Trainer& trainer) {
-          return scaffold ? site_controls.at(site).Train(trainer, global, manifest, task, round, selected[i], control)
-                          : trainer.Train(global, manifest, task, round, selected[i]);
-        });
+    // Under mpirun the other ranks train their share meanwhile, and rank 0
+    // takes their updates into their places: the fold below is one process's.
+    const uint64_t mpi_bytes_before = ranks ? ranks->bytes() : 0;
+    if (ranks) {
+      ESTUARY_RETURN_IF_ERROR(ranks->ShareOrder({.round = round, .sites = selected_sites}).status());
+      ESTUARY_RETURN_IF_ERROR(ranks->ShareGlobal(global));
+    }
+    TrainOwned(k, ranks, s.threads, [&](size_t i) {
+      const uint64_t site = selected_sites[i];
+      updates[i] = sites.Train(site, [&](client::Trainer& trainer) {
+        return scaffold ? site_controls.at(site).Train(trainer, global, manifest, task, round, selected[i], control)
+                        : trainer.Train(global, manifest, task, round, selected[i]);
+      });
+    });
+    for (size_t i = 0; ranks && i < k; ++i) {  // every one, even after a failed site: the ranks are sending
+      const int owner = ranks->OwnerOf(i);
+      if (owner != 0) {
+        updates[i] = ranks->ReceiveUpdate(owner);
+      } else if (updates[i]->ok()) {
+        ++ranks->updates_by_rank()[0];
       }
-    };
-    std::vector<std::thread> pool;
-    for (uint32_t t = 1; t < std::min<size_t>(s.threads, k); ++t) pool.emplace_back(work);
-    work();
-    for (auto& thread : pool) thread.join();
+    }
     double round_time = 0;
     for (size_t i = 0; i < k; ++i) {
       const uint64_t site = selected_sites[i];
@@ -400,6 +472,7 @@ Result<Report> RunInproc(const Scenario& s, const RoundCallback& on_round, std::
     row.global_checksum = crypto::Sha256Hex(global.data(), global.size() * sizeof(float));
     row.seconds = Since(round_start);
     row.sim_time = sim_time;
+    if (ranks) row.mpi_bytes = ranks->bytes() - mpi_bytes_before;
     if (server::EvaluationDue(round, s.evaluate_every, s.rounds)) {
       SetFederated(row, EvaluateOnSites(sim.clients.names, sim.clients.trainers, s.evaluate_clients, global, manifest,
                                         task, round, s.threads));
@@ -418,6 +491,7 @@ Result<Report> RunInproc(const Scenario& s, const RoundCallback& on_round, std::
   report.total_seconds = Since(start);
   report.final_accuracy = report.rounds.back().test_accuracy;
   report.peak_rss_bytes = PeakResidentBytes();
+  if (ranks) report.updates_by_rank = ranks->updates_by_rank();
   if (final_global) *final_global = std::move(global);
   return report;
 }

@@ -114,10 +114,14 @@ v1::FederationConfig FederationOf(const Scenario& scenario);
 // Called after every round, on the thread that runs the simulation.
 using RoundCallback = std::function<void(const RoundReport&, uint64_t rounds_total)>;
 
+class SimRanks;
+
 // With final_global, the global model after the last round is written there
 // (for a lora federation: base, then adapter; models/lora_federation.h).
+// With ranks (under mpirun, rank 0; sim_ranks.h), each round's sites are
+// trained across the ranks and folded here in the same order: the same run.
 Result<Report> RunInproc(const Scenario& scenario, const RoundCallback& on_round,
-                         std::vector<float>* final_global = nullptr);
+                         std::vector<float>* final_global = nullptr, SimRanks* ranks = nullptr);
 Result<Report> RunLoopback(const Scenario& scenario, const RoundCallback& on_round);
 
 }  // namespace estuary::simulations

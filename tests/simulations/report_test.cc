@@ -182,6 +182,31 @@ TEST(simulations_report_json, SimulatedTimeAndStalenessRoundTrip) {
   EXPECT_FALSE(ReportFromJson(bad).ok());
 }
 
+// An mpirun run's ranks, the updates each sent and each round's bytes between
+// ranks; a run of one process has none of the keys.
+TEST(simulations_report_json, MpiFieldsRoundTripAndComeTogether) {
+  TempDir dir;
+  const fs::path path = dir.path() / "report.json";
+  Report report = MakeReport(2);
+  EXPECT_FALSE(ToJson(report).contains("mpi_ranks"));
+  EXPECT_FALSE(ToJson(report)["rounds"][0].contains("mpi_bytes"));
+  report.mpi_ranks = 3;
+  report.updates_by_rank = {4, 3, 3};
+  report.rounds[0].mpi_bytes = 5'578'040;
+  report.rounds[1].mpi_bytes = 4'781'200;
+  ASSERT_TRUE(WriteReport(path, report).ok());
+  Result<Report> back = ReadReport(path);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  ExpectSameReport(report, *back);
+  EXPECT_EQ(back->mpi_ranks, 3u);
+  EXPECT_EQ(back->updates_by_rank, (std::vector<uint64_t>{4, 3, 3}));
+  json bad = ToJson(report);
+  bad["updates_by_rank"] = json::array({4, 3});
+  EXPECT_NE(ReportFromJson(bad).status().message().find("updates_by_rank"), std::string::npos);
+  bad.erase("updates_by_rank");
+  EXPECT_NE(ReportFromJson(bad).status().message().find("come together"), std::string::npos);
+}
+
 TEST(simulations_report_json, NonFiniteMetricsBecomeNullAndComeBackAsNaN) {
   Report report = MakeReport(2);
   report.rounds[1].test_loss = std::numeric_limits<double>::quiet_NaN();
