@@ -13,6 +13,7 @@
 
 #include "simulations/report.h"
 #include "tests/e2e/harness.h"
+#include "tests/simulations/text_topics.h"
 
 namespace estuary::simulations {
 namespace {
@@ -97,6 +98,52 @@ TEST(MpiSimulation, TwoAndFourRanksGiveTheOneProcessRunBitForBit) {
     }
     EXPECT_EQ(std::accumulate(many->updates_by_rank.begin(), many->updates_by_rank.end(), uint64_t{0}), 21u);
     EXPECT_NE(run.output.find(fmt::format("mpirun: {} ranks", ranks)), std::string::npos) << run.output;
+  }
+}
+
+// What rank 0 folds is whatever one process folds: a population made as it is
+// sampled with attackers under the median, Poisson sampling with stragglers
+// under FedNova, central DP (its noise seeded on rank 0), and LoRA adapters
+// of mixed ranks on a decoder — on 3 ranks of 2 threads each against one process of 1 thread.
+TEST(MpiSimulation, PopulationsAttacksStragglersDpAndMixedRankLoraAlsoFoldBitForBit) {
+  if (!fs::exists(MnistDir() / "train-images-idx3-ubyte")) {
+    FAIL() << "no MNIST at " << MnistDir() << " (scripts/fetch-mnist data/mnist; or set ESTUARY_MNIST)";
+  }
+  testing::TempDir dir;
+  const fs::path topics = WriteTopics(dir);
+  const std::string mnist = "--data " + MnistDir().string();
+  const std::string cases[] = {
+      mnist + " --clients 1000 --examples-per-client 50 --per-round 8 --attack sign-flip --attackers 0.2 "
+              "--strategy median",
+      mnist + " --clients 40 --sample-rate 0.25 --stragglers 0.3 --strategy fednova",
+      mnist + " --clients 30 --per-round 9 --dp-noise-multiplier 1 --dp-clip 1",
+      "--data " + topics.string() + " --model llama-tiny --partition topic --clients 3 --per-round 3 --batch 4 "
+          "--lr 0.003 --optimizer adamw --seq-len 32 --max-local-steps 3 --eval-windows 16 --update-kind lora "
+          "--lora-rank 4 --lora-merge exact --lora-site-ranks 2,4"};
+  for (const std::string& flags : cases) {
+    SCOPED_TRACE(flags);
+    auto run = [&](const std::string& prefix, int threads, const std::string& name) {
+      const fs::path path = dir / (name + ".json");
+      const auto result =
+          testing::RunCommand(fmt::format("{}{} --quiet --rounds 3 --epochs 1 --seed 3 --threads {} {} --report {}", prefix,
+                                          testing::BinaryPath("estuary-sim").string(), threads, flags, path.string()));
+      EXPECT_EQ(result.exit_code, 0) << result.output;
+      return ReadReport(path);
+    };
+    auto one = run("", 1, "one");
+    auto many = run(Mpirun(3) + " ", 2, "many");
+    ASSERT_TRUE(one.ok()) << one.status().ToString();
+    ASSERT_TRUE(many.ok()) << many.status().ToString();
+    ASSERT_EQ(many->rounds.size(), one->rounds.size());
+    for (size_t r = 0; r < one->rounds.size(); ++r) {
+      EXPECT_EQ(many->rounds[r].global_checksum, one->rounds[r].global_checksum) << "round " << r + 1;
+      EXPECT_EQ(many->rounds[r].epsilon, one->rounds[r].epsilon) << "round " << r + 1;
+      EXPECT_EQ(many->rounds[r].attackers, one->rounds[r].attackers) << "round " << r + 1;
+      EXPECT_EQ(many->rounds[r].sim_time, one->rounds[r].sim_time) << "round " << r + 1;
+    }
+    EXPECT_EQ(many->final_accuracy, one->final_accuracy);
+    ASSERT_EQ(many->updates_by_rank.size(), 3u);
+    for (uint64_t updates : many->updates_by_rank) EXPECT_GT(updates, 0u);
   }
 }
 
