@@ -17,7 +17,7 @@ Result<std::unique_ptr<StagedUpdate>> StagedUpdate::Create(const Manifest& manif
   std::unique_ptr<StagedUpdate> staged(new StagedUpdate(manifest));
   staged->size_bytes_ = manifest.byte_size();
   if (staged->size_bytes_ <= memory_budget) {
-    staged->memory_.resize(staged->size_bytes_ / sizeof(float));
+    staged->memory_.reset(new float[staged->size_bytes_ / sizeof(float)]);
     return staged;
   }
   std::string pattern = (spill_dir / "estuary-upload-XXXXXX").string();
@@ -29,9 +29,6 @@ Result<std::unique_ptr<StagedUpdate>> StagedUpdate::Create(const Manifest& manif
     return IoError("staging: spill file in {}: cannot grow to {} bytes: {}", spill_dir.string(),
                    staged->size_bytes_, std::strerror(errno));
   }
-  void* map = mmap(nullptr, staged->size_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  if (map == MAP_FAILED) return IoError("staging: cannot map spill file: {}", std::strerror(errno));
-  staged->mapped_ = map;
   return staged;
 }
 
@@ -43,8 +40,16 @@ StagedUpdate::~StagedUpdate() {
 Status StagedUpdate::Append(uint64_t offset, v1::DType dtype, const std::string& bytes) {
   if (committed_) return ProtocolError("chunk: the update was already committed");
   ESTUARY_RETURN_IF_ERROR(proto::CheckChunk(manifest_, next_offset_, offset, bytes.size(), dtype));
-  char* base = mapped_ ? static_cast<char*>(mapped_) : reinterpret_cast<char*>(memory_.data());
-  std::memcpy(base + offset, bytes.data(), bytes.size());
+  if (fd_ >= 0) {
+    for (size_t done = 0; done < bytes.size();) {
+      const ssize_t n = pwrite(fd_, bytes.data() + done, bytes.size() - done, off_t(offset + done));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) return IoError("staging: cannot write the spill file: {}", n < 0 ? std::strerror(errno) : "no progress");
+      done += size_t(n);
+    }
+  } else {
+    std::memcpy(reinterpret_cast<char*>(memory_.get()) + offset, bytes.data(), bytes.size());
+  }
   hasher_.Update(bytes.data(), bytes.size());
   next_offset_ += bytes.size();
   return Status::Ok();
@@ -60,12 +65,17 @@ Status StagedUpdate::Commit(const std::string& sha256_hex) {
   if (!crypto::SameHexDigest(actual, sha256_hex)) {
     return ProtocolError("commit: payload sha256 {} does not match the announced {}", actual, sha256_hex);
   }
+  if (fd_ >= 0 && size_bytes_ > 0) {
+    void* map = mmap(nullptr, size_bytes_, PROT_READ, MAP_SHARED, fd_, 0);
+    if (map == MAP_FAILED) return IoError("staging: cannot map the spill file: {}", std::strerror(errno));
+    mapped_ = map;
+  }
   committed_ = true;
   return Status::Ok();
 }
 
 std::span<const float> StagedUpdate::values() const {
-  const float* base = mapped_ ? static_cast<const float*>(mapped_) : memory_.data();
+  const float* base = mapped_ ? static_cast<const float*>(mapped_) : memory_.get();
   return {base, size_bytes_ / sizeof(float)};
 }
 

@@ -1,5 +1,8 @@
 #include <gtest/gtest.h>
 
+#include <signal.h>
+#include <sys/resource.h>
+
 #include <numeric>
 
 #include "crypto/sha256.h"
@@ -53,6 +56,28 @@ TEST_P(StagingTest, RefusesOutOfOrderChunks) {
   ASSERT_TRUE(staged.ok());
   EXPECT_FALSE((*staged)->Append(8, v1::DTYPE_F32, Bytes(values, 0, 8)).ok());
   EXPECT_EQ((*staged)->received_bytes(), 0u);
+}
+
+// A spilled payload is written to its file, not stored through a mapping: a
+// write the file system refuses (here: past the process's file size limit,
+// as a full disk would) is the chunk's error, and the server lives on.
+TEST(SpillFile, AWriteTheFileRefusesIsTheChunksError) {
+  std::vector<float> values(1000, 2.0f);
+  auto staged = StagedUpdate::Create(Flat(1000), 0, std::filesystem::temp_directory_path());
+  ASSERT_TRUE(staged.ok()) << staged.status().ToString();
+  ASSERT_TRUE((*staged)->Append(0, v1::DTYPE_F32, Bytes(values, 0, 1024)).ok());
+  rlimit before{};
+  ASSERT_EQ(getrlimit(RLIMIT_FSIZE, &before), 0);
+  rlimit limited = before;
+  limited.rlim_cur = 1024;
+  auto* previous = signal(SIGXFSZ, SIG_IGN);
+  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &limited), 0);
+  const Status appended = (*staged)->Append(1024, v1::DTYPE_F32, Bytes(values, 1024, 4000));
+  setrlimit(RLIMIT_FSIZE, &before);
+  signal(SIGXFSZ, previous);
+  ASSERT_FALSE(appended.ok());
+  EXPECT_NE(appended.message().find("cannot write the spill file"), std::string::npos) << appended.message();
+  EXPECT_EQ((*staged)->received_bytes(), 1024u);
 }
 
 INSTANTIATE_TEST_SUITE_P(MemoryAndSpillFile, StagingTest, ::testing::Values(uint64_t{1} << 20, uint64_t{0}));
