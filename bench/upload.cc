@@ -1,0 +1,243 @@
+// One large update through the real network path, against OpenSSL's AES-GCM
+// on one core in the same process.
+//
+// An estuary-server (server::Server, in this process, its I/O on its own
+// threads) runs a federation of one site whose model is llama-124m's flat
+// buffer (124M fp32 values, ~500 MB); the site is a real client::Agent over
+// loopback mutual TLS whose trainer trains nothing and returns a delta of the
+// model's size. What is timed is the upload: from the agent's "uploading"
+// (training over, UpdateBegin next) to the server's "committed" (every chunk
+// staged — checked against the manifest and hashed as it streamed — and the
+// checksum compared). Both moments come from the two ends' own log lines,
+// read by a sink of this process as they are written.
+//
+// The baseline is EVP AES-GCM encryption of the same bytes in TLS-record-
+// sized pieces (16 KiB, a fresh nonce each) on the trainer's thread, taken in
+// every round just before the upload: AES-128-GCM, AES-256-GCM, and SHA-256
+// for reference. The cipher the connection negotiates is read from a
+// handshake between the same server and site contexts; the ratio is against
+// it.
+#include <openssl/evp.h>
+#include <openssl/ssl.h>
+#include <spdlog/sinks/base_sink.h>
+#include <spdlog/spdlog.h>
+
+#include <boost/asio/thread_pool.hpp>
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <vector>
+
+#include "base/asio.h"
+#include "bench/harness.h"
+#include "client/agent.h"
+#include "client/trainer.h"
+#include "crypto/certs.h"
+#include "crypto/sha256.h"
+#include "crypto/tls.h"
+#include "server/config.h"
+#include "server/server.h"
+
+namespace estuary {
+namespace {
+
+namespace asio = boost::asio;
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+// The moments the two ends log the upload's start and its commit.
+class UploadMoments : public spdlog::sinks::base_sink<std::mutex> {
+ public:
+  std::vector<Clock::time_point> started, committed;
+
+ protected:
+  void sink_it_(const spdlog::details::log_msg& msg) override {
+    const std::string_view line(msg.payload.data(), msg.payload.size());
+    if (line.find("; uploading") != std::string_view::npos) started.push_back(Clock::now());
+    if (line.find("committed after") != std::string_view::npos) committed.push_back(Clock::now());
+    if (msg.level >= spdlog::level::warn) fmt::print(stderr, "{}\n", line);
+  }
+  void flush_() override {}
+};
+
+// Seconds to encrypt `bytes` with `cipher` in 16 KiB records, one thread.
+double AesGcmSeconds(const EVP_CIPHER* cipher, const uint8_t* bytes, size_t size) {
+  constexpr size_t kRecord = 16 << 10;
+  std::vector<uint8_t> out(kRecord + 16);
+  unsigned char key[32] = {1, 2, 3}, iv[12] = {};
+  EVP_CIPHER_CTX* ctx = EVP_CIPHER_CTX_new();
+  EVP_EncryptInit_ex(ctx, cipher, nullptr, key, nullptr);
+  const auto start = Clock::now();
+  for (size_t at = 0, n = 0; at < size; at += kRecord, ++n) {
+    std::memcpy(iv, &n, sizeof(n));
+    EVP_EncryptInit_ex(ctx, nullptr, nullptr, nullptr, iv);
+    int len = 0;
+    EVP_EncryptUpdate(ctx, out.data(), &len, bytes + at, int(std::min(kRecord, size - at)));
+    EVP_EncryptFinal_ex(ctx, out.data() + len, &len);
+    EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_GCM_GET_TAG, 16, out.data() + kRecord);
+  }
+  const double seconds = Seconds(Clock::now() - start);
+  EVP_CIPHER_CTX_free(ctx);
+  return seconds;
+}
+
+struct Baselines {
+  bench::Samples aes128, aes256, sha256;  // GB/s
+  double update_bytes = 0;
+};
+
+// Trains nothing: its update is the model's size of small values, and before
+// returning it times the baselines over those very bytes.
+class SyntheticTrainer : public client::Trainer {
+ public:
+  explicit SyntheticTrainer(Baselines& baselines) : baselines_(baselines) {}
+  uint64_t num_examples() const override { return 1000; }
+  Result<client::Update> Train(std::span<const float> global, const Manifest& manifest, const v1::TaskConfig&,
+                               uint64_t round, std::string_view) override {
+    client::Update update;
+    update.num_examples = 1000;
+    update.train_loss = 1;
+    update.manifest = manifest;
+    update.payload.resize(global.size());
+    for (size_t i = 0; i < global.size(); ++i) update.payload[i] = 1e-4f * float(int((i * 2654435761u + round) % 2001) - 1000) / 1000.0f;
+    const auto* bytes = reinterpret_cast<const uint8_t*>(update.payload.data());
+    const size_t size = update.payload.size() * sizeof(float);
+    const double gb = double(size) / 1e9;
+    baselines_.update_bytes = double(size);
+    baselines_.aes128.Add(gb / AesGcmSeconds(EVP_aes_128_gcm(), bytes, size));
+    baselines_.aes256.Add(gb / AesGcmSeconds(EVP_aes_256_gcm(), bytes, size));
+    const auto start = Clock::now();
+    crypto::Sha256 hasher;
+    hasher.Update(bytes, size);
+    (void)hasher.Final();
+    baselines_.sha256.Add(gb / Seconds(Clock::now() - start));
+    return update;
+  }
+
+ private:
+  Baselines& baselines_;
+};
+
+// The TLS 1.3 suite the server and a site negotiate with these contexts.
+Result<std::string> NegotiatedCipher(const crypto::TlsFiles& server_files, const crypto::TlsFiles& site_files) {
+  ESTUARY_ASSIGN_OR_RETURN(auto server_tls, crypto::MakeServerContext(server_files));
+  ESTUARY_ASSIGN_OR_RETURN(auto site_tls, crypto::MakeClientContext(site_files));
+  asio::io_context io;
+  asio::ip::tcp::acceptor acceptor(io, {asio::ip::make_address("127.0.0.1"), 0});
+  asio::ssl::stream<asio::ip::tcp::socket> server(io, *server_tls), site(io, *site_tls);
+  site.next_layer().connect(acceptor.local_endpoint());
+  acceptor.accept(server.next_layer());
+  ESTUARY_RETURN_IF_ERROR(crypto::VerifyServerName(site.native_handle(), "127.0.0.1"));
+  boost::system::error_code server_ec, site_ec;
+  std::thread other([&] { server.handshake(asio::ssl::stream_base::server, server_ec); });
+  site.handshake(asio::ssl::stream_base::client, site_ec);
+  other.join();
+  if (server_ec || site_ec) return Internal("handshake: {} / {}", server_ec.message(), site_ec.message());
+  return std::string(SSL_CIPHER_get_name(SSL_get_current_cipher(site.native_handle())));
+}
+
+int Run(int argc, char** argv) {
+  bench::Bench bench("upload", "One llama-124m-sized update over loopback mutual TLS against AES-GCM on one core");
+  int rounds = 3;
+  std::string model = "llama-124m";
+  fs::path dir = fs::temp_directory_path() / fmt::format("estuary-upload-{}", getpid());
+  uint64_t staging_memory_mib = 256;
+  CLI::App& app = bench.app();
+  app.add_option("--rounds", rounds, "uploads timed (one a round)")->check(bench::AtLeast(1));
+  app.add_option("--model", model, "the federation's model, whose size the update takes");
+  app.add_option("--dir", dir, "certificates, round log, checkpoints and the staging spill (removed after)");
+  app.add_option("--staging-memory-mib", staging_memory_mib,
+                 "the server's per-upload staging memory; a larger update spills to a file (the default, 256, is "
+                 "estuary-server's)");
+  if (auto code = bench.Parse(argc, argv)) return *code;
+
+  auto sink = std::make_shared<UploadMoments>();
+  auto logger = std::make_shared<spdlog::logger>("upload", sink);
+  logger->set_level(spdlog::level::debug);
+  spdlog::set_default_logger(logger);
+
+  std::error_code ec;
+  fs::remove_all(dir, ec);
+  const fs::path certs = dir / "certs";
+  fs::create_directories(certs);
+  Status made = crypto::InitCa(certs);
+  if (made.ok()) made = crypto::IssueCertificate(certs, "server", {.role = crypto::CertRole::kServer});
+  if (made.ok()) made = crypto::IssueCertificate(certs, "site-0");
+  if (!made.ok()) return bench.Fail(made);
+  const crypto::TlsFiles server_files{certs / "server.pem", certs / "server.key", certs / "ca.pem"};
+  const crypto::TlsFiles site_files{certs / "site-0.pem", certs / "site-0.key", certs / "ca.pem"};
+  auto cipher = NegotiatedCipher(server_files, site_files);
+  if (!cipher.ok()) return bench.Fail(cipher.status());
+
+  server::ServerConfig config;
+  config.listen = "127.0.0.1:0";
+  config.tls = server_files;
+  config.db = dir / "rounds.db";
+  config.rounds = uint64_t(rounds);
+  config.clients_per_round = 1;
+  config.min_clients = 1;
+  config.exit_when_done = true;
+  config.staging_memory_bytes = staging_memory_mib << 20;
+  config.federation.mutable_task()->set_model(model);
+  auto server = server::Server::Create(config);
+  if (!server.ok()) return bench.Fail(server.status());
+  Status served;
+  std::thread serving([&] { served = (*server)->Run(); });
+
+  Baselines baselines;
+  SyntheticTrainer trainer(baselines);
+  asio::io_context io;
+  asio::thread_pool training(1);
+  client::AgentOptions options;
+  options.port = (*server)->port();
+  auto tls = crypto::MakeClientContext(site_files);
+  if (!tls.ok()) return bench.Fail(tls.status());
+  options.tls = *tls;
+  options.keep_model = false;
+  options.read_timeout_s = options.write_timeout_s = 600;
+  auto agent = std::make_shared<client::Agent>(io, options, trainer, training.get_executor());
+  std::optional<Status> finished;
+  agent->on_finished = [&](const Status& status) {
+    finished = status;
+    io.stop();
+  };
+  agent->Start();
+  io.run();
+  serving.join();
+  training.join();
+  if (finished && !finished->ok()) return bench.Fail(*finished);
+  if (!served.ok()) return bench.Fail(served);
+  if (sink->started.size() != size_t(rounds) || sink->committed.size() != size_t(rounds)) {
+    return bench.Fail(Internal("saw {} uploads start and {} commit, not {}", sink->started.size(),
+                               sink->committed.size(), rounds));
+  }
+
+  const double bytes = baselines.update_bytes;
+  bench::Samples upload;
+  for (int i = 0; i < rounds; ++i) upload.Add(bytes / 1e9 / Seconds(sink->committed[i] - sink->started[i]));
+  const bool aes128 = cipher->find("AES_128_GCM") != std::string::npos;
+  const bench::Samples& negotiated = aes128 ? baselines.aes128 : baselines.aes256;
+  fmt::print("update: {} ({:.1f} MB), staged {}; negotiated {}\n", model, bytes / 1e6,
+             bytes > double(config.staging_memory_bytes) ? "in a spill file" : "in memory", *cipher);
+  const auto line = [](const char* what, const bench::Samples& s) {
+    fmt::print("{:<34} {:6.2f} GB/s (range {:.2f}-{:.2f} over {})\n", what, s.median(), s.min(), s.max(), s.size());
+  };
+  line("upload, agent to committed", upload);
+  line("AES-128-GCM encrypt, one core", baselines.aes128);
+  line("AES-256-GCM encrypt, one core", baselines.aes256);
+  line("SHA-256, one core", baselines.sha256);
+  bench::PrintRatio(fmt::format("upload / {}", aes128 ? "AES-128-GCM" : "AES-256-GCM"),
+                    upload.median() / negotiated.median());
+  fs::remove_all(dir, ec);
+  return 0;
+}
+
+}  // namespace
+}  // namespace estuary
+
+int main(int argc, char** argv) { return estuary::Run(argc, argv); }
