@@ -196,6 +196,7 @@ void Agent::Dispatch(v1::Envelope envelope) {
       welcomed_ = true;
       ArmRead();
       Heartbeat();
+      if (on_welcome) on_welcome();
       return;
     }
     case v1::Envelope::kRoundStart: return OnRoundStart(envelope.round_start());

@@ -118,6 +118,10 @@ class Agent : public std::enable_shared_from_this<Agent> {
   // that lost a rank. Call it on the I/O thread.
   void Fail(const Status& status) { Finish(status); }
 
+  // Called on the I/O thread each time the server welcomes this site: its
+  // TLS handshake and Hello went through (a load generator paces its
+  // connections by it, bench/connections).
+  std::function<void()> on_welcome;
   // Called on the I/O thread for every RoundClosed the server broadcasts.
   std::function<void(const v1::RoundClosed&)> on_round_closed;
   // Called once: ok when the federation completed, an error when the agent
