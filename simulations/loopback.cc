@@ -11,6 +11,7 @@
 
 #include "base/asio.h"
 #include "base/atomic_file.h"
+#include "base/descriptors.h"
 #include "base/host_port.h"
 #include "client/agent.h"
 #include "crypto/certs.h"
@@ -31,6 +32,12 @@ namespace estuary::simulations {
 
 using Clock = std::chrono::steady_clock;
 namespace fs = std::filesystem;
+
+// Sites connecting at once, at most: the server's default for handshakes in
+// flight from one address (ServerConfig::max_handshakes_per_address).
+constexpr size_t kConnectingAtOnce = 128;
+// Descriptors beyond one a site: files, the round log, the server's pipes.
+constexpr size_t kSpareDescriptors = 256;
 
 static double Since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
@@ -215,6 +222,9 @@ Result<Report> RunLoopback(const Scenario& given, const RoundCallback& on_round)
   ESTUARY_RETURN_IF_ERROR(ProvisionCertificates(certs, names));
   spdlog::debug("loopback: data and certificates ready after {:.3f} s", Since(start));
 
+  // This process holds one end of every site's connection (the server
+  // raises its own limit for the other).
+  ESTUARY_RETURN_IF_ERROR(EnsureDescriptors(names.size() + kSpareDescriptors));
   boost::asio::io_context io;
   boost::asio::thread_pool training(s.threads);
   Report report;
@@ -286,7 +296,27 @@ Result<Report> RunLoopback(const Scenario& given, const RoundCallback& on_round)
     };
     agents.push_back(agent);
   }
-  for (auto& agent : agents) agent->Start();
+  // At most kConnectingAtOnce sites connect at a time, the next as one is
+  // welcomed: every site dials from 127.0.0.1, and the server closes at once
+  // a connection beyond its handshakes in flight from one address, which
+  // would send the rest into their reconnect backoff (up to 30 s).
+  // A site that finishes without ever being welcomed (refused for good)
+  // makes room the same way.
+  size_t next_to_start = 0;
+  std::vector<bool> welcomed(agents.size(), false);
+  auto make_room = [&](size_t i) {
+    if (welcomed[i]) return;
+    welcomed[i] = true;
+    if (next_to_start < agents.size()) agents[next_to_start++]->Start();
+  };
+  for (size_t i = 0; i < agents.size(); ++i) {
+    agents[i]->on_welcome = [&make_room, i] { make_room(i); };
+    agents[i]->on_finished = [&make_room, i, finished = std::move(agents[i]->on_finished)](const Status& status) {
+      finished(status);
+      make_room(i);
+    };
+  }
+  while (next_to_start < std::min(agents.size(), kConnectingAtOnce)) agents[next_to_start++]->Start();
 
   // A dead server would leave the agents reconnecting forever: watch it.
   std::function<void()> watch = [&] {

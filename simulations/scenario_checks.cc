@@ -105,8 +105,9 @@ static Status CheckSampleRate(const Scenario& s) {
 
 // Loopback connects one agent, with its own certificate and TLS connection,
 // per site of the population (the server samples among those connected), so
-// a population it runs must fit one process's connections.
-constexpr uint32_t kLoopbackMaxPopulation = 1000;
+// a population it runs must fit one process's connections: one server holds
+// ten thousand (bench/connections, docs/PERFORMANCE.md).
+constexpr uint32_t kLoopbackMaxPopulation = 10000;
 
 // --examples-per-client: image sites only, and in loopback a population one process can connect.
 static Status CheckPopulation(const Scenario& s) {

@@ -159,7 +159,7 @@ TEST_F(PopulationRun, BadScenariosNameTheProblem) {
   Scenario loopback = Crowd(dir_.path(), 1'000'000);
   loopback.mode = "loopback";
   EXPECT_NE(fails(loopback).find("connects one agent (a certificate and a TLS connection) per site: 1000000 sites is "
-                                 "over its 1000; --mode inproc"),
+                                 "over its 10000; --mode inproc"),
             std::string::npos);
   Scenario split = Crowd(dir_.path(), 100'000);
   split.examples_per_client = 0;
