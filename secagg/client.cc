@@ -15,8 +15,8 @@ namespace estuary::secagg {
 namespace {
 
 const char* StageName(int stage) {
-  static const char* const kNames[] = {"advertise keys", "share keys", "masked input", "consistency check", "unmasking",
-                                      "done"};
+  static const char* const kNames[] = {"advertise keys",    "share keys", "masked input", "masked input (streaming)",
+                                      "consistency check", "unmasking",  "done"};
   return kNames[stage];
 }
 
@@ -42,6 +42,7 @@ SecAggClient::~SecAggClient() {
     OPENSSL_cleanse(held.seed.data(), held.seed.size());
     OPENSSL_cleanse(held.key.data(), held.key.size());
   }
+  for (PairwiseKey& pair : pairwise_) OPENSSL_cleanse(pair.key.data(), pair.key.size());
 }
 
 Status SecAggClient::Expect(Stage stage, std::string_view call) {
@@ -110,18 +111,20 @@ Result<ShareKeys> SecAggClient::Share(const KeysBroadcast& keys) {
 
 Result<MaskedInput> SecAggClient::MaskInput(const ShareInbox& inbox, std::span<const uint32_t> quantized) {
   ESTUARY_RETURN_IF_ERROR(Expect(Stage::kMask, "masked input"));
-  const std::string where = fmt::format("secagg site {}: round {}: masked input", site_, config_.round);
   if (quantized.size() != config_.dimension) {
-    return Refuse(InvalidArgument("{}: input of {} elements, expected {}", where, quantized.size(),
-                                  config_.dimension));
+    return Refuse(InvalidArgument("secagg site {}: round {}: masked input: input of {} elements, expected {}", site_,
+                                  config_.round, quantized.size(), config_.dimension));
   }
-  const uint32_t ring = RingMask(config_.bits);
-  for (size_t i = 0; i < quantized.size(); ++i) {
-    if (quantized[i] > ring) {
-      return Refuse(InvalidArgument("{}: input element {} = {} is outside the {}-bit ring", where, i, quantized[i],
-                                    config_.bits));
-    }
-  }
+  ESTUARY_RETURN_IF_ERROR(BeginMaskedInput(inbox));
+  MaskedInput out{.site = site_, .values = std::vector<uint32_t>(quantized.begin(), quantized.end())};
+  ESTUARY_RETURN_IF_ERROR(MaskChunk(0, out.values));
+  ESTUARY_RETURN_IF_ERROR(FinishMaskedInput());
+  return out;
+}
+
+Status SecAggClient::BeginMaskedInput(const ShareInbox& inbox) {
+  ESTUARY_RETURN_IF_ERROR(Expect(Stage::kMask, "masked input"));
+  const std::string where = fmt::format("secagg site {}: round {}: masked input", site_, config_.round);
   for (const SealedShare& sealed : inbox.envelopes) {
     auto peer = peers_.find(sealed.peer);
     if (peer == peers_.end()) {
@@ -158,12 +161,42 @@ Result<MaskedInput> SecAggClient::MaskInput(const ShareInbox& inbox, std::span<c
   for (const auto& [peer, held] : held_) survivors.push_back({peer, peers_.at(peer).mask_public_key});
   auto pairwise = PairwiseMaskKeys(site_, mask_keys_.private_key, survivors, config_.round);
   if (!pairwise.ok()) return Refuse(pairwise.status());
-  MaskedInput out{.site = site_, .values = std::vector<uint32_t>(quantized.begin(), quantized.end())};
-  const Status masked = MaskChunk(site_, self_seed_, *pairwise, config_.bits, 0, out.values);
-  for (PairwiseKey& pair : *pairwise) OPENSSL_cleanse(pair.key.data(), pair.key.size());
+  pairwise_ = std::move(*pairwise);
+  masked_ = 0;
+  stage_ = Stage::kMasking;
+  return Status::Ok();
+}
+
+Status SecAggClient::MaskChunk(uint64_t offset, std::span<uint32_t> values) {
+  ESTUARY_RETURN_IF_ERROR(Expect(Stage::kMasking, "masking a chunk"));
+  const std::string where = fmt::format("secagg site {}: round {}: masked input", site_, config_.round);
+  if (offset != masked_ || values.size() > config_.dimension - masked_) {
+    return Refuse(InvalidArgument("{}: a chunk of {} elements at element {}, expected the next of {} at {}", where,
+                                  values.size(), offset, config_.dimension, masked_));
+  }
+  const uint32_t ring = RingMask(config_.bits);
+  for (size_t i = 0; i < values.size(); ++i) {
+    if (values[i] > ring) {
+      return Refuse(InvalidArgument("{}: input element {} = {} is outside the {}-bit ring", where, offset + i,
+                                    values[i], config_.bits));
+    }
+  }
+  const Status masked = secagg::MaskChunk(site_, self_seed_, pairwise_, config_.bits, offset, values);
   if (!masked.ok()) return Refuse(masked);
+  masked_ += values.size();
+  return Status::Ok();
+}
+
+Status SecAggClient::FinishMaskedInput() {
+  ESTUARY_RETURN_IF_ERROR(Expect(Stage::kMasking, "finishing the masked input"));
+  if (masked_ != config_.dimension) {
+    return Refuse(InvalidArgument("secagg site {}: round {}: masked input: {} of {} elements masked", site_,
+                                  config_.round, masked_, config_.dimension));
+  }
+  for (PairwiseKey& pair : pairwise_) OPENSSL_cleanse(pair.key.data(), pair.key.size());
+  pairwise_.clear();
   stage_ = Stage::kConsistency;
-  return out;
+  return Status::Ok();
 }
 
 std::string UnauthenticatedSignature(std::string_view message) {

@@ -45,6 +45,7 @@
 
 #include "base/status.h"
 #include "secagg/key_agreement.h"
+#include "secagg/masking.h"
 #include "secagg/neighbours.h"
 #include "secagg/protocol.h"
 
@@ -86,6 +87,14 @@ class SecAggClient {
   // (config.dimension ring elements) masked with b_u and the pairwise masks
   // of the inbox's senders.
   Result<MaskedInput> MaskInput(const ShareInbox& inbox, std::span<const uint32_t> quantized);
+  // Round 2 as it streams, what MaskInput does at once: BeginMaskedInput
+  // takes the inbox in (as MaskInput); MaskChunk masks, in place, the next
+  // elements [offset, offset + values.size()) of the quantised input, in
+  // order from 0; FinishMaskedInput, once all config.dimension elements are
+  // masked, ends the stage. The pairwise keys live from Begin to Finish.
+  Status BeginMaskedInput(const ShareInbox& inbox);
+  Status MaskChunk(uint64_t offset, std::span<uint32_t> values);
+  Status FinishMaskedInput();
   // Round 3: U3 checked (ids in range, no repeats, this site in it, at least
   // t sites) and kept; the bytes the site signs to confirm it.
   Result<std::string> ConfirmSurvivors(const SurvivorSet& survivors);
@@ -95,7 +104,7 @@ class SecAggClient {
   Result<UnmaskResponse> Unmask(const UnmaskRequest& request, const SignatureCheck& check);
 
  private:
-  enum class Stage { kAdvertise, kShare, kMask, kConsistency, kUnmask, kDone };
+  enum class Stage { kAdvertise, kShare, kMask, kMasking, kConsistency, kUnmask, kDone };
   SecAggClient(const ProtocolConfig& config, uint32_t site, NeighbourGraph graph)
       : config_(config), site_(site), graph_(std::move(graph)) {}
   Status Expect(Stage stage, std::string_view call);
@@ -114,6 +123,8 @@ class SecAggClient {
   Key32 self_seed_{};
   std::map<uint32_t, AdvertiseKeys> peers_;  // neighbours that advertised
   std::map<uint32_t, HeldShares> held_;      // from the inbox's senders
+  std::vector<PairwiseKey> pairwise_;        // while masking: s_uv with the inbox's senders
+  uint64_t masked_ = 0;                      // while masking: elements masked so far
   std::set<uint32_t> survivors_;             // U3, as this site confirmed it
   std::string confirmed_;                    // SurvivorsToSign(config_, U3)
 };

@@ -46,6 +46,22 @@ Status AddInto(std::span<uint32_t> sum, std::span<const uint32_t> values, int bi
   return Status::Ok();
 }
 
+Status SubtractFrom(std::span<uint32_t> sum, std::span<const uint32_t> values, int bits) {
+  ESTUARY_RETURN_IF_ERROR(CheckRingBits(bits));
+  if (sum.size() != values.size()) {
+    return InvalidArgument("secagg: subtracting {} elements from a sum of {}", values.size(), sum.size());
+  }
+  const uint32_t mask = RingMask(bits);
+  for (size_t i = 0; i < sum.size(); ++i) sum[i] = (sum[i] - values[i]) & mask;
+  return Status::Ok();
+}
+
+uint64_t MaskedDigest(uint64_t offset, std::span<const uint32_t> values) {
+  uint64_t digest = 0;
+  for (size_t i = 0; i < values.size(); ++i) digest += uint64_t(values[i]) * (2 * (offset + i) + 1);
+  return digest;
+}
+
 Status RemoveSelfMask(const Key32& self_seed, int bits, uint64_t offset, std::span<uint32_t> sum) {
   return ApplyMask(self_seed, offset, bits, MaskSign::kSubtract, sum);
 }

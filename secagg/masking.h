@@ -54,6 +54,16 @@ Status MaskChunk(uint32_t site, const Key32& self_seed, std::span<const Pairwise
 // sum[i] = sum[i] + values[i] mod 2^b; the spans must be the same length.
 Status AddInto(std::span<uint32_t> sum, std::span<const uint32_t> values, int bits);
 
+// sum[i] = sum[i] − values[i] mod 2^b: what AddInto added, taken out again.
+Status SubtractFrom(std::span<uint32_t> sum, std::span<const uint32_t> values, int bits);
+
+// Σ values[i] · (2 (offset + i) + 1) mod 2^64: a position-weighted digest,
+// additive over chunks (the digest of a whole is the sum of its pieces'), so
+// a copy read back in other pieces than it arrived in still compares. Each
+// weight is odd, so a change to any one element changes it. A check on the
+// server's own copy, not against an adversary.
+uint64_t MaskedDigest(uint64_t offset, std::span<const uint32_t> values);
+
 // sum −= PRG(b_u) over the chunk: for a site whose vector is in the sum.
 Status RemoveSelfMask(const Key32& self_seed, int bits, uint64_t offset, std::span<uint32_t> sum);
 

@@ -29,22 +29,26 @@ Status CheckQuantizationConfig(const QuantizationConfig& config) {
   return Status::Ok();
 }
 
-Result<std::vector<double>> ClipToNorm(std::span<const float> update, double clip_norm) {
+Result<double> ClipFactor(std::span<const float> update, double clip_norm) {
   double squares = 0;
   for (size_t i = 0; i < update.size(); ++i) {
     if (!std::isfinite(update[i])) return InvalidArgument("secagg: update[{}] = {}: not finite", i, update[i]);
     squares += double(update[i]) * double(update[i]);
   }
   const double norm = std::sqrt(squares);
-  const double factor = norm > clip_norm ? clip_norm / norm : 1.0;
+  return norm > clip_norm ? clip_norm / norm : 1.0;
+}
+
+Result<std::vector<double>> ClipToNorm(std::span<const float> update, double clip_norm) {
+  ESTUARY_ASSIGN_OR_RETURN(const double factor, ClipFactor(update, clip_norm));
   std::vector<double> clipped(update.size());
   for (size_t i = 0; i < update.size(); ++i) clipped[i] = double(update[i]) * factor;
   return clipped;
 }
 
-Result<std::vector<uint32_t>> Quantize(std::span<const float> update, double weight, const QuantizationConfig& config,
-                                       const Key32& rounding_seed) {
-  ESTUARY_RETURN_IF_ERROR(CheckQuantizationConfig(config));
+namespace {
+
+Status CheckWeight(double weight, const QuantizationConfig& config) {
   if (!(std::isfinite(weight) && weight >= 0)) {
     return InvalidArgument("secagg: quantisation weight = {}: must be finite and >= 0", weight);
   }
@@ -52,20 +56,46 @@ Result<std::vector<uint32_t>> Quantize(std::span<const float> update, double wei
     return InvalidArgument("secagg: weight {} · clip {} · scale {} overflows a {}-bit ring on its own", weight,
                            config.clip_norm, config.scale, config.bits);
   }
-  ESTUARY_ASSIGN_OR_RETURN(std::vector<double> clipped, ClipToNorm(update, config.clip_norm));
-  std::vector<uint32_t> uniforms(update.size());
-  ESTUARY_RETURN_IF_ERROR(ExpandMask(rounding_seed, 0, 32, uniforms));
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status QuantizeChunk(std::span<const float> chunk, uint64_t offset, double weight, double clip_factor,
+                     const QuantizationConfig& config, const Key32& rounding_seed, std::span<uint32_t> out) {
+  ESTUARY_RETURN_IF_ERROR(CheckQuantizationConfig(config));
+  ESTUARY_RETURN_IF_ERROR(CheckWeight(weight, config));
+  if (!(std::isfinite(clip_factor) && clip_factor > 0 && clip_factor <= 1)) {
+    return InvalidArgument("secagg: clip factor {}: must be in (0, 1]", clip_factor);
+  }
+  if (out.size() != chunk.size()) {
+    return InvalidArgument("secagg: quantising {} elements into {}", chunk.size(), out.size());
+  }
+  // The rounding uniforms land in `out` first, then each is replaced by its element.
+  ESTUARY_RETURN_IF_ERROR(ExpandMask(rounding_seed, offset, 32, out));
   const uint32_t mask = RingMask(config.bits);
   const double factor = weight * config.scale;
-  std::vector<uint32_t> quantized(update.size());
-  for (size_t i = 0; i < update.size(); ++i) {
-    const double y = clipped[i] * factor;
+  for (size_t i = 0; i < chunk.size(); ++i) {
+    if (!std::isfinite(chunk[i])) {
+      return InvalidArgument("secagg: update[{}] = {}: not finite", offset + i, chunk[i]);
+    }
+    const double y = double(chunk[i]) * clip_factor * factor;
     const double below = std::floor(y);
-    const double u = std::ldexp(double(uniforms[i]), -32);  // uniform on [0, 1), 2^-32 grid
+    const double u = std::ldexp(double(out[i]), -32);  // uniform on [0, 1), 2^-32 grid
     const int64_t q = static_cast<int64_t>(below) + (u < y - below ? 1 : 0);
     // Two's complement: a negative q wraps to 2^b + q.
-    quantized[i] = static_cast<uint32_t>(static_cast<uint64_t>(q)) & mask;
+    out[i] = static_cast<uint32_t>(static_cast<uint64_t>(q)) & mask;
   }
+  return Status::Ok();
+}
+
+Result<std::vector<uint32_t>> Quantize(std::span<const float> update, double weight, const QuantizationConfig& config,
+                                       const Key32& rounding_seed) {
+  ESTUARY_RETURN_IF_ERROR(CheckQuantizationConfig(config));
+  ESTUARY_RETURN_IF_ERROR(CheckWeight(weight, config));
+  ESTUARY_ASSIGN_OR_RETURN(const double clip_factor, ClipFactor(update, config.clip_norm));
+  std::vector<uint32_t> quantized(update.size());
+  ESTUARY_RETURN_IF_ERROR(QuantizeChunk(update, 0, weight, clip_factor, config, rounding_seed, quantized));
   return quantized;
 }
 

@@ -52,6 +52,16 @@ Result<std::vector<double>> ClipToNorm(std::span<const float> update, double cli
 Result<std::vector<uint32_t>> Quantize(std::span<const float> update, double weight, const QuantizationConfig& config,
                                        const Key32& rounding_seed);
 
+// The same chunk by chunk, as a site streams its update: ClipFactor makes one
+// pass over the whole update (C / ||x|| when the norm exceeds C, else 1; an
+// error for a non-finite value), and QuantizeChunk writes the ring elements of
+// elements [offset, offset + chunk.size()) into `out` (as long as `chunk`),
+// with the rounding stream's words from `offset`: equal, bit for bit, to the
+// same range of Quantize's output.
+Result<double> ClipFactor(std::span<const float> update, double clip_norm);
+Status QuantizeChunk(std::span<const float> chunk, uint64_t offset, double weight, double clip_factor,
+                     const QuantizationConfig& config, const Key32& rounding_seed, std::span<uint32_t> out);
+
 // Whether sites with these weights can be summed without wrapping.
 Status CheckNoOverflow(std::span<const double> weights, const QuantizationConfig& config);
 

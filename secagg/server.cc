@@ -128,25 +128,92 @@ Result<std::map<uint32_t, ShareInbox>> SecAggServer::CloseShareKeys() {
 Status SecAggServer::Receive(const MaskedInput& message) {
   ESTUARY_RETURN_IF_ERROR(Expect(Stage::kMask, "masked input", message.site));
   ESTUARY_RETURN_IF_ERROR(CheckSender("masked input", message.site, shared_.contains(message.site),
-                                      included_.contains(message.site), "share keys"));
+                                      included_.contains(message.site) || withdrawn_.contains(message.site) ||
+                                          partial_.contains(message.site),
+                                      "share keys"));
   if (message.values.size() != config_.dimension) {
     return ProtocolError("secagg round {}: masked input from site {}: {} elements, expected {}", config_.round,
                          message.site, message.values.size(), config_.dimension);
   }
+  ESTUARY_RETURN_IF_ERROR(ReceiveMaskedChunk(message.site, 0, message.values));
+  return FinishMaskedInput(message.site);
+}
+
+Status SecAggServer::ReceiveMaskedChunk(uint32_t site, uint64_t offset, std::span<const uint32_t> values) {
+  ESTUARY_RETURN_IF_ERROR(Expect(Stage::kMask, "masked input", site));
+  ESTUARY_RETURN_IF_ERROR(CheckSender("masked input", site, shared_.contains(site),
+                                      included_.contains(site) || withdrawn_.contains(site), "share keys"));
+  const auto it = partial_.find(site);
+  const uint64_t received = it == partial_.end() ? 0 : it->second.received;
+  if (offset != received || values.empty() || values.size() > config_.dimension - received) {
+    return ProtocolError("secagg round {}: masked input from site {}: a chunk of {} elements at element {}, expected "
+                         "the next of {} at {}",
+                         config_.round, site, values.size(), offset, config_.dimension, received);
+  }
   const uint32_t ring = RingMask(config_.bits);
-  for (size_t i = 0; i < message.values.size(); ++i) {
-    if (message.values[i] > ring) {
+  for (size_t i = 0; i < values.size(); ++i) {
+    if (values[i] > ring) {
       return ProtocolError("secagg round {}: masked input from site {}: element {} = {} is outside the {}-bit ring",
-                           config_.round, message.site, i, message.values[i], config_.bits);
+                           config_.round, site, offset + i, values[i], config_.bits);
     }
   }
-  ESTUARY_RETURN_IF_ERROR(AddInto(sum_, message.values, config_.bits));
-  included_.insert(message.site);
+  ESTUARY_RETURN_IF_ERROR(AddInto(std::span(sum_).subspan(offset, values.size()), values, config_.bits));
+  Partial& partial = partial_[site];
+  partial.received += values.size();
+  partial.digest += MaskedDigest(offset, values);
   return Status::Ok();
+}
+
+Status SecAggServer::FinishMaskedInput(uint32_t site) {
+  ESTUARY_RETURN_IF_ERROR(Expect(Stage::kMask, "masked input", site));
+  ESTUARY_RETURN_IF_ERROR(CheckSender("masked input", site, shared_.contains(site),
+                                      included_.contains(site) || withdrawn_.contains(site), "share keys"));
+  const auto it = partial_.find(site);
+  const uint64_t received = it == partial_.end() ? 0 : it->second.received;
+  if (received != config_.dimension) {
+    return ProtocolError("secagg round {}: masked input from site {} ends after {} of {} elements", config_.round,
+                         site, received, config_.dimension);
+  }
+  partial_.erase(it);
+  included_.insert(site);
+  return Status::Ok();
+}
+
+Status SecAggServer::WithdrawMaskedInput(uint32_t site, const ChunkReader& read, uint64_t piece) {
+  ESTUARY_RETURN_IF_ERROR(Expect(Stage::kMask, "withdrawing a masked input", site));
+  const auto it = partial_.find(site);
+  if (it == partial_.end()) {
+    return FailedPrecondition("secagg round {}: withdrawing site {}'s masked input, which is not partly in the sum",
+                              config_.round, site);
+  }
+  const Partial partial = it->second;
+  partial_.erase(it);
+  withdrawn_.insert(site);
+  std::vector<uint32_t> values;
+  uint64_t digest = 0;
+  Status status;
+  for (uint64_t at = 0; at < partial.received && status.ok(); at += values.size()) {
+    values.resize(std::min<uint64_t>(std::max<uint64_t>(piece, 1), partial.received - at));
+    status = read(at, values);
+    if (!status.ok()) break;
+    digest += MaskedDigest(at, values);
+    status = SubtractFrom(std::span(sum_).subspan(at, values.size()), values, config_.bits);
+  }
+  if (status.ok() && digest == partial.digest) return Status::Ok();
+  stage_ = Stage::kFailed;
+  return Internal("secagg round {}: masked input: withdrawing site {}'s {} elements: {}: the sum is lost",
+                  config_.round, site, partial.received,
+                  status.ok() ? "the copy read back is not what was added" : status.message());
 }
 
 Result<SurvivorSet> SecAggServer::CloseMaskedInput() {
   ESTUARY_RETURN_IF_ERROR(Expect(Stage::kMask, "closing", 0));
+  if (!partial_.empty()) {
+    const auto& [site, partial] = *partial_.begin();
+    return FailedPrecondition("secagg round {}: masked input: site {}'s input is partly in the sum ({} of {} "
+                              "elements): it must finish or be withdrawn before the stage closes",
+                              config_.round, site, partial.received, config_.dimension);
+  }
   ESTUARY_RETURN_IF_ERROR(CloseStage("masked input", included_.size(), shared_.size()));
   stage_ = Stage::kConsistency;
   return SurvivorSet{.survived = std::vector<uint32_t>(included_.begin(), included_.end())};

@@ -29,8 +29,10 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <set>
+#include <span>
 #include <vector>
 
 #include "base/status.h"
@@ -55,8 +57,30 @@ class SecAggServer {
   // that did.
   Result<std::map<uint32_t, ShareInbox>> CloseShareKeys();
 
+  // A whole masked input at once: ReceiveMaskedChunk of all of it, then
+  // FinishMaskedInput.
   Status Receive(const MaskedInput& message);
-  // U3: what every site whose input arrived is asked to sign.
+  // Round 2 as it streams. Each chunk of a site's masked input — elements
+  // [offset, offset + values.size()), in order from 0 — is checked and added
+  // into the sum as it arrives; FinishMaskedInput, once all `dimension`
+  // elements are in, puts the site in U3. A refused chunk adds nothing.
+  Status ReceiveMaskedChunk(uint32_t site, uint64_t offset, std::span<const uint32_t> values);
+  Status FinishMaskedInput(uint32_t site);
+  // Whether `site` has chunks in the sum but has not finished: then it must
+  // finish or be withdrawn before the stage closes.
+  bool PartlyReceived(uint32_t site) const { return partial_.contains(site); }
+  // Undoes a site whose input stopped partway (its connection lost, refused,
+  // silent at the deadline): what it added is subtracted again, the caller's
+  // copy of it read back through `read` (elements [offset, offset + n) into
+  // `values`) a piece of at most `piece` elements at a time, and the site
+  // counts as never having sent. The copy is checked against a digest of what
+  // was added; a mismatch leaves the sum wrong, so the stage fails
+  // (Internal) and every later call with it. The masking is additive mod 2^b,
+  // so subtracting the same elements restores the sum exactly.
+  using ChunkReader = std::function<Status(uint64_t offset, std::span<uint32_t> values)>;
+  Status WithdrawMaskedInput(uint32_t site, const ChunkReader& read, uint64_t piece = 1u << 16);
+  // U3: what every site whose input arrived is asked to sign. Refused while
+  // a site's input is partly in the sum.
   Result<SurvivorSet> CloseMaskedInput();
 
   // A signature over U3, kept as it came: the sites verify it, not the server.
@@ -90,6 +114,14 @@ class SecAggServer {
   std::set<uint32_t> shared_;                                              // U2
   std::set<uint32_t> included_;                                            // U3
   std::vector<uint32_t> sum_;
+  // Sites whose input is partly in the sum: the elements added so far and
+  // MaskedDigest of them.
+  struct Partial {
+    uint64_t received = 0;
+    uint64_t digest = 0;
+  };
+  std::map<uint32_t, Partial> partial_;
+  std::set<uint32_t> withdrawn_;  // stopped partway and subtracted: silent from then on
   std::map<uint32_t, std::string> signed_;                                 // U4: their signatures over U3
   std::set<uint32_t> responded_;                                           // U5
   std::map<uint32_t, std::vector<Share>> seed_shares_, key_shares_;       // by owner

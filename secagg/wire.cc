@@ -240,25 +240,43 @@ Result<UnmaskResponse> FromProto(const v1::SecAggUnmaskResponse& message, uint32
   return out;
 }
 
-Status AppendMaskedChunk(const v1::SecAggMaskedChunk& chunk, uint64_t dimension, std::vector<uint32_t>& out) {
+Status DecodeMaskedChunk(const v1::SecAggMaskedChunk& chunk, uint64_t expected_offset, uint64_t dimension,
+                         std::vector<uint32_t>& out) {
   const std::string& data = chunk.data();
-  if (chunk.offset() != out.size()) {
-    return InvalidArgument("secagg: masked input chunk at element {}, expected {}", chunk.offset(), out.size());
+  if (chunk.offset() != expected_offset) {
+    return InvalidArgument("secagg: masked input chunk at element {}, expected {}", chunk.offset(), expected_offset);
   }
-  if (data.empty() || data.size() % 4 != 0 || data.size() / 4 > dimension - out.size()) {
+  if (data.empty() || data.size() % 4 != 0 || expected_offset > dimension ||
+      data.size() / 4 > dimension - expected_offset) {
     return InvalidArgument("secagg: masked input chunk of {} bytes at element {}: not whole elements within the {} "
                            "of the input",
                            data.size(), chunk.offset(), dimension);
   }
-  const size_t at = out.size(), count = data.size() / 4;
-  out.resize(at + count);
+  const size_t count = data.size() / 4;
+  out.resize(count);
   const auto* bytes = reinterpret_cast<const uint8_t*>(data.data());
   for (size_t i = 0; i < count; ++i) {
-    out[at + i] = uint32_t(bytes[4 * i]) | uint32_t(bytes[4 * i + 1]) << 8 | uint32_t(bytes[4 * i + 2]) << 16 |
-                  uint32_t(bytes[4 * i + 3]) << 24;
+    out[i] = uint32_t(bytes[4 * i]) | uint32_t(bytes[4 * i + 1]) << 8 | uint32_t(bytes[4 * i + 2]) << 16 |
+             uint32_t(bytes[4 * i + 3]) << 24;
   }
   return Status::Ok();
 }
+
+Status AppendMaskedChunk(const v1::SecAggMaskedChunk& chunk, uint64_t dimension, std::vector<uint32_t>& out) {
+  std::vector<uint32_t> values;
+  ESTUARY_RETURN_IF_ERROR(DecodeMaskedChunk(chunk, out.size(), dimension, values));
+  out.insert(out.end(), values.begin(), values.end());
+  return Status::Ok();
+}
+
+v1::Envelope MaskedBeginMessage(uint64_t round) {
+  v1::Envelope envelope;
+  envelope.mutable_secagg_masked_chunk()->set_round(round);
+  envelope.mutable_secagg_masked_chunk()->set_offset(0);
+  return envelope;
+}
+
+bool IsMaskedBegin(const v1::SecAggMaskedChunk& chunk) { return chunk.offset() == 0 && chunk.data().empty(); }
 
 v1::Envelope MaskedChunkMessage(uint64_t round, uint64_t offset, std::span<const uint32_t> values) {
   v1::Envelope envelope;

@@ -51,6 +51,16 @@ std::string AdvertisementToSign(const ProtocolConfig& config, const AdvertiseKey
 // must hold exactly `chunk.offset()` elements so far and at most `dimension`
 // after.
 Status AppendMaskedChunk(const v1::SecAggMaskedChunk& chunk, uint64_t dimension, std::vector<uint32_t>& out);
+// The chunk's elements into `out` (resized to them), checked as
+// AppendMaskedChunk checks them with `expected_offset` elements already in.
+Status DecodeMaskedChunk(const v1::SecAggMaskedChunk& chunk, uint64_t expected_offset, uint64_t dimension,
+                         std::vector<uint32_t>& out);
+// The frame that opens a site's masked input: a SecAggMaskedChunk at element
+// 0 with no data. Like UpdateBegin it asks the server for one of its staging
+// slots; while none is free the server reads nothing more from the site, so
+// the chunks wait in its socket (server/secagg_state.h).
+v1::Envelope MaskedBeginMessage(uint64_t round);
+bool IsMaskedBegin(const v1::SecAggMaskedChunk& chunk);
 // The frame of elements [offset, offset + values.size()) of a masked input.
 v1::Envelope MaskedChunkMessage(uint64_t round, uint64_t offset, std::span<const uint32_t> values);
 

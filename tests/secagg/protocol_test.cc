@@ -25,7 +25,9 @@ constexpr uint64_t kDimension = 10'007;  // not a whole number of ChaCha20 block
 constexpr int kBits = 24;
 
 // When a site stops sending: the last message it sends is the one named.
-enum class Drop { kNone, kBeforeAdvertise, kAfterAdvertise, kAfterShare, kAfterMaskedInput };
+// kMidMaskedInput: it streams part of its masked input — chunks the server
+// adds into the sum as they arrive — and stops; the server withdraws them.
+enum class Drop { kNone, kBeforeAdvertise, kAfterAdvertise, kAfterShare, kMidMaskedInput, kAfterMaskedInput };
 
 ProtocolConfig Config(uint32_t sites, int degree, int threshold) {
   return {.round = kRound, .sites = sites, .degree = degree, .threshold = threshold, .bits = kBits,
@@ -73,7 +75,24 @@ Result<Outcome> RunProtocol(const ProtocolConfig& config, const std::map<uint32_
   ESTUARY_ASSIGN_OR_RETURN(auto inboxes, server.CloseShareKeys());
   Outcome outcome;
   outcome.expected.assign(kDimension, 0);
+  // The sites that stop partway go first, so that the others' inputs are
+  // added on top of their chunks before they are withdrawn.
+  std::map<uint32_t, std::vector<uint32_t>> partial;  // the server's copy of what each added
   for (auto& [u, inbox] : inboxes) {
+    if (drop(u) != Drop::kMidMaskedInput) continue;
+    std::vector<uint32_t> input = InputOf(u);
+    ESTUARY_RETURN_IF_ERROR(clients.at(u).BeginMaskedInput(inbox));
+    // Three uneven chunks, 6,000 of the 10,007 elements, then nothing more.
+    for (auto [at, n] : {std::pair<uint64_t, uint64_t>{0, 1000}, {1000, 2333}, {3333, 2667}}) {
+      std::span<uint32_t> chunk = std::span(input).subspan(at, n);
+      ESTUARY_RETURN_IF_ERROR(clients.at(u).MaskChunk(at, chunk));
+      ESTUARY_RETURN_IF_ERROR(server.ReceiveMaskedChunk(u, at, chunk));
+      partial[u].insert(partial[u].end(), chunk.begin(), chunk.end());
+    }
+    outcome.expected_dropped.insert(u);
+  }
+  for (auto& [u, inbox] : inboxes) {
+    if (drop(u) == Drop::kMidMaskedInput) continue;
     if (drop(u) == Drop::kAfterShare) {
       outcome.expected_dropped.insert(u);
       continue;
@@ -84,6 +103,17 @@ Result<Outcome> RunProtocol(const ProtocolConfig& config, const std::map<uint32_
     ESTUARY_RETURN_IF_ERROR(server.Receive(masked));
     ESTUARY_RETURN_IF_ERROR(AddInto(outcome.expected, input, kBits));
     outcome.expected_included.insert(u);
+  }
+  for (const auto& [u, copy] : partial) {
+    if (server.CloseMaskedInput().ok()) return Internal("the stage closed with site {}'s input partly in the sum", u);
+    // Read back in other pieces than it arrived in: the masking is additive, so any cut subtracts the same.
+    ESTUARY_RETURN_IF_ERROR(server.WithdrawMaskedInput(
+        u,
+        [&copy](uint64_t offset, std::span<uint32_t> values) {
+          std::copy_n(copy.begin() + int64_t(offset), values.size(), values.begin());
+          return Status::Ok();
+        },
+        777));
   }
   ESTUARY_ASSIGN_OR_RETURN(SurvivorSet survivors, server.CloseMaskedInput());
   for (uint32_t u : survivors.survived) {
@@ -125,6 +155,65 @@ TEST(Protocol, DropoutAfterShareKeysNeedsTheMaskKeyReconstructed) {
   // Site 2's neighbours masked with it, then its input never came: the
   // server cancels their pairwise masks from sk_2, rebuilt from 3 shares.
   ExpectExactSum(Config(10, 4, 3), {{2, Drop::kAfterShare}});
+}
+
+TEST(Protocol, DropoutMidMaskedInputIsWithdrawnFromTheSum) {
+  // Site 4 streamed 6,000 of its 10,007 masked elements into the sum, then
+  // stopped: the server subtracts them again from its copy, and site 4 is a
+  // dropout of the masked input stage (its mask key rebuilt, its neighbours'
+  // pairwise masks cancelled); the sum is the others' inputs, bit for bit.
+  ExpectExactSum(Config(10, 4, 3), {{4, Drop::kMidMaskedInput}});
+  ExpectExactSum(Config(10, 8, 5), {{4, Drop::kMidMaskedInput}, {7, Drop::kMidMaskedInput}, {2, Drop::kAfterShare}});
+}
+
+// The streaming receive's own checks: chunks in order and within the
+// dimension, a stage that will not close over a partial input, and a copy
+// read back that is not what was added, which loses the sum: the stage fails.
+TEST(Protocol, AStreamedMaskedInputIsCheckedAndAWrongCopyFailsTheStage) {
+  const ProtocolConfig config = Config(4, 3, 2);
+  auto server = SecAggServer::Create(config);
+  ASSERT_TRUE(server.ok());
+  std::map<uint32_t, SecAggClient> clients;
+  for (uint32_t u = 0; u < 4; ++u) {
+    auto client = SecAggClient::Create(config, u);
+    ASSERT_TRUE(client.ok());
+    auto keys = client->Advertise();
+    ASSERT_TRUE(keys.ok() && server->Receive(*keys).ok());
+    clients.emplace(u, std::move(*client));
+  }
+  auto broadcasts = server->CloseAdvertise();
+  ASSERT_TRUE(broadcasts.ok());
+  for (auto& [u, client] : clients) {
+    auto shares = client.Share(broadcasts->at(u));
+    ASSERT_TRUE(shares.ok() && server->Receive(*shares).ok());
+  }
+  ASSERT_TRUE(server->CloseShareKeys().ok());
+  const std::vector<uint32_t> chunk(100, 5);
+  EXPECT_EQ(server->ReceiveMaskedChunk(0, 100, chunk).message(),
+            "secagg round 17: masked input from site 0: a chunk of 100 elements at element 100, expected the next of "
+            "10007 at 0");
+  ASSERT_TRUE(server->ReceiveMaskedChunk(0, 0, chunk).ok());
+  EXPECT_TRUE(server->PartlyReceived(0));
+  EXPECT_EQ(server->FinishMaskedInput(0).message(),
+            "secagg round 17: masked input from site 0 ends after 100 of 10007 elements");
+  EXPECT_EQ(server->ReceiveMaskedChunk(0, 100, std::vector<uint32_t>(kDimension, 1)).message(),
+            "secagg round 17: masked input from site 0: a chunk of 10007 elements at element 100, expected the next "
+            "of 10007 at 100");
+  EXPECT_EQ(server->CloseMaskedInput().status().message(),
+            "secagg round 17: masked input: site 0's input is partly in the sum (100 of 10007 elements): it must "
+            "finish or be withdrawn before the stage closes");
+  EXPECT_EQ(server->WithdrawMaskedInput(1, [](uint64_t, std::span<uint32_t>) { return Status::Ok(); }).message(),
+            "secagg round 17: withdrawing site 1's masked input, which is not partly in the sum");
+  const Status wrong = server->WithdrawMaskedInput(0, [](uint64_t, std::span<uint32_t> values) {
+    std::fill(values.begin(), values.end(), 6u);  // not the 5s that were added
+    return Status::Ok();
+  });
+  EXPECT_EQ(wrong.message(),
+            "secagg round 17: masked input: withdrawing site 0's 100 elements: the copy read back is not what was "
+            "added: the sum is lost");
+  EXPECT_FALSE(server->CloseMaskedInput().ok()) << "a lost sum must never be released";
+  // A withdrawn site is silent from then on.
+  EXPECT_FALSE(server->ReceiveMaskedChunk(0, 0, chunk).ok());
 }
 
 TEST(Protocol, DropoutAfterMaskedInputIsStillSummed) {
