@@ -106,6 +106,8 @@ void Agent::Connect() {
   welcomed_ = false;
   DropUpload();
   secagg_.reset();  // its secrets are this connection's: the server counts a lost session as a dropout
+  secagg_upload_.reset();
+  secagg_masking_ = false;
   Status named = crypto::VerifyServerName(stream_->native_handle(), options_.host);
   if (named.ok() && options_.identity) named = crypto::UseIdentity(stream_->native_handle(), *options_.identity);
   if (!named.ok()) return Finish(named);
@@ -482,6 +484,7 @@ void Agent::WriteNext() {
     self->writing_ = false;
     self->outbox_.pop_front();
     if (ec) return self->Disconnected(ec.message());
+    if (self->secagg_upload_) self->MaskNextSecAggFrame();  // the masked input's next frame, as the socket drains
     self->WriteNext();
   });
 }

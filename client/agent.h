@@ -186,6 +186,7 @@ class Agent : public std::enable_shared_from_this<Agent> {
   void OnSecAgg(const v1::Envelope& envelope);
   void SecAggTrained(Update update);
   void MaybeSendMaskedInput();
+  void MaskNextSecAggFrame();
 
   boost::asio::io_context& io_;
   AgentOptions options_;
@@ -256,7 +257,9 @@ class Agent : public std::enable_shared_from_this<Agent> {
 
   std::shared_ptr<SecAggSite> secagg_;  // this round's, on this connection
   std::optional<Update> secagg_update_;  // trained, waiting for the share inbox
-  bool secagg_masking_ = false;          // its masked input is being computed on the training executor
+  bool secagg_masking_ = false;          // a frame of its masked input is being masked on the training executor
+  std::shared_ptr<const Update> secagg_upload_;  // its masked input being streamed, frame by frame
+  bool secagg_upload_begun_ = false;             // its opening chunk has been made
 };
 
 }  // namespace estuary::client

@@ -1,5 +1,6 @@
 // The Agent's SecAgg+ rounds (client/secagg_site.h): on the I/O thread but
-// for the quantising and masking, which run on the training executor.
+// for the quantising and masking, which run on the training executor a
+// chunk at a time as the masked input streams.
 #include <spdlog/spdlog.h>
 
 #include "client/agent.h"
@@ -12,6 +13,7 @@ namespace asio = boost::asio;
 Status Agent::StartSecAgg(const v1::RoundStart& start) {
   secagg_.reset();
   secagg_update_.reset();
+  secagg_upload_.reset();
   secagg_masking_ = false;
   if (!start.has_secagg()) return Status::Ok();
   v1::Envelope advertise;
@@ -88,32 +90,46 @@ void Agent::SecAggTrained(Update update) {
 }
 
 void Agent::MaybeSendMaskedInput() {
-  if (!secagg_ || !secagg_update_ || !secagg_->has_inbox() || secagg_masking_) return;
-  secagg_masking_ = true;
-  auto update = std::make_shared<const Update>(std::move(*secagg_update_));
+  if (!secagg_ || !secagg_update_ || !secagg_->has_inbox() || secagg_masking_ || secagg_upload_) return;
+  secagg_upload_ = std::make_shared<const Update>(std::move(*secagg_update_));
   secagg_update_.reset();
+  secagg_upload_begun_ = false;
+  // From here the server may answer only once every site's input is in.
+  awaiting_answer_ = true;
+  ArmRead();
+  MaskNextSecAggFrame();
+}
+
+void Agent::MaskNextSecAggFrame() {
+  // One frame at a time, masked on the training executor (1 + k ChaCha20
+  // passes over it: off the I/O thread) while the frame before it is written;
+  // the next only once the outbox holds fewer than two, so the site holds a
+  // chunk or two of its masked input, never all of it.
+  if (!secagg_ || !secagg_upload_ || secagg_masking_ || outbox_.size() >= 2) return;
+  secagg_masking_ = true;
   const uint64_t chunk = std::max<uint32_t>(chunk_bytes_ / 4, 1);
-  // Quantising and masking take 1 + k ChaCha20 passes over the update: off the I/O thread.
-  asio::post(training_, [self = shared_from_this(), site = secagg_, update, chunk, connection = connection_] {
-    auto frames = site->MaskedInput(update->payload, chunk, update->num_examples, update->train_loss, update->seconds,
-                                    self->options_.secagg_keep_dir);
-    asio::post(self->io_, [self, site, connection, frames = std::move(frames)]() mutable {
+  const bool first = !secagg_upload_begun_;
+  secagg_upload_begun_ = true;
+  asio::post(training_, [self = shared_from_this(), site = secagg_, update = secagg_upload_, chunk, first,
+                         connection = connection_] {
+    auto frame = first ? site->BeginMaskedInput(update->payload, self->options_.secagg_keep_dir)
+                       : site->NextMaskedFrame(chunk, update->num_examples, update->train_loss, update->seconds);
+    asio::post(self->io_, [self, site, connection, first, frame = std::move(frame)]() mutable {
       if (self->stopped_ || site != self->secagg_ || connection != self->connection_) return;
       self->secagg_masking_ = false;
-      if (!frames.ok()) {
-        spdlog::error("{}: {}", self->name_, frames.status().message());
+      if (!frame.ok()) {
+        spdlog::error("{}: {}", self->name_, frame.status().message());
         self->secagg_.reset();
+        self->secagg_upload_.reset();
         return self->Disconnected(fmt::format("round {}: secure aggregation refused: {}", site->round(),
-                                              frames.status().message()));
+                                              frame.status().message()));
       }
-      if (site->clipped()) spdlog::warn("{}: round {}: secagg: the update was clipped to its norm bound", self->name_,
-                                        site->round());
-      // From here the server may answer only once every site's input is in.
-      self->awaiting_answer_ = true;
-      self->ArmRead();
-      for (const v1::Envelope& frame : *frames) {
-        self->outbox_.push_back(std::make_shared<const proto::Frame>(proto::EncodeFrame(frame)));
+      if (first && site->clipped()) {
+        spdlog::warn("{}: round {}: secagg: the update was clipped to its norm bound", self->name_, site->round());
       }
+      if (site->masked_input_sent()) self->secagg_upload_.reset();
+      self->outbox_.push_back(std::make_shared<const proto::Frame>(proto::EncodeFrame(*frame)));
+      self->MaskNextSecAggFrame();
       self->WriteNext();
     });
   });

@@ -111,34 +111,68 @@ Status SecAggSite::OnInbox(const v1::SecAggInbox& inbox) {
 Result<std::vector<v1::Envelope>> SecAggSite::MaskedInput(std::span<const float> update, uint64_t chunk_elements,
                                                           uint64_t num_examples, double train_loss,
                                                           double train_seconds, const std::filesystem::path& keep_dir) {
+  std::vector<v1::Envelope> frames;
+  ESTUARY_ASSIGN_OR_RETURN(v1::Envelope begin, BeginMaskedInput(update, keep_dir));
+  frames.push_back(std::move(begin));
+  while (!masked_done_) {
+    ESTUARY_ASSIGN_OR_RETURN(v1::Envelope frame, NextMaskedFrame(chunk_elements, num_examples, train_loss, train_seconds));
+    frames.push_back(std::move(frame));
+  }
+  return frames;
+}
+
+Result<v1::Envelope> SecAggSite::BeginMaskedInput(std::span<const float> update, const std::filesystem::path& keep_dir) {
   if (!inbox_) return FailedPrecondition("secagg round {}: masked input before the share inbox", round_);
+  if (update.size() != config_.dimension) {
+    return InvalidArgument("secagg round {}: an update of {} elements, the setup's dimension is {}", round_,
+                           update.size(), config_.dimension);
+  }
+  ESTUARY_ASSIGN_OR_RETURN(clip_factor_, secagg::ClipFactor(update, setup_.clip()));
+  clipped_ = clip_factor_ < 1;
+  ESTUARY_ASSIGN_OR_RETURN(rounding_, secagg::RandomKey());
+  ESTUARY_RETURN_IF_ERROR(client_.BeginMaskedInput(*inbox_));
+  update_ = update;
+  masked_next_ = 0;
+  masked_done_ = false;
+  keep_dir_ = keep_dir;
+  kept_.clear();
+  return secagg::MaskedBeginMessage(round_);
+}
+
+Result<v1::Envelope> SecAggSite::NextMaskedFrame(uint64_t chunk_elements, uint64_t num_examples, double train_loss,
+                                                 double train_seconds) {
+  if (masked_done_ || update_.size() != config_.dimension || config_.dimension == 0) {
+    return FailedPrecondition("secagg round {}: no masked input being streamed", round_);
+  }
+  if (masked_next_ == update_.size()) {
+    ESTUARY_RETURN_IF_ERROR(client_.FinishMaskedInput());
+    if (!keep_dir_.empty()) {
+      const std::string bytes(reinterpret_cast<const char*>(kept_.data()), kept_.size() * sizeof(uint32_t));
+      ESTUARY_RETURN_IF_ERROR(WriteFileAtomically(
+          keep_dir_ / fmt::format("round-{}.site-{}.w-{}.u32", round_, client_.site(), setup_.weight()), bytes));
+      kept_ = {};
+    }
+    masked_done_ = true;
+    update_ = {};
+    v1::Envelope done;
+    done.mutable_secagg_masked_done()->set_round(round_);
+    done.mutable_secagg_masked_done()->set_num_examples(num_examples);
+    done.mutable_secagg_masked_done()->set_train_loss(train_loss);
+    done.mutable_secagg_masked_done()->set_train_seconds(train_seconds);
+    return done;
+  }
   const secagg::QuantizationConfig quantization{
       .bits = int(setup_.bits()), .clip_norm = setup_.clip(), .scale = setup_.scale()};
-  double squares = 0;
-  for (float x : update) squares += double(x) * double(x);
-  clipped_ = std::sqrt(squares) > setup_.clip();
-  ESTUARY_ASSIGN_OR_RETURN(const secagg::Key32 rounding, secagg::RandomKey());
-  ESTUARY_ASSIGN_OR_RETURN(const std::vector<uint32_t> quantized,
-                           secagg::Quantize(update, double(setup_.weight()), quantization, rounding));
-  if (!keep_dir.empty()) {
-    const std::string bytes(reinterpret_cast<const char*>(quantized.data()), quantized.size() * sizeof(uint32_t));
-    ESTUARY_RETURN_IF_ERROR(WriteFileAtomically(
-        keep_dir / fmt::format("round-{}.site-{}.w-{}.u32", round_, client_.site(), setup_.weight()), bytes));
-  }
-  ESTUARY_ASSIGN_OR_RETURN(const secagg::MaskedInput masked, client_.MaskInput(*inbox_, quantized));
-  std::vector<v1::Envelope> frames;
-  const uint64_t step = std::max<uint64_t>(chunk_elements, 1);
-  for (uint64_t at = 0; at < masked.values.size(); at += step) {
-    const uint64_t n = std::min<uint64_t>(step, masked.values.size() - at);
-    frames.push_back(secagg::MaskedChunkMessage(round_, at, std::span(masked.values).subspan(at, n)));
-  }
-  v1::Envelope done;
-  done.mutable_secagg_masked_done()->set_round(round_);
-  done.mutable_secagg_masked_done()->set_num_examples(num_examples);
-  done.mutable_secagg_masked_done()->set_train_loss(train_loss);
-  done.mutable_secagg_masked_done()->set_train_seconds(train_seconds);
-  frames.push_back(std::move(done));
-  return frames;
+  const uint64_t n = std::min<uint64_t>(std::max<uint64_t>(chunk_elements, 1), update_.size() - masked_next_);
+  std::vector<uint32_t> values(n);
+  ESTUARY_RETURN_IF_ERROR(secagg::QuantizeChunk(update_.subspan(masked_next_, n), masked_next_,
+                                                double(setup_.weight()), clip_factor_, quantization, rounding_,
+                                                values));
+  if (!keep_dir_.empty()) kept_.insert(kept_.end(), values.begin(), values.end());
+  ESTUARY_RETURN_IF_ERROR(client_.MaskChunk(masked_next_, values));
+  v1::Envelope frame = secagg::MaskedChunkMessage(round_, masked_next_, values);
+  masked_next_ += n;
+  return frame;
 }
 
 Result<v1::Envelope> SecAggSite::OnSurvivors(const v1::SecAggSurvivors& survivors) {

@@ -81,9 +81,23 @@ class SecAggSite {
   // quantised input before masking is also written to
   // keep_dir/round-R.site-U.w-W.u32 (little-endian ring elements): the site's
   // own record of what it contributed.
+  // Every frame at once: the opening chunk, the chunks, SecAggMaskedDone
+  // (BeginMaskedInput and NextMaskedFrame to the end).
   Result<std::vector<v1::Envelope>> MaskedInput(std::span<const float> update, uint64_t chunk_elements,
                                                 uint64_t num_examples, double train_loss, double train_seconds,
                                                 const std::filesystem::path& keep_dir);
+  // The same as it streams, so that the site holds one chunk of its masked
+  // input at a time, never all of it: BeginMaskedInput takes the norm of
+  // `update` (one pass; it must outlive the stream), draws the rounding seed
+  // and returns the opening chunk (secagg::MaskedBeginMessage); each NextMaskedFrame clips, weights,
+  // quantises and masks the next `chunk_elements` elements and returns their
+  // SecAggMaskedChunk, and after the last, SecAggMaskedDone. With
+  // `keep_dir`, the quantised input is also gathered, and written at the end.
+  Result<v1::Envelope> BeginMaskedInput(std::span<const float> update, const std::filesystem::path& keep_dir);
+  Result<v1::Envelope> NextMaskedFrame(uint64_t chunk_elements, uint64_t num_examples, double train_loss,
+                                       double train_seconds);
+  // SecAggMaskedDone has been returned.
+  bool masked_input_sent() const { return masked_done_; }
   Result<v1::Envelope> OnSurvivors(const v1::SecAggSurvivors& survivors);
   Result<v1::Envelope> OnUnmask(const v1::SecAggUnmask& request);
   // Updates whose norm exceeded the clip this round (0 or 1).
@@ -104,6 +118,14 @@ class SecAggSite {
   std::map<uint32_t, std::string> certificates_;  // DER, by neighbour: what signed the keys it took
   std::optional<secagg::ShareInbox> inbox_;
   bool clipped_ = false;
+  // The masked input being streamed.
+  std::span<const float> update_;
+  double clip_factor_ = 1;
+  secagg::Key32 rounding_{};
+  uint64_t masked_next_ = 0;  // elements
+  bool masked_done_ = false;
+  std::filesystem::path keep_dir_;
+  std::vector<uint32_t> kept_;  // with keep_dir_: the quantised input so far
 };
 
 }  // namespace estuary::client

@@ -334,7 +334,7 @@ void Coordinator::Reject(const std::shared_ptr<ClientSession>& session, v1::Erro
   if (round_running_ && it != participants_.end() && it->second.session.lock() == session &&
       it->second.record.status == "selected") {
     Participant& p = it->second;
-    slots_.Release(p.record.client);
+    ReleaseSlot(p.record.client);
     p.record.status = "rejected";
     p.record.detail = message;
     LogIfError(store_.UpsertParticipation(p.record), "store");
@@ -364,7 +364,7 @@ void Coordinator::OnRefusal(const std::shared_ptr<ClientSession>& session, const
     return;
   }
   Participant& p = it->second;
-  slots_.Release(p.record.client);
+  ReleaseSlot(p.record.client);
   p.record.status = stays ? "failed" : "refused";
   p.record.detail = reason;
   p.record.seconds = SecondsSince(p.started);
@@ -388,7 +388,7 @@ void Coordinator::OnClosed(ClientSession& session) {
   if (round_running_ && p_it != participants_.end() && p_it->second.session.lock().get() == &session &&
       p_it->second.record.status == "selected") {
     Participant& p = p_it->second;
-    slots_.Release(p.record.client);  // a partial upload is discarded here, unread
+    ReleaseSlot(p.record.client);  // a partial upload is discarded here, unread (a secagg one withdrawn)
     p.record.status = "dropped";
     p.record.detail = secagg_ ? fmt::format("connection lost in secagg stage {}", RoundSecAgg::kStages[std::min<int>(
                                                                                    secagg_->stage, 4)])

@@ -160,6 +160,11 @@ class Coordinator final : public RoundDriver {
   // Begins `stage`: sends each live site its message; bytes count toward `stage` − 1.
   void OpenSecAggStage(SecAggState::Stage stage, std::map<uint32_t, v1::Envelope> messages);
   void FinishSecAgg();
+  // Frees `name`'s staging slot (the caller grants it on); in a secagg
+  // round's masked input stage, a site whose input is partly in the sum is
+  // withdrawn from it first (a failed withdrawal fails the round).
+  void ReleaseSlot(const std::string& name);
+  void ReleaseSecAggSlot(uint32_t site);
   void ArmSecAggDeadline();
   void LogIfError(const Status& status, const char* what);
   double SecondsSince(std::chrono::steady_clock::time_point start) const;

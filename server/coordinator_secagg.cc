@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 
 #include <cmath>
+#include <cstring>
 
 #include "crypto/site_signature.h"
 #include "proto/frame.h"
@@ -173,19 +174,41 @@ void Coordinator::OnSecAgg(const std::shared_ptr<ClientSession>& session, const 
       received = shares.ok() ? st.server.Receive(*shares) : shares.status();
       break;
     }
-    case v1::Envelope::kSecaggMaskedChunk:
-      received = secagg::AppendMaskedChunk(envelope.secagg_masked_chunk(), st.server.config().dimension, st.uploads[u]);
-      if (received.ok()) return;  // more follows
-      break;
-    case v1::Envelope::kSecaggMaskedDone: {
-      std::vector<uint32_t> values = std::move(st.uploads[u]);
-      st.uploads.erase(u);
-      if (values.size() != st.server.config().dimension) {
-        received = InvalidArgument("secagg: masked input of {} elements, expected {}", values.size(),
-                                   st.server.config().dimension);
+    case v1::Envelope::kSecaggMaskedChunk: {
+      const v1::SecAggMaskedChunk& chunk = envelope.secagg_masked_chunk();
+      if (secagg::IsMaskedBegin(chunk) && !st.begun.contains(u)) {
+        // Its input goes into the sum as it streams, holding a staging slot
+        // (and the copy to undo it by) until it is complete: while none is
+        // free, the session is paused and its chunks wait in the socket.
+        st.begun.insert(u);
+        received = slots_.BeginJournal(session, st.server.config().dimension * sizeof(uint32_t));
+        if (received.ok()) return;  // its chunks follow
         break;
       }
-      received = st.server.Receive(secagg::MaskedInput{.site = u, .values = std::move(values)});
+      SpillBuffer* journal = slots_.Journal(name);
+      if (journal == nullptr) {
+        received = InvalidArgument("secagg: a masked input chunk before the one that opens it (element 0, no data)");
+        break;
+      }
+      const uint64_t at = chunk.offset();
+      received = secagg::DecodeMaskedChunk(chunk, at, st.server.config().dimension, st.chunk);
+      // What is added is kept first, to subtract again should the site stop
+      // partway (only chunks the sum took are read back).
+      if (received.ok()) {
+        received = journal->Write(at * sizeof(uint32_t), st.chunk.data(), st.chunk.size() * sizeof(uint32_t));
+      }
+      if (received.ok()) received = st.server.ReceiveMaskedChunk(u, at, st.chunk);
+      if (!received.ok()) break;
+      return;  // more follows
+    }
+    case v1::Envelope::kSecaggMaskedDone: {
+      if (slots_.Journal(name) == nullptr) {
+        received = InvalidArgument("secagg: secagg_masked_done before its masked input was opened");
+        break;
+      }
+      received = st.server.FinishMaskedInput(u);
+      if (!received.ok()) break;
+      slots_.Release(name);  // complete: nothing to undo; the slot goes to the next site below
       const v1::SecAggMaskedDone& done = envelope.secagg_masked_done();
       Participation& record = p->second.record;
       record.examples = st.weights[u];
@@ -207,6 +230,7 @@ void Coordinator::OnSecAgg(const std::shared_ptr<ClientSession>& session, const 
   if (!received.ok()) return Reject(session, v1::Error::BAD_MESSAGE, received.message());
   st.waiting.erase(u);
   ++st.record.answered[stage];
+  if (stage == SecAggState::kMasked) GrantSlots();  // may end a site, which closes the stage itself
   MaybeCloseSecAggStage(false);
 }
 
@@ -215,20 +239,50 @@ void Coordinator::SecAggGone(const std::string& name) {
   SecAggState& st = *secagg_;
   auto id = st.ids.find(name);
   if (id == st.ids.end() || !st.gone.insert(id->second).second) return;
-  st.uploads.erase(id->second);
+  ReleaseSecAggSlot(id->second);
+  if (!secagg_) return;  // the withdrawal failed the round
   if (st.stage < SecAggState::kDone && st.waiting.erase(id->second)) ++st.record.dropouts[st.stage];
   MaybeCloseSecAggStage(false);
+}
+
+void Coordinator::ReleaseSlot(const std::string& name) {
+  auto id = secagg_ ? secagg_->ids.find(name) : decltype(secagg_->ids.find(name)){};
+  if (secagg_ && id != secagg_->ids.end()) return ReleaseSecAggSlot(id->second);
+  slots_.Release(name);
+}
+
+void Coordinator::ReleaseSecAggSlot(uint32_t u) {
+  SecAggState& st = *secagg_;
+  const std::string& name = st.names[u];
+  if (st.stage == SecAggState::kMasked && st.server.PartlyReceived(u)) {
+    // Stopped partway: its chunks are in the sum; the slot's copy takes them out again.
+    const SpillBuffer* journal = slots_.Journal(name);
+    Status withdrawn =
+        journal == nullptr
+            ? Internal("secagg: site {}'s input is partly in the sum without a copy to undo it", u)
+            : st.server.WithdrawMaskedInput(u, [journal](uint64_t offset, std::span<uint32_t> values) {
+                return journal->Read(offset * sizeof(uint32_t), values.data(), values.size() * sizeof(uint32_t));
+              });
+    slots_.Release(name);
+    if (!withdrawn.ok()) return FailRound(withdrawn.message());
+    spdlog::info("round {}: secagg: {} (site {}) stopped partway through its masked input; withdrawn from the sum",
+                 round_, name, u);
+    return;
+  }
+  slots_.Release(name);
 }
 
 void Coordinator::MaybeCloseSecAggStage(bool deadline) {
   if (!secagg_ || secagg_->stage == SecAggState::kDone) return;
   SecAggState& st = *secagg_;
   if (!deadline && !st.waiting.empty()) return;
-  for (uint32_t u : st.waiting) {  // silent at the deadline: they drop out of this stage
+  for (uint32_t u : std::set<uint32_t>(st.waiting)) {  // silent at the deadline: they drop out of this stage
     ++st.record.dropouts[st.stage];
     st.gone.insert(u);
-    st.uploads.erase(u);
+    ReleaseSecAggSlot(u);
+    if (!secagg_) return;  // the withdrawal failed the round
     Participant& p = participants_.at(st.names[u]);
+    if (auto session = p.session.lock(); session && !session->closed()) session->Resume();  // if it was queued
     if (p.record.status != "selected") continue;
     p.record.status = "late";
     p.record.detail = fmt::format("no answer in secagg stage {} before its deadline", RoundSecAgg::kStages[st.stage]);

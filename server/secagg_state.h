@@ -8,6 +8,15 @@
 // stage it was waiting in; one silent at the stage's deadline likewise. The
 // stage closes when nobody is left waiting, through SecAggServer::Close*,
 // whose threshold refusal fails the round.
+//
+// The masked inputs stream into the SecAggServer's one ring sum, each chunk
+// added as it arrives; a site takes one of the Coordinator's staging slots
+// from its opening chunk (secagg::MaskedBeginMessage) to its SecAggMaskedDone (the others wait,
+// paused, as plain uploads do), and the slot holds a copy of what the site
+// has added so far (StagingSlots::Journal). A site that stops partway is
+// withdrawn from the sum with that copy (SecAggServer::WithdrawMaskedInput)
+// and its slot freed. Memory: one sum, and at most staging_slots partial
+// inputs, each in memory up to staging_memory_bytes and in a spill file beyond.
 #pragma once
 
 #include <cstdint>
@@ -35,7 +44,8 @@ struct SecAggState {
   std::vector<uint64_t> weights;        // by id: the examples its Hello claimed
   std::set<uint32_t> waiting;           // the stage's sites that have not answered yet
   std::set<uint32_t> gone;              // lost or refused: silent from then on
-  std::map<uint32_t, std::vector<uint32_t>> uploads;  // masked inputs arriving, until their SecAggMaskedDone
+  std::set<uint32_t> begun;             // opened its masked input: queued for a slot, or streaming
+  std::vector<uint32_t> chunk;          // the arriving chunk's elements, decoded
   // By id: the signature and certificate its advertised keys came with, relayed beside them.
   std::map<uint32_t, std::pair<std::string, std::string>> signed_keys;
   // A lora federation's: the global adapter's tensors in the upload layout,

@@ -2,14 +2,9 @@
 //
 // Chunks must arrive in order and agree with the manifest (proto::CheckChunk).
 // The payload lives in memory when it fits the per-upload memory budget and
-// in an unlinked temporary file beyond it; either way the fold reads it as
-// one span. A spilled payload is written to its file as chunks arrive
-// (pwrite: the kernel copies into its page cache, where stores through a
-// shared mapping would fault on every page and reserve the file's blocks one
-// page at a time) and mapped, read-only, only on Commit(); a full disk is then
-// an error of the chunk, not a SIGBUS. Memory is reserved without being
-// zero-filled, since every byte is written before it is read. The SHA-256 is
-// computed while chunks arrive, so Commit() only compares. Destroying an uncommitted StagedUpdate discards it:
+// in an unlinked temporary file, mapped into memory, beyond it; either way the
+// fold reads it as one span. The SHA-256 is computed while chunks arrive, so
+// Commit() only compares. Destroying an uncommitted StagedUpdate discards it:
 // nothing of a partial upload ever reaches an aggregate.
 #pragma once
 
@@ -24,6 +19,7 @@
 #include "crypto/sha256.h"
 #include "estuary.pb.h"
 #include "models/tensor.h"
+#include "server/spill_buffer.h"
 
 namespace estuary::server {
 
@@ -41,7 +37,7 @@ class StagedUpdate {
   Status Commit(const std::string& sha256_hex);
 
   uint64_t received_bytes() const { return next_offset_; }
-  bool spilled() const { return fd_ >= 0; }
+  bool spilled() const { return buffer_->spilled(); }
   // Valid after a successful Commit().
   std::span<const float> values() const;
 
@@ -53,9 +49,7 @@ class StagedUpdate {
   uint64_t next_offset_ = 0;
   bool committed_ = false;
   crypto::Sha256 hasher_;
-  std::unique_ptr<float[]> memory_;  // not zero-filled: Commit() sees every byte written
-  void* mapped_ = nullptr;           // a spilled payload, after Commit()
-  int fd_ = -1;
+  std::unique_ptr<SpillBuffer> buffer_;
 };
 
 }  // namespace estuary::server

@@ -11,15 +11,39 @@ Result<std::unique_ptr<StagedUpdate>> StagingSlots::Stage(const Manifest& layout
   return StagedUpdate::Create(layout, memory_budget_, spill_dir_);
 }
 
+Status StagingSlots::StageWaiting(const Waiting& next) {
+  if (next.journal_bytes > 0) {
+    ESTUARY_ASSIGN_OR_RETURN(journals_[next.name],
+                             SpillBuffer::Create(next.journal_bytes, memory_budget_, spill_dir_, "secagg staging"));
+    return Status::Ok();
+  }
+  ESTUARY_ASSIGN_OR_RETURN(staged_[next.name], Stage(next.layout));
+  return Status::Ok();
+}
+
 Status StagingSlots::Begin(const std::shared_ptr<ClientSession>& session, const Manifest& layout) {
+  Waiting next{.name = session->name(), .session = session, .layout = layout};
   if (in_use() >= slots_) {
-    queue_.push_back({session->name(), session, layout});
+    queue_.push_back(std::move(next));
     session->Pause();  // its chunks wait in the socket until a slot frees
     return Status::Ok();
   }
-  ESTUARY_ASSIGN_OR_RETURN(auto staged, Stage(layout));
-  staged_[session->name()] = std::move(staged);
-  return Status::Ok();
+  return StageWaiting(next);
+}
+
+Status StagingSlots::BeginJournal(const std::shared_ptr<ClientSession>& session, uint64_t bytes) {
+  Waiting next{.name = session->name(), .session = session, .layout = {}, .journal_bytes = std::max<uint64_t>(bytes, 1)};
+  if (in_use() >= slots_) {
+    queue_.push_back(std::move(next));
+    session->Pause();
+    return Status::Ok();
+  }
+  return StageWaiting(next);
+}
+
+SpillBuffer* StagingSlots::Journal(const std::string& name) const {
+  auto it = journals_.find(name);
+  return it == journals_.end() ? nullptr : it->second.get();
 }
 
 StagedUpdate* StagingSlots::Staged(const std::string& name) const {
@@ -44,6 +68,7 @@ void StagingSlots::FoldDone() { --folding_; }
 
 void StagingSlots::Release(const std::string& name) {
   staged_.erase(name);
+  journals_.erase(name);
   std::erase_if(queue_, [&](const Waiting& w) { return w.name == name; });
 }
 
@@ -54,12 +79,12 @@ std::vector<std::pair<std::shared_ptr<ClientSession>, Status>> StagingSlots::Gra
     queue_.pop_front();
     auto session = next.session.lock();
     if (!session || session->closed()) continue;
-    auto staged = Stage(next.layout);
-    if (!staged.ok()) {
-      refused.emplace_back(std::move(session), staged.status());
+    if (Status staged = StageWaiting(next); !staged.ok()) {
+      staged_.erase(next.name);
+      journals_.erase(next.name);
+      refused.emplace_back(std::move(session), staged);
       continue;
     }
-    staged_[next.name] = std::move(staged).value();
     session->Resume();
   }
   return refused;
@@ -67,6 +92,7 @@ std::vector<std::pair<std::shared_ptr<ClientSession>, Status>> StagingSlots::Gra
 
 void StagingSlots::Reset() {
   staged_.clear();
+  journals_.clear();
   queue_.clear();
 }
 

@@ -7,6 +7,12 @@
 // the socket) and queued; Grant() gives freed slots to the queue in the order
 // it was joined, staging each upload and resuming its session. Uploads are
 // known by client name, one per client. Runs on the I/O thread.
+//
+// A secure-aggregation round's masked inputs take the same slots
+// (BeginJournal): each arriving chunk goes into the round's one ring sum, and
+// the slot holds the site's copy of what it added (a SpillBuffer, in memory up
+// to the same budget) until its input is complete, so that a site that
+// stops partway can be subtracted again (server/secagg_state.h).
 #pragma once
 
 #include <cstdint>
@@ -21,6 +27,7 @@
 #include "base/manifest.h"
 #include "base/status.h"
 #include "server/client_session.h"
+#include "server/spill_buffer.h"
 #include "server/staging.h"
 
 namespace estuary::server {
@@ -35,6 +42,10 @@ class StagingSlots {
   // session and queues it. Fails, holding no slot, when the staging area
   // cannot be created.
   Status Begin(const std::shared_ptr<ClientSession>& session, const Manifest& layout);
+  // The same for a secure-aggregation input of `bytes`: its undo copy.
+  Status BeginJournal(const std::shared_ptr<ClientSession>& session, uint64_t bytes);
+  // `name`'s undo copy; null when none is held (not begun, or queued).
+  SpillBuffer* Journal(const std::string& name) const;
   // The upload being staged for `name`; null when none is (not begun,
   // queued, or handed to its fold).
   StagedUpdate* Staged(const std::string& name) const;
@@ -53,21 +64,25 @@ class StagingSlots {
   // running keep their slots.
   void Reset();
 
-  uint32_t in_use() const { return uint32_t(staged_.size()) + folding_; }
+  uint32_t in_use() const { return uint32_t(staged_.size() + journals_.size()) + folding_; }
 
  private:
   struct Waiting {
     std::string name;
     std::weak_ptr<ClientSession> session;
     Manifest layout;
+    uint64_t journal_bytes = 0;  // > 0: a secure-aggregation input's undo copy, not an upload
   };
 
   Result<std::unique_ptr<StagedUpdate>> Stage(const Manifest& layout) const;
+  // Stages `next` (an upload or a journal) into its slot.
+  Status StageWaiting(const Waiting& next);
 
   const uint32_t slots_;
   const uint64_t memory_budget_;
   const std::filesystem::path spill_dir_;
   std::map<std::string, std::unique_ptr<StagedUpdate>> staged_;
+  std::map<std::string, std::unique_ptr<SpillBuffer>> journals_;
   uint32_t folding_ = 0;
   std::deque<Waiting> queue_;
 };

@@ -198,7 +198,7 @@ class SecAggSiteConsistency : public SecAggSiteKeys {
       auto frames = sites_[u]->MaskedInput(update, kDimension, 10, 0.5, 0.1, {});
       ASSERT_TRUE(frames.ok()) << frames.status().ToString();
       std::vector<uint32_t> values;
-      ASSERT_TRUE(secagg::AppendMaskedChunk((*frames)[0].secagg_masked_chunk(), kDimension, values).ok());
+      ASSERT_TRUE(secagg::AppendMaskedChunk((*frames)[1].secagg_masked_chunk(), kDimension, values).ok());
       ASSERT_TRUE(server_->Receive(secagg::MaskedInput{u, values}).ok());
     }
     auto survivors = server_->CloseMaskedInput();

@@ -20,6 +20,7 @@
 #include "crypto/sha256.h"
 #include "models/checkpoint.h"
 #include "secagg/quantize.h"
+#include "secagg/wire.h"
 #include "tests/e2e/federation.h"
 #include "tests/e2e/harness.h"
 
@@ -85,7 +86,11 @@ class ScriptedSite {
  public:
   // kSignsAsSiteA: advertises keys signed with site-a's certificate over its own connection, and stops at
   // the server's answer.
-  enum class Stop { kAfterShareKeys, kAfterMaskedInput, kSignsAsSiteA };
+  // kRefusedMidMaskedInput: streams the first two chunks of its masked input
+  // (131,072 of 199,210 elements), then one out of order, which the server
+  // refuses — after it added the two — and stops at its Error.
+  // kAbortsMidMaskedInput: the same two chunks, then aborts its connection.
+  enum class Stop { kAfterShareKeys, kAfterMaskedInput, kSignsAsSiteA, kRefusedMidMaskedInput, kAbortsMidMaskedInput };
   ScriptedSite(const Federation& f, const std::string& name, uint16_t port, Stop stop, fs::path keep)
       : thread_([this, files = f.Files(name), signs = f.Files(stop == Stop::kSignsAsSiteA ? "site-a" : name), port,
                  stop, keep] { status_ = Run(files, signs, port, stop, keep); }) {}
@@ -135,6 +140,23 @@ class ScriptedSite {
     ESTUARY_RETURN_IF_ERROR(site->OnInbox(inbox.secagg_inbox()));
     std::vector<float> update(model_.size());
     for (size_t i = 0; i < update.size(); ++i) update[i] = 1e-3f * float(int(i % 7) - 3);
+    if (stop == Stop::kRefusedMidMaskedInput || stop == Stop::kAbortsMidMaskedInput) {
+      ESTUARY_ASSIGN_OR_RETURN(const v1::Envelope open, site->BeginMaskedInput(update, {}));
+      ESTUARY_RETURN_IF_ERROR(raw->Send(open));
+      for (int i = 0; i < 2; ++i) {
+        ESTUARY_ASSIGN_OR_RETURN(const v1::Envelope chunk, site->NextMaskedFrame(65536, 10, 0.5, 0.1));
+        ESTUARY_RETURN_IF_ERROR(raw->Send(chunk));
+      }
+      if (stop == Stop::kAbortsMidMaskedInput) {
+        raw->Abort();
+        return Status::Ok();
+      }
+      const uint32_t one = 1;
+      ESTUARY_RETURN_IF_ERROR(raw->Send(secagg::MaskedChunkMessage(start.round(), 0, std::span(&one, 1))));
+      ESTUARY_ASSIGN_OR_RETURN(const v1::Envelope refused, Next(*raw, v1::Envelope::kError));
+      refusal_ = refused.error().message();
+      return Status::Ok();
+    }
     ESTUARY_ASSIGN_OR_RETURN(auto frames, site->MaskedInput(update, 65536, 10, 0.5, 0.1, keep));
     for (const v1::Envelope& frame : frames) ESTUARY_RETURN_IF_ERROR(raw->Send(frame));
     // Gone with its input in the sum, before signing the survivor set: its
@@ -282,6 +304,64 @@ TEST(SecAggOverTls, TheRoundCommitsWhenOneSiteDiesAfterSharingKeysAndOneAfterIts
   ASSERT_EQ(committed.size(), expected.size());
   EXPECT_EQ(std::memcmp(committed.data(), expected.data(), expected.size() * sizeof(float)), 0)
       << "the committed model is not the plain aggregate of the five included inputs";
+}
+
+// The masked inputs stream into the server's one ring sum, a chunk added as it
+// arrives, through one staging slot here (--staging-slots 1: the sites take
+// turns, the others paused). One site stops after two of its chunks were
+// added (its next one refused), one aborts its connection after two (added or
+// not, as the server read them): each is withdrawn from the sum, and the
+// committed model is still the plain aggregate of the four complete inputs,
+// bit for bit.
+TEST(SecAggOverTls, SitesThatStopPartwayThroughTheirMaskedInputAreWithdrawnFromTheSum) {
+  Federation f;
+  std::vector<std::string> sites = {"site-a", "site-b", "site-c", "site-d"};
+  for (const auto& s : sites) f.Issue(s);
+  f.Issue("refused-mid-input");
+  f.Issue("aborts-mid-input");
+  const uint16_t port = f.StartServer(1, 6, {"--secagg", "--staging-slots", "1"});
+  std::vector<std::unique_ptr<ChildProcess>> children;
+  for (const auto& s : sites) {
+    fs::create_directories(f.dir() / ("keep-" + s));
+    children.push_back(f.StartClient(s, port, {}, {"--secagg-keep-input", (f.dir() / ("keep-" + s)).string()}));
+  }
+  ScriptedSite refused(f, "refused-mid-input", port, ScriptedSite::Stop::kRefusedMidMaskedInput, {});
+  ScriptedSite aborts(f, "aborts-mid-input", port, ScriptedSite::Stop::kAbortsMidMaskedInput, {});
+  Status refused_done = refused.Join(), aborts_done = aborts.Join();
+  EXPECT_TRUE(refused_done.ok()) << refused_done.ToString();
+  EXPECT_TRUE(aborts_done.ok()) << aborts_done.ToString();
+  // Refused only after the server had added its first two chunks.
+  EXPECT_NE(refused.refusal().find("a chunk of 1 elements at element 0, expected the next of 199210 at 131072"),
+            std::string::npos)
+      << refused.refusal();
+  ASSERT_TRUE(f.AwaitCommitted(1, std::chrono::seconds(120))) << f.ServerLog();
+  for (auto& c : children) EXPECT_EQ(c->Wait(), 0);
+  ASSERT_EQ(f.WaitServer(), 0) << f.ServerLog();
+  EXPECT_NE(f.ServerLog().find("refused-mid-input (site "), std::string::npos) << f.ServerLog();
+  EXPECT_NE(f.ServerLog().find("stopped partway through its masked input; withdrawn from the sum"), std::string::npos)
+      << f.ServerLog();
+
+  auto store = f.OpenStore();
+  ASSERT_TRUE(store);
+  auto round = store->GetRound(1);
+  ASSERT_TRUE(round.ok() && round->has_value());
+  const server::RoundRecord& r = **round;
+  ASSERT_EQ(r.state, server::RoundState::kCommitted) << r.detail << "\n" << f.ServerLog();
+  ASSERT_TRUE(r.secagg.has_value());
+  EXPECT_EQ(r.secagg->answered, (std::array<uint32_t, 5>{6, 6, 4, 4, 4}));
+  EXPECT_EQ(r.secagg->dropouts, (std::array<uint32_t, 5>{0, 0, 2, 0, 0}));
+  EXPECT_EQ(r.updates_received, 4u);
+  std::vector<Contribution> inputs;
+  for (const auto& s : sites) {
+    auto kept = KeptInputs(f.dir() / ("keep-" + s), 1);
+    ASSERT_EQ(kept.size(), 1u) << s;
+    inputs.push_back(std::move(kept[0]));
+  }
+  const std::vector<float> expected = PlainAggregate(inputs, 100, r.secagg->scale, refused.initial_model(), 1);
+  const std::vector<float> committed = Checkpoint(*store, 1);
+  ASSERT_EQ(committed.size(), expected.size());
+  EXPECT_EQ(std::memcmp(committed.data(), expected.data(), expected.size() * sizeof(float)), 0)
+      << "the committed model is not the plain aggregate of the four complete inputs";
 }
 
 // A site signs the keys it advertises with its own certificate's key; keys

@@ -60,6 +60,43 @@ TEST_F(StagingSlotsTest, TheUploadsBeyondKArePausedAndGrantedInOrder) {
   EXPECT_EQ(slots.in_use(), 2u);
 }
 
+// A secure-aggregation input's undo copy takes the same slots as uploads:
+// beyond K it waits, paused, and is granted in order; it lives in memory up to
+// the budget and in a spill file beyond it.
+TEST_F(StagingSlotsTest, SecAggCopiesShareTheSlotsWithUploads) {
+  auto a = Begin("a");
+  auto b = std::make_shared<FakeSession>("b"), c = std::make_shared<FakeSession>("c");
+  ASSERT_TRUE(slots.BeginJournal(b, 4 * 1000).ok());
+  ASSERT_TRUE(slots.BeginJournal(c, 4 * 1000).ok());
+  ASSERT_NE(slots.Journal("b"), nullptr);
+  EXPECT_EQ(slots.Journal("b")->size(), 4000u);
+  EXPECT_FALSE(slots.Journal("b")->spilled());
+  EXPECT_EQ(slots.Staged("b"), nullptr) << "a copy is not an upload";
+  EXPECT_EQ(slots.Journal("c"), nullptr);
+  EXPECT_TRUE(c->paused && slots.Queued("c"));
+  EXPECT_EQ(slots.in_use(), 2u);
+  slots.Release("b");  // its input complete, or withdrawn
+  ExpectNoneRefused();
+  EXPECT_FALSE(c->paused);
+  ASSERT_NE(slots.Journal("c"), nullptr);
+  const uint8_t seven = 7, eight = 8;
+  ASSERT_TRUE(slots.Journal("c")->Write(3999, &seven, 1).ok()) << "all of it writable";
+  uint8_t back = 0;
+  ASSERT_TRUE(slots.Journal("c")->Read(3999, &back, 1).ok());
+  EXPECT_EQ(back, 7);
+  EXPECT_FALSE(slots.Journal("c")->Write(4000, &seven, 1).ok()) << "not beyond it";
+  EXPECT_EQ(slots.Journal("b"), nullptr);
+
+  StagingSlots small{1, 100, std::filesystem::temp_directory_path()};
+  auto d = std::make_shared<FakeSession>("d");
+  ASSERT_TRUE(small.BeginJournal(d, 4000).ok());
+  ASSERT_NE(small.Journal("d"), nullptr);
+  EXPECT_TRUE(small.Journal("d")->spilled()) << "beyond the memory budget: a spill file";
+  ASSERT_TRUE(small.Journal("d")->Write(3999, &eight, 1).ok());
+  ASSERT_TRUE(small.Journal("d")->Read(3999, &back, 1).ok());
+  EXPECT_EQ(back, 8) << "read back from the spill file";
+}
+
 TEST_F(StagingSlotsTest, AReleasedOrClosedWaiterIsNeverGranted) {
   auto a = Begin("a"), b = Begin("b"), c = Begin("c"), d = Begin("d"), e = Begin("e");
   slots.Release("c");  // left the queue
