@@ -711,6 +711,50 @@ TEST(LoraSimulation, LoopbackAgreesWithInproc) {
   }
 }
 
+// SecAgg+ over the sessions for a lora federation (naive, frozen-a): the
+// loopback sites mask their adapters' movement and the real server unmasks
+// and merges it (serve --secagg), as the in-process protocol does. The two
+// runs differ only by the stochastic rounding's draws (seeded in process,
+// RAND_bytes on a site: within n / (s · W) ≈ 1.4e-7 per element) and fold
+// order, so their held-out losses agree; the masked input is the upload's
+// elements (B alone under frozen-a), as WireBytes counts it in process, and
+// the sessions add their framing, signatures and certificates.
+TEST(LoraSimulation, SecAggLoopbackAgreesWithInproc) {
+  testing::TempDir dir;
+  const auto data = WriteTopics(dir);
+  std::map<std::string, uint64_t> masked_bytes;
+  for (const char* merge : {"naive", "frozen-a"}) {
+    Scenario s = Lora(data, merge);
+    s.rounds = 2;
+    s.secagg = true;
+    s.federation.mutable_limits()->set_max_norm_over_median(0);  // as estuary-sim sets it under --secagg
+    s.workdir = dir / "run" / merge;
+    s.server_binary = testing::BinaryPath("estuary-server");
+    auto inproc = RunInproc(s, nullptr);
+    ASSERT_TRUE(inproc.ok()) << merge << ": " << inproc.status().ToString();
+    s.mode = "loopback";
+    auto loopback = RunLoopback(s, nullptr);
+    ASSERT_TRUE(loopback.ok()) << merge << ": " << loopback.status().ToString();
+    ASSERT_EQ(loopback->rounds.size(), inproc->rounds.size());
+    for (size_t r = 0; r < inproc->rounds.size(); ++r) {
+      const RoundReport& row = loopback->rounds[r];
+      EXPECT_EQ(row.updates_received, 3u) << merge;
+      EXPECT_EQ(row.secagg_dropouts, 0u) << merge;
+      ASSERT_TRUE(row.secagg_bytes_per_site.has_value()) << merge << " round " << r + 1;
+      ASSERT_TRUE(inproc->rounds[r].secagg_bytes_per_site.has_value()) << merge;
+      const uint64_t in_process = *inproc->rounds[r].secagg_bytes_per_site;
+      EXPECT_GT(*row.secagg_bytes_per_site, in_process) << merge << " round " << r + 1;
+      EXPECT_LT(*row.secagg_bytes_per_site, in_process + 8192) << merge << " round " << r + 1;
+      masked_bytes[merge] = in_process;
+      EXPECT_NEAR(row.test_loss, inproc->rounds[r].test_loss, 1e-4 * inproc->rounds[r].test_loss)
+          << merge << " round " << r + 1;
+    }
+    // The adapted model learns under either run.
+    EXPECT_LT(loopback->rounds[1].test_loss, loopback->rounds[0].test_loss) << merge;
+  }
+  EXPECT_LT(masked_bytes["frozen-a"], masked_bytes["naive"]) << "frozen-a masks B alone";
+}
+
 // estuary-sim --base-model DIR on a Hugging Face model directory: the same
 // federation in one process and over TLS, where the sites hold the base and
 // the server sends them only what differs from it.
