@@ -2,8 +2,9 @@
 //
 // Chunks must arrive in order and agree with the manifest (proto::CheckChunk).
 // The payload lives in memory when it fits the per-upload memory budget and
-// in an unlinked temporary file, mapped into memory, beyond it; either way the
-// fold reads it as one span. The SHA-256 is computed while chunks arrive, so
+// in an unlinked temporary file beyond it (server/spill_buffer.h: written with
+// pwrite, so a full disk is that chunk's error, and mapped read-only once
+// committed); either way the fold reads it as one span. The SHA-256 is computed while chunks arrive, so
 // Commit() only compares. Destroying an uncommitted StagedUpdate discards it:
 // nothing of a partial upload ever reaches an aggregate.
 #pragma once
