@@ -16,6 +16,19 @@
 // With τ = 0 (σ large: τ underflows once 2π²σ²/2 > 745, i.e. σ > 8.7) this
 // is the Gaussian mechanism's α/(2z²) with z = √n σ / Δ₂.
 //
+// The plan (PlanDistributedDpShares) is how the sites of one round calibrate their
+// shares, shared by estuary-sim --secagg --dp distributed and estuary-server
+// serve --secagg --dp distributed: one site's update, clipped to C and
+// quantised with scale s into the ring Z/2^b, has L2 norm at most
+// Δ = s·C + √d + 1 (stochastic rounding moves each element by under one step;
+// the 1 covers the clip's float rounding); each share has variance
+// V = ⌈(z·Δ)² / m⌉ with m = ⌈survivors · n⌉ (n the sites sampled, or the
+// expected q·N under Poisson sampling), so any m shares sum to at least the
+// target (z·Δ)², and the server must refuse to unmask fewer than m inputs.
+// s is the largest scale with n·(s·C + 1) + 10·√(n·V) ≤ 2^(b−1) − 1 (n, or
+// max_sites where given): the sum wraps only where an element's noise passes
+// ten standard deviations, and V stays within the sampler's 2^52.
+//
 // Poisson sampling with rate q < 1 (each site joins a round with probability
 // q): the Rényi DP of a subsampled mechanism given only the mechanism's own
 // ε(·) — Zhu and Wang 2019 ("Poisson Subsampled Rényi Differential Privacy",
@@ -40,6 +53,35 @@
 
 namespace estuary::privacy {
 
+// The largest share variance the sampler takes (secagg::kMaxDiscreteGaussianVariance).
+inline constexpr uint64_t kMaxShareVariance = uint64_t(1) << 52;
+
+struct DistributedDpOptions {
+  double noise_multiplier = 0;  // z; 0: off
+  double clip = 1;              // C
+  double survivors = 1;         // the fraction of the sampled sites the noise is calibrated for, (0, 1]
+  double denominator = 0;       // the mean's fixed denominator (sites expected a round), > 0
+  // Poisson sampling: the plan is the run's, not the round's draw's —
+  // survivors is a fraction of expected_sites (q·N), and the ring has room
+  // for max_sites; a round that draws more must be refused. 0: the round's n.
+  double expected_sites = 0;
+  uint32_t max_sites = 0;
+};
+
+// What the sites of one round of n use: the scale, each share's variance,
+// the sensitivity it covers, and the fewest inputs the server may unmask.
+struct DistributedDpPlan {
+  double scale = 0;
+  uint64_t site_variance = 0;
+  double sensitivity = 0;
+  uint32_t min_included = 0;
+  uint64_t dimension = 0;
+};
+// Fails (one line, naming --secagg-bits, --dp-clip and --dp-noise-multiplier)
+// when the ring leaves no room for a scale of at least 1.
+Result<DistributedDpPlan> PlanDistributedDpShares(const DistributedDpOptions& dp, int bits, uint32_t sites,
+                                                  uint64_t dimension);
+
 struct DistributedDiscreteGaussian {
   double l2_sensitivity = 0;  // Δ₂ > 0 in the integer domain
   double l1_sensitivity = 0;  // Δ₁; 0: Δ₂ · min(√d, Δ₂) (integer vectors: ‖x‖₁ ≤ ‖x‖₂²)
@@ -59,5 +101,10 @@ Result<double> DistributedDiscreteGaussianRdp(const DistributedDiscreteGaussian&
 Result<std::vector<double>> SampledDistributedDiscreteGaussianRdp(double q,
                                                                   const DistributedDiscreteGaussian& mechanism,
                                                                   std::span<const double> orders);
+
+// The Rényi DP of one round (sampling rate q) whose sum holds `included`
+// shares of the plan's noise, at each of `orders`.
+Result<std::vector<double>> DistributedDpRoundRdp(const DistributedDpPlan& plan, uint32_t included, double q,
+                                                  std::span<const double> orders);
 
 }  // namespace estuary::privacy

@@ -57,43 +57,15 @@ Key32 SiteNoiseKey(uint64_t seed, uint64_t round, uint32_t site) {
   return DerivedKey(MixSeed(MixSeed(seed, round), MixSeed(site, "secagg discrete gaussian")));
 }
 
+static_assert(privacy::kMaxShareVariance == kMaxDiscreteGaussianVariance);
+
 Result<DistributedDpPlan> PlanDistributedDp(const DistributedDpOptions& dp, int bits, uint32_t sites,
                                             uint64_t dimension) {
-  const double z = dp.noise_multiplier, clip = dp.clip, n = dp.max_sites > 0 ? dp.max_sites : sites;
-  DistributedDpPlan plan;
-  plan.min_included = uint32_t(std::ceil(dp.survivors * (dp.expected_sites > 0 ? dp.expected_sites : n) - 1e-9));
-  const double m = std::max<uint32_t>(plan.min_included, 1);
-  const double slack = std::sqrt(double(dimension)) + 1;  // Δ = s·C + slack
-  const double limit = std::ldexp(1.0, bits - 1) - 1;
-  // n(sC + 1) + 10 √(nV) <= limit with √(nV) <= z·Δ·√(n/m) + √n.
-  const double r = std::sqrt(n / m);
-  double scale = (limit - n - 10 * std::sqrt(n) - 10 * z * r * slack) / (clip * (n + 10 * z * r));
-  scale = std::min(scale, (std::sqrt(m) * std::ldexp(1.0, 26) / z - slack) / clip);  // V <= 2^52
-  scale = std::floor(scale);
-  if (!(scale >= 1)) {
-    return InvalidArgument("sim: --dp distributed: --secagg-bits {} leaves no room for {} sites at --dp-clip {} and "
-                           "--dp-noise-multiplier {} (scale {} < 1)",
-                           bits, sites, clip, z, scale);
-  }
-  plan.scale = scale;
-  plan.dimension = dimension;
-  plan.sensitivity = scale * clip + slack;
-  plan.site_variance = uint64_t(std::max(1.0, std::ceil(z * z * plan.sensitivity * plan.sensitivity / m)));
-  const double worst = n * (scale * clip + 1) + 10 * std::sqrt(n * double(plan.site_variance));
-  if (plan.site_variance > kMaxDiscreteGaussianVariance || worst > limit) {
-    return Internal("sim: --dp distributed: scale {} gives variance {} and a worst sum of {} in {} bits", scale,
-                    plan.site_variance, worst, bits);
+  auto plan = privacy::PlanDistributedDpShares(dp, bits, sites, dimension);
+  if (!plan.ok()) {
+    return Status(plan.status().code(), fmt::format("sim: --dp distributed: {}", plan.status().message()));
   }
   return plan;
-}
-
-Result<std::vector<double>> DistributedDpRoundRdp(const DistributedDpPlan& plan, uint32_t included, double q,
-                                                  std::span<const double> orders) {
-  const privacy::DistributedDiscreteGaussian mechanism{.l2_sensitivity = plan.sensitivity,
-                                                       .site_variance = double(plan.site_variance),
-                                                       .sites = included,
-                                                       .dimension = int64_t(plan.dimension)};
-  return privacy::SampledDistributedDiscreteGaussianRdp(q, mechanism, orders);
 }
 
 Result<privacy::Epsilon> DistributedDpPreview(const privacy::Accountant& accountant, const SecAggOptions& options,

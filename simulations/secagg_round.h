@@ -47,38 +47,18 @@
 #include "aggregation/lora_strategy.h"
 #include "base/status.h"
 #include "privacy/accountant.h"
+#include "privacy/distributed_dp.h"
 #include "secagg/bytes.h"
 
 namespace estuary::simulations {
 
-struct DistributedDpOptions {
-  double noise_multiplier = 0;  // z; 0: off
-  double clip = 1;              // C
-  double survivors = 1;         // the fraction of the sampled sites the noise is calibrated for, (0, 1]
-  double denominator = 0;       // the mean's fixed denominator (sites expected a round), > 0
-  // Poisson sampling (--sample-rate): the plan is the run's, not the round's
-  // draw's — survivors is a fraction of expected_sites (q·N), and the ring
-  // has room for max_sites; a round that draws more is refused. 0: the round's n.
-  double expected_sites = 0;
-  uint32_t max_sites = 0;
-};
-
-// What the sites of one round of n use: the scale, each share's variance,
-// the sensitivity it covers, and the fewest inputs the server may unmask.
-struct DistributedDpPlan {
-  double scale = 0;
-  uint64_t site_variance = 0;
-  double sensitivity = 0;
-  uint32_t min_included = 0;
-  uint64_t dimension = 0;
-};
+// The plan of the sites' shares (privacy/distributed_dp.h), shared with the server.
+using privacy::DistributedDpOptions;
+using privacy::DistributedDpPlan;
+using privacy::DistributedDpRoundRdp;
+// privacy::PlanDistributedDpShares with the simulator's prefix on its refusals.
 Result<DistributedDpPlan> PlanDistributedDp(const DistributedDpOptions& dp, int bits, uint32_t sites,
                                             uint64_t dimension);
-
-// The Rényi DP of one round (sampling rate q) whose sum holds `included`
-// shares of the plan's noise, at each of `orders`.
-Result<std::vector<double>> DistributedDpRoundRdp(const DistributedDpPlan& plan, uint32_t included, double q,
-                                                  std::span<const double> orders);
 
 struct SecAggOptions {
   int neighbours = 0;   // k; 0: secagg::DefaultDegree(n)
