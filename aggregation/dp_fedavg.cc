@@ -73,7 +73,9 @@ Status DpFedAvg::Begin(uint64_t round, std::span<const float> global) {
   sum_.assign(size, 0.0);
   round_ = round;
   sampled_ = planned_;
+  denominator_ = planned_expected_ > 0 ? planned_expected_ : double(sampled_);
   planned_ = 0;
+  planned_expected_ = 0;
   folded_ = unclipped_ = 0;
   round_open_ = true;
   return Status::Ok();
@@ -123,11 +125,15 @@ Status DpFedAvg::Finish(std::span<float> global) {
   if (!round_open_) return FailedPrecondition("dp: Finish outside a round (call Begin)");
   if (folded_ == 0) return FailedPrecondition("dp: round {} has no folded update", round_);
   ESTUARY_ASSIGN_OR_RETURN(const double z_sum, SumNoiseMultiplier(options_, sampled_));
-  DpRound facts{.clip = clip_, .noise_stddev = z_sum * clip_, .sampled = sampled_, .clipped = folded_ - unclipped_};
+  DpRound facts{.clip = clip_,
+                .noise_stddev = z_sum * clip_,
+                .sampled = sampled_,
+                .denominator = denominator_,
+                .clipped = folded_ - unclipped_};
   noise_->AddNoise(sum_, facts.noise_stddev);
   std::vector<float> mean(sum_.size());
   for (size_t i = 0; i < sum_.size(); ++i) {
-    mean[i] = float(sum_[i] / double(sampled_) + (reference_ ? double(reference_values_[i]) : 0.0));
+    mean[i] = float(sum_[i] / denominator_ + (reference_ ? double(reference_values_[i]) : 0.0));
   }
   if (reference_) {
     ESTUARY_RETURN_IF_ERROR(inner_->FoldUpdate("the noised mean", reference_->upload, mean, 1.0));
@@ -139,7 +145,7 @@ Status DpFedAvg::Finish(std::span<float> global) {
     const double count_stddev =
         options_.clipped_count_stddev > 0 ? options_.clipped_count_stddev : 0.05 * double(sampled_);
     const double centred = double(unclipped_) - 0.5 * double(folded_) + count_stddev * noise_->NextNormal();
-    facts.unclipped_estimate = std::clamp(centred / double(sampled_) + 0.5, 0.0, 1.0);
+    facts.unclipped_estimate = std::clamp(centred / denominator_ + 0.5, 0.0, 1.0);
     clip_ = float(clip_ * std::exp(-options_.clip_lr * (facts.unclipped_estimate - options_.target_quantile)));
   }
   last_ = facts;

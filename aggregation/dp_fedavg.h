@@ -68,7 +68,8 @@ Result<DpUploadReference> LoraUploadReference(const LoraStrategyOptions& options
 struct DpRound {
   double clip = 0;            // C the round's updates were clipped to
   double noise_stddev = 0;    // of the noise on each coordinate of the sum: z_Δ · C
-  uint64_t sampled = 0;       // the fixed denominator
+  uint64_t sampled = 0;       // the sites sampled
+  double denominator = 0;     // the fixed denominator: sampled, or q · population under Poisson sampling
   uint64_t clipped = 0;       // updates whose norm exceeded C
   double unclipped_estimate = 0;  // b̃ (adaptive only)
 };
@@ -81,6 +82,11 @@ class DpFedAvg final : public Strategy {
   std::string_view name() const override { return name_; }
   // The round's denominator: the number of sites sampled for it.
   void PlanRound(uint64_t sampled) override { planned_ = sampled; }
+  // Poisson sampling (serve --sample-rate): the next round's denominator is
+  // the expected number of sites, q · population, not the number drawn; a
+  // constant, so one site's presence changes only the sum. Before Begin,
+  // after PlanRound; 0: the planned count.
+  void PlanExpected(double expected) { planned_expected_ = expected; }
   Status Begin(uint64_t round, std::span<const float> global) override;
   Status Fold(std::span<const float> delta, double weight) override;
   // A LoRA upload must have the federation's upload layout (no mixed ranks).
@@ -111,6 +117,8 @@ class DpFedAvg final : public Strategy {
   std::string name_;
   double clip_;
   uint64_t planned_ = 0;
+  double planned_expected_ = 0;
+  double denominator_ = 0;
   // The open round.
   bool round_open_ = false;
   uint64_t round_ = 0, sampled_ = 0, folded_ = 0, unclipped_ = 0;

@@ -5,6 +5,8 @@
 #include <random>
 #include <unordered_map>
 
+#include <openssl/rand.h>
+
 namespace estuary::aggregation {
 std::vector<std::string> SampleClients(std::vector<std::string> connected, size_t k, uint64_t seed, uint64_t round) {
   // Sorting first makes the result independent of connection order.
@@ -59,6 +61,41 @@ size_t ClientsPerRound(double fraction_or_count, size_t connected) {
   const double exact = fraction_or_count * static_cast<double>(connected);
   const double wanted = std::ceil(exact - exact * 1e-12);
   return std::clamp<size_t>(static_cast<size_t>(wanted), 1, connected);
+}
+
+namespace {
+
+std::vector<std::string> Distinct(std::vector<std::string> names) {
+  std::sort(names.begin(), names.end());
+  names.erase(std::unique(names.begin(), names.end()), names.end());
+  return names;
+}
+
+}  // namespace
+
+std::vector<std::string> PoissonSampleClients(const std::vector<std::string>& names, double q, uint64_t seed,
+                                              uint64_t round) {
+  const uint64_t round_seed = MixSeed(MixSeed(seed, round), "poisson sampling");
+  std::vector<std::string> joined;
+  for (std::string& name : Distinct(names)) {
+    const double u = double(MixSeed(round_seed, name) >> 11) * 0x1p-53;
+    if (u < q) joined.push_back(std::move(name));
+  }
+  return joined;
+}
+
+Result<std::vector<std::string>> PoissonSampleClientsUnpredictably(const std::vector<std::string>& names, double q) {
+  std::vector<std::string> distinct = Distinct(names);
+  std::vector<uint64_t> words(distinct.size());
+  if (!words.empty() &&
+      RAND_bytes(reinterpret_cast<unsigned char*>(words.data()), int(words.size() * sizeof(uint64_t))) != 1) {
+    return Internal("sampling: RAND_bytes refused {} bytes for Poisson sampling", words.size() * sizeof(uint64_t));
+  }
+  std::vector<std::string> joined;
+  for (size_t i = 0; i < distinct.size(); ++i) {
+    if (double(words[i] >> 11) * 0x1p-53 < q) joined.push_back(std::move(distinct[i]));
+  }
+  return joined;
 }
 
 }  // namespace estuary::aggregation

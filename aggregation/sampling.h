@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "base/seed.h"
+#include "base/status.h"
 
 namespace estuary::aggregation {
 
@@ -32,6 +33,19 @@ std::vector<uint64_t> SampleIndices(uint64_t n, size_t k, uint64_t seed, uint64_
 // Clamped to `connected`. Zero for a value that is <= 0 or NaN; validate
 // configuration before it gets here.
 size_t ClientsPerRound(double fraction_or_count, size_t connected);
+
+// Poisson sampling (serve --sample-rate): each distinct name joins
+// independently with probability q ∈ [0, 1], so a round's size varies
+// (Binomial(N, q)); this is the sampling the privacy accountant assumes
+// (privacy/accountant.h). Sorted. Seeded: name i joins when a uniform on the
+// 2^-53 grid from MixSeed(seed, round, name) is below q — the draw of
+// estuary-sim --sample-rate, so a site's membership does not depend on which
+// other sites exist. Unpredictably: the uniforms come from RAND_bytes, so no
+// reader of the seed or the log can tell who will be drawn; fails only when
+// OpenSSL cannot give random bytes.
+std::vector<std::string> PoissonSampleClients(const std::vector<std::string>& names, double q, uint64_t seed,
+                                              uint64_t round);
+Result<std::vector<std::string>> PoissonSampleClientsUnpredictably(const std::vector<std::string>& names, double q);
 
 // Seed mixing and the portable bounded draw live in base/seed.h; they are
 // re-exported here because sampling is where most readers look for them.

@@ -66,6 +66,26 @@ TEST(DpFedAvgTest, TheMeanIsOverTheSampledSitesNotThoseThatReportedNorTheirExamp
   EXPECT_EQ(dp->last_round().sampled, 4u);
 }
 
+TEST(DpFedAvgTest, UnderPoissonSamplingTheMeanIsOverTheExpectedSitesForOneRoundOnly) {
+  auto dp = MakeDp({.noise_multiplier = kNoNoise, .clip = 100.0, .seed = 1});
+  // Two drawn, q · population = 2.5 expected: the sum over 2.5, not over 2.
+  std::vector<float> global = {0.0f, 0.0f};
+  dp->PlanRound(2);
+  dp->PlanExpected(2.5);
+  ASSERT_TRUE(dp->Begin(1, global).ok());
+  ASSERT_TRUE(dp->Fold(std::vector<float>{4.0f, 8.0f}, 1234.0).ok());
+  ASSERT_TRUE(dp->Fold(std::vector<float>{1.0f, 0.0f}, 1.0).ok());
+  ASSERT_TRUE(dp->Finish(global).ok());
+  EXPECT_FLOAT_EQ(global[0], 2.0f);  // (4 + 1) / 2.5
+  EXPECT_FLOAT_EQ(global[1], 3.2f);  // 8 / 2.5
+  EXPECT_EQ(dp->last_round().sampled, 2u);
+  EXPECT_EQ(dp->last_round().denominator, 2.5);
+  // The next round without PlanExpected divides by its planned count again.
+  const std::vector<float> next = Release(*dp, 2, 2, {{4.0f, 8.0f}, {1.0f, 0.0f}});
+  EXPECT_FLOAT_EQ(next[0], 2.5f);
+  EXPECT_EQ(dp->last_round().denominator, 2.0);
+}
+
 TEST(DpFedAvgTest, MoreReportsThanSampledSitesAreRefused) {
   auto dp = MakeDp({.noise_multiplier = 1.0, .clip = 1.0, .seed = 1});
   std::vector<float> global(2, 0.0f), update = {1.0f, 1.0f};

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <map>
 #include <random>
 #include <set>
@@ -142,6 +143,72 @@ TEST(Sampling, ClientsPerRound) {
   EXPECT_EQ(ClientsPerRound(0, 10), 0u);
   EXPECT_EQ(ClientsPerRound(-1, 10), 0u);
   EXPECT_EQ(ClientsPerRound(std::nan(""), 10), 0u);
+}
+
+// Poisson sampling (serve --sample-rate): over 4000 rounds of 50 sites at
+// q = 0.2, each site joins Binomial(4000, 0.2) times, 800 ± 25.3 (one σ);
+// every count within 6σ (all 50 inside has probability 1 − 1e-7), and the
+// rounds' sizes vary as Binomial(50, 0.2): mean 10, variance 8 (fixed-size
+// sampling would give variance 0). Both the seeded draw and the server's
+// RAND_bytes draw.
+void ExpectPoissonFrequencies(const std::function<std::vector<std::string>(uint64_t round)>& draw) {
+  const std::vector<std::string> names = Names(50);
+  const int rounds = 4000;
+  const double q = 0.2, sigma = std::sqrt(rounds * q * (1 - q));
+  std::map<std::string, int> joins;
+  double sum = 0, squares = 0;
+  for (int r = 1; r <= rounds; ++r) {
+    const std::vector<std::string> joined = draw(uint64_t(r));
+    EXPECT_TRUE(std::is_sorted(joined.begin(), joined.end()));
+    for (const auto& name : joined) ++joins[name];
+    sum += double(joined.size());
+    squares += double(joined.size()) * double(joined.size());
+  }
+  ASSERT_EQ(joins.size(), names.size());  // nobody outside the names, everybody at least once
+  for (const auto& [name, count] : joins) EXPECT_NEAR(count, rounds * q, 6 * sigma) << name;
+  const double mean = sum / rounds, variance = squares / rounds - mean * mean;
+  // The sample mean's σ is √(8/4000) = 0.045; the sample variance's about 8·√(2/4000) = 0.18.
+  EXPECT_NEAR(mean, 50 * q, 6 * 0.045);
+  EXPECT_NEAR(variance, 50 * q * (1 - q), 6 * 0.18);
+}
+
+TEST(Sampling, PoissonSeededJoinsEachSiteWithProbabilityQ) {
+  ExpectPoissonFrequencies([](uint64_t round) { return PoissonSampleClients(Names(50), 0.2, 7, round); });
+}
+
+TEST(Sampling, PoissonUnpredictableJoinsEachSiteWithProbabilityQ) {
+  ExpectPoissonFrequencies([](uint64_t) {
+    auto joined = PoissonSampleClientsUnpredictably(Names(50), 0.2);
+    EXPECT_TRUE(joined.ok());
+    return joined.ok() ? *joined : std::vector<std::string>{};
+  });
+}
+
+TEST(Sampling, PoissonSeededRepeatsAndASitesDrawIgnoresTheOthers) {
+  const std::vector<std::string> names = Names(40);
+  EXPECT_EQ(PoissonSampleClients(names, 0.5, 3, 9), PoissonSampleClients(names, 0.5, 3, 9));
+  EXPECT_NE(PoissonSampleClients(names, 0.5, 3, 9), PoissonSampleClients(names, 0.5, 4, 9));
+  EXPECT_NE(PoissonSampleClients(names, 0.5, 3, 9), PoissonSampleClients(names, 0.5, 3, 10));
+  // Half the sites gone, or the rest in another order with a duplicate: the
+  // remaining sites' draws are what they were.
+  const std::vector<std::string> all = PoissonSampleClients(names, 0.5, 3, 9);
+  std::vector<std::string> half(names.begin(), names.begin() + 20);
+  std::reverse(half.begin(), half.end());
+  half.push_back(half.front());
+  std::vector<std::string> expected;
+  for (const auto& name : all) {
+    if (std::find(half.begin(), half.end(), name) != half.end()) expected.push_back(name);
+  }
+  EXPECT_EQ(PoissonSampleClients(half, 0.5, 3, 9), expected);
+  EXPECT_TRUE(PoissonSampleClients(names, 0, 3, 9).empty());
+  EXPECT_EQ(PoissonSampleClients(names, 1, 3, 9).size(), names.size());
+}
+
+TEST(Sampling, PoissonUnpredictableDrawsDifferEveryTime) {
+  // Two draws of 64 sites at q = 0.5 agree with probability 2^-64.
+  auto a = PoissonSampleClientsUnpredictably(Names(64), 0.5), b = PoissonSampleClientsUnpredictably(Names(64), 0.5);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_NE(*a, *b);
 }
 
 }  // namespace
