@@ -23,6 +23,12 @@ Status Agent::StartSecAgg(const v1::RoundStart& start) {
   secagg_ = std::move(site);
   spdlog::debug("{}: round {}: secagg site {} of {}", name_, start.round(), start.secagg().site(),
                 start.secagg().sites());
+  if (const v1::SecAggSetup& setup = start.secagg(); setup.dp_share_variance() > 0) {
+    spdlog::info("{}: round {}: distributed DP: clipping to {:g} and adding a discrete Gaussian share of variance {} "
+                 "(z {:g} over {} inputs) before masking",
+                 name_, start.round(), setup.clip(), setup.dp_share_variance(), setup.dp_noise_multiplier(),
+                 setup.dp_min_inputs());
+  }
   Send(advertise);
   return Status::Ok();
 }

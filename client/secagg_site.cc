@@ -5,6 +5,7 @@
 #include <set>
 
 #include "base/atomic_file.h"
+#include "secagg/discrete_gaussian.h"
 #include "secagg/quantize.h"
 #include "secagg/wire.h"
 
@@ -57,6 +58,13 @@ Result<std::unique_ptr<SecAggSite>> SecAggSite::Start(const v1::RoundStart& star
     return InvalidArgument("secagg: a lora round merged '{}': secure aggregation gives only sums of factors (naive, "
                            "frozen-a)",
                            start.task().lora().merge());
+  }
+  // Distributed DP: the site's share of the noise, on equal weights.
+  if (setup.dp_share_variance() > 0 &&
+      (setup.dp_share_variance() > secagg::kMaxDiscreteGaussianVariance || setup.weight() != 1)) {
+    return InvalidArgument("secagg: distributed DP with a share variance of {} and weight {}: the sampler takes 1 to "
+                           "2^52, and every site weighs 1",
+                           setup.dp_share_variance(), setup.weight());
   }
   ESTUARY_ASSIGN_OR_RETURN(secagg::SecAggClient client, secagg::SecAggClient::Create(config, setup.site()));
   std::unique_ptr<SecAggSite> site(new SecAggSite(std::move(client), config, setup, identity));
@@ -136,6 +144,7 @@ Result<v1::Envelope> SecAggSite::BeginMaskedInput(std::span<const float> update,
   masked_done_ = false;
   keep_dir_ = keep_dir;
   kept_.clear();
+  kept_noise_.clear();
   return secagg::MaskedBeginMessage(round_);
 }
 
@@ -147,10 +156,16 @@ Result<v1::Envelope> SecAggSite::NextMaskedFrame(uint64_t chunk_elements, uint64
   if (masked_next_ == update_.size()) {
     ESTUARY_RETURN_IF_ERROR(client_.FinishMaskedInput());
     if (!keep_dir_.empty()) {
-      const std::string bytes(reinterpret_cast<const char*>(kept_.data()), kept_.size() * sizeof(uint32_t));
-      ESTUARY_RETURN_IF_ERROR(WriteFileAtomically(
-          keep_dir_ / fmt::format("round-{}.site-{}.w-{}.u32", round_, client_.site(), setup_.weight()), bytes));
+      const auto keep = [&](const std::vector<uint32_t>& values, std::string_view suffix) {
+        const std::string bytes(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(uint32_t));
+        return WriteFileAtomically(
+            keep_dir_ / fmt::format("round-{}.site-{}.w-{}{}.u32", round_, client_.site(), setup_.weight(), suffix),
+            bytes);
+      };
+      ESTUARY_RETURN_IF_ERROR(keep(kept_, ""));
+      if (setup_.dp_share_variance() > 0) ESTUARY_RETURN_IF_ERROR(keep(kept_noise_, ".noise"));
       kept_ = {};
+      kept_noise_ = {};
     }
     masked_done_ = true;
     update_ = {};
@@ -168,6 +183,18 @@ Result<v1::Envelope> SecAggSite::NextMaskedFrame(uint64_t chunk_elements, uint64
   ESTUARY_RETURN_IF_ERROR(secagg::QuantizeChunk(update_.subspan(masked_next_, n), masked_next_,
                                                 double(setup_.weight()), clip_factor_, quantization, rounding_,
                                                 values));
+  // Distributed DP: the share goes in before the masks, from a key nobody
+  // else holds (RAND_bytes, a fresh one each chunk), so neither the server
+  // nor a reader of any seed can subtract it.
+  if (setup_.dp_share_variance() > 0) {
+    std::vector<uint32_t> clean;
+    if (!keep_dir_.empty()) clean = values;
+    ESTUARY_ASSIGN_OR_RETURN(const secagg::Key32 noise_key, secagg::RandomKey());
+    ESTUARY_RETURN_IF_ERROR(
+        secagg::AddDiscreteGaussian(values, setup_.dp_share_variance(), int(setup_.bits()), noise_key));
+    // What was added, mod 2^b: the noised input less the clean one.
+    for (size_t i = 0; i < clean.size(); ++i) kept_noise_.push_back(values[i] - clean[i]);
+  }
   if (!keep_dir_.empty()) kept_.insert(kept_.end(), values.begin(), values.end());
   ESTUARY_RETURN_IF_ERROR(client_.MaskChunk(masked_next_, values));
   v1::Envelope frame = secagg::MaskedChunkMessage(round_, masked_next_, values);

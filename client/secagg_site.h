@@ -80,7 +80,11 @@ class SecAggSite {
   // `num_examples`, `train_loss` and `train_seconds`. With `keep_dir`, the
   // quantised input before masking is also written to
   // keep_dir/round-R.site-U.w-W.u32 (little-endian ring elements): the site's
-  // own record of what it contributed.
+  // own record of what it contributed. Under distributed DP (the setup's
+  // dp_share_variance V > 0) the site adds its share N_Z(0, V), drawn with a
+  // key from RAND_bytes, to the quantised input before masking; what it keeps
+  // is then the noised input, and the share alone (mod 2^b) beside it as
+  // round-R.site-U.w-W.noise.u32.
   // Every frame at once: the opening chunk, the chunks, SecAggMaskedDone
   // (BeginMaskedInput and NextMaskedFrame to the end).
   Result<std::vector<v1::Envelope>> MaskedInput(std::span<const float> update, uint64_t chunk_elements,
@@ -126,6 +130,7 @@ class SecAggSite {
   bool masked_done_ = false;
   std::filesystem::path keep_dir_;
   std::vector<uint32_t> kept_;  // with keep_dir_: the quantised input so far
+  std::vector<uint32_t> kept_noise_;  // with keep_dir_ under distributed DP: the noise shares so far
 };
 
 }  // namespace estuary::client

@@ -1,5 +1,7 @@
 #include "server/aggregator.h"
 
+#include "aggregation/dp_fedavg.h"
+
 #include <spdlog/spdlog.h>
 
 #include <chrono>
@@ -41,9 +43,10 @@ Result<std::vector<float>> Aggregator::Restore(const std::filesystem::path& path
   return std::move(loaded.values);
 }
 
-Status Aggregator::Begin(uint64_t round, std::span<const float> global, uint64_t sampled) {
+Status Aggregator::Begin(uint64_t round, std::span<const float> global, uint64_t sampled, double expected) {
   bound_.BeginRound();
   strategy_->PlanRound(sampled);
+  if (auto* dp = dynamic_cast<aggregation::DpFedAvg*>(strategy_.get())) dp->PlanExpected(expected);
   return strategy_->Begin(round, global);
 }
 

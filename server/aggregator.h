@@ -61,7 +61,9 @@ class Aggregator {
   Result<std::vector<float>> Restore(const std::filesystem::path& path, const std::string& logged_checksum);
 
   // `sampled`: the sites selected for the round (Strategy::PlanRound).
-  Status Begin(uint64_t round, std::span<const float> global, uint64_t sampled);
+  // `expected` > 0 (Poisson sampling): DP-FedAvg's fixed denominator, q ·
+  // population, instead of `sampled` (aggregation::DpFedAvg::PlanExpected).
+  Status Begin(uint64_t round, std::span<const float> global, uint64_t sampled, double expected = 0);
   // Folds one update of `examples` examples, as the bound admits it. Returns
   // what the bound did to it ("norm ... scaled down to the bound ..."), or
   // empty; an error when it was refused, the strategy untouched. `owner`

@@ -49,7 +49,55 @@ Status ServerConfig::Finalize() {
   }
   ESTUARY_RETURN_IF_ERROR(aggregation::CheckFederation(federation));
   ESTUARY_RETURN_IF_ERROR(CheckAsync());
+  ESTUARY_RETURN_IF_ERROR(CheckDp());
   return CheckSecAgg();
+}
+
+Status ServerConfig::CheckDp() const {
+  const v1::DpConfig& dp = federation.dp();
+  if (dp_mode != "central" && dp_mode != "distributed") {
+    return InvalidArgument("config: dp = '{}': expected central or distributed", dp_mode);
+  }
+  if (!(dp_survivors > 0 && dp_survivors <= 1)) {
+    return InvalidArgument("config: dp_survivors = {}: must be in (0, 1]", dp_survivors);
+  }
+  if (dp_survivors != 1 && !distributed_dp()) {
+    return InvalidArgument("config: dp_survivors = {} without dp = distributed: only the sites' noise shares are "
+                           "calibrated for survivors",
+                           dp_survivors);
+  }
+  if (distributed_dp()) {
+    if (!secagg.on) {
+      return InvalidArgument("config: dp = distributed without secagg: the sites' noise shares add up to the full "
+                             "noise only in secure aggregation's sum; alone, each update would reach the server with "
+                             "its small share");
+    }
+    if (!(dp.noise_multiplier() > 0)) {
+      return InvalidArgument("config: dp = distributed without dp_noise_multiplier: there is no noise to share");
+    }
+    if (dp.adaptive_clip()) {
+      return InvalidArgument("config: dp = distributed with dp_adaptive_clip: the clip's quantile needs a noised count "
+                             "of unclipped sites, which secure aggregation does not compute yet");
+    }
+  }
+  if (!(sample_rate >= 0 && sample_rate <= 1)) {
+    return InvalidArgument("config: sample_rate = {}: must be in [0, 1] (0: clients_per_round)", sample_rate);
+  }
+  if (sample_seed != 0 && sample_rate == 0) return InvalidArgument("config: sample_seed without sample_rate");
+  if (sample_rate > 0) {
+    if (mode == "async") {
+      return InvalidArgument("config: sample_rate with mode = async: asynchronous sites are not drawn by rounds");
+    }
+    if (dp.noise_multiplier() > 0 && federation.strategy().total_sites() == 0) {
+      return InvalidArgument("config: sample_rate with dp_noise_multiplier needs total_sites: the mean divides by the "
+                             "expected q · total_sites, a constant the operator declares, not by who is connected");
+    }
+    if (distributed_dp()) {
+      return InvalidArgument("config: sample_rate with dp = distributed: the sites' shares would have to be planned "
+                             "for the whole run's population, not one round's draw (estuary-sim has it)");
+    }
+  }
+  return Status::Ok();
 }
 
 Status ServerConfig::CheckAsync() const {
@@ -110,9 +158,9 @@ Status ServerConfig::CheckSecAgg() const {
                            "site's A and B apart to multiply them (B_i A_i) before summing, which a masked sum of the "
                            "factors cannot give; naive and frozen-a need only sums");
   }
-  if (federation.dp().noise_multiplier() > 0) {
+  if (federation.dp().noise_multiplier() > 0 && !distributed_dp()) {
     return InvalidArgument("config: secagg with dp_noise_multiplier: DP-FedAvg clips and counts individual updates on "
-                           "the server, which secure aggregation hides");
+                           "the server, which secure aggregation hides (dp = distributed noises on the sites instead)");
   }
   if (federation.limits().max_norm() > 0 || federation.limits().max_norm_over_median() > 0) {
     return InvalidArgument("config: secagg with max_update_norm or max_norm_over_median: the server never sees an "

@@ -88,11 +88,29 @@ struct ServerConfig {
   };
   SecAgg secagg;
 
+  // Differential privacy beside the federation's dp settings (docs/PRIVACY.md).
+  // central: DP-FedAvg clips and noises on the server. distributed (needs
+  // secagg): each site clips its update to dp_clip and adds its share of
+  // discrete Gaussian noise before masking; the server unmasks no sum of
+  // fewer than ⌈dp_survivors · sites⌉ inputs. CheckDp says what is refused.
+  std::string dp_mode = "central";
+  double dp_survivors = 1;
+  // Poisson sampling: each connected site joins each round with probability
+  // sample_rate, instead of clients_per_round (0: off). The draws come from
+  // RAND_bytes, or, with sample_seed != 0, from that seed (tests).
+  double sample_rate = 0;
+  uint64_t sample_seed = 0;
+  // Whether distributed DP is on: secagg with dp_mode distributed.
+  bool distributed_dp() const { return dp_mode == "distributed"; }
+
   // Fills defaults that depend on other fields and checks ranges; errors
   // name the key ("config: clients_per_round = 0: must be > 0").
   Status Finalize();
   // The secagg settings, and what they cannot be combined with (one line each).
   Status CheckSecAgg() const;
+  // dp_mode, dp_survivors and sample_rate, and what they cannot be combined
+  // with (one line each).
+  Status CheckDp() const;
   // mode = async's settings, and what asynchronous rounds cannot be combined
   // with (one line each, saying why).
   Status CheckAsync() const;

@@ -134,10 +134,8 @@ void Coordinator::MaybeStartRound() {
 void Coordinator::StartRound() {
   std::vector<std::string> names;
   for (const auto& [name, session] : connected_) names.push_back(name);
-  const size_t k = aggregation::ClientsPerRound(config_.clients_per_round, names.size());
-  // A retry mixes in its count: the same seed would draw the sites that just failed the round.
-  const uint64_t seed = failed_tries_ == 0 ? task_.seed() : MixSeed(task_.seed(), failed_tries_);
-  const std::vector<std::string> selected = aggregation::SampleClients(names, k, seed, round_);
+  std::vector<std::string> selected;
+  if (!DrawSites(names, &selected)) return;
   if (!WithinPrivacyBudget(selected.size(), names.size())) return;
 
   record_ = RoundRecord{};
@@ -160,8 +158,11 @@ void Coordinator::StartRound() {
   distribution_.BeginRound(round_);
   loss_sum_ = examples_sum_ = 0;
   const GlobalModel& global = distribution_.current();
-  asio::post(worker_, [this, round = round_, values = global.values, sampled = selected.size()] {
-    Status status = aggregator_->Begin(round, *values, sampled);
+  // Poisson sampling under DP-FedAvg: the fixed denominator is the expected q · total_sites.
+  const double expected =
+      config_.sample_rate > 0 ? config_.sample_rate * double(config_.federation.strategy().total_sites()) : 0;
+  asio::post(worker_, [this, round = round_, values = global.values, sampled = selected.size(), expected] {
+    Status status = aggregator_->Begin(round, *values, sampled, expected);
     if (!status.ok()) spdlog::critical("strategy begin: {}", status.ToString());
   });
 
@@ -178,6 +179,12 @@ void Coordinator::StartRound() {
       const RoundSecAgg& r = secagg_->record;
       *envelope.mutable_round_start()->mutable_secagg() =
           secagg::ToProto(secagg_->server.config(), id, r.clip, r.scale, secagg_->weights[id]);
+      if (secagg_->dp) {  // the site's share of the noise: what it adds before masking
+        v1::SecAggSetup& setup = *envelope.mutable_round_start()->mutable_secagg();
+        setup.set_dp_share_variance(secagg_->dp->site_variance);
+        setup.set_dp_noise_multiplier(config_.federation.dp().noise_multiplier());
+        setup.set_dp_min_inputs(secagg_->dp->min_included);
+      }
     }
     const uint64_t bytes_down = distribution_.Offer(session, envelope.mutable_round_start());
     session->Send(envelope);
@@ -463,21 +470,17 @@ void Coordinator::OnAggregated(Aggregator::Finished result) {
     record_.test_loss = eval->loss;
   }
   record_.state = RoundState::kCommitted;
-  if (accountant_ && result.dp) {
-    auto spent = accountant_->EpsilonAfter(round_sampling_rate_, config_.federation.dp().noise_multiplier());
-    if (!spent.ok()) return FailRound(spent.status().ToString());
-    record_.privacy = RoundPrivacy{.sampling_rate = round_sampling_rate_,
-                                   .noise_multiplier = config_.federation.dp().noise_multiplier(),
-                                   .clip = result.dp->clip,
-                                   .noise_stddev = result.dp->noise_stddev,
-                                   .epsilon = spent->epsilon,
-                                   .delta = accountant_->delta()};
-  }
+  std::vector<double> distributed_rdp;  // distributed DP: this round's RDP, per order
+  if (Status privacy = RecordPrivacy(result, &distributed_rdp); !privacy.ok()) return FailRound(privacy.ToString());
   Status committed = store_.CommitRound(record_, result.checkpoint, clock_.UnixMs());
   if (!committed.ok()) return FailRound(fmt::format("cannot commit to the round log: {}", committed.ToString()));
   // Only a committed round released anything, so only it is spent.
-  if (record_.privacy) LogIfError(accountant_->AddRounds(round_sampling_rate_, record_.privacy->noise_multiplier),
-                                  "privacy accountant");
+  if (record_.privacy) {
+    LogIfError(distributed_rdp.empty()
+                   ? accountant_->AddRounds(round_sampling_rate_, record_.privacy->noise_multiplier)
+                   : accountant_->AddRoundRdp(distributed_rdp),
+               "privacy accountant");
+  }
   // The log holds the commit; a marker left behind is brought forward from
   // the log at the next start, so a failure here costs only that check.
   LogIfError(aggregator_->MarkCommitted(round_), "checkpoint directory");
@@ -526,24 +529,6 @@ void Coordinator::AfterRound() {
     return;
   }
   MaybeStartRound();
-}
-
-bool Coordinator::WithinPrivacyBudget(size_t selected, size_t population) {
-  if (!accountant_) return true;
-  round_sampling_rate_ = population > 0 ? double(selected) / double(population) : 0;
-  const v1::DpConfig& dp = config_.federation.dp();
-  if (dp.max_epsilon() <= 0) return true;
-  auto next = accountant_->EpsilonAfter(round_sampling_rate_, dp.noise_multiplier());
-  if (next.ok() && next->epsilon <= dp.max_epsilon()) return true;
-  spdlog::warn("federation stops before round {}: ε would reach {} at δ {:g}, beyond dp_max_epsilon {:g} "
-               "(ε {:.4g} after {} rounds)",
-               round_, next.ok() ? fmt::format("{:.4g}", next->epsilon) : next.status().ToString(), dp.delta(),
-               dp.max_epsilon(), accountant_->Spent().epsilon, accountant_->rounds());
-  budget_spent_ = true;
-  LogIfError(store_.SetMeta("complete", std::to_string(round_ - 1)), "store");
-  SendToAll(connected_, FederationCompleteMessage(round_ - 1, distribution_.current()));
-  if (on_complete_) on_complete_();
-  return false;
 }
 
 void Coordinator::FailRound(const std::string& reason) {

@@ -133,6 +133,15 @@ class Coordinator final : public RoundDriver {
   // DP: false, having completed the federation, when the round would take ε
   // beyond dp.max_epsilon; sets round_sampling_rate_ otherwise.
   bool WithinPrivacyBudget(size_t selected, size_t population);
+  // The round's sites from the connected `names` (coordinator_privacy.cc):
+  // clients_per_round of them, or under Poisson sampling each with
+  // probability sample_rate. False when no round opens now (a draw too small
+  // for a round is drawn again after the pause).
+  bool DrawSites(const std::vector<std::string>& names, std::vector<std::string>* selected);
+  // A committed round's record_.privacy: central DP's ε from `result.dp`, or
+  // distributed DP's from the shares its sum held, whose RDP per order goes
+  // to `distributed_rdp` for the accountant once the round is committed.
+  Status RecordPrivacy(const Aggregator::Finished& result, std::vector<double>* distributed_rdp);
   void Transition(RoundState to, const std::string& detail = {});
   // After a round committed (and its evaluation, if any): the next round, or
   // the federation's end.

@@ -13,8 +13,11 @@ namespace estuary::server {
 Result<RecoveredFederation> RecoverFederation(const ServerConfig& config, Store& store) {
   RecoveredFederation out;
   // Evaluation runs between rounds, when the clients are idle: two threads.
+  // Distributed DP noises on the sites: the server's strategy adds none.
+  v1::FederationConfig strategy_federation = config.federation;
+  if (config.distributed_dp()) strategy_federation.clear_dp();
   ESTUARY_ASSIGN_OR_RETURN(aggregation::Federation federation,
-                           aggregation::MakeFederation(config.federation, {.data = config.eval_data,
+                           aggregation::MakeFederation(strategy_federation, {.data = config.eval_data,
                                                                              .tokenizer = config.tokenizer,
                                                                              .threads = 2}));
   out.task = federation.config.task();
@@ -45,7 +48,32 @@ Result<RecoveredFederation> RecoverFederation(const ServerConfig& config, Store&
                                   "turn it on midway",
                                   config.db.string(), r.round);
       }
-      ESTUARY_RETURN_IF_ERROR(out.accountant->AddRounds(r.privacy->sampling_rate, r.privacy->noise_multiplier));
+      if (!r.secagg) {
+        ESTUARY_RETURN_IF_ERROR(out.accountant->AddRounds(r.privacy->sampling_rate, r.privacy->noise_multiplier));
+        continue;
+      }
+      // Distributed DP: the round's plan again, from the settings and the
+      // logged protocol, charged with the inputs its sum held.
+      if (!config.distributed_dp()) {
+        return FailedPrecondition("server: {}: round {} committed under distributed DP; restart with --dp distributed",
+                                  config.db.string(), r.round);
+      }
+      const uint64_t dimension =
+          out.lora ? aggregation::ExpectedLoraUpload(*out.lora).total_elements : out.manifest.total_elements;
+      ESTUARY_ASSIGN_OR_RETURN(const privacy::DistributedDpPlan plan,
+                               DistributedDpPlanFor(config, r.secagg->sites, dimension));
+      if (plan.scale != r.secagg->scale || r.privacy->clip != dp.clip() ||
+          r.privacy->noise_multiplier != dp.noise_multiplier()) {
+        return FailedPrecondition("server: {}: round {} ran distributed DP at scale {}, clip {}, noise multiplier {}; "
+                                  "these settings plan scale {}, clip {}, noise multiplier {}: restart with the "
+                                  "federation's dp settings",
+                                  config.db.string(), r.round, r.secagg->scale, r.privacy->clip,
+                                  r.privacy->noise_multiplier, plan.scale, dp.clip(), dp.noise_multiplier());
+      }
+      ESTUARY_ASSIGN_OR_RETURN(const auto rdp, privacy::DistributedDpRoundRdp(plan, r.updates_received,
+                                                                              r.privacy->sampling_rate,
+                                                                              out.accountant->orders()));
+      ESTUARY_RETURN_IF_ERROR(out.accountant->AddRoundRdp(rdp));
     }
   } else {
     // Without this a restart that forgot its --dp flags would go on in the clear

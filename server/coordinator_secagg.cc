@@ -85,6 +85,18 @@ Result<std::vector<float>> LoraReferenceOf(const aggregation::LoraStrategyOption
 
 }  // namespace
 
+Result<privacy::DistributedDpPlan> DistributedDpPlanFor(const ServerConfig& config, uint32_t sites,
+                                                        uint64_t dimension) {
+  const v1::DpConfig& dp = config.federation.dp();
+  const privacy::DistributedDpOptions options{.noise_multiplier = dp.noise_multiplier(),
+                                              .clip = dp.clip(),
+                                              .survivors = config.dp_survivors,
+                                              .denominator = double(sites)};
+  auto plan = privacy::PlanDistributedDpShares(options, config.secagg.bits, sites, dimension);
+  if (!plan.ok()) return Status(plan.status().code(), fmt::format("distributed DP: {}", plan.status().message()));
+  return plan;
+}
+
 Status Coordinator::StartSecAgg(const std::vector<std::string>& selected) {
   const auto& s = config_.secagg;
   const uint32_t n = uint32_t(selected.size());
@@ -113,7 +125,19 @@ Status Coordinator::StartSecAgg(const std::vector<std::string>& selected) {
     weights.push_back(std::max<uint64_t>(1, cap > 0 ? std::min(claimed, cap) : claimed));
     total += double(weights.back());
   }
-  const double scale = std::floor((std::ldexp(1.0, s.bits - 1) - 1 - n) / (s.clip * total));
+  double scale = std::floor((std::ldexp(1.0, s.bits - 1) - 1 - n) / (s.clip * total));
+  double clip = s.clip;
+  // Distributed DP: every site weighs 1 (DP-FedAvg's equal weights), clips
+  // to the DP clip, and the plan sets the scale and each share's variance.
+  std::optional<privacy::DistributedDpPlan> dp;
+  if (config_.distributed_dp()) {
+    auto plan = DistributedDpPlanFor(config_, n, dimension);
+    if (!plan.ok()) return InvalidArgument("secagg round {}: {}", round_, plan.status().message());
+    dp = *plan;
+    std::fill(weights.begin(), weights.end(), 1);
+    scale = dp->scale;
+    clip = config_.federation.dp().clip();
+  }
   if (!(scale >= 1)) {
     return InvalidArgument("secagg round {}: secagg_bits {} too narrow for {} sites of {} examples at clip {} (scale "
                            "{} < 1)",
@@ -122,18 +146,22 @@ Status Coordinator::StartSecAgg(const std::vector<std::string>& selected) {
   ESTUARY_ASSIGN_OR_RETURN(secagg::SecAggServer server, secagg::SecAggServer::Create(config));
   secagg_ = std::make_unique<SecAggState>(std::move(server));
   SecAggState& st = *secagg_;
-  st.quantization = {.bits = s.bits, .clip_norm = s.clip, .scale = scale};
+  st.quantization = {.bits = s.bits, .clip_norm = clip, .scale = scale};
   st.lora_reference = std::move(lora_reference);
   st.weights = std::move(weights);
+  st.dp = dp;
   for (uint32_t u = 0; u < n; ++u) {
     st.ids[selected[u]] = u;
     st.names.push_back(selected[u]);
     st.waiting.insert(u);
   }
   st.record = {.stage = RoundSecAgg::kStages[0], .sites = n, .neighbours = uint32_t(config.degree),
-               .threshold = uint32_t(config.threshold), .bits = uint32_t(s.bits), .clip = s.clip, .scale = scale};
-  spdlog::info("round {}: secagg over {} sites, k {}, t {}, {} bits, clip {:g}, scale {:g}", round_, n, config.degree,
-               config.threshold, s.bits, s.clip, scale);
+               .threshold = uint32_t(config.threshold), .bits = uint32_t(s.bits), .clip = clip, .scale = scale};
+  spdlog::info("round {}: secagg over {} sites, k {}, t {}, {} bits, clip {:g}, scale {:g}{}", round_, n, config.degree,
+               config.threshold, s.bits, clip, scale,
+               dp ? fmt::format("; distributed DP: each site adds N_Z(0, {}), the sum needs {} inputs",
+                                dp->site_variance, dp->min_included)
+                  : std::string());
   return Status::Ok();
 }
 
@@ -319,6 +347,14 @@ void Coordinator::CloseSecAggStage() {
     case SecAggState::kMasked: {
       auto survivors = st.server.CloseMaskedInput();
       if (!survivors.ok()) return FailRound(survivors.status().message());
+      // Fewer inputs than the shares were calibrated for would hold less
+      // noise than promised: nothing of it is unmasked.
+      if (st.dp && survivors->survived.size() < st.dp->min_included) {
+        return FailRound(fmt::format("secagg round {}: distributed DP: {} of {} inputs arrived, fewer than the {} the "
+                                     "noise is calibrated for (--dp-survivors {}): refusing to unmask",
+                                     round_, survivors->survived.size(), st.record.sites, st.dp->min_included,
+                                     config_.dp_survivors));
+      }
       v1::Envelope envelope;
       *envelope.mutable_secagg_survivors() = secagg::ToProto(*survivors, round_);
       for (uint32_t u : survivors->survived) messages[u] = envelope;
@@ -383,12 +419,15 @@ void Coordinator::FinishSecAgg() {
     LogIfError(store_.UpsertParticipation(p.record), "store");
   }
   for (uint64_t bytes : st.record.bytes_up) record_.bytes_up += bytes;
-  auto mean = secagg::Dequantize(output->sum, weight, st.quantization);
+  st.included = uint32_t(output->included.size());
+  // Distributed DP: the fixed denominator, the sites sampled (as DP-FedAvg's).
+  const double denominator = st.dp ? double(st.record.sites) : weight;
+  auto mean = secagg::Dequantize(output->sum, denominator, st.quantization);
   if (!mean.ok()) return FailRound(fmt::format("secagg round {}: {}", round_, mean.status().message()));
   spdlog::info("round {}: secagg sum of {} sites unmasked ({} dropped after sharing keys); error bound {:.3g} per "
                "element",
                round_, output->included.size(), output->dropped.size(),
-               secagg::DequantizationErrorBound(int(output->included.size()), weight, st.quantization));
+               secagg::DequantizationErrorBound(int(output->included.size()), denominator, st.quantization));
   auto values = std::make_shared<std::vector<float>>(mean->begin(), mean->end());
   // lora: the mean upload is the global adapter's tensors plus the mean movement.
   for (size_t j = 0; j < st.lora_reference.size(); ++j) (*values)[j] += st.lora_reference[j];

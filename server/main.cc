@@ -188,6 +188,18 @@ int main(int argc, char** argv) {
   serve->add_option("--secagg-bits", config.secagg.bits, "--secagg: the ring Z/2^bits the sum is taken in, 2..32");
   serve->add_option("--secagg-clip", config.secagg.clip,
                     "--secagg: L2 norm each site clips its update to before quantisation");
+  serve->add_option("--dp", config.dp_mode,
+                    "with --dp-noise-multiplier: central (DP-FedAvg noises the sum on the server) | distributed "
+                    "(with --secagg: each site adds its share of discrete Gaussian noise before masking; "
+                    "docs/PRIVACY.md)");
+  serve->add_option("--dp-survivors", config.dp_survivors,
+                    "--dp distributed: the fraction of a round's sites whose shares make the full noise; the server "
+                    "unmasks no sum of fewer inputs");
+  serve->add_option("--sample-rate", config.sample_rate,
+                    "Poisson sampling: each connected site joins each round with probability Q, instead of "
+                    "--clients-per-round (with DP: the accountant's q; DP-FedAvg divides by Q x --total-sites)");
+  serve->add_option("--sample-seed", config.sample_seed,
+                    "--sample-rate: draw from this seed instead of the server's CSPRNG (tests; 0: CSPRNG)");
   AddLogLevelFlag(*serve, &log_level);
   const std::vector<CLI::Option*> federation_flags = aggregation::AddFederationFlags(*serve, &config.federation);
   serve->add_option("--federation", federation_file,
@@ -332,6 +344,9 @@ int main(int argc, char** argv) {
     auto federation = aggregation::ReadFederationFile(federation_file);
     if (!federation.ok()) return Fail(federation.status());
     config.federation = std::move(federation).value();
+  }
+  if (config.sample_rate > 0 && serve->get_option("--clients-per-round")->count() > 0) {
+    return Fail(InvalidArgument("serve: --sample-rate and --clients-per-round both choose a round's sites: give one"));
   }
   if (config.secagg.on && serve->get_option("--max-norm-over-median")->count() == 0 &&
       (federation_file.empty() || !SetsMaxNormOverMedian(federation_file))) {

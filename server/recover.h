@@ -15,6 +15,7 @@
 #include "base/manifest.h"
 #include "base/status.h"
 #include "privacy/accountant.h"
+#include "privacy/distributed_dp.h"
 #include "server/aggregator.h"
 #include "server/config.h"
 #include "server/global_model.h"
@@ -39,5 +40,12 @@ struct RecoveredFederation {
 // strategy, mode, rounds, and complete = "" (not yet). Refuses a log of the
 // other mode that has committed anything.
 Result<RecoveredFederation> RecoverFederation(const ServerConfig& config, Store& store);
+
+// Distributed DP (config.distributed_dp()): the plan of a round of `sites`
+// sampled sites summing `dimension` elements (privacy::PlanDistributedDpShares with
+// the config's z, clip, survivors and secagg_bits; the mean's denominator the
+// sites sampled). The same for a round as it runs and for its replay.
+Result<privacy::DistributedDpPlan> DistributedDpPlanFor(const ServerConfig& config, uint32_t sites,
+                                                        uint64_t dimension);
 
 }  // namespace estuary::server

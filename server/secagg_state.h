@@ -21,10 +21,12 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
 
+#include "privacy/distributed_dp.h"
 #include "secagg/quantize.h"
 #include "secagg/server.h"
 #include "server/store.h"
@@ -52,6 +54,9 @@ struct SecAggState {
   // added back to the mean movement the protocol sums. Empty otherwise.
   std::vector<float> lora_reference;
   RoundSecAgg record;
+  // Distributed DP: the round's plan (privacy/distributed_dp.h); none otherwise.
+  std::optional<privacy::DistributedDpPlan> dp;
+  uint32_t included = 0;  // the inputs the unmasked sum held
 };
 
 }  // namespace estuary::server

@@ -67,8 +67,11 @@ class Federation {
     std::vector<std::string> args = {
         "serve", "--listen", listen, "--cert", Files("server").cert.string(), "--key",
         Files("server").key.string(), "--ca", Files("server").ca.string(), "--db", db().string(), "--rounds",
-        std::to_string(rounds), "--clients-per-round", std::to_string(clients),
-        "--min-clients", std::to_string(clients), "--log-level", "debug"};
+        std::to_string(rounds), "--min-clients", std::to_string(clients), "--log-level", "debug"};
+    // Poisson sampling (--sample-rate) draws a round's sites instead of --clients-per-round.
+    if (std::find(extra.begin(), extra.end(), "--sample-rate") == extra.end()) {
+      args.insert(args.end(), {"--clients-per-round", std::to_string(clients)});
+    }
     if (exit_when_done) args.push_back("--exit-when-done");
     args.insert(args.end(), extra.begin(), extra.end());
     // Defaults for what `extra` does not set (a flag may be given only once).

@@ -19,6 +19,8 @@
 #include "client/secagg_site.h"
 #include "crypto/sha256.h"
 #include "models/checkpoint.h"
+#include "privacy/accountant.h"
+#include "privacy/distributed_dp.h"
 #include "secagg/quantize.h"
 #include "secagg/wire.h"
 #include "tests/e2e/federation.h"
@@ -33,10 +35,11 @@ struct Contribution {
   uint64_t weight = 0;
 };
 
-// Every round-R.site-U.w-W.u32 file under `dir`.
-std::vector<Contribution> KeptInputs(const fs::path& dir, uint64_t round) {
+// Every round-R.site-U.w-W.u32 file under `dir` (with `suffix` ".noise":
+// a distributed-DP site's noise share, round-R.site-U.w-W.noise.u32).
+std::vector<Contribution> KeptInputs(const fs::path& dir, uint64_t round, const std::string& suffix = "") {
   std::vector<Contribution> out;
-  const std::regex name(fmt::format(R"(round-{}\.site-\d+\.w-(\d+)\.u32)", round));
+  const std::regex name(fmt::format(R"(round-{}\.site-\d+\.w-(\d+){}\.u32)", round, suffix));
   for (const auto& entry : fs::directory_iterator(dir)) {
     std::smatch m;
     const std::string file = entry.path().filename().string();
@@ -535,6 +538,11 @@ TEST(SecAggOverTls, CombinationsItCannotServeAreRefusedInOneLine) {
       {"--strategy median", "secagg with strategy median: a robust rule needs the individual updates"},
       {"--dp-noise-multiplier 1 --dp-clip 1", "secagg with dp_noise_multiplier"},
       {"--max-update-norm 5", "secagg with max_update_norm or max_norm_over_median"},
+      {"--dp distributed", "config: dp = distributed without dp_noise_multiplier: there is no noise to share"},
+      {"--dp distributed --dp-noise-multiplier 1 --dp-adaptive-clip --dp-clipped-count-stddev 5",
+       "config: dp = distributed with dp_adaptive_clip"},
+      {"--dp distributed --dp-noise-multiplier 1 --dp-survivors 1.5", "config: dp_survivors = 1.5: must be in (0, 1]"},
+
       {"--secagg-bits 40", "secagg_bits = 40: must be in [2, 32]"},
       {"--model llama-tiny --update-kind lora --lora-merge exact",
        "secagg with update kind lora and lora_merge = exact: the exact merge needs each site's A and B apart"},
@@ -546,7 +554,36 @@ TEST(SecAggOverTls, CombinationsItCannotServeAreRefusedInOneLine) {
     EXPECT_NE(run.exit_code, 0) << flags;
     EXPECT_NE(run.output.find(expected), std::string::npos) << flags << ": " << run.output;
     EXPECT_EQ(std::count(run.output.begin(), run.output.end(), '\n'), 1) << run.output;
-  }  // One site a round is no secure aggregation.
+  }
+  // Without --secagg.
+  const std::pair<std::string, std::string> plain[] = {
+      {"--dp distributed --dp-noise-multiplier 1", "config: dp = distributed without secagg"},
+      {"--dp laplace", "config: dp = 'laplace': expected central or distributed"},
+      {"--dp-noise-multiplier 1 --dp-survivors 0.5", "config: dp_survivors = 0.5 without dp = distributed"},
+      {"--dp-noise-multiplier 1 --sample-rate 0.5", "config: sample_rate with dp_noise_multiplier needs total_sites"},
+      {"--sample-rate 1.5", "config: sample_rate = 1.5: must be in [0, 1]"},
+      {"--sample-seed 4", "config: sample_seed without sample_rate"},
+      {"--secagg --dp distributed --dp-noise-multiplier 1 --sample-rate 0.5",
+       "config: sample_rate with dp = distributed: the sites' shares would have to be planned"},
+      {"--sample-rate 0.5 --clients-per-round 3",
+       "serve: --sample-rate and --clients-per-round both choose a round's sites: give one"},
+  };
+  for (const auto& [flags, expected] : plain) {
+    // As `extra`, so that --sample-rate stands in for --clients-per-round.
+    std::vector<std::string> extra;
+    for (size_t at = 0; at < flags.size();) {
+      const size_t end = std::min(flags.find(' ', at), flags.size());
+      extra.push_back(flags.substr(at, end - at));
+      at = end + 1;
+    }
+    std::string args;
+    for (const auto& a : f.ServeArgs(1, 2, extra)) args += " " + a;
+    auto run = RunCommand(server_bin + args);
+    EXPECT_NE(run.exit_code, 0) << flags;
+    EXPECT_NE(run.output.find(expected), std::string::npos) << flags << ": " << run.output;
+    EXPECT_EQ(std::count(run.output.begin(), run.output.end(), '\n'), 1) << run.output;
+  }
+  // One site a round is no secure aggregation.
   std::string args;
   for (const auto& a : f.ServeArgs(1, 1, {"--secagg"})) args += " " + a;
   auto alone = RunCommand(server_bin + args);
@@ -554,6 +591,166 @@ TEST(SecAggOverTls, CombinationsItCannotServeAreRefusedInOneLine) {
   EXPECT_NE(alone.output.find("config: secagg with clients_per_round = 1: secure aggregation needs 2 sites a round"),
             std::string::npos)
       << alone.output;
+}
+
+// ---- Distributed DP (docs/PRIVACY.md): --secagg --dp distributed.
+
+constexpr uint64_t kMnistMlpElements = 199210;
+
+// The shares' plan for rounds of `sites` sites, as the server must make it.
+privacy::DistributedDpPlan PlanFor(double z, uint32_t sites, double survivors = 1) {
+  auto plan = privacy::PlanDistributedDpShares(
+      {.noise_multiplier = z, .clip = 1, .survivors = survivors, .denominator = double(sites)}, 32, sites,
+      kMnistMlpElements);
+  EXPECT_TRUE(plan.ok()) << plan.status().ToString();
+  return plan.ok() ? *plan : privacy::DistributedDpPlan{};
+}
+
+// Three sites, z = 0.5, C = 1, every site in every round (q = 1). Round 1 in
+// one server, round 2 in a restarted one, and a budget between ε after two
+// and three rounds stops the federation before round 3. Checked:
+// - the committed model is bit for bit the plain aggregate of what the sites
+//   masked — their quantised updates with their noise shares in — over the
+//   fixed denominator 3: the server unmasked the noised sum;
+// - the shares the sites kept sum to noise of variance 3·V (V the plan's)
+//   within 6 standard errors, so the noise is there at the calibrated size;
+// - the committed model differs from the aggregate of the same inputs
+//   without their shares by the shares' sum over 3s, whose RMS is the
+//   mean's σ = √(3V)/(3s), at least z·C/3: what the server released never
+//   was the un-noised mean;
+// - each round's ε in the log is the Gaussian mechanism's at
+//   z_eff = √(3V)/Δ (τ = 0 at these variances), and after the restart it
+//   continues from the log (the replay recomputes the plan).
+TEST(DistributedDpOverTls, SitesNoiseTheirInputsTheServerCommitsTheNoisedSumAndRecordsItsEpsilon) {
+  constexpr double kZ = 0.5, kDelta = 1e-5;
+  const privacy::DistributedDpPlan plan = PlanFor(kZ, 3);
+  ASSERT_GT(plan.site_variance, 0u);
+  const double z_eff = std::sqrt(3.0 * double(plan.site_variance)) / plan.sensitivity;
+  EXPECT_GE(z_eff, kZ);
+  EXPECT_LT(z_eff, kZ * 1.001);
+  auto epsilon = [&](int64_t rounds) { return privacy::EpsilonAfterRounds(1.0, z_eff, rounds, kDelta)->epsilon; };
+  const std::vector<std::string> dp = {"--secagg", "--dp", "distributed", "--dp-noise-multiplier", "0.5",
+                                       "--dp-clip", "1", "--dp-delta", "1e-5", "--dp-max-epsilon",
+                                       fmt::format("{}", (epsilon(2) + epsilon(3)) / 2)};
+  Federation f;
+  const std::vector<std::string> sites = {"site-a", "site-b", "site-c"};
+  for (const auto& s : sites) {
+    f.Issue(s);
+    fs::create_directories(f.dir() / ("keep-" + s));
+  }
+  for (uint64_t rounds : {1, 3}) {
+    const uint16_t port = f.StartServer(rounds, 3, dp);
+    std::vector<std::unique_ptr<ChildProcess>> children;
+    for (const auto& s : sites) {
+      children.push_back(f.StartClient(s, port, {}, {"--secagg-keep-input", (f.dir() / ("keep-" + s)).string()}));
+    }
+    for (auto& c : children) EXPECT_EQ(c->Wait(), 0);
+    ASSERT_EQ(f.WaitServer(), 0) << f.ServerLog();
+  }
+  EXPECT_NE(f.ServerLog().find("federation stops before round 3: ε would reach"), std::string::npos) << f.ServerLog();
+  auto store = f.OpenStore();
+  ASSERT_TRUE(store);
+  auto rounds = store->Rounds();
+  ASSERT_TRUE(rounds.ok());
+  ASSERT_EQ(rounds->size(), 2u) << "round 3 never opened";
+  for (const auto& r : *rounds) {
+    ASSERT_EQ(r.state, server::RoundState::kCommitted) << r.detail;
+    ASSERT_TRUE(r.secagg.has_value());
+    EXPECT_EQ(r.secagg->scale, plan.scale);
+    EXPECT_EQ(r.secagg->clip, 1);
+    ASSERT_TRUE(r.privacy.has_value()) << r.round;
+    EXPECT_EQ(r.privacy->sampling_rate, 1);
+    EXPECT_EQ(r.privacy->noise_multiplier, kZ);
+    EXPECT_NEAR(r.privacy->epsilon, epsilon(int64_t(r.round)), 1e-9 * epsilon(int64_t(r.round))) << r.round;
+    EXPECT_NEAR(r.privacy->noise_stddev, std::sqrt(3.0 * double(plan.site_variance)) / plan.scale, 1e-9) << r.round;
+  }
+
+  std::vector<Contribution> noised, shares;
+  for (const auto& s : sites) {
+    auto kept = KeptInputs(f.dir() / ("keep-" + s), 2);
+    auto share = KeptInputs(f.dir() / ("keep-" + s), 2, ".noise");
+    ASSERT_EQ(kept.size(), 1u) << s;
+    ASSERT_EQ(share.size(), 1u) << s;
+    EXPECT_EQ(kept[0].weight, 1u);  // equal weights under DP
+    ASSERT_EQ(kept[0].quantized.size(), kMnistMlpElements);
+    ASSERT_EQ(share[0].quantized.size(), kMnistMlpElements);
+    noised.push_back(std::move(kept[0]));
+    shares.push_back(std::move(share[0]));
+  }
+  const std::vector<float> previous = Checkpoint(*store, 1);
+  const std::vector<float> committed = Checkpoint(*store, 2);
+  const std::vector<float> expected = PlainAggregate(noised, 1, plan.scale, previous, 2);
+  ASSERT_EQ(committed.size(), expected.size());
+  EXPECT_EQ(std::memcmp(committed.data(), expected.data(), expected.size() * sizeof(float)), 0)
+      << "the committed model is not the plain aggregate of the noised inputs over 3";
+
+  // The noise the sites added: 3 shares of N_Z(0, V) an element.
+  double squares = 0;
+  std::vector<Contribution> clean = noised;
+  for (size_t i = 0; i < kMnistMlpElements; ++i) {
+    int64_t total = 0;
+    for (size_t u = 0; u < shares.size(); ++u) {
+      total += int32_t(shares[u].quantized[i]);
+      clean[u].quantized[i] -= shares[u].quantized[i];
+    }
+    squares += double(total) * double(total);
+  }
+  const double variance = squares / double(kMnistMlpElements), target = 3.0 * double(plan.site_variance);
+  // The sample variance of d normals has relative standard error √(2/d) = 0.32 %.
+  EXPECT_NEAR(variance / target, 1.0, 6 * std::sqrt(2.0 / double(kMnistMlpElements)));
+
+  const std::vector<float> unnoised = PlainAggregate(clean, 1, plan.scale, previous, 2);
+  double differences = 0;
+  for (size_t i = 0; i < committed.size(); ++i) {
+    const double d = double(committed[i]) - double(unnoised[i]);
+    differences += d * d;
+  }
+  const double rms = std::sqrt(differences / double(committed.size()));
+  const double sigma = std::sqrt(target) / (3 * plan.scale);
+  fmt::print("distributed DP: share variance {}, scale {}, the mean's σ {:.4f} (z·C/3 = {:.4f}); committed − "
+             "un-noised: RMS {:.4f}; ε {:.4f} after 2 rounds\n",
+             plan.site_variance, plan.scale, sigma, kZ / 3, rms, (*rounds)[1].privacy->epsilon);
+  EXPECT_GE(sigma, kZ / 3);
+  EXPECT_NEAR(rms / sigma, 1.0, 0.02);
+
+  const std::string server_bin = BinaryPath("estuary-server").string();
+  auto json = RunCommand(fmt::format("{} rounds show 2 --db {} --json", server_bin, f.db().string()));
+  ASSERT_EQ(json.exit_code, 0) << json.output;
+  auto doc = nlohmann::json::parse(json.output, nullptr, false);
+  ASSERT_FALSE(doc.is_discarded()) << json.output;
+  EXPECT_NEAR(doc["privacy"]["epsilon"].get<double>(), epsilon(2), 1e-9 * epsilon(2)) << json.output;
+  auto list = RunCommand(fmt::format("{} rounds list --db {}", server_bin, f.db().string()));
+  ASSERT_EQ(list.exit_code, 0) << list.output;
+  EXPECT_NE(list.output.find(fmt::format("{:.4g}", (*rounds)[1].privacy->epsilon)), std::string::npos) << list.output;
+}
+
+// Four sites sampled, noise calibrated for all four (--dp-survivors 1); one
+// leaves after sharing its keys, so three masked inputs arrive: the server
+// refuses to unmask a sum holding three quarters of the promised noise.
+TEST(DistributedDpOverTls, FewerInputsThanTheNoiseIsCalibratedForAreNotUnmasked) {
+  Federation f;
+  f.exit_when_done = false;
+  for (const auto& s : {"site-a", "site-b", "site-c", "gone"}) f.Issue(s);
+  const uint16_t port =
+      f.StartServer(1, 4, {"--secagg", "--dp", "distributed", "--dp-noise-multiplier", "1", "--dp-clip", "1"});
+  auto a = f.StartClient("site-a", port);
+  auto b = f.StartClient("site-b", port);
+  auto c = f.StartClient("site-c", port);
+  ScriptedSite gone(f, "gone", port, ScriptedSite::Stop::kAfterShareKeys, {});
+  EXPECT_TRUE(gone.Join().ok());
+  const std::string line = "round 1 failed: secagg round 1: distributed DP: 3 of 4 inputs arrived, fewer than the 4 "
+                           "the noise is calibrated for (--dp-survivors 1): refusing to unmask";
+  ASSERT_TRUE(f.AwaitLog(line)) << f.ServerLog();
+  f.server().Kill();
+  auto store = f.OpenStore();
+  ASSERT_TRUE(store);
+  auto round = store->GetRound(1);
+  ASSERT_TRUE(round.ok() && round->has_value());
+  EXPECT_EQ((*round)->state, server::RoundState::kFailed);
+  EXPECT_FALSE((*round)->privacy.has_value());  // nothing released, nothing spent
+  ASSERT_TRUE((*round)->secagg.has_value());
+  EXPECT_EQ((*round)->secagg->stage, "masked input");
+  EXPECT_EQ((*round)->secagg->answered[2], 3u);
 }
 
 }  // namespace
