@@ -123,8 +123,8 @@ std::vector<CLI::Option*> AddFederationFlags(CLI::App& app, v1::FederationConfig
   flags.Add("--krum-select", strategy->krum_select(), [strategy](uint32_t v) { strategy->set_krum_select(v); },
             "multi-krum: updates m averaged, in [1, n - f] (0: n - f)");
   flags.Add("--total-sites", strategy->total_sites(), [strategy](uint32_t v) { strategy->set_total_sites(v); },
-            "scaffold: N, the federation's sites, which the control variate's update divides by (estuary-sim: "
-            "--clients when 0)");
+            "N, the federation's sites: scaffold's control variate's update divides by it (estuary-sim: --clients "
+            "when 0); serve --sample-rate with DP-FedAvg divides its mean by Q x N");
   flags.Add("--base-model", config->base_model(), [config](const std::string& v) { config->set_base_model(v); },
             "lora: the preset's base weights (a safetensors file), or a Hugging Face model directory that every "
             "site holds too and the server never sends (default: the preset initialised from --seed)");

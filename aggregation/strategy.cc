@@ -58,10 +58,6 @@ Status ValidateStrategyOptions(const StrategyOptions& options) {
     return InvalidArgument("aggregation: scaffold needs total_sites (N, the federation's sites, which its control "
                            "variate's update divides by)");
   }
-  if (options.total_sites > 0 && options.name != "scaffold") {
-    return InvalidArgument("aggregation: total_sites = {} is scaffold's; {} has none", options.total_sites,
-                           options.name);
-  }
   if (options.bias_correction && options.name != "fedadam") {
     return InvalidArgument("aggregation: bias_correction is Adam's; {} has none", options.name);
   }

@@ -125,8 +125,8 @@ struct StrategyOptions {
   uint32_t byzantine = 1;
   // multi-krum: how many updates m to average; 0: n - f.
   uint32_t krum_select = 0;
-  // scaffold (scaffold.h): N, the federation's sites, which c's update
-  // divides by. Required (> 0) under scaffold, refused elsewhere.
+  // N, the federation's sites: scaffold's c update divides by it (required),
+  // a Poisson-sampled DP-FedAvg on the server its mean by q · N (config.h).
   uint32_t total_sites = 0;
 };
 
@@ -143,7 +143,7 @@ double DefaultServerLr(std::string_view strategy);
 // Checks the numeric options: server_lr and tau finite and > 0, betas and
 // server_momentum in [0, 1), bias_correction only under fedadam, trim in
 // [0, 0.5), krum_select only under multi-krum, total_sites > 0 under
-// scaffold and 0 elsewhere, and a known name.
+// scaffold, and a known name.
 // MakeStrategy calls it. How many updates a robust rule needs (krum:
 // n >= 2f + 3) depends on the round and is checked at its Finish.
 Status ValidateStrategyOptions(const StrategyOptions& options);

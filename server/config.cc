@@ -80,6 +80,13 @@ Status ServerConfig::CheckDp() const {
                              "of unclipped sites, which secure aggregation does not compute yet");
     }
   }
+  const uint32_t total_sites = federation.strategy().total_sites();
+  const bool poisson_dp_fedavg = sample_rate > 0 && dp.noise_multiplier() > 0 && !distributed_dp();
+  if (total_sites > 0 && federation.strategy().name() != "scaffold" && !poisson_dp_fedavg) {
+    return InvalidArgument("config: total_sites = {} with strategy {}: it is for scaffold, or for sample_rate with "
+                           "dp_noise_multiplier (the mean divides by q · total_sites)",
+                           total_sites, federation.strategy().name());
+  }
   if (!(sample_rate >= 0 && sample_rate <= 1)) {
     return InvalidArgument("config: sample_rate = {}: must be in [0, 1] (0: clients_per_round)", sample_rate);
   }

@@ -259,6 +259,11 @@ int main(int argc, char** argv) {
     // sites clip to --secagg-clip instead of the default relative bound.
     s.federation.mutable_limits()->set_max_norm_over_median(0);
   }
+  if (s.federation.strategy().total_sites() > 0 && s.federation.strategy().name() != "scaffold") {
+    return Fail(InvalidArgument("sim: --total-sites with strategy {}: only scaffold takes it here (the simulator's "
+                                "population is its --clients)",
+                                s.federation.strategy().name()));
+  }
   if (s.sample_rate > 0 && app.get_option("--per-round")->count() > 0) {
     return Fail(InvalidArgument("sim: --sample-rate and --per-round both choose a round's clients: give one"));
   }

@@ -563,6 +563,8 @@ TEST(SecAggOverTls, CombinationsItCannotServeAreRefusedInOneLine) {
       {"--dp-noise-multiplier 1 --sample-rate 0.5", "config: sample_rate with dp_noise_multiplier needs total_sites"},
       {"--sample-rate 1.5", "config: sample_rate = 1.5: must be in [0, 1]"},
       {"--sample-seed 4", "config: sample_seed without sample_rate"},
+      {"--total-sites 4", "config: total_sites = 4 with strategy fedavg: it is for scaffold, or for sample_rate with "
+                          "dp_noise_multiplier"},
       {"--secagg --dp distributed --dp-noise-multiplier 1 --sample-rate 0.5",
        "config: sample_rate with dp = distributed: the sites' shares would have to be planned"},
       {"--sample-rate 0.5 --clients-per-round 3",

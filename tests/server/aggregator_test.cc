@@ -306,6 +306,16 @@ TEST(ServerConfig, TheServerTakesFedNovaAndScaffoldAndRefusesWhatCannotCarryThei
   EXPECT_NE(config.Finalize().message().find("total_sites"), std::string::npos) << config.Finalize().ToString();
   config.federation.mutable_strategy()->set_total_sites(10);
   EXPECT_TRUE(config.Finalize().ok()) << config.Finalize().ToString();
+  // The same N under fedavg is refused unless Poisson-sampled DP-FedAvg divides by it.
+  config.federation.mutable_strategy()->set_name("fedavg");
+  EXPECT_NE(config.Finalize().message().find("config: total_sites = 10 with strategy fedavg"), std::string::npos)
+      << config.Finalize().ToString();
+  config.sample_rate = 0.5;
+  config.federation.mutable_dp()->set_noise_multiplier(1);
+  EXPECT_TRUE(config.Finalize().ok()) << config.Finalize().ToString();
+  config.sample_rate = 0;
+  config.federation.mutable_dp()->set_noise_multiplier(0);
+  config.federation.mutable_strategy()->set_name("scaffold");
   config.secagg.on = true;
   const Status secagg = config.Finalize();
   EXPECT_NE(secagg.message().find("secagg with strategy scaffold: the server folds each site's control delta"),
