@@ -95,13 +95,13 @@ Status ServerConfig::CheckDp() const {
     if (mode == "async") {
       return InvalidArgument("config: sample_rate with mode = async: asynchronous sites are not drawn by rounds");
     }
-    if (dp.noise_multiplier() > 0 && federation.strategy().total_sites() == 0) {
-      return InvalidArgument("config: sample_rate with dp_noise_multiplier needs total_sites: the mean divides by the "
-                             "expected q · total_sites, a constant the operator declares, not by who is connected");
-    }
     if (distributed_dp()) {
       return InvalidArgument("config: sample_rate with dp = distributed: the sites' shares would have to be planned "
                              "for the whole run's population, not one round's draw (estuary-sim has it)");
+    }
+    if (dp.noise_multiplier() > 0 && federation.strategy().total_sites() == 0) {
+      return InvalidArgument("config: sample_rate with dp_noise_multiplier needs total_sites: the mean divides by the "
+                             "expected q · total_sites, a constant the operator declares, not by who is connected");
     }
   }
   return Status::Ok();
