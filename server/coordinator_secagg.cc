@@ -130,6 +130,7 @@ Status Coordinator::StartSecAgg(const std::vector<std::string>& selected) {
   // Distributed DP: every site weighs 1 (DP-FedAvg's equal weights), clips
   // to the DP clip, and the plan sets the scale and each share's variance.
   std::optional<privacy::DistributedDpPlan> dp;
+  const std::vector<uint64_t> examples = weights;
   if (config_.distributed_dp()) {
     auto plan = DistributedDpPlanFor(config_, n, dimension);
     if (!plan.ok()) return InvalidArgument("secagg round {}: {}", round_, plan.status().message());
@@ -149,6 +150,7 @@ Status Coordinator::StartSecAgg(const std::vector<std::string>& selected) {
   st.quantization = {.bits = s.bits, .clip_norm = clip, .scale = scale};
   st.lora_reference = std::move(lora_reference);
   st.weights = std::move(weights);
+  st.examples = examples;
   st.dp = dp;
   for (uint32_t u = 0; u < n; ++u) {
     st.ids[selected[u]] = u;
@@ -239,7 +241,7 @@ void Coordinator::OnSecAgg(const std::shared_ptr<ClientSession>& session, const 
       slots_.Release(name);  // complete: nothing to undo; the slot goes to the next site below
       const v1::SecAggMaskedDone& done = envelope.secagg_masked_done();
       Participation& record = p->second.record;
-      record.examples = st.weights[u];
+      record.examples = st.examples[u];
       record.train_loss = std::isfinite(done.train_loss()) ? done.train_loss() : 0;
       record.seconds = SecondsSince(p->second.started);
       break;

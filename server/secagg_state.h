@@ -43,7 +43,8 @@ struct SecAggState {
   Stage stage = kAdvertise;
   std::map<std::string, uint32_t> ids;  // by site name
   std::vector<std::string> names;       // by id
-  std::vector<uint64_t> weights;        // by id: the examples its Hello claimed
+  std::vector<uint64_t> weights;        // by id: the examples its Hello claimed (distributed DP: 1 each)
+  std::vector<uint64_t> examples;       // by id: the examples its Hello claimed, for the round log
   std::set<uint32_t> waiting;           // the stage's sites that have not answered yet
   std::set<uint32_t> gone;              // lost or refused: silent from then on
   std::set<uint32_t> begun;             // opened its masked input: queued for a slot, or streaming
