@@ -222,13 +222,15 @@ void Coordinator::OnSecAgg(const std::shared_ptr<ClientSession>& session, const 
       }
       const uint64_t at = chunk.offset();
       received = secagg::DecodeMaskedChunk(chunk, at, st.server.config().dimension, st.chunk);
-      // What is added is kept first, to subtract again should the site stop
-      // partway (only chunks the sum took are read back).
-      if (received.ok()) {
-        received = journal->Write(at * sizeof(uint32_t), st.chunk.data(), st.chunk.size() * sizeof(uint32_t));
-      }
       if (received.ok()) received = st.server.ReceiveMaskedChunk(u, at, st.chunk);
       if (!received.ok()) break;
+      // What was added, kept to subtract again should the site stop partway.
+      // Kept only once the sum took it: a refused chunk must not overwrite
+      // the copy of one that was added.
+      if (Status kept = journal->Write(at * sizeof(uint32_t), st.chunk.data(), st.chunk.size() * sizeof(uint32_t));
+          !kept.ok()) {
+        return FailRound(fmt::format("secagg: {}'s masked input cannot be kept to undo it: {}", name, kept.message()));
+      }
       return;  // more follows
     }
     case v1::Envelope::kSecaggMaskedDone: {
