@@ -37,7 +37,7 @@
 #include "bench/harness.h"
 #include "bench/tls_crypto_rate.h"
 #include "client/agent.h"
-#include "crypto/certs.h"
+#include "crypto/provision.h"
 #include "crypto/tls.h"
 #include "models/custom_model.h"
 #include "server/store.h"
@@ -144,53 +144,11 @@ struct Figures {
 
 std::string SiteName(uint32_t i) { return fmt::format("site-{:05d}", i); }
 
-// Issues what `dir` lacks: the CA, the server's certificate, sites 0..n-1.
-Status ProvisionCertificates(const fs::path& dir, uint32_t n, int threads) {
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec) return IoError("connections: {}: {}", dir.string(), ec.message());
-  if (!fs::exists(dir / "ca.pem")) ESTUARY_RETURN_IF_ERROR(crypto::InitCa(dir));
-  if (!fs::exists(dir / "server.pem")) {
-    ESTUARY_RETURN_IF_ERROR(crypto::IssueCertificate(dir, "server", {.role = crypto::CertRole::kServer}));
-  }
-  std::atomic<uint32_t> next{0};
-  std::mutex mu;
-  Status failure;
-  auto issue = [&] {
-    for (uint32_t i; (i = next.fetch_add(1)) < n;) {
-      if (fs::exists(dir / (SiteName(i) + ".pem")) && fs::exists(dir / (SiteName(i) + ".key"))) continue;
-      if (Status s = crypto::IssueCertificate(dir, SiteName(i)); !s.ok()) {
-        std::lock_guard lock(mu);
-        if (failure.ok()) failure = s;
-      }
-    }
-  };
-  std::vector<std::thread> pool;
-  for (int t = 1; t < threads; ++t) pool.emplace_back(issue);
-  issue();
-  for (auto& t : pool) t.join();
-  return failure;
-}
-
-Result<std::vector<std::shared_ptr<const crypto::Identity>>> LoadIdentities(const fs::path& dir, uint32_t n,
-                                                                            int threads) {
-  std::vector<std::optional<Result<std::shared_ptr<const crypto::Identity>>>> loaded(n);
-  std::atomic<uint32_t> next{0};
-  auto load = [&] {
-    for (uint32_t i; (i = next.fetch_add(1)) < n;) {
-      loaded[i] = crypto::LoadIdentity(dir / (SiteName(i) + ".pem"), dir / (SiteName(i) + ".key"));
-    }
-  };
-  std::vector<std::thread> pool;
-  for (int t = 1; t < threads; ++t) pool.emplace_back(load);
-  load();
-  for (auto& t : pool) t.join();
-  std::vector<std::shared_ptr<const crypto::Identity>> identities;
-  for (auto& identity : loaded) {
-    if (!identity->ok()) return identity->status();
-    identities.push_back(**identity);
-  }
-  return identities;
+// Sites 0..n-1.
+std::vector<std::string> SiteNames(uint32_t n) {
+  std::vector<std::string> names;
+  for (uint32_t i = 0; i < n; ++i) names.push_back(SiteName(i));
+  return names;
 }
 
 // One federation of n sites against a fresh server.
@@ -348,8 +306,12 @@ int main(int argc, char** argv) {
   const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
   fmt::print("load average at start: {} ({} cores)\n", LoadAverage(), cores);
   bench::Stopwatch provision;
-  if (Status s = ProvisionCertificates(o.workdir / "certs", most, cores); !s.ok()) return bench.Fail(s);
-  auto identities = LoadIdentities(o.workdir / "certs", most, cores);
+  const fs::path certs = o.workdir / "certs";
+  if (Status s = crypto::ProvisionCertificates(certs, {"server"}, 1, {.role = crypto::CertRole::kServer}); !s.ok()) {
+    return bench.Fail(s);
+  }
+  if (Status s = crypto::ProvisionCertificates(certs, SiteNames(most), cores); !s.ok()) return bench.Fail(s);
+  auto identities = crypto::LoadIdentities(certs, SiteNames(most), cores);
   if (!identities.ok()) return bench.Fail(identities.status());
   fmt::print("{} site certificates ready in {:.1f} s\n", most, provision.Seconds());
   models::CustomModel model;

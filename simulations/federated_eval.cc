@@ -3,11 +3,10 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
-#include <thread>
 
 #include "aggregation/sampling.h"
+#include "base/parallel_for.h"
 #include "server/evaluation.h"
 
 namespace estuary::simulations {
@@ -22,29 +21,22 @@ server::RoundEvaluation EvaluateOnSites(const std::vector<std::string>& names,
   const std::vector<std::string> selected =
       aggregation::SampleClients(names, k, server::EvaluationSeed(task.seed()), round);
   std::vector<server::SiteEvaluation> results(selected.size());
-  std::atomic<size_t> next{0};
-  auto work = [&] {
-    for (size_t i; (i = next.fetch_add(1)) < selected.size();) {
-      const size_t site = size_t(std::find(names.begin(), names.end(), selected[i]) - names.begin());
-      Result<client::Evaluation> e = trainers[site]->Evaluate(global, manifest, task, round, selected[i]);
-      server::SiteEvaluation& r = results[i];
-      if (!e.ok()) {
-        spdlog::warn("round {} evaluation by {} failed: {}", round, selected[i], e.status().ToString());
-        r.outcome = server::SiteEvaluation::Outcome::kFailed;
-      } else if (!e->supported) {
-        r.outcome = server::SiteEvaluation::Outcome::kUnsupported;
-      } else {
-        r = {.outcome = server::SiteEvaluation::Outcome::kEvaluated,
-             .examples = e->examples,
-             .loss = e->loss,
-             .accuracy = e->accuracy};
-      }
+  ParallelFor(selected.size(), threads, [&](size_t i) {
+    const size_t site = size_t(std::find(names.begin(), names.end(), selected[i]) - names.begin());
+    Result<client::Evaluation> e = trainers[site]->Evaluate(global, manifest, task, round, selected[i]);
+    server::SiteEvaluation& r = results[i];
+    if (!e.ok()) {
+      spdlog::warn("round {} evaluation by {} failed: {}", round, selected[i], e.status().ToString());
+      r.outcome = server::SiteEvaluation::Outcome::kFailed;
+    } else if (!e->supported) {
+      r.outcome = server::SiteEvaluation::Outcome::kUnsupported;
+    } else {
+      r = {.outcome = server::SiteEvaluation::Outcome::kEvaluated,
+           .examples = e->examples,
+           .loss = e->loss,
+           .accuracy = e->accuracy};
     }
-  };
-  std::vector<std::thread> pool;
-  for (uint32_t t = 1; t < std::min<size_t>(threads, selected.size()); ++t) pool.emplace_back(work);
-  work();
-  for (auto& thread : pool) thread.join();
+  });
   return server::AggregateEvaluations(
       results, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
 }

@@ -2,19 +2,17 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <map>
 #include <optional>
 #include <set>
-#include <thread>
 
 #include "base/asio.h"
 #include "base/atomic_file.h"
 #include "base/descriptors.h"
 #include "base/host_port.h"
 #include "client/agent.h"
-#include "crypto/certs.h"
+#include "crypto/provision.h"
 #include "crypto/tls.h"
 #include "models/hf_base.h"
 #include "server/store.h"
@@ -78,32 +76,6 @@ Status AddPrivacyFromRoundLog(Report& report) {
   return Status::Ok();
 }
 
-// The sites' certificates (client authentication), or with `role` kServer the
-// server's, for the loopback addresses the sites dial. One already in `dir`
-// is kept if it plays that role; one that does not (a workdir from before
-// certificate roles: both usages) is issued anew.
-Status ProvisionCertificates(const fs::path& dir, const std::vector<std::string>& names,
-                             crypto::CertRole role = crypto::CertRole::kSite) {
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec) return IoError("sim: {}: {}", dir.string(), ec.message());
-  if (!fs::exists(dir / "ca.pem")) ESTUARY_RETURN_IF_ERROR(crypto::InitCa(dir));
-  std::map<std::string, std::string> roles;
-  ESTUARY_ASSIGN_OR_RETURN(auto listed, crypto::ListCertificates(dir));
-  for (const auto& cert : listed) {
-    if (cert.state == crypto::CertificateStatus::State::kValid) roles[cert.name] = cert.role;
-  }
-  const std::string wanted = role == crypto::CertRole::kServer ? "server" : "site";
-  for (const auto& name : names) {
-    const fs::path pem = dir / (name + ".pem"), key = dir / (name + ".key");
-    if (fs::exists(pem) && roles[name] == wanted) continue;
-    fs::remove(pem, ec);
-    fs::remove(key, ec);
-    ESTUARY_RETURN_IF_ERROR(crypto::IssueCertificate(dir, name, {.role = role}));
-  }
-  return Status::Ok();
-}
-
 // An asynchronous federation's versions are the server's: sites hear of no
 // version's close, so its rows come from the round log, with the staleness of
 // each version's folded arrivals.
@@ -149,7 +121,8 @@ Result<Report> RunLoopback(const Scenario& given, const RoundCallback& on_round)
   ESTUARY_ASSIGN_OR_RETURN(const std::shared_ptr<const models::HfBase> hf_base, aggregation::ApplyHfBase(&s.federation));
   const auto start = Clock::now();
   const fs::path certs = s.workdir / "certs";
-  ESTUARY_RETURN_IF_ERROR(ProvisionCertificates(certs, {"server"}, crypto::CertRole::kServer));
+  // The server's certificate names the loopback addresses the sites dial.
+  ESTUARY_RETURN_IF_ERROR(crypto::ProvisionCertificates(certs, {"server"}, 1, {.role = crypto::CertRole::kServer}));
 
   // One site per value of a field, as many as the file holds, and the
   // examples held out of instruction data: known before the server starts.
@@ -219,7 +192,7 @@ Result<Report> RunLoopback(const Scenario& given, const RoundCallback& on_round)
   Workload clients = std::move(*loaded);
   const auto& names = clients.names;
   auto& trainers = clients.trainers;
-  ESTUARY_RETURN_IF_ERROR(ProvisionCertificates(certs, names));
+  ESTUARY_RETURN_IF_ERROR(crypto::ProvisionCertificates(certs, names, s.threads));
   spdlog::debug("loopback: data and certificates ready after {:.3f} s", Since(start));
 
   // This process holds one end of every site's connection (the server
@@ -242,32 +215,18 @@ Result<Report> RunLoopback(const Scenario& given, const RoundCallback& on_round)
   // One client context for all sites (OpenSSL 3 makes each context costly);
   // each site presents its own certificate on its own connection.
   ESTUARY_ASSIGN_OR_RETURN(auto tls, crypto::MakeTrustOnlyClientContext(certs / "ca.pem"));
-  std::vector<std::optional<Result<std::shared_ptr<const crypto::Identity>>>> identities(names.size());
-  {
-    std::atomic<size_t> next{0};
-    auto load = [&] {
-      for (size_t i; (i = next.fetch_add(1)) < names.size();) {
-        identities[i] = crypto::LoadIdentity(certs / (names[i] + ".pem"), certs / (names[i] + ".key"));
-      }
-    };
-    std::vector<std::thread> loaders;
-    for (uint32_t t = 1; t < s.threads; ++t) loaders.emplace_back(load);
-    load();
-    for (auto& t : loaders) t.join();
-  }
+  ESTUARY_ASSIGN_OR_RETURN(const auto identities, crypto::LoadIdentities(certs, names, s.threads));
   spdlog::debug("loopback: data and {} identities ready after {:.3f} s", names.size(), Since(start));
   if (s.server.empty()) {
     ESTUARY_ASSIGN_OR_RETURN(port, server.WaitForPort());
     spdlog::debug("loopback: server listening after {:.3f} s", Since(start));
   }
   for (size_t i = 0; i < names.size(); ++i) {
-    auto& identity = *identities[i];
-    if (!identity.ok()) return identity.status();
     client::AgentOptions options;
     options.host = host;
     options.port = port;
     options.tls = tls;
-    options.identity = *identity;
+    options.identity = identities[i];
     options.keep_model = false;
     options.base = hf_base;
     options.label = names[i];

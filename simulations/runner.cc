@@ -4,23 +4,22 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
-#include <atomic>
-#include <optional>
-#include "base/asio.h"
-#include "base/atomic_file.h"
 #include <chrono>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <set>
-#include <thread>
 
 #include "aggregation/dp_fedavg.h"
 #include "aggregation/lora_strategy.h"
 #include "aggregation/robust_strategy.h"
-#include "aggregation/scaffold.h"
 #include "aggregation/sampling.h"
+#include "aggregation/scaffold.h"
+#include "base/asio.h"
+#include "base/atomic_file.h"
 #include "base/host_port.h"
 #include "base/memory.h"
+#include "base/parallel_for.h"
 #include "base/seed.h"
 #include "base/split.h"
 #include "client/agent.h"
@@ -37,11 +36,11 @@
 #include "models/federated_model.h"
 #include "models/language_model.h"
 #include "models/lora_federation.h"
+#include "models/model.h"
+#include "models/text_corpus.h"
 #include "privacy/accountant.h"
 #include "server/evaluation.h"
 #include "server/store.h"
-#include "models/model.h"
-#include "models/text_corpus.h"
 #include "simulations/attack.h"
 #include "simulations/federated_eval.h"
 #include "simulations/instruction_sites.h"
@@ -188,14 +187,7 @@ static void TrainOwned(size_t k, const SimRanks* ranks, uint32_t threads, const 
   for (size_t i = 0; i < k; ++i) {
     if (!ranks || ranks->OwnerOf(i) == ranks->rank()) mine.push_back(i);
   }
-  std::atomic<size_t> next{0};
-  auto work = [&] {
-    for (size_t j; (j = next.fetch_add(1)) < mine.size();) train(mine[j]);
-  };
-  std::vector<std::thread> pool;
-  for (uint32_t t = 1; t < std::min<size_t>(threads, mine.size()); ++t) pool.emplace_back(work);
-  work();
-  for (auto& thread : pool) thread.join();
+  ParallelFor(mine.size(), threads, [&](size_t j) { train(mine[j]); });
 }
 
 Status ServeInprocRank(const Scenario& s, SimRanks& ranks) {
