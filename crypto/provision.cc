@@ -1,7 +1,7 @@
 #include "crypto/provision.h"
 
-#include <map>
 #include <optional>
+#include <set>
 #include <system_error>
 
 #include "base/parallel_for.h"
@@ -18,15 +18,14 @@ Status ProvisionCertificates(const fs::path& dir, const std::vector<std::string>
   if (ec) return IoError("certificates: {}: {}", dir.string(), ec.message());
   if (!fs::exists(dir / "ca.pem")) ESTUARY_RETURN_IF_ERROR(InitCa(dir));
   const std::string wanted = options.role == CertRole::kServer ? "server" : "site";
-  std::map<std::string, bool> usable;
+  std::set<std::string> usable;
   ESTUARY_ASSIGN_OR_RETURN(const std::vector<CertificateStatus> listed, ListCertificates(dir));
   for (const CertificateStatus& cert : listed) {
-    usable[cert.name] = cert.state == CertificateStatus::State::kValid && cert.role == wanted;
+    if (cert.state == CertificateStatus::State::kValid && cert.role == wanted) usable.insert(cert.name);
   }
   std::vector<std::string> missing;
   for (const std::string& name : names) {
-    auto it = usable.find(name);
-    if (it == usable.end() || !it->second || !fs::exists(dir / (name + ".key"))) missing.push_back(name);
+    if (!usable.count(name) || !fs::exists(dir / (name + ".key"))) missing.push_back(name);
   }
   std::vector<Status> issued(missing.size());
   ParallelFor(missing.size(), threads, [&](size_t i) {
