@@ -363,6 +363,25 @@ void Agent::OnTrained(uint64_t round, Result<Update> update) {
   upload_round_ = round;
   upload_offset_ = 0;
   upload_hasher_ = std::make_unique<crypto::Sha256>();
+  upload_checksum_.reset();
+  const uint64_t serial = ++upload_serial_;
+  if (!payload->stream) {
+    // The update is whole and immutable: the training thread, idle now,
+    // hashes it while this thread encodes and writes its chunks; the commit
+    // goes once both are done.
+    std::weak_ptr<Agent> weak = weak_from_this();
+    asio::post(training_, [&io = io_, weak, payload, serial] {
+      crypto::Sha256 hasher;
+      hasher.Update(payload->payload.data(), payload->payload.size() * sizeof(float));
+      hasher.Update(payload->control_delta.data(), payload->control_delta.size() * sizeof(float));
+      asio::post(io, [weak, serial, checksum = crypto::ToHex(hasher.Final())] {
+        auto self = weak.lock();
+        if (!self || !self->upload_ || self->upload_serial_ != serial) return;
+        self->upload_checksum_ = checksum;
+        self->WriteNext();
+      });
+    });
+  }
   if (payload->stream) {
     slice_ = {};
     slice_at_ = 0;
@@ -457,12 +476,11 @@ void Agent::WriteNext() {
                                          (upload_offset_ - delta);
       outbox_.push_back(std::make_shared<const proto::Frame>(
           proto::EncodeUpdateChunk(upload_round_, upload_offset_, v1::DTYPE_F32, bytes, size)));
-      upload_hasher_->Update(bytes, size);  // one pass: hashed as it is sent
       upload_offset_ += size;
-    } else {
+    } else if (upload_checksum_) {  // else the training thread is still hashing it
       v1::Envelope envelope;
       envelope.mutable_update_commit()->set_round(upload_round_);
-      envelope.mutable_update_commit()->set_checksum(crypto::ToHex(upload_hasher_->Final()));
+      envelope.mutable_update_commit()->set_checksum(*upload_checksum_);
       upload_.reset();
       upload_hasher_.reset();
       outbox_.push_back(std::make_shared<const proto::Frame>(proto::EncodeFrame(envelope)));

@@ -253,7 +253,11 @@ class Agent : public std::enable_shared_from_this<Agent> {
   UpdateStream::Slice slice_;  // streamed upload: the slice being encoded
   uint64_t slice_at_ = 0;      // elements of slice_ already sent
   std::unique_ptr<crypto::Sha256> download_hasher_;
-  std::unique_ptr<crypto::Sha256> upload_hasher_;
+  std::unique_ptr<crypto::Sha256> upload_hasher_;  // a streamed update's, as it is sent
+  // A whole update's, hashed on the training executor beside the writes;
+  // upload_serial_ tells that hash which upload it belongs to.
+  std::optional<std::string> upload_checksum_;
+  uint64_t upload_serial_ = 0;
 
   std::shared_ptr<SecAggSite> secagg_;  // this round's, on this connection
   std::optional<Update> secagg_update_;  // trained, waiting for the share inbox

@@ -42,6 +42,7 @@ Session::~Session() {
   FireMilestone(milestones_.handshake_ended);
   FireMilestone(milestones_.identified);
   context_.budget->Give(body_charge_);
+  context_.budget->Give(listener_charge_);
   for (const Queued& q : outbox_) context_.budget->Give(q.charge);
 }
 
@@ -103,7 +104,7 @@ void Session::StopIdleTimer() {
 }
 
 void Session::ReadHeader() {
-  if (closed_ || paused_ || reading_ || with_listener_) return;
+  if (closed_ || paused_ || reading_ || ahead_ || (with_listener_ && !read_ahead_)) return;
   reading_ = true;
   ArmIdleTimer();
   asio::async_read(stream_, asio::buffer(header_),
@@ -199,7 +200,17 @@ void Session::Dispatch(v1::Envelope envelope) {
     }
     return ReadHeader();
   }
+  if (with_listener_ || paused_) {
+    ahead_ = std::move(envelope);  // read ahead: it follows once the listener is done (and resumes)
+    return;
+  }
   with_listener_ = true;
+  listener_charge_ = body_charge_;
+  body_charge_ = 0;
+  // A chunk of an update under way neither opens nor ends it, so the
+  // listener pauses no session for it: the next frame may be read (and
+  // decrypted) while the listener stages this one.
+  read_ahead_ = envelope.body_case() == v1::Envelope::kUpdateChunk;
   asio::post(context_.listener_strand, [self = shared_from_this(), envelope = std::move(envelope)]() mutable {
     SessionListener& listener = *self->context_.listener;
     if (envelope.body_case() == v1::Envelope::kHello) {
@@ -210,22 +221,39 @@ void Session::Dispatch(v1::Envelope envelope) {
     // After whatever the listener asked of the session, so a Pause holds first.
     asio::post(self->stream_.get_executor(), [self] { self->OnListenerDone(); });
   });
+  ReadHeader();  // reads ahead if read_ahead_
 }
 
 void Session::OnListenerDone() {
   with_listener_ = false;
-  GiveBackBody();
+  read_ahead_ = false;
+  context_.budget->Give(listener_charge_);
+  listener_charge_ = 0;
+  Continue();
+}
+
+void Session::Continue() {
+  if (closed_ || paused_) return;
+  if (ahead_ && !with_listener_) {
+    v1::Envelope next = std::move(*ahead_);
+    ahead_.reset();
+    return Dispatch(std::move(next));
+  }
   ReadHeader();
 }
 
 void Session::Pause() {
-  asio::post(stream_.get_executor(), [self = shared_from_this()] { self->paused_ = true; });
+  asio::post(stream_.get_executor(), [self = shared_from_this()] {
+    self->paused_ = true;
+    self->StopIdleTimer();  // a read ahead under way waits for the server now, not its peer
+  });
 }
 
 void Session::Resume() {
   asio::post(stream_.get_executor(), [self = shared_from_this()] {
     self->paused_ = false;
-    self->ReadHeader();
+    if (self->reading_) self->ArmIdleTimer();
+    self->Continue();
   });
 }
 

@@ -6,7 +6,10 @@
 // certificate, then reads frames one at a time and hands each to its
 // SessionListener on the listener's strand; it reads the next frame only
 // once the listener has taken the last, so a Pause() the listener asks for
-// holds before another frame is read. Until its Hello a frame may hold at
+// holds before another frame is read. The one exception is an update's
+// chunk, which the listener never pauses for: while it stages one, the
+// session reads (and decrypts) the next, one frame ahead at most, charged
+// to the budget like any other, and hands it over once the listener is done. Until its Hello a frame may hold at
 // most kMaxHelloFrameBytes. Heartbeats are echoed here, at most one echo
 // queued at a time.
 //
@@ -29,6 +32,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -97,6 +101,7 @@ class Session final : public ClientSession, public std::enable_shared_from_this<
   void OnBody(const boost::system::error_code& ec);
   void Dispatch(v1::Envelope envelope);
   void OnListenerDone();
+  void Continue();
   void ReportBadFrame(const std::string& reason);
   void GiveBackBody();
   void Queue(std::shared_ptr<const proto::Frame> frame, bool heartbeat, uint64_t charge);
@@ -127,7 +132,8 @@ class Session final : public ClientSession, public std::enable_shared_from_this<
   boost::asio::steady_timer write_wait_;  // for the budget, to encode a model chunk
   std::array<uint8_t, 4> header_{};
   uint32_t frame_size_ = 0;
-  uint64_t body_charge_ = 0;  // the frame received, until the listener has it
+  uint64_t body_charge_ = 0;      // the frame being received or read ahead, until the listener has it
+  uint64_t listener_charge_ = 0;  // the frame with the listener, until it is done
   proto::BodyBuffer body_;
   std::deque<Queued> outbox_;
   uint64_t queued_bytes_ = 0;
@@ -137,6 +143,8 @@ class Session final : public ClientSession, public std::enable_shared_from_this<
   bool closed_ = false;
   bool reading_ = false;         // from a header's read to its body's end
   bool with_listener_ = false;   // a frame handed over, not yet taken
+  bool read_ahead_ = false;      // and the next may be read meanwhile
+  std::optional<v1::Envelope> ahead_;  // the next, read, waiting for the listener
   bool paused_ = false;
   bool writing_ = false;
   bool waiting_to_write_ = false;
