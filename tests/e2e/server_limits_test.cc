@@ -361,5 +361,40 @@ TEST(ServerLimits, ASitePausedForAStagingSlotIsNotClosedAsIdle) {
   EXPECT_EQ(f.ServerLog().find("client site-2 dropped out of round 1"), std::string::npos) << f.ServerLog();
 }
 
+// A session reads an update's next chunk while the server stages the last
+// (one frame ahead), each charged to the frame budget. With a budget of one
+// frame and chunks of 3 MiB, two never fit at once: the read ahead waits for
+// the staged chunk's charge to come back, and every charge does come back
+// (one kept would stall the next chunk, and the site would get no ack).
+TEST(ServerLimits, ChunksReadAheadWaitForABudgetOfOneFrameAndTheUpdateCommits) {
+  Federation f;
+  f.Issue("site-1");
+  const uint16_t port =
+      f.StartServer(1, 1, {"--model", "cnn", "--frame-memory", std::to_string(proto::kDefaultMaxFrameBytes)});
+  ASSERT_NE(port, 0);
+  auto connected = RawClient::Connect(port, f.Files("site-1"));
+  ASSERT_TRUE(connected.ok()) << connected.status().ToString();
+  auto& site = **connected;
+  ASSERT_TRUE(SayHello(site, /*keeps_model=*/false).ok());
+  std::vector<float> model;
+  auto start = site.AwaitRound(&model);
+  ASSERT_TRUE(start.ok()) << start.status().ToString();
+  std::vector<float> delta(model.size());
+  for (size_t i = 0; i < delta.size(); ++i) delta[i] = float(i % 7) * 1e-3f;
+  const size_t bytes = delta.size() * sizeof(float);
+  constexpr size_t kChunk = 3 * kMiB;
+  ASSERT_GT(bytes, 2 * kChunk) << "the update needs three chunks at least";
+  ASSERT_TRUE(site.Send(MakeUpdateBegin(*start, delta, 50)).ok());
+  for (size_t offset = 0; offset < bytes; offset += kChunk) {
+    ASSERT_TRUE(site.Send(MakeChunk(start->round(), offset, reinterpret_cast<const char*>(delta.data()) + offset,
+                                    std::min(kChunk, bytes - offset))).ok());
+  }
+  ASSERT_TRUE(site.Send(MakeCommit(start->round(), delta)).ok());
+  auto ack = AwaitAck(site);
+  ASSERT_TRUE(ack.ok()) << ack.status().ToString() << "\n" << f.ServerLog();
+  EXPECT_TRUE(ack->accepted()) << ack->detail();
+  EXPECT_TRUE(f.AwaitCommitted(1, seconds(10))) << f.ServerLog();
+}
+
 }  // namespace
 }  // namespace estuary::testing
