@@ -3,6 +3,9 @@
 #include <openssl/err.h>
 #include <openssl/x509v3.h>
 
+#include <map>
+#include <mutex>
+
 #include "crypto/openssl_util.h"
 #include "crypto/revocation.h"
 
@@ -39,6 +42,51 @@ Result<X509Ptr> ParseDer(std::string_view der) {
 const EVP_MD* DigestFor(EVP_PKEY* key) {
   const int id = EVP_PKEY_get_id(key);
   return id == EVP_PKEY_ED25519 || id == EVP_PKEY_ED448 ? nullptr : EVP_sha256();
+}
+
+}  // namespace
+
+struct SiteVerifier::Verified {
+  std::shared_ptr<EVP_PKEY> key;
+  std::string common_name;
+  std::chrono::system_clock::time_point recheck_at;  // the sooner of kRecheckAfter and the certificate's notAfter
+};
+
+class SiteVerifier::Memory {
+ public:
+  std::shared_ptr<const Verified> Find(std::string_view der) {
+    std::lock_guard lock(mutex_);
+    const auto it = by_der_.find(der);
+    if (it == by_der_.end()) return nullptr;
+    if (std::chrono::system_clock::now() >= it->second->recheck_at) {
+      by_der_.erase(it);
+      return nullptr;
+    }
+    return it->second;
+  }
+  void Remember(std::string_view der, std::shared_ptr<const Verified> verified) {
+    std::lock_guard lock(mutex_);
+    if (by_der_.size() >= kMaxRemembered) by_der_.clear();  // a bound, not a policy: a round's neighbours fit
+    by_der_.insert_or_assign(std::string(der), std::move(verified));
+  }
+
+ private:
+  static constexpr size_t kMaxRemembered = 4096;
+  std::mutex mutex_;
+  std::map<std::string, std::shared_ptr<const Verified>, std::less<>> by_der_;
+};
+
+namespace {
+
+// A trust store's SiteVerifier memory rides on the store as its ex_data, so
+// every verifier made from it shares one and it goes with the store.
+void FreeStoreMemory(void*, void* memory, CRYPTO_EX_DATA*, int, long, void*) {
+  delete static_cast<std::shared_ptr<void>*>(memory);
+}
+
+int StoreMemoryIndex() {
+  static const int index = X509_STORE_get_ex_new_index(0, nullptr, nullptr, nullptr, FreeStoreMemory);
+  return index;
 }
 
 }  // namespace
@@ -88,6 +136,21 @@ Result<SiteVerifier> SiteVerifier::FromConnection(SSL* ssl) {
   }
   SiteVerifier verifier;
   verifier.store_ = std::shared_ptr<X509_STORE>(store, X509_STORE_free);
+  static std::mutex attaching;  // two first verifiers of one store make one memory
+  std::lock_guard lock(attaching);
+  const int index = StoreMemoryIndex();
+  auto* held = static_cast<std::shared_ptr<void>*>(index < 0 ? nullptr : X509_STORE_get_ex_data(store, index));
+  if (held == nullptr) {
+    auto owned = std::make_unique<std::shared_ptr<void>>(std::make_shared<Memory>());
+    if (index >= 0 && X509_STORE_set_ex_data(store, index, owned.get()) == 1) {
+      held = owned.release();
+    } else {  // not shared, but still remembered within this verifier
+      ERR_clear_error();
+      verifier.memory_ = std::static_pointer_cast<Memory>(*owned);
+      return verifier;
+    }
+  }
+  verifier.memory_ = std::static_pointer_cast<Memory>(*held);
   return verifier;
 }
 
@@ -97,11 +160,13 @@ Result<SiteVerifier> SiteVerifier::FromFiles(const TlsFiles& files) {
   ESTUARY_RETURN_IF_ERROR(internal::Trust(store.get(), files).status());
   SiteVerifier verifier;
   verifier.store_ = std::move(store);
+  verifier.memory_ = std::make_shared<Memory>();
   return verifier;
 }
 
-Result<std::string> SiteVerifier::Verify(std::string_view certificate, std::string_view message,
-                                         std::string_view signature) const {
+Result<std::shared_ptr<const SiteVerifier::Verified>> SiteVerifier::SiteCertificate(
+    std::string_view certificate) const {
+  if (auto remembered = memory_->Find(certificate)) return remembered;
   ESTUARY_ASSIGN_OR_RETURN(X509Ptr cert, ParseDer(certificate));
   auto name = internal::CommonName(cert.get());
   const std::string who = name.ok() ? fmt::format("'{}'", *name) : "without a common name";
@@ -121,17 +186,38 @@ Result<std::string> SiteVerifier::Verify(std::string_view certificate, std::stri
                            "alone",
                            who);
   }
+  ESTUARY_RETURN_IF_ERROR(name.status());
   EVP_PKEY* key = X509_get0_pubkey(cert.get());
+  if (key == nullptr || EVP_PKEY_up_ref(key) != 1) {
+    return Internal("crypto: cannot hold the key of certificate {}: {}", who, TakeOpenSslErrors());
+  }
+  auto verified = std::make_shared<Verified>();
+  verified->key = std::shared_ptr<EVP_PKEY>(key, EVP_PKEY_free);
+  verified->common_name = *name;
+  const auto now = std::chrono::system_clock::now();
+  verified->recheck_at = now + kRecheckAfter;
+  int days = 0, seconds = 0;  // from now to notAfter; it verified, so notAfter is ahead
+  if (ASN1_TIME_diff(&days, &seconds, nullptr, X509_get0_notAfter(cert.get())) == 1) {
+    verified->recheck_at = std::min(verified->recheck_at, now + std::chrono::seconds(int64_t(days) * 86400 + seconds));
+  } else {
+    verified->recheck_at = now;  // not remembered
+  }
+  memory_->Remember(certificate, verified);
+  return std::shared_ptr<const Verified>(std::move(verified));
+}
+
+Result<std::string> SiteVerifier::Verify(std::string_view certificate, std::string_view message,
+                                         std::string_view signature) const {
+  ESTUARY_ASSIGN_OR_RETURN(std::shared_ptr<const Verified> site, SiteCertificate(certificate));
+  EVP_PKEY* key = site->key.get();
   MdContextPtr verify(EVP_MD_CTX_new());
-  if (key == nullptr || !verify ||
-      EVP_DigestVerifyInit(verify.get(), nullptr, DigestFor(key), nullptr, key) != 1 ||
+  if (!verify || EVP_DigestVerifyInit(verify.get(), nullptr, DigestFor(key), nullptr, key) != 1 ||
       EVP_DigestVerify(verify.get(), reinterpret_cast<const unsigned char*>(signature.data()), signature.size(),
                        reinterpret_cast<const unsigned char*>(message.data()), message.size()) != 1) {
     ERR_clear_error();
-    return InvalidArgument("crypto: the signature of {} does not verify", who);
+    return InvalidArgument("crypto: the signature of '{}' does not verify", site->common_name);
   }
-  ESTUARY_RETURN_IF_ERROR(name.status());
-  return *name;
+  return site->common_name;
 }
 
 Result<std::string> CertificateCommonName(std::string_view certificate) {

@@ -10,10 +10,20 @@
 // SHA-256 for the federation's own certificates (any key OpenSSL signs with:
 // SHA-256, or none for Ed25519 and Ed448). Both are cheap to copy and safe
 // to use from any one thread at a time.
+//
+// A SiteVerifier remembers each certificate it found to be a site's, with
+// its key, and checks only the signature when the same certificate comes
+// again: a SecAgg+ site checks each neighbour's certificate twice a round,
+// and the chain's signature costs as much as the message's. Verifiers made
+// from one connection's trust store share that memory (and with it the
+// store's lifetime), as do copies; one made from files has its own. A
+// remembered certificate is checked afresh kRecheckAfter after it last was,
+// and never trusted past its notAfter.
 #pragma once
 
 #include <openssl/ssl.h>
 
+#include <chrono>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -54,8 +64,16 @@ class SiteVerifier {
   Result<std::string> Verify(std::string_view certificate, std::string_view message,
                              std::string_view signature) const;
 
+  static constexpr std::chrono::seconds kRecheckAfter{60};
+
  private:
+  struct Verified;
+  class Memory;
+  // The site certificate `certificate` is, checked now or remembered.
+  Result<std::shared_ptr<const Verified>> SiteCertificate(std::string_view certificate) const;
+
   std::shared_ptr<X509_STORE> store_;
+  std::shared_ptr<Memory> memory_;
 };
 
 // The subject common name of a DER certificate, unverified.

@@ -66,6 +66,29 @@ TEST_F(SiteSignature, OtherBytesOrAnotherKeysSignatureDoNotVerify) {
   EXPECT_FALSE(verifier.Verify(a.certificate(), "round 3: these keys", "").ok());
 }
 
+// The verifier remembers a certificate it checked (a SecAgg+ site meets each
+// neighbour's twice a round), never a signature: each is checked every time.
+TEST_F(SiteSignature, ARememberedCertificateStillHasEverySignatureChecked) {
+  const SiteSigner a = Signer(Files("site-a"));
+  const SiteSigner b = Signer(Files("site-b"));
+  const SiteVerifier verifier = Verifier(Files("site-b"));
+  const std::string signature = a.Sign("round 3: these keys").value();
+  ASSERT_TRUE(verifier.Verify(a.certificate(), "round 3: these keys", signature).ok());
+  for (const SiteVerifier& v : {verifier, SiteVerifier(verifier)}) {  // a copy shares what was checked
+    auto other_bytes = v.Verify(a.certificate(), "round 3: other keys", signature);
+    ASSERT_FALSE(other_bytes.ok());
+    EXPECT_EQ(other_bytes.status().message(), "crypto: the signature of 'site-a' does not verify");
+    EXPECT_FALSE(v.Verify(a.certificate(), "round 3: these keys", b.Sign("round 3: these keys").value()).ok());
+    EXPECT_FALSE(v.Verify(a.certificate(), "round 3: these keys", "").ok());
+    auto again = v.Verify(a.certificate(), "round 3: these keys", signature);
+    ASSERT_TRUE(again.ok()) << again.status().ToString();
+    EXPECT_EQ(*again, "site-a");
+  }
+  // What failed is not remembered as checked: the server's certificate is refused each time.
+  const SiteSigner server = Signer(Files("server"));
+  for (int i = 0; i < 2; ++i) EXPECT_FALSE(verifier.Verify(server.certificate(), "m", server.Sign("m").value()).ok());
+}
+
 TEST_F(SiteSignature, ACertificateOfAnotherCaOrOfTheServerIsRefused) {
   testing::TempDir other;
   ASSERT_TRUE(InitCa(other.path(), "another-ca").ok());
