@@ -25,6 +25,14 @@ using CipherCtx = std::unique_ptr<EVP_CIPHER_CTX, CipherCtxFree>;
 constexpr size_t kChunkWords = 2048;
 alignas(64) const uint8_t kZeros[kChunkWords * 4] = {};
 
+// ChaCha20 fetched from the provider once: EVP_chacha20() makes every
+// EVP_EncryptInit_ex fetch it again, under the library's locks, and a masked
+// input starts 1 + k streams for each of its chunks.
+const EVP_CIPHER* ChaCha20() {
+  static EVP_CIPHER* const cipher = EVP_CIPHER_fetch(nullptr, "ChaCha20", nullptr);
+  return cipher;
+}
+
 // EVP_chacha20's 16-byte IV: the 32-bit block counter (little-endian), then
 // the 96-bit nonce.
 Result<CipherCtx> StartStream(const Key32& key, const std::array<uint8_t, 12>& nonce, uint32_t counter) {
@@ -32,7 +40,8 @@ Result<CipherCtx> StartStream(const Key32& key, const std::array<uint8_t, 12>& n
   for (int i = 0; i < 4; ++i) iv[i] = static_cast<uint8_t>(counter >> (8 * i));
   std::memcpy(iv + 4, nonce.data(), nonce.size());
   CipherCtx ctx(EVP_CIPHER_CTX_new());
-  if (!ctx || EVP_EncryptInit_ex(ctx.get(), EVP_chacha20(), nullptr, key.data(), iv) != 1) {
+  if (!ctx || ChaCha20() == nullptr ||
+      EVP_EncryptInit_ex(ctx.get(), ChaCha20(), nullptr, key.data(), iv) != 1) {
     return Internal("secagg: ChaCha20 set-up failed: {}", crypto::internal::TakeOpenSslErrors());
   }
   return ctx;

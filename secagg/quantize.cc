@@ -81,7 +81,9 @@ Status QuantizeChunk(std::span<const float> chunk, uint64_t offset, double weigh
     }
     const double y = double(chunk[i]) * clip_factor * factor;
     const double below = std::floor(y);
-    const double u = std::ldexp(double(out[i]), -32);  // uniform on [0, 1), 2^-32 grid
+    // Uniform on [0, 1), 2^-32 grid; scaling by a power of two is exact, as
+    // std::ldexp would be, without its call per element.
+    const double u = double(out[i]) * 0x1p-32;
     const int64_t q = static_cast<int64_t>(below) + (u < y - below ? 1 : 0);
     // Two's complement: a negative q wraps to 2^b + q.
     out[i] = static_cast<uint32_t>(static_cast<uint64_t>(q)) & mask;
