@@ -38,6 +38,7 @@ SecAggClient::~SecAggClient() {
   OPENSSL_cleanse(mask_keys_.private_key.data(), mask_keys_.private_key.size());
   OPENSSL_cleanse(share_keys_.private_key.data(), share_keys_.private_key.size());
   OPENSSL_cleanse(self_seed_.data(), self_seed_.size());
+  for (auto& [peer, key] : share_key_with_) OPENSSL_cleanse(key.data(), key.size());
   for (auto& [peer, held] : held_) {
     OPENSSL_cleanse(held.seed.data(), held.seed.size());
     OPENSSL_cleanse(held.key.data(), held.key.size());
@@ -100,6 +101,7 @@ Result<ShareKeys> SecAggClient::Share(const KeysBroadcast& keys) {
     plaintext.insert(plaintext.end(), key_shares->shares[i].y.begin(), key_shares->shares[i].y.end());
     auto sealed = Seal(*key, {.sender = site_, .receiver = peer, .round = config_.round}, plaintext);
     OPENSSL_cleanse(plaintext.data(), plaintext.size());
+    share_key_with_[peer] = *key;
     OPENSSL_cleanse(key->data(), key->size());
     if (!sealed.ok()) return Refuse(sealed.status());
     out.envelopes.push_back({.peer = peer, .envelope = std::move(*sealed)});
@@ -138,8 +140,14 @@ Status SecAggClient::BeginMaskedInput(const ShareInbox& inbox) {
       return Refuse(ProtocolError("{}: envelope from site {} of {} bytes, expected {}", where, sealed.peer,
                                   sealed.envelope.size(), kShareEnvelopeBytes));
     }
-    ESTUARY_ASSIGN_OR_RETURN(Key32 key, AgreeRoundKey(share_keys_.private_key, peer->second.share_public_key,
-                                                      kShareKeyLabel, config_.round));
+    const auto agreed = share_key_with_.find(sealed.peer);
+    Key32 key;
+    if (agreed != share_key_with_.end()) {
+      key = agreed->second;
+    } else {
+      ESTUARY_ASSIGN_OR_RETURN(key, AgreeRoundKey(share_keys_.private_key, peer->second.share_public_key,
+                                                  kShareKeyLabel, config_.round));
+    }
     auto plaintext = Open(key, {.sender = sealed.peer, .receiver = site_, .round = config_.round}, sealed.envelope);
     OPENSSL_cleanse(key.data(), key.size());
     if (!plaintext.ok()) {
@@ -151,6 +159,8 @@ Status SecAggClient::BeginMaskedInput(const ShareInbox& inbox) {
     std::copy_n(plaintext->begin() + kShareValueBytes, kShareValueBytes, held.key.begin());
     OPENSSL_cleanse(plaintext->data(), plaintext->size());
   }
+  for (auto& [peer, key] : share_key_with_) OPENSSL_cleanse(key.data(), key.size());
+  share_key_with_.clear();
   // The senders hold this site's shares too (the graph is symmetric): fewer
   // than t of them and b_u could never be reconstructed.
   if (int(held_.size()) < config_.threshold) {

@@ -123,6 +123,9 @@ class SecAggClient {
   Key32 self_seed_{};
   std::map<uint32_t, AdvertiseKeys> peers_;  // neighbours that advertised
   std::map<uint32_t, HeldShares> held_;      // from the inbox's senders
+  // The share keys agreed to seal this site's envelopes, kept to open the
+  // neighbours' (the key is symmetric): one X25519 a neighbour, not two.
+  std::map<uint32_t, Key32> share_key_with_;
   std::vector<PairwiseKey> pairwise_;        // while masking: s_uv with the inbox's senders
   uint64_t masked_ = 0;                      // while masking: elements masked so far
   std::set<uint32_t> survivors_;             // U3, as this site confirmed it
