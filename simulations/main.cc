@@ -168,7 +168,7 @@ int main(int argc, char** argv) {
   app.add_option("--per-round", s.per_round, "clients per round: count (>= 1) or fraction (< 1)");
   app.add_option("--sample-rate", s.sample_rate,
                  "inproc: Poisson sampling instead of --per-round: each client joins a round with this probability, "
-                 "the q the privacy accountant uses");
+                 "the q the privacy accountant uses (DP-FedAvg then divides by the expected q · clients)");
   app.add_option("--rounds", s.rounds, "federated rounds");
   app.add_option("--partition", s.partition, "iid | shards | dirichlet:ALPHA (images); topic (text)");
   app.add_option("--examples-per-client", s.examples_per_client,

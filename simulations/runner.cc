@@ -357,6 +357,11 @@ Result<Report> RunInproc(const Scenario& s, const RoundCallback& on_round, std::
     aggregation::UpdateBound& bound = sim.federation.bound;
     bound.BeginRound();
     strategy.PlanRound(k);
+    // Under Poisson sampling DP-FedAvg divides by the expected q · N, a
+    // constant, so one site's presence changes only the sum (as the server).
+    if (auto* dp_strategy = dynamic_cast<aggregation::DpFedAvg*>(&strategy); dp_strategy && poisson) {
+      dp_strategy->PlanExpected(expected);
+    }
     ESTUARY_RETURN_IF_ERROR(strategy.Begin(round, global));
     RoundReport row;
     row.round = round;

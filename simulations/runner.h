@@ -34,7 +34,8 @@ struct Scenario {
   uint32_t clients = 100;
   double per_round = 10;        // count (>= 1) or fraction (< 1)
   // > 0: Poisson sampling instead — each client joins a round independently
-  // with this probability (poisson_sampling.h), and the accountant uses it as q.
+  // with this probability (poisson_sampling.h), and the accountant uses it as q;
+  // DP-FedAvg and distributed DP divide by the expected q · clients.
   double sample_rate = 0;
   uint64_t rounds = 20;
   std::string partition = "iid";      // images: iid | shards | dirichlet:ALPHA; text: topic

@@ -87,19 +87,15 @@ static Status CheckSecAgg(const Scenario& s) {
 }
 
 
-// Poisson sampling: inproc, and not under DP-FedAvg's planned denominator.
+// Poisson sampling: inproc only (under DP-FedAvg the runner divides by q · N).
 static Status CheckSampleRate(const Scenario& s) {
   if (s.sample_rate == 0) return Status::Ok();
   if (!(s.sample_rate > 0 && s.sample_rate <= 1)) {
     return InvalidArgument("sim: --sample-rate {}: must be in (0, 1]", s.sample_rate);
   }
   if (s.mode != "inproc") {
-    return InvalidArgument("sim: --sample-rate runs in inproc mode only: the server samples a fixed number of sites");
-  }
-  if (s.federation.dp().noise_multiplier() > 0 && s.dp == "central") {
-    return InvalidArgument("sim: --sample-rate with --dp central: DP-FedAvg divides by the number of sites planned "
-                           "for the round, and under Poisson sampling it must divide by the expected q · sites, "
-                           "which it does not yet (--dp distributed does)");
+    return InvalidArgument("sim: --sample-rate runs in inproc mode only: loopback starts its server with "
+                           "--clients-per-round, a fixed number of sites a round");
   }
   return Status::Ok();
 }

@@ -5,7 +5,7 @@
 // target; on MNIST every round's ε is the accountant's for the inputs summed,
 // the budget stops the run, and bad combinations are refused in one line.
 // Poisson sampling (--sample-rate): its draws' statistics, and the
-// accountant's q and the plan's fixed denominator under it.
+// accountant's q and the fixed denominator under it, distributed and central.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -15,6 +15,7 @@
 #include <random>
 #include <set>
 
+#include "aggregation/dp_noise.h"
 #include "privacy/accountant.h"
 #include "secagg/discrete_gaussian.h"
 #include "secagg/quantize.h"
@@ -345,21 +346,68 @@ TEST(PoissonSampling, DistributedDpAccountsWithQAndTheExpectedDenominator) {
   Scenario bad = Mnist(1);
   bad.sample_rate = 1.5;
   EXPECT_EQ(line(bad), "sim: --sample-rate 1.5: must be in (0, 1]");
-  bad.sample_rate = 0.5;
-  bad.dp = "central";
-  EXPECT_EQ(line(bad).substr(0, 77),
-            "sim: --sample-rate with --dp central: DP-FedAvg divides by the number of site");
   bad = Mnist(1);
   bad.sample_rate = 0.5;
   bad.mode = "loopback";
   EXPECT_EQ(RunLoopback(bad, nullptr).status().message(),
-            "sim: --sample-rate runs in inproc mode only: the server samples a fixed number of sites");
+            "sim: --sample-rate runs in inproc mode only: loopback starts its server with --clients-per-round, a "
+            "fixed number of sites a round");
   // A draw too small for secure aggregation ends the run with one line.
   bad = Mnist(20);
   bad.federation.clear_dp();
   bad.dp = "central";
   bad.sample_rate = 0.15;
   EXPECT_NE(line(bad).find("sites; a round needs 2 (choose q · sites well above it)"), std::string::npos) << line(bad);
+}
+
+// Central DP (DP-FedAvg) under Poisson sampling, one round recomputed from
+// the seed. The sites train at a learning rate of 1e-30, so each update is
+// about 1e-30 · its gradient: in the double sum it is below the noise's last
+// bit, and in the float model below the weights' (the run without DP ends
+// where it began). The round then releases exactly
+// init + float(z·C·N(0, 1) / (q·N)), the normals being the seeded stream of
+// the run's seed and round 1: recomputed here, it must match bit for bit,
+// and dividing by the number drawn (k ≠ q·N for this seed) would not.
+TEST(PoissonSampling, CentralDpDividesByTheExpectedCountAndAccountsWithQ) {
+  REQUIRE_MNIST();
+  Scenario s = Mnist(1);
+  s.secagg = false;
+  s.dp = "central";
+  s.sample_rate = 0.5;  // of 20 sites: q·N = 10
+  s.task().set_learning_rate(1e-30f);
+  Scenario plain = s;
+  plain.federation.clear_dp();
+  std::vector<float> init, released;
+  auto before = RunInproc(plain, nullptr, &init);
+  ASSERT_TRUE(before.ok()) << before.status().ToString();
+  auto report = RunInproc(s, nullptr, &released);
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  ASSERT_EQ(report->rounds.size(), 1u);
+  ASSERT_EQ(released.size(), init.size());
+  const uint32_t k = report->rounds[0].clients_selected;
+  EXPECT_EQ(k, before->rounds[0].clients_selected) << "the same seed draws the same sites";
+  ASSERT_NE(k, 10u) << "this seed's draw equals q·N: choose one where the two denominators differ";
+
+  auto noise = aggregation::GaussianStream::Seeded(s.task().seed(), /*round=*/1);
+  ASSERT_TRUE(noise.ok()) << noise.status().ToString();
+  std::vector<double> sum(init.size(), 0.0);
+  noise->AddNoise(sum, /*z·C=*/1.0 * 1.0);
+  size_t equal = 0, equal_if_by_k = 0;
+  for (size_t i = 0; i < init.size(); ++i) {
+    equal += released[i] == float(double(init[i]) + double(float(sum[i] / 10.0)));
+    equal_if_by_k += released[i] == float(double(init[i]) + double(float(sum[i] / double(k))));
+  }
+  EXPECT_EQ(equal, init.size()) << "the release is not init + the seeded noise over q·N";
+  EXPECT_LT(equal_if_by_k, init.size() / 100) << "the release divides by the number drawn";
+
+  // ε: the sampled Gaussian mechanism at the real q, in the row and the report.
+  auto accountant = *privacy::Accountant::Create(1e-5);
+  ASSERT_TRUE(accountant.AddRounds(0.5, 1.0).ok());
+  ASSERT_TRUE(report->rounds[0].epsilon.has_value());
+  EXPECT_DOUBLE_EQ(*report->rounds[0].epsilon, accountant.Spent().epsilon);
+  ASSERT_TRUE(report->epsilon.has_value());
+  EXPECT_DOUBLE_EQ(*report->epsilon, accountant.Spent().epsilon);
+  EXPECT_EQ(report->scenario["sample_rate"], 0.5);
 }
 
 }  // namespace
