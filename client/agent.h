@@ -56,6 +56,14 @@
 
 namespace estuary::client {
 
+// Where a site stops in a SecAgg+ round (AgentOptions::secagg_drop), the
+// stages of the in-process simulation (simulations/secagg_round.h): before
+// advertising its keys (on RoundStart), after advertising them (on the keys
+// broadcast), after sharing its keys (on its share inbox), and after sending
+// its masked input (on the survivor set: its input is in the sum, its
+// signature and unmasking answer missing).
+enum class SecAggDrop { kNone, kBeforeAdvertise, kAfterAdvertise, kAfterShare, kAfterMaskedInput };
+
 struct AgentOptions {
   std::string host = "127.0.0.1";
   uint16_t port = 7443;
@@ -97,6 +105,12 @@ struct AgentOptions {
   // A SecAgg+ round (RoundStart.secagg): where the site keeps a copy of the
   // quantised input it masked (SecAggSite::MaskedInput); empty: nowhere.
   std::filesystem::path secagg_keep_dir;
+  // A simulated dropout in SecAgg+ rounds (estuary-sim --dropout in loopback
+  // mode): asked once per secure round with the round, this site's protocol
+  // id and the round's site count; the agent closes its connection at the
+  // stage returned, as a site that died there would, and reconnects after its
+  // backoff for the rounds that follow. Empty: the site never drops on purpose.
+  std::function<SecAggDrop(uint64_t round, uint32_t site, uint32_t sites)> secagg_drop;
   // SCAFFOLD: this site's control variate c_i (in memory, or a file of the
   // site's state directory), used by the rounds whose RoundStart says
   // control_follows. Null: such a round is refused in one line, and the
@@ -260,6 +274,7 @@ class Agent : public std::enable_shared_from_this<Agent> {
   uint64_t upload_serial_ = 0;
 
   std::shared_ptr<SecAggSite> secagg_;  // this round's, on this connection
+  SecAggDrop secagg_drop_ = SecAggDrop::kNone;  // where this round's site closes its connection (options.secagg_drop)
   std::optional<Update> secagg_update_;  // trained, waiting for the share inbox
   bool secagg_masking_ = false;          // a frame of its masked input is being masked on the training executor
   std::shared_ptr<const Update> secagg_upload_;  // its masked input being streamed, frame by frame

@@ -15,7 +15,11 @@ Status Agent::StartSecAgg(const v1::RoundStart& start) {
   secagg_update_.reset();
   secagg_upload_.reset();
   secagg_masking_ = false;
+  secagg_drop_ = SecAggDrop::kNone;
   if (!start.has_secagg()) return Status::Ok();
+  if (options_.secagg_drop) secagg_drop_ = options_.secagg_drop(start.round(), start.secagg().site(), start.secagg().sites());
+  // A simulated dropout: the caller closes the connection with this line.
+  if (secagg_drop_ == SecAggDrop::kBeforeAdvertise) return Aborted("secagg: dropping out before advertising its keys");
   v1::Envelope advertise;
   if (!stream_) return FailedPrecondition("round {}: secure aggregation without a connection", start.round());
   ESTUARY_ASSIGN_OR_RETURN(const SecAggIdentity identity, SecAggIdentity::FromConnection(stream_->native_handle()));
@@ -41,6 +45,19 @@ void Agent::OnSecAgg(const v1::Envelope& envelope) {
   if (!secagg_ || secagg_->round() != round) {
     return Disconnected(fmt::format("{} for round {}, in which this site takes no part in secure aggregation",
                                     proto::BodyName(envelope), round));
+  }
+  // A simulated dropout closes the connection where the stage's message arrives.
+  const SecAggDrop drop = envelope.has_secagg_keys()        ? SecAggDrop::kAfterAdvertise
+                          : envelope.has_secagg_inbox()     ? SecAggDrop::kAfterShare
+                          : envelope.has_secagg_survivors() ? SecAggDrop::kAfterMaskedInput
+                                                            : SecAggDrop::kNone;
+  if (drop != SecAggDrop::kNone && drop == secagg_drop_) {
+    secagg_.reset();
+    secagg_update_.reset();
+    return Disconnected(fmt::format("round {}: secagg: dropping out {}", round,
+                                    drop == SecAggDrop::kAfterAdvertise ? "after advertising its keys"
+                                    : drop == SecAggDrop::kAfterShare   ? "after sharing its keys"
+                                                                        : "after sending its masked input"));
   }
   Status status;
   if (envelope.has_secagg_keys()) {

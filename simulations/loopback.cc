@@ -20,6 +20,7 @@
 #include "simulations/attack.h"
 #include "simulations/federated_eval.h"
 #include "simulations/instruction_sites.h"
+#include "simulations/loopback_dropout.h"
 #include "simulations/runner.h"
 #include "simulations/scenario_checks.h"
 #include "simulations/server_process.h"
@@ -43,8 +44,9 @@ namespace {
 
 // The server's noise is its own: a loopback run's ε comes from its round log,
 // and so do a secure aggregation's bytes (framed, sent + received, per site)
-// and dropouts, and the sites' federated evaluation.
-Status AddPrivacyFromRoundLog(Report& report) {
+// and dropouts (by stage, checked against what the sites were told:
+// `ledger`, when they dropped by a draw), and the sites' federated evaluation.
+Status AddPrivacyFromRoundLog(Report& report, const SecAggDropLedger* ledger) {
   ESTUARY_ASSIGN_OR_RETURN(auto store, server::Store::OpenReadOnly(report.round_log));
   ESTUARY_ASSIGN_OR_RETURN(const std::vector<server::RoundRecord> logged, store->Rounds());
   std::map<uint64_t, server::RoundPrivacy> privacy;
@@ -59,12 +61,14 @@ Status AddPrivacyFromRoundLog(Report& report) {
     if (auto e = evaluation.find(row.round); e != evaluation.end()) SetFederated(row, e->second);
     if (auto a = secagg.find(row.round); a != secagg.end() && a->second.sites > 0) {
       uint64_t bytes = 0, dropouts = 0;
-      for (int i = 0; i < 4; ++i) {
-        bytes += a->second.bytes_up[i] + a->second.bytes_down[i];
-        dropouts += a->second.dropouts[i];
-      }
+      for (int i = 0; i < 4; ++i) bytes += a->second.bytes_up[i] + a->second.bytes_down[i];
+      for (uint32_t d : a->second.dropouts) dropouts += d;
       row.secagg_bytes_per_site = bytes / a->second.sites;
       row.secagg_dropouts = dropouts;
+      row.secagg_dropouts_by_stage = DropoutsByDrawnStage(a->second);
+      if (ledger) {
+        if (auto differs = CompareWithDraw(row.round, *row.secagg_dropouts_by_stage, *ledger)) spdlog::warn("{}", *differs);
+      }
     }
     auto it = privacy.find(row.round);
     if (it == privacy.end()) continue;
@@ -211,6 +215,9 @@ Result<Report> RunLoopback(const Scenario& given, const RoundCallback& on_round)
   size_t finished = 0;
   Status failure;
   std::vector<std::shared_ptr<client::Agent>> agents;
+  // --dropout: the sites drop where inproc's seeded draw says (loopback_dropout.h).
+  std::shared_ptr<SecAggDropLedger> dropped;
+  if (s.secagg && s.secagg_options.dropout > 0) dropped = std::make_shared<SecAggDropLedger>();
   boost::asio::steady_timer watchdog(io);
   // One client context for all sites (OpenSSL 3 makes each context costly);
   // each site presents its own certificate on its own connection.
@@ -230,6 +237,8 @@ Result<Report> RunLoopback(const Scenario& given, const RoundCallback& on_round)
     options.keep_model = false;
     options.base = hf_base;
     options.label = names[i];
+    if (dropped) options.secagg_drop = SecAggDropHook(s.secagg_options.dropout, s.task().seed(), dropped);
+    options.secagg_keep_dir = s.secagg_keep_dir;
     // SCAFFOLD: each site keeps its own c_i, in memory, as in process.
     if (s.federation.strategy().name() == "scaffold") options.scaffold = std::make_shared<client::SiteControl>();
     auto agent = std::make_shared<client::Agent>(io, options, *trainers[i], training.get_executor());
@@ -303,7 +312,7 @@ Result<Report> RunLoopback(const Scenario& given, const RoundCallback& on_round)
   if (s.async && !report.round_log.empty()) ESTUARY_RETURN_IF_ERROR(AddVersionsFromRoundLog(report, on_round, s.rounds));
   if (report.rounds.empty()) return Aborted("sim: no round completed");
   std::sort(report.rounds.begin(), report.rounds.end(), [](auto& a, auto& b) { return a.round < b.round; });
-  if (!report.round_log.empty()) ESTUARY_RETURN_IF_ERROR(AddPrivacyFromRoundLog(report));
+  if (!report.round_log.empty()) ESTUARY_RETURN_IF_ERROR(AddPrivacyFromRoundLog(report, dropped.get()));
   report.total_seconds = Since(start);
   report.final_accuracy = report.rounds.back().test_accuracy;
   return report;

@@ -385,10 +385,12 @@ int main(int argc, char** argv) {
   }
   if (s.secagg) {
     uint64_t bytes = 0, dropouts = 0;
+    std::vector<uint64_t> by_stage(4, 0);
     double seconds = 0, bound = 0;
     for (const auto& row : report->rounds) {
       bytes += row.secagg_bytes_per_site.value_or(0);
       dropouts += row.secagg_dropouts.value_or(0);
+      for (size_t i = 0; row.secagg_dropouts_by_stage && i < 4; ++i) by_stage[i] += (*row.secagg_dropouts_by_stage)[i];
       seconds += row.secagg_seconds.value_or(0);
       bound = std::max(bound, row.secagg_error_bound.value_or(0));
     }
@@ -396,6 +398,12 @@ int main(int argc, char** argv) {
     std::printf("secure aggregation: %.0f bytes per site and %.3f s per round; %llu dropouts; quantisation error <= %.3g "
                 "per element\n",
                 double(bytes) / rounds, seconds / rounds, (unsigned long long)dropouts, bound);
+    if (dropouts > 0) {
+      std::printf("secure aggregation dropouts: %llu before advertising keys, %llu after advertising, %llu after "
+                  "sharing keys, %llu after the masked input\n",
+                  (unsigned long long)by_stage[0], (unsigned long long)by_stage[1], (unsigned long long)by_stage[2],
+                  (unsigned long long)by_stage[3]);
+    }
   }
   if (!report->trained_on.empty()) std::printf("sites trained on %s\n", report->trained_on.c_str());
   if (report->epsilon) std::printf("differential privacy: epsilon %.4g at delta %g\n", *report->epsilon, *report->delta);

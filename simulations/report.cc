@@ -30,7 +30,7 @@ constexpr const char* kRoundKeys[] = {"round",      "clients_selected", "updates
 // Round keys added later: written always, read when present.
 constexpr const char* kOptionalRoundKeys[] = {"bytes_per_update", "merge_bytes_down", "epsilon", "dp_clip",
                                               "attackers", "updates_refused", "secagg_bytes_per_site",
-                                              "secagg_seconds", "secagg_dropouts", "secagg_error_bound",
+                                              "secagg_seconds", "secagg_dropouts", "secagg_dropouts_by_stage", "secagg_error_bound",
                                               "sim_time", "staleness_mean", "staleness_max",
                                               "federated_accuracy", "federated_loss", "federated_examples",
                                               "mpi_bytes"};
@@ -174,6 +174,20 @@ Result<RoundReport> RoundFromJson(const json& object, std::string_view where) {
     ESTUARY_RETURN_IF_ERROR(ReadUnsigned(object, key, kMaxU32, where, value));
     *out = value;
   }
+  if (object.contains("secagg_dropouts_by_stage")) {
+    const json& stages = object["secagg_dropouts_by_stage"];
+    std::vector<uint64_t> counts;
+    for (size_t i = 0; stages.is_array() && stages.size() == 4 && i < 4; ++i) {
+      const json& count = stages[i];
+      if (!count.is_number_unsigned() && !(count.is_number_integer() && count.get<int64_t>() >= 0)) break;
+      counts.push_back(count.get<uint64_t>());
+    }
+    if (counts.size() != 4) {
+      return InvalidArgument("{}.secagg_dropouts_by_stage: expected an array of 4 non-negative integers, got {}",
+                             where, stages.dump().substr(0, 80));
+    }
+    round.secagg_dropouts_by_stage = std::move(counts);
+  }
   for (auto [key, out] : {std::pair{"secagg_bytes_per_site", &round.secagg_bytes_per_site},
                           std::pair{"mpi_bytes", &round.mpi_bytes}}) {
     if (!object.contains(key)) continue;
@@ -270,6 +284,7 @@ nlohmann::json ToJson(const Report& report) {
     SetIfPresent(rounds.back(), "secagg_bytes_per_site", r.secagg_bytes_per_site);
     SetIfPresent(rounds.back(), "secagg_seconds", r.secagg_seconds);
     SetIfPresent(rounds.back(), "secagg_dropouts", r.secagg_dropouts);
+    if (r.secagg_dropouts_by_stage) rounds.back()["secagg_dropouts_by_stage"] = *r.secagg_dropouts_by_stage;
     SetIfPresent(rounds.back(), "secagg_error_bound", r.secagg_error_bound);
     SetIfPresent(rounds.back(), "sim_time", r.sim_time);
     SetIfPresent(rounds.back(), "staleness_mean", r.staleness_mean);

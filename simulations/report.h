@@ -14,8 +14,8 @@
 // A DP run's rounds also hold "epsilon" (spent after the round) and "dp_clip"
 // (the clip norm the round used), and the report "epsilon" and "delta" (spent
 // by the whole run); a run without DP has none of these keys. A --secagg run's
-// rounds hold "secagg_bytes_per_site", "secagg_seconds", "secagg_dropouts" and
-// "secagg_error_bound". An inproc run's rounds hold "sim_time", an --async
+// rounds hold "secagg_bytes_per_site", "secagg_seconds", "secagg_dropouts",
+// "secagg_dropouts_by_stage" and "secagg_error_bound". An inproc run's rounds hold "sim_time", an --async
 // run's also "staleness_mean" and "staleness_max". A run under mpirun
 // (docs/PERFORMANCE.md, "Beyond one machine") holds "mpi_ranks" and
 // "updates_by_rank" (the updates each rank trained and sent, rank 0 first),
@@ -65,6 +65,11 @@ struct RoundReport {
   std::optional<uint64_t> secagg_bytes_per_site;
   std::optional<double> secagg_seconds;
   std::optional<uint64_t> secagg_dropouts;
+  // Those dropouts by where the site stopped (JSON "secagg_dropouts_by_stage":
+  // four counts): before advertising its keys, after advertising them, after
+  // sharing them, after sending its masked input (then it is in the sum).
+  // Inproc, from the seeded draw; loopback, from the server's round log.
+  std::optional<std::vector<uint64_t>> secagg_dropouts_by_stage;
   std::optional<double> secagg_error_bound;
   // The simulated clock when the round (an --async run: the model version)
   // was committed, in local steps of a full-speed site (stragglers.h); set

@@ -446,6 +446,7 @@ Result<Report> RunInproc(const Scenario& s, const RoundCallback& on_round, std::
       row.secagg_bytes_per_site = sum.bytes_per_site;
       row.secagg_seconds = sum.seconds;
       row.secagg_dropouts = sum.dropouts;
+      row.secagg_dropouts_by_stage = {sum.dropouts_by_stage.begin(), sum.dropouts_by_stage.end()};
       row.secagg_error_bound = sum.error_bound;
     }
     updates.clear();

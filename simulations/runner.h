@@ -71,10 +71,15 @@ struct Scenario {
   // (stragglers.h). Both modes.
   double stragglers = 0;
   std::string straggler_work = "0.1:0.5";
-  // inproc, full updates: each round's mean through SecAgg+ (secagg_round.h),
-  // sites dropping out of it with probability secagg_options.dropout.
+  // Each round's mean through SecAgg+ (secagg_round.h), sites dropping out of
+  // it with probability secagg_options.dropout at a stage drawn from the seed:
+  // inproc in-process, loopback by closing their connections to the server
+  // (loopback_dropout.h).
   bool secagg = false;
   SecAggOptions secagg_options;  // its dp.survivors is --dp-survivors; the rest of dp is the runner's
+  // Loopback under --secagg: where every site keeps the quantised input it
+  // masked (client::AgentOptions::secagg_keep_dir); empty: nowhere.
+  std::filesystem::path secagg_keep_dir;
   // How the federation's DP noise (federation.dp, on when its noise multiplier
   // is > 0) is added: "central" — DP-FedAvg on the server
   // (aggregation/dp_fedavg.h) — or "distributed": each site adds its share of

@@ -55,9 +55,12 @@ static Status CheckSecAgg(const Scenario& s) {
   }
   const std::string& strategy = s.federation.strategy().name();
   // A lora federation (naive, frozen-a) runs there as the server's rounds do.
-  if (s.mode != "inproc" && (o.dropout > 0 || s.dp == "distributed")) {
-    return InvalidArgument("sim: --secagg in loopback mode runs the server's protocol: no --dropout (sites drop only "
-                           "when their connections do) and no distributed DP yet");
+  if (s.mode != "inproc" && s.dp == "distributed") {
+    return InvalidArgument("sim: --secagg in loopback mode runs the server's protocol: no distributed DP yet");
+  }
+  if (s.mode != "inproc" && o.dropout > 0 && (s.async || !s.server.empty())) {
+    return InvalidArgument("sim: --dropout in loopback mode needs the simulator's own synchronous server (not --async "
+                           "or --server): it waits for every dropped site to reconnect before sampling a round");
   }
   if (aggregation::IsRobustStrategy(strategy)) {
     return InvalidArgument("sim: --secagg with --strategy {}: a robust rule needs the individual updates, which "

@@ -19,8 +19,7 @@ namespace {
 
 using namespace estuary::secagg;
 
-// The stage a site stops at; kNone: it completes the protocol.
-enum class Drop { kNone, kBeforeAdvertise, kAfterAdvertise, kAfterShare, kAfterMaskedInput };
+using Drop = SecAggDropStage;
 
 // A key derived from the federation's seed: the graph's, a site's rounding.
 Key32 DerivedKey(uint64_t seed) {
@@ -89,6 +88,17 @@ Result<SecAggLoraReference> LoraReferenceOf(const aggregation::LoraStrategyOptio
   return out;
 }
 
+std::vector<SecAggDropStage> DrawSecAggDropouts(double dropout, uint32_t sites, uint64_t seed, uint64_t round) {
+  std::mt19937_64 draws(MixSeed(MixSeed(seed, round), "secagg dropout"));
+  std::vector<SecAggDropStage> drop(sites, SecAggDropStage::kNone);
+  for (uint32_t u = 0; u < sites; ++u) {
+    const double p = double(draws() >> 11) * 0x1p-53;
+    const uint64_t stage = UniformBelow(draws, 4);
+    if (p < dropout) drop[u] = SecAggDropStage(1 + stage);
+  }
+  return drop;
+}
+
 Status CheckSecAggOptions(const SecAggOptions& o, uint32_t sites) {
   if (o.neighbours < 0) return InvalidArgument("sim: --secagg-neighbours {}: must be >= 0 (0: the default)", o.neighbours);
   if (o.threshold < 0) return InvalidArgument("sim: --secagg-threshold {}: must be >= 0 (0: the default)", o.threshold);
@@ -145,15 +155,11 @@ Result<SecAggRoundResult> RunSecAggRound(const SecAggOptions& options, std::span
   const QuantizationConfig quantization{.bits = options.bits, .clip_norm = clip, .scale = scale};
 
   // Who stops where.
-  std::mt19937_64 draws(MixSeed(MixSeed(seed, round), "secagg dropout"));
-  std::vector<Drop> drop(n, Drop::kNone);
-  for (uint32_t u = 0; u < n; ++u) {
-    const double p = double(draws() >> 11) * 0x1p-53;
-    const uint64_t stage = UniformBelow(draws, 4);
-    if (p < options.dropout) {
-      drop[u] = Drop(1 + stage);
-      ++result.dropouts;
-    }
+  const std::vector<Drop> drop = DrawSecAggDropouts(options.dropout, n, seed, round);
+  for (Drop d : drop) {
+    if (d == Drop::kNone) continue;
+    ++result.dropouts;
+    ++result.dropouts_by_stage[int(d) - 1];
   }
 
   ESTUARY_ASSIGN_OR_RETURN(SecAggServer server, SecAggServer::Create(config));

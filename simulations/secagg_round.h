@@ -40,6 +40,7 @@
 // sampler's 2^52.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <span>
 #include <vector>
@@ -95,11 +96,16 @@ struct SecAggSiteInput {
   double examples = 0;            // its weight, > 0
 };
 
+// Where a sampled site stops (the header's "Dropout"); kNone: it completes the protocol.
+enum class SecAggDropStage { kNone, kBeforeAdvertise, kAfterAdvertise, kAfterShare, kAfterMaskedInput };
+constexpr int kSecAggDropStages = 4;  // the stages above but kNone, in the report's order
+
 struct SecAggRoundResult {
   std::vector<float> mean;        // the example-weighted mean of the included sites' clipped updates
   std::vector<size_t> included;   // indices into the inputs, ascending
   double included_weight = 0;     // Σ examples of the included sites
   uint32_t dropouts = 0;          // sites that stopped at some stage
+  std::array<uint32_t, kSecAggDropStages> dropouts_by_stage{};  // of those, by SecAggDropStage − 1
   uint32_t clipped = 0;           // updates whose norm exceeded C
   uint64_t bytes_per_site = 0;    // mean over the sampled sites, sent + received
   double seconds = 0;
@@ -114,6 +120,11 @@ struct SecAggRoundResult {
 // whoever knows the seed (docs/PRIVACY.md).
 secagg::Key32 SiteRoundingKey(uint64_t seed, uint64_t round, uint32_t site);
 secagg::Key32 SiteNoiseKey(uint64_t seed, uint64_t round, uint32_t site);
+
+// The draw of a round of `sites` sites (site u is protocol id u), from
+// MixSeed(MixSeed(seed, round), "secagg dropout"): the same in both modes,
+// as it depends on nothing but these.
+std::vector<SecAggDropStage> DrawSecAggDropouts(double dropout, uint32_t sites, uint64_t seed, uint64_t round);
 
 // Runs the protocol over `inputs` (site i is protocol id i). Fails with the
 // protocol's one line when fewer than t sites remain at some stage.

@@ -152,7 +152,7 @@ TEST(SecAggSimulation, CombinationsThatCannotWorkAreRefused) {
       {"--secagg --max-update-norm 5", "sim: --secagg with --max-update-norm or --max-norm-over-median"},
       {"--secagg --max-norm-over-median 10", "sim: --secagg with --max-update-norm or --max-norm-over-median"},
       {"--secagg --dp-noise-multiplier 1", "sim: --secagg with --dp central: DP-FedAvg clips and counts"},
-      {"--secagg --mode loopback --dropout 0.2", "sim: --secagg in loopback mode runs the server's protocol"},
+      {"--secagg --mode loopback --dp distributed --dp-noise-multiplier 1", "sim: --secagg in loopback mode runs the server's protocol: no distributed DP yet"},
       {"--secagg --secagg-threshold 3 --secagg-neighbours 6",
        "sim: --secagg with 10 sites a round: secagg: threshold 3 with 6 neighbours: must be in [4, 6]"},
       {"--secagg --secagg-neighbours 5", "degree 5 over 10 sites: must be even"},
