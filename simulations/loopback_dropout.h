@@ -2,9 +2,10 @@
 // their connections at the stage the seeded draw of the in-process
 // simulation (DrawSecAggDropouts, secagg_round.h) gives their protocol id in
 // that round, and the server's SecAgg+ carries on without them, as it would
-// for sites that died there. A dropped site reconnects after its backoff and
-// the server, which opens a round only once every site is connected
-// (--min-clients), samples the next round from the same population.
+// for sites that died there. A dropped site reconnects at once (its backoff
+// starts at 10 ms in loopback mode), and the server, which opens a round only
+// once every site is connected (--min-clients), samples the next round from
+// the same population without waiting for it.
 //
 // The ledger keeps what the sites were told, per round and stage, so the
 // report's counts (read from the server's round log) can be cross-checked
