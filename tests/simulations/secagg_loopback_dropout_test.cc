@@ -79,16 +79,22 @@ std::vector<float> PlainAggregateOfKept(const fs::path& dir, uint64_t round, dou
   return previous;
 }
 
+// Small enough for CI: two rounds (round 2 has a checkpoint before it); ten
+// sites, all sampled, so that at P = 0.3 the seed draws three dropouts a round
+// and every round keeps the threshold of survivors.
+constexpr uint32_t kSites = 10;
+constexpr uint64_t kRounds = 2;
+
 class LoopbackDropout : public ::testing::TestWithParam<double> {};
 
 TEST_P(LoopbackDropout, EveryRoundCommitsThePlainSumOfTheSurvivorsAndCountsTheDrawnStages) {
   const double dropout = GetParam();
   testing::TempDir dir;
-  testing::WriteSyntheticMnist(dir / "data", 600, 200, 3);
+  testing::WriteSyntheticMnist(dir / "data", 240, 100, 3);
   Scenario s = Small(dir / "data", dir / "run");
-  s.clients = 10;
-  s.per_round = 10;  // every site each round: the draw's n is the inproc run's
-  s.rounds = 3;
+  s.clients = kSites;
+  s.per_round = kSites;  // every site each round: the draw's n is the inproc run's
+  s.rounds = kRounds;
   s.secagg = true;
   s.secagg_options.dropout = dropout;
   s.federation.mutable_limits()->set_max_norm_over_median(0);  // as estuary-sim sets it under --secagg
@@ -104,16 +110,16 @@ TEST_P(LoopbackDropout, EveryRoundCommitsThePlainSumOfTheSurvivorsAndCountsTheDr
   ASSERT_TRUE(CheckScenario(s).ok()) << CheckScenario(s).ToString();
   auto loopback = RunLoopback(s, nullptr);
   ASSERT_TRUE(loopback.ok()) << loopback.status().ToString();
-  ASSERT_EQ(loopback->rounds.size(), 3u);
-  ASSERT_EQ(inproc->rounds.size(), 3u);
+  ASSERT_EQ(loopback->rounds.size(), kRounds);
+  ASSERT_EQ(inproc->rounds.size(), kRounds);
 
   auto store = server::Store::OpenReadOnly(loopback->round_log);
   ASSERT_TRUE(store.ok()) << store.status().ToString();
   uint64_t total = 0;
-  for (uint64_t round = 1; round <= 3; ++round) {
+  for (uint64_t round = 1; round <= kRounds; ++round) {
     const RoundReport& row = loopback->rounds[round - 1];
     ASSERT_EQ(row.round, round);
-    const std::vector<uint64_t> drawn = Drawn(dropout, 10, seed, round);
+    const std::vector<uint64_t> drawn = Drawn(dropout, kSites, seed, round);
     ASSERT_TRUE(row.secagg_dropouts_by_stage.has_value()) << "round " << round;
     EXPECT_EQ(*row.secagg_dropouts_by_stage, drawn) << "round " << round;
     EXPECT_EQ(inproc->rounds[round - 1].secagg_dropouts_by_stage, drawn) << "round " << round;
@@ -121,7 +127,7 @@ TEST_P(LoopbackDropout, EveryRoundCommitsThePlainSumOfTheSurvivorsAndCountsTheDr
     total += dropped;
     EXPECT_EQ(row.secagg_dropouts, dropped);
     // Sites gone after their masked input are in the sum.
-    EXPECT_EQ(row.updates_received, 10 - drawn[0] - drawn[1] - drawn[2]) << "round " << round;
+    EXPECT_EQ(row.updates_received, kSites - drawn[0] - drawn[1] - drawn[2]) << "round " << round;
 
     auto logged = (*store)->GetRound(round);
     ASSERT_TRUE(logged.ok() && logged->has_value());
@@ -140,11 +146,14 @@ TEST_P(LoopbackDropout, EveryRoundCommitsThePlainSumOfTheSurvivorsAndCountsTheDr
     EXPECT_EQ(std::memcmp(committed.data(), expected.data(), expected.size() * sizeof(float)), 0)
         << "round " << round << ": the committed model is not the plain aggregate of the surviving sites' inputs";
   }
-  if (dropout == 0) EXPECT_EQ(total, 0u);
-  if (dropout >= 0.3) EXPECT_GT(total, 1u);  // the seed draws some: the stages are exercised
+  if (dropout == 0) {
+    EXPECT_EQ(total, 0u);
+  } else {
+    EXPECT_GT(total, 1u);  // the seed draws some: the stages are exercised
+  }
 }
 
-INSTANTIATE_TEST_SUITE_P(Fractions, LoopbackDropout, ::testing::Values(0.0, 0.1, 0.3),
+INSTANTIATE_TEST_SUITE_P(Fractions, LoopbackDropout, ::testing::Values(0.0, 0.3),
                          [](const auto& info) { return fmt::format("Dropout{}", int(info.param * 100)); });
 
 TEST(LoopbackDropout, WhatStillCannotWorkIsRefusedInOneLine) {
