@@ -80,8 +80,10 @@ std::vector<float> PlainAggregateOfKept(const fs::path& dir, uint64_t round, dou
 }
 
 // Small enough for CI: two rounds (round 2 has a checkpoint before it); ten
-// sites, all sampled, so that at P = 0.3 the seed draws three dropouts a round
-// and every round keeps the threshold of survivors.
+// sites, all sampled. At P = 0.3 seed 5 draws three dropouts a round, every
+// round keeps the threshold of survivors, and both rounds have a site gone
+// after sharing its keys, whose mask key the server rebuilds — in round 2,
+// the one compared bit for bit.
 constexpr uint32_t kSites = 10;
 constexpr uint64_t kRounds = 2;
 
@@ -98,7 +100,12 @@ TEST_P(LoopbackDropout, EveryRoundCommitsThePlainSumOfTheSurvivorsAndCountsTheDr
   s.secagg = true;
   s.secagg_options.dropout = dropout;
   s.federation.mutable_limits()->set_max_norm_over_median(0);  // as estuary-sim sets it under --secagg
+  s.task().set_seed(5);
   const uint64_t seed = s.task().seed();
+  if (dropout > 0) {
+    const int after_share = int(SecAggDropStage::kAfterShare) - 1;
+    ASSERT_GT(Drawn(dropout, kSites, seed, 2)[after_share], 0u) << "the seed no longer rebuilds a mask key in round 2";
+  }
 
   auto inproc = RunInproc(s, nullptr);
   ASSERT_TRUE(inproc.ok()) << inproc.status().ToString();
