@@ -8,6 +8,7 @@
 #include <limits>
 #include <vector>
 
+#include "models/conv_dnnl.h"
 #include "models/small_gemm.h"
 
 namespace estuary::models {
@@ -201,6 +202,7 @@ static void Col2Im(const float* cols, int c, int h, int w, int k, int pad, float
 }
 
 void Conv2d::Forward(const float* x, int n, float* cols, float* y, Activation activation) const {
+  if (ConvOnDnnl(*this)) return DnnlConvForward(*this, x, n, cols, y, activation == Activation::kRelu);
   const int hw = height * width;
   const int kdim = in_channels * kernel * kernel;
   for (int i = 0; i < n; ++i) {
@@ -245,21 +247,29 @@ const float* ConvWeightProductTransposed(const Conv2d& c, const float* cols, con
   return dwt;
 }
 
+}  // namespace
+
 // dx = col2im(Wᵀ · dY) for each image, with the current W.
-void ConvInputGradient(const Conv2d& c, const float* dy, int n, float* dcol, float* dx) {
-  const int hw = c.height * c.width;
-  const int kdim = c.in_channels * c.kernel * c.kernel;
+void Conv2d::InputGradient(const float* dy, int n, float* dcol, float* dx) const {
+  const int hw = height * width;
+  const int kdim = in_channels * kernel * kernel;
   for (int i = 0; i < n; ++i) {
-    Sgemm(true, false, kdim, hw, c.out_channels, 1.0f, c.w, kdim, dy + int64_t(i) * c.out_channels * hw, hw, 0.0f,
-          dcol, hw);
-    Col2Im(dcol, c.in_channels, c.height, c.width, c.kernel, c.pad, dx + int64_t(i) * c.in_channels * hw);
+    Sgemm(true, false, kdim, hw, out_channels, 1.0f, w, kdim, dy + int64_t(i) * out_channels * hw, hw, 0.0f, dcol,
+          hw);
+    Col2Im(dcol, in_channels, height, width, kernel, pad, dx + int64_t(i) * in_channels * hw);
   }
 }
 
-}  // namespace
-
 void Conv2d::Backward(const float* cols, const float* dy, int n, float* dcol, float* dx, bool accumulate) const {
   const int kdim = in_channels * kernel * kernel;
+  if (ConvOnDnnl(*this)) {
+    float* grads = Scratch(1, size_t(kdim + 1) * out_channels);  // dW [out, kdim], then db
+    const float* bias_grads = grads + int64_t(kdim) * out_channels;
+    DnnlConvBackward(*this, cols, dy, n, dx, grads, grads + int64_t(kdim) * out_channels);
+    for (int64_t i = 0; i < int64_t(kdim) * out_channels; ++i) dw[i] = (accumulate ? dw[i] : 0.0f) + grads[i];
+    for (int o = 0; o < out_channels; ++o) db[o] = (accumulate ? db[o] : 0.0f) + bias_grads[o];
+    return;
+  }
   float* bias_sum = Scratch(2, size_t(out_channels));
   const float* dwt = ConvWeightProductTransposed(*this, cols, dy, n, bias_sum);
   for (int o = 0; o < out_channels; ++o) {
@@ -267,16 +277,24 @@ void Conv2d::Backward(const float* cols, const float* dy, int n, float* dcol, fl
     float* row = dw + int64_t(o) * kdim;
     for (int j = 0; j < kdim; ++j) row[j] = (accumulate ? row[j] : 0.0f) + dwt[int64_t(j) * out_channels + o];
   }
-  if (dx) ConvInputGradient(*this, dy, n, dcol, dx);
+  if (dx) InputGradient(dy, n, dcol, dx);
 }
 
 void Conv2d::BackwardSgd(const float* cols, const float* dy, int n, float* dcol, float* dx, float lr,
                          float wd) const {
   const int kdim = in_channels * kernel * kernel;
-  if (dx) ConvInputGradient(*this, dy, n, dcol, dx);  // every dx first: they need the old W
+  const float keep = 1.0f - lr * wd;
+  if (ConvOnDnnl(*this)) {
+    // dx first, with the old W, inside the call; then W and b from the gradients.
+    float* grads = Scratch(1, size_t(kdim + 1) * out_channels);
+    DnnlConvBackward(*this, cols, dy, n, dx, grads, grads + int64_t(kdim) * out_channels);
+    for (int64_t i = 0; i < int64_t(kdim) * out_channels; ++i) w[i] = keep * w[i] - lr * grads[i];
+    for (int o = 0; o < out_channels; ++o) b[o] = keep * b[o] - lr * grads[int64_t(kdim) * out_channels + o];
+    return;
+  }
+  if (dx) InputGradient(dy, n, dcol, dx);  // every dx first: they need the old W
   float* bias_sum = Scratch(2, size_t(out_channels));
   const float* dwt = ConvWeightProductTransposed(*this, cols, dy, n, bias_sum);
-  const float keep = 1.0f - lr * wd;
   for (int o = 0; o < out_channels; ++o) {
     b[o] = keep * b[o] - lr * bias_sum[o];
     float* row = w + int64_t(o) * kdim;

@@ -67,19 +67,29 @@ void ReluBackward(const float* y, float* dy, int64_t count);
 // their shapes, and with them the engine Sgemm picks (libxsmm for the MNIST
 // CNN's), are a function of the layer alone, never of the batch or of a
 // rank's share of it.
+//
+// A layer whose channel counts are multiples of 8 (the CNN's conv2) runs on
+// oneDNN's direct convolution instead where the build has it
+// (models/conv_dnnl.h: bench/conv_engines measures it faster there, and
+// slower on conv1's single input channel); cols then keeps the input in
+// oneDNN's layout rather than unfolded. Either way a fixed rule of the layer.
 struct Conv2d {
   int in_channels = 0, out_channels = 0, kernel = 5, pad = 2, height = 0, width = 0;
   float *w = nullptr, *b = nullptr, *dw = nullptr, *db = nullptr;
+  bool im2col_only = false;  // never oneDNN (bench/conv_engines's baseline)
 
   int64_t col_size() const { return int64_t(in_channels) * kernel * kernel * height * width; }
-  // cols receives the unfolded input for each image (n * col_size()), kept for
-  // backward. With kRelu, y = max(y, 0) as well, image by image while in cache.
+  // cols (n * col_size()) receives what backward reads: the unfolded input for
+  // each image, or the input in oneDNN's layout. With kRelu, y = max(y, 0) as
+  // well, image by image while in cache (oneDNN: in its pass).
   void Forward(const float* x, int n, float* cols, float* y, Activation activation = Activation::kNone) const;
   // dcol is scratch of col_size(); dx may be null for the first layer, and W
   // is read only for dx. accumulate as in Linear.
   void Backward(const float* cols, const float* dy, int n, float* dcol, float* dx, bool accumulate = false) const;
   // As Linear::BackwardSgd: every dx first (they need the old W), then the update.
   void BackwardSgd(const float* cols, const float* dy, int n, float* dcol, float* dx, float lr, float wd) const;
+  // dx alone (the data half of Backward, for bench/conv_engines): col2im(Wᵀ·dY) image by image.
+  void InputGradient(const float* dy, int n, float* dcol, float* dx) const;
 };
 
 // 2x2 max-pool, stride 2, on [n, c, h, w] (h and w even).
