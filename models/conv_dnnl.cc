@@ -1,5 +1,7 @@
 #include "models/conv_dnnl.h"
 
+#include <cstdio>
+
 #include <cstdlib>
 
 #include "models/layers.h"
@@ -21,7 +23,6 @@ namespace estuary::models {
 #ifndef ESTUARY_HAVE_DNNL
 
 bool ConvOnDnnl(const Conv2d&) { return false; }
-int64_t DnnlConvKeptFloats(const Conv2d&, int) { std::abort(); }
 void DnnlConvForward(const Conv2d&, const float*, int, float*, float*, bool) { std::abort(); }
 void DnnlConvBackward(const Conv2d&, const float*, const float*, int, float*, float*, float*) { std::abort(); }
 
@@ -276,7 +277,14 @@ Plan& PlanFor(const Conv2d& c, int n) {
   for (auto& p : plans) {
     if (p->Matches(c, n)) return *p;
   }
-  plans.push_back(std::make_unique<Plan>(c, n));
+  auto plan = std::make_unique<Plan>(c, n);
+  // The kept input goes where im2col's columns would: it must fit their room.
+  if (plan->kept_floats() > int64_t(n) * c.col_size()) {
+    std::fprintf(stderr, "models: oneDNN's kept input of %lld floats exceeds the %lld of the columns\n",
+                 (long long)plan->kept_floats(), (long long)(int64_t(n) * c.col_size()));
+    std::abort();
+  }
+  plans.push_back(std::move(plan));
   return *plans.back();
 }
 
@@ -287,8 +295,6 @@ bool ConvOnDnnl(const Conv2d& c) {
   return !c.im2col_only && c.in_channels > 0 && c.in_channels % 8 == 0 && c.out_channels > 0 &&
          c.out_channels % 8 == 0 && c.kernel >= 3 && c.pad >= 0 && c.pad < c.kernel;
 }
-
-int64_t DnnlConvKeptFloats(const Conv2d& c, int n) { return PlanFor(c, n).kept_floats(); }
 
 void DnnlConvForward(const Conv2d& c, const float* x, int n, float* keep, float* y, bool relu) {
   if (n == 0) return;

@@ -27,10 +27,6 @@ struct Conv2d;
 // Whether this build has oneDNN and `c` runs on it.
 bool ConvOnDnnl(const Conv2d& c);
 
-// Floats of `keep` that DnnlConvForward writes per call of n images (the
-// input in oneDNN's layout); at most n · c.col_size().
-int64_t DnnlConvKeptFloats(const Conv2d& c, int n);
-
 // y = conv(x) + b (then max(y, 0) with relu); keeps what backward reads in `keep`.
 void DnnlConvForward(const Conv2d& c, const float* x, int n, float* keep, float* y, bool relu);
 
