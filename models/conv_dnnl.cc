@@ -1,7 +1,6 @@
 #include "models/conv_dnnl.h"
 
 #include <cstdio>
-
 #include <cstdlib>
 
 #include "models/layers.h"
