@@ -116,7 +116,7 @@ Result<ProtocolCost> RunProtocol(uint32_t n, const std::vector<uint32_t>& input)
     site_seconds += clock.Seconds();
     // Unsigned, in one process (32 bytes; over the network an ECDSA signature of 70 to 72).
     const SurvivorsSigned signed_survivors{.site = u, .signature = UnauthenticatedSignature(confirmed)};
-    bytes[u] += WireBytes(survivors) + WireBytes(signed_survivors);
+    bytes[u] += WireBytes(survivors, n) + WireBytes(signed_survivors);
     ESTUARY_RETURN_IF_ERROR(on_server([&] { return server.Receive(signed_survivors); }));
   }
   ESTUARY_ASSIGN_OR_RETURN(auto requests, on_server([&] { return server.CloseConsistency(); }));

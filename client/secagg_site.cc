@@ -203,7 +203,12 @@ Result<v1::Envelope> SecAggSite::NextMaskedFrame(uint64_t chunk_elements, uint64
 }
 
 Result<v1::Envelope> SecAggSite::OnSurvivors(const v1::SecAggSurvivors& survivors) {
-  ESTUARY_ASSIGN_OR_RETURN(const std::string message, client_.ConfirmSurvivors(secagg::FromProto(survivors)));
+  auto told = secagg::FromProto(survivors, config_.sites);
+  if (!told.ok()) {
+    return ProtocolError("secagg site {}: round {}: consistency check: {}", client_.site(), round_,
+                         told.status().message());
+  }
+  ESTUARY_ASSIGN_OR_RETURN(const std::string message, client_.ConfirmSurvivors(*told));
   ESTUARY_ASSIGN_OR_RETURN(std::string signature, identity_.signer.Sign(message));
   v1::Envelope envelope;
   *envelope.mutable_secagg_survivors_signed() = secagg::ToProto(
@@ -215,11 +220,11 @@ Result<v1::Envelope> SecAggSite::OnUnmask(const v1::SecAggUnmask& request) {
   ESTUARY_ASSIGN_OR_RETURN(const secagg::UnmaskRequest parsed, secagg::FromProto(request));
   // A neighbour's signature counts under the certificate its keys were signed
   // with, and no other: the server cannot bring in a signer of its own.
-  const secagg::SignatureCheck check = [this](uint32_t signer, std::string_view message,
+  const secagg::SignatureCheck check = [this](uint32_t signer, const secagg::ConfirmedSurvivors& confirmed,
                                               std::string_view signature) -> Status {
     const auto it = certificates_.find(signer);
     if (it == certificates_.end()) return InvalidArgument("this site never took site {}'s keys", signer);
-    return identity_.verifier.Verify(it->second, message, signature).status();
+    return identity_.verifier.Verify(it->second, confirmed.message, signature, confirmed.sha256).status();
   };
   ESTUARY_ASSIGN_OR_RETURN(const secagg::UnmaskResponse response, client_.Unmask(parsed, check));
   v1::Envelope envelope;

@@ -17,6 +17,7 @@ using internal::TakeOpenSslErrors;
 using internal::X509Ptr;
 using MdContextPtr = std::unique_ptr<EVP_MD_CTX, FreeWith<EVP_MD_CTX_free>>;
 using StoreContextPtr = std::unique_ptr<X509_STORE_CTX, FreeWith<X509_STORE_CTX_free>>;
+using PkeyContextPtr = std::unique_ptr<EVP_PKEY_CTX, FreeWith<EVP_PKEY_CTX_free>>;
 
 Result<std::string> Der(X509* cert) {
   unsigned char* out = nullptr;
@@ -207,9 +208,21 @@ Result<std::shared_ptr<const SiteVerifier::Verified>> SiteVerifier::SiteCertific
 }
 
 Result<std::string> SiteVerifier::Verify(std::string_view certificate, std::string_view message,
-                                         std::string_view signature) const {
+                                         std::string_view signature, std::string_view message_sha256) const {
   ESTUARY_ASSIGN_OR_RETURN(std::shared_ptr<const Verified> site, SiteCertificate(certificate));
   EVP_PKEY* key = site->key.get();
+  if (DigestFor(key) != nullptr && message_sha256.size() == 32) {
+    // The same check over the digest given: ECDSA and RSA verify SHA-256(message).
+    PkeyContextPtr verify(EVP_PKEY_CTX_new(key, nullptr));
+    if (!verify || EVP_PKEY_verify_init(verify.get()) != 1 ||
+        EVP_PKEY_CTX_set_signature_md(verify.get(), EVP_sha256()) != 1 ||
+        EVP_PKEY_verify(verify.get(), reinterpret_cast<const unsigned char*>(signature.data()), signature.size(),
+                        reinterpret_cast<const unsigned char*>(message_sha256.data()), message_sha256.size()) != 1) {
+      ERR_clear_error();
+      return InvalidArgument("crypto: the signature of '{}' does not verify", site->common_name);
+    }
+    return site->common_name;
+  }
   MdContextPtr verify(EVP_MD_CTX_new());
   if (!verify || EVP_DigestVerifyInit(verify.get(), nullptr, DigestFor(key), nullptr, key) != 1 ||
       EVP_DigestVerify(verify.get(), reinterpret_cast<const unsigned char*>(signature.data()), signature.size(),

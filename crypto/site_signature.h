@@ -60,9 +60,13 @@ class SiteVerifier {
   // The common name of `certificate` (DER), once it is a site certificate of
   // the federation — it chains to the CA, states clientAuth and only that, is
   // current and, with a CRL, not revoked — and `signature` is its key's over
-  // `message`. Otherwise one line saying which check failed.
-  Result<std::string> Verify(std::string_view certificate, std::string_view message,
-                             std::string_view signature) const;
+  // `message`. Otherwise one line saying which check failed. With
+  // `message_sha256` (SHA-256 of `message`, 32 bytes) an ECDSA or RSA
+  // signature is checked against it and `message` is not hashed again: a
+  // caller verifying many signatures over one long message hashes it once.
+  // The caller vouches that it is the digest of `message`.
+  Result<std::string> Verify(std::string_view certificate, std::string_view message, std::string_view signature,
+                             std::string_view message_sha256 = {}) const;
 
   static constexpr std::chrono::seconds kRecheckAfter{60};
 

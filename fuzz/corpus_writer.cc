@@ -476,7 +476,7 @@ void SecAgg(Corpus& corpus) {
   }
   SurvivorSet survivors = check(server.CloseMaskedInput());
   e.Clear();
-  *e.mutable_secagg_survivors() = ToProto(survivors, config.round);
+  *e.mutable_secagg_survivors() = ToProto(survivors, config.round, config.sites);
   add("survivors", e);
   e.Clear();
   for (SecAggClient& client : clients) {

@@ -8,9 +8,10 @@
 // - the server's (keys, inbox, survivor set, unmask request) is what site 0
 //   receives at its stage; a RoundStart's SecAggSetup is what a site builds its round from.
 // Whatever it is, every refusal is one line, a site never reveals both shares
-// of one peer nor any share without t neighbours' signatures over the
-// survivor set it confirmed, and a protocol that completes yields exactly the sum of the
-// included sites' inputs.
+// of one peer nor any share without t distinct neighbours' signatures over
+// the survivor set it confirmed, nor a share that set does not imply (b_v of a
+// v outside it, sk_v of a v in it), and a protocol that completes yields
+// exactly the sum of the included sites' inputs.
 #include <algorithm>
 #include <cstdint>
 #include <map>
@@ -173,6 +174,7 @@ void RunProtocol(const v1::Envelope& hostile) {
   // The consistency check, unsigned as in every in-process run: a site's
   // "signature" is the digest of the bytes it confirmed (secagg/client.h).
   std::map<uint32_t, std::string> confirmed;
+  std::map<uint32_t, std::set<uint32_t>> confirmed_set;  // U3 as each site signed it
   for (uint32_t u : survivors->survived) {
     if (u == kAdversary && kind == v1::Envelope::kSecaggSurvivorsSigned) {
       if (auto signed_survivors = Accepted(FromProto(hostile.secagg_survivors_signed(), u))) {
@@ -182,7 +184,15 @@ void RunProtocol(const v1::Envelope& hostile) {
     }
     if (silent.contains(u)) continue;
     SurvivorSet told = *survivors;
-    if (u == kVictim && kind == v1::Envelope::kSecaggSurvivors) told = FromProto(hostile.secagg_survivors());
+    if (u == kVictim && kind == v1::Envelope::kSecaggSurvivors) {
+      auto hostile_set = FromProto(hostile.secagg_survivors(), Config().sites);
+      if (!hostile_set.ok()) {
+        fuzz::CheckError(hostile_set.status());
+        silent.insert(u);
+        continue;
+      }
+      told = *hostile_set;
+    }
     auto message = clients.at(u).ConfirmSurvivors(told);
     if (!message.ok()) {
       fuzz::CheckError(message.status());
@@ -190,6 +200,7 @@ void RunProtocol(const v1::Envelope& hostile) {
       continue;
     }
     confirmed[u] = *message;
+    confirmed_set[u] = std::set<uint32_t>(told.survived.begin(), told.survived.end());
     if (!Accepted(server->Receive(SurvivorsSigned{u, UnauthenticatedSignature(*message)}))) silent.insert(u);
   }
   auto requests = Accepted(server->CloseConsistency());
@@ -210,12 +221,24 @@ void RunProtocol(const v1::Envelope& hostile) {
     const uint32_t site = u;  // clang 14 cannot capture a structured binding
     honest(site, clients.at(site).Unmask(asked, UnauthenticatedSurvivorsCheck), [&](const UnmaskResponse& response) {
       CheckNeverBothShares(response);
-      // It revealed only on t neighbours' signatures over the set it confirmed.
-      int attested = 0;
+      // It revealed only on t distinct neighbours' signatures over the set it
+      // confirmed, and only what that set implies: b_v of a v in it, sk_v of
+      // a v outside it.
+      std::set<uint32_t> attested;
       for (const SurvivorsSigned& s : asked.signatures) {
-        attested += s.signature == UnauthenticatedSignature(confirmed.at(site));
+        if (s.signature == UnauthenticatedSignature(confirmed.at(site))) attested.insert(s.site);
       }
-      FUZZ_CHECK(attested >= Config().threshold, "site %u revealed its shares on %d signatures", site, attested);
+      FUZZ_CHECK(int(attested.size()) >= Config().threshold, "site %u revealed its shares on %zu signatures", site,
+                 attested.size());
+      const std::set<uint32_t>& signed_set = confirmed_set.at(site);
+      for (const PeerShare& seed : response.seed_shares) {
+        FUZZ_CHECK(signed_set.contains(seed.peer), "site %u revealed the self-mask share of site %u, outside the set "
+                   "it signed", site, seed.peer);
+      }
+      for (const PeerShare& key : response.key_shares) {
+        FUZZ_CHECK(!signed_set.contains(key.peer), "site %u revealed the key share of site %u, in the set it signed",
+                   site, key.peer);
+      }
     });
   }
   auto output = Accepted(server->Finish());

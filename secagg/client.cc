@@ -220,31 +220,40 @@ std::string UnauthenticatedSignature(std::string_view message) {
   return digest;
 }
 
-Status UnauthenticatedSurvivorsCheck(uint32_t signer, std::string_view message, std::string_view signature) {
-  if (!signature.empty() && signature == UnauthenticatedSignature(message)) return Status::Ok();
+Status UnauthenticatedSurvivorsCheck(uint32_t signer, const ConfirmedSurvivors& confirmed,
+                                     std::string_view signature) {
+  if (!signature.empty() && signature == confirmed.sha256) return Status::Ok();
   return InvalidArgument("site {} confirmed another survivor set", signer);
 }
 
 Result<std::string> SecAggClient::ConfirmSurvivors(const SurvivorSet& survivors) {
   ESTUARY_RETURN_IF_ERROR(Expect(Stage::kConsistency, "consistency check"));
   const std::string where = fmt::format("secagg site {}: round {}: consistency check", site_, config_.round);
-  std::set<uint32_t> survived;
+  // A bitmap by id, not a tree: a site's whole check is O(n), and an
+  // in-process run of n sites O(n^2) with a small constant.
+  std::vector<bool> survived(config_.sites, false);
   for (uint32_t u : survivors.survived) {
     if (u >= config_.sites) {
       return Refuse(ProtocolError("{}: survived site {} is not among the {} sites", where, u, config_.sites));
     }
-    if (!survived.insert(u).second) return Refuse(ProtocolError("{}: survived site {} listed twice", where, u));
+    if (survived[u]) return Refuse(ProtocolError("{}: survived site {} listed twice", where, u));
+    survived[u] = true;
   }
-  if (!survived.contains(site_)) {
+  if (!survived[site_]) {
     return Refuse(ProtocolError("{}: this site sent its masked input but is not listed as survived", where));
   }
-  if (int(survived.size()) < config_.threshold) {
-    return Refuse(FailedPrecondition("{}: {} sites survived, fewer than the threshold {}", where, survived.size(),
-                                     config_.threshold));
+  if (int(survivors.survived.size()) < config_.threshold) {
+    return Refuse(FailedPrecondition("{}: {} sites survived, fewer than the threshold {}", where,
+                                     survivors.survived.size(), config_.threshold));
   }
-  const std::vector<uint32_t> ascending(survived.begin(), survived.end());
+  std::vector<uint32_t> ascending;
+  ascending.reserve(survivors.survived.size());
+  for (uint32_t u = 0; u < config_.sites; ++u) {
+    if (survived[u]) ascending.push_back(u);
+  }
   survivors_ = std::move(survived);
   confirmed_ = SurvivorsToSign(config_, ascending);
+  confirmed_sha256_ = UnauthenticatedSignature(confirmed_);
   stage_ = Stage::kUnmask;
   return confirmed_;
 }
@@ -253,33 +262,18 @@ Result<UnmaskResponse> SecAggClient::Unmask(const UnmaskRequest& request, const 
   ESTUARY_RETURN_IF_ERROR(Expect(Stage::kUnmask, "unmasking"));
   stage_ = Stage::kDone;  // one answer, whatever it is
   const std::string where = fmt::format("secagg site {}: round {}: unmasking", site_, config_.round);
-  std::set<uint32_t> survived, dropped;
-  for (uint32_t u : request.survived) {
-    if (u >= config_.sites) return ProtocolError("{}: survived site {} is not among the {} sites", where, u, config_.sites);
-    if (!survived.insert(u).second) return ProtocolError("{}: survived site {} listed twice", where, u);
-  }
-  for (uint32_t d : request.dropped) {
-    if (d >= config_.sites) return ProtocolError("{}: dropped site {} is not among the {} sites", where, d, config_.sites);
-    if (!dropped.insert(d).second) return ProtocolError("{}: dropped site {} listed twice", where, d);
-    if (survived.contains(d)) {
-      return ProtocolError("{}: site {} listed as both survived and dropped: refusing to reveal both its secrets",
-                           where, d);
-    }
-  }
-  if (survived != survivors_) {
-    return ProtocolError("{}: the request's {} survivors are not the {} this site confirmed: refusing to reveal its "
-                         "shares",
-                         where, survived.size(), survivors_.size());
-  }
-  // The consistency check: t neighbours in U3 confirmed the same U3.
+  if (confirmed_sha256_.size() != 32) return Internal("{}: the survivor set's digest is missing", where);
+  // The consistency check: t neighbours in U3 confirmed the same U3 as this
+  // site — the bytes it signed, the only set it will unmask by.
+  const ConfirmedSurvivors confirmed{.message = confirmed_, .sha256 = confirmed_sha256_};
   std::set<uint32_t> signers;
   for (const SurvivorsSigned& signature : request.signatures) {
     const uint32_t v = signature.site;
-    if (v >= config_.sites || v == site_ || !graph_.Adjacent(site_, v) || !survivors_.contains(v)) {
+    if (v >= config_.sites || v == site_ || !graph_.Adjacent(site_, v) || !survivors_[v]) {
       return ProtocolError("{}: a signature of site {}, not a neighbour in the survivor set", where, v);
     }
     if (!signers.insert(v).second) return ProtocolError("{}: two signatures of site {}", where, v);
-    if (Status valid = check(v, confirmed_, signature.signature); !valid.ok()) {
+    if (Status valid = check(v, confirmed, signature.signature); !valid.ok()) {
       return ProtocolError("{}: site {}'s signature on the survivor set refused: {}", where, v, valid.message());
     }
   }
@@ -288,10 +282,11 @@ Result<UnmaskResponse> SecAggClient::Unmask(const UnmaskRequest& request, const 
                               "to reveal its shares",
                               where, signers.size(), config_.threshold);
   }
+  // One secret per peer, chosen by the signed U3 alone: never both.
   UnmaskResponse out{.site = site_};
   for (const auto& [peer, held] : held_) {
-    if (survived.contains(peer)) out.seed_shares.push_back({.peer = peer, .y = held.seed});
-    else if (dropped.contains(peer)) out.key_shares.push_back({.peer = peer, .y = held.key});
+    if (survivors_[peer]) out.seed_shares.push_back({.peer = peer, .y = held.seed});
+    else out.key_shares.push_back({.peer = peer, .y = held.key});
   }
   return out;
 }

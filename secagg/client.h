@@ -26,9 +26,11 @@
 //
 // The consistency check (Bonawitz et al. §4; Bell et al.'s malicious-server
 // variant). Before revealing anything, the site confirms the survivor set U3
-// it was told by signing it, and reveals its shares only if the request names
-// that same U3 and carries valid signatures over it from at least t of its
-// neighbours in U3. A server that told two sites two different U3 (to get
+// it was told by signing it, and reveals its shares only for that U3 — the
+// request names no set of its own: the site reveals b_v for its neighbours in
+// the U3 it signed and sk_v for those outside it whose shares it holds — and
+// only when the request carries valid signatures over that same U3 from at
+// least t of its neighbours in U3. A server that told two sites two different U3 (to get
 // b_v from some neighbours of v and sk_v from others) then holds no t
 // signatures on either story that the other side accepts. A signature that
 // does not verify is refused, as is one from a site outside U3 or not a
@@ -51,20 +53,29 @@
 
 namespace estuary::secagg {
 
-// Verifies `signer`'s signature over `message` (SurvivorsToSign): OK, or one
-// line why not. Over the federation's connections, the signer's certificate
-// key as its advertised keys were signed (client/secagg_site.h).
+// What a site confirmed in round 3, computed once per round: the bytes it
+// signed (SurvivorsToSign, 4 bytes a survivor) and their SHA-256, so that
+// checking k signatures over them need not hash them k times.
+struct ConfirmedSurvivors {
+  std::string_view message;
+  std::string_view sha256;  // 32 bytes
+};
+
+// Verifies `signer`'s signature over `confirmed.message`: OK, or one line why
+// not. Over the federation's connections, the signer's certificate key as its
+// advertised keys were signed (client/secagg_site.h).
 using SignatureCheck =
-    std::function<Status(uint32_t signer, std::string_view message, std::string_view signature)>;
+    std::function<Status(uint32_t signer, const ConfirmedSurvivors& confirmed, std::string_view signature)>;
 
 // In one process — the simulator's in-process mode, tests, benchmarks — no
 // site has a certificate: a site's "signature" is the SHA-256 of the bytes
 // it confirmed (32 bytes, where a site's ECDSA signature is 70 to 72), and
-// the check compares it with the digest of the site's own. It catches a
-// different survivor set, but authenticates nobody; nothing that crosses a
-// network may use it.
+// the check compares it with the digest of the site's own (computed once, so
+// the check is O(1)). It catches a different survivor set, but authenticates
+// nobody; nothing that crosses a network may use it.
 std::string UnauthenticatedSignature(std::string_view message);
-Status UnauthenticatedSurvivorsCheck(uint32_t signer, std::string_view message, std::string_view signature);
+Status UnauthenticatedSurvivorsCheck(uint32_t signer, const ConfirmedSurvivors& confirmed,
+                                     std::string_view signature);
 
 class SecAggClient {
  public:
@@ -98,9 +109,10 @@ class SecAggClient {
   // Round 3: U3 checked (ids in range, no repeats, this site in it, at least
   // t sites) and kept; the bytes the site signs to confirm it.
   Result<std::string> ConfirmSurvivors(const SurvivorSet& survivors);
-  // Round 4: the shares the request asks for, once its survived list is the
-  // U3 confirmed and `check` accepts the signatures of at least t neighbours
-  // in U3 over it.
+  // Round 4: the shares the U3 confirmed implies — b_v for each neighbour v
+  // in it, sk_v for each neighbour outside it whose shares this site holds —
+  // once `check` accepts the signatures of at least t neighbours in U3 over
+  // the bytes this site signed.
   Result<UnmaskResponse> Unmask(const UnmaskRequest& request, const SignatureCheck& check);
 
  private:
@@ -128,8 +140,9 @@ class SecAggClient {
   std::map<uint32_t, Key32> share_key_with_;
   std::vector<PairwiseKey> pairwise_;        // while masking: s_uv with the inbox's senders
   uint64_t masked_ = 0;                      // while masking: elements masked so far
-  std::set<uint32_t> survivors_;             // U3, as this site confirmed it
+  std::vector<bool> survivors_;              // U3, as this site confirmed it: by id
   std::string confirmed_;                    // SurvivorsToSign(config_, U3)
+  std::string confirmed_sha256_;             // its SHA-256
 };
 
 }  // namespace estuary::secagg

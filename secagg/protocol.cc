@@ -66,12 +66,12 @@ uint64_t WireBytes(const ShareInbox& message) {
 
 uint64_t WireBytes(const MaskedInput& message) { return 4 + 4 + 4 * message.values.size(); }
 
-uint64_t WireBytes(const SurvivorSet& message) { return 4 + 4 * message.survived.size(); }
+uint64_t WireBytes(const SurvivorSet&, uint32_t sites) { return 4 + SurvivorBitmapBytes(sites); }
 
 uint64_t WireBytes(const SurvivorsSigned& message) { return 4 + 8 + message.signature.size(); }
 
 uint64_t WireBytes(const UnmaskRequest& message) {
-  uint64_t bytes = 8 + 4 * (message.survived.size() + message.dropped.size());
+  uint64_t bytes = 4;
   for (const SurvivorsSigned& signature : message.signatures) bytes += 8 + signature.signature.size();
   return bytes;
 }

@@ -11,8 +11,8 @@
 //   0       AdvertiseKeys            KeysBroadcast (its neighbours' public keys)
 //   1       ShareKeys (envelopes)    ShareInbox (envelopes addressed to it)
 //   2       MaskedInput              SurvivorSet (U3: whose inputs are in the sum)
-//   3       SurvivorsSigned          UnmaskRequest (who survived, who dropped,
-//                                    the neighbours' signatures over U3)
+//   3       SurvivorsSigned          UnmaskRequest (the neighbours' signatures
+//                                    over U3; the site unmasks by the U3 it signed)
 //   4       UnmaskResponse           -
 //
 // and the server's output is the sum mod 2^bits of the quantised inputs of
@@ -100,9 +100,12 @@ struct MaskedInput {
 
 // Round 2, server -> each site whose MaskedInput arrived: U3, the sites whose
 // inputs it summed (Bonawitz et al.'s consistency check). Each site signs it.
+// On the wire it is a bitmap over the round's ids (secagg/wire.h).
 struct SurvivorSet {
   std::vector<uint32_t> survived;
 };
+// The bitmap's length for `sites` ids: ceil(sites / 8).
+inline constexpr uint64_t SurvivorBitmapBytes(uint32_t sites) { return (uint64_t(sites) + 7) / 8; }
 
 // Round 3, site -> server: its signature over SurvivorsToSign(config, U3).
 // The state machines relay it and never look inside: a site's
@@ -120,12 +123,12 @@ inline constexpr size_t kMaxSurvivorSignatureBytes = 1024;
 // only this set, in this round of this federation.
 std::string SurvivorsToSign(const ProtocolConfig& config, std::span<const uint32_t> survived_ascending);
 
-// Round 3, server -> each site that signed U3. Every site that completed
-// round 1 is in exactly one list; `signatures` are those of the site's
-// neighbours in U3 that signed.
+// Round 3, server -> each site that signed U3: the signatures of the site's
+// neighbours in U3 that signed. It repeats no set: the site unmasks by the U3
+// it signed — a b_v share for each neighbour v in U3, an sk_v share for each
+// neighbour outside U3 whose shares it holds — so a request cannot ask for
+// anything but what that one set implies, and costs O(k), not O(n), bytes.
 struct UnmaskRequest {
-  std::vector<uint32_t> survived;  // their inputs are in the sum: reveal b_u shares
-  std::vector<uint32_t> dropped;   // their inputs never arrived: reveal sk_u shares
   std::vector<SurvivorsSigned> signatures;
 };
 
@@ -137,8 +140,8 @@ struct PeerShare {
 // Round 4, site -> server: its shares, never both of one peer.
 struct UnmaskResponse {
   uint32_t site = 0;
-  std::vector<PeerShare> seed_shares;  // of survived neighbours
-  std::vector<PeerShare> key_shares;   // of dropped neighbours
+  std::vector<PeerShare> seed_shares;  // of neighbours in U3
+  std::vector<PeerShare> key_shares;   // of neighbours that shared keys but are not in U3
 };
 
 // The server's result.
@@ -150,13 +153,15 @@ struct AggregateOutput {
 
 // What a message costs on the wire, at least: 4 bytes an id, count or
 // element, 32 a key or commitment, 66 a share value, an envelope its length
-// plus 8 (receiver and length), a signature its length plus 8 (signer and length). A real encoding adds its framing.
+// plus 8 (receiver and length), a signature its length plus 8 (signer and
+// length), U3 one bit per site of the round (SurvivorBitmapBytes) plus 4. A
+// real encoding adds its framing.
 uint64_t WireBytes(const AdvertiseKeys& message);
 uint64_t WireBytes(const KeysBroadcast& message);
 uint64_t WireBytes(const ShareKeys& message);
 uint64_t WireBytes(const ShareInbox& message);
 uint64_t WireBytes(const MaskedInput& message);
-uint64_t WireBytes(const SurvivorSet& message);
+uint64_t WireBytes(const SurvivorSet& message, uint32_t sites);
 uint64_t WireBytes(const SurvivorsSigned& message);
 uint64_t WireBytes(const UnmaskRequest& message);
 uint64_t WireBytes(const UnmaskResponse& message);

@@ -234,11 +234,11 @@ Status SecAggServer::Receive(const SurvivorsSigned& message) {
 Result<std::map<uint32_t, UnmaskRequest>> SecAggServer::CloseConsistency() {
   ESTUARY_RETURN_IF_ERROR(Expect(Stage::kConsistency, "closing", 0));
   ESTUARY_RETURN_IF_ERROR(CloseStage("consistency check", signed_.size(), included_.size()));
-  UnmaskRequest common;
-  for (uint32_t u : shared_) (included_.contains(u) ? common.survived : common.dropped).push_back(u);
+  // No sets: each site unmasks by the U3 it signed, so a request is only its
+  // neighbours' signatures, O(k).
   std::map<uint32_t, UnmaskRequest> out;
   for (const auto& [u, signature] : signed_) {
-    UnmaskRequest& request = out[u] = common;
+    UnmaskRequest& request = out[u];
     for (uint32_t v : graph_.Neighbours(u)) {
       if (auto it = signed_.find(v); it != signed_.end()) request.signatures.push_back({v, it->second});
     }

@@ -85,8 +85,8 @@ class SecAggServer {
 
   // A signature over U3, kept as it came: the sites verify it, not the server.
   Status Receive(const SurvivorsSigned& message);
-  // Per site that signed: the unmasking request, with the signatures of its
-  // neighbours that signed.
+  // Per site that signed: the unmasking request, the signatures of its
+  // neighbours that signed (the site unmasks by the U3 it signed).
   Result<std::map<uint32_t, UnmaskRequest>> CloseConsistency();
 
   Status Receive(const UnmaskResponse& message);

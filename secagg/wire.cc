@@ -171,15 +171,36 @@ Result<ShareInbox> FromProto(const v1::SecAggInbox& message) {
   return out;
 }
 
-v1::SecAggSurvivors ToProto(const SurvivorSet& message, uint64_t round) {
+v1::SecAggSurvivors ToProto(const SurvivorSet& message, uint64_t round, uint32_t sites) {
   v1::SecAggSurvivors out;
   out.set_round(round);
-  out.mutable_survived()->Add(message.survived.begin(), message.survived.end());
+  std::string bitmap(SurvivorBitmapBytes(sites), '\0');
+  for (uint32_t u : message.survived) {
+    if (u < sites) bitmap[u / 8] = char(uint8_t(bitmap[u / 8]) | (1u << (u % 8)));
+  }
+  out.set_survived_bitmap(std::move(bitmap));
   return out;
 }
 
-SurvivorSet FromProto(const v1::SecAggSurvivors& message) {
-  return {.survived = {message.survived().begin(), message.survived().end()}};
+Result<SurvivorSet> FromProto(const v1::SecAggSurvivors& message, uint32_t sites) {
+  const std::string& bitmap = message.survived_bitmap();
+  if (bitmap.size() != SurvivorBitmapBytes(sites)) {
+    return InvalidArgument("secagg: survivors survived_bitmap: {} bytes, expected {} for {} sites", bitmap.size(),
+                           SurvivorBitmapBytes(sites), sites);
+  }
+  SurvivorSet out;
+  for (size_t byte = 0; byte < bitmap.size(); ++byte) {
+    const uint8_t bits = uint8_t(bitmap[byte]);
+    for (uint32_t bit = 0; bits >> bit != 0; ++bit) {
+      if ((bits >> bit & 1u) == 0) continue;
+      const uint64_t u = 8 * uint64_t(byte) + bit;
+      if (u >= sites) {
+        return InvalidArgument("secagg: survivors survived_bitmap: bit {} is set, past the {} sites", u, sites);
+      }
+      out.survived.push_back(uint32_t(u));
+    }
+  }
+  return out;
 }
 
 v1::SecAggSurvivorsSigned ToProto(const SurvivorsSigned& message, uint64_t round) {
@@ -197,8 +218,6 @@ Result<SurvivorsSigned> FromProto(const v1::SecAggSurvivorsSigned& message, uint
 v1::SecAggUnmask ToProto(const UnmaskRequest& message, uint64_t round) {
   v1::SecAggUnmask out;
   out.set_round(round);
-  out.mutable_survived()->Add(message.survived.begin(), message.survived.end());
-  out.mutable_dropped()->Add(message.dropped.begin(), message.dropped.end());
   for (const SurvivorsSigned& signature : message.signatures) {
     auto* s = out.add_signatures();
     s->set_site(signature.site);
@@ -208,8 +227,7 @@ v1::SecAggUnmask ToProto(const UnmaskRequest& message, uint64_t round) {
 }
 
 Result<UnmaskRequest> FromProto(const v1::SecAggUnmask& message) {
-  UnmaskRequest out{.survived = {message.survived().begin(), message.survived().end()},
-                    .dropped = {message.dropped().begin(), message.dropped().end()}};
+  UnmaskRequest out;
   for (const v1::SecAggSurvivorSignature& signature : message.signatures()) {
     ESTUARY_RETURN_IF_ERROR(SignatureSize(signature.signature(), "unmask request signature", signature.site()));
     out.signatures.push_back({signature.site(), signature.signature()});

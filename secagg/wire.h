@@ -3,7 +3,9 @@
 // this file: it is what the server's sessions and a site's agent relay them
 // with. Every From* checks what the wire can get wrong before a struct exists
 // — fixed sizes (32-byte keys and commitments, 160-byte envelopes, 66-byte
-// share values, signatures of 1 to kMaxSurvivorSignatureBytes), the round, the count of ring elements in a chunk — and
+// share values, signatures of 1 to kMaxSurvivorSignatureBytes, the survivor
+// bitmap's length and its bits past the sites), the round, the count of ring
+// elements in a chunk — and
 // names the field in its one-line error; ids, sets and stages are the state
 // machines' to check.
 #pragma once
@@ -31,8 +33,13 @@ v1::SecAggShares ToProto(const ShareKeys& message, uint64_t round);
 Result<ShareKeys> FromProto(const v1::SecAggShares& message, uint32_t site);
 v1::SecAggInbox ToProto(const ShareInbox& message, uint64_t round);
 Result<ShareInbox> FromProto(const v1::SecAggInbox& message);
-v1::SecAggSurvivors ToProto(const SurvivorSet& message, uint64_t round);
-SurvivorSet FromProto(const v1::SecAggSurvivors& message);
+// U3 as a bitmap over ids 0..sites-1 (proto/estuary.proto's
+// survived_bitmap): ceil(sites / 8) bytes, where a list would take 4 a site.
+// ToProto expects ids below `sites` (the server's U3); FromProto refuses a
+// bitmap of another length or with a bit set past `sites`, and gives the ids
+// in ascending order.
+v1::SecAggSurvivors ToProto(const SurvivorSet& message, uint64_t round, uint32_t sites);
+Result<SurvivorSet> FromProto(const v1::SecAggSurvivors& message, uint32_t sites);
 v1::SecAggSurvivorsSigned ToProto(const SurvivorsSigned& message, uint64_t round);
 Result<SurvivorsSigned> FromProto(const v1::SecAggSurvivorsSigned& message, uint32_t site);
 v1::SecAggUnmask ToProto(const UnmaskRequest& message, uint64_t round);

@@ -360,7 +360,7 @@ void Coordinator::CloseSecAggStage() {
                                      config_.dp_survivors));
       }
       v1::Envelope envelope;
-      *envelope.mutable_secagg_survivors() = secagg::ToProto(*survivors, round_);
+      *envelope.mutable_secagg_survivors() = secagg::ToProto(*survivors, round_, st.server.config().sites);
       for (uint32_t u : survivors->survived) messages[u] = envelope;
       return OpenSecAggStage(SecAggState::kConsistency, std::move(messages));
     }

@@ -210,7 +210,7 @@ Result<SecAggRoundResult> RunSecAggRound(const SecAggOptions& options, std::span
   }
   // The consistency check, in one process: unsigned (secagg/client.h).
   for (uint32_t u : survivors.survived) {
-    bytes[u] += WireBytes(survivors);
+    bytes[u] += WireBytes(survivors, n);
     if (drop[u] == Drop::kAfterMaskedInput) continue;
     ESTUARY_ASSIGN_OR_RETURN(std::string confirmed, clients[u].ConfirmSurvivors(survivors));
     const SurvivorsSigned signed_survivors{.site = u, .signature = UnauthenticatedSignature(confirmed)};

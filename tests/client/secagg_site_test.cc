@@ -207,14 +207,14 @@ class SecAggSiteConsistency : public SecAggSiteKeys {
   }
   // Site u signs `told`: its signature.
   std::string Sign(uint32_t u, const secagg::SurvivorSet& told) {
-    auto signed_survivors = sites_[u]->OnSurvivors(secagg::ToProto(told, kRound));
+    auto signed_survivors = sites_[u]->OnSurvivors(secagg::ToProto(told, kRound, 3));
     EXPECT_TRUE(signed_survivors.ok()) << signed_survivors.status().ToString();
     return signed_survivors.ok() ? signed_survivors->secagg_survivors_signed().signature() : std::string();
   }
-  // The unmasking request to `to` over `survived`, with these signatures.
-  static v1::SecAggUnmask Request(const std::vector<uint32_t>& survived, const std::vector<uint32_t>& dropped,
-                                  const std::map<uint32_t, std::string>& signatures) {
-    secagg::UnmaskRequest request{.survived = survived, .dropped = dropped};
+  // An unmasking request with these signatures: it names no set, the site
+  // unmasks by the one it signed.
+  static v1::SecAggUnmask Request(const std::map<uint32_t, std::string>& signatures) {
+    secagg::UnmaskRequest request;
     for (const auto& [v, signature] : signatures) request.signatures.push_back({v, signature});
     return secagg::ToProto(request, kRound);
   }
@@ -255,15 +255,42 @@ TEST_F(SecAggSiteConsistency, TwoSitesToldDifferentSurvivorSetsBothRefuse) {
   // Site 2 is told that site 1 dropped (to have it reveal sk_1); 0 and 1 the truth.
   const secagg::SurvivorSet lie{.survived = {0, 2}};
   const std::string by0 = Sign(0, survivors_), by1 = Sign(1, survivors_), by2 = Sign(2, lie);
-  ExpectUnmaskRefused(0, Request({0, 1, 2}, {}, {{1, by1}, {2, by2}}),
+  ExpectUnmaskRefused(0, Request({{1, by1}, {2, by2}}),
                       "site 2's signature on the survivor set refused: crypto: the signature of 'site-c' does not "
                       "verify");
-  ExpectUnmaskRefused(2, Request({0, 2}, {1}, {{0, by0}, {1, by1}}),
+  ExpectUnmaskRefused(2, Request({{0, by0}, {1, by1}}),
                       "site 0's signature on the survivor set refused: crypto: the signature of 'site-a' does not "
                       "verify");
   // Site 1, with its one honest neighbour's signature alone: one of t = 2.
-  ExpectUnmaskRefused(1, Request({0, 1, 2}, {}, {{0, by0}}),
+  ExpectUnmaskRefused(1, Request({{0, by0}}),
                       "1 of its neighbours signed the survivor set, fewer than the threshold 2: refusing to reveal");
+}
+
+// U3 arrives as a bitmap over the 3 ids (1 byte); one of another length, or
+// with a bit past the sites, is refused with one line, and nothing is signed.
+TEST_F(SecAggSiteConsistency, ABitmapOfTheWrongLengthOrWithABitPastTheSitesIsRefused) {
+  DriveToConsistency();
+  v1::SecAggSurvivors told = secagg::ToProto(survivors_, kRound, 3);
+  EXPECT_EQ(told.survived_bitmap(), std::string(1, char(0x07)));
+  v1::SecAggSurvivors longer = told;
+  longer.mutable_survived_bitmap()->push_back('\0');
+  auto refused = sites_[0]->OnSurvivors(longer);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().message(), "secagg site 0: round 4: consistency check: secagg: survivors "
+                                        "survived_bitmap: 2 bytes, expected 1 for 3 sites");
+  v1::SecAggSurvivors past = told;
+  past.set_survived_bitmap(std::string(1, char(0x0f)));  // site 3 of 3
+  refused = sites_[1]->OnSurvivors(past);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().message(), "secagg site 1: round 4: consistency check: secagg: survivors "
+                                        "survived_bitmap: bit 3 is set, past the 3 sites");
+  // Without itself: the site refuses to sign.
+  v1::SecAggSurvivors without_2 = told;
+  without_2.set_survived_bitmap(std::string(1, char(0x03)));
+  refused = sites_[2]->OnSurvivors(without_2);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().message(), "secagg site 2: round 4: consistency check: this site sent its masked input "
+                                        "but is not listed as survived");
 }
 
 TEST_F(SecAggSiteConsistency, ForgedUnsignedOtherRoundAndOtherCertificateSignaturesAreRefused) {
@@ -273,14 +300,14 @@ TEST_F(SecAggSiteConsistency, ForgedUnsignedOtherRoundAndOtherCertificateSignatu
   // Each refusal ends the site's part, so each case needs a fresh round.
   std::string forged = by2;
   forged[forged.size() / 2] ^= 0x01;
-  ExpectUnmaskRefused(0, Request({0, 1, 2}, {}, {{1, by1}, {2, forged}}),
+  ExpectUnmaskRefused(0, Request({{1, by1}, {2, forged}}),
                       "site 2's signature on the survivor set refused: crypto: the signature of 'site-c' does not "
                       "verify");
 
   DriveToConsistency();
   const std::string fresh1 = Sign(1, survivors_);
   (void)Sign(0, survivors_);
-  ExpectUnmaskRefused(0, Request({0, 1, 2}, {}, {{1, fresh1}, {2, ""}}),
+  ExpectUnmaskRefused(0, Request({{1, fresh1}, {2, ""}}),
                       "unmask request signature: site 2's signature has 0 bytes");
 
   DriveToConsistency();
@@ -291,7 +318,7 @@ TEST_F(SecAggSiteConsistency, ForgedUnsignedOtherRoundAndOtherCertificateSignatu
   last.graph_seed = Config(kRound).graph_seed;
   auto stale = identities_[2].signer.Sign(secagg::SurvivorsToSign(last, survivors_.survived));
   ASSERT_TRUE(stale.ok());
-  ExpectUnmaskRefused(0, Request({0, 1, 2}, {}, {{1, again1}, {2, *stale}}),
+  ExpectUnmaskRefused(0, Request({{1, again1}, {2, *stale}}),
                       "site 2's signature on the survivor set refused: crypto: the signature of 'site-c' does not "
                       "verify");
 
@@ -301,7 +328,7 @@ TEST_F(SecAggSiteConsistency, ForgedUnsignedOtherRoundAndOtherCertificateSignatu
   // The right bytes, signed by a certificate of the federation that is not site 2's (the server's pick).
   auto other = identities_[3].signer.Sign(secagg::SurvivorsToSign(Config(kRound), survivors_.survived));
   ASSERT_TRUE(other.ok());
-  ExpectUnmaskRefused(0, Request({0, 1, 2}, {}, {{1, last1}, {2, *other}}),
+  ExpectUnmaskRefused(0, Request({{1, last1}, {2, *other}}),
                       "site 2's signature on the survivor set refused: crypto: the signature of 'site-c' does not "
                       "verify");
 }

@@ -371,32 +371,55 @@ Result<AtUnmasking> DriveToUnmasking() {
   return at;
 }
 
-TEST(Protocol, ASiteAskedForBothSecretsOfOnePeerRefuses) {
+TEST(Protocol, ASiteRevealsOneSecretPerPeerByTheSetItSignedAndAnswersOnce) {
   auto at = DriveToUnmasking();
   ASSERT_TRUE(at.ok()) << at.status().ToString();
   SecAggClient& site = at->clients.at(0);
-  const uint32_t peer = site.graph().Neighbours(0)[0];
-  UnmaskRequest both = at->requests.at(0);
-  both.dropped.push_back(peer);  // also in survived
-  auto response = site.Unmask(both, UnauthenticatedSurvivorsCheck);
-  ASSERT_FALSE(response.ok());
-  EXPECT_EQ(response.status().message(),
-            fmt::format("secagg site 0: round 17: unmasking: site {} listed as both survived and dropped: refusing "
-                        "to reveal both its secrets",
-                        peer));
-  // It answers once: the honest request afterwards gets nothing either.
+  // The request names no set: all 10 survived, as site 0 signed, so it reveals
+  // a self-mask share of each neighbour and no key share.
+  auto response = site.Unmask(at->requests.at(0), UnauthenticatedSurvivorsCheck);
+  ASSERT_TRUE(response.ok()) << response.status().ToString();
+  std::set<uint32_t> seeds;
+  for (const PeerShare& share : response->seed_shares) seeds.insert(share.peer);
+  const std::vector<uint32_t> neighbours = site.graph().Neighbours(0);
+  EXPECT_EQ(seeds, std::set<uint32_t>(neighbours.begin(), neighbours.end()));
+  EXPECT_TRUE(response->key_shares.empty());
+  // It answers once: a second request, however signed, gets nothing.
   response = site.Unmask(at->requests.at(0), UnauthenticatedSurvivorsCheck);
   ASSERT_FALSE(response.ok());
   EXPECT_EQ(response.status().message(), "secagg site 0: round 17: unmasking called in stage done");
+}
 
-  // Two requests, each asking for one secret of the peer, get one answer.
-  SecAggClient& other = at->clients.at(1);
-  auto first = other.Unmask(at->requests.at(1), UnauthenticatedSurvivorsCheck);
-  ASSERT_TRUE(first.ok()) << first.status().ToString();
-  UnmaskRequest flipped = at->requests.at(1);
-  flipped.survived.clear();
-  for (uint32_t u : at->requests.at(1).survived) (u == 1 ? flipped.survived : flipped.dropped).push_back(u);
-  EXPECT_FALSE(other.Unmask(flipped, UnauthenticatedSurvivorsCheck).ok());
+// A neighbour x outside the U3 a site signed (its input never arrived, as the
+// site was told) gets its key share revealed, and only that; the others in U3
+// their self-mask shares.
+TEST(Protocol, ASiteRevealsTheKeyShareOfANeighbourOutsideTheSetItSigned) {
+  auto at = DriveToConsistency();
+  ASSERT_TRUE(at.ok()) << at.status().ToString();
+  const std::vector<uint32_t> neighbours = at->clients.at(0).graph().Neighbours(0);
+  const uint32_t x = neighbours[0];
+  SurvivorSet without_x;
+  for (uint32_t u : at->survivors.survived) {
+    if (u != x) without_x.survived.push_back(u);
+  }
+  std::map<uint32_t, std::string> confirmed;
+  for (auto& [u, client] : at->clients) {
+    if (u == x) continue;
+    auto message = client.ConfirmSurvivors(without_x);
+    ASSERT_TRUE(message.ok()) << message.status().ToString();
+    confirmed[u] = *message;
+  }
+  UnmaskRequest request;
+  for (uint32_t v : neighbours) {
+    if (v != x) request.signatures.push_back({v, UnauthenticatedSignature(confirmed.at(v))});
+  }
+  auto response = at->clients.at(0).Unmask(request, UnauthenticatedSurvivorsCheck);
+  ASSERT_TRUE(response.ok()) << response.status().ToString();
+  std::set<uint32_t> seeds, keys;
+  for (const PeerShare& share : response->seed_shares) seeds.insert(share.peer);
+  for (const PeerShare& share : response->key_shares) keys.insert(share.peer);
+  EXPECT_EQ(seeds, std::set<uint32_t>(neighbours.begin() + 1, neighbours.end()));
+  EXPECT_EQ(keys, std::set<uint32_t>{x});
 }
 
 TEST(Protocol, ATamperedEnvelopeIsRefused) {
@@ -515,7 +538,7 @@ TEST(Protocol, TwoSurvivorSetsAreRefusedByTheSitesOnBothSides) {
   }
   EXPECT_NE(confirmed.at(0), confirmed.at(graph.Neighbours(0)[0]));
   // Site 0 with every neighbour's signature, as they signed.
-  UnmaskRequest request{.survived = at->survivors.survived};
+  UnmaskRequest request;
   for (uint32_t v : graph.Neighbours(0)) request.signatures.push_back({v, UnauthenticatedSignature(confirmed.at(v))});
   auto response = at->clients.at(0).Unmask(request, UnauthenticatedSurvivorsCheck);
   ASSERT_FALSE(response.ok());
@@ -525,7 +548,7 @@ TEST(Protocol, TwoSurvivorSetsAreRefusedByTheSitesOnBothSides) {
                         graph.Neighbours(0)[0], graph.Neighbours(0)[0]));
   // A neighbour of site 0, asked for x's mask key: site 0's signature is over the other set.
   const uint32_t n0 = graph.Neighbours(0)[1];
-  UnmaskRequest other{.survived = without_x.survived, .dropped = {x}};
+  UnmaskRequest other;
   for (uint32_t v : graph.Neighbours(n0)) {
     if (v != x) other.signatures.push_back({v, UnauthenticatedSignature(confirmed.at(v))});
   }
@@ -535,21 +558,25 @@ TEST(Protocol, TwoSurvivorSetsAreRefusedByTheSitesOnBothSides) {
       << response.status().message();
   // Leaving out the signatures that disagree leaves site 0 short of t...
   const uint32_t n1 = graph.Neighbours(0)[2];
-  auto honest_only = at->clients.at(n1).Unmask(UnmaskRequest{.survived = without_x.survived, .dropped = {x}},
-                                               UnauthenticatedSurvivorsCheck);
+  auto honest_only = at->clients.at(n1).Unmask(UnmaskRequest{}, UnauthenticatedSurvivorsCheck);
   ASSERT_FALSE(honest_only.ok());
   EXPECT_EQ(honest_only.status().message(),
             fmt::format("secagg site {}: round 17: unmasking: 0 of its neighbours signed the survivor set, fewer than "
                         "the threshold 3: refusing to reveal its shares",
                         n1));
-  // ...and a request naming a set other than the one it signed is refused outright.
+  // ...and signatures over the other set (the one site 0 signed, which names
+  // x) are refused by a site that signed the set without x: it unmasks only
+  // by the set it signed, so no request can make it reveal sk_x on t
+  // signatures over a set in which x survived.
   const uint32_t n2 = graph.Neighbours(0)[3];
-  response = at->clients.at(n2).Unmask(request, UnauthenticatedSurvivorsCheck);
+  UnmaskRequest forged;
+  for (uint32_t v : graph.Neighbours(n2)) {
+    if (v != x) forged.signatures.push_back({v, UnauthenticatedSignature(confirmed.at(0))});
+  }
+  response = at->clients.at(n2).Unmask(forged, UnauthenticatedSurvivorsCheck);
   ASSERT_FALSE(response.ok());
-  EXPECT_EQ(response.status().message(),
-            fmt::format("secagg site {}: round 17: unmasking: the request's 10 survivors are not the 9 this site "
-                        "confirmed: refusing to reveal its shares",
-                        n2));
+  EXPECT_NE(response.status().message().find("signature on the survivor set refused"), std::string::npos)
+      << response.status().message();
 }
 
 TEST(Protocol, TooFewStrangeOrRepeatedSignaturesAreRefused) {

@@ -72,7 +72,9 @@ TEST(Wire, EveryStageMessageRoundTripsThroughTheStateMachines) {
   EXPECT_EQ(FromProto(inbox).status().message(), "secagg: inbox: the envelope for site 0 has 161 bytes, expected 160");
 
   const SurvivorSet survivors{.survived = {0, 2}};
-  EXPECT_EQ(FromProto(ToProto(survivors, 1)).survived, survivors.survived);
+  auto survivors_back = FromProto(ToProto(survivors, 1, 3), 3);
+  ASSERT_TRUE(survivors_back.ok());
+  EXPECT_EQ(survivors_back->survived, survivors.survived);
   const SurvivorsSigned signed_survivors{.site = 2, .signature = "a signature"};
   auto signed_back = FromProto(ToProto(signed_survivors, 1), 2);
   ASSERT_TRUE(signed_back.ok());
@@ -80,11 +82,9 @@ TEST(Wire, EveryStageMessageRoundTripsThroughTheStateMachines) {
   EXPECT_EQ(FromProto(ToProto(SurvivorsSigned{.site = 2}, 1), 2).status().message(),
             "secagg: signed survivor set: site 2's signature has 0 bytes, expected 1 to 1024");
 
-  const UnmaskRequest request{.survived = {0, 2}, .dropped = {1}, .signatures = {{2, "signed by 2"}}};
+  const UnmaskRequest request{.signatures = {{2, "signed by 2"}}};
   auto request_back = FromProto(ToProto(request, 1));
   ASSERT_TRUE(request_back.ok());
-  EXPECT_EQ(request_back->survived, request.survived);
-  EXPECT_EQ(request_back->dropped, request.dropped);
   ASSERT_EQ(request_back->signatures.size(), 1u);
   EXPECT_EQ(request_back->signatures[0].site, 2u);
   EXPECT_EQ(request_back->signatures[0].signature, "signed by 2");
@@ -106,6 +106,36 @@ TEST(Wire, EveryStageMessageRoundTripsThroughTheStateMachines) {
   v1::SecAggUnmaskResponse wrong = ToProto(response, 1);
   wrong.mutable_key_shares(0)->set_y("tiny");
   EXPECT_EQ(FromProto(wrong, 1).status().message(), "secagg: unmask response key share: 4 bytes, expected 66");
+}
+
+TEST(Wire, TheSurvivorSetTravelsAsOneBitASiteAndABadBitmapIsRefused) {
+  // 1,000 sites: 125 bytes, where a list of ids took 4 a survivor.
+  SurvivorSet many;
+  for (uint32_t u = 1; u < 1000; u += 3) many.survived.push_back(u);  // 1, 4, ..., 997
+  many.survived.push_back(999);  // the last id, in the last byte
+  const v1::SecAggSurvivors wire = ToProto(many, 7, 1000);
+  EXPECT_EQ(wire.round(), 7u);
+  EXPECT_EQ(wire.survived_bitmap().size(), 125u);
+  EXPECT_EQ(SurvivorBitmapBytes(1000), 125u);
+  EXPECT_EQ(WireBytes(many, 1000), 4u + 125u);
+  auto back = FromProto(wire, 1000);
+  ASSERT_TRUE(back.ok());
+  EXPECT_EQ(back->survived, many.survived);  // ascending, as signed
+  // Site u is bit u % 8 of byte u / 8, least significant first.
+  EXPECT_EQ(uint8_t(ToProto(SurvivorSet{.survived = {0, 9}}, 1, 10).survived_bitmap()[1]), 0x02);
+
+  EXPECT_EQ(FromProto(wire, 1001).status().message(),
+            "secagg: survivors survived_bitmap: 125 bytes, expected 126 for 1001 sites");
+  v1::SecAggSurvivors longer = wire;
+  longer.mutable_survived_bitmap()->push_back('\0');
+  EXPECT_EQ(FromProto(longer, 1000).status().message(),
+            "secagg: survivors survived_bitmap: 126 bytes, expected 125 for 1000 sites");
+  v1::SecAggSurvivors past = ToProto(SurvivorSet{.survived = {0, 1}}, 1, 10);  // 2 bytes: bits 10..15 unused
+  (*past.mutable_survived_bitmap())[1] = char(0x04);
+  EXPECT_EQ(FromProto(past, 10).status().message(),
+            "secagg: survivors survived_bitmap: bit 10 is set, past the 10 sites");
+  EXPECT_EQ(FromProto(v1::SecAggSurvivors(), 10).status().message(),
+            "secagg: survivors survived_bitmap: 0 bytes, expected 2 for 10 sites");
 }
 
 TEST(Wire, MaskedChunksArriveInOrderAsWholeLittleEndianElements) {
