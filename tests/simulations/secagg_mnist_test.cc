@@ -81,12 +81,12 @@ TEST(SecAggSimulation, OneRoundEqualsPlainFedAvgWithinTheQuantisationBound) {
     // Per site (secagg/protocol.h's WireBytes), with k neighbours all
     // present among n = 10: its keys out (68) and k in (4 + 68k), k
     // envelopes out (72 + 168k) and k in (4 + 168k), the masked input
-    // (8 + 4d), the survivor set (4 + 4n) and its in-process signature
-    // (12 + 32), the request (8 + 4n) with its k neighbours' signatures
+    // (8 + 4d), the survivor set as a bitmap (4 + ⌈n/8⌉) and its in-process
+    // signature (12 + 32), the request (4) with its k neighbours' signatures
     // (40k), and k shares back (12 + 70k).
     const uint64_t k = neighbours == 0 ? 9 : neighbours, d = plain_global.size();
     EXPECT_EQ(*row.secagg_bytes_per_site, 68 + (4 + 68 * k) + (72 + 168 * k) + (4 + 168 * k) + (8 + 4 * d) +
-                                              (4 + 4 * 10) + (12 + 32) + (8 + 4 * 10 + 40 * k) + (12 + 70 * k));
+                                              (4 + 2) + (12 + 32) + (4 + 40 * k) + (12 + 70 * k));
   }
 }
 
