@@ -4,6 +4,8 @@
 #include <cmath>
 #include <limits>
 
+#include "privacy/poisson_plan.h"
+
 namespace estuary::privacy {
 namespace {
 
@@ -104,6 +106,12 @@ Result<std::vector<double>> SampledDistributedDiscreteGaussianRdp(double q, cons
     }
   }
   return rdp;
+}
+
+uint32_t PoissonPlannedMaximum(uint32_t sites, double q) {
+  const double expected = q * sites;
+  const double most = std::ceil(expected + 6 * std::sqrt(expected * (1 - q))) + 1;
+  return uint32_t(std::min(most, double(sites)));
 }
 
 Result<DistributedDpPlan> PlanDistributedDpShares(const DistributedDpOptions& dp, int bits, uint32_t sites,

@@ -81,8 +81,9 @@ Status ServerConfig::CheckDp() const {
     }
   }
   const uint32_t total_sites = federation.strategy().total_sites();
-  const bool poisson_dp_fedavg = sample_rate > 0 && dp.noise_multiplier() > 0 && !distributed_dp();
-  if (total_sites > 0 && federation.strategy().name() != "scaffold" && !poisson_dp_fedavg) {
+  // Central or distributed: either way the mean divides by q · total_sites.
+  const bool poisson_dp = sample_rate > 0 && dp.noise_multiplier() > 0;
+  if (total_sites > 0 && federation.strategy().name() != "scaffold" && !poisson_dp) {
     return InvalidArgument("config: total_sites = {} with strategy {}: it is for scaffold, or for sample_rate with "
                            "dp_noise_multiplier (the mean divides by q · total_sites)",
                            total_sites, federation.strategy().name());
@@ -95,13 +96,10 @@ Status ServerConfig::CheckDp() const {
     if (mode == "async") {
       return InvalidArgument("config: sample_rate with mode = async: asynchronous sites are not drawn by rounds");
     }
-    if (distributed_dp()) {
-      return InvalidArgument("config: sample_rate with dp = distributed: the sites' shares would have to be planned "
-                             "for the whole run's population, not one round's draw (estuary-sim has it)");
-    }
     if (dp.noise_multiplier() > 0 && federation.strategy().total_sites() == 0) {
       return InvalidArgument("config: sample_rate with dp_noise_multiplier needs total_sites: the mean divides by the "
-                             "expected q · total_sites, a constant the operator declares, not by who is connected");
+                             "expected q · total_sites, a constant the operator declares, not by who is connected{}",
+                             distributed_dp() ? ", and the sites' noise shares are planned for it" : "");
     }
   }
   return Status::Ok();

@@ -7,10 +7,12 @@
 #include <cstring>
 
 #include "crypto/site_signature.h"
+#include "privacy/poisson_plan.h"
 #include "proto/frame.h"
 #include "secagg/neighbours.h"
 #include "secagg/wire.h"
 #include "server/coordinator.h"
+#include "server/recover.h"
 
 namespace estuary::server {
 
@@ -88,13 +90,43 @@ Result<std::vector<float>> LoraReferenceOf(const aggregation::LoraStrategyOption
 Result<privacy::DistributedDpPlan> DistributedDpPlanFor(const ServerConfig& config, uint32_t sites,
                                                         uint64_t dimension) {
   const v1::DpConfig& dp = config.federation.dp();
-  const privacy::DistributedDpOptions options{.noise_multiplier = dp.noise_multiplier(),
-                                              .clip = dp.clip(),
-                                              .survivors = config.dp_survivors,
-                                              .denominator = double(sites)};
+  privacy::DistributedDpOptions options{.noise_multiplier = dp.noise_multiplier(),
+                                        .clip = dp.clip(),
+                                        .survivors = config.dp_survivors,
+                                        .denominator = double(sites)};
+  if (config.sample_rate > 0) {
+    // Poisson sampling: the run's plan, not the draw's (as estuary-sim's).
+    const uint32_t population = config.federation.strategy().total_sites();
+    options.denominator = options.expected_sites = config.sample_rate * double(population);
+    options.max_sites = privacy::PoissonPlannedMaximum(population, config.sample_rate);
+  }
   auto plan = privacy::PlanDistributedDpShares(options, config.secagg.bits, sites, dimension);
   if (!plan.ok()) return Status(plan.status().code(), fmt::format("distributed DP: {}", plan.status().message()));
   return plan;
+}
+
+double DistributedDpDenominator(const ServerConfig& config, uint32_t sites) {
+  return config.sample_rate > 0 ? config.sample_rate * double(config.federation.strategy().total_sites())
+                                : double(sites);
+}
+
+Status DistributedDpDrawFits(const ServerConfig& config, uint64_t round, uint32_t sites,
+                             const privacy::DistributedDpPlan& plan) {
+  if (config.sample_rate <= 0) return Status::Ok();
+  const uint32_t population = config.federation.strategy().total_sites();
+  const uint32_t most = privacy::PoissonPlannedMaximum(population, config.sample_rate);
+  if (sites > most) {
+    return FailedPrecondition("secagg round {}: distributed DP: Poisson sampling drew {} sites, more than the {} the "
+                              "ring was planned for (q {:g} of total_sites {}): refusing the round",
+                              round, sites, most, config.sample_rate, population);
+  }
+  if (sites < plan.min_included) {
+    return FailedPrecondition("secagg round {}: distributed DP: Poisson sampling drew {} sites, fewer than the {} inputs "
+                              "the noise is calibrated for (q {:g} of total_sites {}, --dp-survivors {}): refusing the "
+                              "round",
+                              round, sites, plan.min_included, config.sample_rate, population, config.dp_survivors);
+  }
+  return Status::Ok();
 }
 
 Status Coordinator::StartSecAgg(const std::vector<std::string>& selected) {
@@ -135,6 +167,9 @@ Status Coordinator::StartSecAgg(const std::vector<std::string>& selected) {
     auto plan = DistributedDpPlanFor(config_, n, dimension);
     if (!plan.ok()) return InvalidArgument("secagg round {}: {}", round_, plan.status().message());
     dp = *plan;
+    // Poisson sampling: the shares are planned for the expected q · total_sites,
+    // so a draw must fit the ring and hold the noise the plan promises.
+    if (Status fits = DistributedDpDrawFits(config_, round_, n, *dp); !fits.ok()) return fits;
     std::fill(weights.begin(), weights.end(), 1);
     scale = dp->scale;
     clip = config_.federation.dp().clip();
@@ -424,8 +459,9 @@ void Coordinator::FinishSecAgg() {
   }
   for (uint64_t bytes : st.record.bytes_up) record_.bytes_up += bytes;
   st.included = uint32_t(output->included.size());
-  // Distributed DP: the fixed denominator, the sites sampled (as DP-FedAvg's).
-  const double denominator = st.dp ? double(st.record.sites) : weight;
+  // Distributed DP: the fixed denominator, the sites sampled or under Poisson
+  // sampling the expected q · total_sites (as DP-FedAvg's).
+  const double denominator = st.dp ? DistributedDpDenominator(config_, st.record.sites) : weight;
   auto mean = secagg::Dequantize(output->sum, denominator, st.quantization);
   if (!mean.ok()) return FailRound(fmt::format("secagg round {}: {}", round_, mean.status().message()));
   spdlog::info("round {}: secagg sum of {} sites unmasked ({} dropped after sharing keys); error bound {:.3g} per "

@@ -197,7 +197,8 @@ int main(int argc, char** argv) {
                     "unmasks no sum of fewer inputs");
   serve->add_option("--sample-rate", config.sample_rate,
                     "Poisson sampling: each connected site joins each round with probability Q, instead of "
-                    "--clients-per-round (with DP: the accountant's q; DP-FedAvg divides by Q x --total-sites)");
+                    "--clients-per-round (with DP: the accountant's q; the mean divides by Q x --total-sites, and "
+                    "distributed DP plans its noise shares for them)");
   serve->add_option("--sample-seed", config.sample_seed,
                     "--sample-rate: draw from this seed instead of the server's CSPRNG (tests; 0: CSPRNG)");
   AddLogLevelFlag(*serve, &log_level);

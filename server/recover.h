@@ -44,8 +44,22 @@ Result<RecoveredFederation> RecoverFederation(const ServerConfig& config, Store&
 // Distributed DP (config.distributed_dp()): the plan of a round of `sites`
 // sampled sites summing `dimension` elements (privacy::PlanDistributedDpShares with
 // the config's z, clip, survivors and secagg_bits; the mean's denominator the
-// sites sampled). The same for a round as it runs and for its replay.
+// sites sampled). Under Poisson sampling (sample_rate q) the plan is the run's,
+// as estuary-sim's: the shares are calibrated for the expected q · total_sites
+// and the ring has room for privacy::PoissonPlannedMaximum(total_sites, q),
+// whatever the round drew. The same for a round as it runs and for its replay.
 Result<privacy::DistributedDpPlan> DistributedDpPlanFor(const ServerConfig& config, uint32_t sites,
                                                         uint64_t dimension);
+
+// The mean's fixed denominator under distributed DP: the sites sampled, or
+// under Poisson sampling the expected q · total_sites.
+double DistributedDpDenominator(const ServerConfig& config, uint32_t sites);
+
+// Under Poisson sampling, refuses (one line naming the round and the counts)
+// a draw of `sites` above the planned maximum, which the ring has no room
+// for, or below the plan's min_included, whose sum would hold less noise
+// than the plan promises. Ok without sampling.
+Status DistributedDpDrawFits(const ServerConfig& config, uint64_t round, uint32_t sites,
+                             const privacy::DistributedDpPlan& plan);
 
 }  // namespace estuary::server

@@ -42,10 +42,4 @@ std::vector<uint64_t> PoissonSampleIndices(uint64_t n, double q, uint64_t seed, 
   return joined;
 }
 
-uint32_t PoissonPlannedMaximum(uint32_t sites, double q) {
-  const double expected = q * sites;
-  const double most = std::ceil(expected + 6 * std::sqrt(expected * (1 - q))) + 1;
-  return uint32_t(std::min(most, double(sites)));
-}
-
 }  // namespace estuary::simulations

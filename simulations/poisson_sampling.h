@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "privacy/poisson_plan.h"
+
 namespace estuary::simulations {
 
 // The names that join round `round`, sorted; q in [0, 1].
@@ -26,7 +28,8 @@ std::vector<uint64_t> PoissonSampleIndices(uint64_t n, double q, uint64_t seed, 
 
 // The most sites a round of Poisson sampling plans room for: the expected
 // q·N plus six standard deviations, plus one, at most N. A draw above it has
-// probability below 1e-9; the simulator ends such a run with one line.
-uint32_t PoissonPlannedMaximum(uint32_t sites, double q);
+// probability below 1e-9; the simulator ends such a run with one line. In
+// privacy/poisson_plan.h, so that estuary-server plans as the simulator does.
+using privacy::PoissonPlannedMaximum;
 
 }  // namespace estuary::simulations

@@ -13,14 +13,17 @@
 
 #include <fstream>
 #include <regex>
+#include <set>
 #include <thread>
 
+#include "aggregation/sampling.h"
 #include "aggregation/strategy.h"
 #include "client/secagg_site.h"
 #include "crypto/sha256.h"
 #include "models/checkpoint.h"
 #include "privacy/accountant.h"
 #include "privacy/distributed_dp.h"
+#include "privacy/poisson_plan.h"
 #include "secagg/quantize.h"
 #include "secagg/wire.h"
 #include "tests/e2e/federation.h"
@@ -55,8 +58,10 @@ std::vector<Contribution> KeptInputs(const fs::path& dir, uint64_t round, const 
 
 // Plain aggregation of the same quantised inputs: their sum mod 2^32,
 // dequantised with the round's scale, folded by FedAvg into `previous`.
+// `denominator` > 0: the mean divides by it instead of the inputs' weight
+// (distributed DP under Poisson sampling: q · total_sites).
 std::vector<float> PlainAggregate(const std::vector<Contribution>& inputs, double clip, double scale,
-                                  std::vector<float> previous, uint64_t round) {
+                                  std::vector<float> previous, uint64_t round, double denominator = 0) {
   std::vector<uint32_t> sum(previous.size(), 0);
   double weight = 0;
   for (const Contribution& c : inputs) {
@@ -64,7 +69,8 @@ std::vector<float> PlainAggregate(const std::vector<Contribution>& inputs, doubl
     for (size_t i = 0; i < sum.size() && i < c.quantized.size(); ++i) sum[i] += c.quantized[i];
     weight += double(c.weight);
   }
-  auto mean = secagg::Dequantize(sum, weight, {.bits = 32, .clip_norm = clip, .scale = scale});
+  auto mean = secagg::Dequantize(sum, denominator > 0 ? denominator : weight,
+                                 {.bits = 32, .clip_norm = clip, .scale = scale});
   EXPECT_TRUE(mean.ok()) << mean.status().ToString();
   const std::vector<float> mean_f(mean->begin(), mean->end());
   auto fedavg = aggregation::MakeStrategy({.name = "fedavg"});
@@ -566,7 +572,11 @@ TEST(SecAggOverTls, CombinationsItCannotServeAreRefusedInOneLine) {
       {"--total-sites 4", "config: total_sites = 4 with strategy fedavg: it is for scaffold, or for sample_rate with "
                           "dp_noise_multiplier"},
       {"--secagg --dp distributed --dp-noise-multiplier 1 --sample-rate 0.5",
-       "config: sample_rate with dp = distributed: the sites' shares would have to be planned"},
+       "config: sample_rate with dp_noise_multiplier needs total_sites: the mean divides by the expected q · "
+       "total_sites, a constant the operator declares, not by who is connected, and the sites' noise shares are "
+       "planned for it"},
+      {"--secagg --dp distributed --dp-noise-multiplier 1 --total-sites 4",
+       "config: total_sites = 4 with strategy fedavg: it is for scaffold, or for sample_rate with"},
       {"--sample-rate 0.5 --clients-per-round 3",
        "serve: --sample-rate and --clients-per-round both choose a round's sites: give one"},
   };
@@ -753,6 +763,149 @@ TEST(DistributedDpOverTls, FewerInputsThanTheNoiseIsCalibratedForAreNotUnmasked)
   ASSERT_TRUE((*round)->secagg.has_value());
   EXPECT_EQ((*round)->secagg->stage, "masked input");
   EXPECT_EQ((*round)->secagg->answered[2], 3u);
+}
+
+// Poisson sampling under distributed DP (--sample-rate 0.75 --total-sites 4,
+// seeded for the test): four sites, z = 0.5, two rounds, the second in a
+// restarted server. The shares are planned for the run — the expected
+// q · total_sites = 3 sites, room in the ring for PoissonPlannedMaximum(4,
+// 0.75) = 4 — as estuary-sim plans them, not for the round's draw. Checked:
+// - each round takes exactly the seeded draw (3 and then 4 sites) and sums
+//   every one of their inputs, at the run's one scale;
+// - the committed model is bit for bit the plain aggregate of the noised
+//   inputs over q · total_sites = 3, not over the 4 drawn;
+// - each round's ε in `rounds show --json` is the accountant's for the
+//   Poisson-subsampled distributed discrete Gaussian at q = 0.75 with the
+//   shares each round summed, composed over the rounds — across the restart,
+//   whose replay plans the same way.
+TEST(DistributedDpOverTls, PoissonSampledRoundsArePlannedForTheExpectedPopulationAndChargedAtTheSampleRate) {
+  constexpr double kQ = 0.75, kZ = 0.5, kDelta = 1e-5;
+  constexpr uint32_t kTotal = 4;
+  const std::vector<std::string> names = {"site-a", "site-b", "site-c", "site-d"};
+  const uint32_t most = privacy::PoissonPlannedMaximum(kTotal, kQ);
+  EXPECT_EQ(most, 4u);
+  auto planned = privacy::PlanDistributedDpShares({.noise_multiplier = kZ,
+                                                   .clip = 1,
+                                                   .survivors = 1,
+                                                   .denominator = kQ * kTotal,
+                                                   .expected_sites = kQ * kTotal,
+                                                   .max_sites = most},
+                                                  32, 1, kMnistMlpElements);
+  ASSERT_TRUE(planned.ok()) << planned.status().ToString();
+  const privacy::DistributedDpPlan plan = *planned;
+  EXPECT_EQ(plan.min_included, 3u);
+  EXPECT_NE(plan.scale, PlanFor(kZ, 3).scale) << "the ring's room is for 4 sites, not the 3 expected";
+
+  Federation f;
+  for (const auto& s : names) {
+    f.Issue(s);
+    fs::create_directories(f.dir() / ("keep-" + s));
+  }
+  const std::vector<std::string> flags = {"--secagg", "--dp", "distributed", "--dp-noise-multiplier", "0.5",
+                                          "--dp-clip", "1", "--dp-delta", "1e-5", "--sample-rate", "0.75",
+                                          "--sample-seed", "3", "--total-sites", "4"};
+  for (uint64_t rounds : {1, 2}) {
+    const uint16_t port = f.StartServer(rounds, kTotal, flags);
+    std::vector<std::unique_ptr<ChildProcess>> children;
+    for (const auto& s : names) {
+      children.push_back(f.StartClient(s, port, {}, {"--secagg-keep-input", (f.dir() / ("keep-" + s)).string()}));
+    }
+    for (auto& c : children) EXPECT_EQ(c->Wait(), 0);
+    ASSERT_EQ(f.WaitServer(), 0) << f.ServerLog();
+  }
+  auto store = f.OpenStore();
+  ASSERT_TRUE(store);
+  auto rounds = store->Rounds();
+  ASSERT_TRUE(rounds.ok());
+  ASSERT_EQ(rounds->size(), 2u);
+  auto accountant = privacy::Accountant::Create(kDelta);
+  ASSERT_TRUE(accountant.ok());
+  const std::string server_bin = BinaryPath("estuary-server").string();
+  std::set<size_t> sizes;
+  for (const auto& r : *rounds) {
+    ASSERT_EQ(r.state, server::RoundState::kCommitted) << r.detail;
+    const std::vector<std::string> drawn = aggregation::PoissonSampleClients(names, kQ, 3, r.round);
+    sizes.insert(drawn.size());
+    std::vector<std::string> took;
+    for (const auto& [name, p] : ParticipationsByName(*store, r.round)) took.push_back(name);
+    EXPECT_EQ(took, drawn) << r.round;
+    ASSERT_TRUE(r.secagg.has_value());
+    EXPECT_EQ(r.secagg->scale, plan.scale) << r.round;
+
+    auto rdp = privacy::DistributedDpRoundRdp(plan, uint32_t(drawn.size()), kQ, accountant->orders());
+    ASSERT_TRUE(rdp.ok()) << rdp.status().ToString();
+    ASSERT_TRUE(accountant->AddRoundRdp(*rdp).ok());
+    const double epsilon = accountant->Spent().epsilon;
+    auto json = RunCommand(fmt::format("{} rounds show {} --db {} --json", server_bin, r.round, f.db().string()));
+    ASSERT_EQ(json.exit_code, 0) << json.output;
+    auto doc = nlohmann::json::parse(json.output, nullptr, false);
+    ASSERT_FALSE(doc.is_discarded()) << json.output;
+    EXPECT_EQ(doc["clients_selected"].get<size_t>(), drawn.size()) << r.round;
+    EXPECT_EQ(doc["updates_received"].get<size_t>(), drawn.size()) << r.round;  // the inputs in the sum
+    EXPECT_EQ(doc["privacy"]["sampling_rate"].get<double>(), kQ) << r.round;
+    EXPECT_NEAR(doc["privacy"]["epsilon"].get<double>(), epsilon, 1e-9 * epsilon) << r.round;
+    EXPECT_NEAR(doc["privacy"]["noise_stddev"].get<double>(),
+                std::sqrt(double(drawn.size()) * double(plan.site_variance)) / plan.scale, 1e-9)
+        << r.round;
+    // Subsampling amplifies: below the same round unsampled.
+    auto unsampled = privacy::DistributedDpRoundRdp(plan, uint32_t(drawn.size()), 1, accountant->orders());
+    ASSERT_TRUE(unsampled.ok());
+    auto alone = privacy::Accountant::Create(kDelta);
+    ASSERT_TRUE(alone.ok() && alone->AddRoundRdp(*unsampled).ok());
+    if (r.round == 1) EXPECT_LT(epsilon, alone->Spent().epsilon);
+  }
+  EXPECT_EQ(sizes, (std::set<size_t>{3, 4})) << "the seeded draws of rounds 1 and 2";
+  auto list = RunCommand(fmt::format("{} rounds list --db {}", server_bin, f.db().string()));
+  ASSERT_EQ(list.exit_code, 0) << list.output;
+  fmt::print("$ estuary-server rounds list\n{}", list.output);  // docs/PRIVACY.md shows it
+
+  // Round 2 drew 4 sites; its mean divides by q · total_sites = 3.
+  std::vector<Contribution> noised;
+  for (const auto& s : aggregation::PoissonSampleClients(names, kQ, 3, 2)) {
+    auto kept = KeptInputs(f.dir() / ("keep-" + s), 2);
+    ASSERT_EQ(kept.size(), 1u) << s;
+    noised.push_back(std::move(kept[0]));
+  }
+  const std::vector<float> committed = Checkpoint(*store, 2);
+  const std::vector<float> expected = PlainAggregate(noised, 1, plan.scale, Checkpoint(*store, 1), 2, kQ * kTotal);
+  ASSERT_EQ(committed.size(), expected.size());
+  EXPECT_EQ(std::memcmp(committed.data(), expected.data(), expected.size() * sizeof(float)), 0)
+      << "the committed model is not the noised inputs' aggregate over q · total_sites = 3";
+}
+
+// Poisson sampling under distributed DP refuses, with one line naming the
+// round and the counts, a draw the plan cannot hold: more sites than the
+// ring has room for (three connected, total_sites 2 at q = 1: room for 2),
+// and fewer than the noise is calibrated for (three connected, total_sites 8
+// at q = 0.5: the shares are for 4). Nothing is released, nothing spent.
+TEST(DistributedDpOverTls, PoissonDrawsThePlanCannotHoldAreRefused) {
+  const std::pair<std::vector<std::string>, std::string> cases[] = {
+      {{"--sample-rate", "1", "--total-sites", "2"},
+       "round 1 failed: secagg round 1: distributed DP: Poisson sampling drew 3 sites, more than the 2 the ring was "
+       "planned for (q 1 of total_sites 2): refusing the round"},
+      {{"--sample-rate", "0.5", "--sample-seed", "5", "--total-sites", "8"},
+       "sites, fewer than the 4 inputs the noise is calibrated for (q 0.5 of total_sites 8, --dp-survivors 1): "
+       "refusing the round"},
+  };
+  for (const auto& [sampling, line] : cases) {
+    Federation f;
+    f.exit_when_done = false;
+    std::vector<std::string> flags = {"--secagg", "--dp", "distributed", "--dp-noise-multiplier", "1", "--dp-clip",
+                                      "1"};
+    flags.insert(flags.end(), sampling.begin(), sampling.end());
+    std::vector<std::unique_ptr<ChildProcess>> children;
+    for (const auto& s : {"site-a", "site-b", "site-c"}) f.Issue(s);
+    const uint16_t port = f.StartServer(1, 3, flags);
+    for (const auto& s : {"site-a", "site-b", "site-c"}) children.push_back(f.StartClient(s, port));
+    ASSERT_TRUE(f.AwaitLog(line)) << f.ServerLog();
+    f.server().Kill();
+    auto store = f.OpenStore();
+    ASSERT_TRUE(store);
+    auto round = store->GetRound(1);
+    ASSERT_TRUE(round.ok() && round->has_value());
+    EXPECT_EQ((*round)->state, server::RoundState::kFailed);
+    EXPECT_FALSE((*round)->privacy.has_value());
+  }
 }
 
 }  // namespace

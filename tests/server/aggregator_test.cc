@@ -10,6 +10,7 @@
 #include "models/checkpoint.h"
 #include "server/aggregator.h"
 #include "server/config.h"
+#include "server/recover.h"
 #include "tests/e2e/harness.h"
 
 namespace estuary::server {
@@ -336,6 +337,56 @@ TEST(ServerConfig, AcceptsSyncAndAsyncModesOnly) {
   EXPECT_TRUE(config.Finalize().ok());
   config.mode = "buffered";
   EXPECT_EQ(config.Finalize().message(), "config: mode = 'buffered': expected sync or async");
+}
+
+// Distributed DP under Poisson sampling (sample_rate q, total_sites N): the
+// server plans the run as estuary-sim does — shares for the expected q·N
+// sites, room in the ring for PoissonPlannedMaximum(N, q), the mean over
+// q·N — whatever the round drew, and refuses a draw the plan cannot hold.
+TEST(ServerConfig, DistributedDpUnderPoissonSamplingIsPlannedForTheExpectedPopulation) {
+  ServerConfig config;
+  config.secagg.on = true;
+  config.dp_mode = "distributed";
+  config.federation.mutable_dp()->set_noise_multiplier(1);
+  config.federation.mutable_dp()->set_clip(1);
+  config.sample_rate = 0.1;
+  Status missing = config.Finalize();
+  EXPECT_NE(missing.message().find("config: sample_rate with dp_noise_multiplier needs total_sites"),
+            std::string::npos)
+      << missing.ToString();
+  EXPECT_EQ(missing.message().find('\n'), std::string::npos);
+  config.federation.mutable_strategy()->set_total_sites(1000);
+  ASSERT_TRUE(config.Finalize().ok()) << config.Finalize().ToString();
+
+  constexpr uint64_t kDimension = 199210;
+  auto simulator = privacy::PlanDistributedDpShares(
+      {.noise_multiplier = 1, .clip = 1, .survivors = 1, .denominator = 100, .expected_sites = 100, .max_sites = 158},
+      32, 100, kDimension);
+  ASSERT_TRUE(simulator.ok());
+  for (uint32_t drawn : {90u, 100u, 158u}) {
+    auto plan = DistributedDpPlanFor(config, drawn, kDimension);
+    ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+    EXPECT_EQ(plan->scale, simulator->scale) << drawn;
+    EXPECT_EQ(plan->site_variance, simulator->site_variance) << drawn;
+    EXPECT_EQ(plan->min_included, 100u) << drawn;
+    EXPECT_EQ(DistributedDpDenominator(config, drawn), 100) << drawn;
+  }
+  const privacy::DistributedDpPlan plan = *DistributedDpPlanFor(config, 100, kDimension);
+  EXPECT_TRUE(DistributedDpDrawFits(config, 7, 100, plan).ok());
+  EXPECT_TRUE(DistributedDpDrawFits(config, 7, 158, plan).ok());
+  EXPECT_EQ(DistributedDpDrawFits(config, 7, 159, plan).message(),
+            "secagg round 7: distributed DP: Poisson sampling drew 159 sites, more than the 158 the ring was planned "
+            "for (q 0.1 of total_sites 1000): refusing the round");
+  EXPECT_EQ(DistributedDpDrawFits(config, 7, 99, plan).message(),
+            "secagg round 7: distributed DP: Poisson sampling drew 99 sites, fewer than the 100 inputs the noise is "
+            "calibrated for (q 0.1 of total_sites 1000, --dp-survivors 1): refusing the round");
+  // Without sampling the plan is the round's own, and any draw fits.
+  config.sample_rate = 0;
+  config.federation.mutable_strategy()->set_total_sites(0);
+  ASSERT_TRUE(config.Finalize().ok()) << config.Finalize().ToString();
+  EXPECT_EQ(DistributedDpPlanFor(config, 90, kDimension)->min_included, 90u);
+  EXPECT_EQ(DistributedDpDenominator(config, 90), 90);
+  EXPECT_TRUE(DistributedDpDrawFits(config, 7, 1000, plan).ok());
 }
 
 }  // namespace
