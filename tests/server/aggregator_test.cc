@@ -346,6 +346,7 @@ TEST(ServerConfig, AcceptsSyncAndAsyncModesOnly) {
 TEST(ServerConfig, DistributedDpUnderPoissonSamplingIsPlannedForTheExpectedPopulation) {
   ServerConfig config;
   config.secagg.on = true;
+  config.federation.mutable_limits()->set_max_norm_over_median(0);  // as serve --secagg sets it
   config.dp_mode = "distributed";
   config.federation.mutable_dp()->set_noise_multiplier(1);
   config.federation.mutable_dp()->set_clip(1);
