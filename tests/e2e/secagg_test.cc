@@ -847,12 +847,13 @@ TEST(DistributedDpOverTls, PoissonSampledRoundsArePlannedForTheExpectedPopulatio
     EXPECT_NEAR(doc["privacy"]["noise_stddev"].get<double>(),
                 std::sqrt(double(drawn.size()) * double(plan.site_variance)) / plan.scale, 1e-9)
         << r.round;
-    // Subsampling amplifies: below the same round unsampled.
+    // Never above the same round unsampled. (At q = 0.75 the general
+    // subsampling bound gives this mechanism no gain: the two are equal.)
     auto unsampled = privacy::DistributedDpRoundRdp(plan, uint32_t(drawn.size()), 1, accountant->orders());
     ASSERT_TRUE(unsampled.ok());
     auto alone = privacy::Accountant::Create(kDelta);
     ASSERT_TRUE(alone.ok() && alone->AddRoundRdp(*unsampled).ok());
-    if (r.round == 1) EXPECT_LT(epsilon, alone->Spent().epsilon);
+    if (r.round == 1) EXPECT_LE(epsilon, alone->Spent().epsilon);
   }
   EXPECT_EQ(sizes, (std::set<size_t>{3, 4})) << "the seeded draws of rounds 1 and 2";
   auto list = RunCommand(fmt::format("{} rounds list --db {}", server_bin, f.db().string()));
