@@ -532,7 +532,6 @@ void Coordinator::AfterRound() {
 }
 
 void Coordinator::FailRound(const std::string& reason) {
-  spdlog::warn("round {} failed: {}", round_, reason);
   deadline_->Cancel();
   if (secagg_) LogIfError(store_.RecordSecAgg(round_, secagg_->record), "store");
   secagg_.reset();
@@ -541,6 +540,9 @@ void Coordinator::FailRound(const std::string& reason) {
                                  .kind = "round_failed",
                                  .detail = fmt::format("{}{}: {}", FailedTryPrefix(round_), failed_tries_ + 1, reason)}),
              "store");
+  // Logged once the round log holds the failure, so whoever reads the line
+  // (an operator, a test) finds it there.
+  spdlog::warn("round {} failed: {}", round_, reason);
   state_ = RoundState::kFailed;
   if (metrics_) metrics_->RoundEnded(RoundState::kFailed, SecondsSince(round_started_));
   for (auto& [name, p] : participants_) slots_.Release(name);
