@@ -28,58 +28,11 @@
 #include "secagg/wire.h"
 #include "tests/e2e/federation.h"
 #include "tests/e2e/harness.h"
+#include "tests/secagg/kept_inputs.h"
 
 namespace estuary::testing {
 namespace {
 
-// What one site contributed to a round: the quantised input it kept, and its weight.
-struct Contribution {
-  std::vector<uint32_t> quantized;
-  uint64_t weight = 0;
-};
-
-// Every round-R.site-U.w-W.u32 file under `dir` (with `suffix` ".noise":
-// a distributed-DP site's noise share, round-R.site-U.w-W.noise.u32).
-std::vector<Contribution> KeptInputs(const fs::path& dir, uint64_t round, const std::string& suffix = "") {
-  std::vector<Contribution> out;
-  const std::regex name(fmt::format(R"(round-{}\.site-\d+\.w-(\d+){}\.u32)", round, suffix));
-  for (const auto& entry : fs::directory_iterator(dir)) {
-    std::smatch m;
-    const std::string file = entry.path().filename().string();
-    if (!std::regex_match(file, m, name)) continue;
-    std::ifstream in(entry.path(), std::ios::binary);
-    std::string bytes{std::istreambuf_iterator<char>(in), {}};
-    Contribution c{.quantized = std::vector<uint32_t>(bytes.size() / 4), .weight = std::stoull(m[1].str())};
-    std::memcpy(c.quantized.data(), bytes.data(), bytes.size());
-    out.push_back(std::move(c));
-  }
-  return out;
-}
-
-// Plain aggregation of the same quantised inputs: their sum mod 2^32,
-// dequantised with the round's scale, folded by FedAvg into `previous`.
-// `denominator` > 0: the mean divides by it instead of the inputs' weight
-// (distributed DP under Poisson sampling: q · total_sites).
-std::vector<float> PlainAggregate(const std::vector<Contribution>& inputs, double clip, double scale,
-                                  std::vector<float> previous, uint64_t round, double denominator = 0) {
-  std::vector<uint32_t> sum(previous.size(), 0);
-  double weight = 0;
-  for (const Contribution& c : inputs) {
-    EXPECT_EQ(c.quantized.size(), sum.size());
-    for (size_t i = 0; i < sum.size() && i < c.quantized.size(); ++i) sum[i] += c.quantized[i];
-    weight += double(c.weight);
-  }
-  auto mean = secagg::Dequantize(sum, denominator > 0 ? denominator : weight,
-                                 {.bits = 32, .clip_norm = clip, .scale = scale});
-  EXPECT_TRUE(mean.ok()) << mean.status().ToString();
-  const std::vector<float> mean_f(mean->begin(), mean->end());
-  auto fedavg = aggregation::MakeStrategy({.name = "fedavg"});
-  EXPECT_TRUE(fedavg.ok());
-  EXPECT_TRUE((*fedavg)->Begin(round, previous).ok());
-  EXPECT_TRUE((*fedavg)->Fold(mean_f, weight).ok());
-  EXPECT_TRUE((*fedavg)->Finish(previous).ok());
-  return previous;
-}
 
 std::vector<float> Checkpoint(server::Store& store, uint64_t round) {
   auto path = store.CheckpointFor(round);

@@ -9,17 +9,14 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
-#include <fstream>
-#include <regex>
 
-#include "aggregation/strategy.h"
 #include "models/checkpoint.h"
-#include "secagg/quantize.h"
 #include "server/store.h"
 #include "simulations/loopback_dropout.h"
 #include "simulations/runner.h"
 #include "simulations/scenario_checks.h"
 #include "tests/e2e/harness.h"
+#include "tests/secagg/kept_inputs.h"
 #include "tests/simulations/small_mnist.h"
 
 namespace estuary::simulations {
@@ -43,40 +40,6 @@ std::vector<float> Checkpoint(server::Store& store, uint64_t round) {
   auto checkpoint = models::LoadCheckpoint(**path);
   EXPECT_TRUE(checkpoint.ok());
   return checkpoint.ok() ? checkpoint->data : std::vector<float>{};
-}
-
-// FedAvg of the plain sum (mod 2^32) of every round-R.site-U.w-W.u32 the
-// sites kept, dequantised with the round's scale, folded into `previous`.
-// `inputs`: how many there were.
-std::vector<float> PlainAggregateOfKept(const fs::path& dir, uint64_t round, double scale,
-                                        std::vector<float> previous, size_t* inputs) {
-  const std::regex name(fmt::format(R"(round-{}\.site-\d+\.w-(\d+)\.u32)", round));
-  std::vector<uint32_t> sum(previous.size(), 0);
-  double weight = 0;
-  *inputs = 0;
-  for (const auto& entry : fs::directory_iterator(dir)) {
-    std::smatch m;
-    const std::string file = entry.path().filename().string();
-    if (!std::regex_match(file, m, name)) continue;
-    std::ifstream in(entry.path(), std::ios::binary);
-    const std::string bytes{std::istreambuf_iterator<char>(in), {}};
-    EXPECT_EQ(bytes.size(), sum.size() * 4) << file;
-    std::vector<uint32_t> q(sum.size(), 0);
-    std::memcpy(q.data(), bytes.data(), std::min(bytes.size(), q.size() * 4));
-    for (size_t i = 0; i < sum.size(); ++i) sum[i] += q[i];
-    weight += std::stod(m[1].str());
-    ++*inputs;
-  }
-  auto mean = secagg::Dequantize(sum, weight, {.bits = 32, .clip_norm = 100, .scale = scale});
-  EXPECT_TRUE(mean.ok()) << mean.status().ToString();
-  if (!mean.ok()) return {};
-  const std::vector<float> mean_f(mean->begin(), mean->end());
-  auto fedavg = aggregation::MakeStrategy({.name = "fedavg"});
-  EXPECT_TRUE(fedavg.ok());
-  EXPECT_TRUE((*fedavg)->Begin(round, previous).ok());
-  EXPECT_TRUE((*fedavg)->Fold(mean_f, weight).ok());
-  EXPECT_TRUE((*fedavg)->Finish(previous).ok());
-  return previous;
 }
 
 // Small enough for CI: two rounds (round 2 has a checkpoint before it); ten
@@ -144,10 +107,10 @@ TEST_P(LoopbackDropout, EveryRoundCommitsThePlainSumOfTheSurvivorsAndCountsTheDr
     EXPECT_EQ(r.secagg->stage, "done");
     EXPECT_EQ(DropoutsByDrawnStage(*r.secagg), drawn);
     if (round == 1) continue;  // its previous model is the initial one, not a checkpoint
-    size_t inputs = 0;
+    const std::vector<testing::Contribution> kept = testing::KeptInputs(s.secagg_keep_dir, round);
     const std::vector<float> expected =
-        PlainAggregateOfKept(s.secagg_keep_dir, round, r.secagg->scale, Checkpoint(**store, round - 1), &inputs);
-    EXPECT_EQ(inputs, row.updates_received) << "round " << round;
+        testing::PlainAggregate(kept, 100, r.secagg->scale, Checkpoint(**store, round - 1), round);
+    EXPECT_EQ(kept.size(), row.updates_received) << "round " << round;
     const std::vector<float> committed = Checkpoint(**store, round);
     ASSERT_EQ(committed.size(), expected.size());
     EXPECT_EQ(std::memcmp(committed.data(), expected.data(), expected.size() * sizeof(float)), 0)
