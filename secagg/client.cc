@@ -25,9 +25,9 @@ const char* StageName(int stage) {
 Result<SecAggClient> SecAggClient::Create(const ProtocolConfig& config, uint32_t site) {
   ESTUARY_RETURN_IF_ERROR(CheckProtocolConfig(config));
   if (site >= config.sites) return InvalidArgument("secagg site {}: not among the {} sites", site, config.sites);
-  ESTUARY_ASSIGN_OR_RETURN(NeighbourGraph graph, NeighbourGraph::Harary(int(config.sites), config.degree,
-                                                                        config.graph_seed));
-  SecAggClient client(config, site, std::move(graph));
+  ESTUARY_ASSIGN_OR_RETURN(SiteNeighbours neighbours,
+                           SiteNeighbours::Of(site, int(config.sites), config.degree, config.graph_seed));
+  SecAggClient client(config, site, std::move(neighbours));
   ESTUARY_ASSIGN_OR_RETURN(client.mask_keys_, GenerateX25519KeyPair());
   ESTUARY_ASSIGN_OR_RETURN(client.share_keys_, GenerateX25519KeyPair());
   ESTUARY_ASSIGN_OR_RETURN(client.self_seed_, RandomKey());
@@ -73,7 +73,7 @@ Result<ShareKeys> SecAggClient::Share(const KeysBroadcast& keys) {
       return Refuse(ProtocolError("{}: keys of site {}, not among the {} sites", where, peer.site, config_.sites));
     }
     if (peer.site == site_) return Refuse(ProtocolError("{}: keys of this site itself", where));
-    if (!graph_.Adjacent(site_, peer.site)) {
+    if (!neighbours_.Contains(peer.site)) {
       return Refuse(ProtocolError("{}: keys of site {}, not a neighbour", where, peer.site));
     }
     if (!peers_.emplace(peer.site, peer).second) {
@@ -269,7 +269,7 @@ Result<UnmaskResponse> SecAggClient::Unmask(const UnmaskRequest& request, const 
   std::set<uint32_t> signers;
   for (const SurvivorsSigned& signature : request.signatures) {
     const uint32_t v = signature.site;
-    if (v >= config_.sites || v == site_ || !graph_.Adjacent(site_, v) || !survivors_[v]) {
+    if (v >= config_.sites || v == site_ || !neighbours_.Contains(v) || !survivors_[v]) {
       return ProtocolError("{}: a signature of site {}, not a neighbour in the survivor set", where, v);
     }
     if (!signers.insert(v).second) return ProtocolError("{}: two signatures of site {}", where, v);

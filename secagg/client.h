@@ -87,7 +87,7 @@ class SecAggClient {
   ~SecAggClient();
 
   uint32_t site() const { return site_; }
-  const NeighbourGraph& graph() const { return graph_; }
+  const SiteNeighbours& neighbours() const { return neighbours_; }
 
   // Round 0: the public keys.
   Result<AdvertiseKeys> Advertise();
@@ -117,8 +117,8 @@ class SecAggClient {
 
  private:
   enum class Stage { kAdvertise, kShare, kMask, kMasking, kConsistency, kUnmask, kDone };
-  SecAggClient(const ProtocolConfig& config, uint32_t site, NeighbourGraph graph)
-      : config_(config), site_(site), graph_(std::move(graph)) {}
+  SecAggClient(const ProtocolConfig& config, uint32_t site, SiteNeighbours neighbours)
+      : config_(config), site_(site), neighbours_(std::move(neighbours)) {}
   Status Expect(Stage stage, std::string_view call);
   // `status` as the site's refusal: the stage ends.
   Status Refuse(Status status);
@@ -129,7 +129,7 @@ class SecAggClient {
 
   ProtocolConfig config_;
   uint32_t site_ = 0;
-  NeighbourGraph graph_;
+  SiteNeighbours neighbours_;  // its own k, not the graph's n · k
   Stage stage_ = Stage::kAdvertise;
   X25519KeyPair mask_keys_, share_keys_;
   Key32 self_seed_{};

@@ -40,6 +40,10 @@ int DefaultThreshold(int degree);
 
 inline constexpr uint64_t kMaxGraphEntries = uint64_t{1} << 24;
 
+// Whether Harary(sites, degree, ·) exists and is small enough to build,
+// without building it: the refusals Harary and SiteNeighbours::Of give.
+Status CheckGraphShape(int sites, int degree);
+
 class NeighbourGraph {
  public:
   // Sites are 0..sites−1. degree must be even with 2 <= degree < sites, or
@@ -57,6 +61,24 @@ class NeighbourGraph {
  private:
   int degree_ = 0;
   std::vector<std::vector<uint32_t>> neighbours_;
+};
+
+// One site's neighbours in the graph Harary(sites, degree, round_seed) builds:
+// what a site keeps (k ids) instead of the whole graph (n · k ids, 2 MB a site
+// at n = 10,000). Finding them still draws the whole permutation (4n bytes,
+// freed before Of returns), so building one costs O(n) time, a ChaCha20 word
+// and a swap per site; the complete graph keeps its n − 1 ids.
+class SiteNeighbours {
+ public:
+  // The same arguments, and refusals, as Harary; site < sites.
+  static Result<SiteNeighbours> Of(uint32_t site, int sites, int degree, const Key32& round_seed);
+
+  // Sorted ascending, without the site itself.
+  const std::vector<uint32_t>& ids() const { return ids_; }
+  bool Contains(uint32_t other) const;
+
+ private:
+  std::vector<uint32_t> ids_;
 };
 
 }  // namespace estuary::secagg

@@ -20,7 +20,9 @@ Status CheckProtocolConfig(const ProtocolConfig& config) {
   if (config.sites < 2 || config.sites > (1u << 24)) {
     return InvalidArgument("secagg: {} sites: need 2 to 2^24", config.sites);
   }
-  ESTUARY_RETURN_IF_ERROR(NeighbourGraph::Harary(int(config.sites), config.degree, config.graph_seed).status());
+  // The shape only: each party builds the graph (server) or its own row of it
+  // (a site) once, after this.
+  ESTUARY_RETURN_IF_ERROR(CheckGraphShape(int(config.sites), config.degree));
   // A strict majority: honest neighbours then cannot hand the server both
   // secrets of one site, even told different stories (docs/SECAGG.md).
   if (config.threshold <= config.degree / 2 || config.threshold > config.degree) {

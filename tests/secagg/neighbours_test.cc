@@ -94,6 +94,40 @@ TEST(NeighbourGraph, AGraphLargerThanASiteShouldHoldIsRefused) {
     EXPECT_NE(graph.status().message().find("more than 2^24"), std::string::npos) << graph.status().message();
   }
   EXPECT_TRUE(NeighbourGraph::Harary(1 << 16, 16, CountingKey(1)).ok());
+  for (auto [n, k] : {std::pair{1 << 20, 18}, std::pair{5000, 4999}}) {
+    auto one = SiteNeighbours::Of(0, n, k, CountingKey(1));
+    ASSERT_FALSE(one.ok()) << n << " " << k;
+    EXPECT_NE(one.status().message().find("more than 2^24"), std::string::npos) << one.status().message();
+  }
+}
+
+// What a site keeps is its row of the graph the server builds, for every
+// site, sparse and complete, and changes with the seed as the graph does.
+TEST(SiteNeighbours, EachSiteFindsItsRowOfTheServersGraph) {
+  for (auto [n, k, seed] : {std::tuple{10, 4, 1}, std::tuple{10, 9, 1}, std::tuple{101, 14, 2}, std::tuple{1000, 30, 3}}) {
+    auto graph = NeighbourGraph::Harary(n, k, CountingKey(seed));
+    ASSERT_TRUE(graph.ok()) << graph.status().ToString();
+    for (uint32_t site = 0; site < uint32_t(n); ++site) {
+      auto mine = SiteNeighbours::Of(site, n, k, CountingKey(seed));
+      ASSERT_TRUE(mine.ok()) << mine.status().ToString();
+      ASSERT_EQ(mine->ids(), graph->Neighbours(site)) << "n " << n << " k " << k << " site " << site;
+      for (uint32_t other = 0; other < uint32_t(n); ++other) {
+        ASSERT_EQ(mine->Contains(other), graph->Adjacent(site, other)) << site << " " << other;
+      }
+    }
+  }
+  auto other_seed = SiteNeighbours::Of(0, 1000, 30, CountingKey(4));
+  auto graph = NeighbourGraph::Harary(1000, 30, CountingKey(3));
+  ASSERT_TRUE(other_seed.ok() && graph.ok());
+  EXPECT_NE(other_seed->ids(), graph->Neighbours(0));
+}
+
+TEST(SiteNeighbours, ASiteOutsideTheGraphIsRefused) {
+  auto outside = SiteNeighbours::Of(10, 10, 4, CountingKey(1));
+  ASSERT_FALSE(outside.ok());
+  EXPECT_NE(outside.status().message().find("site 10 is not among the graph's 10 sites"), std::string::npos)
+      << outside.status().message();
+  EXPECT_FALSE(SiteNeighbours::Of(0, 10, 3, CountingKey(1)).ok());
 }
 
 }  // namespace

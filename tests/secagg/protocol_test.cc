@@ -381,7 +381,7 @@ TEST(Protocol, ASiteRevealsOneSecretPerPeerByTheSetItSignedAndAnswersOnce) {
   ASSERT_TRUE(response.ok()) << response.status().ToString();
   std::set<uint32_t> seeds;
   for (const PeerShare& share : response->seed_shares) seeds.insert(share.peer);
-  const std::vector<uint32_t> neighbours = site.graph().Neighbours(0);
+  const std::vector<uint32_t> neighbours = site.neighbours().ids();
   EXPECT_EQ(seeds, std::set<uint32_t>(neighbours.begin(), neighbours.end()));
   EXPECT_TRUE(response->key_shares.empty());
   // It answers once: a second request, however signed, gets nothing.
@@ -396,7 +396,7 @@ TEST(Protocol, ASiteRevealsOneSecretPerPeerByTheSetItSignedAndAnswersOnce) {
 TEST(Protocol, ASiteRevealsTheKeyShareOfANeighbourOutsideTheSetItSigned) {
   auto at = DriveToConsistency();
   ASSERT_TRUE(at.ok()) << at.status().ToString();
-  const std::vector<uint32_t> neighbours = at->clients.at(0).graph().Neighbours(0);
+  const std::vector<uint32_t> neighbours = at->clients.at(0).neighbours().ids();
   const uint32_t x = neighbours[0];
   SurvivorSet without_x;
   for (uint32_t u : at->survivors.survived) {
@@ -493,7 +493,7 @@ TEST(Protocol, MalformedMessagesAreRefusedAndChangeNothing) {
   // A share of a site that is not its neighbour.
   UnmaskResponse stranger = *response;
   uint32_t far = 0;
-  while (far == 2 || at->clients.at(2).graph().Adjacent(2, far)) ++far;
+  while (far == 2 || at->clients.at(2).neighbours().Contains(far)) ++far;
   stranger.seed_shares[0].peer = far;
   EXPECT_EQ(at->server.Receive(stranger).message(),
             fmt::format("secagg round 17: unmasking response from site 2: a share of site {}, whose shares it does not "
@@ -522,32 +522,34 @@ TEST(Protocol, MalformedMessagesAreRefusedAndChangeNothing) {
 TEST(Protocol, TwoSurvivorSetsAreRefusedByTheSitesOnBothSides) {
   auto at = DriveToConsistency();
   ASSERT_TRUE(at.ok()) << at.status().ToString();
-  const NeighbourGraph& graph = at->clients.at(0).graph();
+  const NeighbourGraph& graph = at->server.graph();
+  const SiteNeighbours& zeros = at->clients.at(0).neighbours();
+  ASSERT_EQ(zeros.ids(), graph.Neighbours(0));
   uint32_t x = 1;
-  while (graph.Adjacent(0, x)) ++x;
+  while (zeros.Contains(x)) ++x;
   SurvivorSet without_x;
   for (uint32_t u : at->survivors.survived) {
     if (u != x) without_x.survived.push_back(u);
   }
   std::map<uint32_t, std::string> confirmed;
   for (auto& [u, client] : at->clients) {
-    const bool told_other = graph.Adjacent(0, u);
+    const bool told_other = zeros.Contains(u);
     auto message = client.ConfirmSurvivors(told_other ? without_x : at->survivors);
     ASSERT_TRUE(message.ok()) << message.status().ToString();
     confirmed[u] = *message;
   }
-  EXPECT_NE(confirmed.at(0), confirmed.at(graph.Neighbours(0)[0]));
+  EXPECT_NE(confirmed.at(0), confirmed.at(zeros.ids()[0]));
   // Site 0 with every neighbour's signature, as they signed.
   UnmaskRequest request;
-  for (uint32_t v : graph.Neighbours(0)) request.signatures.push_back({v, UnauthenticatedSignature(confirmed.at(v))});
+  for (uint32_t v : zeros.ids()) request.signatures.push_back({v, UnauthenticatedSignature(confirmed.at(v))});
   auto response = at->clients.at(0).Unmask(request, UnauthenticatedSurvivorsCheck);
   ASSERT_FALSE(response.ok());
   EXPECT_EQ(response.status().message(),
             fmt::format("secagg site 0: round 17: unmasking: site {}'s signature on the survivor set refused: site {} "
                         "confirmed another survivor set",
-                        graph.Neighbours(0)[0], graph.Neighbours(0)[0]));
+                        zeros.ids()[0], zeros.ids()[0]));
   // A neighbour of site 0, asked for x's mask key: site 0's signature is over the other set.
-  const uint32_t n0 = graph.Neighbours(0)[1];
+  const uint32_t n0 = zeros.ids()[1];
   UnmaskRequest other;
   for (uint32_t v : graph.Neighbours(n0)) {
     if (v != x) other.signatures.push_back({v, UnauthenticatedSignature(confirmed.at(v))});
@@ -557,7 +559,7 @@ TEST(Protocol, TwoSurvivorSetsAreRefusedByTheSitesOnBothSides) {
   EXPECT_NE(response.status().message().find("signature on the survivor set refused"), std::string::npos)
       << response.status().message();
   // Leaving out the signatures that disagree leaves site 0 short of t...
-  const uint32_t n1 = graph.Neighbours(0)[2];
+  const uint32_t n1 = zeros.ids()[2];
   auto honest_only = at->clients.at(n1).Unmask(UnmaskRequest{}, UnauthenticatedSurvivorsCheck);
   ASSERT_FALSE(honest_only.ok());
   EXPECT_EQ(honest_only.status().message(),
@@ -597,7 +599,7 @@ TEST(Protocol, TooFewStrangeOrRepeatedSignaturesAreRefused) {
   UnmaskRequest padded = at->requests.at(1);
   padded.signatures.resize(2);
   uint32_t far = 0;
-  while (far == 1 || at->clients.at(1).graph().Adjacent(1, far)) ++far;
+  while (far == 1 || at->clients.at(1).neighbours().Contains(far)) ++far;
   padded.signatures.push_back({far, UnauthenticatedSignature(at->confirmed.at(far))});
   EXPECT_EQ(refused(1, padded), fmt::format("secagg site 1: round 17: unmasking: a signature of site {}, not a "
                                             "neighbour in the survivor set",
