@@ -89,8 +89,17 @@ GemmEngine ChooseGemmEngine(bool /*trans_a*/, bool trans_b, int m, int n, int k,
   return small ? GemmEngine::kXsmm : GemmEngine::kOpenBlas;
 }
 
+bool XsmmForwardPaysAtWidth(int lanes, int n, int in, int out) {
+  return lanes >= 16 && n <= kSmallGemmDim && ChooseGemmEngine(false, false, out, n, in, 1.0f, 0.0f) == GemmEngine::kXsmm;
+}
+
 bool XsmmForwardPays(int n, int in, int out) {
-  return n <= kSmallGemmDim && ChooseGemmEngine(false, false, out, n, in, 1.0f, 0.0f) == GemmEngine::kXsmm;
+#ifdef ESTUARY_HAVE_XSMM
+  static const int lanes = libxsmm_get_target_archid() >= LIBXSMM_X86_AVX512 ? 16 : 8;
+#else
+  constexpr int lanes = 0;
+#endif
+  return XsmmForwardPaysAtWidth(lanes, n, in, out);
 }
 
 void SgemmOn(GemmEngine engine, bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a, int lda,

@@ -40,12 +40,18 @@ GemmEngine ChooseGemmEngine(bool trans_a, bool trans_b, int m, int n, int k, flo
 
 // Whether a layer's y = x·Wᵀ (x [n, in], W [out, in]), which puts the
 // transpose where libxsmm takes none, is formed as yᵀ = W·xᵀ on libxsmm, the
-// layer transposing x and y: at a small batch n, for every layer. On the last
-// layers (10 outputs) too: bench/small_gemm measures libxsmm 1.6-13x faster
-// there with this machine's OPENBLAS_CORETYPE=Haswell (OpenBLAS's AVX-512
-// kernels, without it, pack those small matrices for less than the two
-// transposes cost).
+// layer transposing x and y: at a small batch n, for every layer, where the
+// kernels are AVX-512's. The vector then runs along the batch: 10 of AVX-512's
+// 16 lanes, and bench/small_gemm measured libxsmm 1.6-13x faster there (with
+// OPENBLAS_CORETYPE=Haswell). AVX2's 8 lanes hold a batch of 10 as a vector
+// and a quarter, and on an AVX2-only EPYC the same bench measured the
+// transposed forward at 0.47-0.59x OpenBLAS's y = x·Wᵀ for every layer of
+// the MLP and CNN, so there the forward stays on OpenBLAS. A fixed rule of
+// the CPU, as the rest of the choice: a machine always picks the same kernel.
 bool XsmmForwardPays(int n, int in, int out);
+// The same rule for kernels of the given vector width in floats (16: AVX-512,
+// 8: AVX2), whatever this CPU has.
+bool XsmmForwardPaysAtWidth(int lanes, int n, int in, int out);
 
 // As cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, ...).
 void Sgemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a, int lda, const float* b,
