@@ -90,7 +90,9 @@ GemmEngine ChooseGemmEngine(bool /*trans_a*/, bool trans_b, int m, int n, int k,
 }
 
 bool XsmmForwardPaysAtWidth(int lanes, int n, int in, int out) {
-  return lanes >= 16 && n <= kSmallGemmDim && ChooseGemmEngine(false, false, out, n, in, 1.0f, 0.0f) == GemmEngine::kXsmm;
+  const bool fills_vectors = lanes >= 16 || (lanes > 0 && n % lanes == 0);
+  return fills_vectors && n <= kSmallGemmDim &&
+         ChooseGemmEngine(false, false, out, n, in, 1.0f, 0.0f) == GemmEngine::kXsmm;
 }
 
 bool XsmmForwardPays(int n, int in, int out) {

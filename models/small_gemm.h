@@ -40,14 +40,16 @@ GemmEngine ChooseGemmEngine(bool trans_a, bool trans_b, int m, int n, int k, flo
 
 // Whether a layer's y = x·Wᵀ (x [n, in], W [out, in]), which puts the
 // transpose where libxsmm takes none, is formed as yᵀ = W·xᵀ on libxsmm, the
-// layer transposing x and y: at a small batch n, for every layer, where the
-// kernels are AVX-512's. The vector then runs along the batch: 10 of AVX-512's
-// 16 lanes, and bench/small_gemm measured libxsmm 1.6-13x faster there (with
-// OPENBLAS_CORETYPE=Haswell). AVX2's 8 lanes hold a batch of 10 as a vector
-// and a quarter, and on an AVX2-only EPYC the same bench measured the
-// transposed forward at 0.47-0.59x OpenBLAS's y = x·Wᵀ for every layer of
-// the MLP and CNN, so there the forward stays on OpenBLAS. A fixed rule of
-// the CPU, as the rest of the choice: a machine always picks the same kernel.
+// layer transposing x and y, at a small batch n. The vector then runs along
+// the batch. AVX-512's 16 lanes hold any batch up to 16 in one masked vector,
+// and bench/small_gemm measured libxsmm 1.6-13x faster at 10 and 32 (with
+// OPENBLAS_CORETYPE=Haswell): every small batch goes there. AVX2's 8 lanes
+// hold a batch of 10 as a vector and a quarter, and on an AVX2-only EPYC the
+// same bench measured the transposed forward at 0.49-0.62x OpenBLAS's
+// y = x·Wᵀ at batch 10 and 0.88-1.6x at 20, but 1.0-2.5x at 8, 16 and 32
+// (evaluation's batch): there it goes to libxsmm when the batch is a whole
+// number of vectors. A fixed rule of the CPU and the shape, as the rest of
+// the choice: a machine always picks the same kernel for a batch.
 bool XsmmForwardPays(int n, int in, int out);
 // The same rule for kernels of the given vector width in floats (16: AVX-512,
 // 8: AVX2), whatever this CPU has.

@@ -99,13 +99,18 @@ TEST(SmallGemm, SmallBatchProductsGoToLibxsmmTheRestToOpenBlas) {
   // No small dimension (evaluation at batch 500): OpenBLAS.
   EXPECT_EQ(ChooseGemmEngine(false, false, 200, 500, 784, 1, 0), GemmEngine::kOpenBlas);
   // The forward as yᵀ = W·xᵀ with AVX-512's kernels: for every layer at batch 10 and at evaluation's 32
-  // (fc3 too, so that a row's logits do not depend on its batch), not at 500; with AVX2's, for none.
+  // (fc3 too, so that a row's logits do not depend on its batch), not at 500; with AVX2's, at 8, 16, 32
+  // (whole vectors), not at 10 or 20.
   for (auto [n, in, out] : {std::tuple{10, 784, 200}, std::tuple{10, 200, 200}, std::tuple{10, 200, 10},
-                            std::tuple{32, 3136, 512}}) {
+                            std::tuple{32, 3136, 512}, std::tuple{20, 784, 200}}) {
     EXPECT_TRUE(XsmmForwardPaysAtWidth(16, n, in, out)) << n << " " << in << " " << out;
-    EXPECT_FALSE(XsmmForwardPaysAtWidth(8, n, in, out)) << n << " " << in << " " << out;
+    EXPECT_FALSE(XsmmForwardPaysAtWidth(8, n, in, out) && n % 8 != 0) << n << " " << in << " " << out;
   }
+  for (int n : {8, 16, 24, 32}) EXPECT_TRUE(XsmmForwardPaysAtWidth(8, n, 784, 200)) << n;
+  for (int n : {10, 20, 30}) EXPECT_FALSE(XsmmForwardPaysAtWidth(8, n, 784, 200)) << n;
   EXPECT_FALSE(XsmmForwardPaysAtWidth(16, 500, 784, 200));
+  EXPECT_FALSE(XsmmForwardPaysAtWidth(8, 512, 784, 200));
+  EXPECT_FALSE(XsmmForwardPaysAtWidth(0, 32, 784, 200));
   const std::string target = XsmmTarget();
   if (target == "hsw") EXPECT_FALSE(XsmmForwardPays(10, 784, 200));
   if (target == "skx" || target == "clx" || target == "cpx") EXPECT_TRUE(XsmmForwardPays(10, 784, 200));
