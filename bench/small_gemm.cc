@@ -9,6 +9,8 @@
 // both alike; each line prints both medians, GFLOP/s, the ratio, and the
 // engine models::Sgemm picks for the shape.
 // With --model cnn, its fully connected layers and the per-image products of its convolutions.
+// Where the CPU has AVX2 and FMA, each forward also runs on models/dot_forward.h's
+// kernel against OpenBLAS ("forward, dot").
 //   build/bench/small_gemm [--model mlp|cnn] [--batch 10,500] [--steps 15]
 #include <fmt/format.h>
 
@@ -16,6 +18,7 @@
 #include <vector>
 
 #include "bench/harness.h"
+#include "models/dot_forward.h"
 #include "models/small_gemm.h"
 
 using namespace estuary;
@@ -96,6 +99,18 @@ int main(int argc, char** argv) {
              }
            }),
            models::XsmmForwardPays(n, l.in, l.out) ? GemmEngine::kXsmm : GemmEngine::kOpenBlas);
+      if (models::HaveDotForward()) {  // the AVX2 dot-product forward, same product, against OpenBLAS
+        const auto [dot, blas] = Time(reps, [&](GemmEngine e) {
+          if (e == GemmEngine::kXsmm) {
+            models::DotForward(x.data(), n, l.in, w.data(), l.out, nullptr, false, y.data());
+          } else {
+            models::SgemmOn(e, false, true, n, l.out, l.in, 1.0f, x.data(), l.in, w.data(), l.in, 0.0f, y.data(),
+                            l.out);
+          }
+        });
+        fmt::print("{:<28} {:>11.2f} {:>11.2f} {:>9.1f} {:>9.1f} {:>8.2f}  (dot kernel in the first column)\n",
+                   shape + " forward, dot", dot * 1e6, blas * 1e6, flop / dot / 1e9, flop / blas / 1e9, blas / dot);
+      }
       line(shape + " W += dYt.X", Time(reps, [&](GemmEngine e) {
              models::SgemmOn(e, true, false, l.out, l.in, n, 1.0f, dy.data(), l.out, x.data(), l.in, 1.0f, w.data(),
                              l.in);

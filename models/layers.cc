@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "models/conv_dnnl.h"
+#include "models/dot_forward.h"
 #include "models/small_gemm.h"
 
 namespace estuary::models {
@@ -55,6 +56,11 @@ void Linear::Forward(const float* x, int n, float* y, Activation activation) con
       }
     }
     return;
+  }
+  // Where it does not (AVX2 at training's batch of 10), dot products of x's
+  // rows with W's, which pack nothing (models/dot_forward.h).
+  if (small_batch && n <= kSmallGemmDim && HaveDotForward()) {
+    return DotForward(x, n, in, w, out, b, activation == Activation::kRelu, y);
   }
   if (b) {
     for (int i = 0; i < n; ++i) std::memcpy(y + int64_t(i) * out, b, sizeof(float) * out);

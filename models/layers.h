@@ -22,7 +22,8 @@ enum class Activation { kNone, kRelu };
 struct Linear {
   int in = 0, out = 0;
   float *w = nullptr, *b = nullptr, *dw = nullptr, *db = nullptr;
-  // Batch-sized products may run on libxsmm (models/small_gemm.h): the
+  // Batch-sized products may run on libxsmm (models/small_gemm.h), and the
+  // forward on an AVX2 dot-product kernel (models/dot_forward.h): the
   // classifiers' layers, whose rows are a client's batch. Otherwise (the
   // decoders, whose rows are batch × sequence and vary with a rank's share)
   // every product is OpenBLAS's, so a split of the rows changes only the
