@@ -148,6 +148,12 @@ Result<Report> RunLoopback(const Scenario& given, const RoundCallback& on_round)
     const fs::path binary = s.server_binary.empty() ? FindServerBinary() : s.server_binary;
     // The server builds the same federation from the same definition.
     v1::FederationConfig federation = FederationOf(s);
+    // Under DP with Poisson sampling the mean divides by q · total_sites (and
+    // distributed DP plans its shares for them): inproc's population is the
+    // sites, and every one of them connects here.
+    if (s.sample_rate > 0 && federation.dp().noise_multiplier() > 0) {
+      federation.mutable_strategy()->set_total_sites(site_count);
+    }
     if (!federation.base_model().empty()) federation.set_base_model(fs::absolute(federation.base_model()).string());
     const fs::path federation_file = s.workdir / "federation.txtpb";
     ESTUARY_RETURN_IF_ERROR(aggregation::WriteFederationFile(federation_file, federation));
@@ -160,11 +166,23 @@ Result<Report> RunLoopback(const Scenario& given, const RoundCallback& on_round)
     std::vector<std::string> args = {
         "serve", "--listen", "127.0.0.1:0", "--cert", (certs / "server.pem").string(), "--key",
         (certs / "server.key").string(), "--ca", (certs / "ca.pem").string(), "--db", db.string(),
-        "--eval-data", eval_data.string(), "--rounds", std::to_string(s.rounds), "--clients-per-round",
-        fmt::format("{}", s.per_round), "--min-clients", std::to_string(site_count), "--federation",
+        "--eval-data", eval_data.string(), "--rounds", std::to_string(s.rounds), "--min-clients",
+        std::to_string(site_count), "--federation",
         federation_file.string(), "--exit-when-done", "--log-level",
         // The server logs at this process's level, but never below info: its log file is the round's record.
         fmt::to_string(spdlog::level::to_string_view(std::min(spdlog::get_level(), spdlog::level::info)))};
+    if (s.sample_rate > 0) {
+      // Poisson sampling from the simulator's seed: the server's seeded draw
+      // (aggregation::PoissonSampleClients) is inproc's PoissonSample, so each
+      // round takes the sites the inproc run takes (a population's inproc draw,
+      // PoissonSampleIndices, is another stream). --seed 0 leaves the draw to
+      // the server's CSPRNG, which --sample-seed 0 means. Where inproc ends a
+      // run on a draw too small for a round, the server draws again.
+      args.insert(args.end(), {"--sample-rate", fmt::format("{}", s.sample_rate)});
+      if (s.task().seed() != 0) args.insert(args.end(), {"--sample-seed", std::to_string(s.task().seed())});
+    } else {
+      args.insert(args.end(), {"--clients-per-round", fmt::format("{}", s.per_round)});
+    }
     if (InstructionData(s)) args.insert(args.end(), {"--tokenizer", s.tokenizer.string()});
     if (s.evaluate_every > 0) {
       args.insert(args.end(), {"--evaluate-every", std::to_string(s.evaluate_every), "--evaluate-clients",
@@ -180,6 +198,11 @@ Result<Report> RunLoopback(const Scenario& given, const RoundCallback& on_round)
       args.insert(args.end(), {"--secagg", "--secagg-neighbours", std::to_string(o.neighbours), "--secagg-threshold",
                                std::to_string(o.threshold), "--secagg-bits", std::to_string(o.bits), "--secagg-clip",
                                fmt::format("{}", o.clip)});
+      // Distributed DP: the server plans the shares and tells each site its
+      // variance in the RoundStart; the sites add them (client/secagg_site.cc).
+      if (s.dp == "distributed") {
+        args.insert(args.end(), {"--dp", "distributed", "--dp-survivors", fmt::format("{}", o.dp.survivors)});
+      }
     }
     const fs::path log = s.workdir / "server.log";
     // The server starts while this process loads its data and certificates.

@@ -167,8 +167,9 @@ int main(int argc, char** argv) {
                  "default one per value)");
   app.add_option("--per-round", s.per_round, "clients per round: count (>= 1) or fraction (< 1)");
   app.add_option("--sample-rate", s.sample_rate,
-                 "inproc: Poisson sampling instead of --per-round: each client joins a round with this probability, "
-                 "the q the privacy accountant uses (DP-FedAvg then divides by the expected q · clients)");
+                 "Poisson sampling instead of --per-round: each client joins a round with this probability, "
+                 "the q the privacy accountant uses (DP then divides by the expected q · clients); loopback starts "
+                 "its server with it");
   app.add_option("--rounds", s.rounds, "federated rounds");
   app.add_option("--partition", s.partition, "iid | shards | dirichlet:ALPHA (images); topic (text)");
   app.add_option("--examples-per-client", s.examples_per_client,
@@ -200,7 +201,8 @@ int main(int argc, char** argv) {
                  "MNIST IDX directory (scripts/fetch-mnist makes it); for text models a fortunes directory, or a JSON "
                  "Lines file of instruction examples (with --template, --tokenizer, --partition-by or --dirichlet)");
   app.add_flag("--secagg", s.secagg,
-               "inproc: each round's mean through SecAgg+ (quantised, masked, summed; docs/SECAGG.md)");
+               "each round's mean through SecAgg+ (quantised, masked, summed; in loopback mode by the server over the "
+               "sites' sessions; docs/SECAGG.md)");
   app.add_option("--secagg-neighbours", s.secagg_options.neighbours,
                  "--secagg: neighbours k per site, even and < sites a round, or sites - 1 (0: about 3 log2 n)");
   app.add_option("--secagg-threshold", s.secagg_options.threshold,

@@ -6,8 +6,11 @@
 // loopback: a real estuary-server (a child process, or --server to attach)
 //           and one real mutual-TLS connection per client, all in this
 //           process; the server folds in arrival order.
-// Both modes sample the same clients per round (aggregation::SampleClients)
-// and start from the same initial model, so they agree to rounding.
+// Both modes sample the same clients per round (aggregation::SampleClients,
+// or under --sample-rate the seeded Poisson draw) and start from the same
+// initial model, so they agree to rounding. Noise never agrees: the server's
+// DP-FedAvg noise and a loopback site's distributed-DP share and stochastic
+// rounding come from RAND_bytes, the in-process ones from the seed.
 #pragma once
 
 #include <cstdint>

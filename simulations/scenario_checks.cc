@@ -54,9 +54,12 @@ static Status CheckSecAgg(const Scenario& s) {
     ESTUARY_RETURN_IF_ERROR(CheckSecAggOptions(o, uint32_t(per_round)));
   }
   const std::string& strategy = s.federation.strategy().name();
-  // A lora federation (naive, frozen-a) runs there as the server's rounds do.
-  if (s.mode != "inproc" && s.dp == "distributed") {
-    return InvalidArgument("sim: --secagg in loopback mode runs the server's protocol: no distributed DP yet");
+  // A lora federation (naive, frozen-a) runs there as the server's rounds do,
+  // and distributed DP as serve --secagg --dp distributed runs it; a server
+  // the simulator attaches to (--server) runs what it was started with.
+  if (s.mode != "inproc" && s.dp == "distributed" && !s.server.empty()) {
+    return InvalidArgument("sim: --dp distributed with --server: the simulator configures only the server it starts; "
+                           "one it attaches to noises as it was started (serve --secagg --dp distributed)");
   }
   if (s.mode != "inproc" && o.dropout > 0 && (s.async || !s.server.empty())) {
     return InvalidArgument("sim: --dropout in loopback mode needs the simulator's own synchronous server (not --async "
@@ -90,15 +93,17 @@ static Status CheckSecAgg(const Scenario& s) {
 }
 
 
-// Poisson sampling: inproc only (under DP-FedAvg the runner divides by q · N).
+// Poisson sampling (under DP the mean divides by q · N): in process, or by
+// the server loopback starts (serve --sample-rate, loopback.cc); not by one
+// it attaches to, which samples as it was started.
 static Status CheckSampleRate(const Scenario& s) {
   if (s.sample_rate == 0) return Status::Ok();
   if (!(s.sample_rate > 0 && s.sample_rate <= 1)) {
     return InvalidArgument("sim: --sample-rate {}: must be in (0, 1]", s.sample_rate);
   }
-  if (s.mode != "inproc") {
-    return InvalidArgument("sim: --sample-rate runs in inproc mode only: loopback starts its server with "
-                           "--clients-per-round, a fixed number of sites a round");
+  if (s.mode != "inproc" && !s.server.empty()) {
+    return InvalidArgument("sim: --sample-rate with --server: the simulator configures only the server it starts; "
+                           "one it attaches to samples as it was started (serve --sample-rate Q --total-sites N)");
   }
   return Status::Ok();
 }

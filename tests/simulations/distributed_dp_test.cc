@@ -346,12 +346,14 @@ TEST(PoissonSampling, DistributedDpAccountsWithQAndTheExpectedDenominator) {
   Scenario bad = Mnist(1);
   bad.sample_rate = 1.5;
   EXPECT_EQ(line(bad), "sim: --sample-rate 1.5: must be in (0, 1]");
+  // Loopback starts its own server with --sample-rate; one it attaches to samples as it was started.
   bad = Mnist(1);
   bad.sample_rate = 0.5;
   bad.mode = "loopback";
+  bad.server = "127.0.0.1:7443";
   EXPECT_EQ(RunLoopback(bad, nullptr).status().message(),
-            "sim: --sample-rate runs in inproc mode only: loopback starts its server with --clients-per-round, a "
-            "fixed number of sites a round");
+            "sim: --sample-rate with --server: the simulator configures only the server it starts; one it attaches "
+            "to samples as it was started (serve --sample-rate Q --total-sites N)");
   // A draw too small for secure aggregation ends the run with one line.
   bad = Mnist(20);
   bad.federation.clear_dp();
