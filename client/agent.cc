@@ -340,7 +340,7 @@ void Agent::OnTrained(uint64_t round, Result<Update> update) {
     model_version_ = 0;
     model_checksum_.clear();
   }
-  if (secure) return;
+  if (secure || DropsAfterTraining(round, *update)) return;
   spdlog::info("{}: round {} trained on {} in {:.3f} s; uploading", name_, round, update->trained_on, update->seconds);
   if (update->local_steps > 0) spdlog::info("{}: round {}: {} local steps", name_, round, update->local_steps);
   auto payload = std::make_shared<const Update>(std::move(update).value());
@@ -407,6 +407,7 @@ void Agent::DropUpload() {
   if (upload_ && upload_->stream) upload_->stream->Cancel();  // its producer, posted already, ends quickly
   upload_.reset();
   slice_ = {};
+  upload_drop_at_ = UINT64_MAX;
 }
 
 void Agent::NextStreamChunk() {
@@ -461,7 +462,7 @@ void Agent::Send(const v1::Envelope& envelope) {
 }
 
 void Agent::WriteNext() {
-  if (writing_ || !stream_) return;
+  if (writing_ || !stream_ || DropsMidUpload()) return;
   if (outbox_.empty() && upload_ && upload_->stream) {
     NextStreamChunk();
   } else if (outbox_.empty() && upload_) {
@@ -470,7 +471,8 @@ void Agent::WriteNext() {
     const uint64_t total = delta + upload_->control_delta.size() * sizeof(float);
     if (upload_offset_ < total) {
       const bool in_delta = upload_offset_ < delta;
-      const uint64_t size = std::min<uint64_t>(chunk_bytes_, (in_delta ? delta : total) - upload_offset_);
+      const uint64_t end = std::min(in_delta ? delta : total, upload_drop_at_);  // a simulated dropout cuts it
+      const uint64_t size = std::min<uint64_t>(chunk_bytes_, end - upload_offset_);
       const char* bytes = in_delta ? reinterpret_cast<const char*>(upload_->payload.data()) + upload_offset_
                                    : reinterpret_cast<const char*>(upload_->control_delta.data()) +
                                          (upload_offset_ - delta);

@@ -64,6 +64,13 @@ namespace estuary::client {
 // signature and unmasking answer missing).
 enum class SecAggDrop { kNone, kBeforeAdvertise, kAfterAdvertise, kAfterShare, kAfterMaskedInput };
 
+// Where a site stops in a round without secure aggregation
+// (AgentOptions::upload_drop), the stages of the in-process simulation
+// (simulations/dropout_draw.h): after training, before it begins its upload;
+// and mid-upload, once half of its update's bytes are written and before its
+// commit, so that the server holds a partial upload to discard.
+enum class UploadDrop { kNone, kAfterTraining, kMidUpload };
+
 struct AgentOptions {
   std::string host = "127.0.0.1";
   uint16_t port = 7443;
@@ -111,6 +118,11 @@ struct AgentOptions {
   // stage returned, as a site that died there would, and reconnects after its
   // backoff for the rounds that follow. Empty: the site never drops on purpose.
   std::function<SecAggDrop(uint64_t round, uint32_t site, uint32_t sites)> secagg_drop;
+  // A simulated dropout in rounds without secure aggregation (estuary-sim
+  // --dropout in loopback mode): asked once per trained round with the round
+  // and this site's name (the server's); the agent closes its connection at
+  // the stage returned and reconnects after its backoff. Empty: never.
+  std::function<UploadDrop(uint64_t round, const std::string& site)> upload_drop;
   // SCAFFOLD: this site's control variate c_i (in memory, or a file of the
   // site's state directory), used by the rounds whose RoundStart says
   // control_follows. Null: such a round is refused in one line, and the
@@ -183,6 +195,13 @@ class Agent : public std::enable_shared_from_this<Agent> {
   // Runs a stream nobody will upload (cancelled), so the site's ranks finish its gathers.
   void Discard(const std::shared_ptr<UpdateStream>& stream);
   void DropUpload();
+  // A simulated dropout (options.upload_drop, agent_drop.cc): whether the
+  // site stops after training `round` (its connection closed); otherwise
+  // sets where a mid-upload stop cuts `update`'s upload.
+  bool DropsAfterTraining(uint64_t round, const Update& update);
+  // Whether the upload has reached that cut with every frame written (the
+  // connection then closed).
+  bool DropsMidUpload();
   void Disconnected(const std::string& reason);
   void Revoked(const std::string& detail);
   void ScheduleReconnect();
@@ -272,6 +291,8 @@ class Agent : public std::enable_shared_from_this<Agent> {
   // upload_serial_ tells that hash which upload it belongs to.
   std::optional<std::string> upload_checksum_;
   uint64_t upload_serial_ = 0;
+  // A simulated mid-upload dropout: the byte offset the upload stops at (none: the maximum).
+  uint64_t upload_drop_at_ = UINT64_MAX;
 
   std::shared_ptr<SecAggSite> secagg_;  // this round's, on this connection
   SecAggDrop secagg_drop_ = SecAggDrop::kNone;  // where this round's site closes its connection (options.secagg_drop)

@@ -395,11 +395,16 @@ void Coordinator::OnClosed(ClientSession& session) {
   if (round_running_ && p_it != participants_.end() && p_it->second.session.lock().get() == &session &&
       p_it->second.record.status == "selected") {
     Participant& p = p_it->second;
+    // Where it was lost: the round log tells a partial upload from none.
+    const StagedUpdate* staged = slots_.Staged(p.record.client);
+    p.record.detail =
+        secagg_ ? fmt::format("connection lost in secagg stage {}", RoundSecAgg::kStages[std::min<int>(secagg_->stage, 4)])
+        : staged ? fmt::format("{}: {} of {} bytes received, discarded", kLostMidUpload, staged->received_bytes(),
+                               staged->size_bytes())
+        : slots_.Queued(p.record.client) ? fmt::format("{}: waiting for a staging slot, discarded", kLostMidUpload)
+                                         : "connection lost";
     ReleaseSlot(p.record.client);  // a partial upload is discarded here, unread (a secagg one withdrawn)
     p.record.status = "dropped";
-    p.record.detail = secagg_ ? fmt::format("connection lost in secagg stage {}", RoundSecAgg::kStages[std::min<int>(
-                                                                                   secagg_->stage, 4)])
-                              : "connection lost";
     p.record.seconds = SecondsSince(p.started);
     LogIfError(store_.UpsertParticipation(p.record), "store");
     spdlog::info("client {} dropped out of round {}", session.name(), round_);

@@ -38,6 +38,7 @@ class StagedUpdate {
   Status Commit(const std::string& sha256_hex);
 
   uint64_t received_bytes() const { return next_offset_; }
+  uint64_t size_bytes() const { return size_bytes_; }  // the whole upload's
   bool spilled() const { return buffer_->spilled(); }
   // Valid after a successful Commit().
   std::span<const float> values() const;

@@ -23,6 +23,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "base/status.h"
@@ -109,6 +110,10 @@ struct RoundRecord {
 // status: "selected", "committed", "dropped", "late", "rejected", "refused"
 // (the site declined the round: its base model is not the federation's),
 // "failed" (the site's training failed this round, and it said why).
+// A site "dropped" in a plain round (no SecAgg+) has detail "connection lost"
+// when it had begun no upload, and one beginning kLostMidUpload when it had
+// (what had arrived was discarded).
+inline constexpr std::string_view kLostMidUpload = "connection lost mid-upload";
 struct Participation {
   uint64_t round = 0;
   std::string client;

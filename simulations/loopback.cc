@@ -45,8 +45,9 @@ namespace {
 // The server's noise is its own: a loopback run's ε comes from its round log,
 // and so do a secure aggregation's bytes (framed, sent + received, per site)
 // and dropouts (by stage, checked against what the sites were told:
-// `ledger`, when they dropped by a draw), and the sites' federated evaluation.
-Status AddPrivacyFromRoundLog(Report& report, const SecAggDropLedger* ledger) {
+// `ledger`, when they dropped by a draw; a plain round's from its
+// participations, with `plain_dropout`), and the sites' federated evaluation.
+Status AddPrivacyFromRoundLog(Report& report, const DropLedger* ledger, bool plain_dropout) {
   ESTUARY_ASSIGN_OR_RETURN(auto store, server::Store::OpenReadOnly(report.round_log));
   ESTUARY_ASSIGN_OR_RETURN(const std::vector<server::RoundRecord> logged, store->Rounds());
   std::map<uint64_t, server::RoundPrivacy> privacy;
@@ -59,6 +60,15 @@ Status AddPrivacyFromRoundLog(Report& report, const SecAggDropLedger* ledger) {
   }
   for (RoundReport& row : report.rounds) {
     if (auto e = evaluation.find(row.round); e != evaluation.end()) SetFederated(row, e->second);
+    if (plain_dropout) {
+      ESTUARY_ASSIGN_OR_RETURN(const std::vector<server::Participation> participations,
+                               store->Participations(row.round));
+      row.dropouts_by_stage = DropoutsByDrawnStage(participations);
+      row.dropouts = (*row.dropouts_by_stage)[0] + (*row.dropouts_by_stage)[1];
+      if (ledger) {
+        if (auto differs = CompareWithDraw(row.round, *row.dropouts_by_stage, *ledger)) spdlog::warn("{}", *differs);
+      }
+    }
     if (auto a = secagg.find(row.round); a != secagg.end() && a->second.sites > 0) {
       uint64_t bytes = 0, dropouts = 0;
       for (int i = 0; i < 4; ++i) bytes += a->second.bytes_up[i] + a->second.bytes_down[i];
@@ -239,8 +249,11 @@ Result<Report> RunLoopback(const Scenario& given, const RoundCallback& on_round)
   Status failure;
   std::vector<std::shared_ptr<client::Agent>> agents;
   // --dropout: the sites drop where inproc's seeded draw says (loopback_dropout.h).
-  std::shared_ptr<SecAggDropLedger> dropped;
-  if (s.secagg && s.secagg_options.dropout > 0) dropped = std::make_shared<SecAggDropLedger>();
+  std::shared_ptr<DropLedger> dropped;
+  if (s.dropout > 0) dropped = std::make_shared<DropLedger>();
+  // One hook for all the sites (it holds the names once).
+  std::function<client::UploadDrop(uint64_t, const std::string&)> upload_drop;
+  if (dropped && !s.secagg) upload_drop = UploadDropHook(s.dropout, s.task().seed(), names, s.per_round, dropped);
   boost::asio::steady_timer watchdog(io);
   // One client context for all sites (OpenSSL 3 makes each context costly);
   // each site presents its own certificate on its own connection.
@@ -261,7 +274,11 @@ Result<Report> RunLoopback(const Scenario& given, const RoundCallback& on_round)
     options.base = hf_base;
     options.label = names[i];
     if (dropped) {
-      options.secagg_drop = SecAggDropHook(s.secagg_options.dropout, s.task().seed(), dropped);
+      if (s.secagg) {
+        options.secagg_drop = SecAggDropHook(s.dropout, s.task().seed(), dropped);
+      } else {
+        options.upload_drop = upload_drop;
+      }
       // A site that dropped on purpose comes back at once: the server opens
       // the next round only when every site is connected (--min-clients),
       // and the default backoff (0.25 s, doubling) would hold it open for
@@ -342,7 +359,7 @@ Result<Report> RunLoopback(const Scenario& given, const RoundCallback& on_round)
   if (s.async && !report.round_log.empty()) ESTUARY_RETURN_IF_ERROR(AddVersionsFromRoundLog(report, on_round, s.rounds));
   if (report.rounds.empty()) return Aborted("sim: no round completed");
   std::sort(report.rounds.begin(), report.rounds.end(), [](auto& a, auto& b) { return a.round < b.round; });
-  if (!report.round_log.empty()) ESTUARY_RETURN_IF_ERROR(AddPrivacyFromRoundLog(report, dropped.get()));
+  if (!report.round_log.empty()) ESTUARY_RETURN_IF_ERROR(AddPrivacyFromRoundLog(report, dropped.get(), dropped && !s.secagg));
   report.total_seconds = Since(start);
   report.final_accuracy = report.rounds.back().test_accuracy;
   return report;

@@ -211,8 +211,9 @@ int main(int argc, char** argv) {
   app.add_option("--secagg-clip", s.secagg_options.clip,
                  "--secagg: L2 norm each update is clipped to before quantisation; the error per element is about "
                  "sites x clip / 2^(bits-1)");
-  app.add_option("--dropout", s.secagg_options.dropout,
-                 "--secagg: probability that a sampled site drops out, at a random stage of the protocol (seeded)");
+  app.add_option("--dropout", s.dropout,
+                 "probability that a sampled site drops out, at a stage drawn from the seed: after training or "
+                 "mid-upload (its update not folded), or under --secagg at one of the protocol's four stages");
   app.add_option("--dp", s.dp,
                  "with --dp-noise-multiplier: central (DP-FedAvg noises the sum on the server) | distributed (each "
                  "site adds its share of discrete Gaussian noise before secure aggregation; needs --secagg)");
@@ -406,6 +407,17 @@ int main(int argc, char** argv) {
                   (unsigned long long)by_stage[0], (unsigned long long)by_stage[1], (unsigned long long)by_stage[2],
                   (unsigned long long)by_stage[3]);
     }
+  }
+  if (!s.secagg && s.dropout > 0) {
+    uint64_t sampled = 0;
+    std::vector<uint64_t> by_stage(2, 0);
+    for (const auto& row : report->rounds) {
+      sampled += row.clients_selected;
+      for (size_t i = 0; row.dropouts_by_stage && i < 2; ++i) by_stage[i] += (*row.dropouts_by_stage)[i];
+    }
+    std::printf("dropouts: %llu of %llu sampled sites (%llu after training, %llu mid-upload)\n",
+                (unsigned long long)(by_stage[0] + by_stage[1]), (unsigned long long)sampled,
+                (unsigned long long)by_stage[0], (unsigned long long)by_stage[1]);
   }
   if (!report->trained_on.empty()) std::printf("sites trained on %s\n", report->trained_on.c_str());
   if (report->epsilon) std::printf("differential privacy: epsilon %.4g at delta %g\n", *report->epsilon, *report->delta);

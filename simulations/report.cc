@@ -13,6 +13,7 @@
 #include <initializer_list>
 #include <limits>
 #include <sstream>
+#include <tuple>
 
 #include <fmt/format.h>
 
@@ -33,7 +34,7 @@ constexpr const char* kOptionalRoundKeys[] = {"bytes_per_update", "merge_bytes_d
                                               "secagg_seconds", "secagg_dropouts", "secagg_dropouts_by_stage", "secagg_error_bound",
                                               "sim_time", "staleness_mean", "staleness_max",
                                               "federated_accuracy", "federated_loss", "federated_examples",
-                                              "mpi_bytes"};
+                                              "mpi_bytes", "dropouts", "dropouts_by_stage"};
 constexpr const char* kReportKeys[] = {"scenario", "mode",          "round_log",
                                        "rounds",   "total_seconds", "final_accuracy"};
 // A DP run's (epsilon, delta); a run under attack's (attackers).
@@ -168,25 +169,29 @@ Result<RoundReport> RoundFromJson(const json& object, std::string_view where) {
   }
   for (auto [key, out] : {std::pair{"attackers", &round.attackers}, std::pair{"updates_refused", &round.updates_refused},
                           std::pair{"secagg_dropouts", &round.secagg_dropouts},
+                          std::pair{"dropouts", &round.dropouts},
                           std::pair{"staleness_max", &round.staleness_max}}) {
     if (!object.contains(key)) continue;
     uint64_t value = 0;
     ESTUARY_RETURN_IF_ERROR(ReadUnsigned(object, key, kMaxU32, where, value));
     *out = value;
   }
-  if (object.contains("secagg_dropouts_by_stage")) {
-    const json& stages = object["secagg_dropouts_by_stage"];
+  for (auto [key, stage_count, out] :
+       {std::tuple{"secagg_dropouts_by_stage", size_t{4}, &round.secagg_dropouts_by_stage},
+        std::tuple{"dropouts_by_stage", size_t{2}, &round.dropouts_by_stage}}) {
+    if (!object.contains(key)) continue;
+    const json& stages = object[key];
     std::vector<uint64_t> counts;
-    for (size_t i = 0; stages.is_array() && stages.size() == 4 && i < 4; ++i) {
+    for (size_t i = 0; stages.is_array() && stages.size() == stage_count && i < stage_count; ++i) {
       const json& count = stages[i];
       if (!count.is_number_unsigned() && !(count.is_number_integer() && count.get<int64_t>() >= 0)) break;
       counts.push_back(count.get<uint64_t>());
     }
-    if (counts.size() != 4) {
-      return InvalidArgument("{}.secagg_dropouts_by_stage: expected an array of 4 non-negative integers, got {}",
-                             where, stages.dump().substr(0, 80));
+    if (counts.size() != stage_count) {
+      return InvalidArgument("{}.{}: expected an array of {} non-negative integers, got {}", where, key, stage_count,
+                             stages.dump().substr(0, 80));
     }
-    round.secagg_dropouts_by_stage = std::move(counts);
+    *out = std::move(counts);
   }
   for (auto [key, out] : {std::pair{"secagg_bytes_per_site", &round.secagg_bytes_per_site},
                           std::pair{"mpi_bytes", &round.mpi_bytes}}) {
@@ -286,6 +291,8 @@ nlohmann::json ToJson(const Report& report) {
     SetIfPresent(rounds.back(), "secagg_dropouts", r.secagg_dropouts);
     if (r.secagg_dropouts_by_stage) rounds.back()["secagg_dropouts_by_stage"] = *r.secagg_dropouts_by_stage;
     SetIfPresent(rounds.back(), "secagg_error_bound", r.secagg_error_bound);
+    SetIfPresent(rounds.back(), "dropouts", r.dropouts);
+    if (r.dropouts_by_stage) rounds.back()["dropouts_by_stage"] = *r.dropouts_by_stage;
     SetIfPresent(rounds.back(), "sim_time", r.sim_time);
     SetIfPresent(rounds.back(), "staleness_mean", r.staleness_mean);
     SetIfPresent(rounds.back(), "staleness_max", r.staleness_max);

@@ -15,7 +15,8 @@
 // (the clip norm the round used), and the report "epsilon" and "delta" (spent
 // by the whole run); a run without DP has none of these keys. A --secagg run's
 // rounds hold "secagg_bytes_per_site", "secagg_seconds", "secagg_dropouts",
-// "secagg_dropouts_by_stage" and "secagg_error_bound". An inproc run's rounds hold "sim_time", an --async
+// "secagg_dropouts_by_stage" and "secagg_error_bound"; a --dropout run's without it, "dropouts" and
+// "dropouts_by_stage". An inproc run's rounds hold "sim_time", an --async
 // run's also "staleness_mean" and "staleness_max". A run under mpirun
 // (docs/PERFORMANCE.md, "Beyond one machine") holds "mpi_ranks" and
 // "updates_by_rank" (the updates each rank trained and sent, rank 0 first),
@@ -71,6 +72,13 @@ struct RoundReport {
   // Inproc, from the seeded draw; loopback, from the server's round log.
   std::optional<std::vector<uint64_t>> secagg_dropouts_by_stage;
   std::optional<double> secagg_error_bound;
+  // Under --dropout without --secagg: the sampled sites that dropped out, and
+  // by stage (JSON "dropouts_by_stage": two counts): after training (no
+  // upload begun), mid-upload (a partial upload, discarded). Inproc, from the
+  // seeded draw; loopback, from the server's round log (its participations
+  // "dropped", told apart by their detail).
+  std::optional<uint64_t> dropouts;
+  std::optional<std::vector<uint64_t>> dropouts_by_stage;
   // The simulated clock when the round (an --async run: the model version)
   // was committed, in local steps of a full-speed site (stragglers.h); set
   // by inproc runs. An --async version's folded updates' staleness: the mean

@@ -42,6 +42,7 @@
 #include "server/evaluation.h"
 #include "server/store.h"
 #include "simulations/attack.h"
+#include "simulations/dropout_draw.h"
 #include "simulations/federated_eval.h"
 #include "simulations/instruction_sites.h"
 #include "simulations/partition.h"
@@ -82,7 +83,8 @@ nlohmann::json ScenarioJson(const Scenario& s) {
           {"lora_base_dtype", s.lora_base_dtype}, {"tokenizer", s.tokenizer.string()},
           {"partition_by", s.partition_by}, {"dirichlet", s.dirichlet_alpha}, {"label_field", s.label_field},
           {"attack", s.attack}, {"attackers", s.attackers}, {"recompute", s.recompute},
-          {"stragglers", s.stragglers}, {"straggler_work", s.straggler_work}, {"dp", s.dp}};
+          {"stragglers", s.stragglers}, {"straggler_work", s.straggler_work}, {"dp", s.dp},
+          {"dropout", s.dropout}};
   if (s.async) {
     out["async"] = {{"buffer", s.buffer}, {"concurrency", s.concurrency}, {"staleness_weight", s.staleness_weight},
                     {"max_staleness", s.max_staleness}};
@@ -93,7 +95,7 @@ nlohmann::json ScenarioJson(const Scenario& s) {
   if (s.secagg) {
     const SecAggOptions& o = s.secagg_options;
     out["secagg"] = {{"neighbours", o.neighbours}, {"threshold", o.threshold}, {"bits", o.bits}, {"clip", o.clip},
-                     {"dropout", o.dropout}, {"dp_survivors", o.dp.survivors}};
+                     {"dropout", s.dropout}, {"dp_survivors", o.dp.survivors}};
   }
   return out;
 }
@@ -250,6 +252,7 @@ Result<Report> RunInproc(const Scenario& s, const RoundCallback& on_round, std::
   const v1::DpConfig dp = s.federation.dp();
   const bool distributed_dp = s.dp == "distributed";
   SecAggOptions secagg = s.secagg_options;
+  secagg.dropout = s.dropout;
   if (distributed_dp) {
     secagg.dp.noise_multiplier = dp.noise_multiplier();
     secagg.dp.clip = dp.clip();
@@ -366,6 +369,15 @@ Result<Report> RunInproc(const Scenario& s, const RoundCallback& on_round, std::
     RoundReport row;
     row.round = round;
     row.clients_selected = uint32_t(k);
+    // --dropout without --secagg: the sites drawn to drop trained (the cost
+    // is paid) and their updates never reach the fold, as a server discards
+    // an upload that never came or came only in part.
+    std::vector<SiteDropStage> dropped(k, SiteDropStage::kNone);
+    if (!s.secagg && s.dropout > 0) {
+      dropped = DrawSiteDropouts(s.dropout, uint32_t(k), task.seed(), round);
+      row.dropouts_by_stage = CountByStage(dropped);
+      row.dropouts = (*row.dropouts_by_stage)[0] + (*row.dropouts_by_stage)[1];
+    }
     double loss_sum = 0, examples = 0;
     if (report.attackers) row.attackers = row.updates_refused = 0;
     auto received = [&](const client::Update& update) {
@@ -383,6 +395,7 @@ Result<Report> RunInproc(const Scenario& s, const RoundCallback& on_round, std::
       if (!updates[i]->ok()) return updates[i]->status();
       client::Update& update = updates[i]->value();
       if (sites.Malicious(selected_sites[i])) ++*row.attackers;  // its trainer attacked (workload.cc)
+      if (dropped[i] != SiteDropStage::kNone) continue;
       // Under an attack, as the server does: an update the bound or the
       // strategy refuses is that update's failure, and the round goes on.
       // Without one, a refused update is the simulation's bug and ends the run.

@@ -74,12 +74,16 @@ struct Scenario {
   // (stragglers.h). Both modes.
   double stragglers = 0;
   std::string straggler_work = "0.1:0.5";
-  // Each round's mean through SecAgg+ (secagg_round.h), sites dropping out of
-  // it with probability secagg_options.dropout at a stage drawn from the seed:
-  // inproc in-process, loopback by closing their connections to the server
-  // (loopback_dropout.h).
+  // Each round's mean through SecAgg+ (secagg_round.h): inproc in-process,
+  // loopback by the server over the sites' sessions.
   bool secagg = false;
-  SecAggOptions secagg_options;  // its dp.survivors is --dp-survivors; the rest of dp is the runner's
+  SecAggOptions secagg_options;  // its dp.survivors is --dp-survivors; its dropout and the rest of dp are the runner's
+  // A fraction of each round's sampled sites drops out, each at a stage drawn
+  // from the seed (dropout_draw.h): after training or mid-upload, or under
+  // --secagg at one of the protocol's four stages. Inproc leaves their
+  // updates out; in loopback their agents close their connections to the
+  // server there (loopback_dropout.h). In [0, 1).
+  double dropout = 0;
   // Loopback under --secagg: where every site keeps the quantised input it
   // masked (client::AgentOptions::secagg_keep_dir); empty: nowhere.
   std::filesystem::path secagg_keep_dir;

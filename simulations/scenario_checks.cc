@@ -37,12 +37,28 @@ static Status CheckDistributedDp(const Scenario& s) {
   return Status::Ok();
 }
 
+// --dropout: sampled sites leave synchronous rounds at a stage drawn from
+// the seed and the round (dropout_draw.h), in either mode.
+static Status CheckDropout(const Scenario& s) {
+  if (!(s.dropout >= 0 && s.dropout < 1)) return InvalidArgument("sim: --dropout {}: must be in [0, 1)", s.dropout);
+  if (s.dropout == 0) return Status::Ok();
+  if (s.mode != "inproc" && (s.async || !s.server.empty())) {
+    return InvalidArgument("sim: --dropout in loopback mode needs the simulator's own synchronous server (not --async "
+                           "or --server): it waits for every dropped site to reconnect before sampling a round");
+  }
+  if (s.async && !s.secagg) {
+    return InvalidArgument("sim: --dropout with --async: the draw is over a round's sampled sites, and FedBuff's "
+                           "sites train without rounds (--stragglers makes some of them slow instead)");
+  }
+  return Status::Ok();
+}
+
 // What --secagg cannot be combined with: whatever needs one site's update.
 static Status CheckSecAgg(const Scenario& s) {
   ESTUARY_RETURN_IF_ERROR(CheckDistributedDp(s));
-  const SecAggOptions& o = s.secagg_options;
+  SecAggOptions o = s.secagg_options;
+  o.dropout = s.dropout;
   if (!s.secagg) {
-    if (o.dropout > 0) return InvalidArgument("sim: --dropout drops sites out of the secure aggregation: it needs --secagg");
     if (o.neighbours || o.threshold) {
       return InvalidArgument("sim: --secagg-neighbours and --secagg-threshold need --secagg");
     }
@@ -60,10 +76,6 @@ static Status CheckSecAgg(const Scenario& s) {
   if (s.mode != "inproc" && s.dp == "distributed" && !s.server.empty()) {
     return InvalidArgument("sim: --dp distributed with --server: the simulator configures only the server it starts; "
                            "one it attaches to noises as it was started (serve --secagg --dp distributed)");
-  }
-  if (s.mode != "inproc" && o.dropout > 0 && (s.async || !s.server.empty())) {
-    return InvalidArgument("sim: --dropout in loopback mode needs the simulator's own synchronous server (not --async "
-                           "or --server): it waits for every dropped site to reconnect before sampling a round");
   }
   if (aggregation::IsRobustStrategy(strategy)) {
     return InvalidArgument("sim: --secagg with --strategy {}: a robust rule needs the individual updates, which "
@@ -139,6 +151,7 @@ Status CheckScenario(const Scenario& s) {
   }
   ESTUARY_RETURN_IF_ERROR(CheckPopulation(s));
   ESTUARY_RETURN_IF_ERROR(CheckSampleRate(s));
+  ESTUARY_RETURN_IF_ERROR(CheckDropout(s));
   ESTUARY_RETURN_IF_ERROR(CheckSecAgg(s));
   if (s.clients == 0 && (s.partition_by.empty() || !InstructionData(s))) {
     return InvalidArgument("sim: --clients must be >= 1");

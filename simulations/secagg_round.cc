@@ -13,6 +13,7 @@
 #include "secagg/neighbours.h"
 #include "secagg/quantize.h"
 #include "secagg/server.h"
+#include "simulations/dropout_draw.h"
 
 namespace estuary::simulations {
 namespace {
@@ -89,12 +90,10 @@ Result<SecAggLoraReference> LoraReferenceOf(const aggregation::LoraStrategyOptio
 }
 
 std::vector<SecAggDropStage> DrawSecAggDropouts(double dropout, uint32_t sites, uint64_t seed, uint64_t round) {
-  std::mt19937_64 draws(MixSeed(MixSeed(seed, round), "secagg dropout"));
-  std::vector<SecAggDropStage> drop(sites, SecAggDropStage::kNone);
-  for (uint32_t u = 0; u < sites; ++u) {
-    const double p = double(draws() >> 11) * 0x1p-53;
-    const uint64_t stage = UniformBelow(draws, 4);
-    if (p < dropout) drop[u] = SecAggDropStage(1 + stage);
+  std::vector<SecAggDropStage> drop;
+  drop.reserve(sites);
+  for (int stage : DrawDropStages(dropout, sites, kSecAggDropStages, seed, round, "secagg dropout", false)) {
+    drop.push_back(SecAggDropStage(stage));
   }
   return drop;
 }

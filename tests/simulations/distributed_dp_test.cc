@@ -178,7 +178,7 @@ Scenario Mnist(uint64_t rounds) {
 TEST(DistributedDp, EpsilonPerRoundIsTheAccountantsAndTheBudgetStops) {
   REQUIRE_MNIST();
   Scenario s = Mnist(3);
-  s.secagg_options.dropout = 0.15;
+  s.dropout = 0.15;
   s.secagg_options.dp.survivors = 0.6;
   auto report = RunInproc(s, nullptr);
   ASSERT_TRUE(report.ok()) << report.status().ToString();

@@ -163,6 +163,27 @@ TEST(simulations_report_json, SecAggFieldsRoundTripAndAreAbsentWithoutIt) {
   EXPECT_EQ(json["rounds"][1]["secagg_dropouts"], 3);
 }
 
+// --dropout without --secagg: the dropouts and their two stages; a run
+// without it has neither key, and a stage array of another length is refused.
+TEST(simulations_report_json, DropoutFieldsRoundTripAndAreAbsentWithoutIt) {
+  TempDir dir;
+  const fs::path path = dir.path() / "report.json";
+  Report report = MakeReport(2);
+  EXPECT_FALSE(ToJson(report)["rounds"][1].contains("dropouts"));
+  report.rounds[1].dropouts = 3;
+  report.rounds[1].dropouts_by_stage = std::vector<uint64_t>{1, 2};
+  ASSERT_TRUE(WriteReport(path, report).ok());
+  Result<Report> back = ReadReport(path);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  ExpectSameReport(report, *back);
+  EXPECT_EQ(back->rounds[1].dropouts_by_stage, (std::vector<uint64_t>{1, 2}));
+  EXPECT_FALSE(back->rounds[0].dropouts.has_value());
+  json bad = ToJson(report);
+  bad["rounds"][1]["dropouts_by_stage"] = json::array({1, 2, 0, 0});
+  EXPECT_EQ(ReportFromJson(bad).status().message(),
+            "report.rounds[1].dropouts_by_stage: expected an array of 2 non-negative integers, got [1,2,0,0]");
+}
+
 TEST(simulations_report_json, SimulatedTimeAndStalenessRoundTrip) {
   TempDir dir;
   const fs::path path = dir.path() / "report.json";

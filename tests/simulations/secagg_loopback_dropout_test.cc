@@ -61,7 +61,7 @@ TEST_P(LoopbackDropout, EveryRoundCommitsThePlainSumOfTheSurvivorsAndCountsTheDr
   s.per_round = kSites;  // every site each round: the draw's n is the inproc run's
   s.rounds = kRounds;
   s.secagg = true;
-  s.secagg_options.dropout = dropout;
+  s.dropout = dropout;
   s.federation.mutable_limits()->set_max_norm_over_median(0);  // as estuary-sim sets it under --secagg
   s.task().set_seed(5);
   const uint64_t seed = s.task().seed();
@@ -130,9 +130,9 @@ TEST(LoopbackDropout, WhatStillCannotWorkIsRefusedInOneLine) {
   Scenario s;
   s.mode = "loopback";
   s.secagg = true;
-  s.secagg_options.dropout = 1;
+  s.dropout = 1;
   EXPECT_EQ(CheckScenario(s).message(), "sim: --dropout 1: must be in [0, 1)");
-  s.secagg_options.dropout = 0.2;
+  s.dropout = 0.2;
   s.server = "127.0.0.1:7443";
   EXPECT_NE(CheckScenario(s).message().find("sim: --dropout in loopback mode needs the simulator's own synchronous "
                                             "server"),

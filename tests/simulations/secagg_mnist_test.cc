@@ -148,7 +148,8 @@ TEST(SecAggSimulation, CombinationsThatCannotWorkAreRefused) {
   const std::pair<const char*, const char*> cases[] = {
       {"--secagg --strategy median", "sim: --secagg with --strategy median: a robust rule needs the individual updates"},
       {"--secagg --strategy krum", "sim: --secagg with --strategy krum"},
-      {"--dropout 0.2", "sim: --dropout drops sites out of the secure aggregation: it needs --secagg"},
+      {"--dropout 0.2 --mode loopback --server 127.0.0.1:7443 --round-log rounds.db",
+       "sim: --dropout in loopback mode needs the simulator's own synchronous server"},
       {"--secagg --max-update-norm 5", "sim: --secagg with --max-update-norm or --max-norm-over-median"},
       {"--secagg --max-norm-over-median 10", "sim: --secagg with --max-update-norm or --max-norm-over-median"},
       {"--secagg --dp-noise-multiplier 1", "sim: --secagg with --dp central: DP-FedAvg clips and counts"},
