@@ -7,6 +7,8 @@
 // IID clients, 10 per round, 5 local epochs of batch 10, lr 0.05, 20 rounds.
 #include <unistd.h>
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cstdio>
 
@@ -390,17 +392,22 @@ int main(int argc, char** argv) {
     uint64_t bytes = 0, dropouts = 0;
     std::vector<uint64_t> by_stage(4, 0);
     double seconds = 0, bound = 0;
+    bool timed = false, bounded = false;  // in process only: loopback's rounds run in the server
     for (const auto& row : report->rounds) {
       bytes += row.secagg_bytes_per_site.value_or(0);
       dropouts += row.secagg_dropouts.value_or(0);
       for (size_t i = 0; row.secagg_dropouts_by_stage && i < 4; ++i) by_stage[i] += (*row.secagg_dropouts_by_stage)[i];
       seconds += row.secagg_seconds.value_or(0);
       bound = std::max(bound, row.secagg_error_bound.value_or(0));
+      timed |= row.secagg_seconds.has_value();
+      bounded |= row.secagg_error_bound.has_value();
     }
     const double rounds = double(report->rounds.size());
-    std::printf("secure aggregation: %.0f bytes per site and %.3f s per round; %llu dropouts; quantisation error <= %.3g "
-                "per element\n",
-                double(bytes) / rounds, seconds / rounds, (unsigned long long)dropouts, bound);
+    std::string line = fmt::format("secure aggregation: {:.0f} bytes per site", double(bytes) / rounds);
+    if (timed) line += fmt::format(" and {:.3f} s per round", seconds / rounds);
+    line += fmt::format("; {} dropouts", dropouts);
+    if (bounded) line += fmt::format("; quantisation error <= {:.3g} per element", bound);
+    std::printf("%s\n", line.c_str());
     if (dropouts > 0) {
       std::printf("secure aggregation dropouts: %llu before advertising keys, %llu after advertising, %llu after "
                   "sharing keys, %llu after the masked input\n",
