@@ -124,7 +124,7 @@ void Agent::MaybeSendMaskedInput() {
 }
 
 void Agent::MaskNextSecAggFrame() {
-  // One frame at a time, masked on the training executor (1 + k ChaCha20
+  // One frame at a time, masked on the training executor (1 + k AES-256-CTR
   // passes over it: off the I/O thread) while the frame before it is written;
   // the next only once the outbox holds fewer than two, so the site holds a
   // chunk or two of its masked input, never all of it.

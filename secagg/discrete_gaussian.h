@@ -19,7 +19,7 @@
 // acceptance term would not fit) is rejected; it occurs with probability
 // below exp(−2^36 / (2^26 + 1)) < e^−1000 per draw.
 //
-// The coins come from a ChaCha20 keystream (secagg/prg.h's ExpandMask) under
+// The coins come from an AES-256-CTR keystream (secagg/prg.h's ExpandMask) under
 // a 32-byte key: RandomKey() (RAND_bytes) on a live site; the simulator keys
 // it from its seed so a run reproduces, which makes the noise predictable to
 // whoever holds the seed. No statistical generator is involved either way.
@@ -39,7 +39,7 @@ namespace estuary::secagg {
 // The largest σ² the sampler takes (its arithmetic fits 128 bits below it).
 inline constexpr uint64_t kMaxDiscreteGaussianVariance = uint64_t{1} << 52;
 
-// Draws from N_Z(0, V) with the coins of one ChaCha20 stream.
+// Draws from N_Z(0, V) with the coins of one AES-256-CTR stream.
 class DiscreteGaussianSampler {
  public:
   // V in [1, kMaxDiscreteGaussianVariance].
@@ -61,7 +61,7 @@ class DiscreteGaussianSampler {
 
   uint64_t variance_;
   uint64_t t_;  // ⌊√V⌋ + 1
-  // The key's ChaCha20 stream, refilled 32 KiB at a time (ExpandMask).
+  // The key's AES-256-CTR stream, refilled 32 KiB at a time (ExpandMask).
   Key32 key_;
   uint64_t offset_ = 0;  // in 32-bit words
   std::vector<uint32_t> buffer_;

@@ -5,7 +5,7 @@
 // The graph is a Harary graph H(k, n) — positions 0..n−1 on a ring, each
 // joined to the k/2 positions either side — with sites placed on the ring by
 // a random permutation, as Bell et al. do. The permutation is Fisher–Yates
-// driven by the ChaCha20 stream of a round seed that all parties share, so
+// driven by the AES-256-CTR stream (secagg/prg.h) of a round seed that all parties share, so
 // every party builds the same graph, while a site cannot pick its neighbours.
 //
 // Degree. DefaultDegree(n) = min(n − 1, 2 · ceil(1.5 · log2 n)): k grows as
@@ -66,7 +66,7 @@ class NeighbourGraph {
 // One site's neighbours in the graph Harary(sites, degree, round_seed) builds:
 // what a site keeps (k ids) instead of the whole graph (n · k ids, 2 MB a site
 // at n = 10,000). Finding them still draws the whole permutation (4n bytes,
-// freed before Of returns), so building one costs O(n) time, a ChaCha20 word
+// freed before Of returns), so building one costs O(n) time, a keystream word
 // and a swap per site; the complete graph keeps its n − 1 ids.
 class SiteNeighbours {
  public:

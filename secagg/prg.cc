@@ -25,33 +25,35 @@ using CipherCtx = std::unique_ptr<EVP_CIPHER_CTX, CipherCtxFree>;
 constexpr size_t kChunkWords = 2048;
 alignas(64) const uint8_t kZeros[kChunkWords * 4] = {};
 
-// ChaCha20 fetched from the provider once: EVP_chacha20() makes every
+// AES-256-CTR fetched from the provider once: EVP_aes_256_ctr() makes every
 // EVP_EncryptInit_ex fetch it again, under the library's locks, and a masked
 // input starts 1 + k streams for each of its chunks.
-const EVP_CIPHER* ChaCha20() {
-  static EVP_CIPHER* const cipher = EVP_CIPHER_fetch(nullptr, "ChaCha20", nullptr);
+const EVP_CIPHER* Aes256Ctr() {
+  static EVP_CIPHER* const cipher = EVP_CIPHER_fetch(nullptr, "AES-256-CTR", nullptr);
   return cipher;
 }
 
-// EVP_chacha20's 16-byte IV: the 32-bit block counter (little-endian), then
-// the 96-bit nonce.
-Result<CipherCtx> StartStream(const Key32& key, const std::array<uint8_t, 12>& nonce, uint32_t counter) {
-  uint8_t iv[16];
-  for (int i = 0; i < 4; ++i) iv[i] = static_cast<uint8_t>(counter >> (8 * i));
-  std::memcpy(iv + 4, nonce.data(), nonce.size());
+Result<CipherCtx> StartStream(const Key32& key, const std::array<uint8_t, 16>& counter) {
   CipherCtx ctx(EVP_CIPHER_CTX_new());
-  if (!ctx || ChaCha20() == nullptr ||
-      EVP_EncryptInit_ex(ctx.get(), ChaCha20(), nullptr, key.data(), iv) != 1) {
-    return Internal("secagg: ChaCha20 set-up failed: {}", crypto::internal::TakeOpenSslErrors());
+  if (!ctx || Aes256Ctr() == nullptr ||
+      EVP_EncryptInit_ex(ctx.get(), Aes256Ctr(), nullptr, key.data(), counter.data()) != 1) {
+    return Internal("secagg: AES-256-CTR set-up failed: {}", crypto::internal::TakeOpenSslErrors());
   }
   return ctx;
+}
+
+// The counter block of AES block `block` of a seed's stream: big-endian.
+Result<CipherCtx> StartStreamAt(const Key32& key, uint64_t block) {
+  std::array<uint8_t, 16> counter{};
+  for (int i = 0; i < 8; ++i) counter[15 - i] = static_cast<uint8_t>(block >> (8 * i));
+  return StartStream(key, counter);
 }
 
 Status Keystream(EVP_CIPHER_CTX* ctx, uint8_t* out, size_t bytes) {
   int written = 0;
   if (EVP_EncryptUpdate(ctx, out, &written, kZeros, static_cast<int>(bytes)) != 1 ||
       static_cast<size_t>(written) != bytes) {
-    return Internal("secagg: ChaCha20 keystream failed: {}", crypto::internal::TakeOpenSslErrors());
+    return Internal("secagg: AES-256-CTR keystream failed: {}", crypto::internal::TakeOpenSslErrors());
   }
   return Status::Ok();
 }
@@ -71,15 +73,13 @@ template <typename Use>
 Status ForEachChunk(const Key32& seed, uint64_t offset, size_t count, Use use) {
   ESTUARY_RETURN_IF_ERROR(CheckRange(offset, count));
   if (count == 0) return Status::Ok();
-  static constexpr std::array<uint8_t, 12> kZeroNonce{};
-  ESTUARY_ASSIGN_OR_RETURN(CipherCtx ctx,
-                           StartStream(seed, kZeroNonce, static_cast<uint32_t>(offset / kWordsPerChaChaBlock)));
+  ESTUARY_ASSIGN_OR_RETURN(CipherCtx ctx, StartStreamAt(seed, offset / kWordsPerBlock));
   alignas(64) uint32_t words[kChunkWords];
-  size_t skip = offset % kWordsPerChaChaBlock;  // words of the first block before `offset`
+  size_t skip = offset % kWordsPerBlock;  // words of the first block before `offset`
   size_t done = 0;
   while (done < count) {
     const size_t wanted = std::min(kChunkWords, skip + (count - done));
-    const size_t whole_blocks = (wanted + kWordsPerChaChaBlock - 1) / kWordsPerChaChaBlock * kWordsPerChaChaBlock;
+    const size_t whole_blocks = (wanted + kWordsPerBlock - 1) / kWordsPerBlock * kWordsPerBlock;
     ESTUARY_RETURN_IF_ERROR(Keystream(ctx.get(), reinterpret_cast<uint8_t*>(words), whole_blocks * 4));
     const size_t n = wanted - skip;
     use(words + skip, n, done);
@@ -96,13 +96,8 @@ Status CheckRingBits(int bits) {
   return Status::Ok();
 }
 
-Status ChaCha20Keystream(const Key32& key, const std::array<uint8_t, 12>& nonce, uint32_t counter,
-                         std::span<uint8_t> out) {
-  const uint64_t blocks = (out.size() + 63) / 64;
-  if (counter + blocks > (uint64_t{1} << 32)) {
-    return InvalidArgument("secagg: ChaCha20 from block {}: {} bytes pass block 2^32 - 1", counter, out.size());
-  }
-  ESTUARY_ASSIGN_OR_RETURN(CipherCtx ctx, StartStream(key, nonce, counter));
+Status Aes256CtrKeystream(const Key32& key, const std::array<uint8_t, 16>& counter, std::span<uint8_t> out) {
+  ESTUARY_ASSIGN_OR_RETURN(CipherCtx ctx, StartStream(key, counter));
   for (size_t done = 0; done < out.size();) {
     const size_t n = std::min(sizeof(kZeros), out.size() - done);
     ESTUARY_RETURN_IF_ERROR(Keystream(ctx.get(), out.data() + done, n));
@@ -128,23 +123,21 @@ Status ApplyMasks(std::span<const SignedSeed> seeds, uint64_t offset, int bits, 
   ESTUARY_RETURN_IF_ERROR(CheckRingBits(bits));
   ESTUARY_RETURN_IF_ERROR(CheckRange(offset, values.size()));
   if (values.empty() || seeds.empty()) return Status::Ok();
-  static constexpr std::array<uint8_t, 12> kZeroNonce{};
   std::vector<CipherCtx> streams;
   streams.reserve(seeds.size());
   for (const SignedSeed& s : seeds) {
     if (s.seed == nullptr) return InvalidArgument("secagg: ApplyMasks: a null seed");
-    ESTUARY_ASSIGN_OR_RETURN(CipherCtx ctx,
-                             StartStream(*s.seed, kZeroNonce, static_cast<uint32_t>(offset / kWordsPerChaChaBlock)));
+    ESTUARY_ASSIGN_OR_RETURN(CipherCtx ctx, StartStreamAt(*s.seed, offset / kWordsPerBlock));
     streams.push_back(std::move(ctx));
   }
   const uint32_t mask = RingMask(bits);
   alignas(64) uint32_t words[kChunkWords];
-  size_t skip = offset % kWordsPerChaChaBlock;
+  size_t skip = offset % kWordsPerBlock;
   size_t done = 0;
   uint32_t* v = values.data();
   while (done < values.size()) {
     const size_t wanted = std::min(kChunkWords, skip + (values.size() - done));
-    const size_t whole_blocks = (wanted + kWordsPerChaChaBlock - 1) / kWordsPerChaChaBlock * kWordsPerChaChaBlock;
+    const size_t whole_blocks = (wanted + kWordsPerBlock - 1) / kWordsPerBlock * kWordsPerBlock;
     const size_t n = wanted - skip;
     for (size_t s = 0; s < seeds.size(); ++s) {
       ESTUARY_RETURN_IF_ERROR(Keystream(streams[s].get(), reinterpret_cast<uint8_t*>(words), whole_blocks * 4));

@@ -6,7 +6,7 @@
 // where clip scales x down to L2 norm <= C (unchanged if already within) and
 // s is the scale (the number of integer steps per unit). Stochastic rounding
 // rounds y up with probability y − floor(y), so E[q_i] = w · s · clip(x)_i and
-// the sum's rounding error stays unbiased; its uniforms come from the ChaCha20
+// the sum's rounding error stays unbiased; its uniforms come from the AES-256-CTR
 // stream of a 32-byte seed (RandomKey() on a live site; fixed in tests).
 //
 // The server sums q over the included sites mod 2^b and Dequantize reads the

@@ -81,7 +81,7 @@ Result<ProtocolConfig> ConfigFromProto(const v1::SecAggSetup& setup, uint64_t ro
 }
 
 std::string AdvertisementToSign(const ProtocolConfig& config, const AdvertiseKeys& keys) {
-  std::string out("estuary secagg advertise v1");
+  std::string out("estuary secagg advertise v2");
   out.push_back('\0');
   auto little_endian = [&out](uint64_t value, int bytes) {
     for (int i = 0; i < bytes; ++i) out.push_back(char(value >> (8 * i)));

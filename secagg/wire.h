@@ -51,7 +51,10 @@ Result<UnmaskResponse> FromProto(const v1::SecAggUnmaskResponse& message, uint32
 // signature, crypto/site_signature.h): a fixed label, the round, the sites
 // and the graph seed of the setup, the site's id and both keys. Bound so, a
 // signature cannot be replayed into another round nor relayed as another
-// site's keys.
+// site's keys. The label's version names the masks' generator (v2:
+// AES-256-CTR, secagg/prg.h; v1 was ChaCha20): sites of two builds whose
+// masks would not cancel refuse each other's keys, and the round fails at
+// its second stage, instead of committing a sum that is noise.
 std::string AdvertisementToSign(const ProtocolConfig& config, const AdvertiseKeys& keys);
 
 // A chunk's ring elements (little-endian uint32) appended to `out`, which

@@ -24,7 +24,7 @@ namespace estuary::secagg {
 namespace {
 
 constexpr uint64_t kRound = 17;
-constexpr size_t kDimension = 10'007;  // not a whole number of ChaCha20 blocks
+constexpr size_t kDimension = 10'007;  // not a whole number of AES blocks (4 words)
 const std::vector<size_t> kChunkCuts = {0, 3001, 8192, kDimension};
 
 struct Site {

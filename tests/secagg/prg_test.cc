@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <array>
 #include <cmath>
 #include <string>
 
@@ -13,56 +15,42 @@ namespace {
 using testing::CountingKey;
 using testing::FromHex;
 
-std::string KeystreamHex(const Key32& key, const std::array<uint8_t, 12>& nonce, uint32_t counter, size_t bytes) {
-  std::vector<uint8_t> out(bytes);
-  EXPECT_TRUE(ChaCha20Keystream(key, nonce, counter, out).ok());
-  return Hex(std::string_view(reinterpret_cast<const char*>(out.data()), out.size()));
-}
-
-// RFC 8439 appendix A.1, test vectors #1 and #2: the all-zero key and nonce,
-// block counters 0 and 1.
-TEST(ChaCha20, Rfc8439AppendixA1) {
-  EXPECT_EQ(KeystreamHex(Key32{}, {}, 0, 64),
-            "76b8e0ada0f13d90405d6ae55386bd28bdd219b8a08ded1aa836efcc8b770dc7"
-            "da41597c5157488d7724e03fb8d84a376a43b8f41518a11cc387b669b2ee6586");
-  EXPECT_EQ(KeystreamHex(Key32{}, {}, 1, 64),
-            "9f07e7be5551387a98ba977c732d080dcb0f29a048e3656912c6533e32ee7aed"
-            "29b721769ce64e43d57133b074d839d531ed1f28510afb45ace10a1f4b794d6f");
-}
-
-// RFC 8439 section 2.4.2: the "sunscreen" encryption, key 00..1f, nonce
-// 00 00 00 00 00 00 00 4a 00 00 00 00, initial counter 1.
-TEST(ChaCha20, Rfc8439Section242) {
-  const std::string plaintext =
-      "Ladies and Gentlemen of the class of '99: If I could offer you only one tip for the future, sunscreen "
-      "would be it.";
-  std::array<uint8_t, 12> nonce{};
-  nonce[7] = 0x4a;
+// NIST SP 800-38A, appendix F.5.5 (CTR-AES256.Encrypt): four blocks from the
+// counter block f0f1...feff, which carries into its last two bytes.
+TEST(Aes256Ctr, NistSp80038aF55) {
+  const Key32 key = testing::KeyFromHex("603deb1015ca71be2b73aef0857d77811f352c073b6108d72d9810a30914dff4");
+  std::array<uint8_t, 16> counter{};
+  for (int i = 0; i < 16; ++i) counter[i] = static_cast<uint8_t>(0xf0 + i);
+  const std::vector<uint8_t> plaintext = FromHex(
+      "6bc1bee22e409f96e93d7e117393172aae2d8a571e03ac9c9eb76fac45af8e51"
+      "30c81c46a35ce411e5fbc1191a0a52eff69f2445df4f9b17ad2b417be66c3710");
   std::vector<uint8_t> keystream(plaintext.size());
-  ASSERT_TRUE(ChaCha20Keystream(CountingKey(0), nonce, 1, keystream).ok());
+  ASSERT_TRUE(Aes256CtrKeystream(key, counter, keystream).ok());
   std::string ciphertext(plaintext.size(), '\0');
   for (size_t i = 0; i < plaintext.size(); ++i) ciphertext[i] = static_cast<char>(plaintext[i] ^ keystream[i]);
   EXPECT_EQ(Hex(ciphertext),
-            "6e2e359a2568f98041ba0728dd0d6981e97e7aec1d4360c20a27afccfd9fae0b"
-            "f91b65c5524733ab8f593dabcd62b3571639d624e65152ab8f530c359f0861d8"
-            "07ca0dbf500d6a6156a38e088a22b65e52bc514d16ccf806818ce91ab7793736"
-            "5af90bbf74a35be6b40b8eedf2785e42874d");
+            "601ec313775789a5b7a7f504bbf3d228f443e3ca4d62b59aca84e990cacaf5c5"
+            "2b0930daa23de94ce87017ba2d84988ddfc9c58db67aada613c2dd08457941a6");
 }
 
-// The mask stream is that cipher: word i is keystream bytes 4i..4i+3,
-// little-endian, with the block counter following the offset.
-TEST(MaskStream, IsTheChaCha20KeystreamAsLittleEndianWords) {
-  std::vector<uint32_t> words(32);
+// The mask stream is that cipher from counter block 0: word i is keystream
+// bytes 4i..4i+3, little-endian, with the counter following the offset. The
+// zero key's first blocks, AES-256(0) = dc95c078..., AES-256(1) = 530f8afb....
+TEST(MaskStream, IsTheAes256CtrKeystreamAsLittleEndianWords) {
+  std::vector<uint32_t> words(8);
   ASSERT_TRUE(ExpandMask(Key32{}, 0, 32, words).ok());
-  EXPECT_EQ(words[0], 0xade0b876u);   // 76 b8 e0 ad
-  EXPECT_EQ(words[15], 0x8665eeb2u);  // b2 ee 65 86, the last word of block 0
-  EXPECT_EQ(words[16], 0xbee7079fu);  // 9f 07 e7 be, block 1
+  EXPECT_EQ(words[0], 0x78c095dcu);  // dc 95 c0 78
+  EXPECT_EQ(words[3], 0x87208492u);  // 92 84 20 87, the last word of block 0
+  EXPECT_EQ(words[4], 0xfb8a0f53u);  // 53 0f 8a fb, block 1
   std::vector<uint32_t> from_block_one(1);
-  ASSERT_TRUE(ExpandMask(Key32{}, 16, 32, from_block_one).ok());
-  EXPECT_EQ(from_block_one[0], 0xbee7079fu);
+  ASSERT_TRUE(ExpandMask(Key32{}, 4, 32, from_block_one).ok());
+  EXPECT_EQ(from_block_one[0], 0xfb8a0f53u);
+  std::vector<uint32_t> mid_block(1);
+  ASSERT_TRUE(ExpandMask(Key32{}, 3, 32, mid_block).ok());
+  EXPECT_EQ(mid_block[0], 0x87208492u);
   std::vector<uint32_t> twenty_bits(1);
   ASSERT_TRUE(ExpandMask(Key32{}, 0, 20, twenty_bits).ok());
-  EXPECT_EQ(twenty_bits[0], 0xade0b876u & 0xfffffu);
+  EXPECT_EQ(twenty_bits[0], 0x78c095dcu & 0xfffffu);
 }
 
 TEST(MaskStream, DeterministicPerSeedAndDifferentAcrossSeeds) {

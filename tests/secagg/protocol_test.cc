@@ -21,7 +21,7 @@ namespace estuary::secagg {
 namespace {
 
 constexpr uint64_t kRound = 17;
-constexpr uint64_t kDimension = 10'007;  // not a whole number of ChaCha20 blocks
+constexpr uint64_t kDimension = 10'007;  // not a whole number of AES blocks (4 words)
 constexpr int kBits = 24;
 
 // When a site stops sending: the last message it sends is the one named.
