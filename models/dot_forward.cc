@@ -1,11 +1,16 @@
 #include "models/dot_forward.h"
 
-#include <immintrin.h>
-
 #include <cstdint>
+#include <cstdlib>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define ESTUARY_DOT_FORWARD_X86 1
+#endif
 
 namespace estuary::models {
 
+#ifdef ESTUARY_DOT_FORWARD_X86
 namespace {
 
 #define ESTUARY_AVX2 __attribute__((target("avx2,fma")))
@@ -94,6 +99,8 @@ ESTUARY_AVX2 void DotForwardAvx2(const float* x, int n, int in, const float* w, 
 
 }  // namespace
 
+#undef ESTUARY_AVX2
+
 bool HaveDotForward() {
   static const bool have = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   return have;
@@ -102,5 +109,13 @@ bool HaveDotForward() {
 void DotForward(const float* x, int n, int in, const float* w, int out, const float* b, bool relu, float* y) {
   DotForwardAvx2(x, n, in, w, out, b, relu, y);
 }
+
+#else  // not x86: no kernel, and Linear::Forward never calls it
+
+bool HaveDotForward() { return false; }
+
+void DotForward(const float*, int, int, const float*, int, const float*, bool, float*) { std::abort(); }
+
+#endif
 
 }  // namespace estuary::models
