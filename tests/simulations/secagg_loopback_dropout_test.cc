@@ -63,12 +63,13 @@ TEST_P(LoopbackDropout, EveryRoundCommitsThePlainSumOfTheSurvivorsAndCountsTheDr
   s.secagg = true;
   s.dropout = dropout;
   s.federation.mutable_limits()->set_max_norm_over_median(0);  // as estuary-sim sets it under --secagg
-  s.task().set_seed(5);
-  const uint64_t seed = s.task().seed();
-  if (dropout > 0) {
-    const int after_share = int(SecAggDropStage::kAfterShare) - 1;
-    ASSERT_GT(Drawn(dropout, kSites, seed, 2)[after_share], 0u) << "the seed no longer rebuilds a mask key in round 2";
-  }
+  // The first seed from 5 whose round-2 draw drops a site after it shared
+  // its keys, so that the server rebuilds a mask key over TLS.
+  uint64_t seed = 5;
+  const int after_share = int(SecAggDropStage::kAfterShare) - 1;
+  while (dropout > 0 && Drawn(dropout, kSites, seed, 2)[after_share] == 0 && seed < 1000) ++seed;
+  ASSERT_GT(dropout > 0 ? Drawn(dropout, kSites, seed, 2)[after_share] : 1u, 0u) << "no seed below 1000 drops one";
+  s.task().set_seed(seed);
 
   auto inproc = RunInproc(s, nullptr);
   ASSERT_TRUE(inproc.ok()) << inproc.status().ToString();
@@ -119,11 +120,11 @@ TEST_P(LoopbackDropout, EveryRoundCommitsThePlainSumOfTheSurvivorsAndCountsTheDr
   if (dropout == 0) {
     EXPECT_EQ(total, 0u);
   } else {
-    EXPECT_GT(total, 1u);  // the seed draws some: the stages are exercised
+    EXPECT_GE(total, 1u);  // the seed draws some: the stages are exercised
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Fractions, LoopbackDropout, ::testing::Values(0.0, 0.3),
+INSTANTIATE_TEST_SUITE_P(Fractions, LoopbackDropout, ::testing::Values(0.0, 0.1, 0.3),
                          [](const auto& info) { return fmt::format("Dropout{}", int(info.param * 100)); });
 
 TEST(LoopbackDropout, WhatStillCannotWorkIsRefusedInOneLine) {
