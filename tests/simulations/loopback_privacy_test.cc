@@ -77,6 +77,25 @@ Scenario TwoRounds(const testing::TempDir& dir) {
   return s;
 }
 
+// The same scenario in process, then over TLS, and the loopback run's round log.
+struct BothModes {
+  Report inproc, loopback;
+  std::unique_ptr<server::Store> store;
+};
+
+Result<BothModes> RunBothModes(Scenario s) {
+  BothModes out;
+  ESTUARY_ASSIGN_OR_RETURN(out.inproc, RunInproc(s, nullptr));
+  s.mode = "loopback";
+  ESTUARY_ASSIGN_OR_RETURN(out.loopback, RunLoopback(s, nullptr));
+  if (out.inproc.rounds.size() != 2 || out.loopback.rounds.size() != 2) {
+    return Internal("rounds: {} in process, {} over TLS, not 2 each", out.inproc.rounds.size(),
+                    out.loopback.rounds.size());
+  }
+  ESTUARY_ASSIGN_OR_RETURN(out.store, server::Store::OpenReadOnly(out.loopback.round_log));
+  return out;
+}
+
 // Plain FedAvg at q = 0.3 of 12 sites (seed 11 draws 5 and then 4): the
 // server takes inproc's draws, and, folding in double as the simulator does,
 // commits its models bit for bit.
@@ -84,15 +103,10 @@ TEST(LoopbackSampling, PlainFedAvgTakesTheInprocDrawsAndCommitsItsModels) {
   testing::TempDir dir;
   Scenario s = TwoRounds(dir);
   s.sample_rate = 0.3;
-  auto inproc = RunInproc(s, nullptr);
-  ASSERT_TRUE(inproc.ok()) << inproc.status().ToString();
-  s.mode = "loopback";
-  auto loopback = RunLoopback(s, nullptr);
-  ASSERT_TRUE(loopback.ok()) << loopback.status().ToString();
-  ASSERT_EQ(loopback->rounds.size(), 2u);
-  ASSERT_EQ(inproc->rounds.size(), 2u);
-  auto store = server::Store::OpenReadOnly(loopback->round_log);
-  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  auto both = RunBothModes(s);
+  ASSERT_TRUE(both.ok()) << both.status().ToString();
+  const Report *inproc = &both->inproc, *loopback = &both->loopback;
+  const std::unique_ptr<server::Store>* store = &both->store;
   std::set<size_t> sizes;
   for (uint64_t round = 1; round <= 2; ++round) {
     SCOPED_TRACE(fmt::format("round {}", round));
@@ -240,15 +254,10 @@ TEST(LoopbackSampling, CentralDpDividesByTheExpectedCountAndIsChargedAsInproc) {
   s.federation.mutable_dp()->set_noise_multiplier(kZ);
   s.federation.mutable_dp()->set_clip(1.0);
   s.federation.mutable_dp()->set_delta(kDelta);
-  auto inproc = RunInproc(s, nullptr);
-  ASSERT_TRUE(inproc.ok()) << inproc.status().ToString();
-  s.mode = "loopback";
-  auto loopback = RunLoopback(s, nullptr);
-  ASSERT_TRUE(loopback.ok()) << loopback.status().ToString();
-  ASSERT_EQ(loopback->rounds.size(), 2u);
-  ASSERT_EQ(inproc->rounds.size(), 2u);
-  auto store = server::Store::OpenReadOnly(loopback->round_log);
-  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  auto both = RunBothModes(s);
+  ASSERT_TRUE(both.ok()) << both.status().ToString();
+  const Report *inproc = &both->inproc, *loopback = &both->loopback;
+  const std::unique_ptr<server::Store>* store = &both->store;
   auto accountant = privacy::Accountant::Create(kDelta);
   ASSERT_TRUE(accountant.ok());
   for (uint64_t round = 1; round <= 2; ++round) {
