@@ -283,16 +283,16 @@ void Agent::OnRoundStart(const v1::RoundStart& start) {
   if (start.model_follows()) {
     incoming_range_ = 0;
     incoming_offset_ = incoming_ranges_[0].first;
-    download_hasher_ = std::make_unique<crypto::Sha256>();
+    download_digest_ = std::make_unique<crypto::TransferDigest>();
     // Held bytes before the first range; with low-rank changes the whole
-    // buffer is hashed once they are applied.
-    if (incoming_low_rank_.empty()) download_hasher_->Update(incoming_.data(), incoming_offset_);
+    // buffer is digested once they are applied.
+    if (incoming_low_rank_.empty()) download_digest_->Update(incoming_.data(), incoming_offset_);
     return;
   }
   if (!model_ || model_version_ != start.model_version() || !crypto::SameHexDigest(model_checksum_, start.model_checksum())) {
     return Disconnected(fmt::format("round {}: server sent no model but we hold version {}", start.round(), model_version_));
   }
-  if (!control_hasher_) Train();  // else once c is in
+  if (!control_digest_) Train();  // else once c is in
 }
 
 void Agent::Refuse(uint64_t round, const std::string& reason) {
@@ -362,26 +362,7 @@ void Agent::OnTrained(uint64_t round, Result<Update> update) {
   upload_ = payload;
   upload_round_ = round;
   upload_offset_ = 0;
-  upload_hasher_ = std::make_unique<crypto::Sha256>();
-  upload_checksum_.reset();
-  const uint64_t serial = ++upload_serial_;
-  if (!payload->stream) {
-    // The update is whole and immutable: the training thread, idle now,
-    // hashes it while this thread encodes and writes its chunks; the commit
-    // goes once both are done.
-    std::weak_ptr<Agent> weak = weak_from_this();
-    asio::post(training_, [&io = io_, weak, payload, serial] {
-      crypto::Sha256 hasher;
-      hasher.Update(payload->payload.data(), payload->payload.size() * sizeof(float));
-      hasher.Update(payload->control_delta.data(), payload->control_delta.size() * sizeof(float));
-      asio::post(io, [weak, serial, checksum = crypto::ToHex(hasher.Final())] {
-        auto self = weak.lock();
-        if (!self || !self->upload_ || self->upload_serial_ != serial) return;
-        self->upload_checksum_ = checksum;
-        self->WriteNext();
-      });
-    });
-  }
+  upload_digest_ = std::make_unique<crypto::TransferDigest>();
   if (payload->stream) {
     slice_ = {};
     slice_at_ = 0;
@@ -437,9 +418,9 @@ void Agent::NextStreamChunk() {
         }
         v1::Envelope envelope;
         envelope.mutable_update_commit()->set_round(upload_round_);
-        envelope.mutable_update_commit()->set_checksum(crypto::ToHex(upload_hasher_->Final()));
+        envelope.mutable_update_commit()->set_digest(upload_digest_->FinalHex());
         upload_.reset();
-        upload_hasher_.reset();
+        upload_digest_.reset();
         slice_ = {};
         outbox_.push_back(std::make_shared<const proto::Frame>(proto::EncodeFrame(envelope)));
         return;
@@ -451,7 +432,7 @@ void Agent::NextStreamChunk() {
   const uint64_t size = elements * sizeof(float);
   outbox_.push_back(std::make_shared<const proto::Frame>(
       proto::EncodeUpdateChunk(upload_round_, upload_offset_, v1::DTYPE_F32, bytes, size)));
-  upload_hasher_->Update(bytes, size);
+  upload_digest_->Update(bytes, size);
   upload_offset_ += size;
   slice_at_ += elements;
 }
@@ -478,13 +459,14 @@ void Agent::WriteNext() {
                                          (upload_offset_ - delta);
       outbox_.push_back(std::make_shared<const proto::Frame>(
           proto::EncodeUpdateChunk(upload_round_, upload_offset_, v1::DTYPE_F32, bytes, size)));
+      upload_digest_->Update(bytes, size);  // while the bytes are in cache
       upload_offset_ += size;
-    } else if (upload_checksum_) {  // else the training thread is still hashing it
+    } else {
       v1::Envelope envelope;
       envelope.mutable_update_commit()->set_round(upload_round_);
-      envelope.mutable_update_commit()->set_checksum(*upload_checksum_);
+      envelope.mutable_update_commit()->set_digest(upload_digest_->FinalHex());
       upload_.reset();
-      upload_hasher_.reset();
+      upload_digest_.reset();
       outbox_.push_back(std::make_shared<const proto::Frame>(proto::EncodeFrame(envelope)));
     }
   }

@@ -10,7 +10,8 @@
 // socket drains, so the delta is never whole in this process. A RoundStart
 // with a patch sends only the ranges that changed since the version held
 // (a lora federation's adapter and the base weights a merge changed); the
-// rest comes from the model held, and the checksum is checked over the whole.
+// rest comes from the model held, and the transfer digest (XXH3-128) is
+// checked over the whole.
 // A RoundStart with a SecAggSetup makes the site take part in SecAgg+
 // instead of uploading in the clear (agent_secagg.cc, client/secagg_site.h).
 // A RoundStart with evaluate_only has the trainer score the model on the
@@ -18,7 +19,7 @@
 // EvalReport instead of an update; its Hello says it understands them.
 // A RoundStart with control_follows (SCAFFOLD) sends the server's control
 // variate c after the model (or alone, when the site holds the model),
-// checked against its own checksum; the site trains through its SiteControl
+// checked against its own digest; the site trains through its SiteControl
 // (AgentOptions::scaffold) and uploads Δc_i after its delta in the same
 // upload (agent_download.cc).
 // When the connection drops it reconnects with
@@ -47,6 +48,7 @@
 #include "client/secagg_site.h"
 #include "client/trainer.h"
 #include "crypto/sha256.h"
+#include "crypto/transfer_digest.h"
 #include "crypto/tls.h"
 #include "estuary.pb.h"
 #include "proto/frame.h"
@@ -261,19 +263,19 @@ class Agent : public std::enable_shared_from_this<Agent> {
   std::vector<float> incoming_;
   uint64_t incoming_offset_ = 0;  // bytes: where the next chunk must start
   // The byte ranges [begin, end) still to come: the whole model, or a patch's
-  // ranges over the model held (the bytes between them are hashed as held).
+  // ranges over the model held (the bytes between them are digested as held).
   std::vector<std::pair<uint64_t, uint64_t>> incoming_ranges_;
   size_t incoming_range_ = 0;
   // A patch's low-rank changes (offset, shape; their factors arrive in
   // incoming_factors_, past the buffer's end): added to the held tensors once
-  // everything is in, and only then is the model hashed.
+  // everything is in, and only then is the model digested.
   std::vector<std::pair<uint64_t, models::LowRankMatrix>> incoming_low_rank_;
   std::vector<float> incoming_factors_;
-  // SCAFFOLD: the round's c as it arrives (hashed on its own, after the
+  // SCAFFOLD: the round's c as it arrives (digested on its own, after the
   // model), then, checked, what the round trains with; null: no c this round.
   std::vector<float> incoming_control_;
   uint64_t control_received_ = 0;  // bytes
-  std::unique_ptr<crypto::Sha256> control_hasher_;
+  std::unique_ptr<crypto::TransferDigest> control_digest_;
   std::shared_ptr<const std::vector<float>> control_;
   bool busy_training_ = false;
   bool train_again_ = false;
@@ -285,12 +287,8 @@ class Agent : public std::enable_shared_from_this<Agent> {
   uint64_t upload_offset_ = 0;
   UpdateStream::Slice slice_;  // streamed upload: the slice being encoded
   uint64_t slice_at_ = 0;      // elements of slice_ already sent
-  std::unique_ptr<crypto::Sha256> download_hasher_;
-  std::unique_ptr<crypto::Sha256> upload_hasher_;  // a streamed update's, as it is sent
-  // A whole update's, hashed on the training executor beside the writes;
-  // upload_serial_ tells that hash which upload it belongs to.
-  std::optional<std::string> upload_checksum_;
-  uint64_t upload_serial_ = 0;
+  std::unique_ptr<crypto::TransferDigest> download_digest_;
+  std::unique_ptr<crypto::TransferDigest> upload_digest_;  // the update's, as its chunks are encoded
   // A simulated mid-upload dropout: the byte offset the upload stops at (none: the maximum).
   uint64_t upload_drop_at_ = UINT64_MAX;
 

@@ -29,18 +29,18 @@ void Agent::ExpectControl(const v1::RoundStart& start) {
   control_received_ = 0;
   if (!start.model_follows()) incoming_.clear();  // what an earlier stream left: c's chunks are not its
   if (!start.control_follows()) {
-    control_hasher_.reset();
+    control_digest_.reset();
     incoming_control_.clear();
     return;
   }
   incoming_control_.assign(manifest_.total_elements, 0.0f);
-  control_hasher_ = std::make_unique<crypto::Sha256>();
+  control_digest_ = std::make_unique<crypto::TransferDigest>();
 }
 
 void Agent::OnModelChunk(const v1::ModelChunk& chunk) {
   if (!round_ || chunk.round() != round_->round()) return;  // a stale stream; ignore
   if (!incoming_.empty()) return OnModelBytes(chunk);
-  if (control_hasher_) return OnControlBytes(chunk);
+  if (control_digest_) return OnControlBytes(chunk);
 }
 
 void Agent::OnControlBytes(const v1::ModelChunk& chunk) {
@@ -52,14 +52,14 @@ void Agent::OnControlBytes(const v1::ModelChunk& chunk) {
   }
   char* bytes = reinterpret_cast<char*>(incoming_control_.data()) + control_received_;
   std::memcpy(bytes, chunk.data().data(), chunk.data().size());
-  control_hasher_->Update(bytes, chunk.data().size());
+  control_digest_->Update(bytes, chunk.data().size());
   control_received_ += chunk.data().size();
   if (control_received_ < total) return;
-  const std::string checksum = crypto::ToHex(control_hasher_->Final());
-  control_hasher_.reset();
-  if (!crypto::SameHexDigest(checksum, round_->control_checksum())) {
-    return Disconnected(fmt::format("round {}: control variate checksum {} != announced {}", round_->round(),
-                                    checksum, round_->control_checksum()));
+  const std::string digest = control_digest_->FinalHex();
+  control_digest_.reset();
+  if (!crypto::SameHexDigest(digest, round_->control_digest())) {
+    return Disconnected(fmt::format("round {}: control variate digest {} != announced {}", round_->round(), digest,
+                                    round_->control_digest()));
   }
   control_ = std::make_shared<const std::vector<float>>(std::move(incoming_control_));
   incoming_control_.clear();
@@ -86,39 +86,39 @@ void Agent::OnModelBytes(const v1::ModelChunk& chunk) {
     return Disconnected(fmt::format("model chunk at {} (+{}) does not continue at {} within its range", chunk.offset(),
                                     chunk.data().size(), incoming_offset_));
   }
-  const bool hash_as_it_comes = incoming_low_rank_.empty();
+  const bool digest_as_it_comes = incoming_low_rank_.empty();
   char* bytes = reinterpret_cast<char*>(incoming_.data());
   if (incoming_offset_ >= total) {  // a low-rank change's factors
     std::memcpy(reinterpret_cast<char*>(incoming_factors_.data()) + (incoming_offset_ - total), chunk.data().data(),
                 chunk.data().size());
   } else {
     std::memcpy(bytes + incoming_offset_, chunk.data().data(), chunk.data().size());
-    // Hashed chunk by chunk while the bytes are still in cache.
-    if (hash_as_it_comes) download_hasher_->Update(bytes + incoming_offset_, chunk.data().size());
+    // Digested chunk by chunk while the bytes are still in cache.
+    if (digest_as_it_comes) download_digest_->Update(bytes + incoming_offset_, chunk.data().size());
   }
   incoming_offset_ += chunk.data().size();
   if (incoming_offset_ < range_end) return;
-  // The held bytes up to the next range (or the end) count in the checksum too.
+  // The held bytes up to the next range (or the end) count in the digest too.
   const uint64_t next = ++incoming_range_ < incoming_ranges_.size() ? incoming_ranges_[incoming_range_].first : total;
-  if (hash_as_it_comes) download_hasher_->Update(bytes + incoming_offset_, next - incoming_offset_);
+  if (digest_as_it_comes) download_digest_->Update(bytes + incoming_offset_, next - incoming_offset_);
   incoming_offset_ = next;
   if (incoming_range_ < incoming_ranges_.size()) return;
-  if (!hash_as_it_comes) {
+  if (!digest_as_it_comes) {
     ApplyLowRank();
-    download_hasher_->Update(incoming_.data(), total);
+    download_digest_->Update(incoming_.data(), total);
   }
-  const std::string checksum = crypto::ToHex(download_hasher_->Final());
-  download_hasher_.reset();
-  if (!crypto::SameHexDigest(checksum, round_->model_checksum())) {
-    return Disconnected(fmt::format("round {}: model checksum {} != announced {}", round_->round(), checksum,
-                                    round_->model_checksum()));
+  const std::string digest = download_digest_->FinalHex();
+  download_digest_.reset();
+  if (!crypto::SameHexDigest(digest, round_->model_digest())) {
+    return Disconnected(fmt::format("round {}: model digest {} != announced {}", round_->round(), digest,
+                                    round_->model_digest()));
   }
   spdlog::debug("{}: round {} model received", name_, round_->round());
   model_ = std::make_shared<const std::vector<float>>(std::move(incoming_));
   incoming_.clear();
   model_version_ = round_->model_version();
-  model_checksum_ = checksum;
-  if (!control_hasher_) Train();  // else once c is in
+  model_checksum_ = round_->model_checksum();  // the version's name; its bytes were checked by their digest
+  if (!control_digest_) Train();  // else once c is in
 }
 
 }  // namespace estuary::client

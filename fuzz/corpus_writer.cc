@@ -20,6 +20,7 @@
 #include "crypto/certs.h"
 #include "crypto/revocation.h"
 #include "crypto/sha256.h"
+#include "crypto/transfer_digest.h"
 #include "fuzz/fuzz_util.h"
 #include "fuzz/tiny_models.h"
 #include "models/checkpoint.h"
@@ -138,7 +139,7 @@ void Frames(Corpus& corpus) {
   corpus.Add("frame", "update_chunk", Bytes(proto::EncodeUpdateChunk(3, 0, v1::DTYPE_F32, values.data(), 64)));
   e.Clear();
   e.mutable_update_commit()->set_round(3);
-  e.mutable_update_commit()->set_checksum(crypto::Sha256Hex(values.data(), values.size() * sizeof(float)));
+  e.mutable_update_commit()->set_digest(crypto::TransferDigestHex(values.data(), values.size() * sizeof(float)));
   corpus.Add("frame", "update_commit", FrameOf(e));
   e.Clear();
   e.mutable_update_ack()->set_round(3);
@@ -176,7 +177,7 @@ void Frames(Corpus& corpus) {
 }
 
 // An upload as frames: begin, the payload in chunks of `chunk` bytes, commit.
-std::string Upload(const Manifest& manifest, size_t chunk, bool right_checksum) {
+std::string Upload(const Manifest& manifest, size_t chunk, bool right_digest) {
   proto::Envelope e;
   auto& begin = *e.mutable_update_begin();
   begin.set_round(5);
@@ -192,14 +193,14 @@ std::string Upload(const Manifest& manifest, size_t chunk, bool right_checksum) 
   }
   e.Clear();
   e.mutable_update_commit()->set_round(5);
-  e.mutable_update_commit()->set_checksum(right_checksum ? crypto::Sha256Hex(payload.data(), payload.size())
-                                                         : crypto::Sha256Hex("", 0));
+  e.mutable_update_commit()->set_digest(right_digest ? crypto::TransferDigestHex(payload.data(), payload.size())
+                                                     : crypto::TransferDigestHex("", 0));
   return out + FrameOf(e);
 }
 
 void Uploads(Corpus& corpus) {
   corpus.Add("upload", "small_two_chunks", Upload(SmallManifest(), 512, true));
-  corpus.Add("upload", "small_wrong_checksum", Upload(SmallManifest(), 400, false));
+  corpus.Add("upload", "small_wrong_digest", Upload(SmallManifest(), 400, false));
   Manifest large;  // past the harness's 1 KiB memory budget: a spill file
   large.Append("embedding.weight", {24, 12});
   large.Append("head.weight", {12});

@@ -9,7 +9,7 @@
 #include <cstring>
 #include <memory>
 
-#include "crypto/sha256.h"
+#include "crypto/transfer_digest.h"
 #include "fuzz/fuzz_util.h"
 #include "fuzz/quiet_protobuf.h"
 #include "proto/frame.h"
@@ -67,7 +67,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       FUZZ_CHECK(staged->received_bytes() <= manifest.byte_size());
     } else if (envelope->has_update_commit()) {
       if (!staged) return 0;
-      Status commit = staged->Commit(envelope->update_commit().checksum());
+      Status commit = staged->Commit(envelope->update_commit().digest());
       if (!commit.ok()) {
         fuzz::CheckError(commit);
         continue;
@@ -76,9 +76,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       const auto values = staged->values();
       FUZZ_CHECK(values.size_bytes() == manifest.byte_size());
       // The digest of exactly the bytes staged (in either case of hex digits).
-      std::string announced = envelope->update_commit().checksum();
+      std::string announced = envelope->update_commit().digest();
       for (char& c : announced) c = char(std::tolower(static_cast<unsigned char>(c)));
-      FUZZ_CHECK(crypto::Sha256Hex(values.data(), values.size_bytes()) == announced);
+      FUZZ_CHECK(crypto::TransferDigestHex(values.data(), values.size_bytes()) == announced);
       committed = true;
     } else {
       return 0;  // anything else during an upload is refused

@@ -15,7 +15,8 @@ namespace estuary::proto {
 
 using Envelope = ::estuary::v1::Envelope;
 
-inline constexpr uint32_t kProtocolVersion = 1;
+// 2: SecAgg+ masks come from AES-256-CTR (1 used ChaCha20); the two cannot cancel each other.
+inline constexpr uint32_t kProtocolVersion = 2;
 inline constexpr size_t kFrameHeaderBytes = 4;
 inline constexpr uint64_t kDefaultMaxFrameBytes = 4u << 20;
 inline constexpr uint32_t kDefaultChunkBytes = 1u << 20;

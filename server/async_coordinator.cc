@@ -8,6 +8,7 @@
 #include "aggregation/fedbuff.h"
 #include "aggregation/sampling.h"
 #include "base/seed.h"
+#include "crypto/transfer_digest.h"
 #include "proto/frame.h"
 #include "server/recover.h"
 #include "server/round_messages.h"
@@ -229,10 +230,12 @@ void AsyncCoordinator::OnUpdateCommit(const std::shared_ptr<ClientSession>& sess
     return Reject(session, v1::Error::ROUND_NOT_OPEN,
                   fmt::format("update commit for round {}, which has no open upload from this client", commit.round()));
   }
-  if (commit.checksum().size() != 64) {
-    return Reject(session, v1::Error::BAD_MESSAGE, "update checksum is not a sha256 hex digest");
+  if (commit.digest().size() != crypto::kTransferDigestHexDigits) {
+    return Reject(session, v1::Error::BAD_MESSAGE,
+                  fmt::format("update digest has {} characters; an XXH3-128 hex digest has {}", commit.digest().size(),
+                              crypto::kTransferDigestHexDigits));
   }
-  Status committed = slots_.Staged(name)->Commit(commit.checksum());
+  Status committed = slots_.Staged(name)->Commit(commit.digest());
   if (!committed.ok()) return Reject(session, v1::Error::CHECKSUM_MISMATCH, committed.message());
   std::shared_ptr<StagedUpdate> staged = slots_.TakeForFold(name);
   w->state = Work::State::kFolding;

@@ -8,6 +8,7 @@
 #include "aggregation/sampling.h"
 #include "base/seed.h"
 #include "crypto/sha256.h"
+#include "crypto/transfer_digest.h"
 #include "proto/frame.h"
 #include "aggregation/federation.h"
 #include "secagg/wire.h"
@@ -276,10 +277,12 @@ void Coordinator::OnUpdateCommit(const std::shared_ptr<ClientSession>& session, 
                   fmt::format("update commit for round {}, which has no open upload from this client", commit.round()));
   }
   Participant& p = it->second;
-  if (commit.checksum().size() != 64) {
-    return Reject(session, v1::Error::BAD_MESSAGE, "update checksum is not a sha256 hex digest");
+  if (commit.digest().size() != crypto::kTransferDigestHexDigits) {
+    return Reject(session, v1::Error::BAD_MESSAGE,
+                  fmt::format("update digest has {} characters; an XXH3-128 hex digest has {}", commit.digest().size(),
+                              crypto::kTransferDigestHexDigits));
   }
-  Status committed = slots_.Staged(name)->Commit(commit.checksum());
+  Status committed = slots_.Staged(name)->Commit(commit.digest());
   if (!committed.ok()) return Reject(session, v1::Error::CHECKSUM_MISMATCH, committed.message());
 
   std::shared_ptr<StagedUpdate> staged = slots_.TakeForFold(name);

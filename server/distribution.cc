@@ -6,12 +6,21 @@
 #include <spdlog/spdlog.h>
 
 #include "crypto/sha256.h"
+#include "crypto/transfer_digest.h"
 
 namespace estuary::server {
+namespace {
+
+std::string Digest(const GlobalModel& model) {
+  return model.values ? crypto::TransferDigestHex(model.values->data(), model.values->size() * sizeof(float)) : "";
+}
+
+}  // namespace
 
 void ModelDistribution::Reset(Manifest manifest, GlobalModel current) {
   manifest_ = std::move(manifest);
   current_ = std::move(current);
+  current_digest_ = Digest(current_);
   previous_ = {};
   patch_ = {};
   factors_.reset();
@@ -47,6 +56,7 @@ void ModelDistribution::FindChangesFromBase() {
 void ModelDistribution::Publish(GlobalModel next, std::vector<aggregation::LowRankChange> low_rank) {
   previous_ = std::move(current_);
   current_ = std::move(next);
+  current_digest_ = Digest(current_);
   patch_ = {};
   auto factors = std::make_shared<std::vector<float>>();
   for (const aggregation::LowRankChange& change : low_rank) {
@@ -62,7 +72,7 @@ void ModelDistribution::Publish(GlobalModel next, std::vector<aggregation::LowRa
 
 void ModelDistribution::SetControl(std::shared_ptr<const std::vector<float>> control) {
   control_ = std::move(control);
-  control_checksum_ = control_ ? crypto::Sha256Hex(control_->data(), control_->size() * sizeof(float)) : "";
+  control_digest_ = control_ ? crypto::TransferDigestHex(control_->data(), control_->size() * sizeof(float)) : "";
 }
 
 void ModelDistribution::FindChangedRanges() {
@@ -119,6 +129,7 @@ uint64_t ModelDistribution::Offer(const std::shared_ptr<ClientSession>& session,
                        (!patch || base_patch_.range_elements() <= patch_.range_elements() + patch_.factor_count());
   const Send send = on_base ? Send::kPatchOnBase : patch ? Send::kPatch : Send::kWhole;
   start->set_model_follows(!holds_model);
+  start->set_model_digest(holds_model ? "" : current_digest_);
   proto::WriteModelPatch(send == Send::kPatch ? patch_ : send == Send::kPatchOnBase ? base_patch_ : proto::ModelPatch{},
                          start);
   start->set_patch_base_version(send == Send::kPatch ? version - 1 : 0);
@@ -127,7 +138,7 @@ uint64_t ModelDistribution::Offer(const std::shared_ptr<ClientSession>& session,
   // An evaluation round scores the model alone: no site trains, so no c.
   const bool control = control_ && !start->evaluate_only();
   start->set_control_follows(control);
-  start->set_control_checksum(control ? control_checksum_ : "");
+  start->set_control_digest(control ? control_digest_ : "");
   const uint64_t control_bytes = control ? control_->size() * sizeof(float) : 0;
   if (holds_model && !control) return 0;
   const Send what = holds_model ? Send::kNone : send;

@@ -130,6 +130,7 @@ class ModelDistribution {
 
   Manifest manifest_;
   GlobalModel current_;
+  std::string current_digest_;  // its transfer digest, which a site checks what it assembles against
   GlobalModel previous_;
   proto::ModelPatch patch_;  // previous_ to current_
   std::shared_ptr<const std::vector<float>> held_base_;
@@ -137,7 +138,7 @@ class ModelDistribution {
   // Every low-rank change's u then v: the stream's tail after the ranges.
   std::shared_ptr<const std::vector<float>> factors_;
   std::shared_ptr<const std::vector<float>> control_;  // SCAFFOLD's c; null: none
-  std::string control_checksum_;
+  std::string control_digest_;
   Clock& clock_;
   const std::chrono::steady_clock::duration slot_timeout_;
   std::map<std::string, Held> held_;     // said in a Hello, or confirmed

@@ -2,6 +2,7 @@
 
 #include <cstring>
 
+#include "crypto/sha256.h"
 #include "proto/wire.h"
 
 namespace estuary::server {
@@ -22,20 +23,19 @@ Status StagedUpdate::Append(uint64_t offset, v1::DType dtype, const std::string&
   if (committed_) return ProtocolError("chunk: the update was already committed");
   ESTUARY_RETURN_IF_ERROR(proto::CheckChunk(manifest_, next_offset_, offset, bytes.size(), dtype));
   ESTUARY_RETURN_IF_ERROR(buffer_->Write(offset, bytes.data(), bytes.size()));
-  hasher_.Update(bytes.data(), bytes.size());
+  digest_.Update(bytes.data(), bytes.size());
   next_offset_ += bytes.size();
   return Status::Ok();
 }
 
-Status StagedUpdate::Commit(const std::string& sha256_hex) {
+Status StagedUpdate::Commit(const std::string& digest_hex) {
   if (committed_) return ProtocolError("commit: the update was already committed");
   if (next_offset_ != size_bytes_) {
     return ProtocolError("commit: {} of {} bytes received", next_offset_, size_bytes_);
   }
-  const auto digest = hasher_.Final();
-  const std::string actual = crypto::ToHex(digest);
-  if (!crypto::SameHexDigest(actual, sha256_hex)) {
-    return ProtocolError("commit: payload sha256 {} does not match the announced {}", actual, sha256_hex);
+  const std::string actual = digest_.FinalHex();
+  if (!crypto::SameHexDigest(actual, digest_hex)) {
+    return ProtocolError("commit: payload digest {} does not match the announced {}", actual, digest_hex);
   }
   ESTUARY_RETURN_IF_ERROR(buffer_->Seal());
   committed_ = true;

@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "base/status.h"
-#include "crypto/sha256.h"
+#include "crypto/transfer_digest.h"
 #include "estuary.pb.h"
 #include "models/tensor.h"
 #include "server/spill_buffer.h"
@@ -50,7 +50,7 @@ class StagedUpdate {
   uint64_t size_bytes_ = 0;
   uint64_t next_offset_ = 0;
   bool committed_ = false;
-  crypto::Sha256 hasher_;
+  crypto::TransferDigest digest_;
   std::unique_ptr<SpillBuffer> buffer_;
 };
 

@@ -4,8 +4,8 @@
 // stalls there costs the agent one line naming the stage and the server,
 // within that deadline, and a reconnect. A server whose certificate is not
 // the federation's server's for the host dialled is refused for good, before
-// anything is sent to it. And a checksum announced in upper case is the same
-// checksum.
+// anything is sent to it. And a digest announced in upper case is the same
+// digest.
 #include "client/agent.h"
 
 #include <gtest/gtest.h>
@@ -32,6 +32,7 @@
 
 #include "crypto/certs.h"
 #include "crypto/sha256.h"
+#include "crypto/transfer_digest.h"
 #include "crypto/tls.h"
 #include "proto/frame.h"
 #include "proto/wire.h"
@@ -401,13 +402,13 @@ TEST_F(AgentDeadlines, AConnectThatHangs) {
   for (int fd : fillers) close(fd);
 }
 
-// A round's model, announced by `checksum(model)` and sent in chunks.
+// A round's model, announced by `announce(digest(model))` and sent in chunks.
 struct RoundPlan {
   uint64_t elements = 0;
   std::function<std::string(const std::string&)> announce = [](const std::string& c) { return c; };
   bool read_after_model = true;  // false: the server stops reading once the model is sent
   // SCAFFOLD: c, sent after the model (past its end) and announced by
-  // `announce_control(checksum(c))`, in a task of learning rate 0.5; empty: none.
+  // `announce_control(digest(c))`, in a task of learning rate 0.5; empty: none.
   std::vector<float> control;
   std::function<std::string(const std::string&)> announce_control = [](const std::string& c) { return c; };
 };
@@ -431,7 +432,8 @@ void ServeRound(FakeServer& server, ssl::context& context, RoundPlan plan) {
         auto* round = start.mutable_round_start();
         round->set_round(1);
         round->set_model_version(0);
-        round->set_model_checksum(plan.announce(crypto::Sha256Hex(model->data(), model->size() * sizeof(float))));
+        round->set_model_checksum(crypto::Sha256Hex(model->data(), model->size() * sizeof(float)));
+        round->set_model_digest(plan.announce(crypto::TransferDigestHex(model->data(), model->size() * sizeof(float))));
         *round->mutable_manifest() = proto::ToProto(manifest);
         round->set_deadline_unix_ms(std::chrono::duration_cast<std::chrono::milliseconds>(
                                         std::chrono::system_clock::now().time_since_epoch())
@@ -440,7 +442,7 @@ void ServeRound(FakeServer& server, ssl::context& context, RoundPlan plan) {
         const uint64_t bytes = model->size() * sizeof(float);
         if (!plan.control.empty()) {
           round->set_control_follows(true);
-          round->set_control_checksum(plan.announce_control(crypto::Sha256Hex(plan.control.data(), bytes)));
+          round->set_control_digest(plan.announce_control(crypto::TransferDigestHex(plan.control.data(), bytes)));
           round->mutable_task()->set_learning_rate(0.5f);
         }
         Write(peer, start);
@@ -475,13 +477,13 @@ TEST_F(AgentDeadlines, AServerThatStopsReadingMidUpload) {
   EXPECT_FALSE(finished_);
 }
 
-// The model's checksum announced in upper case: the same bytes, so the site
+// The model's digest announced in upper case: the same bytes, so the site
 // trains and uploads (it used to drop the connection as a mismatch).
-TEST_F(AgentDeadlines, AnUpperCaseChecksumIsTheSameChecksum) {
+TEST_F(AgentDeadlines, AnUpperCaseDigestIsTheSameDigest) {
   auto context = ServerContext();
   FakeServer server(io_);
-  ServeRound(server, *context, {.elements = 1000, .announce = [](const std::string& checksum) {
-                                  std::string upper = checksum;
+  ServeRound(server, *context, {.elements = 1000, .announce = [](const std::string& digest) {
+                                  std::string upper = digest;
                                   for (char& c : upper) c = char(std::toupper(static_cast<unsigned char>(c)));
                                   return upper;
                                 }});
@@ -500,10 +502,27 @@ TEST_F(AgentDeadlines, AnUpperCaseChecksumIsTheSameChecksum) {
   EXPECT_EQ(trainer_.calls.load(), 1);
 }
 
+// A model whose bytes do not match the announced digest is never trained on:
+// the site names the mismatch and drops the connection.
+TEST_F(AgentDeadlines, AModelThatDoesNotMatchItsDigestIsNotTrainedOn) {
+  auto context = ServerContext();
+  FakeServer server(io_);
+  ServeRound(server, *context, {.elements = 1000, .announce = [](const std::string& digest) {
+                                  std::string other = digest;
+                                  other[0] = other[0] == '0' ? '1' : '0';
+                                  return other;
+                                }});
+  Start(Options(server.port()));
+  ASSERT_TRUE(RunUntil([&] { return sink_->Count("model digest") >= 1; })) << sink_->All();
+  EXPECT_NE(sink_->Find("model digest").find("!= announced"), std::string::npos) << sink_->All();
+  EXPECT_EQ(trainer_.calls.load(), 0);
+  agent_->Stop();
+}
+
 // SCAFFOLD: c follows the model past its end, checked against its own
-// checksum; the site trains through its SiteControl and uploads Δc_i after
-// its delta (Δc_i = −c − Δy / (K η), here −c − 0.25 / 0.5), one checksum over
-// both, and keeps c_i⁺ = Δc_i. A c that does not match its checksum is never
+// digest; the site trains through its SiteControl and uploads Δc_i after
+// its delta (Δc_i = −c − Δy / (K η), here −c − 0.25 / 0.5), one digest over
+// both, and keeps c_i⁺ = Δc_i. A c that does not match its digest is never
 // trained on; a site with no control variate refuses the round in one line.
 TEST_F(AgentDeadlines, ControlVariatesFollowTheModelAndGoBackAfterTheDelta) {
   constexpr uint64_t kElements = 300'000;  // c crosses a chunk boundary
@@ -513,12 +532,12 @@ TEST_F(AgentDeadlines, ControlVariatesFollowTheModelAndGoBackAfterTheDelta) {
   {
     FakeServer server(io_);
     ServeRound(server, *context, {.elements = kElements, .control = control, .announce_control = [](const std::string&) {
-                                    return std::string(64, 'a');
+                                    return std::string(32, 'a');
                                   }});
     AgentOptions options = Options(server.port());
     options.scaffold = std::make_shared<SiteControl>();
     Start(options);
-    ASSERT_TRUE(RunUntil([&] { return sink_->Count("control variate checksum") >= 1; })) << sink_->All();
+    ASSERT_TRUE(RunUntil([&] { return sink_->Count("control variate digest") >= 1; })) << sink_->All();
     EXPECT_EQ(trainer_.calls.load(), 0);
     agent_->Stop();
   }
@@ -555,8 +574,8 @@ TEST_F(AgentDeadlines, ControlVariatesFollowTheModelAndGoBackAfterTheDelta) {
     }
     EXPECT_TRUE(announced);
     EXPECT_EQ(uploaded, expected);
-    EXPECT_EQ(committed()->update_commit().checksum(),
-              crypto::Sha256Hex(expected.data(), expected.size() * sizeof(float)));
+    EXPECT_EQ(committed()->update_commit().digest(),
+              crypto::TransferDigestHex(expected.data(), expected.size() * sizeof(float)));
     EXPECT_EQ(std::vector<float>(site_control->value().begin(), site_control->value().end()), control_delta);
     agent_->Stop();
   }

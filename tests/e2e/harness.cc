@@ -17,7 +17,7 @@
 #include <fstream>
 #include <random>
 
-#include "crypto/sha256.h"
+#include "crypto/transfer_digest.h"
 #include "models/dataset.h"
 #include "proto/frame.h"
 
@@ -265,7 +265,7 @@ v1::Envelope MakeUpdateBegin(const v1::RoundStart& start, const std::vector<floa
 v1::Envelope MakeCommit(uint64_t round, const std::vector<float>& values) {
   v1::Envelope envelope;
   envelope.mutable_update_commit()->set_round(round);
-  envelope.mutable_update_commit()->set_checksum(crypto::Sha256Hex(values.data(), values.size() * sizeof(float)));
+  envelope.mutable_update_commit()->set_digest(crypto::TransferDigestHex(values.data(), values.size() * sizeof(float)));
   return envelope;
 }
 

@@ -538,9 +538,9 @@ TEST(TlsRoles, CertsIssueGivesEachRoleItsUsageAndTheOperatorsNames) {
   EXPECT_FALSE(fs::exists(dir / "certs/s2.pem"));
 }
 
-// An upload whose checksum is written in upper case: the same digest, so the
+// An upload whose digest is written in upper case: the same digest, so the
 // server takes it (it used to refuse it as a mismatch).
-TEST(TlsChecksums, AnUpperCaseUploadChecksumIsTheSameChecksum) {
+TEST(TlsDigests, AnUpperCaseUploadDigestIsTheSameDigest) {
   Federation f;
   f.Issue("site-a");
   const uint16_t port = f.StartServer(1, 1, {"--chunk-bytes", "65536"});
@@ -560,8 +560,8 @@ TEST(TlsChecksums, AnUpperCaseUploadChecksumIsTheSameChecksum) {
                     .ok());
   }
   v1::Envelope commit = MakeCommit(start->round(), delta);
-  std::string& checksum = *commit.mutable_update_commit()->mutable_checksum();
-  for (char& ch : checksum) ch = char(std::toupper(static_cast<unsigned char>(ch)));
+  std::string& digest = *commit.mutable_update_commit()->mutable_digest();
+  for (char& ch : digest) ch = char(std::toupper(static_cast<unsigned char>(ch)));
   ASSERT_TRUE(c.Send(commit).ok());
   for (;;) {
     auto reply = c.Receive();

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include "crypto/sha256.h"
+#include "crypto/transfer_digest.h"
 #include "proto/wire.h"
 #include "tests/server/fakes.h"
 
@@ -17,6 +18,10 @@ using fake::FakeSession;
 
 std::string Checksum(const std::vector<float>& values) {
   return crypto::Sha256Hex(values.data(), values.size() * sizeof(float));
+}
+
+std::string Digest(const std::vector<float>& values) {
+  return crypto::TransferDigestHex(values.data(), values.size() * sizeof(float));
 }
 
 std::vector<v1::RoundStart> RoundStarts(const FakeSession& session) {
@@ -58,7 +63,7 @@ TEST(CoordinatorScaffold, CFollowsTheModelDeltaCFollowsTheDeltaAndTheCommitFolds
     const auto starts = RoundStarts(*site);
     ASSERT_EQ(starts.size(), 1u);
     EXPECT_TRUE(starts[0].control_follows());
-    EXPECT_EQ(starts[0].control_checksum(), Checksum(zero)) << "c starts at zero";
+    EXPECT_EQ(starts[0].control_digest(), Digest(zero)) << "c starts at zero";
     ASSERT_EQ(site->models.size(), 1u);
     EXPECT_EQ(site->models[0].ranges, (std::vector<std::pair<uint64_t, uint64_t>>{{0, bytes}, {bytes, 2 * bytes}}));
     ASSERT_TRUE(site->models[0].tail);
@@ -90,7 +95,7 @@ TEST(CoordinatorScaffold, CFollowsTheModelDeltaCFollowsTheDeltaAndTheCommitFolds
   for (const auto& site : {a, b}) {
     const auto starts = RoundStarts(*site);
     ASSERT_EQ(starts.size(), 2u);
-    EXPECT_EQ(starts[1].control_checksum(), Checksum(c));
+    EXPECT_EQ(starts[1].control_digest(), Digest(c));
     ASSERT_EQ(site->models.size(), 2u);
     ASSERT_TRUE(site->models[1].tail);
     EXPECT_EQ(*site->models[1].tail, c);
@@ -112,7 +117,7 @@ TEST(CoordinatorScaffold, CFollowsTheModelDeltaCFollowsTheDeltaAndTheCommitFolds
   const auto starts = RoundStarts(*d);
   ASSERT_EQ(starts.size(), 1u);
   EXPECT_EQ(starts[0].round(), 2u);
-  EXPECT_EQ(starts[0].control_checksum(), Checksum(c));
+  EXPECT_EQ(starts[0].control_digest(), Digest(c));
   ASSERT_EQ(d->models.size(), 1u);
   ASSERT_TRUE(d->models[0].tail);
   EXPECT_EQ(*d->models[0].tail, c);

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "crypto/sha256.h"
+#include "crypto/transfer_digest.h"
 #include "proto/model_patch.h"
 #include "server/distribution.h"
 #include "tests/server/fakes.h"
@@ -344,7 +345,7 @@ TEST_F(DistributionTest, UnderScaffoldEveryTrainingSiteDownloadsCAfterTheModel) 
   EXPECT_EQ(distribution.Offer(fresh, &start), 2 * whole);
   EXPECT_TRUE(start.model_follows());
   EXPECT_TRUE(start.control_follows());
-  EXPECT_EQ(start.control_checksum(), crypto::Sha256Hex(c.data(), whole));
+  EXPECT_EQ(start.control_digest(), crypto::TransferDigestHex(c.data(), whole));
   EXPECT_EQ(distribution.Offer(current, &start), whole) << "it holds the model: c alone";
   EXPECT_FALSE(start.model_follows());
   EXPECT_TRUE(start.control_follows());
@@ -363,7 +364,7 @@ TEST_F(DistributionTest, UnderScaffoldEveryTrainingSiteDownloadsCAfterTheModel) 
   EXPECT_FALSE(evaluate.control_follows());
   EXPECT_EQ(distribution.Offer(fresh, &evaluate), whole);
   EXPECT_FALSE(evaluate.control_follows());
-  EXPECT_TRUE(evaluate.control_checksum().empty());
+  EXPECT_TRUE(evaluate.control_digest().empty());
 
   distribution.SetControl(nullptr);  // another strategy: nothing past the model
   distribution.BeginRound(2);

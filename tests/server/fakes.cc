@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "crypto/sha256.h"
+#include "crypto/transfer_digest.h"
 #include "models/federated_model.h"
 #include "proto/frame.h"
 #include "proto/wire.h"
@@ -150,7 +150,7 @@ void CoordinatorRig::Commit(const std::shared_ptr<FakeSession>& session, uint64_
                             const std::vector<float>& delta) {
   v1::Envelope commit;
   commit.mutable_update_commit()->set_round(round);
-  commit.mutable_update_commit()->set_checksum(crypto::Sha256Hex(delta.data(), delta.size() * sizeof(float)));
+  commit.mutable_update_commit()->set_digest(crypto::TransferDigestHex(delta.data(), delta.size() * sizeof(float)));
   driver().OnMessage(session, commit);
 }
 
