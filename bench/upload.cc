@@ -7,14 +7,14 @@
 // loopback mutual TLS whose trainer trains nothing and returns a delta of the
 // model's size. What is timed is the upload: from the agent's "uploading"
 // (training over, UpdateBegin next) to the server's "committed" (every chunk
-// staged — checked against the manifest and hashed as it streamed — and the
-// checksum compared). Both moments come from the two ends' own log lines,
+// staged — checked against the manifest and digested as it streamed — and the
+// transfer digest compared; the fold comes after). Both moments come from the two ends' own log lines,
 // read by a sink of this process as they are written.
 //
 // The baseline is EVP AES-GCM encryption of the same bytes in TLS-record-
 // sized pieces (16 KiB, a fresh nonce each) on the trainer's thread, taken in
-// every round just before the upload: AES-128-GCM, AES-256-GCM, and SHA-256
-// for reference. The cipher the connection negotiates is read from a
+// every round just before the upload: AES-128-GCM, AES-256-GCM, and for
+// reference the transfer digest (XXH3-128) and SHA-256, which it replaced. The cipher the connection negotiates is read from a
 // handshake between the same server and site contexts; the ratio is against
 // it. A shared machine's load falls on the wall-time figures (the upload needs
 // several threads scheduled in turn), so the bench also gives bytes per CPU
@@ -32,6 +32,8 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -43,6 +45,7 @@
 #include "client/trainer.h"
 #include "crypto/certs.h"
 #include "crypto/sha256.h"
+#include "crypto/transfer_digest.h"
 #include "crypto/tls.h"
 #include "server/config.h"
 #include "server/server.h"
@@ -71,12 +74,28 @@ double ThreadCpuSeconds() {
   return double(t.tv_sec) + double(t.tv_nsec) * 1e-9;
 }
 
+// Nanoseconds each thread of this process has run, by thread name (threads
+// of one name summed): /proc/self/task/*/schedstat, whose first field is the
+// time on a CPU.
+std::map<std::string, double> ThreadCpuByName() {
+  std::map<std::string, double> seconds;
+  std::error_code ec;
+  for (const auto& task : fs::directory_iterator("/proc/self/task", ec)) {
+    std::ifstream comm(task.path() / "comm"), schedstat(task.path() / "schedstat");
+    std::string name;
+    double ns = 0;
+    if (std::getline(comm, name) && (schedstat >> ns)) seconds[name] += ns * 1e-9;
+  }
+  return seconds;
+}
+
 // The moments the two ends log the upload's start and its commit, and the
-// process's CPU time then.
+// process's CPU time then (in all, and by thread name).
 class UploadMoments : public spdlog::sinks::base_sink<std::mutex> {
  public:
   std::vector<Clock::time_point> started, committed;
   std::vector<double> started_cpu, committed_cpu;
+  std::map<std::string, double> thread_cpu;  // seconds within the uploads, summed over them
 
  protected:
   void sink_it_(const spdlog::details::log_msg& msg) override {
@@ -84,14 +103,19 @@ class UploadMoments : public spdlog::sinks::base_sink<std::mutex> {
     if (line.find("; uploading") != std::string_view::npos) {
       started.push_back(Clock::now());
       started_cpu.push_back(ProcessCpuSeconds());
+      threads_at_start_ = ThreadCpuByName();
     }
     if (line.find("committed after") != std::string_view::npos) {
       committed.push_back(Clock::now());
       committed_cpu.push_back(ProcessCpuSeconds());
+      for (const auto& [name, seconds] : ThreadCpuByName()) thread_cpu[name] += seconds - threads_at_start_[name];
     }
     if (msg.level >= spdlog::level::warn) fmt::print(stderr, "{}\n", line);
   }
   void flush_() override {}
+
+ private:
+  std::map<std::string, double> threads_at_start_;
 };
 
 struct Timed {
@@ -121,7 +145,7 @@ Timed AesGcmSeconds(const EVP_CIPHER* cipher, const uint8_t* bytes, size_t size)
 }
 
 struct Baselines {
-  bench::Samples aes128, aes256, sha256;  // GB/s of wall time
+  bench::Samples aes128, aes256, digest, sha256;  // GB/s of wall time
   bench::Samples aes128_cpu, aes256_cpu;  // GB per CPU second
   double update_bytes = 0;
 };
@@ -150,7 +174,10 @@ class SyntheticTrainer : public client::Trainer {
     baselines_.aes256.Add(gb / aes256.wall);
     baselines_.aes128_cpu.Add(gb / aes128.cpu);
     baselines_.aes256_cpu.Add(gb / aes256.cpu);
-    const auto start = Clock::now();
+    auto start = Clock::now();
+    (void)crypto::TransferDigestHex(bytes, size);
+    baselines_.digest.Add(gb / Seconds(Clock::now() - start));
+    start = Clock::now();
     crypto::Sha256 hasher;
     hasher.Update(bytes, size);
     (void)hasher.Final();
@@ -231,12 +258,16 @@ int Run(int argc, char** argv) {
   auto server = server::Server::Create(config);
   if (!server.ok()) return bench.Fail(server.status());
   Status served;
-  std::thread serving([&] { served = (*server)->Run(); });
+  std::thread serving([&] {
+    pthread_setname_np(pthread_self(), "server-run");  // an I/O thread of the server's too
+    served = (*server)->Run();
+  });
 
   Baselines baselines;
   SyntheticTrainer trainer(baselines);
   asio::io_context io;
   asio::thread_pool training(1);
+  asio::post(training, [] { pthread_setname_np(pthread_self(), "site-training"); });
   client::AgentOptions options;
   options.port = (*server)->port();
   auto tls = crypto::MakeClientContext(site_files);
@@ -272,21 +303,31 @@ int Run(int argc, char** argv) {
   fmt::print("update: {} ({:.1f} MB) in chunks of {} KiB, staged {}; negotiated {}\n", model, bytes / 1e6,
              chunk_kib, bytes > double(config.staging_memory_bytes) ? "in a spill file" : "in memory", *cipher);
   const auto line = [](const char* what, const bench::Samples& s) {
-    fmt::print("{:<34} {:6.2f} GB/s (range {:.2f}-{:.2f} over {})\n", what, s.median(), s.min(), s.max(), s.size());
+    fmt::print("{:<38} {:6.2f} GB/s (range {:.2f}-{:.2f} over {})\n", what, s.median(), s.min(), s.max(), s.size());
   };
   line("upload, agent to committed", upload);
   line("AES-128-GCM encrypt, one core", baselines.aes128);
   line("AES-256-GCM encrypt, one core", baselines.aes256);
+  line("XXH3-128 (transfer digest), one core", baselines.digest);
   line("SHA-256, one core", baselines.sha256);
   // On a shared machine the wall-time figures carry its load; bytes per CPU
   // second (every thread of the process: both ends, during the upload) less so.
   line("upload, GB per CPU second", upload_cpu);
   line("AES-128-GCM, GB per CPU second", baselines.aes128_cpu);
   line("AES-256-GCM, GB per CPU second", baselines.aes256_cpu);
+  // Where the CPU of the uploads went, by thread (the server names its own;
+  // "upload" is this process's main thread: the site's I/O; "server-run"
+  // the thread that runs the server, one of its I/O threads).
+  std::string by_thread;
+  for (const auto& [name, seconds] : sink->thread_cpu) {
+    if (seconds >= 0.005 * rounds) by_thread += fmt::format("{}{} {:.2f}", by_thread.empty() ? "" : ", ", name, seconds / rounds);
+  }
+  fmt::print("CPU seconds per upload, by thread: {}\n", by_thread);
   const char* suite = aes128 ? "AES-128-GCM" : "AES-256-GCM";
   bench::PrintRatio(fmt::format("upload / {}", suite), upload.median() / negotiated.median());
   bench::PrintRatio(fmt::format("upload / {}, per CPU second", suite),
                     upload_cpu.median() / (aes128 ? baselines.aes128_cpu : baselines.aes256_cpu).median());
+  if (aes128) bench::PrintRatio("upload / AES-256-GCM", upload.median() / baselines.aes256.median());
   fs::remove_all(dir, ec);
   return 0;
 }

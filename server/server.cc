@@ -3,6 +3,7 @@
 #include "server/listen.h"
 
 #include <malloc.h>
+#include <pthread.h>
 #include <sys/resource.h>
 
 #include <spdlog/spdlog.h>
@@ -152,8 +153,15 @@ Status Server::Run() {
   std::fflush(stdout);
   acceptor_->Start();
   if (metrics_endpoint_) metrics_endpoint_->Start();
+  // Named, so that `top -H` and the benchmarks tell the server's threads apart.
+  asio::post(worker_, [] { pthread_setname_np(pthread_self(), "estuary-worker"); });
   std::vector<std::thread> threads;
-  for (uint32_t i = 1; i < config_.io_threads; ++i) threads.emplace_back([this] { io_.run(); });
+  for (uint32_t i = 1; i < config_.io_threads; ++i) {
+    threads.emplace_back([this] {
+      pthread_setname_np(pthread_self(), "estuary-io");
+      io_.run();
+    });
+  }
   io_.run();
   for (auto& thread : threads) thread.join();
   return Status::Ok();
