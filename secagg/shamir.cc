@@ -7,7 +7,9 @@
 #include <algorithm>
 #include <memory>
 #include <set>
+#include <span>
 #include <string_view>
+#include <vector>
 
 namespace estuary::secagg {
 namespace {
@@ -59,34 +61,86 @@ Status CheckCoordinates(std::span<const Share> shares) {
   return Status::Ok();
 }
 
-// Σ_i y_i · Π_{j≠i} (at − x_j) / (x_i − x_j) mod p over `shares`.
+// Π of `factors` mod p, each a difference of two share coordinates (|f| <
+// 2^32). The factors are gathered in a machine word while their product
+// fits, and only the word touches the BIGNUM (BN_mul_word), which is reduced
+// once it passes twice p's size: a small-integer product costs a fraction of
+// a 521-bit modular multiplication.
+void ProductOfDifferences(Field& field, std::span<const int64_t> factors, BIGNUM* out) {
+  field.Check(BN_one(out));
+  bool negative = false;
+  uint64_t word = 1;
+  for (int64_t factor : factors) {
+    negative ^= factor < 0;
+    const uint64_t magnitude = uint64_t(factor < 0 ? -factor : factor);
+    uint64_t product = 0;
+    if (!__builtin_mul_overflow(word, magnitude, &product)) {
+      word = product;
+      continue;
+    }
+    field.Check(BN_mul_word(out, word));
+    if (BN_num_bits(out) > 1042) field.Check(BN_nnmod(out, out, field.p(), field.ctx()));
+    word = magnitude;
+  }
+  field.Check(BN_mul_word(out, word));
+  field.Check(BN_nnmod(out, out, field.p(), field.ctx()));
+  if (negative && !BN_is_zero(out)) field.Check(BN_sub(out, field.p(), out));
+}
+
+// Σ_i y_i · Π_{j≠i} (at − x_j) / (x_i − x_j) mod p over `shares`. Each
+// numerator and denominator is a product of small integers
+// (ProductOfDifferences); the denominators are inverted together with one
+// modular inverse (Montgomery's trick: prefix products, one inverse, and
+// back), where inverting each would cost t inverses, the bulk of the work.
 Status Interpolate(Field& field, std::span<const Share> shares, uint32_t at, BIGNUM* out) {
-  Bn y = field.New(), num = field.New(), den = field.New(), term = field.New(), diff = field.New(),
-     x_at = field.New(), x_i = field.New(), x_j = field.New();
+  const size_t t = shares.size();
+  std::vector<Bn> ys, numerators, denominators, prefix;
+  for (size_t i = 0; i < t; ++i) {
+    ys.push_back(field.New());
+    numerators.push_back(field.New());
+    denominators.push_back(field.New());
+    prefix.push_back(field.New());
+  }
+  Bn inverse = field.New(), term = field.New();
   if (!field.ok()) return field.Error("BN_new");
-  BN_zero(out);
-  field.Check(BN_set_word(x_at.get(), at));
-  for (size_t i = 0; i < shares.size() && field.ok(); ++i) {
-    if (BN_bin2bn(shares[i].y.data(), kShareValueBytes, y.get()) == nullptr) return field.Error("BN_bin2bn");
-    if (BN_cmp(y.get(), field.p()) >= 0) {
+  for (size_t i = 0; i < t; ++i) {
+    if (BN_bin2bn(shares[i].y.data(), kShareValueBytes, ys[i].get()) == nullptr) return field.Error("BN_bin2bn");
+    if (BN_cmp(ys[i].get(), field.p()) >= 0) {
       return InvalidArgument("secagg: shamir: share x = {}: y is not a field element (>= 2^521 - 1)", shares[i].x);
     }
-    field.Check(BN_one(num.get()));
-    field.Check(BN_one(den.get()));
-    field.Check(BN_set_word(x_i.get(), shares[i].x));
-    for (size_t j = 0; j < shares.size(); ++j) {
+  }
+  std::vector<int64_t> to_at, to_x;
+  for (size_t i = 0; i < t; ++i) {
+    to_at.clear();
+    to_x.clear();
+    for (size_t j = 0; j < t; ++j) {
       if (j == i) continue;
-      field.Check(BN_set_word(x_j.get(), shares[j].x));
-      field.Check(BN_mod_sub(diff.get(), x_at.get(), x_j.get(), field.p(), field.ctx()));
-      field.Check(BN_mod_mul(num.get(), num.get(), diff.get(), field.p(), field.ctx()));
-      field.Check(BN_mod_sub(diff.get(), x_i.get(), x_j.get(), field.p(), field.ctx()));
-      field.Check(BN_mod_mul(den.get(), den.get(), diff.get(), field.p(), field.ctx()));
+      to_at.push_back(int64_t(at) - int64_t(shares[j].x));
+      to_x.push_back(int64_t(shares[i].x) - int64_t(shares[j].x));
     }
-    if (!field.ok()) break;
-    // x_i ≠ x_j for all j, and both < p, so den ≠ 0 and has an inverse.
-    if (BN_mod_inverse(den.get(), den.get(), field.p(), field.ctx()) == nullptr) return field.Error("BN_mod_inverse");
-    field.Check(BN_mod_mul(term.get(), y.get(), num.get(), field.p(), field.ctx()));
-    field.Check(BN_mod_mul(term.get(), term.get(), den.get(), field.p(), field.ctx()));
+    ProductOfDifferences(field, to_at, numerators[i].get());
+    // x_i ≠ x_j for all j ≠ i, and |x_i − x_j| < 2^32 < p, so the
+    // denominator is nonzero mod p and has an inverse.
+    ProductOfDifferences(field, to_x, denominators[i].get());
+    field.Check(i == 0 ? BN_copy(prefix[0].get(), denominators[0].get()) != nullptr
+                       : BN_mod_mul(prefix[i].get(), prefix[i - 1].get(), denominators[i].get(), field.p(),
+                                    field.ctx()));
+  }
+  if (!field.ok()) return field.Error("interpolation");
+  if (BN_mod_inverse(inverse.get(), prefix[t - 1].get(), field.p(), field.ctx()) == nullptr) {
+    return field.Error("BN_mod_inverse");
+  }
+  BN_zero(out);
+  // Down from the last: inverse holds (d_0 ⋯ d_i)^−1, so d_i^−1 = inverse · (d_0 ⋯ d_{i−1}).
+  for (size_t i = t; i-- > 0 && field.ok();) {
+    if (i > 0) {
+      field.Check(BN_mod_mul(term.get(), inverse.get(), prefix[i - 1].get(), field.p(), field.ctx()));
+      field.Check(BN_mod_mul(inverse.get(), inverse.get(), denominators[i].get(), field.p(), field.ctx()));
+    } else {
+      field.Check(BN_copy(term.get(), inverse.get()) != nullptr);
+    }
+    field.Check(BN_mod_mul(term.get(), term.get(), numerators[i].get(), field.p(), field.ctx()));
+    field.Check(BN_mod_mul(term.get(), term.get(), ys[i].get(), field.p(), field.ctx()));
     field.Check(BN_mod_add(out, out, term.get(), field.p(), field.ctx()));
   }
   return field.ok() ? Status::Ok() : field.Error("interpolation");

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <span>
 #include <vector>
 
 namespace estuary::secagg {
@@ -41,9 +42,10 @@ std::vector<Share> Pick(const std::vector<Share>& shares, const std::vector<int>
   return out;
 }
 
-void ExpectEverySubsetReconstructs(int n, int t) {
+void ExpectEverySubsetReconstructs(const std::vector<uint32_t>& xs, int t) {
+  const int n = static_cast<int>(xs.size());
   const Key32 secret = TestSecret(static_cast<uint8_t>(n * 10 + t));
-  auto split = Split(secret, t, Coordinates(n));
+  auto split = Split(secret, t, xs);
   ASSERT_TRUE(split.ok()) << split.status().ToString();
   const auto subsets = Subsets(n, t);
   int reconstructed = 0;
@@ -63,12 +65,39 @@ void ExpectEverySubsetReconstructs(int n, int t) {
 
 TEST(Shamir, EveryThreeOfFiveReconstructs) {
   EXPECT_EQ(Subsets(5, 3).size(), 10u);
-  ExpectEverySubsetReconstructs(5, 3);
+  ExpectEverySubsetReconstructs(Coordinates(5), 3);
 }
 
 TEST(Shamir, EveryFourOfSevenReconstructs) {
   EXPECT_EQ(Subsets(7, 4).size(), 35u);
-  ExpectEverySubsetReconstructs(7, 4);
+  ExpectEverySubsetReconstructs(Coordinates(7), 4);
+}
+
+// Interpolation gathers the differences of coordinates in machine words:
+// coordinates across the whole 32-bit range make every difference fill a
+// word of its own, many of them negative.
+TEST(Shamir, CoordinatesAcrossTheWholeRangeReconstruct) {
+  ExpectEverySubsetReconstructs({1, 2, 0xffffffffu, 0x80000000u, 0x7fffffffu, 123456789u}, 4);
+}
+
+// A threshold of SecAgg+'s size at 10,000 sites (t = 21 of k = 40 holders,
+// their ids spread over the population): all 40 shares, each beyond the
+// first 21 checked against their polynomial, and three different 21.
+TEST(Shamir, TwentyOneOfFortyAtTenThousandSitesReconstructs) {
+  std::vector<uint32_t> xs;
+  for (uint32_t i = 0; i < 40; ++i) xs.push_back(1 + (i * 2477u) % 10000u);
+  const Key32 secret = TestSecret(21);
+  auto split = Split(secret, 21, xs);
+  ASSERT_TRUE(split.ok()) << split.status().ToString();
+  auto all = Combine(split->shares, 21, split->commitment);
+  ASSERT_TRUE(all.ok()) << all.status().ToString();
+  EXPECT_EQ(*all, secret);
+  for (size_t start : {size_t{0}, size_t{7}, size_t{19}}) {
+    const auto some = std::span(split->shares).subspan(start, 21);
+    auto combined = Combine(some, 21, split->commitment);
+    ASSERT_TRUE(combined.ok()) << combined.status().ToString();
+    EXPECT_EQ(*combined, secret) << "shares " << start << " to " << start + 20;
+  }
 }
 
 TEST(Shamir, MoreThanThresholdReconstructsAndAllSharesAgree) {
