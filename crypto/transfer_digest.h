@@ -1,10 +1,11 @@
 // The digest of bytes in transit: XXH3-128, written as 32 lowercase hex
 // digits. It checks end to end that what arrived was put back where it
-// belongs (chunk offsets, patch ranges, low-rank factors applied); it is not a
-// cryptographic hash and needs not be one, because TLS already authenticates
-// every byte a peer sends. It runs at memory speed, where SHA-256 cost more
-// than the transfer's encryption. What outlives a transfer (the round log's
-// model checksum, a checkpoint's) stays SHA-256 (crypto/sha256.h).
+// belongs (chunk offsets, patch ranges, low-rank factors applied). It is not
+// a cryptographic hash and need not be one: TLS already authenticates every
+// byte a peer sends. It runs at 8-9 GB/s a core, where SHA-256 (1.25 GB/s
+// with SHA-NI) cost more than the transfer's encryption. What outlives a
+// transfer (the round log's model checksum, a checkpoint's) stays SHA-256
+// (crypto/sha256.h).
 #pragma once
 
 #include <cstddef>
