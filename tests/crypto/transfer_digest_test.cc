@@ -35,7 +35,9 @@ TEST(TransferDigest, AStreamCutAnywhereDigestsAsOneRange) {
   const std::string whole = TransferDigestHex(pattern.data(), pattern.size());
   for (size_t cut : {1, 63, 64, 65, 1024, 4096, 65'536, 1 << 20}) {
     TransferDigest digest;
-    for (size_t at = 0; at < pattern.size(); at += cut) digest.Update(pattern.data() + at, std::min(cut, pattern.size() - at));
+    for (size_t at = 0; at < pattern.size(); at += cut) {
+      digest.Update(pattern.data() + at, std::min(cut, pattern.size() - at));
+    }
     EXPECT_EQ(digest.FinalHex(), whole) << "cut every " << cut << " bytes";
   }
   TransferDigest with_empty_updates;
