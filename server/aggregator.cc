@@ -10,6 +10,7 @@
 
 #include "aggregation/scaffold.h"
 #include "crypto/sha256.h"
+#include "crypto/transfer_digest.h"
 
 namespace estuary::server {
 
@@ -107,6 +108,7 @@ void Aggregator::Seal(uint64_t round, std::shared_ptr<std::vector<float>> global
                       Finished& result) {
   const auto finished = SteadyClock::now();
   result.model.checksum = crypto::Sha256Hex(global->data(), global->size() * sizeof(float));
+  result.model.digest = crypto::TransferDigestHex(global->data(), global->size() * sizeof(float));
   // The checkpoint mostly waits for fsync while evaluation computes: side by side,
   // the round is ready to commit when the longer of the two is done.
   auto checkpointed = std::async(std::launch::async, [&] {

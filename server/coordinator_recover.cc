@@ -4,6 +4,7 @@
 
 #include "aggregation/federation.h"
 #include "crypto/sha256.h"
+#include "crypto/transfer_digest.h"
 #include "models/custom_model.h"
 #include "server/coordinator.h"
 #include "server/recover.h"
@@ -119,15 +120,22 @@ Result<RecoveredFederation> RecoverFederation(const ServerConfig& config, Store&
   if (federation.custom) out.custom_description = models::DescribeCustomModel(*federation.custom);
   if (!last) {
     auto initial = std::make_shared<const std::vector<float>>(std::move(federation.initial));
-    const std::string checksum = crypto::Sha256Hex(initial->data(), initial->size() * sizeof(float));
-    out.model = {std::move(initial), checksum, 0};
+    const size_t bytes = initial->size() * sizeof(float);
+    out.model = {.values = initial,
+                 .checksum = crypto::Sha256Hex(initial->data(), bytes),
+                 .version = 0,
+                 .digest = crypto::TransferDigestHex(initial->data(), bytes)};
     return out;
   }
   ESTUARY_ASSIGN_OR_RETURN(auto path, store.CheckpointFor(last->round));
   if (!path) return FailedPrecondition("server: round {} is committed but has no checkpoint row", last->round);
   ESTUARY_ASSIGN_OR_RETURN(std::vector<float> global, out.aggregator->Restore(*path, last->global_checksum));
-  out.model = {std::make_shared<const std::vector<float>>(std::move(global)), last->global_checksum,
-               last->model_version};
+  // Restore checked the checkpoint against the logged checksum.
+  const std::string digest = crypto::TransferDigestHex(global.data(), global.size() * sizeof(float));
+  out.model = {.values = std::make_shared<const std::vector<float>>(std::move(global)),
+               .checksum = last->global_checksum,
+               .version = last->model_version,
+               .digest = digest};
   out.last = std::move(last);
   return out;
 }

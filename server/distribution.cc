@@ -9,18 +9,10 @@
 #include "crypto/transfer_digest.h"
 
 namespace estuary::server {
-namespace {
-
-std::string Digest(const GlobalModel& model) {
-  return model.values ? crypto::TransferDigestHex(model.values->data(), model.values->size() * sizeof(float)) : "";
-}
-
-}  // namespace
 
 void ModelDistribution::Reset(Manifest manifest, GlobalModel current) {
   manifest_ = std::move(manifest);
   current_ = std::move(current);
-  current_digest_ = Digest(current_);
   previous_ = {};
   patch_ = {};
   factors_.reset();
@@ -56,7 +48,6 @@ void ModelDistribution::FindChangesFromBase() {
 void ModelDistribution::Publish(GlobalModel next, std::vector<aggregation::LowRankChange> low_rank) {
   previous_ = std::move(current_);
   current_ = std::move(next);
-  current_digest_ = Digest(current_);
   patch_ = {};
   auto factors = std::make_shared<std::vector<float>>();
   for (const aggregation::LowRankChange& change : low_rank) {
@@ -129,7 +120,7 @@ uint64_t ModelDistribution::Offer(const std::shared_ptr<ClientSession>& session,
                        (!patch || base_patch_.range_elements() <= patch_.range_elements() + patch_.factor_count());
   const Send send = on_base ? Send::kPatchOnBase : patch ? Send::kPatch : Send::kWhole;
   start->set_model_follows(!holds_model);
-  start->set_model_digest(holds_model ? "" : current_digest_);
+  start->set_model_digest(holds_model ? "" : current_.digest);
   proto::WriteModelPatch(send == Send::kPatch ? patch_ : send == Send::kPatchOnBase ? base_patch_ : proto::ModelPatch{},
                          start);
   start->set_patch_base_version(send == Send::kPatch ? version - 1 : 0);

@@ -130,7 +130,6 @@ class ModelDistribution {
 
   Manifest manifest_;
   GlobalModel current_;
-  std::string current_digest_;  // its transfer digest, which a site checks what it assembles against
   GlobalModel previous_;
   proto::ModelPatch patch_;  // previous_ to current_
   std::shared_ptr<const std::vector<float>> held_base_;

@@ -7,6 +7,7 @@
 #include <numeric>
 
 #include "crypto/sha256.h"
+#include "crypto/transfer_digest.h"
 #include "models/checkpoint.h"
 #include "server/aggregator.h"
 #include "server/config.h"
@@ -102,6 +103,7 @@ TEST_F(AggregatorTest, FinishWritesTheNewModelsCheckpointWhileTheEvaluatorScores
   ASSERT_TRUE(finished.model.values);
   EXPECT_EQ(*finished.model.values, expected);
   EXPECT_EQ(finished.model.checksum, Checksum(expected));
+  EXPECT_EQ(finished.model.digest, crypto::TransferDigestHex(expected.data(), expected.size() * sizeof(float)));
   EXPECT_NE(finished.model.values, previous.values) << "a new model; the published one is left as it was";
   EXPECT_EQ((*previous.values)[0], 1.0f);
   EXPECT_EQ(scored, expected);

@@ -32,8 +32,10 @@ Manifest Layout() {
 }
 
 GlobalModel ModelOf(std::vector<float> values, uint64_t version) {
-  const std::string checksum = crypto::Sha256Hex(values.data(), values.size() * sizeof(float));
-  return {std::make_shared<const std::vector<float>>(std::move(values)), checksum, version};
+  const size_t bytes = values.size() * sizeof(float);
+  const std::string checksum = crypto::Sha256Hex(values.data(), bytes);
+  const std::string digest = crypto::TransferDigestHex(values.data(), bytes);
+  return {std::make_shared<const std::vector<float>>(std::move(values)), checksum, version, digest};
 }
 
 v1::Hello Holding(const GlobalModel& model, bool keeps_model) {
@@ -89,6 +91,7 @@ TEST_F(DistributionTest, APatchOnlyForASiteThatKeptExactlyThePreviousVersion) {
   start.set_round(2);
   EXPECT_EQ(distribution.Offer(keeper, &start), (512 + 8 + 2 * (16 + 32)) * sizeof(float));
   EXPECT_TRUE(start.model_follows());
+  EXPECT_EQ(start.model_digest(), v1.digest) << "a patch is checked over the whole model it makes";
   EXPECT_EQ(start.patch_base_version(), 0u);
   auto patch = proto::ReadModelPatch(start, Layout());
   ASSERT_TRUE(patch.ok()) << patch.status().ToString();
@@ -98,11 +101,13 @@ TEST_F(DistributionTest, APatchOnlyForASiteThatKeptExactlyThePreviousVersion) {
   for (const auto& site : {forgetful, diverged, fresh}) {
     EXPECT_EQ(distribution.Offer(site, &start), whole) << site->name();
     EXPECT_TRUE(start.model_follows());
+    EXPECT_EQ(start.model_digest(), v1.digest) << site->name();
     EXPECT_EQ(start.patch_size() + start.low_rank_size(), 0) << site->name();
     EXPECT_EQ(start.patch_base_version(), 0u);
   }
   EXPECT_EQ(distribution.Offer(current, &start), 0u);
   EXPECT_FALSE(start.model_follows());
+  EXPECT_TRUE(start.model_digest().empty());
   EXPECT_EQ(start.patch_size() + start.low_rank_size(), 0);
 
   // Two streams at a time, in the order offered; none for the current holder.
