@@ -173,7 +173,7 @@ void Agent::ReadHeader() {
     auto size = proto::ParseFrameHeader(self->header_, self->options_.max_frame_bytes);
     if (!size.ok()) return self->Disconnected(size.status().message());
     self->body_.Resize(*size);
-    asio::async_read(*stream, asio::buffer(self->body_.data(), self->body_.size()), [self, connection, stream](const error_code& ec, size_t) {
+    asio::async_read(*stream, asio::buffer(self->body_.data(), self->body_.size()), crypto::WholeBuffer, [self, connection, stream](const error_code& ec, size_t) {
       if (connection != self->connection_ || self->stopped_) return;
       if (ec) return self->Disconnected(ec.message());
       auto envelope = proto::ParseEnvelope(self->body_.data(), self->body_.size());
@@ -485,6 +485,11 @@ void Agent::WriteNext() {
     Disarm(self->write_timer_);
     self->writing_ = false;
     self->outbox_.pop_front();
+    // A peer that is gone (reset, or closed: EPIPE) may have said why before
+    // it closed (a TLS alert, an Error frame) in bytes not read yet; the read
+    // always pending on a connected agent takes them, then ends the
+    // connection itself. Disconnecting here would drop them unread.
+    if (ec == asio::error::broken_pipe || ec == asio::error::connection_reset) return;
     if (ec) return self->Disconnected(ec.message());
     if (self->secagg_upload_) self->MaskNextSecAggFrame();  // the masked input's next frame, as the socket drains
     self->WriteNext();

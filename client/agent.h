@@ -44,6 +44,7 @@
 #include <vector>
 
 #include "base/status.h"
+#include "crypto/tls_socket.h"
 #include "client/scaffold.h"
 #include "client/secagg_site.h"
 #include "client/trainer.h"
@@ -160,7 +161,9 @@ class Agent : public std::enable_shared_from_this<Agent> {
   uint64_t rounds_trained() const { return rounds_trained_; }
 
  private:
-  using SslStream = boost::asio::ssl::stream<boost::asio::ip::tcp::socket>;
+  // OpenSSL on the socket itself (crypto/tls_socket.h): a frame's records
+  // are read in one completion, not one by one between every connection.
+  using SslStream = crypto::TlsSocket;
 
   using Clock = std::chrono::steady_clock;
 

@@ -143,7 +143,7 @@ void Session::ReadBody() {
   }
   body_charge_ = charge;
   body_.Resize(frame_size_);
-  asio::async_read(stream_, asio::buffer(body_.data(), body_.size()),
+  asio::async_read(stream_, asio::buffer(body_.data(), body_.size()), crypto::WholeBuffer,
                    [self = shared_from_this()](const error_code& ec, size_t) { self->OnBody(ec); });
 }
 

@@ -1,4 +1,5 @@
-// Real TLS handshakes over 127.0.0.1 between a server and a client context.
+// Real TLS handshakes over 127.0.0.1 between a server and a client context,
+// each end a TlsSocket, as the server's sessions and the sites' agents are.
 // Everything runs on one io_context; the test ends when both sides have
 // finished, and a timer bounds the run so a bug fails instead of hanging.
 #include "crypto/tls.h"
@@ -22,6 +23,7 @@
 #include "crypto/certs.h"
 #include "crypto/openssl_util.h"
 #include "crypto/revocation.h"
+#include "crypto/tls_socket.h"
 #include "test_dir.h"
 
 namespace estuary::crypto {
@@ -63,8 +65,8 @@ struct Outcome {
 Outcome RunConnection(ssl::context& server_ctx, ssl::context& client_ctx, const std::string& expected_server_name) {
   asio::io_context io;
   tcp::acceptor acceptor(io, tcp::endpoint(asio::ip::address_v4::loopback(), 0));
-  ssl::stream<tcp::socket> server(io, server_ctx);
-  ssl::stream<tcp::socket> client(io, client_ctx);
+  TlsSocket server(io, server_ctx);
+  TlsSocket client(io, client_ctx);
   asio::steady_timer timeout(io, kOverallTimeout);
   Outcome out;
   int sides_running = 2;
