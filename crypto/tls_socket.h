@@ -22,7 +22,6 @@
 #include <openssl/ssl.h>
 
 #include <cstddef>
-#include <type_traits>
 #include <utility>
 
 #include "base/asio.h"
@@ -118,23 +117,20 @@ class TlsSocket {
     }
   }
 
-  template <typename Handler, typename Retry>
+  // Waits for the socket, then retries; a failed wait completes the
+  // operation (with a byte count of 0 for a read or write: kTransfers).
+  template <bool kTransfers, typename Handler, typename Retry>
   void Wait(Next next, Handler handler, Retry retry) {
     socket_.async_wait(
         next == Next::kWaitRead ? lowest_layer_type::wait_read : lowest_layer_type::wait_write,
         [this, handler = std::move(handler), retry](const boost::system::error_code& ec) mutable {
-          if (ec) return FailWait(std::move(handler), ec);
-          retry(std::move(handler));
+          if (!ec) return retry(std::move(handler));
+          if constexpr (kTransfers) {
+            Complete(std::move(handler), false, ec, std::size_t{0});
+          } else {
+            Complete(std::move(handler), false, ec);
+          }
         });
-  }
-
-  template <typename Handler>
-  void FailWait(Handler handler, const boost::system::error_code& ec) {
-    if constexpr (std::is_invocable_v<Handler, boost::system::error_code, std::size_t>) {
-      Complete(std::move(handler), false, ec, std::size_t{0});
-    } else {
-      Complete(std::move(handler), false, ec);
-    }
   }
 
   template <typename Handler>
@@ -143,7 +139,7 @@ class TlsSocket {
     boost::system::error_code ec;
     const Next next = Classify(SSL_do_handshake(ssl_), &ec);
     if (next == Next::kDone) return Complete(std::move(handler), inline_call, ec);
-    Wait(next, std::move(handler), [this](Handler h) { Handshake(std::move(h), false); });
+    Wait<false>(next, std::move(handler), [this](Handler h) { Handshake(std::move(h), false); });
   }
 
   // Takes records until the buffer is full or the socket is drained.
@@ -166,7 +162,7 @@ class TlsSocket {
       // What was read goes first; a failure shows again on the next read.
       if (total > 0) break;
       if (next == Next::kDone) return Complete(std::move(handler), inline_call, ec, std::size_t{0});
-      return Wait(next, std::move(handler), [this, buffer](Handler h) { Read(buffer, std::move(h), false); });
+      return Wait<true>(next, std::move(handler), [this, buffer](Handler h) { Read(buffer, std::move(h), false); });
     }
     Complete(std::move(handler), inline_call, ok, total);
   }
@@ -183,7 +179,7 @@ class TlsSocket {
     const Next next = Classify(result, &ec);
     if (next == Next::kDone) return Complete(std::move(handler), inline_call, ec, std::size_t{0});
     // OpenSSL wants the same buffer again (it may hold part of a record).
-    Wait(next, std::move(handler), [this, buffer](Handler h) { Write(buffer, std::move(h), false); });
+    Wait<true>(next, std::move(handler), [this, buffer](Handler h) { Write(buffer, std::move(h), false); });
   }
 
   lowest_layer_type socket_;
