@@ -12,10 +12,13 @@
 #include <algorithm>
 #include <array>
 #include <cerrno>
+#include <condition_variable>
 #include <cstdio>
 #include <deque>
 #include <fstream>
+#include <mutex>
 #include <random>
+#include <thread>
 
 #include "crypto/transfer_digest.h"
 #include "models/dataset.h"
@@ -177,8 +180,24 @@ Result<std::unique_ptr<RawClient>> RawClient::Connect(uint16_t port, const crypt
 }
 
 Status RawClient::SendBytes(const std::string& bytes) {
+  // SO_SNDTIMEO alone does not end a write the peer does not read: when
+  // send() times out, Asio polls the socket on without a limit. A write that
+  // outlasts the send timeout has the sending side shut under it instead.
+  std::mutex mutex;
+  std::condition_variable written;
+  bool done = false;
+  std::thread watchdog([&, fd = stream_->lowest_layer().native_handle()] {
+    std::unique_lock lock(mutex);
+    if (!written.wait_for(lock, send_timeout_, [&] { return done; })) ::shutdown(fd, SHUT_WR);
+  });
   boost::system::error_code ec;
   asio::write(*stream_, asio::buffer(bytes), ec);
+  {
+    std::lock_guard lock(mutex);
+    done = true;
+  }
+  written.notify_one();
+  watchdog.join();
   if (ec) return Aborted("raw client: write: {}", ec.message());
   return Status::Ok();
 }
@@ -242,6 +261,7 @@ void RawClient::SetTimeouts(std::chrono::milliseconds limit) {
   timeval timeout{time_t(limit.count() / 1000), suseconds_t(limit.count() % 1000 * 1000)};
   setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout);
   setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof timeout);
+  send_timeout_ = limit;
 }
 
 void RawClient::Abort() {

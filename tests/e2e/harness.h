@@ -95,6 +95,7 @@ class RawClient {
   boost::asio::io_context io_;
   std::unique_ptr<boost::asio::ssl::context> context_;
   std::unique_ptr<SslStream> stream_;
+  std::chrono::milliseconds send_timeout_{30000};  // SetTimeouts'; a write ends after it (SendBytes)
 };
 
 // An UpdateBegin for `values` laid out like `start`'s manifest.
