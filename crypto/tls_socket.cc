@@ -1,5 +1,6 @@
 #include "crypto/tls_socket.h"
 
+#include <openssl/err.h>
 #include <sys/socket.h>
 
 #include <cerrno>

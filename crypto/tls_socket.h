@@ -18,7 +18,6 @@
 // write may be pending at a time, from one thread (or strand).
 #pragma once
 
-#include <openssl/err.h>
 #include <openssl/ssl.h>
 
 #include <cstddef>
@@ -39,7 +38,6 @@ class TlsSocket {
  public:
   using executor_type = boost::asio::any_io_executor;
   using lowest_layer_type = boost::asio::ip::tcp::socket;
-  using next_layer_type = lowest_layer_type;
 
   TlsSocket(const executor_type& executor, boost::asio::ssl::context& context);
   TlsSocket(boost::asio::io_context& io, boost::asio::ssl::context& context)
@@ -54,7 +52,6 @@ class TlsSocket {
   executor_type get_executor() { return socket_.get_executor(); }
   SSL* native_handle() { return ssl_; }
   lowest_layer_type& lowest_layer() { return socket_; }
-  next_layer_type& next_layer() { return socket_; }
 
   template <typename Token>
   auto async_handshake(boost::asio::ssl::stream_base::handshake_type type, Token&& token) {
